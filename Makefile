@@ -1,0 +1,32 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+# Both bootstrap .venv on first use (and again whenever pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test bench bench-quick soak clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/recalld serve $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench $(ARGS)
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench --quick $(ARGS)
+
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

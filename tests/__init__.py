@@ -1,0 +1,1 @@
+"""recalld test suite."""
