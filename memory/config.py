@@ -1,0 +1,83 @@
+"""The memory settings: one frozen value built by the gateway's config loader.
+
+Library code receives a :class:`MemoryConfig`; it never reads the environment. Every field
+below has its ``[memory]`` key of the same name in ``config.example.toml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["EmbedderChoice", "MemoryConfig"]
+
+EmbedderChoice = Literal["auto", "openai", "local", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    """Settings of the index, the indexer, the embedders and the search."""
+
+    enabled: bool = True
+    # "auto": openai when an API key is configured, else local when installed, else none.
+    embedder: EmbedderChoice = "auto"
+
+    # Chunking (approximate tokens; see memory.chunking.approx_tokens).
+    chunk_tokens: int = 400
+    overlap_tokens: int = 80
+
+    # Indexer triggers.
+    debounce_ms: int = 1500
+    watch: bool = True
+
+    # Search.
+    rrf_k: int = 60
+    candidates: int = 50
+    default_k: int = 6
+    max_k: int = 50
+    max_query_terms: int = 32
+
+    # Privacy: redact e-mails, phone numbers, record numbers in text sent to a remote embedder.
+    redact_before_embedding: bool = False
+
+    # Remote (OpenAI-compatible) embedder.
+    embeddings_base_url: str | None = None
+    embeddings_api_key: str | None = None
+    embeddings_model: str = "text-embedding-3-small"
+    embeddings_dimensions: int | None = None
+    embeddings_batch_size: int = 64
+    embeddings_max_batch_chars: int = 200_000
+    embeddings_timeout_s: float = 30.0
+    embeddings_max_retries: int = 4
+
+    # Local (ONNX) embedder.
+    local_batch_size: int = 16
+    local_max_tokens: int = 256
+    local_threads: int = 1
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.chunk_tokens < 16:
+            problems.append("chunk_tokens must be at least 16")
+        if not 0 <= self.overlap_tokens < self.chunk_tokens:
+            problems.append("overlap_tokens must be at least 0 and less than chunk_tokens")
+        if self.debounce_ms < 0:
+            problems.append("debounce_ms must not be negative")
+        if self.rrf_k < 1:
+            problems.append("rrf_k must be at least 1")
+        if not 1 <= self.default_k <= self.max_k:
+            problems.append("default_k must be between 1 and max_k")
+        if self.candidates < self.max_k:
+            problems.append("candidates must be at least max_k")
+        if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:
+            problems.append("embeddings_dimensions must be positive")
+        for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",
+                     "local_threads", "max_query_terms", "embeddings_max_batch_chars"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        if self.embeddings_max_retries < 0:
+            problems.append("embeddings_max_retries must not be negative")
+        if self.embeddings_timeout_s <= 0:
+            problems.append("embeddings_timeout_s must be positive")
+        if problems:
+            raise ValueError("memory: " + "; ".join(problems))

