@@ -1,0 +1,132 @@
+"""Wiring: build every part from one :class:`Config`, start them, and stop them in order.
+
+Shutdown order (STYLE 3): stop accepting → close connections 1001 → let runs finish within
+``server.shutdown_grace_s`` → cancel the rest → flush transcripts → close the index.
+``App.close()`` is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Protocol
+
+import structlog
+
+from gateway.auth import Authenticator, load_or_create_token, token_path
+from gateway.config import Config
+from gateway.hub import Hub
+from gateway.methods import register_core_methods
+from gateway.registry import Registry
+from gateway.rpc import RpcCore
+from gateway.schemas import declare_all
+from gateway.server import GatewayServer
+from sessions.store import SessionStore
+
+__all__ = ["App", "start_app"]
+
+log = structlog.get_logger("recalld.app")
+
+
+def package_version() -> str:
+    try:
+        return version("recalld")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+class ChatService(Protocol):
+    async def abort_session(self, user: str, session_key: str) -> None: ...
+    async def drain(self, grace_s: float) -> None: ...
+
+
+class MemoryFacade(Protocol):
+    async def health(self) -> dict[str, Any]: ...
+    async def delete_session(self, user: str, session_key: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+@dataclass
+class App:
+    config: Config
+    registry: Registry
+    store: SessionStore
+    hub: Hub
+    authenticator: Authenticator
+    version: str
+    server: GatewayServer = field(init=False)
+    chat: ChatService | None = None
+    memory: MemoryFacade | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _closed: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.server.close()
+        if self.chat is not None:
+            await self.chat.drain(self.config.server.shutdown_grace_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self.store.close)
+        if self.memory is not None:
+            await self.memory.close()
+        log.info("app.closed")
+
+    async def _flush_loop(self) -> None:
+        # fsync="batch": transcripts reach the disk at least once a second.
+        interval = self.config.sessions.fsync_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.to_thread(self.store.flush)
+            except OSError as exc:
+                log.warning("sessions.flush_failed", error=str(exc))
+
+
+async def start_app(config: Config) -> App:
+    """Build and start everything; the returned app is listening on ``app.url``."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    generated = None
+    if config.auth.mode == "token" and not config.auth.token and not config.auth.users:
+        generated, created = load_or_create_token(config.data_dir)
+        if created:
+            log.warning("auth.token_generated", path=str(token_path(config.data_dir)))
+        else:
+            log.info("auth.token_file", path=str(token_path(config.data_dir)))
+    authenticator = Authenticator(config.auth, generated)
+    registry = Registry()
+    declare_all(registry)
+    store = SessionStore(config.data_dir, config.sessions)
+    app = App(config, registry, store, Hub(), authenticator, package_version())
+    core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash)
+    app.server = GatewayServer(config, core, authenticator, app.hub, version=app.version)
+    register_core_methods(app)
+    with contextlib.suppress(ImportError):
+        from gateway.chat import attach_chat
+
+        attach_chat(app)
+    with contextlib.suppress(ImportError):
+        from gateway.memory_methods import attach_memory
+
+        await attach_memory(app)
+    if config.sessions.fsync == "batch":
+        app._tasks.append(asyncio.create_task(app._flush_loop()))
+    try:
+        await app.server.start()
+    except BaseException:
+        await app.close()
+        raise
+    return app
+
+
+def _log_crash(exc: BaseException, error_id: str, method: str) -> None:
+    log.error("rpc.crash", error_id=error_id, method=method, exc_info=exc)
