@@ -1,0 +1,93 @@
+"""The sessions package's exceptions.
+
+Tree::
+
+    SessionError                 rpc_kind     meaning
+    ├── SessionNotFound          not_found    unknown key, another user's key, or a malformed key
+    ├── InvalidSessionInput      invalid      a caller-supplied value is wrong; ``field`` names it
+    │   └── LineTooLarge         invalid      the line would exceed ``sessions.max_line_bytes``
+    └── StorageError             storage      the disk failed (ENOSPC, EIO, short write, index I/O)
+
+This package knows nothing of JSON-RPC. Each class declares ``rpc_kind``, a plain string the
+gateway's single error mapper (``gateway.errors.to_error_object``) turns into a wire error, so
+the mapping lives in one place and this package stays transport-free.
+
+Messages are written for the person at the other end of the wire: they say what happened and
+never include file-system paths, other users' data, or whether a key exists for someone else.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "InvalidSessionInput",
+    "LineTooLarge",
+    "SessionError",
+    "SessionNotFound",
+    "StorageError",
+]
+
+
+class SessionError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    rpc_kind: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class SessionNotFound(SessionError):
+    """No session under this key for this user.
+
+    Raised with one fixed message for an unknown key, another user's key, a key that is not
+    even well-formed (``../../etc/passwd``) and a transcript whose header cannot be read, so a
+    caller can never learn which of those it was.
+    """
+
+    rpc_kind = "not_found"
+    MESSAGE = "session not found"
+
+    def __init__(self) -> None:
+        super().__init__(self.MESSAGE)
+
+
+class InvalidSessionInput(SessionError):
+    """A value passed by the caller is unacceptable; ``field`` uses the wire (camelCase) name."""
+
+    rpc_kind = "invalid"
+
+    def __init__(self, field: str, reason: str) -> None:
+        # The gateway builds "invalid params: <field>: <message>", so the message is the
+        # reason alone.
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+class LineTooLarge(InvalidSessionInput):
+    """The serialised transcript line would be larger than ``sessions.max_line_bytes``.
+
+    Raised before anything is written, so the transcript is untouched.
+    """
+
+    def __init__(self, size: int, limit: int, field: str = "message") -> None:
+        super().__init__(
+            field,
+            f"transcript line would be {size} bytes, more than sessions.max_line_bytes ({limit})",
+        )
+        self.size = size
+        self.limit = limit
+
+
+class StorageError(SessionError):
+    """The disk refused a write or a read; the transcript was left valid and the store usable.
+
+    ``errno`` carries the OS error number when there was one (``errno.ENOSPC``, ``errno.EIO``).
+    """
+
+    rpc_kind = "storage"
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno

@@ -1,0 +1,569 @@
+"""SessionStore: sessions and their JSONL transcripts, behind one synchronous, thread-safe API.
+
+The gateway calls every method through ``asyncio.to_thread``. Locking, in the one order used
+everywhere (never the reverse, so no deadlock):
+
+1. a *stripe* lock chosen by session key (64 of them): serialises writes to one transcript and
+   its first-open recovery, while different sessions append in parallel (an fsync under
+   ``"always"`` holds only its own stripe);
+2. the *index* lock: the single apsw connection;
+3. the *state* lock: the small in-memory sets (validated transcripts, dirty paths, rows to
+   refresh), held only for set operations.
+
+File descriptors are never cached: each append opens, writes and closes, so thousands of
+sessions cost no descriptors between calls.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import apsw
+import orjson
+import structlog
+
+from . import inputs
+from .config import SessionsConfig
+from .errors import InvalidSessionInput, LineTooLarge, SessionNotFound, StorageError
+from .fileio import FileIO, append_whole_line, describe_os_error, fsync_path, truncate_back
+from .index import SessionIndex
+from .keys import (
+    check_session_key,
+    check_user,
+    decode_history_cursor,
+    decode_list_cursor,
+    encode_history_cursor,
+    encode_list_cursor,
+    is_session_key,
+    is_user_name,
+    new_message_id,
+    new_session_key,
+)
+from .models import Message, Session
+from .transcript import Header, Summary, read_header, read_messages_backward, recover_tail, summarise
+
+__all__ = ["MessagePage", "SessionPage", "SessionStore"]
+
+log = structlog.get_logger(__name__)
+
+# Aliases at module level: inside the class, `list` names the method, not the builtin.
+SessionPage: TypeAlias = "tuple[builtins.list[Session], str | None]"
+MessagePage: TypeAlias = "tuple[builtins.list[Message], str | None]"
+_Ident: TypeAlias = "tuple[str, str]"
+
+_STRIPES = 64
+_FILE_MODE = 0o600  # transcripts are private conversations
+_DIR_MODE = 0o700
+
+
+class SessionStore:
+    """All sessions under ``<data_dir>/sessions`` plus the index ``<data_dir>/sessions.db``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        config: SessionsConfig = SessionsConfig(),  # noqa: B008 - frozen, so sharing is safe
+        *,
+        file_io: FileIO | None = None,
+    ) -> None:
+        self._config = config
+        self._io = file_io if file_io is not None else FileIO()
+        self._durable = config.fsync != "never"
+        self._root = Path(data_dir) / "sessions"
+        self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
+        self._index_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._validated: dict[_Ident, int] = {}  # transcripts checked this process -> header end
+        self._dirty: set[Path] = set()
+        self._needs_refresh: set[_Ident] = set()
+        self._closed = False
+        try:
+            self._root.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "creating the sessions directory")) from err
+        try:
+            self._index = SessionIndex(Path(data_dir) / "sessions.db")
+        except apsw.Error as err:
+            raise StorageError(f"could not open the session index: {err}") from err
+        self._reconcile()
+
+    # ----------------------------------------------------------------- public API
+
+    def create(
+        self,
+        user: str,
+        *,
+        title: str | None = None,
+        system_prompt: str | None = None,
+        model: str | None = None,
+        created_at: datetime | str | None = None,
+    ) -> Session:
+        """Start a session: a new transcript holding only its header, and its index row."""
+        self._check_open()
+        user = check_user(user)
+        header = Header(
+            session_key=new_session_key(),
+            user=user,
+            created_at=inputs.check_ts(created_at, "createdAt"),
+            title=inputs.check_title(title, self._config),
+            system_prompt=inputs.check_system_prompt(system_prompt),
+            model=inputs.check_model(model, self._config),
+        )
+        line = orjson.dumps(header.to_line()) + b"\n"
+        if len(line) > self._config.max_line_bytes:
+            raise LineTooLarge(len(line), self._config.max_line_bytes, field="systemPrompt")
+        key = header.session_key
+        user_dir = self._root / user
+        with self._stripe(key):
+            new_dirs = self._make_user_dir(user_dir)
+            path = user_dir / f"{key}.jsonl"
+            self._write_new_transcript(path, line)
+            self._made_durable(path, user_dir, *new_dirs)
+            with self._state_lock:
+                self._validated[(user, key)] = len(line)
+            summary = Summary(header, len(line), 0, header.created_at, len(line))
+            self._index_write((user, key), lambda: self._index.put(user, summary))
+        return _session_from(user, summary)
+
+    def get(self, user: str, session_key: str) -> Session:
+        """The session's metadata; SessionNotFound for unknown, foreign or malformed keys."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        with self._stripe(key):
+            self._ensure_open(user, key)
+        self._refresh_pending()
+        return self._session_row(user, key)
+
+    def list(self, user: str, *, limit: int = 50, before: str | None = None) -> SessionPage:
+        """One page of ``user``'s sessions, newest ``updatedAt`` first (ties: key descending).
+
+        Returns the page and the cursor for the next one (None at the end). Keyset paging: a
+        session updated between two calls moves to the front and is not repeated further on.
+        """
+        self._check_open()
+        user = check_user(user)
+        limit = inputs.check_limit(limit, self._config)
+        after = decode_list_cursor(before) if before is not None else None
+        self._refresh_pending()
+        with self._index_op("listing sessions"):
+            rows = self._index.page(user, after, limit + 1)
+        if len(rows) <= limit:
+            return rows, None
+        last = rows[limit - 1]
+        return rows[:limit], encode_list_cursor(last.updated_at, last.session_key)
+
+    def history(
+        self, user: str, session_key: str, *, limit: int = 50, before: str | None = None
+    ) -> MessagePage:
+        """The latest ``limit`` messages before the cursor, oldest first, and the next cursor.
+
+        Reads backwards from the end of the transcript: cost grows with the page, not the file.
+        """
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        limit = inputs.check_limit(limit, self._config)
+        return self._read_back(user, key, limit, before)
+
+    def recent_messages(self, user: str, session_key: str, n: int) -> builtins.list[Message]:
+        """The last ``n`` messages in order, for building the model's context (no page cap)."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidSessionInput("n", "must be a non-negative integer")
+        return self._read_back(user, key, n, None)[0]
+
+    def append_message(
+        self,
+        user: str,
+        session_key: str,
+        *,
+        role: str,
+        content: str,
+        run_id: str | None = None,
+        name: str | None = None,
+        ts: datetime | str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Message:
+        """Append one message line with one ``write``; nothing is written if anything is wrong.
+
+        ``ts`` defaults to now (the benchmark harness passes dataset dates). ``extra`` adds keys
+        such as ``model``, ``usage``, ``finishReason``, ``aborted``, ``failed`` to the line.
+        """
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        message = Message(
+            id=new_message_id(),
+            role=inputs.check_role(role),
+            content=inputs.check_content(content),
+            ts=inputs.check_ts(ts),
+            run_id=inputs.check_run_id(run_id),
+            name=inputs.check_name(name, self._config),
+            extra=inputs.check_extra(extra),
+        )
+        try:
+            line = orjson.dumps(message.to_line()) + b"\n"
+        except orjson.JSONEncodeError:
+            raise InvalidSessionInput("extra", "must hold only JSON values") from None
+        if len(line) > self._config.max_line_bytes:
+            raise LineTooLarge(len(line), self._config.max_line_bytes)
+        ident = (user, key)
+        with self._stripe(key):
+            path, _ = self._ensure_open(user, key)
+            new_size = self._append_line(ident, path, line)
+            self._index_write(
+                ident, lambda: self._index.record_append(user, key, message.ts, new_size)
+            )
+        return message
+
+    def delete(self, user: str, session_key: str) -> None:
+        """Remove the transcript, any ``.corrupt-*`` tails saved beside it, and its index row."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        ident = (user, key)
+        with self._stripe(key):
+            path, _ = self._ensure_open(user, key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                raise SessionNotFound() from None
+            except OSError as err:
+                raise StorageError(describe_os_error(err, "deleting transcript")) from err
+            for aside in path.parent.glob(f"{path.name}.corrupt-*"):
+                aside.unlink(missing_ok=True)
+            with self._state_lock:
+                self._validated.pop(ident, None)
+                self._dirty.discard(path)
+            self._made_durable(path.parent)
+            self._index_write(ident, lambda: self._index.delete(user, key))
+
+    def transcript_path(self, user: str, session_key: str) -> Path:
+        """Where the transcript lives (checked names only; the file may not exist)."""
+        return self._root / check_user(user) / f"{check_session_key(session_key)}.jsonl"
+
+    def flush(self) -> None:
+        """fsync every transcript and directory written since the last flush (``"batch"``).
+
+        Tries them all; if any fails, logs each and raises one StorageError at the end. After a
+        failed fsync the kernel may already have dropped the pages, so retrying would only lie.
+        """
+        with self._state_lock:
+            dirty, self._dirty = self._dirty, set()
+        failed: OSError | None = None
+        # Files before their directories: a directory entry should not outlive its data.
+        for path in sorted(dirty, key=lambda p: (not p.name.endswith(".jsonl"), str(p))):
+            try:
+                fsync_path(self._io, path)
+            except OSError as err:
+                log.error("transcript.fsync_failed", path=str(path), error=str(err))
+                failed = failed or err
+        if failed is not None:
+            raise StorageError(
+                describe_os_error(failed, "syncing transcripts to disk"), errno=failed.errno
+            )
+
+    def close(self) -> None:
+        """Flush, then close the index. Safe to call twice; later calls to the store fail."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            with self._index_lock:
+                self._index.close()
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- transcripts
+
+    def _stripe(self, session_key: str) -> threading.Lock:
+        return self._stripes[int(session_key[:8], 16) % _STRIPES]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the session store is closed")
+
+    def _make_user_dir(self, user_dir: Path) -> tuple[Path, ...]:
+        """Create the user's directory if needed; returns the directories whose entries changed."""
+        if user_dir.is_dir():
+            return ()
+        try:
+            user_dir.mkdir(mode=_DIR_MODE, exist_ok=True)
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "creating the user's directory")) from err
+        return (self._root,)
+
+    def _write_new_transcript(self, path: Path, line: bytes) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, _FILE_MODE)
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "creating transcript")) from err
+        try:
+            append_whole_line(self._io, fd, line, 0, "creating transcript")
+            if self._config.fsync == "always":
+                self._io.fsync(fd)
+        except (StorageError, OSError) as err:
+            os.close(fd)
+            # A header-less file would only be swept up by recovery later; remove it now.
+            path.unlink(missing_ok=True)
+            if isinstance(err, StorageError):
+                raise
+            raise StorageError(describe_os_error(err, "syncing new transcript")) from err
+        os.close(fd)
+
+    def _append_line(self, ident: _Ident, path: Path, line: bytes) -> int:
+        """Append under the stripe lock; returns the new size. Leaves the file whole on error."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._forget(ident)
+            raise SessionNotFound() from None
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "opening transcript")) from err
+        try:
+            # Exact: every writer of this file holds this stripe lock, and O_APPEND writes here.
+            prev_size = os.fstat(fd).st_size
+            try:
+                append_whole_line(self._io, fd, line, prev_size, "appending to transcript")
+                if self._config.fsync == "always":
+                    try:
+                        self._io.fsync(fd)
+                    except OSError as err:
+                        # Not known to be on disk, so report it unwritten and make it so.
+                        truncate_back(fd, prev_size)
+                        raise StorageError(
+                            describe_os_error(err, "syncing transcript to disk"), errno=err.errno
+                        ) from err
+            except StorageError:
+                # Should the truncate have failed too, recovery on next use repairs the tail.
+                self._forget(ident)
+                raise
+        finally:
+            os.close(fd)
+        if self._config.fsync == "batch":
+            with self._state_lock:
+                self._dirty.add(path)
+        return prev_size + len(line)
+
+    def _made_durable(self, *paths: Path) -> None:
+        """Apply the fsync policy to paths whose contents or entries just changed."""
+        if self._config.fsync == "always":
+            for path in paths:
+                try:
+                    fsync_path(self._io, path)
+                except OSError as err:
+                    raise StorageError(describe_os_error(err, "syncing to disk")) from err
+        elif self._config.fsync == "batch":
+            with self._state_lock:
+                self._dirty.update(paths)
+
+    def _forget(self, ident: _Ident) -> None:
+        with self._state_lock:
+            self._validated.pop(ident, None)
+
+    def _ensure_open(self, user: str, key: str) -> tuple[Path, int]:
+        """First use in this process: repair the tail, check the header. Caller holds the stripe.
+
+        Returns the path and the header's end offset. A missing file or unreadable header is
+        SessionNotFound (logged), never a crash.
+        """
+        ident = (user, key)
+        path = self._root / user / f"{key}.jsonl"
+        with self._state_lock:
+            header_end = self._validated.get(ident)
+        if header_end is not None:
+            return path, header_end
+        recovery = recover_tail(path, self._io, durable=self._durable)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._index_write(ident, lambda: self._index.delete(user, key))
+            raise SessionNotFound() from None
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "opening transcript")) from err
+        try:
+            size = os.fstat(fd).st_size
+            found = read_header(fd, size)
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "reading transcript")) from err
+        finally:
+            os.close(fd)
+        if found is None or found[0].session_key != key or found[0].user != user:
+            log.warning("transcript.unreadable", path=str(path), reason="bad header")
+            raise SessionNotFound()
+        with self._state_lock:
+            self._validated[ident] = found[1]
+        with self._index_op("reading the session index"):
+            row = self._index.get(user, key)
+        if recovery is not None or row is None or row[1] != size:
+            self._refresh_row(user, key)
+        return path, found[1]
+
+    def _read_back(self, user: str, key: str, limit: int, before: str | None) -> MessagePage:
+        with self._stripe(key):
+            path, header_end = self._ensure_open(user, key)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise SessionNotFound() from None
+        # Reading needs no lock: bytes before this size are whole lines that never change.
+        try:
+            size = os.fstat(fd).st_size
+            end = size if before is None else decode_history_cursor(before, key)
+            if not header_end <= end <= size or (
+                end > header_end and os.pread(fd, 1, end - 1) != b"\n"
+            ):
+                raise InvalidSessionInput("before", "is not a cursor returned by this server")
+            found = read_messages_backward(fd, end, header_end, limit + 1, path)
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "reading transcript")) from err
+        finally:
+            os.close(fd)
+        page = found[:limit]
+        page.reverse()
+        cursor = encode_history_cursor(key, page[0][0]) if len(found) > limit else None
+        return [message for _, message in page], cursor
+
+    # ----------------------------------------------------------------- index
+
+    @contextlib.contextmanager
+    def _index_op(self, action: str) -> Iterator[None]:
+        with self._index_lock:
+            try:
+                yield
+            except apsw.Error as err:
+                log.error("sessions.index_failed", action=action, error=str(err))
+                raise StorageError(f"session index failed while {action}") from err
+
+    def _index_write(self, ident: _Ident, write: Any) -> None:
+        """An index update after the transcript changed: the transcript is already the truth,
+        so a failure here is logged and repaired from the file later rather than raised."""
+        try:
+            with self._index_op("updating the session index"):
+                write()
+        except StorageError:
+            with self._state_lock:
+                self._needs_refresh.add(ident)
+
+    def _refresh_row(self, user: str, key: str) -> Session | None:
+        """Re-derive one row from its transcript (deleting it if the transcript is unusable)."""
+        summary = summarise(self._root / user / f"{key}.jsonl")
+        if summary is not None and (summary.header.user, summary.header.session_key) != (user, key):
+            summary = None
+        with self._index_op("updating the session index"):
+            if summary is None:
+                self._index.delete(user, key)
+                return None
+            self._index.put(user, summary)
+        return _session_from(user, summary)
+
+    def _refresh_pending(self) -> None:
+        with self._state_lock:
+            if not self._needs_refresh:
+                return
+            pending, self._needs_refresh = self._needs_refresh, set()
+        for user, key in pending:
+            try:
+                with self._stripe(key):
+                    self._refresh_row(user, key)
+            except StorageError:
+                with self._state_lock:
+                    self._needs_refresh.add((user, key))
+
+    def _session_row(self, user: str, key: str) -> Session:
+        with self._index_op("reading the session index"):
+            row = self._index.get(user, key)
+        if row is not None:
+            return row[0]
+        session = self._refresh_row(user, key)
+        if session is None:
+            raise SessionNotFound()
+        return session
+
+    def _scan(self) -> dict[_Ident, int]:
+        """Every well-named transcript on disk and its size; anything else is ignored."""
+        found: dict[_Ident, int] = {}
+        with os.scandir(self._root) as users:
+            for user_entry in users:
+                if not (user_entry.is_dir(follow_symlinks=False) and is_user_name(user_entry.name)):
+                    continue
+                with os.scandir(user_entry.path) as files:
+                    for entry in files:
+                        key = entry.name[:-6]
+                        if (
+                            entry.name.endswith(".jsonl")
+                            and is_session_key(key)
+                            and entry.is_file(follow_symlinks=False)
+                        ):
+                            found[(user_entry.name, key)] = entry.stat(follow_symlinks=False).st_size
+        return found
+
+    def _reconcile(self) -> None:
+        """Bring the index in line with the transcripts on disk (all of them if it is new).
+
+        Cheap when nothing changed: one directory scan and one ``stat`` per transcript. A file
+        the index does not know, or whose size differs from the recorded one (a crash between
+        the append and the index update, a file copied in), is repaired and re-read.
+        """
+        started = time.perf_counter()
+        with self._index_op("checking the session index"):
+            known = self._index.sizes()
+        on_disk = self._scan()
+        changed = [ident for ident, size in on_disk.items() if known.get(ident) != size]
+        gone = known.keys() - on_disk.keys()
+        with self._index_op("rebuilding the session index"), self._index.transaction():
+            for user, key in changed:
+                path = self._root / user / f"{key}.jsonl"
+                try:
+                    recover_tail(path, self._io, durable=self._durable)
+                except StorageError as err:
+                    # Leave it for the first use to retry; the daemon must still start.
+                    log.error("transcript.recovery_failed", path=str(path), error=str(err))
+                    continue
+                summary = summarise(path)
+                if summary is None or (summary.header.user, summary.header.session_key) != (
+                    user,
+                    key,
+                ):
+                    log.warning("transcript.unreadable", path=str(path), reason="bad header")
+                    self._index.delete(user, key)
+                    continue
+                self._index.put(user, summary)
+            for user, key in gone:
+                self._index.delete(user, key)
+        if changed or gone or self._index.reset_reason:
+            log.info(
+                "sessions.index_reconciled",
+                reason=self._index.reset_reason or "stale",
+                transcripts=len(on_disk),
+                refreshed=len(changed),
+                removed=len(gone),
+                elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+            )
+
+
+def _session_from(user: str, summary: Summary) -> Session:
+    h = summary.header
+    return Session(
+        session_key=h.session_key,
+        user=user,
+        title=h.title,
+        created_at=h.created_at,
+        updated_at=summary.updated_at,
+        message_count=summary.message_count,
+        system_prompt=h.system_prompt,
+        model=h.model,
+    )

@@ -1,0 +1,353 @@
+"""Reading transcripts, and repairing the tail a crash may leave behind.
+
+A transcript is ``<data>/sessions/<user>/<sessionKey>.jsonl``: a header line, then one JSON
+line per message, each written whole by one ``write``. Two facts follow and everything here
+leans on them:
+
+* every good line ends with ``\\n``, so bytes after the last newline are a torn write;
+* lines are only ever added at the end, so a line's byte offset never changes. History pages
+  are addressed by byte offset and read *backwards* from the end in 64 KiB blocks: the last N
+  messages cost O(size of those N lines), not O(size of the file).
+
+Recovery (:func:`recover_tail`) walks back from the end to the last line that parses, copies
+every byte after it to ``<file>.corrupt-<UTC timestamp>``, and truncates the file there. It
+never removes a line that parses. Lines in the *middle* that do not parse (only a hand edit can
+make them) are skipped when reading and logged, never fatal.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+from .errors import StorageError
+from .fileio import FileIO, describe_os_error
+from .models import Message, format_ts, to_ts
+
+__all__ = [
+    "Header",
+    "Recovery",
+    "Summary",
+    "find_good_end",
+    "iter_lines_backward",
+    "parse_line",
+    "read_header",
+    "read_messages_backward",
+    "recover_tail",
+    "summarise",
+]
+
+log = structlog.get_logger(__name__)
+
+_BLOCK = 64 * 1024
+# A header holds the system prompt, bounded by max_line_bytes when written; this cap only
+# stops a file with no newline at all from being read whole into memory to look for one.
+_MAX_HEADER_BYTES = 64 * 1024 * 1024
+HEADER_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """Line 1 of a transcript."""
+
+    session_key: str
+    user: str
+    created_at: str
+    title: str
+    system_prompt: str | None = None
+    model: str | None = None
+
+    def to_line(self) -> dict[str, Any]:
+        line: dict[str, Any] = {
+            "type": "session",
+            "version": HEADER_VERSION,
+            "sessionKey": self.session_key,
+            "user": self.user,
+            "createdAt": self.created_at,
+            "title": self.title,
+        }
+        if self.system_prompt is not None:
+            line["systemPrompt"] = self.system_prompt
+        if self.model is not None:
+            line["model"] = self.model
+        return line
+
+    @classmethod
+    def from_line(cls, obj: Mapping[str, Any]) -> Header | None:
+        key, user, created, title = (
+            obj.get("sessionKey"), obj.get("user"), obj.get("createdAt"), obj.get("title"),
+        )
+        prompt, model = obj.get("systemPrompt"), obj.get("model")
+        if not (
+            obj.get("type") == "session"
+            and obj.get("version") == HEADER_VERSION
+            and isinstance(key, str)
+            and isinstance(user, str)
+            and isinstance(created, str)
+            and isinstance(title, str)
+            and (prompt is None or isinstance(prompt, str))
+            and (model is None or isinstance(model, str))
+        ):
+            return None
+        try:
+            created = to_ts(created)
+        except ValueError:
+            return None
+        return cls(key, user, created, title, prompt, model)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What the metadata index needs from one transcript."""
+
+    header: Header
+    header_end: int
+    message_count: int
+    updated_at: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """A tail that was moved aside."""
+
+    moved_bytes: int
+    kept_bytes: int
+    corrupt_path: Path
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """A line as a dict with a string ``type``, or None (not JSON, bad UTF-8, wrong shape)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(obj, dict) and isinstance(obj.get("type"), str):
+        return obj
+    return None
+
+
+def _pread_exact(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        # Only a truncation by someone else can do this; report it like any read failure.
+        raise OSError(5, "transcript shrank while being read")
+    return data
+
+
+def iter_lines_backward(fd: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` for each line in ``[0, end)``, last first, newline stripped.
+
+    ``end`` must sit just after a newline (or be 0). Fragments of a line spanning several
+    blocks are joined once, so a long line costs its length, not its length squared.
+    """
+    if end <= 0:
+        return
+    pos = end - 1  # the newline that ends the last line is not part of it
+    parts: list[bytes] = []
+    while pos > 0:
+        start = max(0, pos - _BLOCK)
+        chunk = _pread_exact(fd, pos - start, start)
+        pos = start
+        right = len(chunk)
+        idx = chunk.rfind(b"\n", 0, right)
+        while idx != -1:
+            parts.append(chunk[idx + 1 : right])
+            yield start + idx + 1, b"".join(reversed(parts))
+            parts.clear()
+            right = idx
+            idx = chunk.rfind(b"\n", 0, right)
+        parts.append(chunk[:right])
+    yield 0, b"".join(reversed(parts))
+
+
+def _end_of_last_newline(fd: int, size: int) -> int:
+    """Offset just after the last ``\\n`` in the first ``size`` bytes; 0 if there is none."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - _BLOCK)
+        idx = _pread_exact(fd, pos - start, start).rfind(b"\n")
+        if idx != -1:
+            return start + idx + 1
+        pos = start
+    return 0
+
+
+def find_good_end(fd: int, size: int) -> int:
+    """Offset just after the last line that parses: everything past it is a bad tail."""
+    for offset, raw in iter_lines_backward(fd, _end_of_last_newline(fd, size)):
+        if parse_line(raw) is not None:
+            return offset + len(raw) + 1
+    return 0
+
+
+def read_header(fd: int, size: int) -> tuple[Header, int] | None:
+    """The header and the offset just after it, or None when line 1 is not a valid header."""
+    pos = 0
+    parts: list[bytes] = []
+    while pos < min(size, _MAX_HEADER_BYTES):
+        chunk = os.pread(fd, min(_BLOCK, size - pos), pos)
+        if not chunk:
+            return None
+        idx = chunk.find(b"\n")
+        if idx != -1:
+            parts.append(chunk[:idx])
+            obj = parse_line(b"".join(parts))
+            header = Header.from_line(obj) if obj is not None else None
+            return (header, pos + idx + 1) if header is not None else None
+        parts.append(chunk)
+        pos += len(chunk)
+    return None
+
+
+def _corrupt_stamp() -> str:
+    # Compact (no colons) so the name is valid on every file system the data dir may sit on.
+    return format_ts(datetime.now(UTC)).replace("-", "").replace(":", "").replace(".", "")
+
+
+def _write_all(io: FileIO, fd: int, data: bytes) -> None:
+    while data:
+        written = io.write(fd, data)
+        if written <= 0:
+            raise OSError(28, os.strerror(28))  # ENOSPC: a write that makes no progress
+        data = data[written:]
+
+
+def _copy_aside(io: FileIO, src_fd: int, path: Path, start: int, end: int, durable: bool) -> Path:
+    """Copy bytes ``[start, end)`` to a fresh ``<file>.corrupt-<ts>`` file and return its path."""
+    stamp = _corrupt_stamp()
+    for attempt in range(100):
+        suffix = f".corrupt-{stamp}" + (f"-{attempt}" if attempt else "")
+        target = path.with_name(path.name + suffix)
+        try:
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:  # pragma: no cover - a hundred recoveries of one file in one millisecond
+        raise StorageError("could not name a file for a corrupt transcript tail")
+    try:
+        pos = start
+        while pos < end:
+            chunk = _pread_exact(src_fd, min(_BLOCK, end - pos), pos)
+            _write_all(io, out, chunk)
+            pos += len(chunk)
+        if durable:
+            io.fsync(out)
+    except OSError:
+        os.close(out)
+        target.unlink(missing_ok=True)
+        raise
+    os.close(out)
+    return target
+
+
+def recover_tail(path: Path, io: FileIO, *, durable: bool) -> Recovery | None:
+    """Move a bad tail aside and cut the file back to its last good line; None if it was fine.
+
+    When no line at all parses (a header torn at creation), the bad bytes are saved and the
+    now-empty transcript is removed: the session never finished being created. Raises
+    :class:`StorageError` if the bad bytes cannot be saved, leaving the file untouched, since
+    truncating without a copy would destroy the only record of them.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            # A crash between creating the file and writing its header: nothing to keep.
+            path.unlink(missing_ok=True)
+            log.warning("transcript.removed_empty", path=str(path))
+            return None
+        good = find_good_end(fd, size)
+        if good == size:
+            return None
+        corrupt = _copy_aside(io, fd, path, good, size, durable)
+        os.ftruncate(fd, good)
+        if durable:
+            io.fsync(fd)
+    except OSError as err:
+        raise StorageError(
+            describe_os_error(err, "repairing a damaged transcript tail"), errno=err.errno
+        ) from err
+    finally:
+        os.close(fd)
+    log.warning(
+        "transcript.recovered",
+        path=str(path),
+        bytes=size - good,
+        kept_bytes=good,
+        corrupt_path=str(corrupt),
+    )
+    if good == 0:
+        path.unlink(missing_ok=True)
+        log.warning("transcript.removed_empty", path=str(path))
+    return Recovery(size - good, good, corrupt)
+
+
+def _bad_line(path: Path | None, offset: int) -> None:
+    log.warning("transcript.bad_line", path=str(path) if path else None, offset=offset)
+
+
+def read_messages_backward(
+    fd: int, end: int, header_end: int, limit: int, path: Path | None = None
+) -> list[tuple[int, Message]]:
+    """Up to ``limit`` messages ending before offset ``end``, newest first, with their offsets."""
+    found: list[tuple[int, Message]] = []
+    if limit <= 0:
+        return found
+    for offset, raw in iter_lines_backward(fd, end):
+        if offset < header_end:
+            break
+        obj = parse_line(raw)
+        msg = Message.from_line(obj) if obj is not None else None
+        if msg is None:
+            _bad_line(path, offset)
+            continue
+        found.append((offset, msg))
+        if len(found) >= limit:
+            break
+    return found
+
+
+def summarise(path: Path) -> Summary | None:
+    """Header, line count and last message time of a transcript; None if its header is bad.
+
+    Read-only (repairs are :func:`recover_tail`'s job). Counting lines reads the whole file, in
+    blocks; this runs only when the index learns of a transcript it did not write itself.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        found = read_header(fd, size)
+        if found is None:
+            return None
+        header, header_end = found
+        end = _end_of_last_newline(fd, size)
+        count, pos = 0, header_end
+        while pos < end:
+            chunk = _pread_exact(fd, min(_BLOCK, end - pos), pos)
+            count += chunk.count(b"\n")
+            pos += len(chunk)
+        updated_at = header.created_at
+        last = read_messages_backward(fd, end, header_end, 1, path)
+        if last:
+            try:
+                updated_at = to_ts(last[0][1].ts)
+            except ValueError:
+                pass
+        return Summary(header, header_end, count, updated_at, size)
+    finally:
+        os.close(fd)
