@@ -32,6 +32,7 @@ def m001_initial(db: apsw.Connection) -> None:
             user            TEXT NOT NULL,
             session_key     TEXT NOT NULL,
             size            INTEGER NOT NULL,      -- file size seen at the last sync
+            mtime_ns        INTEGER NOT NULL,      -- and its mtime: (size, mtime) unchanged → skip
             hash            TEXT NOT NULL,         -- sha256 of the indexed prefix's head + tail
             indexed_offset  INTEGER NOT NULL,      -- bytes of complete lines consumed
             indexed_lines   INTEGER NOT NULL,      -- lines consumed (1-based numbering)

@@ -1,0 +1,257 @@
+"""Hybrid search: FTS5 BM25 and sqlite-vec KNN, fused by Reciprocal Rank Fusion in one statement.
+
+The statement is the sqlite-vec author's pattern: two ranked CTEs (``fts_matches`` and
+``vec_matches``, each its leg's best ``candidates`` with ``row_number()`` as rank), a
+``FULL OUTER JOIN`` on chunk id, and ``Σ 1/(rrf_k + rank)`` summed over the legs that found
+the chunk. A chunk found by only one leg keeps its one term — nothing is dropped by a score
+threshold. A single-leg mode swaps the other CTE for an empty one, so every mode runs the same
+statement shape and reports ranks the same way.
+
+Filters are fixed SQL fragments with named parameters, chosen by which filters are set; no
+user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
+
+* keyword leg: ``chunks.user = :user`` (+ session / time) joined to the FTS rows;
+* vector leg: ``user`` is the vec0 *partition key* and session/time are vec0 *metadata
+  columns*, so the filters apply inside the KNN before ``k`` is cut — no over-fetching.
+
+Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
+whose first message is before it (chunks overlapping the range).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import apsw
+
+from memory.chunking import CJK_CHARS
+from memory.config import MemoryConfig
+from memory.errors import InvalidSearch
+
+__all__ = [
+    "HybridSearch",
+    "SearchHit",
+    "SearchMode",
+    "SearchRequest",
+    "SearchResponse",
+    "fts_query",
+]
+
+SearchMode = Literal["hybrid", "keyword", "vector"]
+MODES: tuple[str, ...] = ("hybrid", "keyword", "vector")
+MAX_QUERY_CHARS = 8000
+
+_QUERY_RUN = re.compile(f"[{CJK_CHARS}]+|[^\\W_]+")
+_CJK_RUN = re.compile(f"[{CJK_CHARS}]")
+
+
+def fts_query(text: str, max_terms: int = 32) -> str | None:
+    """An FTS5 MATCH expression from the words of ``text``: each term a quoted string, OR-ed.
+
+    Latin/other words are Unicode letter/digit runs. CJK runs (no spaces between words) become
+    overlapping character bigrams, each a phrase of two single-character tokens, matching the
+    index where every CJK character is its own token. Quoting makes operators (AND, NEAR, ``*``,
+    ``col:``, parentheses) plain text; the quote character itself never survives the split.
+    None when the text has no words.
+    """
+    terms: list[str] = []
+    seen: set[str] = set()
+    for m in _QUERY_RUN.finditer(text):
+        run = m.group()
+        if _CJK_RUN.match(run):
+            chars = [c for c in run if c.isalnum()]
+            grams = [chars[0]] if len(chars) == 1 else [f"{a} {b}" for a, b in zip(chars, chars[1:])]
+        else:
+            grams = [run]
+        for gram in grams:
+            key = gram.casefold()
+            if key in seen:
+                continue
+            seen.add(key)
+            terms.append('"' + gram.replace('"', '""') + '"')
+            if len(terms) >= max_terms:
+                return " OR ".join(terms)
+    return " OR ".join(terms) if terms else None
+
+
+def _parse_time(field_name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidSearch(field_name, "must be an ISO-8601 date or date-time string")
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidSearch(field_name, f"not an ISO-8601 date or date-time: {value[:40]!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRequest:
+    """A validated search: every field checked, times as epoch milliseconds."""
+
+    user: str
+    query: str
+    k: int
+    mode: SearchMode
+    session_key: str | None = None
+    exclude_session_key: str | None = None
+    after_ms: int | None = None
+    before_ms: int | None = None
+
+    @classmethod
+    def build(cls, config: MemoryConfig, user: str, query: object, *, k: object = None,
+              mode: object = "hybrid", session_key: object = None, exclude_session_key: object = None,
+              after: object = None, before: object = None) -> SearchRequest:
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidSearch("query", "must be a non-empty string")
+        if k is None:
+            k = config.default_k
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= config.max_k:
+            raise InvalidSearch("k", f"must be an integer from 1 to {config.max_k}")
+        if mode not in MODES:
+            raise InvalidSearch("mode", "must be one of hybrid, keyword, vector")
+        for name, value in (("sessionKey", session_key), ("excludeSessionKey", exclude_session_key)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidSearch(name, "must be a non-empty string")
+        after_ms = _parse_time("after", after)
+        before_ms = _parse_time("before", before)
+        if after_ms is not None and before_ms is not None and after_ms >= before_ms:
+            raise InvalidSearch("before", "must be later than after")
+        return cls(user, query[:MAX_QUERY_CHARS], k, mode, session_key, exclude_session_key,  # type: ignore[arg-type]
+                   after_ms, before_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    chunk_id: int
+    session_key: str
+    content: str
+    score: float
+    line_start: int
+    line_end: int
+    start_ts: str | None
+    end_ts: str | None
+    keyword_rank: int | None
+    vector_rank: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "chunkId": self.chunk_id, "sessionKey": self.session_key, "content": self.content,
+            "score": self.score, "lineStart": self.line_start, "lineEnd": self.line_end,
+            "startTs": self.start_ts, "endTs": self.end_ts,
+        }
+        if self.keyword_rank is not None:
+            out["keywordRank"] = self.keyword_rank
+        if self.vector_rank is not None:
+            out["vectorRank"] = self.vector_rank
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResponse:
+    results: list[SearchHit]
+    mode: str                       # the mode actually run
+    fallback_reason: str | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"results": [h.to_wire() for h in self.results], "mode": self.mode}
+        if self.fallback_reason:
+            out["fallbackReason"] = self.fallback_reason
+        return out
+
+
+_FTS_CTE = """
+fts_matches AS (
+    SELECT chunks.id AS chunk_id,
+           row_number() OVER (ORDER BY bm25(chunks_fts), chunks.id) AS rank_number
+    FROM chunks_fts
+    JOIN chunks ON chunks.id = chunks_fts.rowid
+    WHERE chunks_fts MATCH :fts_query
+      AND chunks.user = :user{filters}
+    ORDER BY bm25(chunks_fts), chunks.id
+    LIMIT :candidates
+)"""
+
+_VEC_CTE = """
+vec_matches AS (
+    SELECT chunk_id,
+           row_number() OVER (ORDER BY distance) AS rank_number
+    FROM chunks_vec
+    WHERE embedding MATCH :query_vector
+      AND k = :candidates
+      AND user = :user{filters}
+)"""
+
+_EMPTY_FTS = "\nfts_matches(chunk_id, rank_number) AS (SELECT NULL, NULL WHERE 0)"
+_EMPTY_VEC = "\nvec_matches(chunk_id, rank_number) AS (SELECT NULL, NULL WHERE 0)"
+
+_FUSE = """
+fused AS (
+    SELECT coalesce(fts_matches.chunk_id, vec_matches.chunk_id) AS chunk_id,
+           fts_matches.rank_number AS keyword_rank,
+           vec_matches.rank_number AS vector_rank,
+           coalesce(1.0 / (:rrf_k + fts_matches.rank_number), 0.0)
+             + coalesce(1.0 / (:rrf_k + vec_matches.rank_number), 0.0) AS score
+    FROM fts_matches
+    FULL OUTER JOIN vec_matches ON vec_matches.chunk_id = fts_matches.chunk_id
+)
+SELECT chunks.id, chunks.session_key, chunks.content, fused.score,
+       chunks.line_start, chunks.line_end, chunks.start_ts, chunks.end_ts,
+       fused.keyword_rank, fused.vector_rank
+FROM fused
+JOIN chunks ON chunks.id = fused.chunk_id
+ORDER BY fused.score DESC, coalesce(fused.keyword_rank, fused.vector_rank), chunks.id
+LIMIT :k
+"""
+
+# Fixed fragments, picked by which filters are set: (keyword leg, vector leg).
+_FILTERS = {
+    "session_key": ("\n      AND chunks.session_key = :session_key", "\n      AND session_key = :session_key"),
+    "exclude_session_key": ("\n      AND chunks.session_key != :exclude_session_key",
+                            "\n      AND session_key != :exclude_session_key"),
+    "after_ms": ("\n      AND chunks.end_ms >= :after_ms", "\n      AND end_ms >= :after_ms"),
+    "before_ms": ("\n      AND chunks.start_ms < :before_ms", "\n      AND start_ms < :before_ms"),
+}
+
+
+def build_sql(request: SearchRequest, *, keyword: bool, vector: bool) -> tuple[str, list[str]]:
+    """The statement for these legs and filters, and the names of the filters it binds."""
+    active = [name for name in _FILTERS if getattr(request, name) is not None]
+    fts = _FTS_CTE.format(filters="".join(_FILTERS[n][0] for n in active)) if keyword else _EMPTY_FTS
+    vec = _VEC_CTE.format(filters="".join(_FILTERS[n][1] for n in active)) if vector else _EMPTY_VEC
+    return "WITH" + fts + "," + vec + "," + _FUSE, active
+
+
+class HybridSearch:
+    """Runs a :class:`SearchRequest` on a read connection (blocking; call it off the loop)."""
+
+    def __init__(self, db: apsw.Connection, config: MemoryConfig) -> None:
+        self.db = db
+        self.config = config
+
+    def search(self, request: SearchRequest, *, query_vector: bytes | None, keyword: bool = True) -> list[SearchHit]:
+        """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
+        match = fts_query(request.query, self.config.max_query_terms) if keyword else None
+        use_fts = match is not None
+        use_vec = query_vector is not None
+        if not use_fts and not use_vec:
+            return []
+        sql, active = build_sql(request, keyword=use_fts, vector=use_vec)
+        params: dict[str, Any] = {
+            "user": request.user, "candidates": self.config.candidates,
+            "rrf_k": self.config.rrf_k, "k": request.k,
+        }
+        if use_fts:
+            params["fts_query"] = match
+        if use_vec:
+            params["query_vector"] = query_vector
+        for name in active:
+            params[name] = getattr(request, name)
+        return [SearchHit(*row) for row in self.db.execute(sql, params)]
