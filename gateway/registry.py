@@ -113,14 +113,18 @@ def _params_schema(cls: type[Any]) -> list[dict[str, Any]]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        schema = _json_schema(hints[f.name])
+        tp = hints[f.name]
+        args = typing.get_args(tp)
+        optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args
+        if optional:
+            tp = next(a for a in args if a is not type(None))
+        schema = _json_schema(tp)
         meta = f.metadata
-        if meta.get("min") is not None:
-            schema["minimum"] = meta["min"]
-        if meta.get("max") is not None:
-            schema["maximum"] = meta["max"]
-        if meta.get("max_len") is not None:
-            schema["maxLength"] = meta["max_len"]
+        for key, json_key in (("min", "minimum"), ("max", "maximum"), ("max_len", "maxLength")):
+            if meta.get(key) is not None:
+                schema[json_key] = meta[key]
+        if optional:
+            schema = {"oneOf": [schema, {"type": "null"}]}
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         entry: dict[str, Any] = {"name": _camel(f.name), "required": required, "schema": schema}
         if meta.get("doc"):
@@ -131,10 +135,6 @@ def _params_schema(cls: type[Any]) -> list[dict[str, Any]]:
 
 def _json_schema(tp: Any) -> dict[str, Any]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        non_none = [a for a in args if a is not type(None)]
-        inner = _json_schema(non_none[0])
-        return {"oneOf": [inner, {"type": "null"}]}
     if origin is Literal:
         return {"enum": list(args)}
     if tp is bool:

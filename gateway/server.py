@@ -151,18 +151,22 @@ class GatewayServer:
     def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         headers = request.headers
         path = request.path.split("?", 1)[0]
-        if not self._host_allowed(headers.get("Host", "")):
+        hosts = headers.get_all("Host")
+        if len(hosts) != 1:
+            return _respond(ws, http.HTTPStatus.BAD_REQUEST, "exactly one Host header is required\n")
+        if not self._host_allowed(hosts[0]):
             return _respond(ws, http.HTTPStatus.MISDIRECTED_REQUEST, "Host not allowed\n")
         if path == "/healthz":
             return _respond(ws, http.HTTPStatus.OK, "ok\n")
         if path != "/":
             return _respond(ws, http.HTTPStatus.NOT_FOUND, "not found\n")
-        origin = headers.get("Origin")
-        if origin is not None and not self._origin_allowed(origin):
+        origins = headers.get_all("Origin")
+        if origins and (len(origins) > 1 or not self._origin_allowed(origins[0])):
             return _respond(ws, http.HTTPStatus.FORBIDDEN, "Origin not allowed\n")
         if len(self.connections) >= self.config.server.max_connections:
             return _respond(ws, http.HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
-        authz = headers.get("Authorization")
+        authzs = headers.get_all("Authorization")
+        authz = authzs[0] if len(authzs) == 1 else ("" if authzs else None)
         if authz is not None:
             scheme, _, token = authz.partition(" ")
             verdict = self.auth.check(token.strip() if scheme.lower() == "bearer" else None, _address(ws))

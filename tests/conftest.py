@@ -60,3 +60,16 @@ async def client(app: App) -> AsyncIterator[Client]:
 
 def replace(config: Config, **changes: Any) -> Config:
     return dataclasses.replace(config, **changes)
+
+
+# The loopback OpenAI-compatible server, as a fixture for every test module.
+from tests.fake_openai import FakeOpenAI, fake_openai  # noqa: E402,F401
+
+
+@pytest.fixture
+async def chat_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
+    """A gateway whose model endpoint is the loopback fake server."""
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
+                              "timeout_s": 5.0, "max_retries": 0})
+    async with running(cfg) as app:
+        yield app
