@@ -1,0 +1,301 @@
+"""The model-facing side of chat: a small ``ChatModel`` Protocol and its OpenAI-compatible backend.
+
+``OpenAIChatModel`` streams chat completions through the ``openai`` SDK from any
+OpenAI-compatible endpoint (OpenAI, Ollama, vLLM, LM Studio, llama.cpp). Every failure leaves
+this module as one :class:`~gateway.errors.UpstreamError` with an HTTP status (or ``None``
+when no answer came), a ``retryable`` flag and a message safe to show: the API key never
+appears in it.
+
+Usage::
+
+    model = create_chat_model(base_url, api_key, "gpt-4o-mini", timeout_s=60)
+    async with contextlib.aclosing(model.stream(messages)) as events:
+        async for event in events:
+            ...  # TextDelta(text) ..., then one Completion(finish_reason, usage, model)
+    await model.close()
+
+Closing the generator early (``aclose()``, or cancelling the task iterating it) closes the
+SDK stream and its HTTP response at once, so the endpoint sees the client leave and stops
+generating. The SDK retries (``max_retries``) only before the first byte of an answer; once
+text has streamed, a failure is reported, never silently replayed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, cast
+from urllib.parse import urlsplit
+
+import openai
+
+from gateway.errors import UpstreamError
+
+__all__ = [
+    "OPENAI_BASE_URL",
+    "ChatEvent",
+    "ChatModel",
+    "Completion",
+    "OpenAIChatModel",
+    "TextDelta",
+    "create_chat_model",
+]
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+# Local servers (Ollama, llama.cpp) ignore the key, but the SDK refuses to start without one.
+PLACEHOLDER_API_KEY = "no-key-required"
+_DETAIL_CHARS = 300
+_KEY_LIKE = re.compile(r"\b((?:sk|pk|rk|key)[-_])[A-Za-z0-9_\-*.]{6,}", re.IGNORECASE)
+_BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New reply text since the previous event."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The end of a reply: why it stopped, token usage if the endpoint reported it, the model."""
+
+    finish_reason: str
+    usage: dict[str, int] | None
+    model: str
+
+
+ChatEvent: TypeAlias = TextDelta | Completion
+
+
+class ChatModel(Protocol):
+    """Anything that can stream a reply to a list of ``{"role", "content"}`` messages."""
+
+    name: str
+
+    def stream(
+        self, messages: list[dict[str, str]], *, model: str | None = None
+    ) -> AsyncGenerator[ChatEvent, None]:
+        """Yield ``TextDelta``s then exactly one ``Completion``, or raise ``UpstreamError``."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class OpenAIChatModel:
+    """A ``ChatModel`` over ``openai.AsyncOpenAI`` streaming chat completions."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 2,
+    ) -> None:
+        self.name = model
+        self.base_url = base_url or OPENAI_BASE_URL
+        self.timeout_s = timeout_s
+        self._api_key = api_key
+        # The read timeout applies to every socket read, so it bounds both the wait for the
+        # first byte and the silence between two chunks of a stream.
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key or PLACEHOLDER_API_KEY,
+            base_url=self.base_url,  # always explicit: the SDK would otherwise read OPENAI_BASE_URL
+            timeout=openai.Timeout(timeout_s, connect=connect_timeout_s),
+            max_retries=max_retries,
+        )
+        # Some older local servers reject stream_options; after one such 400 we stop sending it.
+        self._ask_usage = True
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL without credentials or query, for messages and logs."""
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}{parts.path}"
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def stream(
+        self, messages: list[dict[str, str]], *, model: str | None = None
+    ) -> AsyncGenerator[ChatEvent, None]:
+        """Stream one reply; see the module docstring for the events and the failure contract."""
+        chosen = model or self.name
+        sdk_stream = await self._open(messages, chosen)
+        received = 0
+        finish: str | None = None
+        usage: dict[str, int] | None = None
+        reported_model = chosen
+        try:
+            async for chunk in sdk_stream:
+                reported_model = chunk.model or reported_model
+                if chunk.usage is not None:
+                    usage = _usage_dict(chunk.usage)
+                for choice in chunk.choices[:1]:
+                    text = choice.delta.content if choice.delta is not None else None
+                    if text:
+                        received += len(text)
+                        yield TextDelta(text)
+                    finish = choice.finish_reason or finish
+        except openai.APIError as exc:
+            raise self._stream_error(exc, received) from None
+        except ValueError as exc:
+            # The SDK parses each SSE frame with json.loads and lets JSONDecodeError through.
+            raise UpstreamError(
+                f"model stream ended early after {received} characters: malformed event "
+                f"({self._scrub(str(exc))})",
+                None,
+                True,
+            ) from None
+        finally:
+            await _close_sdk_stream(sdk_stream)
+        if finish is None:
+            # A clean end of body without a finish_reason: the server gave up mid-reply.
+            raise UpstreamError(
+                f"model stream ended early after {received} characters (no finish reason)", None, True
+            )
+        yield Completion(finish, usage, reported_model)
+
+    async def _open(self, messages: list[dict[str, str]], model: str) -> Any:
+        """Send the request; the SDK's retries happen in here, before any text exists."""
+        for attempt in range(2):
+            extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if self._ask_usage else {}
+            try:
+                return await self._client.chat.completions.create(
+                    model=model, messages=cast("list[Any]", messages), stream=True, **extra
+                )
+            except openai.BadRequestError as exc:
+                if attempt == 0 and self._ask_usage and "stream_options" in str(exc.message):
+                    self._ask_usage = False
+                    continue
+                raise self._request_error(exc) from None
+            except openai.APIError as exc:
+                raise self._request_error(exc) from None
+        raise AssertionError("unreachable")
+
+    # -- failure mapping: one place, messages scrubbed ---------------------------------
+
+    def _request_error(self, exc: openai.APIError) -> UpstreamError:
+        """Map a failure before the stream started."""
+        if isinstance(exc, openai.APITimeoutError):
+            return UpstreamError(
+                f"model endpoint {self.endpoint} did not answer within {self.timeout_s:g}s", None, True
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            return UpstreamError(
+                f"cannot reach model endpoint {self.endpoint}: {self._cause(exc)}", None, True
+            )
+        if isinstance(exc, openai.APIStatusError):
+            return self._status_error(exc)
+        return UpstreamError(f"model endpoint error: {self._detail(exc)}", None, True)
+
+    def _stream_error(self, exc: openai.APIError, received: int) -> UpstreamError:
+        """Map a failure while the reply was streaming."""
+        if isinstance(exc, openai.APITimeoutError):
+            if received == 0:
+                what = f"no reply text within {self.timeout_s:g}s"
+            else:
+                what = f"stalled for more than {self.timeout_s:g}s after {received} characters"
+            return UpstreamError(f"model stream timed out: {what}", None, True)
+        if isinstance(exc, openai.APIConnectionError):
+            return UpstreamError(
+                f"model stream ended early after {received} characters: {self._cause(exc)}", None, True
+            )
+        if isinstance(exc, openai.APIStatusError):
+            return self._status_error(exc)
+        # An {"error": …} event inside the stream: the endpoint failed after it had started.
+        return UpstreamError(
+            f"model stream ended early after {received} characters: {self._detail(exc)}", None, True
+        )
+
+    def _status_error(self, exc: openai.APIStatusError) -> UpstreamError:
+        status = exc.status_code
+        detail = self._detail(exc)
+        if status in (401, 403):
+            what = "rejected the API key" if status == 401 else "refused access"
+            return UpstreamError(f"model endpoint {what} ({status}): {detail}", status, False)
+        if status == 429:
+            wait = _retry_after(exc.response.headers)
+            hint = f"; retry after {wait}" if wait else ""
+            return UpstreamError(f"model endpoint rate limit (429){hint}: {detail}", status, True)
+        retryable = status in (408, 409) or status >= 500
+        return UpstreamError(f"model endpoint answered {status}: {detail}", status, retryable)
+
+    def _detail(self, exc: openai.APIError) -> str:
+        body = exc.body
+        message = body.get("message") if isinstance(body, dict) else None
+        return self._scrub(str(message) if message else exc.message)
+
+    def _cause(self, exc: BaseException) -> str:
+        cause = exc.__cause__ or exc.__context__
+        if cause is None:
+            return self._scrub(str(exc))
+        return self._scrub(f"{type(cause).__name__}: {cause}".rstrip(": "))
+
+    def _scrub(self, text: str) -> str:
+        """Remove anything that could be the key; endpoints sometimes echo it back."""
+        if self._api_key:
+            text = text.replace(self._api_key, "***")
+        text = _BEARER.sub(r"\1***", _KEY_LIKE.sub(r"\1***", text))
+        return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
+
+
+def create_chat_model(
+    base_url: str | None,
+    api_key: str | None,
+    model: str,
+    *,
+    timeout_s: float = 60.0,
+    connect_timeout_s: float = 10.0,
+    max_retries: int = 2,
+) -> ChatModel | None:
+    """The configured model, or ``None`` when neither an endpoint nor a key is set."""
+    if not base_url and not api_key:
+        return None
+    return OpenAIChatModel(
+        model=model,
+        base_url=base_url,
+        api_key=api_key,
+        timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        max_retries=max_retries,
+    )
+
+
+async def _close_sdk_stream(sdk_stream: Any) -> None:
+    """Close the HTTP response now, then the SDK's own generator so nothing waits for the GC."""
+    await sdk_stream.close()
+    # AsyncStream keeps its frame parser in ``_iterator``; closing it here rather than at
+    # garbage collection keeps its ``finally`` on this event loop, while it is still running.
+    inner = getattr(sdk_stream, "_iterator", None)
+    if inner is not None:
+        with contextlib.suppress(Exception):
+            await inner.aclose()
+
+
+def _usage_dict(usage: Any) -> dict[str, int]:
+    """Token counts only; the detail sub-objects differ between servers."""
+    raw = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
+    return {k: v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _retry_after(headers: Any) -> str | None:
+    """The server's requested wait, as written for a person ("2s", "250ms")."""
+    seconds = headers.get("retry-after")
+    if seconds:
+        with contextlib.suppress(ValueError):
+            return f"{float(seconds):g}s"
+        return json.dumps(seconds)  # an HTTP date: show it as given
+    ms = headers.get("retry-after-ms")
+    if ms:
+        with contextlib.suppress(ValueError):
+            return f"{float(ms):g}ms"
+    return None
