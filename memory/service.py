@@ -69,6 +69,7 @@ class MemoryService:
         self._vector_state: tuple[bool, str] = (False, "not started")
         self._sync_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
         self._immediate = False
         self._dirty_all = False
         self._dirty: set[Path] = set()
@@ -103,6 +104,15 @@ class MemoryService:
         self._dirty_all = True
         self._immediate = True
         self._wake.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no sync is queued or running (tests, the CLI after ``start``)."""
+        self._require_writer()
+        while True:
+            await self._idle.wait()
+            await asyncio.sleep(0)
+            if self._idle.is_set() and not self._wake.is_set():
+                return
 
     async def close(self) -> None:
         """Stop the watcher and loop, wait for a running sync step, close connections. Idempotent."""
@@ -150,13 +160,17 @@ class MemoryService:
             self._dirty_all = True
         else:
             self._dirty.add(Path(path))
+        self._idle.clear()
         self._wake.set()
 
     async def _debounce_loop(self) -> None:
         loop = asyncio.get_running_loop()
         quiet = self.config.debounce_ms / 1000
         while True:
+            if not self._wake.is_set():
+                self._idle.set()
             await self._wake.wait()
+            self._idle.clear()
             self._wake.clear()
             if not self._immediate:
                 deadline = loop.time() + quiet * _MAX_DEBOUNCE_FACTOR
@@ -233,6 +247,7 @@ class MemoryService:
             await asyncio.to_thread(writer.reset_files)
         self._dirty_all = True
         self._immediate = True
+        self._idle.clear()
         self._wake.set()
 
     async def delete_session(self, user: str, session_key: str) -> int:

@@ -6,6 +6,7 @@ import hashlib
 import math
 import re
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,18 @@ def quiet_config(**overrides: Any) -> MemoryConfig:
     return MemoryConfig(**values)
 
 
+@asynccontextmanager
+async def opened(data_dir: Path, config: MemoryConfig, embedder: Any, **kwargs: Any) -> AsyncIterator[MemoryService]:
+    """A started service whose start-up catch-up sync has finished."""
+    svc = MemoryService(data_dir, config, embedder, **kwargs)
+    await svc.start()
+    try:
+        await svc.wait_idle()
+        yield svc
+    finally:
+        await svc.close()
+
+
 @pytest.fixture
 def embedder() -> FakeEmbedder:
     return FakeEmbedder()
@@ -119,7 +132,7 @@ def embedder() -> FakeEmbedder:
 async def service(tmp_path: Path, embedder: FakeEmbedder) -> AsyncIterator[MemoryService]:
     svc = MemoryService(tmp_path, quiet_config(), embedder)
     await svc.start()
-    await svc.sync_now()  # let the start-up catch-up finish deterministically
+    await svc.wait_idle()  # the start-up catch-up sync has run
     try:
         yield svc
     finally:

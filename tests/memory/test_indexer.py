@@ -1,0 +1,239 @@
+"""Indexing: incremental appends, rewrites, deletes, the embedding cache, failures and recovery."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import apsw
+from structlog.testing import capture_logs
+
+from memory.service import MemoryService
+from tests.memory.conftest import (
+    FakeEmbedder,
+    append_messages,
+    embedder_down,
+    message_line,
+    opened,
+    quiet_config,
+    transcript_path,
+    write_transcript,
+)
+
+SMALL = {"chunk_tokens": 64, "overlap_tokens": 16}
+
+
+def sentences(n: int, topic: str = "topic", start: int = 0) -> list[str]:
+    return [f"sentence {start + i} about {topic} number {start + i} with some filler words" for i in range(n)]
+
+
+def chunk_rows(data_dir: Path) -> list[tuple[str, int, int, int, str]]:
+    db = apsw.Connection(str(data_dir / "memory.db"))
+    try:
+        return list(db.execute(
+            "SELECT session_key, chunk_idx, line_start, line_end, content FROM chunks ORDER BY path, chunk_idx"))
+    finally:
+        db.close()
+
+
+async def test_append_reindexes_only_the_tail(tmp_path: Path) -> None:
+    """An append writes only the last open chunk and the new ones, and embeds only those."""
+    embedder = FakeEmbedder()
+    path = write_transcript(tmp_path, "alice", "s1", sentences(60))
+    async with opened(tmp_path, quiet_config(**SMALL), embedder) as svc:
+        assert (await svc.status())["chunks"] > 20  # indexed by the start-up catch-up
+        embedder.calls.clear()
+        append_messages(path, sentences(2, start=60), start_minute=60)
+        second = await svc.sync_now()
+        assert 1 <= second.chunks_written <= 3
+        assert second.chunks_deleted <= 1
+        assert len(embedder.texts) == second.chunks_written
+        quiet = await svc.sync_now()
+        assert quiet.chunks_written == 0 and quiet.files_changed == 0
+    # The incremental result equals indexing the final file from scratch.
+    fresh = tmp_path / "fresh"
+    write_transcript(fresh, "alice", "s1", sentences(62))
+    async with opened(fresh, quiet_config(**SMALL), FakeEmbedder()) as svc:
+        await svc.sync_now()
+    assert [r[1:] for r in chunk_rows(tmp_path)] == [r[1:] for r in chunk_rows(fresh)]
+
+
+async def test_partial_trailing_line_waits_until_complete(tmp_path: Path, service: MemoryService) -> None:
+    """A last line without its newline is not indexed until the newline arrives."""
+    path = write_transcript(tmp_path, "alice", "s1", ["first message about apples"])
+    await service.sync_now()
+    line = message_line("zebra crossing mentioned here", minute=5)
+    with path.open("ab") as fh:
+        fh.write(line[:-10])
+    await service.sync_now()
+    assert (await service.search("alice", "zebra", mode="keyword")).results == []
+    with path.open("ab") as fh:
+        fh.write(line[-10:])
+    await service.sync_now()
+    hits = (await service.search("alice", "zebra", mode="keyword")).results
+    assert len(hits) == 1 and hits[0].line_end == 3
+
+
+async def test_rewritten_file_is_reindexed_whole(tmp_path: Path, service: MemoryService) -> None:
+    """A file whose indexed prefix changed is re-indexed from the start; old text disappears."""
+    write_transcript(tmp_path, "alice", "s1", ["we talked about kangaroos", "yes kangaroos"])
+    await service.sync_now()
+    write_transcript(tmp_path, "alice", "s1", ["now the talk is about penguins", "penguins indeed", "more"])
+    await service.sync_now()
+    assert (await service.search("alice", "kangaroos", mode="keyword")).results == []
+    assert len((await service.search("alice", "penguins", mode="keyword")).results) == 1
+
+
+async def test_truncated_file_is_reindexed(tmp_path: Path, service: MemoryService) -> None:
+    """A file cut shorter than its indexed offset loses the rows of the removed text."""
+    path = write_transcript(tmp_path, "alice", "s1", ["alpha message", "omega message"])
+    await service.sync_now()
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex(b"\n", 0, data.index(b"omega")) + 1])
+    await service.sync_now()
+    assert (await service.search("alice", "omega", mode="keyword")).results == []
+    assert len((await service.search("alice", "alpha", mode="keyword")).results) == 1
+
+
+async def test_deleted_file_and_delete_session_leave_no_rows(tmp_path: Path, service: MemoryService) -> None:
+    """A vanished transcript loses its rows on sync; delete_session removes rows at once."""
+    a = write_transcript(tmp_path, "alice", "s1", ["walrus facts"])
+    write_transcript(tmp_path, "alice", "s2", ["walrus opinions"])
+    await service.sync_now()
+    os.remove(a)
+    report = await service.sync_now()
+    assert report.files_deleted == 1
+    assert await service.delete_session("alice", "s2") == 1
+    assert (await service.search("alice", "walrus")).results == []
+    status = await service.status()
+    assert (status["files"], status["chunks"]) == (0, 0)
+
+
+async def test_cache_survives_restart_and_full_reindex(tmp_path: Path) -> None:
+    """A second service on the same data dir, even after a full re-index, calls the embedder zero times."""
+    write_transcript(tmp_path, "alice", "s1", sentences(30))
+    async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder()) as svc:
+        await svc.sync_now()
+    second = FakeEmbedder()
+    async with opened(tmp_path, quiet_config(**SMALL), second) as svc:
+        await svc.sync_now()
+        await svc.reindex(full=True)
+        await svc.sync_now()
+        status = await svc.status()
+    assert second.calls == []
+    assert status["pending"] == 0 and status["embedded"] == status["chunks"]
+
+
+async def test_same_text_in_another_session_is_not_reembedded(tmp_path: Path, service: MemoryService,
+                                                              embedder: FakeEmbedder) -> None:
+    """The same chunk text in a second session comes from the cache and is stored once."""
+    a = write_transcript(tmp_path, "alice", "s1", ["identical words here"])
+    await service.sync_now()
+    embedder.calls.clear()
+    b = transcript_path(tmp_path, "alice", "s2")
+    b.write_bytes(a.read_bytes())
+    report = await service.sync_now()
+    assert embedder.calls == [] and report.cache_hits == 1
+    status = await service.status()
+    assert (status["chunks"], status["embedded"], status["cacheEntries"]) == (2, 2, 1)
+
+
+async def test_embedder_failure_leaves_chunks_pending_then_recovers(tmp_path: Path, service: MemoryService,
+                                                                   embedder: FakeEmbedder) -> None:
+    """When the embedder fails, chunks stay pending and keyword-searchable; a later sync embeds them."""
+    embedder.fail = embedder_down()
+    write_transcript(tmp_path, "alice", "s1", ["the capybara is calm"])
+    report = await service.sync_now()
+    assert report.pending == 1 and report.error and "503" in report.error
+    status = await service.status()
+    assert status["pending"] == 1 and "503" in status["lastError"]
+    response = await service.search("alice", "capybara")
+    assert response.mode == "keyword" and response.fallback_reason
+    assert [h.keyword_rank for h in response.results] == [1]
+    embedder.fail = None
+    report = await service.sync_now()
+    assert report.pending == 0 and report.embedded == 1
+    assert (await service.status())["lastError"] is None
+    response = await service.search("alice", "capybara")
+    assert response.mode == "hybrid" and response.results[0].vector_rank == 1
+
+
+async def test_sqlite_vec_load_failure_runs_keyword_only(tmp_path: Path) -> None:
+    """If sqlite-vec cannot load, indexing and search still work keyword-only and status says why."""
+    write_transcript(tmp_path, "alice", "s1", ["an otter holds hands"])
+    with capture_logs() as logs:
+        async with opened(tmp_path, quiet_config(), FakeEmbedder(),
+                                 vec_extension=str(tmp_path / "no-such-vec0")) as svc:
+            await svc.sync_now()
+            status = await svc.status()
+            response = await svc.search("alice", "otter")
+    assert status["vectorBackend"]["available"] is False
+    assert "sqlite-vec failed to load" in status["vectorBackend"]["reason"]
+    assert response.mode == "keyword" and "sqlite-vec" in (response.fallback_reason or "")
+    assert len(response.results) == 1
+    assert any(e["event"] == "memory.vector_backend.unavailable" and e["log_level"] == "warning" for e in logs)
+
+
+async def test_vectors_rebuilt_after_running_without_sqlite_vec(tmp_path: Path) -> None:
+    """Rows changed while sqlite-vec was missing leave no stale vectors once it loads again."""
+    write_transcript(tmp_path, "alice", "s1", ["first topic: hedgehogs"])
+    async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+        await svc.sync_now()
+    write_transcript(tmp_path, "alice", "s1", ["second topic: hamsters"])
+    async with opened(tmp_path, quiet_config(), FakeEmbedder(), vec_extension=None) as svc:
+        await svc.sync_now()
+    async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+        await svc.sync_now()
+        response = await svc.search("alice", "hedgehogs", mode="vector")
+        status = await svc.status()
+    assert response.mode == "vector"
+    assert [h.content for h in response.results] == [r[4] for r in chunk_rows(tmp_path)]
+    assert status["embedded"] == status["chunks"] == 1
+
+
+async def test_corrupt_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
+    """A memory.db that is not a database is moved aside, recreated, and refilled from transcripts."""
+    write_transcript(tmp_path, "alice", "s1", ["the ibis wades"])
+    (tmp_path / "memory.db").write_bytes(b"this is not an sqlite database at all" * 200)
+    async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+        await svc.sync_now()
+        status = await svc.status()
+        hits = (await svc.search("alice", "ibis")).results
+    assert status["rebuiltFromTranscripts"] and "moved to" in status["rebuiltFromTranscripts"]
+    assert list(tmp_path.glob("memory.db.corrupt-*"))
+    assert len(hits) == 1
+
+
+async def test_embedder_change_rebuilds_vectors_without_mixing(tmp_path: Path) -> None:
+    """A new embedder identity clears old vectors at once; hybrid is keyword-only until rebuilt."""
+    write_transcript(tmp_path, "alice", "s1", ["the lynx stalks quietly"])
+    async with opened(tmp_path, quiet_config(), FakeEmbedder(model_id="model-a")) as svc:
+        await svc.sync_now()
+    other = FakeEmbedder(dims=32, model_id="model-b")
+    other.fail = embedder_down()
+    async with opened(tmp_path, quiet_config(), other) as svc:
+        await svc.sync_now()
+        during = await svc.search("alice", "lynx")
+        other.fail = None
+        await svc.sync_now()
+        after = await svc.search("alice", "lynx")
+    assert during.mode == "keyword" and "rebuilt" in (during.fallback_reason or "")
+    assert after.mode == "hybrid" and after.results[0].vector_rank == 1
+    # Switching back reuses model-a's cached vectors.
+    back = FakeEmbedder(model_id="model-a")
+    async with opened(tmp_path, quiet_config(), back) as svc:
+        await svc.sync_now()
+        assert (await svc.search("alice", "lynx")).mode == "hybrid"
+    assert back.calls == [["the lynx stalks quietly"]] or all(len(c) == 1 for c in back.calls)
+
+
+async def test_chunk_setting_change_reindexes(tmp_path: Path) -> None:
+    """Changing chunk sizes re-chunks every transcript with the new settings."""
+    write_transcript(tmp_path, "alice", "s1", sentences(40))
+    async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+        await svc.sync_now()
+    big = len(chunk_rows(tmp_path))
+    async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder()) as svc:
+        await svc.sync_now()
+        status = await svc.status()
+    assert len(chunk_rows(tmp_path)) > big and status["pending"] == 0
