@@ -419,9 +419,18 @@ class SessionStore:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise SessionNotFound() from None
-        # Reading needs no lock: bytes before this size are whole lines that never change.
+            # Taken under the stripe lock, so no append is half-way through: the size is a
+            # line boundary. The reading itself needs no lock, since the lines before it never
+            # change (a delete meanwhile leaves this descriptor readable).
+            try:
+                size = os.fstat(fd).st_size
+            except OSError as err:
+                os.close(fd)
+                raise StorageError(describe_os_error(err, "reading transcript")) from err
+        if limit == 0:
+            os.close(fd)
+            return [], None
         try:
-            size = os.fstat(fd).st_size
             end = size if before is None else decode_history_cursor(before, key)
             if not header_end <= end <= size or (
                 end > header_end and os.pread(fd, 1, end - 1) != b"\n"
