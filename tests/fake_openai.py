@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import math
 import re
+import signal
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -90,6 +91,7 @@ class Behaviour:
     cut_after: int | None = None  # close the socket after this many content deltas
     hang: bool = False  # read the request, never answer
     hang_after: int | None = None  # send this many deltas, then go silent with the socket open
+    end_after: int | None = None  # send this many deltas, then end the body cleanly: no finish, no [DONE]
     malformed_sse: bool = False  # send a frame that is not JSON after `malformed_after` deltas
     malformed_after: int = 1
 
@@ -181,7 +183,8 @@ class FakeOpenAI:
     """The server: ``start()``, point the SDK at ``base_url``, script, assert on ``requests``."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 embedding_dims: int = 64, models: tuple[str, ...] = ("fake-model", "fake-embed")) -> None:
+                 embedding_dims: int = 64, models: tuple[str, ...] = ("fake-model", "fake-embed"),
+                 max_recorded: int | None = None) -> None:
         self.host = host
         self.port = port
         self.api_key = api_key  # when set, other bearer tokens get the API's 401
@@ -191,7 +194,8 @@ class FakeOpenAI:
         self.embedding_behaviour = Behaviour()
         self._chat_queue: collections.deque[Behaviour] = collections.deque()
         self._embedding_queue: collections.deque[Behaviour] = collections.deque()
-        self.requests: list[RecordedRequest] = []
+        # Bounded for long soaks; unbounded by default so a test sees every request.
+        self.requests: collections.deque[RecordedRequest] = collections.deque(maxlen=max_recorded)
         self.embedding_calls = 0
         self.embedded_inputs: list[str] = []
         self.connections_opened = 0
@@ -285,13 +289,18 @@ class FakeOpenAI:
         if head is None:
             return False
         lines = head.decode("latin-1").split("\r\n")
-        method, target, _version = lines[0].split(" ", 2)
+        request_line = lines[0].split(" ", 2)
         headers: dict[str, str] = {}
         for line in lines[1:]:
             if line:
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
-        body = await conn.read_exactly(int(headers.get("content-length", "0")))
+        length = headers.get("content-length", "0")
+        if len(request_line) != 3 or not length.isdigit():
+            await self._send_json(conn, 400, {"error": {"message": "malformed request", "type": "invalid_request_error"}})
+            return False
+        method, target, _version = request_line
+        body = await conn.read_exactly(int(length))
         if body is None:
             return False
         try:
@@ -382,6 +391,9 @@ class FakeOpenAI:
             if b.hang_after is not None and i >= b.hang_after:
                 await conn.gone.wait()
                 raise _ClientGone
+            if b.end_after is not None and i >= b.end_after:
+                await conn.write(b"0\r\n\r\n")
+                return True
             if b.malformed_sse and i == b.malformed_after:
                 await conn.write(_chunk(b'data: {"id": "' + cid.encode() + b'", "choices": [\n\n'))
             if i:
@@ -500,14 +512,18 @@ def main() -> None:
     args = parser.parse_args()
 
     async def serve() -> None:
-        server = FakeOpenAI(host=args.host, port=args.port, api_key=args.api_key, embedding_dims=args.dims)
+        server = FakeOpenAI(host=args.host, port=args.port, api_key=args.api_key, embedding_dims=args.dims,
+                            max_recorded=1000)
         server.configure(deltas=args.deltas, delta_delay_s=args.delta_delay,
                          first_byte_delay_s=args.first_byte_delay,
                          **({"reply": args.reply} if args.reply is not None else {}))
         await server.start()
         print(f"fake OpenAI listening on {server.base_url}", flush=True)
+        stop = asyncio.Event()
+        # A soak harness ends us with SIGTERM; close sockets the same way as on Ctrl+C.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await server.close()
 

@@ -168,6 +168,16 @@ async def test_cut_mid_stream_says_it_ended_early(fake_openai: FakeOpenAI, model
     assert "ended early after 7 characters" in err.message
 
 
+async def test_clean_end_without_finish_reason_is_early_end(
+    fake_openai: FakeOpenAI, model: OpenAIChatModel
+) -> None:
+    """A body that ends cleanly but without a finish reason or [DONE] is still an early end."""
+    fake_openai.configure(reply="one two three", end_after=2)
+    err = await _failure(model)
+    assert (err.status, err.retryable) == (None, True)
+    assert "ended early after 7 characters" in err.message
+
+
 async def test_malformed_event_says_it_ended_early(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
     """A frame that is not JSON is a retryable failure saying the stream ended early."""
     fake_openai.configure(malformed_sse=True)
