@@ -1,0 +1,167 @@
+"""Search: ranking, fusion, scoping, safe keyword queries, CJK, filters, validation, the seed flow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memory.errors import InvalidSearch
+from memory.search import fts_query
+from memory.service import MemoryService
+from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
+
+INJECTIONS = ['"', '""', "*", "rust*", "NEAR(", "NEAR(rust language, 2)", "AND OR NOT", "col:", "body:rust",
+              "(((", ")", "rust)", "^rust", "-rust", "+", "'; DROP TABLE chunks; --", '"rust" OR "x', "\\", "{body}"]
+
+
+async def test_seed_flow_fact_found_after_restart(tmp_path: Path) -> None:
+    """A fact said in one session is the first hit for a paraphrased question after a restart."""
+    write_transcript(tmp_path, "alice", "s1", [
+        "What's the weather like in Lisbon?", "Sunny and mild today.",
+        "By the way, my favourite programming language is Rust.", "Noted: you like Rust.",
+    ])
+    write_transcript(tmp_path, "alice", "s2", ["Recipe for pancakes please", "Flour, eggs, milk."])
+    write_transcript(tmp_path, "alice", "s3", ["How tall is Mount Everest?", "About 8849 metres."])
+    async with opened(tmp_path, quiet_config(chunk_tokens=32, overlap_tokens=8), FakeEmbedder()):
+        pass
+    embedder = FakeEmbedder()
+    async with opened(tmp_path, quiet_config(chunk_tokens=32, overlap_tokens=8), embedder) as svc:
+        response = await svc.search("alice", "favourite programming language")
+    assert response.mode == "hybrid"
+    top = response.results[0]
+    assert top.session_key == "s1" and "favourite programming language is Rust" in top.content
+    assert top.keyword_rank == 1 and top.vector_rank == 1
+    assert embedder.calls == [["favourite programming language"]]  # the query only
+
+
+async def test_user_scoping(tmp_path: Path, service: MemoryService) -> None:
+    """A user never gets another user's chunks, in any mode."""
+    write_transcript(tmp_path, "alice", "a1", ["the secret word is pelican"])
+    write_transcript(tmp_path, "bob", "b1", ["the secret word is pelican"])
+    await service.sync_now()
+    for mode in ("hybrid", "keyword", "vector"):
+        hits = (await service.search("alice", "secret word pelican", mode=mode)).results
+        assert [h.session_key for h in hits] == ["a1"]
+    assert (await service.search("carol", "pelican")).results == []
+
+
+@pytest.mark.parametrize("query", INJECTIONS)
+async def test_fts_syntax_is_never_interpreted(tmp_path: Path, service: MemoryService, query: str) -> None:
+    """FTS5 operators and quotes in a query neither raise nor act as syntax."""
+    write_transcript(tmp_path, "alice", "s1", ["rustacean crabs", "and or not are words here", "near the body"])
+    await service.sync_now()
+    response = await service.search("alice", query, mode="keyword")
+    assert response.mode == "keyword"
+    if query == "rust*":
+        assert response.results == []  # no prefix query: "rust" is not "rustacean"
+
+
+def test_fts_query_quotes_every_term() -> None:
+    """The MATCH expression is quoted terms joined by OR, CJK as bigram phrases."""
+    assert fts_query('NEAR("a" b) AND c*') == '"NEAR" OR "a" OR "b" OR "AND" OR "c"'
+    assert fts_query("東京タワー") == '"東 京" OR "京 タ" OR "タ ワ" OR "ワ ー"'
+    assert fts_query("()*:^") is None
+
+
+async def test_operator_words_match_as_words(tmp_path: Path, service: MemoryService) -> None:
+    """'AND OR NOT' is searched as three ordinary words."""
+    write_transcript(tmp_path, "alice", "s1", ["apples only"])
+    write_transcript(tmp_path, "alice", "s2", ["and or not are words here"])
+    await service.sync_now()
+    hits = (await service.search("alice", "AND OR NOT", mode="keyword")).results
+    assert [h.session_key for h in hits] == ["s2"]
+
+
+async def test_cjk_query_finds_cjk_text(tmp_path: Path, service: MemoryService) -> None:
+    """A CJK word inside unspaced CJK text is found; an absent one is not."""
+    write_transcript(tmp_path, "alice", "s1", ["我昨天在餐厅吃了寿司，很好吃"])
+    write_transcript(tmp_path, "alice", "s2", ["東京タワーに行きました"])
+    await service.sync_now()
+    assert [h.session_key for h in (await service.search("alice", "寿司", mode="keyword")).results] == ["s1"]
+    assert [h.session_key for h in (await service.search("alice", "東京", mode="keyword")).results] == ["s2"]
+    assert (await service.search("alice", "北京", mode="keyword")).results == []
+
+
+async def test_rrf_order_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """Scores are Σ 1/(60 + rank) over both legs and results come in that order."""
+    docs = {"a": "apple banana", "b": "apple cherry", "c": "durian"}
+    one_hot = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    near = lambda w: [w, (1 - w * w) ** 0.5] + [0.0] * (embedder.dims - 2)  # noqa: E731
+    embedder.vectors = {
+        "apple banana": one_hot(0),
+        f"user [{ts(0)}]: apple banana": near(0.1),   # vector rank 3, keyword rank 1
+        f"user [{ts(0)}]: apple cherry": near(0.9),   # vector rank 2, keyword rank 2
+        f"user [{ts(0)}]: durian": near(0.99),        # vector rank 1, no keyword match
+    }
+    for key, text in docs.items():
+        write_transcript(tmp_path, "alice", key, [text])
+    async with opened(tmp_path, quiet_config(), embedder) as svc:
+        hits = (await svc.search("alice", "apple banana")).results
+    got = [(h.session_key, h.keyword_rank, h.vector_rank) for h in hits]
+    assert got == [("a", 1, 3), ("b", 2, 2), ("c", None, 1)]
+    expected = [1 / 61 + 1 / 63, 2 / 62, 1 / 61]
+    assert [h.score for h in hits] == pytest.approx(expected)
+
+
+async def test_keyword_only_hit_is_kept_in_hybrid(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """A chunk only the keyword leg found stays in hybrid results with its keyword rank."""
+    embedder.vectors = {"zymurgy": [1.0] + [0.0] * (embedder.dims - 1)}
+    for i in range(4):
+        write_transcript(tmp_path, "alice", f"s{i}", [f"filler text {i}"])
+    write_transcript(tmp_path, "alice", "target", ["a note on zymurgy"])
+    for i in range(4):
+        embedder.vectors[f"user [{ts(0)}]: filler text {i}"] = [1.0 - i * 0.01] + [0.1] * (embedder.dims - 1)
+    config = quiet_config(candidates=2, max_k=2, default_k=2)
+    async with opened(tmp_path, config, embedder) as svc:
+        hits = (await svc.search("alice", "zymurgy", k=2)).results
+    target = [h for h in hits if h.session_key == "target"]
+    assert target and target[0].keyword_rank == 1 and target[0].vector_rank is None
+
+
+async def test_filters_session_exclude_and_time(tmp_path: Path, service: MemoryService) -> None:
+    """sessionKey, excludeSessionKey, after and before narrow both legs alike."""
+    for i, key in enumerate(["s1", "s2", "s3"]):
+        write_transcript(tmp_path, "alice", key, [f"marmot sighting {key}"], start_minute=i * 100)
+    await service.sync_now()
+    for mode in ("hybrid", "keyword", "vector"):
+        async def keys(**kw: str) -> list[str]:
+            return sorted(h.session_key for h in (await service.search("alice", "marmot", mode=mode, **kw)).results)
+        assert await keys(session_key="s2") == ["s2"]
+        assert await keys(exclude_session_key="s2") == ["s1", "s3"]
+        assert await keys(after=ts(150)) == ["s3"]
+        assert await keys(before=ts(50)) == ["s1"]
+        assert await keys(after=ts(50), before=ts(150)) == ["s2"]
+        assert await keys(after="2026-11-22") == ["s1", "s2", "s3"]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"k": 0}, "k"), ({"k": 51}, "k"), ({"k": "3"}, "k"), ({"k": True}, "k"),
+    ({"mode": "fuzzy"}, "mode"), ({"after": "yesterday"}, "after"), ({"before": 5}, "before"),
+    ({"after": "2026-11-23", "before": "2026-11-22"}, "before"), ({"session_key": ""}, "sessionKey"),
+])
+async def test_invalid_params_name_the_field(service: MemoryService, kwargs: dict[str, object], field: str) -> None:
+    """Bad parameters raise InvalidSearch with rpc_kind 'invalid' and the wire field name."""
+    with pytest.raises(InvalidSearch) as info:
+        await service.search("alice", "x", **kwargs)  # type: ignore[arg-type]
+    assert info.value.rpc_kind == "invalid" and info.value.field == field
+
+
+async def test_empty_query_is_invalid(service: MemoryService) -> None:
+    """An empty or blank query is rejected as invalid 'query'."""
+    with pytest.raises(InvalidSearch) as info:
+        await service.search("alice", "   ")
+    assert info.value.field == "query"
+
+
+async def test_no_embedder_falls_back_to_keyword(tmp_path: Path) -> None:
+    """With no embedder, hybrid runs keyword-only and says why in the wire result."""
+    write_transcript(tmp_path, "alice", "s1", ["quokka smiles"])
+    async with opened(tmp_path, quiet_config(), None, embedder_reason="embedder 'none' configured") as svc:
+        wire = (await svc.search("alice", "quokka")).to_wire()
+        status = await svc.status()
+    assert wire["mode"] == "keyword" and "none" in wire["fallbackReason"]
+    assert wire["results"][0]["keywordRank"] == 1 and "vectorRank" not in wire["results"][0]
+    assert set(wire["results"][0]) >= {"chunkId", "sessionKey", "content", "score", "lineStart", "lineEnd",
+                                        "startTs", "endTs"}
+    assert status["provider"] == "none" and status["pending"] == 1
