@@ -11,12 +11,16 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.fake_openai import Behaviour, FakeOpenAI, fake_openai, hashed_embedding
 
 __all__ = ["fake_openai"]  # the fixture is imported to be used here
 
-USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
+USER: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "hello there"},
+]
 
 
 @pytest.fixture
@@ -28,8 +32,10 @@ async def client(fake_openai: FakeOpenAI) -> AsyncIterator[openai.AsyncOpenAI]:
         await sdk.close()
 
 
-async def _stream_text(client: openai.AsyncOpenAI, **kw: Any) -> tuple[str, list[Any]]:
-    stream = await client.chat.completions.create(model="fake-model", messages=USER, stream=True, **kw)
+async def _stream_text(client: openai.AsyncOpenAI, *, include_usage: bool = False) -> tuple[str, list[Any]]:
+    stream = await client.chat.completions.create(
+        model="fake-model", messages=USER, stream=True, stream_options={"include_usage": include_usage}
+    )
     chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     return text, chunks
@@ -39,7 +45,7 @@ async def test_stream_assembles_reply_with_role_finish_and_usage(
     fake_openai: FakeOpenAI, client: openai.AsyncOpenAI
 ) -> None:
     """A streamed reply arrives as role chunk, content deltas, a stop chunk and a usage chunk."""
-    text, chunks = await _stream_text(client, stream_options={"include_usage": True})
+    text, chunks = await _stream_text(client, include_usage=True)
     assert text == "Echo: hello there"
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == "stop"
