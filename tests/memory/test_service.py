@@ -1,0 +1,74 @@
+"""Service life cycle: debounce, watching, closing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from memory.errors import MemoryUnavailable
+from memory.service import MemoryService
+from tests.memory.conftest import FakeEmbedder, append_messages, opened, quiet_config, write_transcript
+
+
+async def test_many_nudges_coalesce_into_one_sync(tmp_path: Path) -> None:
+    """Thirty nudges inside the debounce window produce exactly one sync, which sees every append."""
+    path = write_transcript(tmp_path, "alice", "s1", ["start"])
+    async with opened(tmp_path, quiet_config(debounce_ms=150), FakeEmbedder()) as svc:
+        before = svc.sync_count
+        for i in range(30):
+            append_messages(path, [f"appended line number {i} mentions gecko{i}"], start_minute=i + 1)
+            assert svc.nudge(path) is None
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.05)
+        assert svc.sync_count == before  # still inside the quiet window
+        await svc.wait_idle()
+        assert svc.sync_count == before + 1
+        hits = (await svc.search("alice", "gecko29", mode="keyword")).results
+        assert len(hits) == 1
+
+
+async def test_watcher_indexes_new_transcripts(tmp_path: Path) -> None:
+    """With watch on, a transcript written to the sessions dir is indexed without a nudge."""
+    async with opened(tmp_path, quiet_config(watch=True, debounce_ms=50), FakeEmbedder()) as svc:
+        await asyncio.sleep(0.2)  # let the watcher settle
+        write_transcript(tmp_path, "alice", "s1", ["a wombat walked by"])
+        async with asyncio.timeout(10):
+            while not (await svc.search("alice", "wombat", mode="keyword")).results:
+                await asyncio.sleep(0.05)
+
+
+async def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
+    """close() twice is fine; afterwards calls fail with rpc_kind 'unavailable'."""
+    svc = MemoryService(tmp_path, quiet_config(watch=True), FakeEmbedder())
+    await svc.start()
+    await svc.close()
+    await svc.close()
+    try:
+        await svc.search("alice", "x")
+    except MemoryUnavailable as exc:
+        assert exc.rpc_kind == "unavailable"
+    else:
+        raise AssertionError("search after close should fail")
+
+
+async def test_search_does_not_wait_for_a_running_sync(tmp_path: Path) -> None:
+    """A search answers while a sync is stuck waiting on a slow embedder."""
+    write_transcript(tmp_path, "alice", "s1", ["first: the heron fishes"])
+    gate = asyncio.Event()
+
+    class SlowEmbedder(FakeEmbedder):
+        async def embed(self, texts: list[str]) -> list[list[float]]:
+            if any("second" in t for t in texts):
+                await gate.wait()
+            return await super().embed(texts)
+
+    async with opened(tmp_path, quiet_config(), SlowEmbedder()) as svc:
+        write_transcript(tmp_path, "alice", "s2", ["second: the heron sleeps"])
+        syncing = asyncio.create_task(svc.sync_now())
+        await asyncio.sleep(0.1)
+        assert not syncing.done()
+        async with asyncio.timeout(2):
+            hits = (await svc.search("alice", "heron", mode="keyword")).results
+        assert {h.session_key for h in hits} == {"s1", "s2"}
+        gate.set()
+        await syncing
