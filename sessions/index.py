@@ -50,11 +50,12 @@ CREATE INDEX IF NOT EXISTS sessions_newest ON sessions(user, updated_at DESC, se
 
 _COLUMNS = "session_key, user, title, created_at, updated_at, message_count, system_prompt, model"
 
-# Paging with `updated_at < ? OR (updated_at = ? AND session_key < ?)` rather than a row value
-# keeps the planner on `sessions_newest` for every SQLite version apsw may bundle.
+# The row-value comparison lets SQLite seek straight to the cursor inside `sessions_newest`
+# (an equivalent OR expression only narrows by user and then scans from the newest row, so deep
+# pages would cost O(offset)). apsw ships its own SQLite, so row values (3.15+) are always there.
 _PAGE_SQL = f"""
 SELECT {_COLUMNS} FROM sessions
-WHERE user = ? AND (updated_at < ? OR (updated_at = ? AND session_key < ?))
+WHERE user = ? AND (updated_at, session_key) < (?, ?)
 ORDER BY updated_at DESC, session_key DESC
 LIMIT ?
 """
@@ -169,7 +170,7 @@ class SessionIndex:
             rows = self._conn.execute(_FIRST_PAGE_SQL, (user, limit))
         else:
             updated, key = after
-            rows = self._conn.execute(_PAGE_SQL, (user, updated, updated, key, limit))
+            rows = self._conn.execute(_PAGE_SQL, (user, updated, key, limit))
         return [_session(row) for row in rows]
 
     def put(self, user: str, summary: Summary) -> None:

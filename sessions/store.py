@@ -553,7 +553,8 @@ class SessionStore:
                 self._index.put(user, summary)
             for user, key in gone:
                 self._index.delete(user, key)
-        if changed or gone or self._index.reset_reason:
+        # A brand-new data dir ("missing", nothing on disk) is not news; every other reset is.
+        if changed or gone or self._index.reset_reason in ("corrupt", "schema"):
             log.info(
                 "sessions.index_reconciled",
                 reason=self._index.reset_reason or "stale",
