@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,10 @@ import sessions.store
 import sessions.transcript
 
 
+# What structlog.testing.capture_logs collects: one mapping per event.
+LogList = list[MutableMapping[str, Any]]
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
@@ -31,7 +35,7 @@ def store(data_dir: Path) -> Iterator[SessionStore]:
 
 
 @pytest.fixture
-def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[LogList]:
     """Captured structlog events from the sessions modules.
 
     Fresh logger proxies are swapped in so capture works even when another test configured

@@ -15,7 +15,7 @@ import pytest
 from sessions import Session, SessionsConfig, SessionStore
 from sessions.index import SCHEMA_VERSION
 
-from .conftest import fill
+from .conftest import LogList, fill
 
 
 def _populate(data_dir: Path) -> list[Session]:
@@ -31,12 +31,12 @@ def _populate(data_dir: Path) -> list[Session]:
         return s.list("alice")[0]
 
 
-def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+def _events(logs: LogList, name: str) -> LogList:
     return [e for e in logs if e["event"] == name]
 
 
 def test_deleted_index_is_rebuilt_from_transcripts(
-    data_dir: Path, logs: list[dict[str, Any]]
+    data_dir: Path, logs: LogList
 ) -> None:
     """With sessions.db (and its WAL files) gone, a new store lists exactly the same sessions."""
     expected = _populate(data_dir)
@@ -51,7 +51,7 @@ def test_deleted_index_is_rebuilt_from_transcripts(
 
 @pytest.mark.parametrize("damage", ["random_bytes", "truncated", "zeroed_page"])
 def test_corrupt_index_is_replaced_and_rebuilt(
-    data_dir: Path, logs: list[dict[str, Any]], damage: str
+    data_dir: Path, logs: LogList, damage: str
 ) -> None:
     """A sessions.db that is not a database, or fails its integrity check, is discarded and
     rebuilt; listing is unchanged and the store works."""
@@ -125,7 +125,7 @@ def test_same_process_sees_a_changed_transcript_on_first_use(data_dir: Path) -> 
     store.close()
 
 
-def test_old_schema_version_is_rebuilt(data_dir: Path, logs: list[dict[str, Any]]) -> None:
+def test_old_schema_version_is_rebuilt(data_dir: Path, logs: LogList) -> None:
     """An index written by another schema version is dropped and rebuilt rather than migrated."""
     expected = _populate(data_dir)
     conn = apsw.Connection(str(data_dir / "sessions.db"))
@@ -139,7 +139,7 @@ def test_old_schema_version_is_rebuilt(data_dir: Path, logs: list[dict[str, Any]
     conn.close()
 
 
-def test_unchanged_index_is_not_rebuilt(data_dir: Path, logs: list[dict[str, Any]]) -> None:
+def test_unchanged_index_is_not_rebuilt(data_dir: Path, logs: LogList) -> None:
     """Opening a store over an index that matches the disk refreshes nothing and logs nothing."""
     _populate(data_dir)
     seen = len(logs)

@@ -10,7 +10,7 @@ import pytest
 
 from sessions import SessionNotFound, SessionStore
 
-from .conftest import fill
+from .conftest import LogList, fill
 
 _VALID_LINE = orjson.dumps(
     {"type": "message", "id": "x" * 32, "role": "user", "content": "half", "ts":
@@ -41,14 +41,14 @@ def _asides(path: Path) -> list[Path]:
     return sorted(path.parent.glob(path.name + ".corrupt-*"))
 
 
-def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+def _events(logs: LogList, name: str) -> LogList:
     return [e for e in logs if e["event"] == name]
 
 
 @pytest.mark.parametrize("when", ["at_start", "on_first_use"])
 @pytest.mark.parametrize("shape", list(TAILS))
 def test_bad_tail_is_moved_aside_and_valid_lines_kept(
-    data_dir: Path, logs: list[dict[str, Any]], shape: str, when: str
+    data_dir: Path, logs: LogList, shape: str, when: str
 ) -> None:
     """Each tail shape is cut off to <file>.corrupt-<ts> (exact bytes), logged with its byte
     count, and every valid line before it survives and stays appendable."""
@@ -75,7 +75,7 @@ def test_bad_tail_is_moved_aside_and_valid_lines_kept(
     store.close()
 
 
-def test_a_whole_file_without_a_tail_is_untouched(data_dir: Path, logs: list[dict[str, Any]]) -> None:
+def test_a_whole_file_without_a_tail_is_untouched(data_dir: Path, logs: LogList) -> None:
     """A transcript that ends on a valid line is never rewritten and nothing is moved aside."""
     key, path, good = _session_with_messages(data_dir)
     with SessionStore(data_dir) as store:
@@ -85,7 +85,7 @@ def test_a_whole_file_without_a_tail_is_untouched(data_dir: Path, logs: list[dic
 
 
 def test_torn_header_means_the_session_never_existed(
-    data_dir: Path, logs: list[dict[str, Any]]
+    data_dir: Path, logs: LogList
 ) -> None:
     """A transcript holding only part of its header is saved aside and removed; the key is
     not found and the store keeps working."""
@@ -102,7 +102,7 @@ def test_torn_header_means_the_session_never_existed(
     assert _events(logs, "transcript.recovered")
 
 
-def test_zero_length_transcript_is_removed(data_dir: Path, logs: list[dict[str, Any]]) -> None:
+def test_zero_length_transcript_is_removed(data_dir: Path, logs: LogList) -> None:
     """An empty .jsonl (crash between create and the header write) is not found, and removed."""
     key, path, _ = _session_with_messages(data_dir, n=0)
     path.write_bytes(b"")
@@ -122,7 +122,7 @@ def test_zero_length_transcript_is_removed(data_dir: Path, logs: list[dict[str, 
     ],
 )
 def test_unreadable_header_is_not_found_and_file_left_alone(
-    data_dir: Path, logs: list[dict[str, Any]], header: bytes
+    data_dir: Path, logs: LogList, header: bytes
 ) -> None:
     """A transcript whose first line is not a valid header is treated as not found, logged, and
     left on disk byte for byte (it may hold valid lines someone wants back)."""
@@ -160,7 +160,7 @@ def test_header_for_another_user_or_key_is_not_trusted(data_dir: Path) -> None:
 
 
 def test_bad_line_in_the_middle_is_skipped_not_fatal(
-    data_dir: Path, logs: list[dict[str, Any]]
+    data_dir: Path, logs: LogList
 ) -> None:
     """A garbage line between valid lines (a hand edit) is skipped when reading and logged; the
     file is not truncated and appends continue."""
@@ -177,7 +177,7 @@ def test_bad_line_in_the_middle_is_skipped_not_fatal(
     assert _asides(path) == []
 
 
-def test_recovery_happens_once_per_tail(data_dir: Path, logs: list[dict[str, Any]]) -> None:
+def test_recovery_happens_once_per_tail(data_dir: Path, logs: LogList) -> None:
     """After one recovery, later reads and a restart find nothing more to move aside."""
     key, path, good = _session_with_messages(data_dir)
     path.write_bytes(good + b"torn")

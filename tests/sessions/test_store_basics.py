@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,7 @@ def test_another_users_key_is_not_found_like_an_unknown_key(store: SessionStore)
     fill(store, "alice", s.session_key, 2)
     unknown = "f" * 32
     for key in (s.session_key, unknown):
-        calls = [
+        calls: list[Callable[[], object]] = [
             lambda: store.get("bob", key),
             lambda: store.history("bob", key),
             lambda: store.recent_messages("bob", key, 5),
@@ -229,7 +230,7 @@ def test_path_like_keys_are_not_found_and_touch_nothing(
         }
 
     before = snapshot()
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: store.get("alice", key),  # type: ignore[arg-type]
         lambda: store.history("alice", key),  # type: ignore[arg-type]
         lambda: store.append_message("alice", key, role="user", content="x"),  # type: ignore[arg-type]
@@ -250,7 +251,7 @@ def test_delete_removes_file_row_and_saved_tails(store: SessionStore, data_dir: 
     aside = path.with_name(path.name + ".corrupt-20240101T000000000Z")
     aside.write_bytes(b"junk")
     keep = store.create("alice")
-    assert store.delete("alice", s.session_key) is None
+    store.delete("alice", s.session_key)
     assert not path.exists() and not aside.exists()
     assert [x.session_key for x in store.list("alice")[0]] == [keep.session_key]
     with pytest.raises(SessionNotFound):
