@@ -23,6 +23,7 @@ from gateway.registry import Registry
 from gateway.rpc import RpcCore
 from gateway.schemas import declare_all
 from gateway.server import GatewayServer
+from sessions.fileio import FileIO
 from sessions.store import SessionStore
 
 __all__ = ["App", "start_app"]
@@ -94,8 +95,11 @@ class App:
                 log.warning("sessions.flush_failed", error=str(exc))
 
 
-async def start_app(config: Config) -> App:
-    """Build and start everything; the returned app is listening on ``app.url``."""
+async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
+    """Build and start everything; the returned app is listening on ``app.url``.
+
+    ``file_io`` replaces the transcript write/fsync calls (fault-injection tests).
+    """
     config.data_dir.mkdir(parents=True, exist_ok=True)
     generated = None
     if config.auth.mode == "token" and not config.auth.token and not config.auth.users:
@@ -107,7 +111,7 @@ async def start_app(config: Config) -> App:
     authenticator = Authenticator(config.auth, generated)
     registry = Registry()
     declare_all(registry)
-    store = SessionStore(config.data_dir, config.sessions)
+    store = SessionStore(config.data_dir, config.sessions, file_io=file_io)
     app = App(config, registry, store, Hub(), authenticator, package_version())
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash)
     app.server = GatewayServer(config, core, authenticator, app.hub, version=app.version)

@@ -15,6 +15,7 @@ can cancel exactly that run (which closes the upstream stream) without touching 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections import deque
@@ -214,14 +215,16 @@ class ChatManager:
                 session = await asyncio.to_thread(self.app.store.get, run.user, run.session_key)
                 model_name = session.model or model_name
                 messages, recalled = await build_messages(self.app, run.user, session, run.message, run.run_id)
-                async for event in self.model.stream(messages, model=model_name):
-                    if isinstance(event, TextDelta):
-                        if event.text:
-                            run.partial.append(event.text)
-                            self._publish(run, "chat.delta", {**run.base(), "delta": event.text})
-                    elif isinstance(event, Completion):
-                        usage, finish = event.usage, event.finish_reason
-                        model_name = event.model or model_name
+                # aclosing: whatever ends the loop, the upstream stream is closed at once.
+                async with contextlib.aclosing(self.model.stream(messages, model=model_name)) as events:
+                    async for event in events:
+                        if isinstance(event, TextDelta):
+                            if event.text:
+                                run.partial.append(event.text)
+                                self._publish(run, "chat.delta", {**run.base(), "delta": event.text})
+                        elif isinstance(event, Completion):
+                            usage, finish = event.usage, event.finish_reason
+                            model_name = event.model or model_name
             except asyncio.CancelledError:
                 await self._finish_aborted(run, model_name)
                 raise

@@ -56,8 +56,8 @@ class Outbox:
         last = self._items[-1] if self._items else None
         if isinstance(last, _Delta) and last.params.get("runId") == params.get("runId"):
             text = params.get("delta", "")
+            # The merged event keeps the first seq, so a client's first delta is still seq 0.
             last.params["delta"] += text
-            last.params["seq"] = params.get("seq", last.params.get("seq"))
             self.coalesced += 1
             return self._grew(len(text.encode()))
         self._items.append(_Delta(params))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -13,21 +14,24 @@ from websockets.asyncio.client import connect
 from gateway.app import App
 from gateway.client import Client, RpcError
 from gateway.config import Config
+from gateway.app import start_app
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 
 
+_seen: weakref.WeakKeyDictionary[Client, list[dict[str, Any]]] = weakref.WeakKeyDictionary()
+TERMINAL = ("chat.final", "chat.error", "chat.aborted")
+
+
 async def run_to_end(c: Client, run_id: str, timeout: float = 10.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Collect this run's events until its terminal one."""
-    events: list[dict[str, Any]] = []
+    """This run's events up to its terminal one; other runs' events are kept for later calls."""
+    seen = _seen.setdefault(c, [])
     async with asyncio.timeout(timeout):
         while True:
-            ev = await c.next_event()
-            if ev.get("params", {}).get("runId") != run_id:
-                continue
-            events.append(ev)
-            if ev["method"] in ("chat.final", "chat.error", "chat.aborted"):
-                return events, ev
+            events = [e for e in seen if e.get("params", {}).get("runId") == run_id]
+            if events and events[-1]["method"] in TERMINAL:
+                return events, events[-1]
+            seen.append(await c.next_event())
 
 
 def transcript(app: App, key: str) -> list[dict[str, Any]]:
@@ -139,7 +143,7 @@ async def test_repeated_idempotency_key_returns_the_first_run(chat_app: App, fak
         (Behaviour(status=429, retry_after=1), 429, True),
         (Behaviour(status=500), 500, True),
         (Behaviour(cut_after=3, reply="a b c d e f g"), None, True),
-        (Behaviour(malformed_sse=True, malformed_after=2), None, True),
+        (Behaviour(malformed_sse=True, malformed_after=2, reply="a b c d e f"), None, True),
         (Behaviour(hang=True), None, True),
     ],
     ids=["401", "429", "500", "cut", "malformed", "timeout"],
@@ -222,7 +226,8 @@ async def test_slow_consumer_is_dropped_and_the_run_completes(
     config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:
     """A client that never reads is closed 1008; the run finishes for others and is written down."""
-    fake_openai.configure(reply="x" * 3_000_000, deltas=3000)
+    # Slow enough for a reading client to keep up, far more than the stalled one may buffer.
+    fake_openai.configure(reply="x" * 600_000, deltas=3000, delta_delay_s=0.0005)
     cfg = config_factory(llm={"base_url": fake_openai.base_url}, limits={"max_outbox_bytes": 256 * 1024},
                          server={"write_limit": 4096})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as good:
@@ -235,7 +240,7 @@ async def test_slow_consumer_is_dropped_and_the_run_completes(
             stalled.transport.pause_reading()  # and from now on nothing more is read
             run_id = (await good.call("chat.send", {"sessionKey": key, "message": "go"}))["runId"]
             events, final = await run_to_end(good, run_id, timeout=60)
-            assert final["method"] == "chat.final" and len(final["params"]["message"]["content"]) == 3_000_000
+            assert final["method"] == "chat.final" and len(final["params"]["message"]["content"]) == 600_000
             async with asyncio.timeout(10):
                 while len(app.server.connections) > 1:  # the server dropped the stalled one
                     await asyncio.sleep(0.05)
@@ -245,4 +250,41 @@ async def test_slow_consumer_is_dropped_and_the_run_completes(
                     while True:
                         await stalled.recv()
             assert stalled.close_code == 1008
-    assert transcript(app, key)[-1]["content"] == "x" * 3_000_000
+    assert transcript(app, key)[-1]["content"] == "x" * 600_000
+
+
+@pytest.mark.parametrize("errno_", [28, 5], ids=["ENOSPC", "EIO"])
+async def test_disk_errors_on_append_answer_an_error_and_lose_nothing(
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI, errno_: int
+) -> None:
+    """ENOSPC/EIO while appending: chat.send answers an error, the transcript stays valid, later sends work."""
+    import os
+
+    from sessions.fileio import FileIO
+
+    failing = {"on": False}
+
+    def write(fd: int, data: bytes) -> int:
+        if failing["on"]:
+            raise OSError(errno_, os.strerror(errno_))
+        return os.write(fd, data)
+
+    cfg = config_factory(llm={"base_url": fake_openai.base_url})
+    app = await start_app(cfg, file_io=FileIO(write=write))
+    try:
+        async with Client.connect(app.url, TOKEN) as c:
+            key = (await c.call("sessions.create"))["sessionKey"]
+            first = (await c.call("chat.send", {"sessionKey": key, "message": "kept"}))["runId"]
+            await run_to_end(c, first)
+            failing["on"] = True
+            with pytest.raises(RpcError) as info:
+                await c.call("chat.send", {"sessionKey": key, "message": "lost?"})
+            assert "storage error" in info.value.message and info.value.data["retryable"] is True
+            assert (await c.call("gateway.health"))["status"] == "ok"
+            failing["on"] = False
+            again = (await c.call("chat.send", {"sessionKey": key, "message": "after"}))["runId"]
+            await run_to_end(c, again)
+            contents = [m["content"] for m in (await c.call("sessions.history", {"sessionKey": key}))["messages"]]
+        assert contents == ["kept", "Echo: kept", "after", "Echo: after"]
+    finally:
+        await app.close()
