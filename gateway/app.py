@@ -8,7 +8,6 @@ Shutdown order (STYLE 3): stop accepting → close connections 1001 → let runs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol
@@ -16,8 +15,10 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.auth import Authenticator, load_or_create_token, token_path
+from gateway.chat import attach_chat
 from gateway.config import Config
 from gateway.hub import Hub
+from gateway.memory_methods import attach_memory
 from gateway.methods import register_core_methods
 from gateway.registry import Registry
 from gateway.rpc import RpcCore
@@ -116,17 +117,11 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash)
     app.server = GatewayServer(config, core, authenticator, app.hub, version=app.version)
     register_core_methods(app)
-    with contextlib.suppress(ImportError):
-        from gateway.chat import attach_chat
-
-        attach_chat(app)
-    with contextlib.suppress(ImportError):
-        from gateway.memory_methods import attach_memory
-
-        await attach_memory(app)
+    attach_chat(app)
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))
     try:
+        await attach_memory(app)
         await app.server.start()
     except BaseException:
         await app.close()
