@@ -11,15 +11,28 @@ from __future__ import annotations
 
 import errno as errno_codes
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from .config import FsyncPolicy
 from .errors import StorageError
 
-__all__ = ["FileIO", "append_whole_line", "describe_os_error", "fsync_path", "truncate_back"]
+__all__ = [
+    "Durability",
+    "FileIO",
+    "append_line",
+    "append_whole_line",
+    "create_with_line",
+    "describe_os_error",
+    "fsync_path",
+    "truncate_back",
+]
+
+FILE_MODE = 0o600  # transcripts are private conversations
 
 log = structlog.get_logger(__name__)
 
@@ -94,3 +107,124 @@ def fsync_path(io: FileIO, path: Path) -> None:
         io.fsync(fd)
     finally:
         os.close(fd)
+
+
+def create_with_line(io: FileIO, path: Path, line: bytes, *, sync: bool) -> None:
+    """Create ``path`` (it must not exist) holding exactly ``line``, or leave no file at all."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "creating transcript"), errno=err.errno) from err
+    try:
+        append_whole_line(io, fd, line, 0, "creating transcript")
+        if sync:
+            io.fsync(fd)
+    except (StorageError, OSError) as err:
+        os.close(fd)
+        # A header-less file would only be swept up by recovery later; remove it now.
+        path.unlink(missing_ok=True)
+        if isinstance(err, StorageError):
+            raise
+        raise StorageError(
+            describe_os_error(err, "syncing new transcript"), errno=err.errno
+        ) from err
+    os.close(fd)
+
+
+def append_line(io: FileIO, path: Path, line: bytes, *, sync: bool) -> int:
+    """Append ``line`` to an existing file and return the new size.
+
+    The caller must hold the only right to write this file (the store's stripe lock): the
+    size read before the write is then exactly where the line lands, which is what a failed
+    write is cut back to. ``FileNotFoundError`` propagates (the session was deleted).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "opening transcript"), errno=err.errno) from err
+    try:
+        prev_size = os.fstat(fd).st_size
+        append_whole_line(io, fd, line, prev_size, "appending to transcript")
+        if sync:
+            try:
+                io.fsync(fd)
+            except OSError as err:
+                # Not known to be on disk, so report it unwritten and make it so.
+                truncate_back(fd, prev_size)
+                raise StorageError(
+                    describe_os_error(err, "syncing transcript to disk"), errno=err.errno
+                ) from err
+    finally:
+        os.close(fd)
+    return prev_size + len(line)
+
+
+class Durability:
+    """The ``sessions.fsync`` policy in one place, with the set of paths awaiting an fsync.
+
+    ``"always"`` syncs inside the write call (see ``sync_each_write``) and here for directory
+    entries; ``"batch"`` remembers paths until :meth:`flush`; ``"never"`` does nothing.
+    Thread-safe: the dirty set has its own lock, held only for set operations.
+    """
+
+    def __init__(self, policy: FsyncPolicy, io: FileIO) -> None:
+        self.policy = policy
+        self._io = io
+        self._lock = threading.Lock()
+        self._dirty: set[Path] = set()
+
+    @property
+    def sync_each_write(self) -> bool:
+        return self.policy == "always"
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != "never"
+
+    def written(self, *paths: Path) -> None:
+        """Files were written or directories gained or lost entries: make that durable."""
+        if self.policy == "always":
+            for path in paths:
+                try:
+                    fsync_path(self._io, path)
+                except OSError as err:
+                    raise StorageError(
+                        describe_os_error(err, "syncing to disk"), errno=err.errno
+                    ) from err
+        elif self.policy == "batch":
+            with self._lock:
+                self._dirty.update(paths)
+
+    def appended(self, path: Path) -> None:
+        """A transcript grew; under "always" the write already synced it."""
+        if self.policy == "batch":
+            with self._lock:
+                self._dirty.add(path)
+
+    def forget(self, path: Path) -> None:
+        with self._lock:
+            self._dirty.discard(path)
+
+    def flush(self) -> None:
+        """fsync every path written since the last flush.
+
+        Tries them all; if any fails, logs each and raises one StorageError at the end. After a
+        failed fsync the kernel may already have dropped the pages, so retrying would only lie.
+        """
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        failed: OSError | None = None
+        # Files before their directories: a directory entry should not outlive its data.
+        for path in sorted(dirty, key=lambda p: (not p.name.endswith(".jsonl"), str(p))):
+            try:
+                fsync_path(self._io, path)
+            except OSError as err:
+                log.error("transcript.fsync_failed", path=str(path), error=str(err))
+                failed = failed or err
+        if failed is not None:
+            raise StorageError(
+                describe_os_error(failed, "syncing transcripts to disk"), errno=failed.errno
+            )

@@ -12,12 +12,18 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from .config import SessionsConfig
-from .errors import InvalidSessionInput
-from .models import MESSAGE_ROLES, RESERVED_LINE_KEYS, now_ts, to_ts
+from .errors import InvalidSessionInput, LineTooLarge
+from .keys import new_message_id, new_session_key
+from .models import MESSAGE_ROLES, RESERVED_LINE_KEYS, Message, now_ts, to_ts
+from .transcript import Header
 
 __all__ = [
     "DEFAULT_TITLE",
+    "build_header",
+    "build_message",
     "check_content",
     "check_extra",
     "check_limit",
@@ -129,3 +135,58 @@ def check_limit(value: object, config: SessionsConfig, field: str = "limit") -> 
     if not 1 <= value <= config.max_page_size:
         raise InvalidSessionInput(field, f"must be an integer from 1 to {config.max_page_size}")
     return value
+
+
+def build_header(
+    user: str,
+    *,
+    title: object,
+    system_prompt: object,
+    model: object,
+    created_at: object,
+    config: SessionsConfig,
+) -> tuple[Header, bytes]:
+    """A checked header for a new session and its serialised line (size checked too)."""
+    header = Header(
+        session_key=new_session_key(),
+        user=user,
+        created_at=check_ts(created_at, "createdAt"),
+        title=check_title(title, config),
+        system_prompt=check_system_prompt(system_prompt),
+        model=check_model(model, config),
+    )
+    line = orjson.dumps(header.to_line()) + b"\n"
+    if len(line) > config.max_line_bytes:
+        # Only the system prompt can make a header this big.
+        raise LineTooLarge(len(line), config.max_line_bytes, field="systemPrompt")
+    return header, line
+
+
+def build_message(
+    *,
+    role: object,
+    content: object,
+    run_id: object,
+    name: object,
+    ts: object,
+    extra: object,
+    config: SessionsConfig,
+) -> tuple[Message, bytes]:
+    """A checked message and its serialised line; LineTooLarge before anything is written."""
+    message = Message(
+        id=new_message_id(),
+        role=check_role(role),
+        content=check_content(content),
+        ts=check_ts(ts),
+        run_id=check_run_id(run_id),
+        name=check_name(name, config),
+        extra=check_extra(extra),
+    )
+    try:
+        line = orjson.dumps(message.to_line()) + b"\n"
+    except orjson.JSONEncodeError:
+        # Every other field is a checked str, so the culprit is inside extra.
+        raise InvalidSessionInput("extra", "must hold only JSON values") from None
+    if len(line) > config.max_line_bytes:
+        raise LineTooLarge(len(line), config.max_line_bytes)
+    return message, line

@@ -7,8 +7,8 @@ everywhere (never the reverse, so no deadlock):
    its first-open recovery, while different sessions append in parallel (an fsync under
    ``"always"`` holds only its own stripe);
 2. the *index* lock: the single apsw connection;
-3. the *state* lock: the small in-memory sets (validated transcripts, dirty paths, rows to
-   refresh), held only for set operations.
+3. the *state* lock (and :class:`Durability`'s own): the small in-memory sets (validated
+   transcripts, rows to refresh, paths awaiting fsync), held only for set operations.
 
 File descriptors are never cached: each append opens, writes and closes, so thousands of
 sessions cost no descriptors between calls.
@@ -20,8 +20,7 @@ import builtins
 import contextlib
 import os
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -32,8 +31,8 @@ import structlog
 
 from . import inputs
 from .config import SessionsConfig
-from .errors import InvalidSessionInput, LineTooLarge, SessionNotFound, StorageError
-from .fileio import FileIO, append_whole_line, describe_os_error, fsync_path, truncate_back
+from .errors import InvalidSessionInput, SessionNotFound, StorageError
+from .fileio import Durability, FileIO, append_line, create_with_line, describe_os_error
 from .index import SessionIndex
 from .keys import (
     check_session_key,
@@ -42,13 +41,10 @@ from .keys import (
     decode_list_cursor,
     encode_history_cursor,
     encode_list_cursor,
-    is_session_key,
-    is_user_name,
-    new_message_id,
-    new_session_key,
 )
 from .models import Message, Session
-from .transcript import Header, Summary, read_header, read_messages_backward, recover_tail, summarise
+from .reconcile import checked_summary, reconcile, transcript_file
+from .transcript import Summary, read_header, read_page, recover_tail
 
 __all__ = ["MessagePage", "SessionPage", "SessionStore"]
 
@@ -60,8 +56,7 @@ MessagePage: TypeAlias = "tuple[builtins.list[Message], str | None]"
 _Ident: TypeAlias = "tuple[str, str]"
 
 _STRIPES = 64
-_FILE_MODE = 0o600  # transcripts are private conversations
-_DIR_MODE = 0o700
+_DIR_MODE = 0o700  # transcripts are private conversations
 
 
 class SessionStore:
@@ -76,13 +71,12 @@ class SessionStore:
     ) -> None:
         self._config = config
         self._io = file_io if file_io is not None else FileIO()
-        self._durable = config.fsync != "never"
+        self._durability = Durability(config.fsync, self._io)
         self._root = Path(data_dir) / "sessions"
         self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._validated: dict[_Ident, int] = {}  # transcripts checked this process -> header end
-        self._dirty: set[Path] = set()
         self._needs_refresh: set[_Ident] = set()
         self._closed = False
         try:
@@ -93,7 +87,12 @@ class SessionStore:
             self._index = SessionIndex(Path(data_dir) / "sessions.db")
         except apsw.Error as err:
             raise StorageError(f"could not open the session index: {err}") from err
-        self._reconcile()
+        try:
+            with self._index_op("checking the session index against the transcripts"):
+                reconcile(self._index, self._root, self._io, durable=self._durability.enabled)
+        except BaseException:
+            self._index.close()
+            raise
 
     # ----------------------------------------------------------------- public API
 
@@ -109,29 +108,26 @@ class SessionStore:
         """Start a session: a new transcript holding only its header, and its index row."""
         self._check_open()
         user = check_user(user)
-        header = Header(
-            session_key=new_session_key(),
-            user=user,
-            created_at=inputs.check_ts(created_at, "createdAt"),
-            title=inputs.check_title(title, self._config),
-            system_prompt=inputs.check_system_prompt(system_prompt),
-            model=inputs.check_model(model, self._config),
+        header, line = inputs.build_header(
+            user,
+            title=title,
+            system_prompt=system_prompt,
+            model=model,
+            created_at=created_at,
+            config=self._config,
         )
-        line = orjson.dumps(header.to_line()) + b"\n"
-        if len(line) > self._config.max_line_bytes:
-            raise LineTooLarge(len(line), self._config.max_line_bytes, field="systemPrompt")
         key = header.session_key
         user_dir = self._root / user
         with self._stripe(key):
             new_dirs = self._make_user_dir(user_dir)
-            path = user_dir / f"{key}.jsonl"
-            self._write_new_transcript(path, line)
-            self._made_durable(path, user_dir, *new_dirs)
+            path = transcript_file(self._root, user, key)
+            create_with_line(self._io, path, line, sync=self._durability.sync_each_write)
+            self._durability.written(path, user_dir, *new_dirs)
             with self._state_lock:
                 self._validated[(user, key)] = len(line)
             summary = Summary(header, len(line), 0, header.created_at, len(line))
             self._index_write((user, key), lambda: self._index.put(user, summary))
-        return _session_from(user, summary)
+        return summary.session(user)
 
     def get(self, user: str, session_key: str) -> Session:
         """The session's metadata; SessionNotFound for unknown, foreign or malformed keys."""
@@ -170,7 +166,8 @@ class SessionStore:
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         limit = inputs.check_limit(limit, self._config)
-        return self._read_back(user, key, limit, before)
+        offset = decode_history_cursor(before, key) if before is not None else None
+        return self._read_back(user, key, limit, offset)
 
     def recent_messages(self, user: str, session_key: str, n: int) -> builtins.list[Message]:
         """The last ``n`` messages in order, for building the model's context (no page cap)."""
@@ -199,21 +196,10 @@ class SessionStore:
         """
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
-        message = Message(
-            id=new_message_id(),
-            role=inputs.check_role(role),
-            content=inputs.check_content(content),
-            ts=inputs.check_ts(ts),
-            run_id=inputs.check_run_id(run_id),
-            name=inputs.check_name(name, self._config),
-            extra=inputs.check_extra(extra),
+        message, line = inputs.build_message(
+            role=role, content=content, run_id=run_id, name=name, ts=ts, extra=extra,
+            config=self._config,
         )
-        try:
-            line = orjson.dumps(message.to_line()) + b"\n"
-        except orjson.JSONEncodeError:
-            raise InvalidSessionInput("extra", "must hold only JSON values") from None
-        if len(line) > self._config.max_line_bytes:
-            raise LineTooLarge(len(line), self._config.max_line_bytes)
         ident = (user, key)
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
@@ -240,34 +226,18 @@ class SessionStore:
                 aside.unlink(missing_ok=True)
             with self._state_lock:
                 self._validated.pop(ident, None)
-                self._dirty.discard(path)
-            self._made_durable(path.parent)
+            self._durability.forget(path)
+            self._durability.written(path.parent)
             self._index_write(ident, lambda: self._index.delete(user, key))
 
     def transcript_path(self, user: str, session_key: str) -> Path:
         """Where the transcript lives (checked names only; the file may not exist)."""
-        return self._root / check_user(user) / f"{check_session_key(session_key)}.jsonl"
+        return transcript_file(self._root, check_user(user), check_session_key(session_key))
 
     def flush(self) -> None:
-        """fsync every transcript and directory written since the last flush (``"batch"``).
-
-        Tries them all; if any fails, logs each and raises one StorageError at the end. After a
-        failed fsync the kernel may already have dropped the pages, so retrying would only lie.
-        """
-        with self._state_lock:
-            dirty, self._dirty = self._dirty, set()
-        failed: OSError | None = None
-        # Files before their directories: a directory entry should not outlive its data.
-        for path in sorted(dirty, key=lambda p: (not p.name.endswith(".jsonl"), str(p))):
-            try:
-                fsync_path(self._io, path)
-            except OSError as err:
-                log.error("transcript.fsync_failed", path=str(path), error=str(err))
-                failed = failed or err
-        if failed is not None:
-            raise StorageError(
-                describe_os_error(failed, "syncing transcripts to disk"), errno=failed.errno
-            )
+        """fsync every transcript and directory written since the last flush (``"batch"``);
+        StorageError if any fsync failed (each is logged)."""
+        self._durability.flush()
 
     def close(self) -> None:
         """Flush, then close the index. Safe to call twice; later calls to the store fail."""
@@ -305,70 +275,19 @@ class SessionStore:
             raise StorageError(describe_os_error(err, "creating the user's directory")) from err
         return (self._root,)
 
-    def _write_new_transcript(self, path: Path, line: bytes) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags, _FILE_MODE)
-        except OSError as err:
-            raise StorageError(describe_os_error(err, "creating transcript")) from err
-        try:
-            append_whole_line(self._io, fd, line, 0, "creating transcript")
-            if self._config.fsync == "always":
-                self._io.fsync(fd)
-        except (StorageError, OSError) as err:
-            os.close(fd)
-            # A header-less file would only be swept up by recovery later; remove it now.
-            path.unlink(missing_ok=True)
-            if isinstance(err, StorageError):
-                raise
-            raise StorageError(describe_os_error(err, "syncing new transcript")) from err
-        os.close(fd)
-
     def _append_line(self, ident: _Ident, path: Path, line: bytes) -> int:
         """Append under the stripe lock; returns the new size. Leaves the file whole on error."""
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            new_size = append_line(self._io, path, line, sync=self._durability.sync_each_write)
         except FileNotFoundError:
             self._forget(ident)
             raise SessionNotFound() from None
-        except OSError as err:
-            raise StorageError(describe_os_error(err, "opening transcript")) from err
-        try:
-            # Exact: every writer of this file holds this stripe lock, and O_APPEND writes here.
-            prev_size = os.fstat(fd).st_size
-            try:
-                append_whole_line(self._io, fd, line, prev_size, "appending to transcript")
-                if self._config.fsync == "always":
-                    try:
-                        self._io.fsync(fd)
-                    except OSError as err:
-                        # Not known to be on disk, so report it unwritten and make it so.
-                        truncate_back(fd, prev_size)
-                        raise StorageError(
-                            describe_os_error(err, "syncing transcript to disk"), errno=err.errno
-                        ) from err
-            except StorageError:
-                # Should the truncate have failed too, recovery on next use repairs the tail.
-                self._forget(ident)
-                raise
-        finally:
-            os.close(fd)
-        if self._config.fsync == "batch":
-            with self._state_lock:
-                self._dirty.add(path)
-        return prev_size + len(line)
-
-    def _made_durable(self, *paths: Path) -> None:
-        """Apply the fsync policy to paths whose contents or entries just changed."""
-        if self._config.fsync == "always":
-            for path in paths:
-                try:
-                    fsync_path(self._io, path)
-                except OSError as err:
-                    raise StorageError(describe_os_error(err, "syncing to disk")) from err
-        elif self._config.fsync == "batch":
-            with self._state_lock:
-                self._dirty.update(paths)
+        except StorageError:
+            # Should the cut-back have failed too, recovery on next use repairs the tail.
+            self._forget(ident)
+            raise
+        self._durability.appended(path)
+        return new_size
 
     def _forget(self, ident: _Ident) -> None:
         with self._state_lock:
@@ -381,12 +300,12 @@ class SessionStore:
         SessionNotFound (logged), never a crash.
         """
         ident = (user, key)
-        path = self._root / user / f"{key}.jsonl"
+        path = transcript_file(self._root, user, key)
         with self._state_lock:
             header_end = self._validated.get(ident)
         if header_end is not None:
             return path, header_end
-        recovery = recover_tail(path, self._io, durable=self._durable)
+        recovery = recover_tail(path, self._io, durable=self._durability.enabled)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -412,38 +331,30 @@ class SessionStore:
             self._refresh_row(user, key)
         return path, found[1]
 
-    def _read_back(self, user: str, key: str, limit: int, before: str | None) -> MessagePage:
+    def _read_back(self, user: str, key: str, limit: int, before: int | None) -> MessagePage:
         with self._stripe(key):
             path, header_end = self._ensure_open(user, key)
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise SessionNotFound() from None
+            except OSError as err:
+                raise StorageError(describe_os_error(err, "reading transcript")) from err
             # Taken under the stripe lock, so no append is half-way through: the size is a
-            # line boundary. The reading itself needs no lock, since the lines before it never
-            # change (a delete meanwhile leaves this descriptor readable).
+            # line boundary. Reading needs no lock: lines before it never change, and a
+            # delete meanwhile leaves this descriptor readable.
             try:
                 size = os.fstat(fd).st_size
             except OSError as err:
                 os.close(fd)
                 raise StorageError(describe_os_error(err, "reading transcript")) from err
-        if limit == 0:
-            os.close(fd)
-            return [], None
         try:
-            end = size if before is None else decode_history_cursor(before, key)
-            if not header_end <= end <= size or (
-                end > header_end and os.pread(fd, 1, end - 1) != b"\n"
-            ):
-                raise InvalidSessionInput("before", "is not a cursor returned by this server")
-            found = read_messages_backward(fd, end, header_end, limit + 1, path)
+            page, more = read_page(fd, size, header_end, limit, before, path)
         except OSError as err:
             raise StorageError(describe_os_error(err, "reading transcript")) from err
         finally:
             os.close(fd)
-        page = found[:limit]
-        page.reverse()
-        cursor = encode_history_cursor(key, page[0][0]) if len(found) > limit else None
+        cursor = encode_history_cursor(key, page[0][0]) if more else None
         return [message for _, message in page], cursor
 
     # ----------------------------------------------------------------- index
@@ -457,7 +368,7 @@ class SessionStore:
                 log.error("sessions.index_failed", action=action, error=str(err))
                 raise StorageError(f"session index failed while {action}") from err
 
-    def _index_write(self, ident: _Ident, write: Any) -> None:
+    def _index_write(self, ident: _Ident, write: Callable[[], None]) -> None:
         """An index update after the transcript changed: the transcript is already the truth,
         so a failure here is logged and repaired from the file later rather than raised."""
         try:
@@ -469,15 +380,13 @@ class SessionStore:
 
     def _refresh_row(self, user: str, key: str) -> Session | None:
         """Re-derive one row from its transcript (deleting it if the transcript is unusable)."""
-        summary = summarise(self._root / user / f"{key}.jsonl")
-        if summary is not None and (summary.header.user, summary.header.session_key) != (user, key):
-            summary = None
+        summary = checked_summary(self._root, user, key)
         with self._index_op("updating the session index"):
             if summary is None:
                 self._index.delete(user, key)
                 return None
             self._index.put(user, summary)
-        return _session_from(user, summary)
+        return summary.session(user)
 
     def _refresh_pending(self) -> None:
         with self._state_lock:
@@ -501,79 +410,3 @@ class SessionStore:
         if session is None:
             raise SessionNotFound()
         return session
-
-    def _scan(self) -> dict[_Ident, int]:
-        """Every well-named transcript on disk and its size; anything else is ignored."""
-        found: dict[_Ident, int] = {}
-        with os.scandir(self._root) as users:
-            for user_entry in users:
-                if not (user_entry.is_dir(follow_symlinks=False) and is_user_name(user_entry.name)):
-                    continue
-                with os.scandir(user_entry.path) as files:
-                    for entry in files:
-                        key = entry.name[:-6]
-                        if (
-                            entry.name.endswith(".jsonl")
-                            and is_session_key(key)
-                            and entry.is_file(follow_symlinks=False)
-                        ):
-                            found[(user_entry.name, key)] = entry.stat(follow_symlinks=False).st_size
-        return found
-
-    def _reconcile(self) -> None:
-        """Bring the index in line with the transcripts on disk (all of them if it is new).
-
-        Cheap when nothing changed: one directory scan and one ``stat`` per transcript. A file
-        the index does not know, or whose size differs from the recorded one (a crash between
-        the append and the index update, a file copied in), is repaired and re-read.
-        """
-        started = time.perf_counter()
-        with self._index_op("checking the session index"):
-            known = self._index.sizes()
-        on_disk = self._scan()
-        changed = [ident for ident, size in on_disk.items() if known.get(ident) != size]
-        gone = known.keys() - on_disk.keys()
-        with self._index_op("rebuilding the session index"), self._index.transaction():
-            for user, key in changed:
-                path = self._root / user / f"{key}.jsonl"
-                try:
-                    recover_tail(path, self._io, durable=self._durable)
-                except StorageError as err:
-                    # Leave it for the first use to retry; the daemon must still start.
-                    log.error("transcript.recovery_failed", path=str(path), error=str(err))
-                    continue
-                summary = summarise(path)
-                if summary is None or (summary.header.user, summary.header.session_key) != (
-                    user,
-                    key,
-                ):
-                    log.warning("transcript.unreadable", path=str(path), reason="bad header")
-                    self._index.delete(user, key)
-                    continue
-                self._index.put(user, summary)
-            for user, key in gone:
-                self._index.delete(user, key)
-        # A brand-new data dir ("missing", nothing on disk) is not news; every other reset is.
-        if changed or gone or self._index.reset_reason in ("corrupt", "schema"):
-            log.info(
-                "sessions.index_reconciled",
-                reason=self._index.reset_reason or "stale",
-                transcripts=len(on_disk),
-                refreshed=len(changed),
-                removed=len(gone),
-                elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
-            )
-
-
-def _session_from(user: str, summary: Summary) -> Session:
-    h = summary.header
-    return Session(
-        session_key=h.session_key,
-        user=user,
-        title=h.title,
-        created_at=h.created_at,
-        updated_at=summary.updated_at,
-        message_count=summary.message_count,
-        system_prompt=h.system_prompt,
-        model=h.model,
-    )

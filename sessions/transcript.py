@@ -27,9 +27,9 @@ from typing import Any
 import orjson
 import structlog
 
-from .errors import StorageError
+from .errors import InvalidSessionInput, StorageError
 from .fileio import FileIO, describe_os_error
-from .models import Message, format_ts, to_ts
+from .models import Message, Session, format_ts, to_ts
 
 __all__ = [
     "Header",
@@ -40,6 +40,7 @@ __all__ = [
     "parse_line",
     "read_header",
     "read_messages_backward",
+    "read_page",
     "recover_tail",
     "summarise",
 ]
@@ -112,6 +113,19 @@ class Summary:
     message_count: int
     updated_at: str
     size: int
+
+    def session(self, user: str) -> Session:
+        h = self.header
+        return Session(
+            session_key=h.session_key,
+            user=user,
+            title=h.title,
+            created_at=h.created_at,
+            updated_at=self.updated_at,
+            message_count=self.message_count,
+            system_prompt=h.system_prompt,
+            model=h.model,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,3 +365,22 @@ def summarise(path: Path) -> Summary | None:
         return Summary(header, header_end, count, updated_at, size)
     finally:
         os.close(fd)
+
+
+def read_page(
+    fd: int, size: int, header_end: int, limit: int, before: int | None, path: Path | None = None
+) -> tuple[list[tuple[int, Message]], bool]:
+    """The ``limit`` messages just before offset ``before`` (default: the end), oldest first,
+    with their offsets, and whether older messages remain.
+
+    ``before`` comes from a client's cursor, so it must be a line start inside the messages.
+    """
+    if limit <= 0:
+        return [], False
+    end = size if before is None else before
+    if not header_end <= end <= size or (end > header_end and os.pread(fd, 1, end - 1) != b"\n"):
+        raise InvalidSessionInput("before", "is not a cursor returned by this server")
+    found = read_messages_backward(fd, end, header_end, limit + 1, path)
+    page = found[:limit]
+    page.reverse()
+    return page, len(found) > limit

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 from sessions import SessionsConfig, SessionStore
 import sessions.fileio
 import sessions.index
+import sessions.reconcile
 import sessions.store
 import sessions.transcript
 
@@ -42,7 +43,13 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[LogList]:
     structlog with ``cache_logger_on_first_use``.
     """
     with capture_logs() as captured:
-        for module in (sessions.fileio, sessions.index, sessions.store, sessions.transcript):
+        for module in (
+            sessions.fileio,
+            sessions.index,
+            sessions.reconcile,
+            sessions.store,
+            sessions.transcript,
+        ):
             monkeypatch.setattr(module, "log", structlog.get_logger(module.__name__))
         yield captured
 
