@@ -84,8 +84,12 @@ class MemoryService:
 
     # --- life cycle ----------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Open the index, schedule the catch-up sync, start the watcher and debounce loop."""
+    async def start(self, *, catch_up: bool = True) -> None:
+        """Open the index, schedule the catch-up sync, start the watcher and debounce loop.
+
+        ``catch_up=False`` leaves the first sync to the caller (the CLI runs it with a
+        progress bar through :meth:`sync_now`).
+        """
         if self._writer is not None:
             return
         if self._closed:
@@ -101,9 +105,10 @@ class MemoryService:
         self._tasks.append(asyncio.create_task(self._debounce_loop(), name="memory-debounce"))
         if self.config.watch:
             self._tasks.append(asyncio.create_task(self._watch(), name="memory-watch"))
-        self._dirty_all = True
-        self._immediate = True
-        self._wake.set()
+        if catch_up:
+            self._dirty_all = True
+            self._immediate = True
+            self._wake.set()
 
     async def wait_idle(self) -> None:
         """Return once no sync is queued or running (tests, the CLI after ``start``)."""
