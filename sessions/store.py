@@ -280,7 +280,9 @@ class SessionStore:
         try:
             new_size = append_line(self._io, path, line, sync=self._durability.sync_each_write)
         except FileNotFoundError:
+            # Removed behind our back: drop what we knew about it.
             self._forget(ident)
+            self._index_write(ident, lambda: self._index.delete(*ident))
             raise SessionNotFound() from None
         except StorageError:
             # Should the cut-back have failed too, recovery on next use repairs the tail.

@@ -323,6 +323,8 @@ def read_messages_backward(
         if offset < header_end:
             break
         obj = parse_line(raw)
+        if obj is not None and obj["type"] != "message":
+            continue  # another kind of line (a later version may add some): not a message
         msg = Message.from_line(obj) if obj is not None else None
         if msg is None:
             _bad_line(path, offset)

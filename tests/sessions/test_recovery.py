@@ -188,3 +188,23 @@ def test_recovery_happens_once_per_tail(data_dir: Path, logs: LogList) -> None:
         store.history("alice", key)
     assert len(_events(logs, "transcript.recovered")) == 1
     assert len(_asides(path)) == 1
+
+
+def test_other_line_types_are_skipped_silently(data_dir: Path, logs: LogList) -> None:
+    """A well-formed line of another type (a later version's event) is not a message and not
+    an error: history skips it without logging."""
+    key, path, good = _session_with_messages(data_dir)
+    path.write_bytes(good + b'{"type":"event","what":"renamed"}\n')
+    with SessionStore(data_dir) as store:
+        assert [m.content for m in store.history("alice", key)[0]] == ["m0", "m1", "m2"]
+    assert _events(logs, "transcript.bad_line") == []
+    assert _asides(path) == []
+
+
+def test_transcript_removed_behind_the_store_is_not_found(store: SessionStore) -> None:
+    """A transcript deleted by someone else makes the session not found, and it leaves the list."""
+    s = store.create("alice")
+    store.transcript_path("alice", s.session_key).unlink()
+    with pytest.raises(SessionNotFound):
+        store.append_message("alice", s.session_key, role="user", content="x")
+    assert store.list("alice") == ([], None)
