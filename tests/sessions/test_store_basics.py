@@ -281,3 +281,18 @@ def test_context_manager_closes(data_dir: Path) -> None:
     with pytest.raises(StorageError):
         s.list("alice")
     assert os.listdir(data_dir / "sessions" / "alice")
+
+
+def test_no_file_descriptors_are_kept_per_session(store: SessionStore) -> None:
+    """Using a thousand sessions leaves the process holding no more descriptors than before."""
+    fd_dir = Path("/proc/self/fd")
+    if not fd_dir.exists():
+        pytest.skip("needs /proc to count descriptors")
+    store.create("alice")  # let the index open its WAL files first
+    before = len(os.listdir(fd_dir))
+    for _ in range(1000):
+        key = store.create("alice").session_key
+        store.append_message("alice", key, role="user", content="x")
+        store.history("alice", key)
+    store.flush()
+    assert len(os.listdir(fd_dir)) <= before
