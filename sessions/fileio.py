@@ -142,7 +142,7 @@ def append_line(io: FileIO, path: Path, line: bytes, *, sync: bool) -> int:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise
+        raise  # not a disk failure: the caller turns it into SessionNotFound
     except OSError as err:
         raise StorageError(describe_os_error(err, "opening transcript"), errno=err.errno) from err
     try:
