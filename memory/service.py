@@ -240,9 +240,16 @@ class MemoryService:
                          ms=round(report.duration_ms, 1), error=report.error)
             return report
 
-    async def sync_now(self, progress: Callable[[SyncProgress], None] | None = None) -> SyncReport:
-        """Sync every transcript now (waits for a running sync first); for tests and the CLI."""
-        self._require_writer()
+    async def sync_now(self, progress: Callable[[SyncProgress], None] | None = None, *,
+                       full: bool = False) -> SyncReport:
+        """Sync every transcript now (waits for a running sync first); for tests and the CLI.
+
+        ``full`` first forgets how far each transcript was read, so all are re-chunked
+        (vectors still come from the embedding cache).
+        """
+        writer = self._require_writer()
+        if full:
+            await asyncio.to_thread(writer.reset_files)
         return await self._run_sync(None, progress)
 
     async def reindex(self, full: bool = False) -> None:

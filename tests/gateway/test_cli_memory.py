@@ -1,0 +1,64 @@
+"""`recalld memory status|index|search` on a data dir, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sessions.store import SessionStore
+
+
+def recalld(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
+    env["RECALLD_MEMORY_EMBEDDER"] = "none"
+    return subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "memory", *args],
+                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+
+def seed(data_dir: Path) -> str:
+    store = SessionStore(data_dir)
+    session = store.create("default", title="langs")
+    store.append_message("default", session.session_key, role="user",
+                         content="My favourite programming language is Rust.")
+    store.append_message("default", session.session_key, role="assistant", content="Noted!")
+    store.close()
+    return session.session_key
+
+
+def test_index_then_search_finds_the_fact(tmp_path: Path) -> None:
+    """`memory index` builds the index and `memory search` ranks the fact first."""
+    key = seed(tmp_path)
+    out = recalld(tmp_path, "index")
+    assert out.returncode == 0, out.stderr
+    assert "1 changed" in out.stdout and "chunks written" in out.stdout
+    found = recalld(tmp_path, "search", "favourite programming language", "--json")
+    assert found.returncode == 0, found.stderr
+    top = json.loads(found.stdout)["results"][0]
+    assert top["sessionKey"] == key and "Rust" in top["content"]
+    human = recalld(tmp_path, "search", "favourite programming language")
+    assert "Rust" in human.stdout and "searched keyword" in human.stderr
+
+
+def test_index_resumes_without_redoing_work(tmp_path: Path) -> None:
+    """A second `memory index` reads nothing again; an append is picked up alone; --full re-reads all."""
+    key = seed(tmp_path)
+    recalld(tmp_path, "index")
+    assert "0 changed" in recalld(tmp_path, "index").stdout
+    store = SessionStore(tmp_path)
+    store.append_message("default", key, role="user", content="Also some Go.")
+    store.close()
+    assert "1 changed" in recalld(tmp_path, "index").stdout
+    assert "1 changed" in recalld(tmp_path, "index", "--full").stdout
+
+
+def test_status_reports_counts_and_why_no_vectors(tmp_path: Path) -> None:
+    """`memory status` shows counts and says why vector search is off; --json is machine-readable."""
+    seed(tmp_path)
+    recalld(tmp_path, "index")
+    status = json.loads(recalld(tmp_path, "status", "--json").stdout)
+    assert status["files"] == 1 and status["chunks"] >= 1 and status["provider"] == "none"
+    text = recalld(tmp_path, "status").stdout
+    assert "chunks" in text and "not ready" in text
