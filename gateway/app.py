@@ -8,8 +8,11 @@ Shutdown order (STYLE 3): stop accepting → close connections 1001 → let runs
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
@@ -63,6 +66,7 @@ class App:
     server: GatewayServer = field(init=False)
     chat: ChatService | None = None
     memory: MemoryFacade | None = None
+    lock_fd: int | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _closed: bool = False
 
@@ -83,6 +87,9 @@ class App:
         await asyncio.to_thread(self.store.close)
         if self.memory is not None:
             await self.memory.close()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # releases the data dir lock
+            self.lock_fd = None
         log.info("app.closed")
 
     async def _flush_loop(self) -> None:
@@ -96,12 +103,29 @@ class App:
                 log.warning("sessions.flush_failed", error=str(exc))
 
 
+class DataDirBusy(OSError):
+    """Another daemon already serves this data dir."""
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    # Two daemons appending to the same transcripts would interleave runs and fight over the
+    # index; an flock held for the daemon's life makes the second one refuse to start.
+    fd = os.open(data_dir / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirBusy(f"another recalld daemon is already using {data_dir}") from None
+    return fd
+
+
 async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     """Build and start everything; the returned app is listening on ``app.url``.
 
     ``file_io`` replaces the transcript write/fsync calls (fault-injection tests).
     """
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    lock_fd = _lock_data_dir(config.data_dir)
     generated = None
     if config.auth.mode == "token" and not config.auth.token and not config.auth.users:
         generated, created = load_or_create_token(config.data_dir)
@@ -112,8 +136,12 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     authenticator = Authenticator(config.auth, generated)
     registry = Registry()
     declare_all(registry)
-    store = SessionStore(config.data_dir, config.sessions, file_io=file_io)
-    app = App(config, registry, store, Hub(), authenticator, package_version())
+    try:
+        store = SessionStore(config.data_dir, config.sessions, file_io=file_io)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+    app = App(config, registry, store, Hub(), authenticator, package_version(), lock_fd=lock_fd)
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash)
     app.server = GatewayServer(config, core, authenticator, app.hub, version=app.version)
     register_core_methods(app)

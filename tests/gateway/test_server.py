@@ -247,3 +247,16 @@ async def test_inflight_limit_answers_32004(config_factory: Callable[..., Config
             assert second["error"]["code"] == -32004 and "retryAfterMs" in second["error"]["data"]
             gate.set()
             assert "result" in await first
+
+
+async def test_second_daemon_on_the_same_data_dir_is_refused(config_factory: Callable[..., Config]) -> None:
+    """A second gateway on a data dir in use refuses to start; after the first closes it may."""
+    from gateway.app import DataDirBusy
+
+    cfg = config_factory()
+    async with running(cfg):
+        with pytest.raises(DataDirBusy, match="already using"):
+            async with running(cfg):
+                pass
+    async with running(cfg) as again:
+        assert again.url
