@@ -263,7 +263,8 @@ class Chat:
         wrote = False
         while True:
             get = asyncio.ensure_future(self.client.events.get())
-            done, _ = await asyncio.wait({get, self.closed}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {get, self.closed}
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if get not in done:
                 get.cancel()  # the socket closed: no event for this run will come
                 raise ConnectionError("the gateway closed the connection")

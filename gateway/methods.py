@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import schemas
 from gateway.errors import RateLimited, Unauthorized
+from gateway.registry import Handler
 
 if TYPE_CHECKING:
     from gateway.app import App
@@ -70,7 +71,7 @@ def register_core_methods(app: App) -> None:
 
     async def get(conn: Connection, p: schemas.SessionKeyParams) -> dict[str, Any]:
         session = await asyncio.to_thread(store.get, _user(conn), p.session_key)
-        return session.to_wire()  # type: ignore[no-any-return]
+        return session.to_wire()
 
     async def history(conn: Connection, p: schemas.HistoryParams) -> dict[str, Any]:
         messages, nxt = await asyncio.to_thread(
@@ -98,7 +99,7 @@ def register_core_methods(app: App) -> None:
     async def unsubscribe(conn: Connection, p: schemas.SessionKeyParams) -> dict[str, Any]:
         return {"unsubscribed": app.hub.detach(conn, _user(conn), p.session_key)}
 
-    for name, handler in {
+    handlers: dict[str, Handler] = {
         "auth": auth,
         "gateway.health": health,
         "rpc.discover": discover,
@@ -109,7 +110,8 @@ def register_core_methods(app: App) -> None:
         "sessions.delete": delete,
         "sessions.subscribe": subscribe,
         "sessions.unsubscribe": unsubscribe,
-    }.items():
+    }
+    for name, handler in handlers.items():
         reg.implement(name, handler)
 
 
