@@ -1,0 +1,627 @@
+"""Retrieval-quality harness: how well ``memory.search`` finds the turns a question needs.
+
+    python bench/recall.py DATASET [--embedder local|openai|none] [--granularity chunk|turn]
+                           [--k 10] [--rrf-k 60] [--candidates 50] [--json OUT]
+
+Each conversation of the dataset becomes its own user in a fresh data dir, written through the
+real ``SessionStore`` (one transcript per dataset session, messages dated from the session
+date, the speaker kept as the message ``name``), indexed by the real indexer with the chosen
+embedder, and every question is asked through ``MemoryService.search`` scoped to its
+conversation's user in ``keyword``, ``vector`` and ``hybrid`` mode. Returned chunks are mapped
+back to turn ids through their line ranges and scored against the question's evidence turns.
+The dataset format and the metric definitions are in ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:  # run as `python bench/recall.py` from anywhere
+    sys.path.insert(0, str(_REPO))
+
+import orjson  # noqa: E402
+
+from memory.chunking import approx_tokens  # noqa: E402
+from memory.config import MemoryConfig  # noqa: E402
+from memory.embeddings import Embedder, select_embedder  # noqa: E402
+from memory.indexer import SyncProgress  # noqa: E402
+from memory.search import SearchHit  # noqa: E402
+from memory.service import MemoryService  # noqa: E402
+from sessions import SessionsConfig, SessionStore  # noqa: E402
+
+__all__ = [
+    "METRICS",
+    "MODES",
+    "Dataset",
+    "DatasetError",
+    "LoadedCorpus",
+    "dataset_from_json",
+    "hit_at",
+    "hits_to_turns",
+    "load_corpus",
+    "main",
+    "mrr",
+    "ndcg_at",
+    "recall_at",
+    "run_benchmark",
+    "score_question",
+]
+
+MODES = ("keyword", "vector", "hybrid")
+METRICS = ("recall@5", "recall@10", "hit@5", "mrr", "ndcg@10", "tokens@5", "tokens@10")
+UNCATEGORIZED = "uncategorized"
+TURN_STEP = timedelta(minutes=1)   # turn i of a session is dated session date + i minutes
+
+
+class DatasetError(ValueError):
+    """The dataset file does not have the documented shape."""
+
+
+# --- dataset ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    id: str
+    speaker: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSession:
+    id: str
+    date: datetime
+    turns: tuple[Turn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    sessions: tuple[DatasetSession, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    conversation: str
+    question: str
+    evidence: tuple[str, ...]
+    category: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    conversations: tuple[Conversation, ...]
+    questions: tuple[Question, ...]
+
+    @property
+    def turn_count(self) -> int:
+        return sum(len(s.turns) for c in self.conversations for s in c.sessions)
+
+
+def _parse_date(value: object, where: str) -> datetime:
+    if not isinstance(value, str) or not value:
+        raise DatasetError(f"{where}.date: expected an ISO-8601 date or date-time string")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise DatasetError(f"{where}.date: {value!r} is not ISO-8601 (e.g. 2024-03-02 or 2024-03-02T18:30)") from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _str(obj: dict[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "id":
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise DatasetError(f"{where}.{key}: expected a non-empty string")
+    return value
+
+
+def _list(obj: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if not isinstance(value, list) or not value:
+        raise DatasetError(f"{where}.{key}: expected a non-empty list")
+    return value
+
+
+def dataset_from_json(data: object) -> Dataset:
+    """Validate a parsed dataset; raises :class:`DatasetError` naming the first bad field."""
+    if not isinstance(data, dict):
+        raise DatasetError("dataset: expected an object with 'conversations' and 'questions'")
+    conversations: list[Conversation] = []
+    turn_ids: dict[str, set[str]] = {}
+    for ci, raw_conv in enumerate(_list(data, "conversations", "dataset")):
+        where = f"conversations[{ci}]"
+        if not isinstance(raw_conv, dict):
+            raise DatasetError(f"{where}: expected an object")
+        conv_id = _str(raw_conv, "id", where)
+        if conv_id in turn_ids:
+            raise DatasetError(f"{where}.id: duplicate conversation id {conv_id!r}")
+        seen: set[str] = set()
+        sessions: list[DatasetSession] = []
+        for si, raw_sess in enumerate(_list(raw_conv, "sessions", where)):
+            swhere = f"{where}.sessions[{si}]"
+            if not isinstance(raw_sess, dict):
+                raise DatasetError(f"{swhere}: expected an object")
+            turns: list[Turn] = []
+            for ti, raw_turn in enumerate(_list(raw_sess, "turns", swhere)):
+                twhere = f"{swhere}.turns[{ti}]"
+                if not isinstance(raw_turn, dict):
+                    raise DatasetError(f"{twhere}: expected an object")
+                turn = Turn(_str(raw_turn, "id", twhere), _str(raw_turn, "speaker", twhere),
+                            _str(raw_turn, "text", twhere))
+                if turn.id in seen:
+                    raise DatasetError(f"{twhere}.id: duplicate turn id {turn.id!r} in conversation {conv_id!r}")
+                seen.add(turn.id)
+                turns.append(turn)
+            sessions.append(DatasetSession(_str(raw_sess, "id", swhere), _parse_date(raw_sess.get("date"), swhere),
+                                           tuple(turns)))
+        turn_ids[conv_id] = seen
+        conversations.append(Conversation(conv_id, tuple(sessions)))
+    questions: list[Question] = []
+    for qi, raw_q in enumerate(_list(data, "questions", "dataset")):
+        where = f"questions[{qi}]"
+        if not isinstance(raw_q, dict):
+            raise DatasetError(f"{where}: expected an object")
+        conv_id = _str(raw_q, "conversation", where)
+        if conv_id not in turn_ids:
+            raise DatasetError(f"{where}.conversation: unknown conversation {conv_id!r}")
+        evidence = _list(raw_q, "evidence", where)
+        for e in evidence:
+            if not isinstance(e, str) or e not in turn_ids[conv_id]:
+                raise DatasetError(f"{where}.evidence: {e!r} is not a turn id of conversation {conv_id!r}")
+        category = raw_q.get("category", UNCATEGORIZED)
+        if not isinstance(category, str) or not category:
+            raise DatasetError(f"{where}.category: expected a non-empty string when present")
+        questions.append(Question(conv_id, _str(raw_q, "question", where), tuple(dict.fromkeys(evidence)), category))
+    return Dataset(tuple(conversations), tuple(questions))
+
+
+def load_dataset(path: Path) -> Dataset:
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: not JSON ({exc})") from None
+    return dataset_from_json(data)
+
+
+# --- metrics (pure) ----------------------------------------------------------------------------
+#
+# ``ranked`` is the result list of one search, best first, each entry the set of turn ids the
+# returned chunk covers; ``evidence`` is the question's evidence turn ids.
+
+
+def _first_ranks(ranked: Sequence[Iterable[str]], evidence: Iterable[str], k: int) -> dict[str, int]:
+    """Evidence turn → 1-based rank of the first of the top ``k`` results that covers it."""
+    wanted = set(evidence)
+    found: dict[str, int] = {}
+    for rank, turns in enumerate(ranked[:k], start=1):
+        for turn in wanted.intersection(turns):
+            found.setdefault(turn, rank)
+    return found
+
+
+def recall_at(ranked: Sequence[Iterable[str]], evidence: Sequence[str], k: int) -> float:
+    """Fraction of the evidence turns covered by the top ``k`` results."""
+    wanted = set(evidence)
+    return len(_first_ranks(ranked, wanted, k)) / len(wanted) if wanted else 0.0
+
+
+def hit_at(ranked: Sequence[Iterable[str]], evidence: Sequence[str], k: int) -> float:
+    """1.0 when any of the top ``k`` results covers an evidence turn, else 0.0."""
+    return 1.0 if _first_ranks(ranked, evidence, k) else 0.0
+
+
+def mrr(ranked: Sequence[Iterable[str]], evidence: Sequence[str]) -> float:
+    """Reciprocal rank of the first result that covers any evidence turn (0.0 when none does)."""
+    found = _first_ranks(ranked, evidence, len(ranked))
+    return 1.0 / min(found.values()) if found else 0.0
+
+
+def ndcg_at(ranked: Sequence[Iterable[str]], evidence: Sequence[str], k: int) -> float:
+    """nDCG@k with one unit of gain per evidence turn, earned at the first result covering it.
+
+    DCG = Σ over evidence turns found in the top k of 1/log2(1 + rank); the ideal is every
+    evidence turn in its own result at ranks 1, 2, … (what a one-turn-per-result retriever can
+    best do). A chunk holding several evidence turns can exceed that ideal, so the value is
+    capped at 1.0.
+    """
+    wanted = set(evidence)
+    if not wanted:
+        return 0.0
+    dcg = sum(1.0 / math.log2(1 + rank) for rank in _first_ranks(ranked, wanted, k).values())
+    ideal = sum(1.0 / math.log2(1 + rank) for rank in range(1, min(len(wanted), k) + 1))
+    return min(1.0, dcg / ideal)
+
+
+def score_question(ranked: Sequence[Iterable[str]], evidence: Sequence[str],
+                   contents: Sequence[str]) -> dict[str, float]:
+    """Every metric of one search; ``contents`` are the returned chunk texts, best first."""
+    return {
+        "recall@5": recall_at(ranked, evidence, 5),
+        "recall@10": recall_at(ranked, evidence, 10),
+        "hit@5": hit_at(ranked, evidence, 5),
+        "mrr": mrr(ranked, evidence),
+        "ndcg@10": ndcg_at(ranked, evidence, 10),
+        "tokens@5": float(sum(approx_tokens(c) for c in contents[:5])),
+        "tokens@10": float(sum(approx_tokens(c) for c in contents[:10])),
+    }
+
+
+def _mean(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    return {m: (sum(r[m] for r in rows) / len(rows) if rows else 0.0) for m in METRICS}
+
+
+# --- loading through the session store ---------------------------------------------------------
+
+LineMap = dict[tuple[str, int], str]   # (session_key, transcript line) → turn id
+
+
+@dataclass(slots=True)
+class LoadedCorpus:
+    users: dict[str, str] = field(default_factory=dict)   # conversation id → store user
+    line_map: LineMap = field(default_factory=dict)
+    transcripts: int = 0
+    turns: int = 0
+    max_turn_tokens: int = 0
+
+
+def hits_to_turns(hit: SearchHit | Any, line_map: LineMap) -> list[str]:
+    """The turn ids a returned chunk covers, in transcript order (lines without a turn skipped)."""
+    out: list[str] = []
+    for line in range(hit.line_start, hit.line_end + 1):
+        turn = line_map.get((hit.session_key, line))
+        if turn is not None:
+            out.append(turn)
+    return out
+
+
+def user_name(index: int, conversation_id: str) -> str:
+    """A store-valid user name (``[A-Za-z0-9_.-]{1,64}``), unique per conversation."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", conversation_id)[:48]
+    return f"c{index:04d}-{clean}"
+
+
+def _roles(conv: Conversation) -> dict[str, str]:
+    """The conversation's first speaker is ``user``; every other speaker is ``assistant``."""
+    first = conv.sessions[0].turns[0].speaker
+    speakers = {t.speaker for s in conv.sessions for t in s.turns}
+    return {name: ("user" if name == first else "assistant") for name in speakers}
+
+
+def _check_lines(path: Path, expected: Sequence[tuple[int, str]]) -> None:
+    """Verify (line number, message id) pairs against the transcript on disk."""
+    lines = path.read_bytes().splitlines()
+    header = orjson.loads(lines[0])
+    if header.get("type") != "session":
+        raise RuntimeError(f"{path}: line 1 is not the session header")
+    for line_no, message_id in expected:
+        obj = orjson.loads(lines[line_no - 1])
+        if obj.get("type") != "message" or obj.get("id") != message_id:
+            raise RuntimeError(f"{path}: line {line_no} is not message {message_id}; the line map would be wrong")
+
+
+def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
+                progress: Callable[[str], None] | None = None) -> LoadedCorpus:
+    """Write every conversation through the real ``SessionStore``; return the line → turn map.
+
+    ``chunk``: one transcript per dataset session; message i (0-based) is transcript line i + 2
+    (line 1 is the header), checked against the file. ``turn``: one transcript per turn (its
+    line 2), so that no chunk can hold two turns — see ``bench/README.md``.
+    """
+    corpus = LoadedCorpus()
+    store = SessionStore(data_dir, SessionsConfig(fsync="never"))
+    try:
+        for ci, conv in enumerate(dataset.conversations):
+            user = user_name(ci, conv.id)
+            corpus.users[conv.id] = user
+            roles = _roles(conv)
+            for sess in conv.sessions:
+                title = f"{conv.id} / {sess.id} ({sess.date.date().isoformat()})"
+                groups = ([list(enumerate(sess.turns))] if granularity == "chunk"
+                          else [[(i, t)] for i, t in enumerate(sess.turns)])
+                for group in groups:
+                    created = sess.date + TURN_STEP * group[0][0]
+                    session = store.create(user, title=title, created_at=created)
+                    expected: list[tuple[int, str]] = []
+                    for line_offset, (i, turn) in enumerate(group):
+                        ts = sess.date + TURN_STEP * i
+                        msg = store.append_message(user, session.session_key, role=roles[turn.speaker],
+                                                   content=turn.text, name=turn.speaker, ts=ts.isoformat())
+                        line = line_offset + 2
+                        corpus.line_map[(session.session_key, line)] = turn.id
+                        expected.append((line, msg.id))
+                        prefix = f"{turn.speaker} [{msg.ts}]: "
+                        corpus.max_turn_tokens = max(corpus.max_turn_tokens, approx_tokens(prefix + turn.text))
+                        corpus.turns += 1
+                    corpus.transcripts += 1
+                    store.flush()
+                    _check_lines(data_dir / "sessions" / user / f"{session.session_key}.jsonl", expected)
+            if progress:
+                progress(f"loading: conversation {ci + 1}/{len(dataset.conversations)}, "
+                         f"{corpus.turns}/{dataset.turn_count} turns, {corpus.transcripts} transcripts")
+    finally:
+        store.close()
+    return corpus
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def memory_config(granularity: str, *, embedder: str, k: int, rrf_k: int, candidates: int,
+                  max_turn_tokens: int = 0, base: MemoryConfig | None = None) -> MemoryConfig:
+    """The index and search settings of a run.
+
+    ``chunk`` keeps the configured chunking (default 400/80 approximate tokens). ``turn`` holds
+    one turn per transcript, so chunk_tokens only has to exceed the longest turn for each turn
+    to be exactly one whole chunk (never cut into segments).
+    """
+    base = base or MemoryConfig()
+    chunk_tokens, overlap = base.chunk_tokens, base.overlap_tokens
+    if granularity == "turn":
+        chunk_tokens, overlap = max(base.chunk_tokens, max_turn_tokens + 1), 0
+    max_k = max(k, 10)
+    if candidates < max_k:
+        raise ValueError(f"--candidates ({candidates}) must be at least max(--k, 10) = {max_k}")
+    return MemoryConfig(
+        enabled=True, embedder=embedder,  # type: ignore[arg-type]
+        chunk_tokens=chunk_tokens, overlap_tokens=overlap, watch=False, debounce_ms=0,
+        rrf_k=rrf_k, candidates=candidates, default_k=min(base.default_k, max_k), max_k=max_k,
+        max_query_terms=base.max_query_terms,
+        embeddings_base_url=base.embeddings_base_url, embeddings_api_key=base.embeddings_api_key,
+        embeddings_model=base.embeddings_model, embeddings_dimensions=base.embeddings_dimensions,
+        local_threads=base.local_threads,
+    )
+
+
+@dataclass(slots=True)
+class RunResult:
+    report: dict[str, Any]                        # the --json shape
+    ran_as: dict[str, dict[str, int]]             # requested mode → {actual mode: searches}
+    fallback_reasons: dict[str, set[str]]
+    chunks: int
+    transcripts: int
+    turns: int
+    embedder_reason: str
+    seconds: dict[str, float]
+    per_question: list[dict[str, Any]]
+
+
+class _Progress:
+    """Progress lines on stderr: overwritten in place on a terminal, throttled otherwise."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+        self.tty = bool(stream and getattr(stream, "isatty", lambda: False)())
+        self.last = 0.0
+
+    def __call__(self, text: str, *, final: bool = False) -> None:
+        if self.stream is None:
+            return
+        now = time.monotonic()
+        if not final and now - self.last < (0.2 if self.tty else 2.0):
+            return
+        self.last = now
+        if self.tty:
+            self.stream.write("\r\x1b[K" + text + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+async def run_benchmark(
+    dataset: Dataset,
+    *,
+    dataset_name: str,
+    embedder_name: str = "none",
+    granularity: str = "chunk",
+    k: int = 10,
+    rrf_k: int = 60,
+    candidates: int = 50,
+    base_config: MemoryConfig | None = None,
+    embedder: Embedder | None = None,
+    data_dir: Path | None = None,
+    progress_stream: TextIO | None = None,
+) -> RunResult:
+    """Load, index and ask; ``embedder`` overrides ``select_embedder`` (tests pass a fake)."""
+    if granularity not in ("chunk", "turn"):
+        raise ValueError("granularity must be 'chunk' or 'turn'")
+    progress = _Progress(progress_stream)
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="recalld-recall-") as tmp:
+        root = Path(data_dir) if data_dir is not None else Path(tmp)
+        started = time.perf_counter()
+        corpus = load_corpus(dataset, root, granularity, progress)
+        progress(f"loading: {len(dataset.conversations)} conversations, {corpus.turns} turns, "
+                 f"{corpus.transcripts} transcripts", final=True)
+        seconds["load"] = time.perf_counter() - started
+
+        config = memory_config(granularity, embedder=embedder_name, k=k, rrf_k=rrf_k, candidates=candidates,
+                               max_turn_tokens=corpus.max_turn_tokens, base=base_config)
+        reason = "embedder passed in by the caller"
+        if embedder is None:
+            embedder, reason = select_embedder(config)
+            if embedder is None and embedder_name != "none":
+                raise RuntimeError(f"embedder {embedder_name!r} is not available: {reason}")
+        service = MemoryService(root, config, embedder, embedder_reason=reason)
+        await service.start(catch_up=False)
+        try:
+            started = time.perf_counter()
+
+            def on_sync(p: SyncProgress) -> None:
+                if p.phase == "files":
+                    progress(f"indexing: files {p.files_done}/{p.files_total}, chunks {p.chunks_written}")
+                else:
+                    progress(f"embedding: {p.embedded} embedded, {p.pending} pending")
+
+            sync = await service.sync_now(progress=on_sync)
+            status = await service.status()
+            progress(f"indexed: {status['chunks']} chunks, {status['embedded']} embedded, "
+                     f"{status['pending']} pending", final=True)
+            if embedder is not None and (sync.error or status["pending"]):
+                raise RuntimeError(f"indexing left {status['pending']} chunks without vectors: "
+                                   f"{sync.error or status['lastError']}")
+            seconds["index"] = time.perf_counter() - started
+
+            started = time.perf_counter()
+            rows: dict[str, list[tuple[str, dict[str, float]]]] = {m: [] for m in MODES}
+            ran_as: dict[str, dict[str, int]] = {m: defaultdict(int) for m in MODES}
+            reasons: dict[str, set[str]] = {m: set() for m in MODES}
+            per_question: list[dict[str, Any]] = []
+            fetch = max(k, 10)
+            for qi, q in enumerate(dataset.questions):
+                user = corpus.users[q.conversation]
+                entry: dict[str, Any] = {"question": q.question, "category": q.category,
+                                         "evidence": list(q.evidence), "modes": {}}
+                for mode in MODES:
+                    response = await service.search(user, q.question, k=fetch, mode=mode)
+                    ran_as[mode][response.mode] += 1
+                    if response.fallback_reason:
+                        reasons[mode].add(response.fallback_reason)
+                    hits = response.results[:k]
+                    ranked = [hits_to_turns(h, corpus.line_map) for h in hits]
+                    scores = score_question(ranked, q.evidence, [h.content for h in hits])
+                    rows[mode].append((q.category, scores))
+                    entry["modes"][mode] = {"ran": response.mode, "ranked": ranked, **scores}
+                per_question.append(entry)
+                progress(f"asking: {qi + 1}/{len(dataset.questions)} questions")
+            progress(f"asked: {len(dataset.questions)} questions × {len(MODES)} modes", final=True)
+            seconds["search"] = time.perf_counter() - started
+        finally:
+            await service.close()
+
+    modes_out: dict[str, Any] = {}
+    for mode in MODES:
+        by_cat: dict[str, list[dict[str, float]]] = defaultdict(list)
+        for cat, scores in rows[mode]:
+            by_cat[cat].append(scores)
+        modes_out[mode] = {
+            "overall": _mean([s for _, s in rows[mode]]),
+            "by_category": {cat: _mean(by_cat[cat]) for cat in sorted(by_cat)},
+        }
+    report = {
+        "dataset": dataset_name,
+        "embedder": embedder_name,
+        "granularity": granularity,
+        "questions": len(dataset.questions),
+        "modes": modes_out,
+    }
+    return RunResult(report, {m: dict(v) for m, v in ran_as.items()}, reasons, int(status["chunks"]),
+                     corpus.transcripts, corpus.turns, reason, seconds, per_question)
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def format_table(result: RunResult) -> str:
+    """A readable table: one row per mode and category, one column per metric."""
+    report = result.report
+    lines = [
+        f"dataset {report['dataset']}: {report['questions']} questions, {result.turns} turns, "
+        f"{result.transcripts} transcripts, {result.chunks} chunks",
+        f"embedder {report['embedder']} ({result.embedder_reason}); granularity {report['granularity']}",
+        f"time: load {result.seconds.get('load', 0):.1f} s, index {result.seconds.get('index', 0):.1f} s, "
+        f"search {result.seconds.get('search', 0):.1f} s",
+    ]
+    for mode in MODES:
+        actual = result.ran_as.get(mode, {})
+        if set(actual) != {mode}:
+            ran = ", ".join(f"{m} ×{n}" for m, n in sorted(actual.items()))
+            why = "; ".join(sorted(result.fallback_reasons.get(mode, ()))) or "no reason given"
+            lines.append(f"NOTE: {mode} requested, ran as {ran} ({why})")
+    header = f"{'mode':<8} {'category':<14}" + "".join(f"{m:>10}" for m in METRICS)
+    lines += ["", header, "-" * len(header)]
+    for mode in MODES:
+        block = report["modes"][mode]
+        label = mode if set(result.ran_as.get(mode, {mode: 1})) == {mode} else f"{mode}*"
+        rows = [("overall", block["overall"])] + list(block["by_category"].items())
+        for i, (cat, values) in enumerate(rows):
+            cells = "".join(
+                f"{values[m]:>10.0f}" if m.startswith("tokens") else f"{values[m]:>10.3f}" for m in METRICS)
+            lines.append(f"{label if i == 0 else '':<8} {cat:<14}{cells}")
+        lines.append("")
+    if any(set(result.ran_as.get(m, {m: 1})) != {m} for m in MODES):
+        lines.append("* this mode fell back to another (see NOTE above); its figures are that mode's")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python bench/recall.py",
+        description="Retrieval quality of memory.search on a conversation dataset (see bench/README.md).")
+    parser.add_argument("dataset", type=Path, help="dataset JSON (conversations + questions)")
+    parser.add_argument("--embedder", choices=("local", "openai", "none"), default="none",
+                        help="embedder for the vector leg (default: none, keyword only)")
+    parser.add_argument("--granularity", choices=("chunk", "turn"), default="chunk",
+                        help="chunk: the configured chunking; turn: exactly one turn per chunk")
+    parser.add_argument("--k", type=int, default=10, help="results taken per search (default 10)")
+    parser.add_argument("--rrf-k", type=int, default=60, help="RRF constant (default 60)")
+    parser.add_argument("--candidates", type=int, default=50, help="candidates per leg (default 50)")
+    parser.add_argument("--chunk-tokens", type=int, default=None,
+                        help="chunk size for --granularity chunk (default: memory default, 400)")
+    parser.add_argument("--overlap-tokens", type=int, default=None,
+                        help="chunk overlap for --granularity chunk (default: memory default, 80)")
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
+    parser.add_argument("--details", type=Path, default=None, metavar="OUT",
+                        help="write every question's ranked turn ids and scores as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
+         stderr: TextIO | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    if not 1 <= args.k <= 50:
+        err.write("--k must be between 1 and 50\n")
+        return 2
+    try:
+        dataset = load_dataset(args.dataset)
+    except (OSError, DatasetError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    import os
+
+    defaults = MemoryConfig()
+    try:
+        base = MemoryConfig(
+            chunk_tokens=args.chunk_tokens or defaults.chunk_tokens,
+            overlap_tokens=(args.overlap_tokens if args.overlap_tokens is not None else defaults.overlap_tokens),
+            embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
+            embeddings_base_url=os.environ.get("OPENAI_BASE_URL"),
+            local_threads=os.cpu_count() or 1,
+        )
+        result = asyncio.run(run_benchmark(
+            dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
+            k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err))
+    except (ValueError, RuntimeError) as exc:
+        err.write(f"error: {exc}\n")
+        return 2
+    out.write(format_table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.report, indent=2) + "\n", encoding="utf-8")
+    if args.details is not None:
+        args.details.parent.mkdir(parents=True, exist_ok=True)
+        args.details.write_text(json.dumps(result.per_question, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    from gateway.logs import configure_logging
+
+    configure_logging("warning")
+    raise SystemExit(main())
