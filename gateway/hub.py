@@ -7,7 +7,6 @@ on unsubscribe and when the connection closes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -77,12 +76,3 @@ class Hub:
             if not ok:
                 conn.on_overflow()
         return len(subs)
-
-    def publish_to(self, conns: list[Subscriber], method: str, params: dict[str, Any],
-                   on_each: Callable[[Subscriber], None] | None = None) -> None:
-        frame = orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params})
-        for conn in conns:
-            if not conn.outbox.put(frame):
-                conn.on_overflow()
-            if on_each:
-                on_each(conn)
