@@ -13,7 +13,8 @@ Incremental algorithm (per file, one transaction each):
 4. A file that disappeared loses its rows.
 
 Vectors: after the file pass, chunks with ``embedded = 0`` are embedded in batches — cached
-vectors first, the embedder only for texts never seen under this embedder identity — and each
+vectors first (the cache holds int8, ``chunks_vec`` the sign bits, ``chunks.vector_hash`` the
+cache key for the search's exact re-rank), the embedder only for texts never seen under this embedder identity — and each
 batch is committed, so an interrupted index resumes where it stopped. An embedder failure
 leaves the rest pending (keyword-searchable) and is reported; the next sync retries.
 
@@ -45,12 +46,14 @@ from memory.chunking import Chunk, chunk_messages, fts_text, sha256_text
 from memory.config import MemoryConfig
 from memory.db import (
     VectorBackend,
+    cached_vector_to_int8,
     drop_vector_table,
     ensure_vector_table,
     get_meta,
+    quantize_int8,
     set_meta,
+    vector_format,
     vector_table_dims,
-    vector_to_blob,
 )
 from memory.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError
@@ -399,7 +402,7 @@ class IndexWriter:
     @_locked
     def _pending_rows(self, limit: int) -> list[tuple[Any, ...]]:
         return list(self.db.execute(
-            "SELECT id, content, user, session_key, start_ms, end_ms FROM chunks "
+            "SELECT id, content, user, session_key, start_ms, end_ms, content_hash FROM chunks "
             "WHERE embedded = 0 ORDER BY id LIMIT ?",
             (limit,),
         ))
@@ -414,7 +417,7 @@ class IndexWriter:
                 (identity.provider, identity.model, identity.endpoint_hash, h),
             ).fetchone()
             if row is not None:
-                found[h] = (int(row[0]), bytes(row[1]))
+                found[h] = (int(row[0]), cached_vector_to_int8(bytes(row[1]), int(row[0])))
         return found
 
     @_locked
@@ -432,21 +435,25 @@ class IndexWriter:
             dims_seen = {vectors[h][0] for h in hashes}
             if len(dims_seen) != 1:
                 raise EmbedderError(f"embedder returned mixed widths {sorted(dims_seen)}", retryable=False)
-            ensure_vector_table(self.db, dims_seen.pop())
+            dims = dims_seen.pop()
+            ensure_vector_table(self.db, dims)
+            quantize_sql = "vec_quantize_binary(vec_int8(?))" if vector_format(dims) == "bit" else "vec_int8(?)"
             stored = 0
-            for (cid, _content, user, session_key, start_ms, end_ms), h in zip(rows, hashes):
+            for (cid, _content, user, session_key, start_ms, end_ms, chash), h in zip(rows, hashes):
                 if self.db.execute("SELECT 1 FROM chunks WHERE id = ? AND embedded = 0", (cid,)).fetchone() is None:
                     continue  # deleted or replaced while its vector was being made
                 stored += 1
                 self.db.execute("DELETE FROM chunks_vec WHERE chunk_id = ?", (cid,))
                 self.db.execute(
-                    "INSERT INTO chunks_vec(chunk_id, user, embedding, session_key, start_ms, end_ms) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO chunks_vec(chunk_id, user, embedding, session_key, start_ms, end_ms) "
+                    f"VALUES (?, ?, {quantize_sql}, ?, ?, ?)",
                     # A chunk without timestamps must fail every time filter, as NULL does in SQL.
                     (cid, user, vectors[h][1], session_key,
                      _NEVER if start_ms is None else start_ms, -1 if end_ms is None else end_ms),
                 )
-                self.db.execute("UPDATE chunks SET embedded = 1 WHERE id = ?", (cid,))
+                # vector_hash is stored only when the text sent differs from the chunk (redaction).
+                self.db.execute("UPDATE chunks SET embedded = 1, vector_hash = ? WHERE id = ?",
+                                (None if h == chash else h, cid))
             if self.db.execute("SELECT 1 FROM chunks WHERE embedded = 0 LIMIT 1").fetchone() is None:
                 set_meta(self.db, "vector_rebuild", None)
         return stored
@@ -482,7 +489,7 @@ class IndexWriter:
                 report.embedder_calls += 1
                 result = await pipeline.embed_batch(batch)
                 for h, vec in zip(miss_hashes[done:done + len(batch)], result):
-                    vectors[h] = (len(vec), vector_to_blob(vec))
+                    vectors[h] = (len(vec), quantize_int8(vec))
                 done += len(batch)
             report.embedded += await asyncio.to_thread(self._store, identity, rows, hashes, vectors, set(miss_hashes))
             if progress is not None:

@@ -86,8 +86,34 @@ def m001_initial(db: apsw.Connection) -> None:
     )
 
 
+def m002_quantized_vectors(db: apsw.Connection) -> None:
+    """The cache keeps int8 vectors (¼ of float32); ``chunks_vec`` keeps sign bits and points
+    at the cache through ``chunks.vector_hash`` for the exact re-rank (docs/memory.md).
+
+    Existing float32 cache rows are converted in place; existing vectors are marked stale, so
+    the next start with sqlite-vec rebuilds ``chunks_vec`` from the cache, calling no embedder.
+    """
+    from memory.db import cached_vector_to_int8  # memory.db imports this module
+
+    # The cache key (sha256 of the text sent to the embedder) of the chunk's vector, when it
+    # is not content_hash (the text sent was redacted); NULL otherwise.
+    db.execute("ALTER TABLE chunks ADD COLUMN vector_hash TEXT")
+    rows = list(db.execute(
+        "SELECT provider, model, endpoint_hash, content_hash, dims, vector FROM embedding_cache "
+        "WHERE length(vector) = 4 * dims"))
+    for provider, model, endpoint, content_hash, dims, blob in rows:
+        db.execute(
+            "UPDATE embedding_cache SET vector = ? WHERE provider = ? AND model = ? "
+            "AND endpoint_hash = ? AND content_hash = ?",
+            (cached_vector_to_int8(bytes(blob), int(dims)), provider, model, endpoint, content_hash),
+        )
+    if db.execute("SELECT 1 FROM chunks WHERE embedded = 1 LIMIT 1").fetchone() is not None:
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('vectors_stale', '1')")
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
+    ("m002_quantized_vectors", m002_quantized_vectors),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

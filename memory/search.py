@@ -13,6 +13,8 @@ user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
 * keyword leg: ``chunks.user = :user`` (+ session / time) joined to the FTS rows;
 * vector leg: ``user`` is the vec0 *partition key* and session/time are vec0 *metadata
   columns*, so the filters apply inside the KNN before ``k`` is cut — no over-fetching.
+  The KNN runs over quantized vectors and its pool is re-ranked by exact cosine over the
+  cached vectors (``vec_pool`` → ``vec_matches``).
 
 Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
 whose first message is before it (chunks overlapping the range).
@@ -20,6 +22,7 @@ whose first message is before it (chunks overlapping the range).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +32,7 @@ import apsw
 
 from memory.chunking import CJK_CHARS
 from memory.config import MemoryConfig
+from memory.db import quantize_int8, vector_from_blob
 from memory.errors import InvalidSearch
 
 __all__ = [
@@ -48,6 +52,21 @@ _QUERY_RUN = re.compile(f"[{CJK_CHARS}]+|[^\\W_]+")
 _CJK_RUN = re.compile(f"[{CJK_CHARS}]")
 
 
+# English function words. A query's keyword leg leaves them out when it has any other word:
+# each matches nearly every chunk, so OR-ing them in makes FTS5 score the whole corpus (the
+# keyword leg took 143 ms p50 at 100k chunks with them, bench/README.md) while BM25 gives them
+# almost no weight. A query made only of them keeps them.
+STOPWORDS = frozenset("""
+a about above after again against all am an and any are as at be because been before being
+below between both but by can could did do does doing down during each few for from further
+had has have having he her here hers herself him himself his how i if in into is it its itself
+just me more most my myself no nor not now of off on once only or other our ours ourselves out
+over own same she should so some such than that the their theirs them themselves then there
+these they this those through to too under until up very was we were what when where which
+while who whom why will with would you your yours yourself yourselves
+""".split())
+
+
 def fts_query(text: str, max_terms: int = 32) -> str | None:
     """An FTS5 MATCH expression from the words of ``text``: each term a quoted string, OR-ed.
 
@@ -55,12 +74,14 @@ def fts_query(text: str, max_terms: int = 32) -> str | None:
     overlapping character bigrams, each a phrase of two single-character tokens, matching the
     index where every CJK character is its own token. Quoting makes operators (AND, NEAR, ``*``,
     ``col:``, parentheses) plain text; the quote character itself never survives the split.
+    English function words (:data:`STOPWORDS`) are left out unless nothing else remains.
     None when the text has no words.
     """
+    runs = [m.group() for m in _QUERY_RUN.finditer(text)]
+    content = [run for run in runs if run.casefold() not in STOPWORDS]
     terms: list[str] = []
     seen: set[str] = set()
-    for m in _QUERY_RUN.finditer(text):
-        run = m.group()
+    for run in content or runs:
         if _CJK_RUN.match(run):
             chars = [c for c in run if c.isalnum()]
             grams = [chars[0]] if len(chars) == 1 else [f"{a} {b}" for a, b in zip(chars, chars[1:])]
@@ -179,15 +200,41 @@ fts_matches AS (
     LIMIT :candidates
 )"""
 
+# Two steps: a KNN over the quantized vectors (sign bits; Hamming distance) finds a wide pool,
+# then the pool is re-ranked by exact cosine against each chunk's cached int8 vector (found
+# through chunks.vector_hash, or content_hash when the text sent was the chunk's) and cut to the leg's candidates. Filters apply inside the KNN.
 _VEC_CTE = """
-vec_matches AS (
-    SELECT chunk_id,
-           row_number() OVER (ORDER BY distance) AS rank_number
+vec_pool AS (
+    SELECT chunk_id
     FROM chunks_vec
-    WHERE embedding MATCH :query_vector
-      AND k = :candidates
+    WHERE embedding MATCH {knn_query}
+      AND k = :vec_pool
       AND user = :user{filters}
+),
+vec_matches AS (
+    SELECT vec_pool.chunk_id AS chunk_id,
+           row_number() OVER (
+               ORDER BY vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8)),
+                        vec_pool.chunk_id
+           ) AS rank_number
+    FROM vec_pool
+    JOIN chunks ON chunks.id = vec_pool.chunk_id
+    JOIN embedding_cache
+      ON embedding_cache.provider = :provider
+     AND embedding_cache.model = :model
+     AND embedding_cache.endpoint_hash = :endpoint_hash
+     AND embedding_cache.content_hash = coalesce(chunks.vector_hash, chunks.content_hash)
+    ORDER BY rank_number
+    LIMIT :candidates
 )"""
+
+_KNN_QUERY = {"bit": "vec_quantize_binary(vec_int8(:query_int8))", "int8": "vec_int8(:query_int8)"}
+
+# Candidates the quantized KNN hands to the exact re-rank: recall@10 of the vector leg against
+# an exact float scan is ≥ 0.98 at 100k clustered vectors with this pool (bench/README.md).
+RERANK_POOL_FACTOR = 8
+RERANK_POOL_MIN = 400
+_VEC0_MAX_K = 4096
 
 _EMPTY_FTS = "\nfts_matches(chunk_id, rank_number) AS (SELECT NULL, NULL WHERE 0)"
 _EMPTY_VEC = "\nvec_matches(chunk_id, rank_number) AS (SELECT NULL, NULL WHERE 0)"
@@ -221,11 +268,13 @@ _FILTERS = {
 }
 
 
-def build_sql(request: SearchRequest, *, keyword: bool, vector: bool) -> tuple[str, list[str]]:
+def build_sql(request: SearchRequest, *, keyword: bool, vector: bool,
+              vector_format: str = "bit") -> tuple[str, list[str]]:
     """The statement for these legs and filters, and the names of the filters it binds."""
     active = [name for name in _FILTERS if getattr(request, name) is not None]
     fts = _FTS_CTE.format(filters="".join(_FILTERS[n][0] for n in active)) if keyword else _EMPTY_FTS
-    vec = _VEC_CTE.format(filters="".join(_FILTERS[n][1] for n in active)) if vector else _EMPTY_VEC
+    vec = (_VEC_CTE.format(filters="".join(_FILTERS[n][1] for n in active), knn_query=_KNN_QUERY[vector_format])
+           if vector else _EMPTY_VEC)
     return "WITH" + fts + "," + vec + "," + _FUSE, active
 
 
@@ -243,15 +292,24 @@ class HybridSearch:
         use_vec = query_vector is not None
         if not use_fts and not use_vec:
             return []
-        sql, active = build_sql(request, keyword=use_fts, vector=use_vec)
         params: dict[str, Any] = {
             "user": request.user, "candidates": self.config.candidates,
             "rrf_k": self.config.rrf_k, "k": request.k,
         }
+        fmt = "bit"
+        if use_vec:
+            assert query_vector is not None
+            meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'vector_format')"))
+            fmt = meta.get("vector_format") or "bit"
+            provider, model, endpoint = json.loads(meta.get("embedder") or '["", "", ""]')
+            params.update(
+                query_int8=quantize_int8(vector_from_blob(query_vector)),
+                vec_pool=min(_VEC0_MAX_K, max(RERANK_POOL_MIN, RERANK_POOL_FACTOR * self.config.candidates)),
+                provider=provider, model=model, endpoint_hash=endpoint,
+            )
+        sql, active = build_sql(request, keyword=use_fts, vector=use_vec, vector_format=fmt)
         if use_fts:
             params["fts_query"] = match
-        if use_vec:
-            params["query_vector"] = query_vector
         for name in active:
             params[name] = getattr(request, name)
         return [SearchHit(*row) for row in self.db.execute(sql, params)]

@@ -59,9 +59,16 @@ async def test_fts_syntax_is_never_interpreted(tmp_path: Path, service: MemorySe
 
 def test_fts_query_quotes_every_term() -> None:
     """The MATCH expression is quoted terms joined by OR, CJK as bigram phrases."""
-    assert fts_query('NEAR("a" b) AND c*') == '"NEAR" OR "a" OR "b" OR "AND" OR "c"'
+    assert fts_query('NEAR("x" b) AND c*') == '"NEAR" OR "x" OR "b" OR "c"'
+    assert fts_query('AND "OR" NOT') == '"AND" OR "OR" OR "NOT"'
     assert fts_query("東京タワー") == '"東 京" OR "京 タ" OR "タ ワ" OR "ワ ー"'
     assert fts_query("()*:^") is None
+
+
+def test_fts_query_leaves_out_function_words_unless_alone() -> None:
+    """Function words would make the keyword leg score every chunk; a query of only them keeps them."""
+    assert fts_query("what did we say about the Rust borrow checker") == '"say" OR "Rust" OR "borrow" OR "checker"'
+    assert fts_query("what is it") == '"what" OR "is" OR "it"'
 
 
 async def test_operator_words_match_as_words(tmp_path: Path, service: MemoryService) -> None:
