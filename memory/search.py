@@ -232,8 +232,8 @@ _KNN_QUERY = {"bit": "vec_quantize_binary(vec_int8(:query_int8))", "int8": "vec_
 
 # Candidates the quantized KNN hands to the exact re-rank: recall@10 of the vector leg against
 # an exact float scan is ≥ 0.98 at 100k clustered vectors with this pool (bench/README.md).
-RERANK_POOL_FACTOR = 8
-RERANK_POOL_MIN = 400
+RERANK_POOL_FACTOR = 2
+RERANK_POOL_MIN = 100
 _VEC0_MAX_K = 4096
 
 _EMPTY_FTS = "\nfts_matches(chunk_id, rank_number) AS (SELECT NULL, NULL WHERE 0)"

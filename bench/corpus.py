@@ -1,0 +1,208 @@
+"""Synthetic, reproducible corpora for the speed benchmarks.
+
+Text: every session has a topic; its messages draw words from a Zipf distribution over a
+fixed vocabulary of English function words and generated content words, mixed with that
+topic's own words, so keyword queries behave like real ones (common words match almost
+everything, topic words match a cluster). Vectors: 384-dim unit vectors, the topic's centroid
+plus Gaussian noise seeded by the text's hash, so they have cluster structure.
+
+Fast path: transcripts are written directly in the ``sessions`` JSONL format (the same lines
+``SessionStore.append_message`` writes), then indexed by the real ``IndexWriter``; vectors
+come from :class:`SyntheticEmbedder` through the real embedding pipeline and cache, so the
+local model is never run on 100k texts. Built databases are kept in ``bench/.cache`` keyed by
+the corpus parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+__all__ = ["CACHE_DIR", "Corpus", "SyntheticEmbedder", "build_corpus", "queries", "write_transcripts"]
+
+CACHE_DIR = Path(__file__).resolve().parent / ".cache"
+DIMS = 384
+TOPICS = 200
+USER = "bench"
+
+FUNCTION_WORDS = (
+    "the of and to a in is it you that he was for on are with as I his they be at one have this "
+    "from or had by not word but what some we can out other were all there when up use your how "
+    "said an each she which do their time if will way about many then them write would like so "
+    "these her long make thing see him two has look more day could go come did number sound no "
+    "most people my over know water than call first who may down side been now find any new work "
+    "part take get place made live where after back little only round man year came show every "
+    "good me give our under name very through just form sentence great think say help low line"
+).split()
+
+
+def _syllable_words(rng: np.random.Generator, n: int) -> list[str]:
+    onsets = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "br",
+              "ch", "cl", "dr", "gr", "pl", "pr", "sh", "st", "th", "tr"]
+    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "io", "ou"]
+    codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ck"]
+    words: set[str] = set()
+    while len(words) < n:
+        k = int(rng.integers(2, 4))
+        words.add("".join(onsets[rng.integers(len(onsets))] + vowels[rng.integers(len(vowels))]
+                          + codas[rng.integers(len(codas))] for _ in range(k)))
+    return sorted(words)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    common: list[str]          # function words + general content words, Zipf-weighted
+    weights: np.ndarray
+    topic_words: list[list[str]]
+
+    @classmethod
+    def make(cls, seed: int = 7) -> Vocabulary:
+        rng = np.random.default_rng(seed)
+        general = _syllable_words(rng, 6000)
+        rng.shuffle(general)
+        topic_pool, general = general[:TOPICS * 25], general[TOPICS * 25:]
+        common = list(FUNCTION_WORDS) + general
+        ranks = np.arange(1, len(common) + 1, dtype=np.float64)
+        weights = 1.0 / ranks ** 1.07
+        weights /= weights.sum()
+        topic_words = [topic_pool[i * 25:(i + 1) * 25] for i in range(TOPICS)]
+        return cls(common, weights, topic_words)
+
+
+class SyntheticEmbedder:
+    """Deterministic clustered vectors: topic centroid (found from the text's topic words) plus
+    noise seeded by the text's hash. Counts its calls like the tests' fake embedder."""
+
+    provider = "synthetic"
+    model_id = "clusters-v1"
+    dims = DIMS
+    batch_size = 256
+    endpoint_hash = "bench"
+    remote = False
+
+    def __init__(self, vocab: Vocabulary, seed: int = 11, noise: float = 0.9) -> None:
+        rng = np.random.default_rng(seed)
+        self.centroids = rng.normal(size=(TOPICS, DIMS)).astype(np.float32)
+        self.topic_of = {w: t for t, words in enumerate(vocab.topic_words) for w in words}
+        self.noise = noise
+        self.calls = 0
+        self.texts = 0
+
+    def vector(self, text: str) -> np.ndarray:
+        counts = np.zeros(TOPICS, dtype=np.float32)
+        for word in text.split():
+            t = self.topic_of.get(word.strip(".,?!:"))
+            if t is not None:
+                counts[t] += 1
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+        noise = np.random.default_rng(seed).normal(size=DIMS).astype(np.float32)
+        v = (counts / max(1.0, counts.sum())) @ self.centroids * 1.0 + noise * self.noise
+        return v / np.linalg.norm(v)
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        self.calls += 1
+        self.texts += len(texts)
+        return [self.vector(t).tolist() for t in texts]
+
+
+def _sentence(rng: np.random.Generator, vocab: Vocabulary, topic: int, n_words: int) -> str:
+    common = rng.choice(len(vocab.common), size=n_words, p=vocab.weights)
+    words = [vocab.common[i] for i in common]
+    tw = vocab.topic_words[topic]
+    for pos in rng.choice(n_words, size=max(1, n_words // 6), replace=False):
+        words[pos] = tw[int(rng.integers(len(tw)))]
+    return " ".join(words)
+
+
+def write_transcripts(root: Path, *, messages: int, per_session: int, seed: int = 3,
+                      user: str = USER, words: tuple[int, int] = (12, 70)) -> int:
+    """Write ``messages`` messages into ``sessions/<user>/*.jsonl`` under ``root``; returns sessions."""
+    vocab = Vocabulary.make()
+    rng = np.random.default_rng(seed)
+    udir = root / "sessions" / user
+    udir.mkdir(parents=True, exist_ok=True)
+    base = datetime(2024, 1, 1, tzinfo=UTC)
+    n_sessions = max(1, -(-messages // per_session))
+    written = 0
+    for s in range(n_sessions):
+        key = f"s{seed:02d}{s:08d}"
+        topic = int(rng.integers(TOPICS))
+        start = base + timedelta(hours=s * 3)
+        lines = [orjson.dumps({"type": "session", "version": 1, "sessionKey": key, "user": user,
+                               "createdAt": start.isoformat().replace("+00:00", "Z"), "title": f"t{topic}"})]
+        count = min(per_session, messages - written)
+        for m in range(count):
+            ts = (start + timedelta(seconds=30 * m)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            n = int(rng.integers(*words))
+            lines.append(orjson.dumps({"type": "message", "id": f"m{m}", "role": "user" if m % 2 == 0 else "assistant",
+                                       "content": _sentence(rng, vocab, topic, n), "ts": ts, "runId": f"r{m // 2}"}))
+        (udir / f"{key}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        written += count
+    return n_sessions
+
+
+def queries(n: int, seed: int = 99) -> list[str]:
+    """Question-like queries: a few common words and two or three topic words."""
+    vocab = Vocabulary.make()
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        topic = int(rng.integers(TOPICS))
+        lead = ["what", "did", "we", "say", "about", "the", "how", "do", "I", "my"]
+        words = [lead[int(i)] for i in rng.choice(len(lead), size=3, replace=False)]
+        words += [vocab.topic_words[topic][int(i)] for i in rng.choice(25, size=int(rng.integers(2, 4)), replace=False)]
+        out.append(" ".join(words))
+    return out
+
+
+@dataclass
+class Corpus:
+    data_dir: Path
+    chunks: int
+    build_s: float            # 0 when it came from the cache
+    keyword_chunks_per_s: float | None
+    embed_chunks_per_s: float | None
+
+
+async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
+    """A data dir holding ~``target_chunks`` indexed chunks with synthetic vectors (cached)."""
+    from memory.config import MemoryConfig
+    from memory.db import open_index
+    from memory.embeddings import EmbeddingPipeline
+    from memory.indexer import EmbedderIdentity, IndexWriter, SyncReport
+
+    # ~4 new messages per 400-token chunk with these message lengths (measured).
+    messages = int(target_chunks * 4.1)
+    data_dir = CACHE_DIR / f"corpus-{target_chunks}-v3"
+    marker = data_dir / "READY"
+    if marker.exists() and not fresh:
+        n = int(marker.read_text().split()[0])
+        return Corpus(data_dir, n, 0.0, None, None)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    write_transcripts(data_dir, messages=messages, per_session=50)
+    config = MemoryConfig(watch=False)
+    opened = open_index(data_dir / "memory.db")
+    writer = IndexWriter(opened.db, data_dir / "sessions", config, opened.vectors)
+    started = time.perf_counter()
+    report = await writer.sync(None)
+    keyword_s = time.perf_counter() - started
+    embedder = SyntheticEmbedder(Vocabulary.make())
+    pipeline = EmbeddingPipeline.from_config(embedder, config)  # type: ignore[arg-type]
+    t = time.perf_counter()
+    writer.prepare_vectors(EmbedderIdentity.of(embedder))  # type: ignore[arg-type]
+    vec_report = SyncReport()
+    await writer.embed_pending(pipeline, vec_report)
+    embed_s = time.perf_counter() - t
+    opened.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    opened.db.close()
+    marker.write_text(f"{report.chunks_written}\n")
+    return Corpus(data_dir, report.chunks_written, keyword_s + embed_s,
+                  report.chunks_written / keyword_s, vec_report.embedded / embed_s)

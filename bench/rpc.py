@@ -1,0 +1,156 @@
+"""1. RPC round trips: gateway.health vs a bare websockets+orjson echo server, same settings.
+2. Chat overhead: chat.send through the gateway vs the openai SDK streaming directly."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
+
+from bench.gw import TOKEN, gateway_config, running_gateway
+from bench.stats import Figure, summary_ms
+from gateway.client import Client
+from tests.fake_openai import FakeOpenAI
+
+CONNECTIONS = 16
+
+
+async def _baseline_handler(ws: ServerConnection) -> None:
+    async for raw in ws:
+        req = orjson.loads(raw)
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": req["id"],
+                                    "result": {"status": "ok", "version": "0.1.0", "uptimeS": 1.0,
+                                               "connections": CONNECTIONS}}), text=True)
+
+
+async def _drive(url: str, headers: dict[str, str] | None, *, per_conn: int, window: int) -> tuple[float, list[float]]:
+    """16 connections, each sending per_conn requests with at most ``window`` in flight."""
+    latencies: list[float] = []
+
+    async def one(ws: Any) -> None:
+        sent: dict[int, float] = {}
+        next_id = 0
+        done = 0
+        while next_id < min(window, per_conn):
+            sent[next_id] = time.perf_counter()
+            await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": next_id, "method": "gateway.health"}), text=True)
+            next_id += 1
+        while done < per_conn:
+            reply = orjson.loads(await ws.recv())
+            latencies.append(time.perf_counter() - sent.pop(reply["id"]))
+            done += 1
+            if next_id < per_conn:
+                sent[next_id] = time.perf_counter()
+                await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": next_id, "method": "gateway.health"}), text=True)
+                next_id += 1
+
+    conns = [await connect(url, additional_headers=headers, compression=None, max_size=None) for _ in range(CONNECTIONS)]
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(ws) for ws in conns))
+        elapsed = time.perf_counter() - started
+    finally:
+        for ws in conns:
+            await ws.close()
+    return CONNECTIONS * per_conn / elapsed, latencies
+
+
+async def run_rpc(quick: bool) -> list[Figure]:
+    rounds = 3 if quick else 7
+    per_conn = 150 if quick else 600
+    figs: list[Figure] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = gateway_config(Path(tmp))
+        s = cfg.server
+        async with running_gateway(cfg) as app, serve(
+                _baseline_handler, "127.0.0.1", 0, compression=None, max_size=s.max_size,
+                max_queue=s.max_queue, write_limit=s.write_limit,
+                ping_interval=s.ping_interval_s or None, ping_timeout=s.ping_timeout_s or None) as base:
+            port = base.sockets[0].getsockname()[1]
+            base_url = f"ws://127.0.0.1:{port}/"
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            for mode, window in (("ping-pong", 1), ("pipelined", 32)):
+                rates: dict[str, list[float]] = {"gateway": [], "baseline": []}
+                lats: dict[str, list[float]] = {"gateway": [], "baseline": []}
+                await _drive(app.url, auth, per_conn=20, window=window)  # warm-up
+                for _ in range(rounds):  # alternate sides, same process
+                    for side, url, hdr in (("gateway", app.url, auth), ("baseline", base_url, None)):
+                        rate, lat = await _drive(url, hdr, per_conn=per_conn, window=window)
+                        rates[side].append(rate)
+                        lats[side].extend(lat)
+                ratios = sorted(g / b for g, b in zip(rates["gateway"], rates["baseline"]))
+                ratio = ratios[len(ratios) // 2]
+                for side in ("gateway", "baseline"):
+                    m = summary_ms(lats[side])
+                    rate = sorted(rates[side])[len(rates[side]) // 2]
+                    figs.append(Figure("1 rpc", f"{mode} {side} req/s (p50 / p99 latency)", rate, "req/s",
+                                       note=f"p50 {m['p50']:.2f} ms, p99 {m['p99']:.2f} ms",
+                                       extra={"p50": m["p50"], "p99": m["p99"], "rates": rates[side]}))
+                figs.append(Figure("1 rpc", f"{mode} gateway / baseline throughput", ratio, "×", "≥ 0.75",
+                                   ratio >= 0.75, extra={"ratios": ratios}))
+    return figs
+
+
+async def run_chat(quick: bool) -> list[Figure]:
+    from openai import AsyncOpenAI
+
+    rounds = 8 if quick else 25
+    reply = " ".join(f"w{i}" for i in range(500))
+    figs: list[Figure] = []
+    async with FakeOpenAI() as fake:
+        fake.configure(reply=reply, deltas=500)
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = gateway_config(Path(tmp), llm={"base_url": fake.base_url, "api_key": "sk-bench",
+                                                 "model": "fake-model", "max_retries": 0},
+                                 chat={"recall": False})
+            sdk = AsyncOpenAI(base_url=fake.base_url, api_key="sk-bench", max_retries=0)
+            ttfd: dict[str, list[float]] = {"gateway": [], "direct": []}
+            total: dict[str, list[float]] = {"gateway": [], "direct": []}
+            async with running_gateway(cfg) as app, Client.connect(app.url, TOKEN) as c:
+                key = (await c.call("sessions.create", {}))["sessionKey"]
+
+                async def via_gateway() -> tuple[float, float]:
+                    t = time.perf_counter()
+                    await c.call("chat.send", {"sessionKey": key, "message": "hi"})
+                    first = None
+                    while True:
+                        ev = await c.next_event(timeout=30)
+                        if ev["method"] == "chat.delta" and first is None:
+                            first = time.perf_counter() - t
+                        if ev["method"] in ("chat.final", "chat.error", "chat.aborted"):
+                            assert ev["method"] == "chat.final", ev
+                            return first or 0.0, time.perf_counter() - t
+
+                async def direct() -> tuple[float, float]:
+                    t = time.perf_counter()
+                    first = None
+                    stream = await sdk.chat.completions.create(
+                        model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True)
+                    async for chunk in stream:
+                        if first is None and chunk.choices and chunk.choices[0].delta.content:
+                            first = time.perf_counter() - t
+                    return first or 0.0, time.perf_counter() - t
+
+                await via_gateway()
+                await direct()
+                for _ in range(rounds):
+                    for side, fn in (("gateway", via_gateway), ("direct", direct)):
+                        a, b = await fn()
+                        ttfd[side].append(a)
+                        total[side].append(b)
+            await sdk.close()
+    g, d = summary_ms(ttfd["gateway"]), summary_ms(ttfd["direct"])
+    gt, dt = summary_ms(total["gateway"]), summary_ms(total["direct"])
+    extra = g["p50"] - d["p50"]
+    ratio = gt["p50"] / dt["p50"]
+    figs.append(Figure("2 chat", "time to first delta: gateway − direct (p50)", extra, "ms", "≤ +3", extra <= 3,
+                       note=f"gateway {g['p50']:.2f} ms, direct {d['p50']:.2f} ms"))
+    figs.append(Figure("2 chat", "500-delta run total: gateway / direct (p50)", ratio, "×", "≤ 1.10", ratio <= 1.10,
+                       note=f"gateway {gt['p50']:.1f} ms (p99 {gt['p99']:.1f}), direct {dt['p50']:.1f} ms (p99 {dt['p99']:.1f})"))
+    return figs
