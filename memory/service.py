@@ -95,9 +95,14 @@ class MemoryService:
         if self._closed:
             raise MemoryUnavailable("memory service is closed")
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        missing = not await asyncio.to_thread(self.db_path.exists)
         opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
         self._vectors = opened.vectors
         self._rebuilt_reason = opened.rebuilt_reason
+        if missing and await asyncio.to_thread(self._has_transcripts):
+            # A deleted index is rebuilt like a corrupt one, and is reported like one.
+            self._rebuilt_reason = f"{DB_NAME} was missing; rebuilt from transcripts"
+            log.warning("memory.db.missing", path=str(self.db_path), effect="index rebuilt from transcripts")
         self._writer = IndexWriter(opened.db, self.sessions_dir, self.config, opened.vectors)
         self._vector_state = await asyncio.to_thread(self._compute_vector_state)
         log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
@@ -141,14 +146,19 @@ class MemoryService:
         await asyncio.to_thread(self._close_connections, writer)
 
     def _close_connections(self, writer: IndexWriter | None) -> None:
-        if writer is not None:
-            with writer.lock:  # a to_thread step of a cancelled sync may still be running
-                writer.db.close()
+        # Readers first: only a read-write connection closing last checkpoints the WAL into
+        # memory.db and removes it, leaving one self-contained file after a clean stop.
         while True:
             try:
                 self._readers.get_nowait().close()
             except queue.Empty:
                 break
+        if writer is not None:
+            with writer.lock:  # a to_thread step of a cancelled sync may still be running
+                writer.db.close()
+
+    def _has_transcripts(self) -> bool:
+        return next(self.sessions_dir.glob("*/*.jsonl"), None) is not None
 
     def _require_writer(self) -> IndexWriter:
         if self._writer is None:
