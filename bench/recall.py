@@ -18,12 +18,14 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import re
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -315,8 +317,30 @@ def _check_lines(path: Path, expected: Sequence[tuple[int, str]]) -> None:
             raise RuntimeError(f"{path}: line {line_no} is not message {message_id}; the line map would be wrong")
 
 
+@contextmanager
+def _seeded_session_keys(seed: int) -> Iterator[None]:
+    """Session keys from a seeded generator instead of ``uuid4`` while loading.
+
+    The indexer walks transcripts in path order (``<user>/<sessionKey>.jsonl``), so chunk ids
+    follow the keys, and the search breaks score ties by chunk id: with random keys the same
+    dataset scores slightly differently on every run. Keys keep the store's shape (32 hex).
+    """
+    import sessions.inputs as inputs
+
+    if not hasattr(inputs, "new_session_key"):  # the store changed: keep its own keys
+        yield
+        return
+    rng = random.Random(seed)
+    original = inputs.new_session_key
+    inputs.new_session_key = lambda: f"{rng.getrandbits(128):032x}"
+    try:
+        yield
+    finally:
+        inputs.new_session_key = original
+
+
 def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
-                progress: Callable[[str], None] | None = None) -> LoadedCorpus:
+                progress: Callable[[str], None] | None = None, *, seed: int = 0) -> LoadedCorpus:
     """Write every conversation through the real ``SessionStore``; return the line → turn map.
 
     ``chunk``: one transcript per dataset session; message i (0-based) is transcript line i + 2
@@ -326,37 +350,43 @@ def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
     corpus = LoadedCorpus()
     store = SessionStore(data_dir, SessionsConfig(fsync="never"))
     try:
-        for ci, conv in enumerate(dataset.conversations):
-            user = user_name(ci, conv.id)
-            corpus.users[conv.id] = user
-            roles = _roles(conv)
-            for sess in conv.sessions:
-                title = f"{conv.id} / {sess.id} ({sess.date.date().isoformat()})"
-                groups = ([list(enumerate(sess.turns))] if granularity == "chunk"
-                          else [[(i, t)] for i, t in enumerate(sess.turns)])
-                for group in groups:
-                    created = sess.date + TURN_STEP * group[0][0]
-                    session = store.create(user, title=title, created_at=created)
-                    expected: list[tuple[int, str]] = []
-                    for line_offset, (i, turn) in enumerate(group):
-                        ts = sess.date + TURN_STEP * i
-                        msg = store.append_message(user, session.session_key, role=roles[turn.speaker],
-                                                   content=turn.text, name=turn.speaker, ts=ts.isoformat())
-                        line = line_offset + 2
-                        corpus.line_map[(session.session_key, line)] = turn.id
-                        expected.append((line, msg.id))
-                        prefix = f"{turn.speaker} [{msg.ts}]: "
-                        corpus.max_turn_tokens = max(corpus.max_turn_tokens, approx_tokens(prefix + turn.text))
-                        corpus.turns += 1
-                    corpus.transcripts += 1
-                    store.flush()
-                    _check_lines(data_dir / "sessions" / user / f"{session.session_key}.jsonl", expected)
-            if progress:
-                progress(f"loading: conversation {ci + 1}/{len(dataset.conversations)}, "
-                         f"{corpus.turns}/{dataset.turn_count} turns, {corpus.transcripts} transcripts")
+        with _seeded_session_keys(seed):
+            _load(dataset, data_dir, granularity, progress, store, corpus)
     finally:
         store.close()
     return corpus
+
+
+def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable[[str], None] | None,
+          store: SessionStore, corpus: LoadedCorpus) -> None:
+    for ci, conv in enumerate(dataset.conversations):
+        user = user_name(ci, conv.id)
+        corpus.users[conv.id] = user
+        roles = _roles(conv)
+        for sess in conv.sessions:
+            title = f"{conv.id} / {sess.id} ({sess.date.date().isoformat()})"
+            groups = ([list(enumerate(sess.turns))] if granularity == "chunk"
+                      else [[(i, t)] for i, t in enumerate(sess.turns)])
+            for group in groups:
+                created = sess.date + TURN_STEP * group[0][0]
+                session = store.create(user, title=title, created_at=created)
+                expected: list[tuple[int, str]] = []
+                for line_offset, (i, turn) in enumerate(group):
+                    ts = sess.date + TURN_STEP * i
+                    msg = store.append_message(user, session.session_key, role=roles[turn.speaker],
+                                               content=turn.text, name=turn.speaker, ts=ts.isoformat())
+                    line = line_offset + 2
+                    corpus.line_map[(session.session_key, line)] = turn.id
+                    expected.append((line, msg.id))
+                    prefix = f"{turn.speaker} [{msg.ts}]: "
+                    corpus.max_turn_tokens = max(corpus.max_turn_tokens, approx_tokens(prefix + turn.text))
+                    corpus.turns += 1
+                corpus.transcripts += 1
+                store.flush()
+                _check_lines(data_dir / "sessions" / user / f"{session.session_key}.jsonl", expected)
+        if progress:
+            progress(f"loading: conversation {ci + 1}/{len(dataset.conversations)}, "
+                     f"{corpus.turns}/{dataset.turn_count} turns, {corpus.transcripts} transcripts")
 
 
 # --- the run -----------------------------------------------------------------------------------
