@@ -72,8 +72,8 @@ async def run_query_embedding(quick: bool) -> list[Figure]:
 async def run_backfill_and_loop(quick: bool) -> list[Figure]:
     """Local-embedder backfill rate, and gateway.health latency while it runs."""
     figs: list[Figure] = []
-    messages = 400 if quick else 20_000
-    window_s = 8.0 if quick else 40.0
+    messages = 150 if quick else 20_000
+    window_s = 15.0 if quick else 75.0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_transcripts(root, messages=messages, per_session=50)
@@ -86,22 +86,32 @@ async def run_backfill_and_loop(quick: bool) -> list[Figure]:
                 lat: list[float] = []
                 started = time.perf_counter()
                 first_status = await c.call("memory.status")
+                status, elapsed = first_status, 0.0
+                # Vectors are committed per batch of 256 chunks: stop when done or at the window.
                 while time.perf_counter() - started < window_s:
-                    t = time.perf_counter()
-                    await c.call("gateway.health")
-                    lat.append(time.perf_counter() - t)
-                    await asyncio.sleep(0.01)
-                status = await c.call("memory.status")
-                elapsed = time.perf_counter() - started
+                    for _ in range(50):
+                        t = time.perf_counter()
+                        await c.call("gateway.health")
+                        lat.append(time.perf_counter() - t)
+                        await asyncio.sleep(0.01)
+                    status = await c.call("memory.status")
+                    if status["embedded"] > status_embedded(first_status):
+                        elapsed = time.perf_counter() - started
+                    if status["pending"] == 0 and status["chunks"] and not status["syncing"]:
+                        break
         m = summary_ms(lat)
         figs.append(Figure("5 event loop", f"gateway.health p99 during local backfill ({messages:,} messages)",
                            m["p99"], "ms", "≤ 25", m["p99"] <= 25,
                            note=f"p50 {m['p50']:.2f} ms over {len(lat)} calls in a {window_s:.0f} s window; "
                                 f"{status['embedded']} of {status['chunks']} chunks embedded by then"))
-        rate = (status["embedded"] - first_status["embedded"]) / elapsed
+        rate = (status["embedded"] - first_status["embedded"]) / elapsed if elapsed else float("nan")
         figs.append(Figure("4 indexing", "local-embedder backfill (through the gateway, 2 cores)", rate, "chunks/s",
                            note="MiniLM int8 ONNX, 400-token chunks cut to the model's max tokens"))
     return figs
+
+
+def status_embedded(status: dict[str, int]) -> int:
+    return int(status["embedded"])
 
 
 async def run_sessions_list(quick: bool) -> list[Figure]:

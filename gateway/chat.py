@@ -37,6 +37,8 @@ __all__ = ["ChatManager", "attach_chat"]
 
 log = structlog.get_logger("recalld.chat")
 
+_YIELD_EVERY_S = 0.002  # while streaming, give connection writers a turn at least this often
+
 
 @dataclass(eq=False)
 class Run:
@@ -216,12 +218,20 @@ class ChatManager:
                 model_name = session.model or model_name
                 messages, recalled = await build_messages(self.app, run.user, session, run.message, run.run_id)
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
+                yielded_at = 0.0
                 async with contextlib.aclosing(self.model.stream(messages, model=model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
                             if event.text:
                                 run.partial.append(event.text)
                                 self._publish(run, "chat.delta", {**run.base(), "delta": event.text})
+                                # A stream already buffered in full never awaits the socket, so
+                                # the outbox writers would send nothing until the run ends
+                                # (first delta ≈ whole run, bench/README.md); let them run.
+                                now = time.monotonic()
+                                if now - yielded_at >= _YIELD_EVERY_S:
+                                    yielded_at = now
+                                    await asyncio.sleep(0)
                         elif isinstance(event, Completion):
                             usage, finish = event.usage, event.finish_reason
                             model_name = event.model or model_name
