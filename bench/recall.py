@@ -279,7 +279,6 @@ class LoadedCorpus:
     line_map: LineMap = field(default_factory=dict)
     transcripts: int = 0
     turns: int = 0
-    max_turn_tokens: int = 0
 
 
 def hits_to_turns(hit: SearchHit | Any, line_map: LineMap) -> list[str]:
@@ -378,8 +377,6 @@ def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable
                     line = line_offset + 2
                     corpus.line_map[(session.session_key, line)] = turn.id
                     expected.append((line, msg.id))
-                    prefix = f"{turn.speaker} [{msg.ts}]: "
-                    corpus.max_turn_tokens = max(corpus.max_turn_tokens, approx_tokens(prefix + turn.text))
                     corpus.turns += 1
                 corpus.transcripts += 1
                 store.flush()
@@ -390,6 +387,13 @@ def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable
 
 
 # --- the run -----------------------------------------------------------------------------------
+
+
+def longest_turn_tokens(dataset: Dataset) -> int:
+    """Approximate tokens of the longest rendered turn (``name [ts]: text``; ts has a fixed width)."""
+    stamp = "2000-01-01T00:00:00.000Z"
+    return max((approx_tokens(f"{t.speaker} [{stamp}]: {t.text}")
+                for c in dataset.conversations for s in c.sessions for t in s.turns), default=0)
 
 
 def memory_config(granularity: str, *, embedder: str, k: int, rrf_k: int, candidates: int,
@@ -474,22 +478,21 @@ async def run_benchmark(
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="recalld-recall-") as tmp:
         root = Path(data_dir) if data_dir is not None else Path(tmp)
-        started = time.perf_counter()
-        corpus = load_corpus(dataset, root, granularity, progress)
-        progress(f"loading: {len(dataset.conversations)} conversations, {corpus.turns} turns, "
-                 f"{corpus.transcripts} transcripts", final=True)
-        seconds["load"] = time.perf_counter() - started
-
         config = memory_config(granularity, embedder=embedder_name, k=k, rrf_k=rrf_k, candidates=candidates,
-                               max_turn_tokens=corpus.max_turn_tokens, base=base_config)
+                               max_turn_tokens=longest_turn_tokens(dataset), base=base_config)
         reason = "embedder passed in by the caller"
         if embedder is None:
             embedder, reason = select_embedder(config)
             if embedder is None and embedder_name != "none":
                 raise RuntimeError(f"embedder {embedder_name!r} is not available: {reason}")
         service = MemoryService(root, config, embedder, embedder_reason=reason)
-        await service.start(catch_up=False)
+        await service.start(catch_up=False)  # the index exists before the transcripts do
         try:
+            started = time.perf_counter()
+            corpus = await asyncio.to_thread(load_corpus, dataset, root, granularity, progress)
+            progress(f"loading: {len(dataset.conversations)} conversations, {corpus.turns} turns, "
+                     f"{corpus.transcripts} transcripts", final=True)
+            seconds["load"] = time.perf_counter() - started
             started = time.perf_counter()
 
             def on_sync(p: SyncProgress) -> None:
