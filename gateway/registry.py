@@ -55,6 +55,8 @@ class Method:
     result: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
     handler: Handler | None = None
     requires_auth: bool = True
+    # True for handlers that never wait on I/O: the server runs them without a task.
+    inline: bool = False
 
 
 class Registry:
@@ -71,15 +73,20 @@ class Registry:
         *,
         result: dict[str, Any] | None = None,
         requires_auth: bool = True,
+        inline: bool = False,
     ) -> None:
         if name in self._methods:
             raise ValueError(f"method {name} declared twice")
         self._methods[name] = Method(
-            name, params, summary, result or {"type": "object"}, None, requires_auth
+            name, params, summary, result or {"type": "object"}, None, requires_auth, inline
         )
 
     def implement(self, name: str, handler: Handler) -> None:
         self._methods[name] = dataclasses.replace(self._methods[name], handler=handler)
+
+    def is_inline(self, name: Any) -> bool:
+        method = self._methods.get(name) if isinstance(name, str) else None
+        return method is not None and method.inline
 
     def get(self, name: str) -> Method:
         try:
@@ -148,6 +155,35 @@ def _json_schema(tp: Any) -> dict[str, Any]:
     return {}
 
 
+@dataclass(frozen=True, slots=True)
+class _FieldSpec:
+    wire: str
+    name: str
+    type: Any
+    meta: typing.Mapping[str, Any]
+    required: bool
+
+
+_SPECS: dict[type[Any], tuple[dict[str, _FieldSpec], str]] = {}
+
+
+def _spec(cls: type[Any]) -> tuple[dict[str, _FieldSpec], str]:
+    """Per params class, computed once: evaluating type hints costs more than the whole call."""
+    cached = _SPECS.get(cls)
+    if cached is not None:
+        return cached
+    hints = typing.get_type_hints(cls)
+    fields = {
+        _camel(f.name): _FieldSpec(
+            _camel(f.name), f.name, hints[f.name], f.metadata,
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    }
+    _SPECS[cls] = fields, ", ".join(fields) or "none"
+    return _SPECS[cls]
+
+
 def parse_params(cls: type[Any], params: Any) -> Any:
     """Validate wire params (a camelCase object, or absent) into an instance of ``cls``."""
     if params is None:
@@ -156,19 +192,17 @@ def parse_params(cls: type[Any], params: Any) -> Any:
         raise InvalidParams("params", "must be an object (by-name); arrays are not accepted")
     if not isinstance(params, dict):
         raise InvalidParams("params", "must be an object")
-    hints = typing.get_type_hints(cls)
-    fields = {_camel(f.name): f for f in dataclasses.fields(cls)}
+    fields, known = _spec(cls)
     for key in params:
         if key not in fields:
-            known = ", ".join(fields) or "none"
             raise InvalidParams(str(key), f"unknown parameter (accepted: {known})")
     kwargs: dict[str, Any] = {}
     for wire, f in fields.items():
         if wire not in params:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if f.required:
                 raise InvalidParams(wire, "is required")
             continue
-        kwargs[f.name] = _check(wire, hints[f.name], params[wire], f.metadata)
+        kwargs[f.name] = _check(wire, f.type, params[wire], f.meta)
     return cls(**kwargs)
 
 

@@ -62,9 +62,29 @@ class RpcCore:
     async def handle(self, payload: str | bytes, ctx: Any) -> bytes | None:
         """Answer one frame: a single request, a notification, or a batch."""
         try:
-            message = orjson.loads(payload)
+            message = self.decode(payload)
+        except ParseError as exc:
+            return encode(error_response(None, exc.to_object()))
+        return await self.answer(message, ctx)
+
+    @staticmethod
+    def decode(payload: str | bytes) -> Any:
+        """The frame's JSON value; :class:`ParseError` if it is not JSON."""
+        try:
+            return orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            return encode(error_response(None, ParseError(f"parse error: {exc}").to_object()))
+            raise ParseError(f"parse error: {exc}") from None
+
+    def runs_inline(self, message: Any) -> bool:
+        """Whether ``message`` is one call of a method that never waits on I/O.
+
+        Such calls finish without suspending, so the server answers them in its read loop
+        instead of paying for a task each.
+        """
+        return isinstance(message, dict) and self.registry.is_inline(message.get("method"))
+
+    async def answer(self, message: Any, ctx: Any) -> bytes | None:
+        """Encoded reply to an already-decoded frame, or None when nothing is owed."""
         reply = await self.handle_message(message, ctx)
         if reply is None:
             return None

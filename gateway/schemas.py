@@ -85,16 +85,17 @@ class ReindexParams:
 def declare_all(registry: Registry) -> None:
     """Declare every v1 method with its params, so ``rpc.discover`` is complete."""
     d = registry.declare
-    d("auth", AuthParams, "Authenticate this connection with a token.", requires_auth=False)
-    d("gateway.health", Empty, "Liveness, version, uptime, connections and memory summary.")
-    d("rpc.discover", Empty, "This OpenRPC document.")
+    # inline=True: the handler never waits on I/O (see RpcCore.runs_inline).
+    d("auth", AuthParams, "Authenticate this connection with a token.", requires_auth=False, inline=True)
+    d("gateway.health", Empty, "Liveness, version, uptime, connections and memory summary.", inline=True)
+    d("rpc.discover", Empty, "This OpenRPC document.", inline=True)
     d("sessions.create", CreateSessionParams, "Create a session.")
     d("sessions.list", ListSessionsParams, "List your sessions, newest first.")
     d("sessions.get", SessionKeyParams, "One session's metadata.")
     d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.")
     d("sessions.delete", SessionKeyParams, "Delete a session, its transcript and index rows.")
     d("sessions.subscribe", SessionKeyParams, "Receive chat events of a session.")
-    d("sessions.unsubscribe", SessionKeyParams, "Stop receiving a session's chat events.")
+    d("sessions.unsubscribe", SessionKeyParams, "Stop receiving a session's chat events.", inline=True)
     d("chat.send", ChatSendParams, "Send a message; the reply streams as chat.* events.")
     d("chat.abort", ChatAbortParams, "Abort the running reply of a session.")
     d("memory.search", MemorySearchParams, "Hybrid keyword + vector search of your past conversations.")

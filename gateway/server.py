@@ -25,7 +25,7 @@ from websockets.http11 import Request, Response
 
 from gateway.auth import Authenticator
 from gateway.config import Config
-from gateway.errors import InvalidRequest, RateLimited, new_error_id
+from gateway.errors import GatewayError, InvalidRequest, RateLimited, new_error_id
 from gateway.hub import Hub
 from gateway.outbox import Outbox
 from gateway.rpc import RpcCore, error_response
@@ -65,8 +65,21 @@ class Connection:
             asyncio.get_running_loop().create_task(self.ws.close(CLOSE_POLICY, "slow consumer"))
 
     def send_frame(self, frame: bytes) -> None:
+        """Queue a frame behind any pending events (the writer task sends it)."""
         if not self.outbox.put(frame):
             self.on_overflow()
+
+    async def reply(self, frame: bytes) -> None:
+        """Send an RPC reply now, from the request's own task.
+
+        Replies skip the outbox: a client that stops reading then blocks its own requests
+        here, each holding an in-flight slot, so ``limits.max_inflight`` bounds them, and a
+        fast client saves a task switch per request.
+        """
+        try:
+            await self.ws.send(frame, text=True)
+        except ConnectionClosed:
+            pass
 
 
 def _address(ws: ServerConnection) -> str:
@@ -276,11 +289,20 @@ class GatewayServer:
                 await self._handle_frame(conn, data)
         ws.protocol.max_message_size = self.config.server.max_size
         async for data in ws:
+            conn.requests += 1
+            try:
+                message = self._decode(data)
+            except GatewayError as exc:
+                await self._send_reply(conn, orjson.dumps(error_response(None, exc.to_object())))
+                continue
+            if self.core.runs_inline(message):
+                await self._answer(conn, message)
+                continue
             if conn.inflight >= self.config.limits.max_inflight:
-                self._reject_busy(conn, data)
+                self._reject_busy(conn, message)
                 continue
             conn.inflight += 1
-            task = asyncio.create_task(self._run_frame(conn, data))
+            task = asyncio.create_task(self._run_message(conn, message))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -296,24 +318,14 @@ class GatewayServer:
         verdict = self.auth.check(token if isinstance(token, str) else None, conn.address)
         if verdict.ok:
             self.authenticate(conn, verdict.user or "default")
-            conn.send_frame(orjson.dumps({"type": "auth", "ok": True, "user": conn.user,
-                                          "server": self.server_info()}))
+            await conn.reply(orjson.dumps({"type": "auth", "ok": True, "user": conn.user,
+                                           "server": self.server_info()}))
             return True
         error = "too many failed attempts; retry later" if verdict.retry_after_s else "invalid token"
         log.info("auth.failed", via="frame", locked=bool(verdict.retry_after_s))
-        conn.send_frame(orjson.dumps({"type": "auth", "ok": False, "error": error}))
-        await asyncio.sleep(0)  # let the writer flush the refusal before the close frame
-        await self._drain(conn)
+        await conn.reply(orjson.dumps({"type": "auth", "ok": False, "error": error}))
         await conn.ws.close(CLOSE_POLICY, "authentication failed")
         return True
-
-    async def _drain(self, conn: Connection, timeout: float = 1.0) -> None:
-        try:
-            async with asyncio.timeout(timeout):
-                while len(conn.outbox):
-                    await asyncio.sleep(0.005)
-        except TimeoutError:
-            pass
 
     def authenticate(self, conn: Connection, user: str) -> None:
         conn.user = user
@@ -323,35 +335,44 @@ class GatewayServer:
     def server_info(self) -> dict[str, Any]:
         return {"name": "recalld", "version": self.version, "protocol": 1}
 
-    def _reject_busy(self, conn: Connection, data: str | bytes) -> None:
-        try:
-            msg = orjson.loads(data)
-            req_id = msg.get("id") if isinstance(msg, dict) else None
-        except orjson.JSONDecodeError:
-            req_id = None
-        err = RateLimited(
-            f"too many requests in flight (limit {self.config.limits.max_inflight})", 50
-        )
+    def _reject_busy(self, conn: Connection, message: Any) -> None:
+        req_id = message.get("id") if isinstance(message, dict) else None
+        err = RateLimited(f"too many requests in flight (limit {self.config.limits.max_inflight})", 50)
         conn.errors += 1
         conn.send_frame(orjson.dumps(error_response(req_id, err.to_object())))
 
-    async def _run_frame(self, conn: Connection, data: str | bytes) -> None:
+    @staticmethod
+    def _decode(data: str | bytes) -> Any:
+        if isinstance(data, bytes):
+            raise InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")
+        return RpcCore.decode(data)
+
+    async def _run_message(self, conn: Connection, message: Any) -> None:
         try:
-            await self._handle_frame(conn, data)
+            await self._answer(conn, message)
         finally:
             conn.inflight -= 1
 
-    async def _handle_frame(self, conn: Connection, data: str | bytes) -> None:
-        conn.requests += 1
-        if isinstance(data, bytes):
-            err = InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")
-            reply: bytes | None = orjson.dumps(error_response(None, err.to_object()))
-        else:
-            reply = await self.core.handle(data, conn)
+    async def _answer(self, conn: Connection, message: Any) -> None:
+        reply = await self.core.answer(message, conn)
         if reply is not None:
-            if b'"error":{"code"' in reply:
-                conn.errors += 1
-            conn.send_frame(reply)
+            await self._send_reply(conn, reply)
+
+    @staticmethod
+    async def _send_reply(conn: Connection, reply: bytes) -> None:
+        if b'"error":{"code"' in reply:
+            conn.errors += 1
+        await conn.reply(reply)
+
+    async def _handle_frame(self, conn: Connection, data: str | bytes) -> None:
+        """One frame before authentication: decoded and answered in order, no task."""
+        conn.requests += 1
+        try:
+            message = self._decode(data)
+        except GatewayError as exc:
+            await self._send_reply(conn, orjson.dumps(error_response(None, exc.to_object())))
+            return
+        await self._answer(conn, message)
 
 
 def _respond(ws: ServerConnection, status: http.HTTPStatus, text: str) -> Response:

@@ -231,7 +231,7 @@ async def test_generated_token_file_is_private(config_factory: Callable[..., Con
 
 
 async def test_inflight_limit_answers_32004(config_factory: Callable[..., Config]) -> None:
-    """Past limits.max_inflight concurrent requests on one connection, extras get -32004."""
+    """Past limits.max_inflight concurrent requests on one connection, extras get -32004 (inline ones still run)."""
     async with running(config_factory(limits={"max_inflight": 1})) as app:
         gate = asyncio.Event()
 
@@ -243,8 +243,9 @@ async def test_inflight_limit_answers_32004(config_factory: Callable[..., Config
         async with Client.connect(app.url, TOKEN) as c:
             first = asyncio.create_task(c.request("memory.status"))
             await asyncio.sleep(0.1)
-            second = await c.request("gateway.health")
+            second = await c.request("sessions.list")
             assert second["error"]["code"] == -32004 and "retryAfterMs" in second["error"]["data"]
+            assert (await c.call("gateway.health"))["status"] == "ok"
             gate.set()
             assert "result" in await first
 
