@@ -113,9 +113,11 @@ async def run_chat(quick: bool) -> list[Figure]:
             ttfd: dict[str, list[float]] = {"gateway": [], "direct": []}
             total: dict[str, list[float]] = {"gateway": [], "direct": []}
             async with running_gateway(cfg) as app, Client.connect(app.url, TOKEN) as c:
-                key = (await c.call("sessions.create", {}))["sessionKey"]
 
                 async def via_gateway() -> tuple[float, float]:
+                    # A fresh session per round (created before the clock starts): the model
+                    # then sees the same one message as the direct side, not a growing history.
+                    key = (await c.call("sessions.create", {}))["sessionKey"]
                     t = time.perf_counter()
                     await c.call("chat.send", {"sessionKey": key, "message": "hi"})
                     first = None

@@ -214,9 +214,10 @@ class ChatManager:
             finish: str | None = None
             model_name = self.app.config.llm.model
             try:
-                session = await asyncio.to_thread(self.app.store.get, run.user, run.session_key)
+                messages, recalled, session = await build_messages(
+                    self.app, run.user, run.session_key, run.message, run.run_id
+                )
                 model_name = session.model or model_name
-                messages, recalled = await build_messages(self.app, run.user, session, run.message, run.run_id)
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
                 async with contextlib.aclosing(self.model.stream(messages, model=model_name)) as events:

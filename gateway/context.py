@@ -18,7 +18,7 @@ import structlog
 
 if TYPE_CHECKING:
     from gateway.app import App
-    from sessions.models import Session
+    from sessions.models import Message, Session
 
 __all__ = ["approx_tokens", "build_messages", "format_recall_block"]
 
@@ -48,37 +48,39 @@ def format_recall_block(hits: list[dict[str, Any]]) -> str:
 
 
 async def build_messages(
-    app: App, user: str, session: Session, message: str, run_id: str
-) -> tuple[list[dict[str, str]], list[str]]:
-    """The chat messages for the model, and the chunk ids that were recalled.
+    app: App, user: str, session_key: str, message: str, run_id: str
+) -> tuple[list[dict[str, str]], list[str], Session]:
+    """The chat messages for the model, the recalled chunk ids, and the session.
 
     History stops at this run's own user message: messages queued behind it arrived later
-    and must not leak into an earlier reply.
+    and must not leak into an earlier reply. The transcript read (one worker-thread hop for
+    both the session and its history) and the recall search run concurrently, since both sit
+    between the user's message and the model's first byte.
     """
     cfg = app.config.chat
+    store = app.store
+
+    def read() -> tuple[Session, list[Message]]:
+        return store.get(user, session_key), store.recent_messages(
+            user, session_key, cfg.history_limit + cfg.max_queued_runs
+        )
+
+    (session, recent), hits = await asyncio.gather(
+        asyncio.to_thread(read), _recall(app, user, session_key, message)
+    )
     system_parts: list[str] = []
     if session.system_prompt:
         system_parts.append(session.system_prompt)
     recalled: list[str] = []
-    if cfg.recall and app.memory is not None:
-        try:
-            hits = await app.memory.recall(user, session.session_key, message, cfg.recall_k)
-        except Exception as exc:
-            # Recall is a help, never a reason to fail the reply.
-            log.warning("chat.recall_failed", error=str(exc))
-            hits = []
-        if hits:
-            recalled = [str(h["chunkId"]) for h in hits]
-            system_parts.append(format_recall_block(hits))
-            log.info("chat.recalled", chunks=recalled)
+    if hits:
+        recalled = [str(h["chunkId"]) for h in hits]
+        system_parts.append(format_recall_block(hits))
+        log.info("chat.recalled", chunks=recalled)
     out: list[dict[str, str]] = []
     if system_parts:
         out.append({"role": "system", "content": "\n\n".join(system_parts)})
     budget = cfg.max_context_tokens - sum(approx_tokens(m["content"]) for m in out)
 
-    recent = await asyncio.to_thread(
-        app.store.recent_messages, user, session.session_key, cfg.history_limit + cfg.max_queued_runs
-    )
     own = next((i for i, m in enumerate(recent) if m.run_id == run_id and m.role == "user"), None)
     if own is not None:
         recent = recent[: own + 1]
@@ -98,4 +100,16 @@ async def build_messages(
     history.reverse()
     if not history or history[-1]["content"] != message:
         history.append({"role": "user", "content": message})
-    return out + history, recalled
+    return out + history, recalled, session
+
+
+async def _recall(app: App, user: str, session_key: str, message: str) -> list[dict[str, Any]]:
+    cfg = app.config.chat
+    if not cfg.recall or app.memory is None:
+        return []
+    try:
+        return await app.memory.recall(user, session_key, message, cfg.recall_k)
+    except Exception as exc:
+        # Recall is a help, never a reason to fail the reply.
+        log.warning("chat.recall_failed", error=str(exc))
+        return []
