@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test bench bench-quick soak clean
+.PHONY: serve test typecheck bench bench-quick soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
+
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import structlog
@@ -96,7 +96,7 @@ class EmbeddingPipeline:
         redact_remote: bool = False,
         base_delay_s: float = 0.5,
         max_delay_s: float = 20.0,
-        sleep: Callable[[float], object] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self.embedder = embedder
         self.max_batch_chars = max_batch_chars
@@ -104,7 +104,7 @@ class EmbeddingPipeline:
         self.redacts = redact_remote and embedder.remote
         self.base_delay_s = base_delay_s
         self.max_delay_s = max_delay_s
-        self._sleep = sleep or asyncio.sleep
+        self._sleep: Callable[[float], Awaitable[None]] = sleep or asyncio.sleep
 
     @classmethod
     def from_config(cls, embedder: Embedder, config: MemoryConfig) -> EmbeddingPipeline:
@@ -202,7 +202,7 @@ class OpenAIEmbedder:
         if self._dimensions is not None:
             kwargs["dimensions"] = self._dimensions
         try:
-            response = await self._client.embeddings.create(**kwargs)  # type: ignore[call-overload]
+            response = await self._client.embeddings.create(**kwargs)  # type: ignore[arg-type]
         except openai.APIStatusError as exc:
             status = exc.status_code
             retryable = status in (408, 409, 429) or status >= 500

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import apsw
 import structlog
@@ -147,15 +147,18 @@ class _FileRow:
     chunking: str
 
 
-def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[IndexWriter, _P], _R]) -> Callable[Concatenate[IndexWriter, _P], _R]:
     """Serialise use of the writing connection: a transaction never interleaves with another."""
 
-    @functools.wraps(method)
-    def wrapper(self: IndexWriter, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: IndexWriter, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self.lock:
             return method(self, *args, **kwargs)
 
-    return wrapper
+    return functools.update_wrapper(wrapper, method)  # type: ignore[return-value]
 
 
 class IndexWriter:
@@ -331,7 +334,8 @@ class IndexWriter:
         if session_of(rel) is None or "/" in session_key or user in (".", ".."):
             return 0
         with self.db:
-            return self._delete_path(rel)
+            removed = self._delete_path(rel)
+        return removed
 
     @_locked
     def forget_missing(self, present: set[str]) -> SyncReport:

@@ -343,7 +343,10 @@ class MemoryService:
         self._require_writer()
 
         def counts(db: apsw.Connection) -> dict[str, int]:
-            q = lambda sql: int(db.execute(sql).fetchone()[0])  # noqa: E731
+            def q(sql: str) -> int:
+                row = db.execute(sql).fetchone()
+                return int(row[0]) if row is not None else 0
+
             return {
                 "files": q("SELECT count(*) FROM files"),
                 "chunks": q("SELECT count(*) FROM chunks"),
