@@ -52,17 +52,26 @@ class Connection:
         self.requests = 0
         self.errors = 0
         self.opened = time.monotonic()
-        self._closing = False
+        self._closing: asyncio.Task[None] | None = None
 
     @property
     def authenticated(self) -> bool:
         return self.user is not None
 
     def on_overflow(self) -> None:
-        if not self._closing:
-            self._closing = True
+        if self._closing is None:
             log.warning("connection.slow_consumer", conn=self.id, pending=self.outbox.pending_bytes)
-            asyncio.get_running_loop().create_task(self.ws.close(CLOSE_POLICY, "slow consumer"))
+            self._closing = asyncio.get_running_loop().create_task(self._close_slow())
+
+    async def _close_slow(self) -> None:
+        # A peer that reads nothing cannot take the close frame either: websockets' close()
+        # would wait in drain() forever, holding the connection and its buffers. So the
+        # handshake gets server.close_timeout_s, then the TCP connection is dropped.
+        try:
+            async with asyncio.timeout(self.server.config.server.close_timeout_s):
+                await self.ws.close(CLOSE_POLICY, "slow consumer")
+        except TimeoutError:
+            self.ws.transport.abort()
 
     def send_frame(self, frame: bytes) -> None:
         """Queue a frame behind any pending events (the writer task sends it)."""
