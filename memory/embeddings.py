@@ -211,8 +211,17 @@ class OpenAIEmbedder:
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             raise EmbedderError(f"embeddings endpoint unreachable: {type(exc).__name__}",
                                 retryable=True) from exc
-        data = sorted(response.data, key=lambda d: d.index)
-        vectors = [list(map(float, d.embedding)) for d in data]
+        except (openai.APIResponseValidationError, ValueError) as exc:
+            # Not the JSON the API sends (a proxy's error page, a body cut short): the SDK
+            # raises json's ValueError, which must not escape as an internal error.
+            raise EmbedderError(f"embeddings endpoint sent a malformed reply: {type(exc).__name__}",
+                                retryable=True) from exc
+        try:
+            data = sorted(response.data, key=lambda d: d.index)
+            vectors = [list(map(float, d.embedding)) for d in data]
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise EmbedderError(f"embeddings endpoint sent a malformed reply: {type(exc).__name__}",
+                                retryable=True) from exc
         if vectors:
             width = len(vectors[0])
             if self.dims and width != self.dims:
