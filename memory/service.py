@@ -29,7 +29,7 @@ import structlog
 from memory.config import MemoryConfig
 from memory.db import DEFAULT_VEC_EXTENSION, VectorBackend, open_index, vector_to_blob
 from memory.embeddings import Embedder, EmbeddingPipeline
-from memory.errors import EmbedderError, MemoryUnavailable
+from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
 from memory.indexer import EmbedderIdentity, IndexWriter, SyncProgress, SyncReport
 from memory.search import HybridSearch, SearchRequest, SearchResponse
 
@@ -259,14 +259,14 @@ class MemoryService:
         """
         writer = self._require_writer()
         if full:
-            await asyncio.to_thread(writer.reset_files)
+            await self._in_thread("queueing a full reindex", writer.reset_files)
         return await self._run_sync(None, progress)
 
     async def reindex(self, full: bool = False) -> None:
         """Queue a sync of everything; ``full`` re-reads every transcript from the start."""
         writer = self._require_writer()
         if full:
-            await asyncio.to_thread(writer.reset_files)
+            await self._in_thread("queueing a full reindex", writer.reset_files)
         self._dirty_all = True
         self._immediate = True
         self._idle.clear()
@@ -275,7 +275,22 @@ class MemoryService:
     async def delete_session(self, user: str, session_key: str) -> int:
         """Remove one session's rows at once (the transcript is the sessions package's)."""
         writer = self._require_writer()
-        return int(await asyncio.to_thread(writer.delete_session, user, session_key))
+        try:
+            return int(await asyncio.to_thread(writer.delete_session, user, session_key))
+        except apsw.Error as exc:
+            # The transcript is gone already; a full sync drops the rows once the disk recovers.
+            log.warning("memory.delete_failed", session=session_key, error=f"{type(exc).__name__}: {exc}",
+                        effect="rows removed by the next sync")
+            self.nudge()
+            return 0
+
+    async def _in_thread(self, action: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking index work off the loop; a SQLite failure (disk full, I/O) becomes
+        MemoryStorageError, which the gateway answers as a storage error, not a crash."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except apsw.Error as exc:
+            raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
 
     def _compute_vector_state(self) -> tuple[bool, str]:
         writer = self._writer
@@ -333,7 +348,7 @@ class MemoryService:
         embedded_at = time.perf_counter()
         searcher = lambda db: HybridSearch(db, self.config).search(  # noqa: E731
             request, query_vector=blob, keyword=actual != "vector")
-        hits = await asyncio.to_thread(self._with_reader, searcher)
+        hits = await self._in_thread("searching", self._with_reader, searcher)
         done = time.perf_counter()
         return SearchResponse(hits, actual, fallback, {
             "embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)})
@@ -355,7 +370,7 @@ class MemoryService:
                 "cacheEntries": q("SELECT count(*) FROM embedding_cache"),
             }
 
-        numbers = await asyncio.to_thread(self._with_reader, counts)
+        numbers = await self._in_thread("counting", self._with_reader, counts)
         ready, why = self._vector_state
         size = sum(p.stat().st_size for p in self.data_dir.glob(DB_NAME + "*") if p.is_file()
                    and ".corrupt-" not in p.name)
