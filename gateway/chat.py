@@ -26,7 +26,7 @@ import structlog
 
 from gateway import schemas
 from gateway.context import build_messages
-from gateway.errors import Conflict, InvalidParams, NotConfigured, UpstreamError
+from gateway.errors import Conflict, InvalidParams, NotConfigured, UpstreamError, to_error_object
 from gateway.llm import ChatModel, Completion, TextDelta, create_chat_model
 
 if TYPE_CHECKING:
@@ -315,8 +315,6 @@ class ChatManager:
 
 
 def _error_obj(exc: BaseException, *, retryable: bool) -> dict[str, Any]:
-    from gateway.errors import to_error_object
-
     return to_error_object(exc) | {"retryable": retryable}
 
 
