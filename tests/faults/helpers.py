@@ -75,7 +75,7 @@ class FaultDaemon(Daemon):
                 stream.close()
         return code
 
-    def stop(self, sig: int = 15, timeout: float = 30.0) -> tuple[int, str]:  # type: ignore[override]
+    def stop(self, sig: int = 15, timeout: float = 30.0) -> tuple[int, str]:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         return self._finish(timeout), ""
@@ -152,7 +152,9 @@ def check_index(data_dir: Path, config: MemoryConfig | None = None, *, embedded:
             (c.idx, c.content_hash, c.line_start, c.line_end) for c in chunks]
     db = open_index(data_dir / "memory.db", readonly=True).db
     try:
-        q = lambda sql: db.execute(sql).fetchall()  # noqa: E731
+        def q(sql: str) -> list[Any]:
+            return list(db.execute(sql).fetchall())
+
         dups = q("SELECT path, chunk_idx, count(*) FROM chunks GROUP BY path, chunk_idx HAVING count(*) > 1")
         assert not dups, f"duplicated chunks: {dups[:5]}"
         same_text = q("SELECT path, content_hash, line_start, count(*) FROM chunks "
@@ -188,11 +190,11 @@ async def wait_synced(c: Client, *, embedded: bool = False, timeout: float = 60.
     """Poll memory.status until a sync has run, none is running and (optionally) nothing is pending."""
     async with asyncio.timeout(timeout):
         while True:
-            status = await c.call("memory.status")
+            status: dict[str, Any] = await c.call("memory.status")
             if status["syncCount"] >= 1 and not status["syncing"] and (not embedded or status["pending"] == 0):
                 # One more look: a debounced sync may have been about to start.
                 await asyncio.sleep(0.15)
-                again = await c.call("memory.status")
+                again: dict[str, Any] = await c.call("memory.status")
                 if not again["syncing"] and again["syncCount"] == status["syncCount"]:
                     return again
             await asyncio.sleep(0.05)

@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ async def test_kill_9_mid_run_loses_no_acknowledged_message(
         work, extra = append_round, {"RECALLD_SESSIONS_FSYNC": "always"}
     env = daemon_env(fake_openai, embed=True, **extra)
     data = tmp_path / "data"
-    acked, keys = Acked(), []
+    acked, keys = Acked(), list[str]()
     for _ in range(ROUNDS):
         d = await FaultDaemon.start(data, env=env)
         try:
@@ -158,7 +159,7 @@ async def test_kill_9_during_index_transactions_converges(tmp_path: Path, fake_o
 
 # --- torn and garbage tails ------------------------------------------------------------------
 
-TAILS = {
+TAILS: dict[str, Callable[[bytes], bytes]] = {
     "half-line": lambda line: line[: len(line) // 2],
     "zero-bytes": lambda line: b"\0" * 4096,
     "zero-bytes-line": lambda line: b"\0" * 100 + b"\n",

@@ -134,7 +134,7 @@ EMBED_FAULTS: dict[str, list[Behaviour] | None] = {
 async def _wait_status(c: Client, done: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
     async with asyncio.timeout(timeout):
         while True:
-            status = await c.call("memory.status")
+            status: dict[str, Any] = await c.call("memory.status")
             if done(status):
                 return status
             await asyncio.sleep(0.05)
