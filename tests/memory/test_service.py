@@ -29,8 +29,12 @@ async def test_many_nudges_coalesce_into_one_sync(tmp_path: Path) -> None:
 
 async def test_watcher_indexes_new_transcripts(tmp_path: Path) -> None:
     """With watch on, a transcript written to the sessions dir is indexed without a nudge."""
+    # The user's directory exists before the watcher starts: a file written into a directory
+    # created a moment earlier can race inotify's adding of that directory (the gateway's
+    # nudge after each reply and the start-up sync cover that case, not the watcher).
+    (tmp_path / "sessions" / "alice").mkdir(parents=True)
     async with opened(tmp_path, quiet_config(watch=True, debounce_ms=50), FakeEmbedder()) as svc:
-        await asyncio.sleep(0.2)  # let the watcher settle
+        await asyncio.sleep(0.5)  # let the watcher set up its inotify watches
         write_transcript(tmp_path, "alice", "s1", ["a wombat walked by"])
         async with asyncio.timeout(10):
             while not (await svc.search("alice", "wombat", mode="keyword")).results:
