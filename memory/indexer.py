@@ -169,6 +169,7 @@ class IndexWriter:
                  vectors: VectorBackend) -> None:
         self.db = db
         self.sessions_dir = sessions_dir
+        self._resolved_root = sessions_dir.resolve()
         self.config = config
         self.vectors = vectors
         self.chunking = chunking_fingerprint(config)
@@ -177,7 +178,16 @@ class IndexWriter:
     # --- files -------------------------------------------------------------------------
 
     def rel_path(self, path: Path) -> str:
-        return path.resolve().relative_to(self.sessions_dir.resolve()).as_posix()
+        # Paths from our own scan sit under sessions_dir as given, so no system call is
+        # needed (resolve() per file made a 100k-file scan take most of a second); paths from
+        # the watcher or a nudge may come spelled otherwise and are resolved.
+        try:
+            rel = path.relative_to(self.sessions_dir)
+            if ".." not in rel.parts:
+                return rel.as_posix()
+        except ValueError:
+            pass
+        return path.resolve().relative_to(self._resolved_root).as_posix()
 
     def list_transcripts(self) -> list[Path]:
         if not self.sessions_dir.is_dir():
@@ -510,7 +520,7 @@ class IndexWriter:
         await asyncio.to_thread(self.prepare_vectors, identity)
         if paths is None:
             files = await asyncio.to_thread(self.list_transcripts)
-            present = {self.rel_path(p) for p in files}
+            present = await asyncio.to_thread(lambda: {self.rel_path(p) for p in files})
             report.merge(await asyncio.to_thread(self.forget_missing, present))
         else:
             files = paths
