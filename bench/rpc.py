@@ -13,7 +13,7 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from bench.gw import TOKEN, gateway_config, running_gateway
+from bench.gw import TOKEN, gateway_config, gateway_process, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
 from tests.fake_openai import FakeOpenAI
@@ -106,13 +106,16 @@ async def run_chat(quick: bool) -> list[Figure]:
     async with FakeOpenAI() as fake:
         fake.configure(reply=reply, deltas=500)
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = gateway_config(Path(tmp), llm={"base_url": fake.base_url, "api_key": "sk-bench",
-                                                 "model": "fake-model", "max_retries": 0},
-                                 chat={"recall": False})
+            # The gateway runs as its own process, as deployed: in-process, the client would
+            # only get a turn of the shared event loop when the run yields, which adds the
+            # run's yield period to every client-observed figure.
+            env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "sk-bench",
+                   "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0",
+                   "RECALLD_CHAT_RECALL": "false"}
             sdk = AsyncOpenAI(base_url=fake.base_url, api_key="sk-bench", max_retries=0)
             ttfd: dict[str, list[float]] = {"gateway": [], "direct": []}
             total: dict[str, list[float]] = {"gateway": [], "direct": []}
-            async with running_gateway(cfg) as app, Client.connect(app.url, TOKEN) as c:
+            async with gateway_process(Path(tmp), env) as url, Client.connect(url, TOKEN) as c:
 
                 async def via_gateway() -> tuple[float, float]:
                     # A fresh session per round (created before the clock starts): the model
