@@ -290,19 +290,18 @@ class GatewayServer:
                     log.info("auth.timeout")
                     await ws.close(CLOSE_POLICY, "authentication timeout")
                     return
-                if first and await self._auth_frame(conn, data):
-                    if not conn.authenticated:
+                decoded, message = await self._decode_frame(conn, data)
+                if decoded and first and _is_auth_frame(message):
+                    if not await self._auth_frame(conn, message):
                         return
                     break
                 first = False
-                await self._handle_frame(conn, data)
+                if decoded:
+                    await self._answer(conn, message)
         ws.protocol.max_message_size = self.config.server.max_size
         async for data in ws:
-            conn.requests += 1
-            try:
-                message = self._decode(data)
-            except GatewayError as exc:
-                await self._send_reply(conn, orjson.dumps(error_response(None, exc.to_object())))
+            decoded, message = await self._decode_frame(conn, data)
+            if not decoded:
                 continue
             if self.core.runs_inline(message):
                 await self._answer(conn, message)
@@ -315,14 +314,8 @@ class GatewayServer:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    async def _auth_frame(self, conn: Connection, data: str | bytes) -> bool:
-        """Handle a first frame ``{"type":"auth","token":…}``; False if it is something else."""
-        try:
-            msg = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return False
-        if not isinstance(msg, dict) or msg.get("type") != "auth":
-            return False
+    async def _auth_frame(self, conn: Connection, msg: dict[str, Any]) -> bool:
+        """Answer a first frame ``{"type":"auth","token":…}``; False when it failed (closed)."""
         token = msg.get("token")
         verdict = self.auth.check(token if isinstance(token, str) else None, conn.address)
         if verdict.ok:
@@ -334,7 +327,7 @@ class GatewayServer:
         log.info("auth.failed", via="frame", locked=bool(verdict.retry_after_s))
         await conn.reply(orjson.dumps({"type": "auth", "ok": False, "error": error}))
         await conn.ws.close(CLOSE_POLICY, "authentication failed")
-        return True
+        return False
 
     def authenticate(self, conn: Connection, user: str) -> None:
         conn.user = user
@@ -350,11 +343,16 @@ class GatewayServer:
         conn.errors += 1
         conn.send_frame(orjson.dumps(error_response(req_id, err.to_object())))
 
-    @staticmethod
-    def _decode(data: str | bytes) -> Any:
-        if isinstance(data, bytes):
-            raise InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")
-        return RpcCore.decode(data)
+    async def _decode_frame(self, conn: Connection, data: str | bytes) -> tuple[bool, Any]:
+        """(True, the frame's JSON value), or (False, None) once a -32700/-32600 went back."""
+        conn.requests += 1
+        try:
+            if isinstance(data, bytes):
+                raise InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")
+            return True, RpcCore.decode(data)
+        except GatewayError as exc:
+            await self._send_reply(conn, orjson.dumps(error_response(None, exc.to_object())))
+            return False, None
 
     async def _run_message(self, conn: Connection, message: Any) -> None:
         try:
@@ -373,15 +371,9 @@ class GatewayServer:
             conn.errors += 1
         await conn.reply(reply)
 
-    async def _handle_frame(self, conn: Connection, data: str | bytes) -> None:
-        """One frame before authentication: decoded and answered in order, no task."""
-        conn.requests += 1
-        try:
-            message = self._decode(data)
-        except GatewayError as exc:
-            await self._send_reply(conn, orjson.dumps(error_response(None, exc.to_object())))
-            return
-        await self._answer(conn, message)
+
+def _is_auth_frame(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("type") == "auth"
 
 
 def _respond(ws: ServerConnection, status: http.HTTPStatus, text: str) -> Response:
