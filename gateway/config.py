@@ -12,6 +12,7 @@ only loads and checks them, so they never read the environment themselves.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 import types
@@ -344,8 +345,6 @@ _LOOPBACK_HOSTS = {"127.0.0.1", "::1", "localhost"}
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     if host in _LOOPBACK_HOSTS:
         return True
     try:
