@@ -4,7 +4,6 @@ Tree::
 
     MemoryIndexError                 rpc_kind
     ├── InvalidSearch                "invalid"      ``field`` names the bad parameter
-    ├── SessionNotIndexed            "not_found"
     ├── MemoryUnavailable            "unavailable"  the service is closed or not started
     ├── MemoryStorageError           "storage"      SQLite failed (disk full, I/O, locked)
     └── EmbedderError                "unavailable"  the embedder failed; ``retryable``, ``status``
@@ -21,7 +20,6 @@ __all__ = [
     "MemoryIndexError",
     "MemoryStorageError",
     "MemoryUnavailable",
-    "SessionNotIndexed",
 ]
 
 
@@ -40,12 +38,6 @@ class InvalidSearch(MemoryIndexError):
         super().__init__(reason)
         self.field = field
         self.reason = reason
-
-
-class SessionNotIndexed(MemoryIndexError):
-    """The session has no transcript and no index rows for this user."""
-
-    rpc_kind = "not_found"
 
 
 class MemoryUnavailable(MemoryIndexError):
