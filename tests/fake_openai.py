@@ -319,8 +319,14 @@ class FakeOpenAI:
             raise
         finally:
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await watcher
+            except asyncio.CancelledError:
+                # The watcher's own cancellation is expected; close() cancelling this handler
+                # while it waits here is not, and must not be swallowed.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
         return keep_open and not conn.eof and headers.get("connection", "").lower() != "close"
 
     async def _route(self, conn: _Conn, req: RecordedRequest) -> bool:
