@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -39,7 +40,6 @@ log = structlog.get_logger("memory.service")
 
 DB_NAME = "memory.db"
 _MAX_DEBOUNCE_FACTOR = 10
-_READ_POOL_MAX = 4
 
 
 class MemoryService:
@@ -65,7 +65,9 @@ class MemoryService:
         self._vectors = VectorBackend(False, "not started")
         self._rebuilt_reason = ""
         self._readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
-        self._reader_count = 0
+        # Held while a reader is handed back and while close() drains the pool, so a search
+        # finishing during close() cannot put its connection back after the drain (a leak).
+        self._readers_lock = threading.Lock()
         self._vector_state: tuple[bool, str] = (False, "not started")
         self._sync_lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -148,11 +150,12 @@ class MemoryService:
     def _close_connections(self, writer: IndexWriter | None) -> None:
         # Readers first: only a read-write connection closing last checkpoints the WAL into
         # memory.db and removes it, leaving one self-contained file after a clean stop.
-        while True:
-            try:
-                self._readers.get_nowait().close()
-            except queue.Empty:
-                break
+        with self._readers_lock:
+            while True:
+                try:
+                    self._readers.get_nowait().close()
+                except queue.Empty:
+                    break
         if writer is not None:
             with writer.lock:  # a to_thread step of a cancelled sync may still be running
                 writer.db.close()
@@ -311,10 +314,11 @@ class MemoryService:
         try:
             return fn(db)
         finally:
-            if self._closed:
-                db.close()
-            else:
-                self._readers.put(db)
+            with self._readers_lock:
+                if self._closed:
+                    db.close()
+                else:
+                    self._readers.put(db)
 
     async def search(
         self,
