@@ -264,9 +264,13 @@ class Chat:
         while True:
             get = asyncio.ensure_future(self.client.events.get())
             waiters: set[asyncio.Future[Any]] = {get, self.closed}
-            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # Cancelled (Ctrl+C to quit) or the socket closed: don't leave a getter behind
+                # to take an event nobody will read. A no-op once it has its event.
+                get.cancel()
             if get not in done:
-                get.cancel()  # the socket closed: no event for this run will come
                 raise ConnectionError("the gateway closed the connection")
             event = get.result()
             params = event.get("params") or {}
