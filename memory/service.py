@@ -160,6 +160,11 @@ class MemoryService:
             with writer.lock:  # a to_thread step of a cancelled sync may still be running
                 writer.db.close()
 
+    def _db_bytes(self) -> int:
+        """memory.db with its -wal and -shm (files moved aside as corrupt are not counted)."""
+        return sum(p.stat().st_size for p in self.data_dir.glob(DB_NAME + "*") if p.is_file()
+                   and ".corrupt-" not in p.name)
+
     def _has_transcripts(self) -> bool:
         return next(self.sessions_dir.glob("*/*.jsonl"), None) is not None
 
@@ -376,8 +381,7 @@ class MemoryService:
 
         numbers = await self._in_thread("counting", self._with_reader, counts)
         ready, why = self._vector_state
-        size = sum(p.stat().st_size for p in self.data_dir.glob(DB_NAME + "*") if p.is_file()
-                   and ".corrupt-" not in p.name)
+        size = await asyncio.to_thread(self._db_bytes)
         report = self._last_report
         return {
             **numbers,
