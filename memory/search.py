@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 import apsw
@@ -34,6 +33,7 @@ from memory.chunking import CJK_CHARS
 from memory.config import MemoryConfig
 from memory.db import quantize_int8, vector_from_blob
 from memory.errors import InvalidSearch
+from memory.transcripts import iso_to_ms
 
 __all__ = [
     "HybridSearch",
@@ -103,13 +103,11 @@ def _parse_time(field_name: str, value: object) -> int | None:
         return None
     if not isinstance(value, str):
         raise InvalidSearch(field_name, "must be an ISO-8601 date or date-time string")
-    try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise InvalidSearch(field_name, f"not an ISO-8601 date or date-time: {value[:40]!r}") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return int(parsed.timestamp() * 1000)
+    # The indexer's own parser, so a filter reads a date exactly as chunk times were stored.
+    ms = iso_to_ms(value.strip())
+    if ms is None:
+        raise InvalidSearch(field_name, f"not an ISO-8601 date or date-time: {value[:40]!r}")
+    return ms
 
 
 @dataclass(frozen=True, slots=True)
