@@ -377,10 +377,8 @@ class IndexWriter:
             return
         with self.db:
             if get_meta(self.db, "vectors_stale") == "1":
-                drop_vector_table(self.db)
-                self.db.execute("UPDATE chunks SET embedded = 0 WHERE embedded = 1")
+                self._start_vector_rebuild()
                 set_meta(self.db, "vectors_stale", None)
-                set_meta(self.db, "vector_rebuild", "1")
             if identity is None:
                 return
             stored = get_meta(self.db, "embedder")
@@ -388,10 +386,14 @@ class IndexWriter:
                 if stored is not None:
                     log.warning("memory.embedder.changed", old=stored, new=identity.to_json(),
                                 effect="vectors rebuilt from cache/embedder; hybrid is keyword-only until done")
-                drop_vector_table(self.db)
-                self.db.execute("UPDATE chunks SET embedded = 0 WHERE embedded = 1")
+                self._start_vector_rebuild()
                 set_meta(self.db, "embedder", identity.to_json())
-                set_meta(self.db, "vector_rebuild", "1")
+
+    def _start_vector_rebuild(self) -> None:
+        """Drop every vector and mark every chunk pending (caller's transaction)."""
+        drop_vector_table(self.db)
+        self.db.execute("UPDATE chunks SET embedded = 0 WHERE embedded = 1")
+        set_meta(self.db, "vector_rebuild", "1")
 
     @_locked
     def vector_state(self, identity: EmbedderIdentity | None) -> tuple[bool, str]:
