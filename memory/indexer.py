@@ -363,7 +363,8 @@ class IndexWriter:
         """Forget every file's offset so the next sync re-reads all transcripts (``reindex full``).
 
         Rows stay until each file is re-indexed (in its own transaction), so search keeps
-        working throughout; identical chunks are kept as they are.
+        working throughout. Each file's chunks are then deleted and written anew (step 2 of
+        the module docstring); their vectors come back from the embedding cache.
         """
         with self.db:
             self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset'")
