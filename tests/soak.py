@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import subprocess
 import sys
@@ -101,16 +102,23 @@ def trend_kib_per_min(samples: list[tuple[float, int]]) -> float:
 
 async def soak(duration: float, clients: int, period_s: float, sample_s: float) -> int:
     port = free_port()
-    model = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(port),
-                              "--delta-delay", "0.005"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    assert model.stdout is not None
-    model.stdout.readline()  # "fake OpenAI listening on …"
     base = f"http://127.0.0.1:{port}/v1"
     env = {"RECALLD_LLM_BASE_URL": base, "RECALLD_LLM_API_KEY": "sk-soak", "RECALLD_LLM_MODEL": "fake-model",
            "RECALLD_MEMORY_EMBEDDER": "openai", "RECALLD_MEMORY_EMBEDDINGS_MODEL": "fake-embed",
            "RECALLD_MEMORY_DEBOUNCE_MS": "500", "RECALLD_SERVER_MAX_CONNECTIONS": "1024"}
-    with tempfile.TemporaryDirectory(prefix="recalld-soak-") as tmp:
+    # One exit stack so that neither child outlives the soak, however it ends (the daemon
+    # failing to start, an exception, Ctrl+C); unwound daemon first, then the data, then the model.
+    async with contextlib.AsyncExitStack() as cleanup:
+        model = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(port),
+                                  "--delta-delay", "0.005"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                 text=True)
+        cleanup.callback(model.wait, timeout=10)
+        cleanup.callback(model.terminate)
+        assert model.stdout is not None
+        model.stdout.readline()  # "fake OpenAI listening on …"
+        tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="recalld-soak-"))
         daemon = await FaultDaemon.start(Path(tmp) / "data", env=env)
+        cleanup.push_async_callback(daemon.akill)  # a no-op after the clean astop() below
         pid = daemon.proc.pid
         stats = Stats()
         stop = asyncio.Event()
@@ -138,8 +146,6 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
         await asyncio.sleep(1.0)  # let the daemon settle connections before the last sample
         fds_end, rss_end = open_fds(pid), rss_kib(pid)
         code = await daemon.astop()
-        model.terminate()
-        model.wait(timeout=10)
     wall = time.monotonic() - t_start
     print(f"\nrecalld soak report ({wall:.0f} s, {clients} clients)")
     print(f"requests served: {stats.served}  ({stats.served / wall:.1f}/s)   errors: {sum(stats.errors.values())}")
