@@ -182,6 +182,15 @@ def iter_lines_backward(fd: int, end: int) -> Iterator[tuple[int, bytes]]:
     yield 0, b"".join(reversed(parts))
 
 
+def _blocks_forward(fd: int, start: int, end: int) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` in blocks of at most ``_BLOCK``, first to last."""
+    pos = start
+    while pos < end:
+        chunk = _pread_exact(fd, min(_BLOCK, end - pos), pos)
+        yield chunk
+        pos += len(chunk)
+
+
 def _end_of_last_newline(fd: int, size: int) -> int:
     """Offset just after the last ``\\n`` in the first ``size`` bytes; 0 if there is none."""
     pos = size
@@ -248,11 +257,8 @@ def _copy_aside(io: FileIO, src_fd: int, path: Path, start: int, end: int, durab
     else:  # pragma: no cover - a hundred recoveries of one file in one millisecond
         raise StorageError("could not name a file for a corrupt transcript tail")
     try:
-        pos = start
-        while pos < end:
-            chunk = _pread_exact(src_fd, min(_BLOCK, end - pos), pos)
+        for chunk in _blocks_forward(src_fd, start, end):
             _write_all(io, out, chunk)
-            pos += len(chunk)
         if durable:
             io.fsync(out)
     except OSError:
@@ -352,11 +358,7 @@ def summarise(path: Path) -> Summary | None:
             return None
         header, header_end = found
         end = _end_of_last_newline(fd, size)
-        count, pos = 0, header_end
-        while pos < end:
-            chunk = _pread_exact(fd, min(_BLOCK, end - pos), pos)
-            count += chunk.count(b"\n")
-            pos += len(chunk)
+        count = sum(chunk.count(b"\n") for chunk in _blocks_forward(fd, header_end, end))
         updated_at = header.created_at
         last = read_messages_backward(fd, end, header_end, 1, path)
         if last:
