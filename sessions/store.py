@@ -224,8 +224,7 @@ class SessionStore:
                 raise StorageError(describe_os_error(err, "deleting transcript")) from err
             for aside in path.parent.glob(f"{path.name}.corrupt-*"):
                 aside.unlink(missing_ok=True)
-            with self._state_lock:
-                self._validated.pop(ident, None)
+            self._forget(ident)
             self._durability.forget(path)
             self._durability.written(path.parent)
             self._index_write(ident, lambda: self._index.delete(user, key))
