@@ -12,30 +12,19 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway.app import App, start_app
-from gateway.config import Config, load
+from gateway.config import Config
+from tests.conftest import TOKEN, make_config
+from tests.conftest import running as running_gateway
 
-TOKEN = "bench-token-0123456789abcdef"
+__all__ = ["TOKEN", "gateway_config", "gateway_process", "running_gateway"]
 
 
 def gateway_config(data_dir: Path, *, user: str | None = None, **sections: dict[str, Any]) -> Config:
-    overrides: dict[str, dict[str, Any]] = {
-        "server": {"port": 0},
-        "auth": {"users": [{"name": user, "token": TOKEN}]} if user else {"token": TOKEN},
-        "memory": {"watch": False, "embedder": "none"},
-    }
-    for name, values in sections.items():
-        overrides.setdefault(name, {}).update(values)
-    return load(None, env={}, overrides=overrides, data_dir=data_dir)
-
-
-@asynccontextmanager
-async def running_gateway(config: Config) -> AsyncIterator[App]:
-    app = await start_app(config)
-    try:
-        yield app
-    finally:
-        await app.close()
+    """The tests' config (port 0, fixed token, no watcher); ``user`` names the token's user."""
+    if user:
+        auth = {**sections.get("auth", {}), "token": None, "users": [{"name": user, "token": TOKEN}]}
+        sections = {**sections, "auth": auth}
+    return make_config(data_dir, **sections)
 
 
 @asynccontextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -56,10 +55,6 @@ async def app(config_factory: Callable[..., Config]) -> AsyncIterator[App]:
 async def client(app: App) -> AsyncIterator[Client]:
     async with Client.connect(app.url, TOKEN) as c:
         yield c
-
-
-def replace(config: Config, **changes: Any) -> Config:
-    return dataclasses.replace(config, **changes)
 
 
 # The loopback OpenAI-compatible server, as a fixture for every test module.

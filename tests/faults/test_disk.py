@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import os
 import random
@@ -235,7 +236,7 @@ async def test_full_filesystem_for_transcripts_and_index(
     freed the same daemon takes messages again and its index converges."""
     cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model"},
                          memory={"debounce_ms": 50})
-    cfg = Config(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "data_dir": tiny_tmpfs / "data"})
+    cfg = dataclasses.replace(cfg, data_dir=tiny_tmpfs / "data")
     acked = Acked()
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
