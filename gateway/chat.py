@@ -83,8 +83,7 @@ class ChatManager:
     # -- handlers ------------------------------------------------------------------------
 
     async def send(self, conn: Connection, p: schemas.ChatSendParams) -> dict[str, Any]:
-        user = conn.user
-        assert user is not None
+        user = conn.caller
         size = len(p.message.encode())
         if size > self.config.max_message_bytes:
             raise InvalidParams(
@@ -132,8 +131,7 @@ class ChatManager:
         return {"runId": run.run_id, "status": "started"}
 
     async def abort(self, conn: Connection, p: schemas.ChatAbortParams) -> dict[str, Any]:
-        user = conn.user
-        assert user is not None
+        user = conn.caller
         await asyncio.to_thread(self.app.store.get, user, p.session_key)  # -32002 if not ours
         lane = self._lanes.get((user, p.session_key))
         if lane is None:

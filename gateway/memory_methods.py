@@ -92,13 +92,13 @@ async def attach_memory(app: App) -> None:
     async def own_session(conn: Connection, key: str | None) -> None:
         # A key that is not the caller's answers -32002, exactly like sessions.get.
         if key is not None:
-            await asyncio.to_thread(store.get, _user(conn), key)
+            await asyncio.to_thread(store.get, conn.caller, key)
 
     async def search(conn: Connection, p: schemas.MemorySearchParams) -> dict[str, Any]:
         await own_session(conn, p.session_key)
         await own_session(conn, p.exclude_session_key)
         response = await service.search(
-            _user(conn), p.query, k=p.k, mode=p.mode, session_key=p.session_key,
+            conn.caller, p.query, k=p.k, mode=p.mode, session_key=p.session_key,
             exclude_session_key=p.exclude_session_key, after=p.after, before=p.before,
         )
         return response.to_wire()
@@ -113,8 +113,3 @@ async def attach_memory(app: App) -> None:
     app.registry.implement("memory.search", search)
     app.registry.implement("memory.status", status)
     app.registry.implement("memory.reindex", reindex)
-
-
-def _user(conn: Connection) -> str:
-    assert conn.user is not None
-    return conn.user

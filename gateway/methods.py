@@ -56,26 +56,26 @@ def register_core_methods(app: App) -> None:
 
     async def create(conn: Connection, p: schemas.CreateSessionParams) -> dict[str, Any]:
         session = await asyncio.to_thread(
-            store.create, _user(conn), title=p.title, system_prompt=p.system_prompt, model=p.model
+            store.create, conn.caller, title=p.title, system_prompt=p.system_prompt, model=p.model
         )
-        app.hub.attach(conn, _user(conn), session.session_key)
+        app.hub.attach(conn, conn.caller, session.session_key)
         wire = session.to_wire()
         return {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
 
     async def list_(conn: Connection, p: schemas.ListSessionsParams) -> dict[str, Any]:
-        sessions, nxt = await asyncio.to_thread(store.list, _user(conn), limit=p.limit, before=p.before)
+        sessions, nxt = await asyncio.to_thread(store.list, conn.caller, limit=p.limit, before=p.before)
         out: dict[str, Any] = {"sessions": [s.to_wire() for s in sessions]}
         if nxt:
             out["next"] = nxt
         return out
 
     async def get(conn: Connection, p: schemas.SessionKeyParams) -> dict[str, Any]:
-        session = await asyncio.to_thread(store.get, _user(conn), p.session_key)
+        session = await asyncio.to_thread(store.get, conn.caller, p.session_key)
         return session.to_wire()
 
     async def history(conn: Connection, p: schemas.HistoryParams) -> dict[str, Any]:
         messages, nxt = await asyncio.to_thread(
-            store.history, _user(conn), p.session_key, limit=p.limit, before=p.before
+            store.history, conn.caller, p.session_key, limit=p.limit, before=p.before
         )
         out: dict[str, Any] = {"messages": [m.to_wire() for m in messages]}
         if nxt:
@@ -83,7 +83,7 @@ def register_core_methods(app: App) -> None:
         return out
 
     async def delete(conn: Connection, p: schemas.SessionKeyParams) -> dict[str, Any]:
-        user = _user(conn)
+        user = conn.caller
         if app.chat is not None:
             await app.chat.abort_session(user, p.session_key)
         await asyncio.to_thread(store.delete, user, p.session_key)
@@ -92,12 +92,12 @@ def register_core_methods(app: App) -> None:
         return {"deleted": True}
 
     async def subscribe(conn: Connection, p: schemas.SessionKeyParams) -> dict[str, Any]:
-        await asyncio.to_thread(store.get, _user(conn), p.session_key)  # not-found check
-        app.hub.attach(conn, _user(conn), p.session_key)
+        await asyncio.to_thread(store.get, conn.caller, p.session_key)  # not-found check
+        app.hub.attach(conn, conn.caller, p.session_key)
         return {"subscribed": True}
 
     async def unsubscribe(conn: Connection, p: schemas.SessionKeyParams) -> dict[str, Any]:
-        return {"unsubscribed": app.hub.detach(conn, _user(conn), p.session_key)}
+        return {"unsubscribed": app.hub.detach(conn, conn.caller, p.session_key)}
 
     handlers: dict[str, Handler] = {
         "auth": auth,
@@ -113,8 +113,3 @@ def register_core_methods(app: App) -> None:
     }
     for name, handler in handlers.items():
         reg.implement(name, handler)
-
-
-def _user(conn: Connection) -> str:
-    assert conn.user is not None  # the core refuses unauthenticated calls before this
-    return conn.user

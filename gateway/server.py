@@ -58,6 +58,13 @@ class Connection:
     def authenticated(self) -> bool:
         return self.user is not None
 
+    @property
+    def caller(self) -> str:
+        """The authenticated user, for handlers: the RPC core refuses unauthenticated calls
+        to every method that requires auth before a handler runs."""
+        assert self.user is not None
+        return self.user
+
     def on_overflow(self) -> None:
         if self._closing is None:
             log.warning("connection.slow_consumer", conn=self.id, pending=self.outbox.pending_bytes)
