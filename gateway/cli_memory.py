@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.config import Config
-from gateway.memory_methods import effective_memory_config
-from memory.embeddings import select_embedder
+from gateway.memory_methods import close_memory, open_memory
 from memory.errors import MemoryIndexError
 from memory.indexer import SyncProgress
 from memory.service import MemoryService
@@ -60,17 +58,12 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 
 async def _with_service(config: Config, args: argparse.Namespace,
                         fn: Callable[[MemoryService, argparse.Namespace], Any]) -> int:
-    cfg = dataclasses.replace(effective_memory_config(config), watch=False)
-    embedder, reason = await asyncio.to_thread(select_embedder, cfg)
-    service = MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason)
-    await service.start(catch_up=False)
+    # No watcher, and no catch-up sync: `index` runs the first sync itself, with progress.
+    service = await open_memory(config, watch=False, catch_up=False)
     try:
         return int(await fn(service, args))
     finally:
-        await service.close()
-        aclose = getattr(embedder, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close_memory(service)
 
 
 async def _status(service: MemoryService, args: argparse.Namespace) -> int:

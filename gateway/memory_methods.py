@@ -70,21 +70,36 @@ class MemoryGateway:
         await self.service.delete_session(user, session_key)
 
     async def close(self) -> None:
-        await self.service.close()
-        # The gateway made the embedder, so the gateway closes its HTTP client.
-        aclose = getattr(self.service.embedder, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close_memory(self.service)
+
+
+async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True) -> MemoryService:
+    """The started memory service of ``config``, with the embedder ``memory.embedder`` picks.
+
+    Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
+    """
+    cfg = effective_memory_config(config)
+    if not watch:
+        cfg = dataclasses.replace(cfg, watch=False)
+    embedder, reason = await asyncio.to_thread(select_embedder, cfg)
+    service = MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason)
+    await service.start(catch_up=catch_up)
+    return service
+
+
+async def close_memory(service: MemoryService) -> None:
+    await service.close()
+    # The embedder was made by open_memory, not by the service, so it is closed here.
+    aclose = getattr(service.embedder, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 async def attach_memory(app: App) -> None:
-    cfg = effective_memory_config(app.config)
-    if not cfg.enabled:
+    if not app.config.memory.enabled:
         log.info("memory.disabled")
         return
-    embedder, reason = await asyncio.to_thread(select_embedder, cfg)
-    service = MemoryService(app.config.data_dir, cfg, embedder, embedder_reason=reason)
-    await service.start()
+    service = await open_memory(app.config)
     memory = MemoryGateway(service)
     app.memory = memory
     store = app.store
