@@ -27,8 +27,7 @@ from gateway.registry import Registry
 from gateway.rpc import RpcCore
 from gateway.schemas import declare_all
 from gateway.server import GatewayServer
-from sessions.fileio import FileIO
-from sessions.store import SessionStore
+from sessions import FileIO, SessionStore
 
 __all__ = ["App", "start_app"]
 

@@ -18,9 +18,7 @@ import orjson
 
 from gateway.config import Config
 from gateway.memory_methods import close_memory, open_memory
-from memory.errors import MemoryIndexError
-from memory.indexer import SyncProgress
-from memory.service import MemoryService
+from memory import MemoryIndexError, MemoryService, SyncProgress
 
 __all__ = ["add_memory_parser"]
 

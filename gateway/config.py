@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from memory.config import MemoryConfig
-from sessions.config import SessionsConfig
+from memory import MemoryConfig
+from sessions import SessionsConfig
 
 __all__ = [
     "AuthConfig",

@@ -18,7 +18,7 @@ import structlog
 
 if TYPE_CHECKING:
     from gateway.app import App
-    from sessions.models import Message, Session
+    from sessions import Message, Session
 
 __all__ = ["approx_tokens", "build_messages", "format_recall_block"]
 

@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from gateway import schemas
-from memory.config import MemoryConfig
-from memory.embeddings import select_embedder
-from memory.service import MemoryService
+from memory import MemoryConfig, MemoryService, select_embedder
 
 if TYPE_CHECKING:
     from gateway.app import App

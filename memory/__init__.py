@@ -1,1 +1,33 @@
-"""memory."""
+"""The memory index: chunks of transcripts in SQLite, keyword (FTS5) and vector (sqlite-vec) search.
+
+The public surface is :class:`MemoryService` (lifecycle, indexing, search, status) with its
+settings (:class:`MemoryConfig`), the embedder choice (:func:`select_embedder`), progress
+values and the error tree rooted at :class:`MemoryIndexError`. Modules inside the package may
+move; importers outside it use these names. See docs/memory.md.
+"""
+
+from __future__ import annotations
+
+from .config import EmbedderChoice, MemoryConfig
+from .embeddings import Embedder, select_embedder
+from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
+from .indexer import SyncProgress, SyncReport
+from .search import SearchHit, SearchResponse
+from .service import MemoryService
+
+__all__ = [
+    "Embedder",
+    "EmbedderChoice",
+    "EmbedderError",
+    "InvalidSearch",
+    "MemoryConfig",
+    "MemoryIndexError",
+    "MemoryService",
+    "MemoryStorageError",
+    "MemoryUnavailable",
+    "SearchHit",
+    "SearchResponse",
+    "SyncProgress",
+    "SyncReport",
+    "select_embedder",
+]
