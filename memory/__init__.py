@@ -8,6 +8,7 @@ move; importers outside it use these names. See docs/memory.md.
 
 from __future__ import annotations
 
+from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
 from .embeddings import Embedder, select_embedder
 from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
@@ -29,5 +30,6 @@ __all__ = [
     "SearchResponse",
     "SyncProgress",
     "SyncReport",
+    "approx_tokens",
     "select_embedder",
 ]
