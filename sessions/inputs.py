@@ -16,7 +16,7 @@ import orjson
 
 from .config import SessionsConfig
 from .errors import InvalidSessionInput, LineTooLarge
-from .keys import new_message_id, new_session_key
+from .keys import new_message_id
 from .models import MESSAGE_ROLES, RESERVED_LINE_KEYS, Message, now_ts, to_ts
 from .transcript import Header
 
@@ -140,15 +140,17 @@ def check_limit(value: object, config: SessionsConfig, field: str = "limit") -> 
 def build_header(
     user: str,
     *,
+    session_key: str,
     title: object,
     system_prompt: object,
     model: object,
     created_at: object,
     config: SessionsConfig,
 ) -> tuple[Header, bytes]:
-    """A checked header for a new session and its serialised line (size checked too)."""
+    """A checked header for a new session (its key made by the store) and its serialised line
+    (size checked too)."""
     header = Header(
-        session_key=new_session_key(),
+        session_key=session_key,
         user=user,
         created_at=check_ts(created_at, "createdAt"),
         title=check_title(title, config),

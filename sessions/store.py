@@ -41,9 +41,12 @@ from .keys import (
     decode_list_cursor,
     encode_history_cursor,
     encode_list_cursor,
+    is_session_key,
+    new_session_key,
 )
+from .layout import sessions_root, transcript_file
 from .models import Message, Session
-from .reconcile import checked_summary, reconcile, transcript_file
+from .reconcile import checked_summary, reconcile
 from .transcript import Summary, read_header, read_page, recover_tail
 
 __all__ = ["MessagePage", "SessionPage", "SessionStore"]
@@ -68,11 +71,16 @@ class SessionStore:
         config: SessionsConfig = SessionsConfig(),  # noqa: B008 - frozen, so sharing is safe
         *,
         file_io: FileIO | None = None,
+        key_factory: Callable[[], str] = new_session_key,
     ) -> None:
+        """``file_io`` is the seam for fault tests; ``key_factory`` makes each new session's key
+        (default: random, :func:`sessions.keys.new_session_key`). The benchmark harness passes a
+        seeded one so that a dataset loads into the same keys, and so the same index, every run."""
         self._config = config
+        self._key_factory = key_factory
         self._io = file_io if file_io is not None else FileIO()
         self._durability = Durability(config.fsync, self._io)
-        self._root = Path(data_dir) / "sessions"
+        self._root = sessions_root(data_dir)
         self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -110,6 +118,7 @@ class SessionStore:
         user = check_user(user)
         header, line = inputs.build_header(
             user,
+            session_key=self._new_key(),
             title=title,
             system_prompt=system_prompt,
             model=model,
@@ -256,6 +265,13 @@ class SessionStore:
         self.close()
 
     # ----------------------------------------------------------------- transcripts
+
+    def _new_key(self) -> str:
+        key = self._key_factory()
+        if not is_session_key(key):
+            # A programming error in the caller's factory, not bad input from a client.
+            raise ValueError(f"key_factory returned {key!r}, which is not a session key")
+        return key
 
     def _stripe(self, session_key: str) -> threading.Lock:
         return self._stripes[int(session_key[:8], 16) % _STRIPES]
