@@ -1,8 +1,12 @@
-"""Sessions and their append-only JSONL transcripts (DESIGN 3); no network, no memory index.
+"""Sessions and their append-only JSONL transcripts; no network, no memory index.
 
 The public surface is :class:`SessionStore` with its values (:class:`Session`,
 :class:`Message`), settings (:class:`SessionsConfig`), the file seam for fault tests
-(:class:`FileIO`) and the error tree rooted at :class:`SessionError`. See docs/sessions.md.
+(:class:`FileIO`) and the error tree rooted at :class:`SessionError`. Readers that follow
+transcripts from outside the store (the memory indexer) use the path layout
+(:func:`sessions_root`, :func:`transcript_relpath`, :func:`parse_transcript_relpath`,
+:func:`scan_transcripts`) and :class:`ForwardReader`, so the format has one owner. See
+docs/sessions.md.
 """
 
 from __future__ import annotations
@@ -10,11 +14,22 @@ from __future__ import annotations
 from .config import FsyncPolicy, SessionsConfig
 from .errors import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
 from .fileio import FileIO
+from .layout import (
+    TRANSCRIPT_SUFFIX,
+    parse_transcript_relpath,
+    scan_transcripts,
+    sessions_root,
+    transcript_file,
+    transcript_relpath,
+)
 from .models import Message, Session, format_ts, now_ts, parse_ts
+from .reader import ForwardReader, TranscriptEntry
 from .store import MessagePage, SessionPage, SessionStore
 
 __all__ = [
+    "TRANSCRIPT_SUFFIX",
     "FileIO",
+    "ForwardReader",
     "FsyncPolicy",
     "InvalidSessionInput",
     "LineTooLarge",
@@ -27,7 +42,13 @@ __all__ = [
     "SessionStore",
     "SessionsConfig",
     "StorageError",
+    "TranscriptEntry",
     "format_ts",
     "now_ts",
+    "parse_transcript_relpath",
     "parse_ts",
+    "scan_transcripts",
+    "sessions_root",
+    "transcript_file",
+    "transcript_relpath",
 ]

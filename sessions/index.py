@@ -7,7 +7,7 @@ Transcripts are the truth; this table is a cache of their headers plus ``updated
 * the file is missing, is not a database, or fails ``PRAGMA quick_check``;
 * its ``schema_version`` is not this code's (a cache needs no migrations: rebuild instead);
 * per row, when the transcript's size on disk differs from the recorded one, or a transcript
-  exists that has no row (see ``SessionStore._reconcile``).
+  exists that has no row (see :func:`sessions.reconcile.reconcile`).
 
 This class is not thread-safe on its own; the store serialises every call with one lock.
 """

@@ -27,7 +27,7 @@ __all__ = [
 
 Role = Literal["user", "assistant"]
 
-# DESIGN 3 allows exactly these on new lines; reading stays lenient so an old or hand-edited
+# New lines may carry only these roles (docs/sessions.md); reading stays lenient so an old or hand-edited
 # transcript with another role is shown rather than hidden.
 MESSAGE_ROLES: frozenset[str] = frozenset({"user", "assistant"})
 
@@ -86,7 +86,7 @@ class Session:
     model: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        """The camelCase shape of DESIGN 2.4; ``user`` stays server-side."""
+        """The camelCase wire shape of a session (docs/protocol.md); ``user`` stays server-side."""
         wire: dict[str, Any] = {
             "sessionKey": self.session_key,
             "title": self.title,
@@ -119,7 +119,7 @@ class Message:
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def to_line(self) -> dict[str, Any]:
-        """The transcript line as a dict, keys in the order DESIGN 3 lists them."""
+        """The transcript line as a dict, keys in the documented order (docs/sessions.md)."""
         line: dict[str, Any] = {
             "type": "message",
             "id": self.id,

@@ -5,13 +5,12 @@ re-derive the row from the file. :func:`reconcile` does that for the whole data 
 one directory scan plus one ``stat`` per transcript when nothing changed — and
 :func:`checked_summary` does it for one session.
 
-Only ``<valid user>/<valid key>.jsonl`` regular files count, and only if their header names
+Only transcripts as :mod:`sessions.layout` defines them count, and only if their header names
 that same user and key: a transcript copied into another user's directory is never listed there.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -20,39 +19,12 @@ import structlog
 from .errors import StorageError
 from .fileio import FileIO
 from .index import SessionIndex
-from .keys import is_session_key, is_user_name
+from .layout import scan_transcripts, transcript_file
 from .transcript import Summary, recover_tail, summarise
 
-__all__ = ["checked_summary", "reconcile", "scan_transcripts", "transcript_file"]
+__all__ = ["checked_summary", "reconcile"]
 
 log = structlog.get_logger(__name__)
-
-_SUFFIX = ".jsonl"
-
-
-def transcript_file(root: Path, user: str, session_key: str) -> Path:
-    """``<root>/<user>/<sessionKey>.jsonl``; both names must already be validated."""
-    return root / user / f"{session_key}{_SUFFIX}"
-
-
-def scan_transcripts(root: Path) -> dict[tuple[str, str], int]:
-    """``(user, session_key) -> size`` of every well-named transcript; anything else is ignored
-    (``.corrupt-*`` files, stray files, symlinks)."""
-    found: dict[tuple[str, str], int] = {}
-    with os.scandir(root) as users:
-        for user_entry in users:
-            if not (user_entry.is_dir(follow_symlinks=False) and is_user_name(user_entry.name)):
-                continue
-            with os.scandir(user_entry.path) as files:
-                for entry in files:
-                    key = entry.name[: -len(_SUFFIX)]
-                    if (
-                        entry.name.endswith(_SUFFIX)
-                        and is_session_key(key)
-                        and entry.is_file(follow_symlinks=False)
-                    ):
-                        found[(user_entry.name, key)] = entry.stat(follow_symlinks=False).st_size
-    return found
 
 
 def checked_summary(root: Path, user: str, session_key: str) -> Summary | None:
