@@ -6,11 +6,11 @@ topic's own words, so keyword queries behave like real ones (common words match 
 everything, topic words match a cluster). Vectors: 384-dim unit vectors, the topic's centroid
 plus Gaussian noise seeded by the text's hash, so they have cluster structure.
 
-Fast path: transcripts are written directly in the ``sessions`` JSONL format (the same lines
-``SessionStore.append_message`` writes), then indexed by the real ``IndexWriter``; vectors
-come from :class:`SyntheticEmbedder` through the real embedding pipeline and cache, so the
-local model is never run on 100k texts. Built databases are kept in ``bench/.cache`` keyed by
-the corpus parameters.
+Transcripts are written by the real ``SessionStore`` (keys from a counter, so files and chunk
+ids come in the same order every run), then indexed by the real ``memory.indexing.Indexer``;
+vectors come from :class:`SyntheticEmbedder` through the real embedding pipeline and cache, so
+the local model is never run on 100k texts. Built databases are kept in ``bench/.cache`` keyed
+by the corpus parameters.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-import orjson
+
+from sessions import SessionsConfig, SessionStore
 
 __all__ = ["CACHE_DIR", "Corpus", "SyntheticEmbedder", "build_corpus", "queries", "write_transcripts"]
 
@@ -123,28 +124,26 @@ def _sentence(rng: np.random.Generator, vocab: Vocabulary, topic: int, n_words: 
 
 def write_transcripts(root: Path, *, messages: int, per_session: int, seed: int = 3,
                       user: str = USER, words: tuple[int, int] = (12, 70)) -> int:
-    """Write ``messages`` messages into ``sessions/<user>/*.jsonl`` under ``root``; returns sessions."""
+    """Write ``messages`` messages into sessions of ``user`` under ``root`` through the real
+    ``SessionStore``; returns the number of sessions."""
     vocab = Vocabulary.make()
     rng = np.random.default_rng(seed)
-    udir = root / "sessions" / user
-    udir.mkdir(parents=True, exist_ok=True)
     base = datetime(2024, 1, 1, tzinfo=UTC)
     n_sessions = max(1, -(-messages // per_session))
+    keys = (f"{seed:02x}{s:030x}" for s in range(n_sessions))  # 32 hex digits, in creation order
     written = 0
-    for s in range(n_sessions):
-        key = f"s{seed:02d}{s:08d}"
-        topic = int(rng.integers(TOPICS))
-        start = base + timedelta(hours=s * 3)
-        lines = [orjson.dumps({"type": "session", "version": 1, "sessionKey": key, "user": user,
-                               "createdAt": start.isoformat().replace("+00:00", "Z"), "title": f"t{topic}"})]
-        count = min(per_session, messages - written)
-        for m in range(count):
-            ts = (start + timedelta(seconds=30 * m)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            n = int(rng.integers(*words))
-            lines.append(orjson.dumps({"type": "message", "id": f"m{m}", "role": "user" if m % 2 == 0 else "assistant",
-                                       "content": _sentence(rng, vocab, topic, n), "ts": ts, "runId": f"r{m // 2}"}))
-        (udir / f"{key}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-        written += count
+    with SessionStore(root, SessionsConfig(fsync="never"), key_factory=lambda: next(keys)) as store:
+        for s in range(n_sessions):
+            topic = int(rng.integers(TOPICS))
+            start = base + timedelta(hours=s * 3)
+            key = store.create(user, title=f"t{topic}", created_at=start).session_key
+            count = min(per_session, messages - written)
+            for m in range(count):
+                n = int(rng.integers(*words))
+                store.append_message(user, key, role="user" if m % 2 == 0 else "assistant",
+                                     content=_sentence(rng, vocab, topic, n), run_id=f"r{m // 2}",
+                                     ts=start + timedelta(seconds=30 * m))
+            written += count
     return n_sessions
 
 
@@ -173,14 +172,16 @@ class Corpus:
 
 async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     """A data dir holding ~``target_chunks`` indexed chunks with synthetic vectors (cached)."""
-    from memory.config import MemoryConfig
-    from memory.db import open_index
+    from memory import MemoryConfig, SyncReport
+    from memory.db import WriteConnection, open_index
     from memory.embeddings import EmbeddingPipeline
-    from memory.indexer import EmbedderIdentity, IndexWriter, SyncReport
+    from memory.indexing import Indexer
+    from memory.vectors import EmbedderIdentity
+    from sessions import sessions_root
 
     # ~4 new messages per 400-token chunk with these message lengths (measured).
     messages = int(target_chunks * 4.1)
-    data_dir = CACHE_DIR / f"corpus-{target_chunks}-v3"
+    data_dir = CACHE_DIR / f"corpus-{target_chunks}-v4"
     marker = data_dir / "READY"
     if marker.exists() and not fresh:
         n = int(marker.read_text().split()[0])
@@ -190,19 +191,20 @@ async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     write_transcripts(data_dir, messages=messages, per_session=50)
     config = MemoryConfig(watch=False)
     opened = open_index(data_dir / "memory.db")
-    writer = IndexWriter(opened.db, data_dir / "sessions", config, opened.vectors)
+    conn = WriteConnection(opened.db)
+    indexer = Indexer.on(conn, opened.vectors, sessions_root(data_dir), config)
     started = time.perf_counter()
-    report = await writer.sync(None)
+    report = await indexer.sync(None)
     keyword_s = time.perf_counter() - started
     embedder = SyntheticEmbedder(Vocabulary.make())
     pipeline = EmbeddingPipeline.from_config(embedder, config)  # type: ignore[arg-type]
     t = time.perf_counter()
-    writer.prepare_vectors(EmbedderIdentity.of(embedder))  # type: ignore[arg-type]
+    indexer.vectors.prepare(EmbedderIdentity.of(embedder))  # type: ignore[arg-type]
     vec_report = SyncReport()
-    await writer.embed_pending(pipeline, vec_report)
+    await indexer.embed_pending(pipeline, vec_report)
     embed_s = time.perf_counter() - t
     opened.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    opened.db.close()
+    conn.close()
     marker.write_text(f"{report.chunks_written}\n")
     return Corpus(data_dir, report.chunks_written, keyword_s + embed_s,
                   report.chunks_written / keyword_s, vec_report.embedded / embed_s)

@@ -8,15 +8,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
-
 from bench.corpus import USER, write_transcripts
 from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
-from memory.config import MemoryConfig
-from memory.db import open_index
-from memory.indexer import IndexWriter
+from memory import MemoryConfig
+from memory.db import WriteConnection, open_index
+from memory.indexing import Indexer
+from sessions import SessionsConfig, SessionStore, sessions_root
 
 
 async def run_appends(quick: bool) -> list[Figure]:
@@ -28,21 +27,22 @@ async def run_appends(quick: bool) -> list[Figure]:
             root = Path(tmp) / f"t{n}"
             write_transcripts(root, messages=n, per_session=n)
             opened = open_index(root / "memory.db")
-            writer = IndexWriter(opened.db, root / "sessions", config, opened.vectors)
-            await writer.sync(None)
-            path = next((root / "sessions" / USER).glob("*.jsonl"))
+            conn = WriteConnection(opened.db)
+            indexer = Indexer.on(conn, opened.vectors, sessions_root(root), config)
+            await indexer.sync(None)
             samples = []
-            for i in range(15 if quick else 30):
-                line = orjson.dumps({"type": "message", "id": f"x{i}", "role": "user",
-                                     "content": f"one more appended message number {i} about sourdough",
-                                     "ts": "2025-01-01T00:00:00.000Z", "runId": f"x{i}"})
-                with path.open("ab") as fh:
-                    fh.write(line + b"\n")
-                t = time.perf_counter()
-                report = await asyncio.to_thread(writer.sync_file, path)
-                samples.append(time.perf_counter() - t)
-                assert report.chunks_written >= 1
-            opened.db.close()
+            with SessionStore(root, SessionsConfig(fsync="never")) as store:
+                (session,), _ = store.list(USER, limit=1)
+                path = store.transcript_path(USER, session.session_key)
+                for i in range(15 if quick else 30):
+                    store.append_message(USER, session.session_key, role="user", run_id=f"x{i}",
+                                         content=f"one more appended message number {i} about sourdough",
+                                         ts="2025-01-01T00:00:00.000Z")
+                    t = time.perf_counter()
+                    report = await asyncio.to_thread(indexer.files.sync_file, path)
+                    samples.append(time.perf_counter() - t)
+                    assert report.chunks_written >= 1
+            conn.close()
             m = summary_ms(samples)
             figs.append(Figure("4 indexing", f"one appended message, transcript of {n:,} messages", m["p50"], "ms",
                                "≤ 20", m["p50"] <= 20, note=f"p99 {m['p99']:.2f} ms (indexer sync_file, no embedding)"))

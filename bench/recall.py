@@ -24,8 +24,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,10 +39,10 @@ import orjson  # noqa: E402
 from memory.chunking import approx_tokens  # noqa: E402
 from memory.config import MemoryConfig  # noqa: E402
 from memory.embeddings import Embedder, select_embedder  # noqa: E402
-from memory.indexer import SyncProgress  # noqa: E402
+from memory import SyncProgress  # noqa: E402
 from memory.search import SearchHit  # noqa: E402
 from memory.service import MemoryService  # noqa: E402
-from sessions import SessionsConfig, SessionStore  # noqa: E402
+from sessions import ForwardReader, SessionsConfig, SessionStore  # noqa: E402
 
 __all__ = [
     "METRICS",
@@ -305,37 +304,23 @@ def _roles(conv: Conversation) -> dict[str, str]:
 
 
 def _check_lines(path: Path, expected: Sequence[tuple[int, str]]) -> None:
-    """Verify (line number, message id) pairs against the transcript on disk."""
-    lines = path.read_bytes().splitlines()
-    header = orjson.loads(lines[0])
-    if header.get("type") != "session":
-        raise RuntimeError(f"{path}: line 1 is not the session header")
+    """Verify (line number, message id) pairs against the transcript on disk, read the way the
+    indexer reads it."""
+    found = {entry.line: entry.message.id for entry in ForwardReader(path)}
     for line_no, message_id in expected:
-        obj = orjson.loads(lines[line_no - 1])
-        if obj.get("type") != "message" or obj.get("id") != message_id:
+        if found.get(line_no) != message_id:
             raise RuntimeError(f"{path}: line {line_no} is not message {message_id}; the line map would be wrong")
 
 
-@contextmanager
-def _seeded_session_keys(seed: int) -> Iterator[None]:
-    """Session keys from a seeded generator instead of ``uuid4`` while loading.
+def _seeded_session_keys(seed: int) -> Callable[[], str]:
+    """Session keys from a seeded generator instead of ``uuid4``, for ``SessionStore(key_factory=…)``.
 
     The indexer walks transcripts in path order (``<user>/<sessionKey>.jsonl``), so chunk ids
     follow the keys, and the search breaks score ties by chunk id: with random keys the same
     dataset scores slightly differently on every run. Keys keep the store's shape (32 hex).
     """
-    import sessions.inputs as inputs
-
-    if not hasattr(inputs, "new_session_key"):  # the store changed: keep its own keys
-        yield
-        return
     rng = random.Random(seed)
-    original = inputs.new_session_key
-    inputs.new_session_key = lambda: f"{rng.getrandbits(128):032x}"
-    try:
-        yield
-    finally:
-        inputs.new_session_key = original
+    return lambda: f"{rng.getrandbits(128):032x}"
 
 
 def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
@@ -347,10 +332,9 @@ def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
     line 2), so that no chunk can hold two turns — see ``bench/README.md``.
     """
     corpus = LoadedCorpus()
-    store = SessionStore(data_dir, SessionsConfig(fsync="never"))
+    store = SessionStore(data_dir, SessionsConfig(fsync="never"), key_factory=_seeded_session_keys(seed))
     try:
-        with _seeded_session_keys(seed):
-            _load(dataset, data_dir, granularity, progress, store, corpus)
+        _load(dataset, data_dir, granularity, progress, store, corpus)
     finally:
         store.close()
     return corpus
@@ -380,7 +364,7 @@ def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable
                     corpus.turns += 1
                 corpus.transcripts += 1
                 store.flush()
-                _check_lines(data_dir / "sessions" / user / f"{session.session_key}.jsonl", expected)
+                _check_lines(store.transcript_path(user, session.session_key), expected)
         if progress:
             progress(f"loading: conversation {ci + 1}/{len(dataset.conversations)}, "
                      f"{corpus.turns}/{dataset.turn_count} turns, {corpus.transcripts} transcripts")

@@ -12,9 +12,10 @@ from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
 from .embeddings import Embedder, select_embedder
 from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
-from .indexer import SyncProgress, SyncReport
+from .indexing import SyncProgress
 from .search import SearchHit, SearchResponse
 from .service import MemoryService
+from .sync import SyncReport
 
 __all__ = [
     "Embedder",

@@ -1,7 +1,10 @@
 """Turning transcript messages into overlapping chunks. Pure functions, deterministic.
 
-Rendering: each message is ``role [ts]: text`` (the speaker ``name`` replaces the role when
-present); messages in a chunk are joined by newlines.
+Input: the transcript's messages as the sessions package reads them (``TranscriptEntry``: the
+message with its line number and byte offset). Rendering: each message is ``role [ts]: text``
+(the speaker ``name`` replaces the role when present), its text stripped of surrounding
+whitespace; a message with no text makes no chunk text. Messages in a chunk are joined by
+newlines.
 
 Token approximation (no tokenizer needed, stable across embedders): a text is split into
 "words" — each CJK/kana/hangul character is one word, every other run of non-space characters
@@ -24,8 +27,9 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from memory.transcripts import Message
+from sessions import TranscriptEntry
 
 __all__ = [
     "CJK_CHARS",
@@ -34,6 +38,7 @@ __all__ = [
     "approx_tokens",
     "chunk_messages",
     "fts_text",
+    "iso_to_ms",
     "message_units",
     "pack_units",
     "sha256_text",
@@ -95,7 +100,8 @@ class Chunk:
     content_hash: str
 
 
-def _prefix(msg: Message) -> str:
+def _prefix(entry: TranscriptEntry) -> str:
+    msg = entry.message
     who = msg.name or msg.role
     return f"{who} [{msg.ts}]: " if msg.ts else f"{who}: "
 
@@ -126,16 +132,20 @@ def _segments(text: str, limit: int) -> list[str]:
     return [p for p in pieces if p]
 
 
-def message_units(msg: Message, chunk_tokens: int, overlap_tokens: int) -> list[Unit]:
-    prefix = _prefix(msg)
+def message_units(entry: TranscriptEntry, chunk_tokens: int, overlap_tokens: int) -> list[Unit]:
+    text = entry.message.content.strip()
+    if not text:
+        return []
+    prefix = _prefix(entry)
+    ts = entry.message.ts
     head = approx_tokens(prefix)
-    whole = head + approx_tokens(msg.content)
+    whole = head + approx_tokens(text)
     if whole <= chunk_tokens:
-        return [Unit(msg.line, msg.offset, 0, prefix, msg.content, whole, msg.ts)]
+        return [Unit(entry.line, entry.offset, 0, prefix, text, whole, ts)]
     limit = max(_MIN_SEGMENT_TOKENS, overlap_tokens)
     return [
-        Unit(msg.line, msg.offset, i, prefix, body, head + approx_tokens(body), msg.ts)
-        for i, body in enumerate(_segments(msg.content, limit))
+        Unit(entry.line, entry.offset, i, prefix, body, head + approx_tokens(body), ts)
+        for i, body in enumerate(_segments(text, limit))
     ]
 
 
@@ -193,7 +203,7 @@ def pack_units(units: Sequence[Unit], chunk_tokens: int, overlap_tokens: int, fi
 
 
 def chunk_messages(
-    messages: Iterable[Message],
+    messages: Iterable[TranscriptEntry],
     chunk_tokens: int,
     overlap_tokens: int,
     *,
@@ -209,3 +219,20 @@ def chunk_messages(
         first_line = units[0].line
         units = [u for u in units if not (u.line == first_line and u.seg < skip_segments)]
     return pack_units(units, chunk_tokens, overlap_tokens, first_idx)
+
+
+def iso_to_ms(ts: str | None) -> int | None:
+    """ISO-8601 (``Z`` or offset; naive means UTC) → epoch milliseconds, None if unparsable.
+
+    How chunk times are stored (``start_ms``/``end_ms``) and how search filters read dates, so
+    the two always agree.
+    """
+    if not ts:
+        return None
+    try:
+        parsed = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)

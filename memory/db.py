@@ -1,6 +1,8 @@
-"""Opening the index database: apsw, sqlite-vec, pragmas, migrations, corruption recovery.
+"""Connections to the index database: apsw, sqlite-vec, pragmas, migrations, corruption recovery.
 
-``open_index`` is the one factory. It loads sqlite-vec from the path given (by default the
+``open_index`` is the one factory. The daemon holds one :class:`WriteConnection` (every
+change to the index goes through it) and a :class:`ReaderPool` of read-only connections for
+searches and status, which WAL lets read while the writer writes. It loads sqlite-vec from the path given (by default the
 ``sqlite-vec`` package's own ``loadable_path()``); when loading fails the connection still
 works for keyword search and the returned :class:`VectorBackend` says why, and the failure is
 logged as a warning — a silent downgrade to keyword-only is a known failure of peer systems.
@@ -12,13 +14,14 @@ transcripts, and the caller reports ``rebuiltFromTranscripts``.
 
 from __future__ import annotations
 
-import array
 import os
-import sys
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import apsw
 import structlog
@@ -28,18 +31,12 @@ from memory.migrations import SCHEMA_VERSION, migrate
 __all__ = [
     "DEFAULT_VEC_EXTENSION",
     "OpenedIndex",
+    "ReaderPool",
     "VectorBackend",
-    "drop_vector_table",
-    "ensure_vector_table",
+    "WriteConnection",
     "get_meta",
     "open_index",
-    "quantize_int8",
     "set_meta",
-    "cached_vector_to_int8",
-    "vector_format",
-    "vector_from_blob",
-    "vector_table_dims",
-    "vector_to_blob",
 ]
 
 log = structlog.get_logger("memory.db")
@@ -162,88 +159,60 @@ def set_meta(db: apsw.Connection, key: str, value: str | None) -> None:
         )
 
 
-def vector_table_dims(db: apsw.Connection) -> int | None:
-    """The width of ``chunks_vec`` as recorded in meta, or None when it does not exist."""
-    exists = db.execute("SELECT 1 FROM sqlite_schema WHERE name = 'chunks_vec'").fetchone()
-    if exists is None:
-        return None
-    dims = get_meta(db, "vector_dims")
-    return int(dims) if dims else None
+class WriteConnection:
+    """The one writing connection and the lock that keeps its transactions from interleaving.
 
-
-def vector_format(dims: int) -> str:
-    """How ``chunks_vec`` stores a ``dims``-wide vector: sign bits when the width allows
-    (``bit[D]`` needs a multiple of 8), else int8. Either way the vector leg re-ranks the
-    KNN's candidates by cosine over the cached int8 vectors (``memory.search``)."""
-    return "bit" if dims % 8 == 0 else "int8"
-
-
-def ensure_vector_table(db: apsw.Connection, dims: int) -> None:
-    """Create ``chunks_vec`` for ``dims``-wide vectors unless it exists (caller's transaction).
-
-    ``user`` is a partition key so a KNN scans only the caller's vectors; session and time
-    are metadata columns so the filters apply inside the KNN, before ``k`` is cut. The
-    embedding is quantized (``vector_format``): at 384 dims a row costs 48 bytes of bits
-    instead of 1,536 of float32, and a KNN over 100k rows is ~10× faster; the precise
-    vector lives once, in ``embedding_cache``.
+    Blocking: used from worker threads. Every step that touches ``db`` holds ``lock`` for its
+    whole length (it is re-entrant, so a step may call another). The sync loop never runs two
+    syncs at once, but a reindex request, a session delete or a status probe may arrive during
+    one.
     """
-    fmt = vector_format(int(dims))
-    if vector_table_dims(db) == dims and get_meta(db, "vector_format") == fmt:
-        return
-    db.execute("DROP TABLE IF EXISTS chunks_vec")
-    column = f"bit[{int(dims)}]" if fmt == "bit" else f"int8[{int(dims)}] distance_metric=cosine"
-    db.execute(
-        f"""
-        CREATE VIRTUAL TABLE chunks_vec USING vec0(
-            chunk_id     INTEGER PRIMARY KEY,
-            user         TEXT PARTITION KEY,
-            embedding    {column},
-            session_key  TEXT,
-            start_ms     INTEGER,
-            end_ms       INTEGER
-        )
-        """
-    )
-    set_meta(db, "vector_dims", str(int(dims)))
-    set_meta(db, "vector_format", fmt)
+
+    def __init__(self, db: apsw.Connection) -> None:
+        self.db = db
+        self.lock = threading.RLock()
+
+    def close(self) -> None:
+        with self.lock:  # a to_thread step of a cancelled sync may still be running
+            self.db.close()
 
 
-def drop_vector_table(db: apsw.Connection) -> None:
-    db.execute("DROP TABLE IF EXISTS chunks_vec")
-    set_meta(db, "vector_dims", None)
-    set_meta(db, "vector_format", None)
+_T = TypeVar("_T")
 
 
-def vector_to_blob(vector: Sequence[float]) -> bytes:
-    """float32 little-endian, the layout sqlite-vec reads."""
-    arr = array.array("f", vector)
-    if sys.byteorder != "little":
-        arr.byteswap()
-    return arr.tobytes()
+class ReaderPool:
+    """Read-only connections, opened on demand and reused; each used by one thread at a time."""
 
+    def __init__(self, path: Path, vec_extension: str | None) -> None:
+        self._path = path
+        self._vec_extension = vec_extension
+        self._idle: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
+        # Held while a reader is handed back and while close() drains the pool, so a search
+        # finishing during close() cannot put its connection back after the drain (a leak).
+        self._lock = threading.Lock()
+        self._closed = False
 
-def quantize_int8(vector: Sequence[float]) -> bytes:
-    """int8 with a per-vector scale (largest magnitude → 127): what the cache stores.
+    def run(self, fn: Callable[[apsw.Connection], _T]) -> _T:
+        """``fn(connection)`` on an idle reader (blocking; call it off the event loop)."""
+        try:
+            db = self._idle.get_nowait()
+        except queue.Empty:
+            db = open_index(self._path, vec_extension=self._vec_extension, readonly=True).db
+        try:
+            return fn(db)
+        finally:
+            with self._lock:
+                if self._closed:
+                    db.close()
+                else:
+                    self._idle.put(db)
 
-    Cosine distance ignores a vector's scale, so ``vec_distance_cosine(vec_int8(a),
-    vec_int8(b))`` is the float cosine up to rounding (≤ ~0.4% of an element), and the signs —
-    all ``bit`` storage keeps — are unchanged. 1 byte per dimension instead of 4.
-    """
-    peak = max((abs(x) for x in vector), default=0.0)
-    scale = 127.0 / peak if peak > 0 else 0.0
-    return array.array("b", [round(x * scale) for x in vector]).tobytes()
-
-
-def cached_vector_to_int8(blob: bytes, dims: int) -> bytes:
-    """A cache blob as int8: rows written before ``m002`` hold float32 (4 bytes a dimension)."""
-    if len(blob) == 4 * dims and dims > 0:
-        return quantize_int8(vector_from_blob(blob))
-    return blob
-
-
-def vector_from_blob(blob: bytes) -> list[float]:
-    arr = array.array("f")
-    arr.frombytes(blob)
-    if sys.byteorder != "little":
-        arr.byteswap()
-    return arr.tolist()
+    def close(self) -> None:
+        """Close every idle reader; one still in use is closed when it is handed back."""
+        with self._lock:
+            self._closed = True
+            while True:
+                try:
+                    self._idle.get_nowait().close()
+                except queue.Empty:
+                    break

@@ -5,7 +5,7 @@ recorded in ``migrations``, each in its own transaction together with its record
 
 The vector table ``chunks_vec`` is not created here: its width is the embedder's dimension
 count, which is known only at run time, so the writer creates (and re-creates on an embedder
-change) it — see ``memory.db.ensure_vector_table``.
+change) it — see ``memory.vectors.ensure_vector_table``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import apsw
+
+from memory.quantize import cached_vector_to_int8
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 
@@ -93,8 +95,6 @@ def m002_quantized_vectors(db: apsw.Connection) -> None:
     Existing float32 cache rows are converted in place; existing vectors are marked stale, so
     the next start with sqlite-vec rebuilds ``chunks_vec`` from the cache, calling no embedder.
     """
-    from memory.db import cached_vector_to_int8  # memory.db imports this module
-
     # The cache key (sha256 of the text sent to the embedder) of the chunk's vector, when it
     # is not content_hash (the text sent was redacted); NULL otherwise.
     db.execute("ALTER TABLE chunks ADD COLUMN vector_hash TEXT")

@@ -29,11 +29,10 @@ from typing import Any, Literal
 
 import apsw
 
-from memory.chunking import CJK_CHARS
+from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
-from memory.db import quantize_int8, vector_from_blob
 from memory.errors import InvalidSearch
-from memory.transcripts import iso_to_ms
+from memory.quantize import quantize_int8, vector_from_blob
 
 __all__ = [
     "HybridSearch",

@@ -21,7 +21,7 @@ from gateway.client import Client
 from memory.chunking import chunk_messages
 from memory.config import MemoryConfig
 from memory.db import open_index
-from memory.transcripts import read_messages
+from sessions import ForwardReader, scan_transcripts, sessions_root, transcript_file, transcript_relpath
 from tests.conftest import TOKEN
 from tests.daemon import Daemon
 from tests.fake_openai import FakeOpenAI
@@ -143,12 +143,12 @@ def check_index(data_dir: Path, config: MemoryConfig | None = None, *, embedded:
     text hash and line range), one FTS row per chunk, no duplicates; with ``embedded`` every
     chunk has exactly one vector. Returns the counts."""
     cfg = config or MemoryConfig()
-    sessions = data_dir / "sessions"
+    root = sessions_root(data_dir)
     expected: dict[str, list[tuple[int, str, int, int]]] = {}
-    for path in sorted(sessions.glob("*/*.jsonl")):
-        result = read_messages(path, 0, 1)
-        chunks = chunk_messages(result.messages, cfg.chunk_tokens, cfg.overlap_tokens)
-        expected[path.relative_to(sessions).as_posix()] = [
+    for user, key in sorted(scan_transcripts(root)):
+        reader = ForwardReader(transcript_file(root, user, key))
+        chunks = chunk_messages(reader, cfg.chunk_tokens, cfg.overlap_tokens)
+        expected[transcript_relpath(user, key)] = [
             (c.idx, c.content_hash, c.line_start, c.line_end) for c in chunks]
     db = open_index(data_dir / "memory.db", readonly=True).db
     try:

@@ -1,10 +1,17 @@
-"""Shared helpers for memory tests: a counting fake embedder and transcript writers."""
+"""Shared helpers for memory tests: a counting fake embedder and transcript writers.
+
+Transcripts are written by the real ``SessionStore``, so the index is always tested against
+the lines the store produces. Tests name sessions (``"s1"``); :func:`session_key` turns a name
+into the well-formed key the store is given, and :func:`name_of` turns it back.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import re
+import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -17,6 +24,16 @@ import pytest
 from memory.config import MemoryConfig
 from memory.errors import EmbedderError
 from memory.service import MemoryService
+from sessions import (
+    Message,
+    SessionNotFound,
+    SessionsConfig,
+    SessionStore,
+    format_ts,
+    parse_transcript_relpath,
+    sessions_root,
+    transcript_file,
+)
 
 _WORDS = re.compile(r"\w", re.UNICODE)
 _TOKENS = re.compile(r"[a-z0-9]+|[^\W\d_a-z]", re.UNICODE)
@@ -67,41 +84,67 @@ def embedder_down() -> EmbedderError:
 
 def ts(minutes: float) -> str:
     """An ISO-8601 UTC timestamp ``minutes`` after BASE_TIME, as the sessions package writes."""
-    moment = BASE_TIME + timedelta(minutes=minutes)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return format_ts(BASE_TIME + timedelta(minutes=minutes))
 
 
-def message_line(content: str, *, role: str = "user", minute: float = 0, name: str | None = None,
-                 msg_id: str = "m") -> bytes:
-    obj: dict[str, Any] = {"type": "message", "id": msg_id, "role": role, "content": content,
-                           "ts": ts(minute), "runId": "r1"}
-    if name is not None:
-        obj["name"] = name
-    return orjson.dumps(obj) + b"\n"
+def session_key(name: str) -> str:
+    """The session key a test calls ``name`` (a well-formed key: 32 hex digits, stable)."""
+    key = hashlib.md5(name.encode()).hexdigest()
+    _NAMES[key] = name
+    return key
 
 
-def transcript_path(data_dir: Path, user: str, key: str) -> Path:
-    return data_dir / "sessions" / user / f"{key}.jsonl"
+def name_of(key: str) -> str:
+    """The test's name for a key made by :func:`session_key`."""
+    return _NAMES[key]
 
 
-def write_transcript(data_dir: Path, user: str, key: str, messages: Iterable[str | tuple[str, str]],
+_NAMES: dict[str, str] = {}
+
+
+def message_line(content: str, *, role: str = "user", minute: float = 0) -> bytes:
+    """One message line exactly as ``SessionStore.append_message`` would write it, for tests that
+    write it in pieces (a torn append)."""
+    message = Message(id=uuid.uuid4().hex, role=role, content=content, ts=ts(minute), run_id=None)
+    return orjson.dumps(message.to_line()) + b"\n"
+
+
+def transcript_path(data_dir: Path, user: str, name: str) -> Path:
+    return transcript_file(sessions_root(data_dir), user, session_key(name))
+
+
+def _store(data_dir: Path, key: str) -> SessionStore:
+    return SessionStore(data_dir, SessionsConfig(fsync="never"), key_factory=lambda: key)
+
+
+def write_transcript(data_dir: Path, user: str, name: str, messages: Iterable[str | tuple[str, str]],
                      *, start_minute: float = 0) -> Path:
-    """A header plus one message per item (``"text"`` alternates user/assistant, or ``(role, text)``)."""
-    path = transcript_path(data_dir, user, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = {"type": "session", "version": 1, "sessionKey": key, "user": user,
-              "createdAt": ts(start_minute), "title": key}
-    with path.open("wb") as fh:
-        fh.write(orjson.dumps(header) + b"\n")
-    append_messages(path, messages, start_minute=start_minute)
-    return path
+    """A new transcript, written by the real ``SessionStore``, replacing any earlier one of that
+    name: a header plus one message per item (``"text"`` alternates user/assistant, or
+    ``(role, text)``), dated a minute apart from ``start_minute``."""
+    key = session_key(name)
+    with _store(data_dir, key) as store:
+        with contextlib.suppress(SessionNotFound):
+            store.delete(user, key)
+        store.create(user, title=name, created_at=ts(start_minute))
+        _append(store, user, key, messages, start_minute)
+        return store.transcript_path(user, key)
 
 
 def append_messages(path: Path, messages: Iterable[str | tuple[str, str]], *, start_minute: float = 0) -> None:
-    with path.open("ab") as fh:
-        for i, item in enumerate(messages):
-            role, text = item if isinstance(item, tuple) else (("user", "assistant")[i % 2], item)
-            fh.write(message_line(text, role=role, minute=start_minute + i, msg_id=f"m{start_minute + i}"))
+    """Append to the transcript at ``path`` through ``SessionStore.append_message``."""
+    owner = parse_transcript_relpath(f"{path.parent.name}/{path.name}")
+    assert owner is not None, path
+    user, key = owner
+    with _store(path.parent.parent.parent, key) as store:
+        _append(store, user, key, messages, start_minute)
+
+
+def _append(store: SessionStore, user: str, key: str, messages: Iterable[str | tuple[str, str]],
+            start_minute: float) -> None:
+    for i, item in enumerate(messages):
+        role, text = item if isinstance(item, tuple) else (("user", "assistant")[i % 2], item)
+        store.append_message(user, key, role=role, content=text, ts=ts(start_minute + i))
 
 
 def quiet_config(**overrides: Any) -> MemoryConfig:

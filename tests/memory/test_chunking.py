@@ -6,12 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory.chunking import approx_tokens, chunk_messages, fts_text
-from memory.transcripts import Message
+from sessions import Message, TranscriptEntry
 
 
-def msg(line: int, content: str, role: str = "user", name: str | None = None, ts: str | None = None) -> Message:
-    return Message(line=line, offset=line * 100, role=role, name=name, content=content,
-                   ts=ts or f"2026-11-22T10:{line:02d}:00.000Z")
+def msg(line: int, content: str, role: str = "user", name: str | None = None, ts: str | None = None) -> TranscriptEntry:
+    message = Message(id=f"m{line}", role=role, content=content, ts=ts or f"2026-11-22T10:{line:02d}:00.000Z",
+                      run_id=None, name=name)
+    return TranscriptEntry(line=line, offset=line * 100, message=message)
 
 
 def test_renders_role_timestamp_and_text() -> None:
@@ -47,7 +48,7 @@ def test_chunks_cut_at_message_boundaries_with_overlap() -> None:
         assert nxt.line_start <= prev.line_end  # overlap carried over
         assert nxt.line_end > prev.line_end     # always progresses
     assert chunks[0].start_ts == "2026-11-22T10:02:00.000Z"
-    assert chunks[-1].end_ts == messages[-1].ts
+    assert chunks[-1].end_ts == messages[-1].message.ts
 
 
 def test_long_message_split_between_words() -> None:

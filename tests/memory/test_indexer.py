@@ -16,7 +16,7 @@ from tests.memory.conftest import (
     message_line,
     opened,
     quiet_config,
-    transcript_path,
+    session_key,
     write_transcript,
 )
 
@@ -103,7 +103,7 @@ async def test_deleted_file_and_delete_session_leave_no_rows(tmp_path: Path, ser
     os.remove(a)
     report = await service.sync_now()
     assert report.files_deleted == 1
-    assert await service.delete_session("alice", "s2") == 1
+    assert await service.delete_session("alice", session_key("s2")) == 1
     assert (await service.search("alice", "walrus")).results == []
     status = await service.status()
     assert (status["files"], status["chunks"]) == (0, 0)
@@ -127,11 +127,10 @@ async def test_cache_survives_restart_and_full_reindex(tmp_path: Path) -> None:
 async def test_same_text_in_another_session_is_not_reembedded(tmp_path: Path, service: MemoryService,
                                                               embedder: FakeEmbedder) -> None:
     """The same chunk text in a second session comes from the cache and is stored once."""
-    a = write_transcript(tmp_path, "alice", "s1", ["identical words here"])
+    write_transcript(tmp_path, "alice", "s1", ["identical words here"])
     await service.sync_now()
     embedder.calls.clear()
-    b = transcript_path(tmp_path, "alice", "s2")
-    b.write_bytes(a.read_bytes())
+    write_transcript(tmp_path, "alice", "s2", ["identical words here"])
     report = await service.sync_now()
     assert embedder.calls == [] and report.cache_hits == 1
     status = await service.status()

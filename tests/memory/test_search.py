@@ -9,7 +9,7 @@ import pytest
 from memory.errors import InvalidSearch
 from memory.search import fts_query
 from memory.service import MemoryService
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
+from tests.memory.conftest import FakeEmbedder, name_of, opened, quiet_config, session_key, ts, write_transcript
 
 INJECTIONS = ['"', '""', "*", "rust*", "NEAR(", "NEAR(rust language, 2)", "AND OR NOT", "col:", "body:rust",
               "(((", ")", "rust)", "^rust", "-rust", "+", "'; DROP TABLE chunks; --", '"rust" OR "x', "\\", "{body}"]
@@ -30,7 +30,7 @@ async def test_seed_flow_fact_found_after_restart(tmp_path: Path) -> None:
         response = await svc.search("alice", "favourite programming language")
     assert response.mode == "hybrid"
     top = response.results[0]
-    assert top.session_key == "s1" and "favourite programming language is Rust" in top.content
+    assert name_of(top.session_key) == "s1" and "favourite programming language is Rust" in top.content
     assert top.keyword_rank == 1 and top.vector_rank == 1
     assert embedder.calls == [["favourite programming language"]]  # the query only
 
@@ -42,7 +42,7 @@ async def test_user_scoping(tmp_path: Path, service: MemoryService) -> None:
     await service.sync_now()
     for mode in ("hybrid", "keyword", "vector"):
         hits = (await service.search("alice", "secret word pelican", mode=mode)).results
-        assert [h.session_key for h in hits] == ["a1"]
+        assert [name_of(h.session_key) for h in hits] == ["a1"]
     assert (await service.search("carol", "pelican")).results == []
 
 
@@ -77,7 +77,7 @@ async def test_operator_words_match_as_words(tmp_path: Path, service: MemoryServ
     write_transcript(tmp_path, "alice", "s2", ["and or not are words here"])
     await service.sync_now()
     hits = (await service.search("alice", "AND OR NOT", mode="keyword")).results
-    assert [h.session_key for h in hits] == ["s2"]
+    assert [name_of(h.session_key) for h in hits] == ["s2"]
 
 
 async def test_cjk_query_finds_cjk_text(tmp_path: Path, service: MemoryService) -> None:
@@ -85,8 +85,8 @@ async def test_cjk_query_finds_cjk_text(tmp_path: Path, service: MemoryService) 
     write_transcript(tmp_path, "alice", "s1", ["我昨天在餐厅吃了寿司，很好吃"])
     write_transcript(tmp_path, "alice", "s2", ["東京タワーに行きました"])
     await service.sync_now()
-    assert [h.session_key for h in (await service.search("alice", "寿司", mode="keyword")).results] == ["s1"]
-    assert [h.session_key for h in (await service.search("alice", "東京", mode="keyword")).results] == ["s2"]
+    assert [name_of(h.session_key) for h in (await service.search("alice", "寿司", mode="keyword")).results] == ["s1"]
+    assert [name_of(h.session_key) for h in (await service.search("alice", "東京", mode="keyword")).results] == ["s2"]
     assert (await service.search("alice", "北京", mode="keyword")).results == []
 
 
@@ -105,7 +105,7 @@ async def test_rrf_order_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedd
         write_transcript(tmp_path, "alice", key, [text])
     async with opened(tmp_path, quiet_config(), embedder) as svc:
         hits = (await svc.search("alice", "apple banana")).results
-    got = [(h.session_key, h.keyword_rank, h.vector_rank) for h in hits]
+    got = [(name_of(h.session_key), h.keyword_rank, h.vector_rank) for h in hits]
     assert got == [("a", 1, 3), ("b", 2, 2), ("c", None, 1)]
     expected = [1 / 61 + 1 / 63, 2 / 62, 1 / 61]
     assert [h.score for h in hits] == pytest.approx(expected)
@@ -122,7 +122,7 @@ async def test_keyword_only_hit_is_kept_in_hybrid(tmp_path: Path, embedder: Fake
     config = quiet_config(candidates=2, max_k=2, default_k=2)
     async with opened(tmp_path, config, embedder) as svc:
         hits = (await svc.search("alice", "zymurgy", k=2)).results
-    target = [h for h in hits if h.session_key == "target"]
+    target = [h for h in hits if name_of(h.session_key) == "target"]
     assert target and target[0].keyword_rank == 1 and target[0].vector_rank is None
 
 
@@ -133,9 +133,10 @@ async def test_filters_session_exclude_and_time(tmp_path: Path, service: MemoryS
     await service.sync_now()
     for mode in ("hybrid", "keyword", "vector"):
         async def keys(**kw: str) -> list[str]:
-            return sorted(h.session_key for h in (await service.search("alice", "marmot", mode=mode, **kw)).results)
-        assert await keys(session_key="s2") == ["s2"]
-        assert await keys(exclude_session_key="s2") == ["s1", "s3"]
+            return sorted(name_of(h.session_key)
+                          for h in (await service.search("alice", "marmot", mode=mode, **kw)).results)
+        assert await keys(session_key=session_key("s2")) == ["s2"]
+        assert await keys(exclude_session_key=session_key("s2")) == ["s1", "s3"]
         assert await keys(after=ts(150)) == ["s3"]
         assert await keys(before=ts(50)) == ["s1"]
         assert await keys(after=ts(50), before=ts(150)) == ["s2"]

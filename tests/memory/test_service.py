@@ -7,7 +7,7 @@ from pathlib import Path
 
 from memory.errors import MemoryUnavailable
 from memory.service import MemoryService
-from tests.memory.conftest import FakeEmbedder, append_messages, opened, quiet_config, write_transcript
+from tests.memory.conftest import FakeEmbedder, append_messages, name_of, opened, quiet_config, write_transcript
 
 
 async def test_many_nudges_coalesce_into_one_sync(tmp_path: Path) -> None:
@@ -73,6 +73,6 @@ async def test_search_does_not_wait_for_a_running_sync(tmp_path: Path) -> None:
         assert not syncing.done()
         async with asyncio.timeout(2):
             hits = (await svc.search("alice", "heron", mode="keyword")).results
-        assert {h.session_key for h in hits} == {"s1", "s2"}
+        assert {name_of(h.session_key) for h in hits} == {"s1", "s2"}
         gate.set()
         await syncing

@@ -1,0 +1,134 @@
+"""One sync, start to end: transcripts → chunks, then pending chunks → vectors.
+
+The async half of indexing. Each blocking step (:class:`~memory.sync.FileSync`,
+:class:`~memory.vectors.VectorStore`) runs in a worker thread; only the embedder's calls are
+awaited on the event loop. The caller (:class:`~memory.service.MemoryService`) never runs two
+syncs at once.
+
+Pending chunks are embedded in batches of :data:`EMBED_ROWS_PER_BATCH` rows: cached vectors
+first, the embedder only for the texts the cache lacks (deduplicated within the batch), and
+each batch committed before the next, so an interrupted index resumes where it stopped and
+redoes nothing. An embedder failure leaves the rest pending (keyword-searchable) and is
+reported; the next sync retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from memory.chunking import sha256_text
+from memory.config import MemoryConfig
+from memory.db import VectorBackend, WriteConnection
+from memory.embeddings import EmbeddingPipeline
+from memory.errors import EmbedderError
+from memory.quantize import quantize_int8
+from memory.sync import FileSync, SyncReport
+from memory.vectors import EmbedderIdentity, VectorStore
+
+__all__ = ["EMBED_ROWS_PER_BATCH", "Indexer", "ProgressCallback", "SyncProgress"]
+
+log = structlog.get_logger("memory.indexer")
+
+EMBED_ROWS_PER_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SyncProgress:
+    """Passed to a progress callback (on the event loop) after each file and each batch."""
+
+    phase: str            # "files" | "embedding"
+    files_done: int
+    files_total: int
+    chunks_written: int
+    embedded: int
+    pending: int
+
+
+ProgressCallback = Callable[[SyncProgress], None]
+
+
+class Indexer:
+    """Runs syncs over one index: ``files`` for the chunk rows, ``vectors`` for the rest."""
+
+    def __init__(self, files: FileSync, vectors: VectorStore) -> None:
+        self.files = files
+        self.vectors = vectors
+
+    @classmethod
+    def on(cls, conn: WriteConnection, backend: VectorBackend, sessions_dir: Path,
+           config: MemoryConfig) -> Indexer:
+        """An indexer of the transcripts under ``sessions_dir`` writing through ``conn``."""
+        vectors = VectorStore(conn, backend)
+        return cls(FileSync(conn, sessions_dir, config, vectors), vectors)
+
+    async def sync(self, pipeline: EmbeddingPipeline | None, *, paths: list[Path] | None = None,
+                   progress: ProgressCallback | None = None) -> SyncReport:
+        """One sync: given files (or all, forgetting vanished ones), then pending vectors."""
+        started = time.perf_counter()
+        report = SyncReport()
+        identity = EmbedderIdentity.of(pipeline.embedder) if pipeline else None
+        await asyncio.to_thread(self.vectors.prepare, identity)
+        if paths is None:
+            files = await asyncio.to_thread(self.files.list_transcripts)
+            present = await asyncio.to_thread(lambda: {self.files.rel_path(p) for p in files})
+            report.merge(await asyncio.to_thread(self.files.forget_missing, present))
+        else:
+            files = paths
+        for done, path in enumerate(files, 1):
+            report.merge(await asyncio.to_thread(self.files.sync_file, path))
+            if progress is not None:
+                progress(SyncProgress("files", done, len(files), report.chunks_written, report.embedded, 0))
+        if pipeline is not None:
+            pending_total = await asyncio.to_thread(self.vectors.pending_count)
+
+            def embedded(n: int) -> None:
+                if progress is not None:
+                    progress(SyncProgress("embedding", len(files), len(files), report.chunks_written,
+                                          n, max(0, pending_total - n)))
+            try:
+                await self.embed_pending(pipeline, report, embedded)
+            except EmbedderError as exc:
+                report.error = f"embedder: {exc}"
+                log.warning("memory.embed.failed", error=str(exc), retryable=exc.retryable,
+                            effect="chunks stay pending (keyword-searchable); retried next sync")
+        report.pending = await asyncio.to_thread(self.vectors.pending_count)
+        report.duration_ms = (time.perf_counter() - started) * 1000
+        return report
+
+    async def embed_pending(self, pipeline: EmbeddingPipeline, report: SyncReport,
+                            progress: Callable[[int], None] | None = None) -> None:
+        """Embed every pending chunk, batch by batch; raises EmbedderError, leaving the rest pending."""
+        vectors = self.vectors
+        if not vectors.backend.available:
+            return
+        identity = EmbedderIdentity.of(pipeline.embedder)
+        while True:
+            rows = await asyncio.to_thread(vectors.pending_rows, EMBED_ROWS_PER_BATCH)
+            if not rows:
+                await asyncio.to_thread(vectors.rebuild_done)
+                return
+            sent = [pipeline.text_to_send(r[1]) for r in rows]
+            hashes = [sha256_text(t) for t in sent]
+            found = await asyncio.to_thread(vectors.cached, identity, hashes)
+            report.cache_hits += sum(1 for h in hashes if h in found)
+            misses: dict[str, str] = {}
+            for h, text in zip(hashes, sent):
+                if h not in found:
+                    misses.setdefault(h, text)
+            miss_hashes = list(misses)
+            done = 0
+            for batch in pipeline.batches([misses[h] for h in miss_hashes]):
+                report.embedder_calls += 1
+                result = await pipeline.embed_batch(batch)
+                for h, vec in zip(miss_hashes[done:done + len(batch)], result):
+                    found[h] = (len(vec), quantize_int8(vec))
+                done += len(batch)
+            report.embedded += await asyncio.to_thread(vectors.store, identity, rows, hashes, found, set(miss_hashes))
+            if progress is not None:
+                progress(report.embedded)

@@ -1,0 +1,49 @@
+"""How vectors are stored: float32 blobs for sqlite-vec, int8 with a per-vector scale for the cache.
+
+Pure functions of their arguments, with no database: the migrations (``m002`` converts old
+cache rows) and the vector store (:mod:`memory.vectors`) both use them, and neither depends on
+the other for it.
+"""
+
+from __future__ import annotations
+
+import array
+import sys
+from collections.abc import Sequence
+
+__all__ = ["cached_vector_to_int8", "quantize_int8", "vector_from_blob", "vector_to_blob"]
+
+
+def vector_to_blob(vector: Sequence[float]) -> bytes:
+    """float32 little-endian, the layout sqlite-vec reads."""
+    arr = array.array("f", vector)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def quantize_int8(vector: Sequence[float]) -> bytes:
+    """int8 with a per-vector scale (largest magnitude → 127): what the cache stores.
+
+    Cosine distance ignores a vector's scale, so ``vec_distance_cosine(vec_int8(a),
+    vec_int8(b))`` is the float cosine up to rounding (≤ ~0.4% of an element), and the signs —
+    all ``bit`` storage keeps — are unchanged. 1 byte per dimension instead of 4.
+    """
+    peak = max((abs(x) for x in vector), default=0.0)
+    scale = 127.0 / peak if peak > 0 else 0.0
+    return array.array("b", [round(x * scale) for x in vector]).tobytes()
+
+
+def cached_vector_to_int8(blob: bytes, dims: int) -> bytes:
+    """A cache blob as int8: rows written before ``m002`` hold float32 (4 bytes a dimension)."""
+    if len(blob) == 4 * dims and dims > 0:
+        return quantize_int8(vector_from_blob(blob))
+    return blob
+
+
+def vector_from_blob(blob: bytes) -> list[float]:
+    arr = array.array("f")
+    arr.frombytes(blob)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tolist()

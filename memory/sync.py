@@ -1,0 +1,297 @@
+"""Transcripts → chunk rows (+ their FTS rows): the file half of a sync.
+
+Incremental algorithm (per file, one transaction each):
+
+1. ``stat``; (size, mtime) unchanged and chunk settings unchanged → nothing to do.
+2. The indexed prefix is fingerprinted by sha256 of its first and last 4 KiB plus its length.
+   If the file is shorter than the indexed offset, or the fingerprint differs, the file was
+   rewritten or truncated → its rows are deleted and it is indexed whole.
+3. Otherwise only the tail is read: from the byte offset of the *last* chunk's first line
+   (chunks before it are closed — see ``memory.chunking``), re-packed, and compared by index
+   with the stored chunks: identical chunks stay, changed/new ones are written. Cost is the
+   last chunk plus the new text.
+4. A file that disappeared loses its rows.
+
+Transcripts are read with the sessions package's own :class:`~sessions.ForwardReader` and
+found through its path layout, so the index sees exactly the messages and the files the store
+writes. New and changed chunks are left pending for :mod:`memory.vectors`.
+
+Every method of :class:`FileSync` blocks; call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
+from memory.config import MemoryConfig
+from memory.db import WriteConnection
+from memory.vectors import VectorStore
+from sessions import (
+    ForwardReader,
+    parse_transcript_relpath,
+    scan_transcripts,
+    transcript_file,
+    transcript_relpath,
+)
+
+__all__ = ["FileSync", "SyncReport", "chunking_fingerprint"]
+
+_FINGERPRINT_BYTES = 4096
+
+_Owner = tuple[str, str]  # (user, session_key)
+
+
+def chunking_fingerprint(config: MemoryConfig) -> str:
+    return f"v1:{config.chunk_tokens}:{config.overlap_tokens}"
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """What one sync did."""
+
+    files_scanned: int = 0
+    files_changed: int = 0
+    files_deleted: int = 0
+    chunks_written: int = 0
+    chunks_deleted: int = 0
+    embedded: int = 0
+    cache_hits: int = 0
+    embedder_calls: int = 0
+    pending: int = 0
+    error: str | None = None
+    duration_ms: float = 0.0
+
+    def merge(self, other: SyncReport) -> None:
+        for name in ("files_scanned", "files_changed", "files_deleted", "chunks_written",
+                     "chunks_deleted", "embedded", "cache_hits", "embedder_calls"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _prefix_fingerprint(path: Path, length: int) -> str:
+    digest = hashlib.sha256(str(length).encode())
+    with path.open("rb") as fh:
+        digest.update(fh.read(min(length, _FINGERPRINT_BYTES)))
+        if length > _FINGERPRINT_BYTES:
+            fh.seek(max(_FINGERPRINT_BYTES, length - _FINGERPRINT_BYTES))
+            digest.update(fh.read(length - fh.tell()))
+    return digest.hexdigest()
+
+
+@dataclass(slots=True)
+class _FileRow:
+    size: int
+    mtime_ns: int
+    hash: str
+    indexed_offset: int
+    indexed_lines: int
+    chunking: str
+
+
+class FileSync:
+    """Keeps the ``files``, ``chunks`` and ``chunks_fts`` rows in step with the transcripts."""
+
+    def __init__(self, conn: WriteConnection, sessions_dir: Path, config: MemoryConfig,
+                 vectors: VectorStore) -> None:
+        self._conn = conn
+        self.db = conn.db
+        self.sessions_dir = sessions_dir
+        self._resolved_root = sessions_dir.resolve()
+        self.config = config
+        self.vectors = vectors
+        self.chunking = chunking_fingerprint(config)
+
+    # --- which files -------------------------------------------------------------------
+
+    def rel_path(self, path: Path) -> str:
+        # Paths from our own scan sit under sessions_dir as given, so no system call is
+        # needed (resolve() per file made a 100k-file scan take most of a second); paths from
+        # the watcher or a nudge may come spelled otherwise and are resolved.
+        try:
+            rel = path.relative_to(self.sessions_dir)
+            if ".." not in rel.parts:
+                return rel.as_posix()
+        except ValueError:
+            pass
+        return path.resolve().relative_to(self._resolved_root).as_posix()
+
+    def list_transcripts(self) -> list[Path]:
+        """Every transcript on disk, in path order (which is the order chunk ids follow)."""
+        return [transcript_file(self.sessions_dir, user, key)
+                for user, key in sorted(scan_transcripts(self.sessions_dir))]
+
+    def _file_row(self, rel: str) -> _FileRow | None:
+        row = self.db.execute(
+            "SELECT size, mtime_ns, hash, indexed_offset, indexed_lines, chunking FROM files WHERE path = ?",
+            (rel,),
+        ).fetchone()
+        return None if row is None else _FileRow(*row)
+
+    # --- one file ----------------------------------------------------------------------
+
+    def sync_file(self, path: Path) -> SyncReport:
+        """Bring one transcript's rows in step with the file (see the module docstring)."""
+        report = SyncReport(files_scanned=1)
+        rel = self.rel_path(path)
+        owner = parse_transcript_relpath(rel)
+        if owner is None:
+            return report
+        with self._conn.lock:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                with self.db:
+                    report.chunks_deleted = self._delete_path(rel)
+                    deleted = self.db.changes()
+                report.files_deleted = 1 if deleted or report.chunks_deleted else 0
+                return report
+            row = self._file_row(rel)
+            if row and row.chunking == self.chunking and (row.size, row.mtime_ns) == (st.st_size, st.st_mtime_ns):
+                return report
+            incremental = (
+                row is not None
+                and row.chunking == self.chunking
+                and st.st_size >= row.indexed_offset
+                and _prefix_fingerprint(path, row.indexed_offset) == row.hash
+            )
+            with self.db:
+                if incremental:
+                    assert row is not None
+                    written, deleted, end_offset, end_line = self._index_tail(path, rel, owner, row)
+                else:
+                    deleted = self._delete_path(rel)
+                    written, _, end_offset, end_line = self._index_from(path, rel, owner, 0, 1, 0, 0)
+                self.db.execute(
+                    """
+                    INSERT INTO files(path, user, session_key, size, mtime_ns, hash, indexed_offset,
+                                      indexed_lines, chunking, indexed_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(path) DO UPDATE SET
+                        size = excluded.size, mtime_ns = excluded.mtime_ns, hash = excluded.hash,
+                        indexed_offset = excluded.indexed_offset, indexed_lines = excluded.indexed_lines,
+                        chunking = excluded.chunking, indexed_at = excluded.indexed_at
+                    """,
+                    (rel, owner[0], owner[1], st.st_size, st.st_mtime_ns,
+                     _prefix_fingerprint(path, end_offset), end_offset, end_line, self.chunking, _now()),
+                )
+        report.files_changed = 1 if (written or deleted or row is None or not incremental) else 0
+        report.chunks_written, report.chunks_deleted = written, deleted
+        return report
+
+    def _index_tail(self, path: Path, rel: str, owner: _Owner, row: _FileRow) -> tuple[int, int, int, int]:
+        last = self.db.execute(
+            "SELECT chunk_idx, byte_start, line_start, seg_start FROM chunks WHERE path = ? "
+            "ORDER BY chunk_idx DESC LIMIT 1",
+            (rel,),
+        ).fetchone()
+        if last is None:
+            return self._index_from(path, rel, owner, row.indexed_offset, row.indexed_lines + 1, 0, 0,
+                                    known_end=row.indexed_offset)
+        idx, byte_start, line_start, seg_start = last
+        return self._index_from(path, rel, owner, byte_start, line_start, idx, seg_start,
+                                known_end=row.indexed_offset)
+
+    def _index_from(self, path: Path, rel: str, owner: _Owner, offset: int, line: int,
+                    first_idx: int, skip_segments: int, known_end: int | None = None) -> tuple[int, int, int, int]:
+        reader = ForwardReader(path, offset, line)
+        chunks = chunk_messages(reader, self.config.chunk_tokens, self.config.overlap_tokens,
+                                first_idx=first_idx, skip_segments=skip_segments)
+        if known_end is not None and reader.end_offset == known_end:
+            # Nothing complete was appended (maybe a partial line): the stored chunks stand.
+            return 0, 0, reader.end_offset, reader.end_line
+        written, deleted = self._replace_chunks(rel, owner, first_idx, chunks)
+        return written, deleted, reader.end_offset, reader.end_line
+
+    def _replace_chunks(self, rel: str, owner: _Owner, first_idx: int, chunks: list[Chunk]) -> tuple[int, int]:
+        existing = {
+            idx: (cid, chash, ls, le)
+            for cid, idx, chash, ls, le in self.db.execute(
+                "SELECT id, chunk_idx, content_hash, line_start, line_end FROM chunks "
+                "WHERE path = ? AND chunk_idx >= ?",
+                (rel, first_idx),
+            )
+        }
+        written = deleted = 0
+        stale: list[int] = []
+        for chunk in chunks:
+            old = existing.pop(chunk.idx, None)
+            if old is not None and old[1:] == (chunk.content_hash, chunk.line_start, chunk.line_end):
+                continue
+            if old is not None:
+                stale.append(old[0])
+            if stale:
+                deleted += self._delete_ids(stale)
+                stale = []
+            self._insert_chunk(rel, owner, chunk)
+            written += 1
+        deleted += self._delete_ids([v[0] for v in existing.values()])
+        return written, deleted
+
+    def _insert_chunk(self, rel: str, owner: _Owner, chunk: Chunk) -> None:
+        self.db.execute(
+            """
+            INSERT INTO chunks(path, user, session_key, chunk_idx, content, line_start, line_end,
+                               seg_start, byte_start, start_ts, end_ts, start_ms, end_ms,
+                               content_hash, embedded)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)
+            """,
+            (rel, owner[0], owner[1], chunk.idx, chunk.content, chunk.line_start, chunk.line_end,
+             chunk.seg_start, chunk.byte_start, chunk.start_ts, chunk.end_ts,
+             iso_to_ms(chunk.start_ts), iso_to_ms(chunk.end_ts), chunk.content_hash),
+        )
+        chunk_id = self.db.last_insert_rowid()
+        self.db.execute("INSERT INTO chunks_fts(rowid, body) VALUES (?, ?)", (chunk_id, fts_text(chunk.content)))
+
+    def _delete_ids(self, ids: list[int]) -> int:
+        if not ids:
+            return 0
+        self.vectors.forget(ids)
+        for cid in ids:
+            self.db.execute("DELETE FROM chunks_fts WHERE rowid = ?", (cid,))
+            self.db.execute("DELETE FROM chunks WHERE id = ?", (cid,))
+        return len(ids)
+
+    def _delete_path(self, rel: str) -> int:
+        ids = [r[0] for r in self.db.execute("SELECT id FROM chunks WHERE path = ?", (rel,))]
+        n = self._delete_ids(ids)
+        self.db.execute("DELETE FROM files WHERE path = ?", (rel,))
+        return n
+
+    # --- many files --------------------------------------------------------------------
+
+    def delete_session(self, user: str, session_key: str) -> int:
+        """Remove every row of one session at once; returns the chunks removed."""
+        rel = transcript_relpath(user, session_key)
+        if parse_transcript_relpath(rel) != (user, session_key):
+            return 0  # not a name the store could have written: there are no rows for it
+        with self._conn.lock, self.db:
+            removed = self._delete_path(rel)
+        return removed
+
+    def forget_missing(self, present: set[str]) -> SyncReport:
+        """Delete rows of indexed files whose relative path is not in ``present``."""
+        report = SyncReport()
+        with self._conn.lock:
+            gone = [r[0] for r in self.db.execute("SELECT path FROM files") if r[0] not in present]
+            for rel in gone:
+                with self.db:
+                    report.chunks_deleted += self._delete_path(rel)
+                report.files_deleted += 1
+        return report
+
+    def reset_files(self) -> None:
+        """Forget every file's offset so the next sync re-reads all transcripts (``reindex full``).
+
+        Rows stay until each file is re-indexed (in its own transaction), so search keeps
+        working throughout. Each file's chunks are then deleted and written anew (step 2 of
+        the module docstring); their vectors come back from the embedding cache.
+        """
+        with self._conn.lock, self.db:
+            self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset'")
