@@ -21,7 +21,7 @@ from .conftest import fill, read_lines
 
 
 def test_create_writes_exactly_the_header_line(store: SessionStore) -> None:
-    """create() makes a transcript whose only line is the DESIGN 3 header, in that key order."""
+    """create() makes a transcript whose only line is the header, keys in the documented order (docs/sessions.md)."""
     s = store.create("alice", title="Trip", system_prompt="Be brief.", model="gpt-x")
     path = store.transcript_path("alice", s.session_key)
     lines = read_lines(path)
@@ -63,7 +63,7 @@ def test_transcripts_are_private_files(store: SessionStore) -> None:
 
 
 def test_get_and_wire_shape(store: SessionStore) -> None:
-    """get() returns what create() returned, and to_wire() is the camelCase DESIGN 2.4 shape."""
+    """get() returns what create() returned, and to_wire() is the camelCase wire shape (docs/protocol.md)."""
     s = store.create("alice", title="T", model="m1")
     assert store.get("alice", s.session_key) == s
     assert s.to_wire() == {
