@@ -1,11 +1,10 @@
-"""Hybrid search: FTS5 BM25 and sqlite-vec KNN, fused by Reciprocal Rank Fusion in one statement.
+"""Hybrid search: an FTS5 BM25 leg and a sqlite-vec KNN leg, fused in :mod:`memory.fusion`.
 
-The statement is the sqlite-vec author's pattern: two ranked CTEs (``fts_matches`` and
-``vec_matches``, each its leg's best ``candidates`` with ``row_number()`` as rank), a
-``FULL OUTER JOIN`` on chunk id, and ``Σ 1/(rrf_k + rank)`` summed over the legs that found
-the chunk. A chunk found by only one leg keeps its one term — nothing is dropped by a score
-threshold. A single-leg mode swaps the other CTE for an empty one, so every mode runs the same
-statement shape and reports ranks the same way.
+Each leg is one statement returning its best ``candidates`` chunk ids with the leg's own
+score (negated BM25; cosine similarity), best first; both run in one read transaction, so
+they see the same snapshot. The fusion keeps every chunk either leg found (nothing is dropped
+by a score threshold) and the top ``k`` are read back from ``chunks``. A single-leg mode runs
+one leg and fuses it alone, so every mode reports ranks the same way.
 
 Filters are fixed SQL fragments with named parameters, chosen by which filters are set; no
 user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
@@ -14,7 +13,7 @@ user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
 * vector leg: ``user`` is the vec0 *partition key* and session/time are vec0 *metadata
   columns*, so the filters apply inside the KNN before ``k`` is cut — no over-fetching.
   The KNN runs over quantized vectors and its pool is re-ranked by exact cosine over the
-  cached vectors (``vec_pool`` → ``vec_matches``).
+  cached vectors.
 
 Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
 whose first message is before it (chunks overlapping the range).
@@ -32,6 +31,7 @@ import apsw
 from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import InvalidSearch
+from memory.fusion import Fused, fuse
 from memory.quantize import quantize_int8, vector_from_blob
 
 __all__ = [
@@ -185,45 +185,43 @@ class SearchResponse:
         return out
 
 
-_FTS_CTE = """
-fts_matches AS (
-    SELECT chunks.id AS chunk_id,
-           row_number() OVER (ORDER BY bm25(chunks_fts), chunks.id) AS rank_number
-    FROM chunks_fts
-    JOIN chunks ON chunks.id = chunks_fts.rowid
-    WHERE chunks_fts MATCH :fts_query
-      AND chunks.user = :user{filters}
-    ORDER BY bm25(chunks_fts), chunks.id
-    LIMIT :candidates
-)"""
+# The keyword leg: BM25 over the user's chunks (FTS5's bm25() is lower-is-better; the leg
+# reports its negation so every leg's score is higher-is-better).
+_KEYWORD_SQL = """
+SELECT chunks.id, -bm25(chunks_fts)
+FROM chunks_fts
+JOIN chunks ON chunks.id = chunks_fts.rowid
+WHERE chunks_fts MATCH :fts_query
+  AND chunks.user = :user{filters}
+ORDER BY bm25(chunks_fts), chunks.id
+LIMIT :candidates
+"""
 
-# Two steps: a KNN over the quantized vectors (sign bits; Hamming distance) finds a wide pool,
-# then the pool is re-ranked by exact cosine against each chunk's cached int8 vector (found
-# through chunks.vector_hash, or content_hash when the text sent was the chunk's) and cut to the leg's candidates. Filters apply inside the KNN.
-_VEC_CTE = """
-vec_pool AS (
+# The vector leg, two steps: a KNN over the quantized vectors (sign bits; Hamming distance)
+# finds a wide pool, then the pool is re-ranked by exact cosine against each chunk's cached
+# int8 vector (found through chunks.vector_hash, or content_hash when the text sent was the
+# chunk's) and cut to the leg's candidates. Filters apply inside the KNN. The score is the
+# cosine similarity.
+_VECTOR_SQL = """
+WITH vec_pool AS (
     SELECT chunk_id
     FROM chunks_vec
     WHERE embedding MATCH {knn_query}
       AND k = :vec_pool
       AND user = :user{filters}
-),
-vec_matches AS (
-    SELECT vec_pool.chunk_id AS chunk_id,
-           row_number() OVER (
-               ORDER BY vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8)),
-                        vec_pool.chunk_id
-           ) AS rank_number
-    FROM vec_pool
-    JOIN chunks ON chunks.id = vec_pool.chunk_id
-    JOIN embedding_cache
-      ON embedding_cache.provider = :provider
-     AND embedding_cache.model = :model
-     AND embedding_cache.endpoint_hash = :endpoint_hash
-     AND embedding_cache.content_hash = coalesce(chunks.vector_hash, chunks.content_hash)
-    ORDER BY rank_number
-    LIMIT :candidates
-)"""
+)
+SELECT vec_pool.chunk_id,
+       1.0 - vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8)) AS similarity
+FROM vec_pool
+JOIN chunks ON chunks.id = vec_pool.chunk_id
+JOIN embedding_cache
+  ON embedding_cache.provider = :provider
+ AND embedding_cache.model = :model
+ AND embedding_cache.endpoint_hash = :endpoint_hash
+ AND embedding_cache.content_hash = coalesce(chunks.vector_hash, chunks.content_hash)
+ORDER BY similarity DESC, vec_pool.chunk_id
+LIMIT :candidates
+"""
 
 _KNN_QUERY = {"bit": "vec_quantize_binary(vec_int8(:query_int8))", "int8": "vec_int8(:query_int8)"}
 
@@ -235,46 +233,29 @@ RERANK_POOL_FACTOR = 2
 RERANK_POOL_MIN = 100
 _VEC0_MAX_K = 4096
 
-_EMPTY_FTS = "\nfts_matches(chunk_id, rank_number) AS (SELECT NULL, NULL WHERE 0)"
-_EMPTY_VEC = "\nvec_matches(chunk_id, rank_number) AS (SELECT NULL, NULL WHERE 0)"
-
-_FUSE = """
-fused AS (
-    SELECT coalesce(fts_matches.chunk_id, vec_matches.chunk_id) AS chunk_id,
-           fts_matches.rank_number AS keyword_rank,
-           vec_matches.rank_number AS vector_rank,
-           coalesce(1.0 / (:rrf_k + fts_matches.rank_number), 0.0)
-             + coalesce(1.0 / (:rrf_k + vec_matches.rank_number), 0.0) AS score
-    FROM fts_matches
-    FULL OUTER JOIN vec_matches ON vec_matches.chunk_id = fts_matches.chunk_id
-)
-SELECT chunks.id, chunks.session_key, chunks.content, fused.score,
-       chunks.line_start, chunks.line_end, chunks.start_ts, chunks.end_ts,
-       fused.keyword_rank, fused.vector_rank
-FROM fused
-JOIN chunks ON chunks.id = fused.chunk_id
-ORDER BY fused.score DESC, coalesce(fused.keyword_rank, fused.vector_rank), chunks.id
-LIMIT :k
+_ROWS_SQL = """
+SELECT id, session_key, content, line_start, line_end, start_ts, end_ts
+FROM chunks WHERE id IN ({marks})
 """
 
 # Fixed fragments, picked by which filters are set: (keyword leg, vector leg).
 _FILTERS = {
-    "session_key": ("\n      AND chunks.session_key = :session_key", "\n      AND session_key = :session_key"),
-    "exclude_session_key": ("\n      AND chunks.session_key != :exclude_session_key",
+    "session_key": ("\n  AND chunks.session_key = :session_key", "\n      AND session_key = :session_key"),
+    "exclude_session_key": ("\n  AND chunks.session_key != :exclude_session_key",
                             "\n      AND session_key != :exclude_session_key"),
-    "after_ms": ("\n      AND chunks.end_ms >= :after_ms", "\n      AND end_ms >= :after_ms"),
-    "before_ms": ("\n      AND chunks.start_ms < :before_ms", "\n      AND start_ms < :before_ms"),
+    "after_ms": ("\n  AND chunks.end_ms >= :after_ms", "\n      AND end_ms >= :after_ms"),
+    "before_ms": ("\n  AND chunks.start_ms < :before_ms", "\n      AND start_ms < :before_ms"),
 }
 
 
-def build_sql(request: SearchRequest, *, keyword: bool, vector: bool,
+def build_sql(request: SearchRequest, *, leg: Literal["keyword", "vector"],
               vector_format: str = "bit") -> tuple[str, list[str]]:
-    """The statement for these legs and filters, and the names of the filters it binds."""
+    """One leg's statement for these filters, and the names of the filters it binds."""
     active = [name for name in _FILTERS if getattr(request, name) is not None]
-    fts = _FTS_CTE.format(filters="".join(_FILTERS[n][0] for n in active)) if keyword else _EMPTY_FTS
-    vec = (_VEC_CTE.format(filters="".join(_FILTERS[n][1] for n in active), knn_query=_KNN_QUERY[vector_format])
-           if vector else _EMPTY_VEC)
-    return "WITH" + fts + "," + vec + "," + _FUSE, active
+    if leg == "keyword":
+        return _KEYWORD_SQL.format(filters="".join(_FILTERS[n][0] for n in active)), active
+    return (_VECTOR_SQL.format(filters="".join(_FILTERS[n][1] for n in active),
+                               knn_query=_KNN_QUERY[vector_format]), active)
 
 
 class HybridSearch:
@@ -287,28 +268,43 @@ class HybridSearch:
     def search(self, request: SearchRequest, *, query_vector: bytes | None, keyword: bool = True) -> list[SearchHit]:
         """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
         match = fts_query(request.query, self.config.max_query_terms) if keyword else None
-        use_fts = match is not None
-        use_vec = query_vector is not None
-        if not use_fts and not use_vec:
-            return []
+        with self.db:  # one read transaction: both legs and the rows see the same snapshot
+            keyword_leg = self._keyword_leg(request, match) if match is not None else []
+            vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
+            hits = self._hits(fuse(keyword_leg, vector_leg, self.config)[:request.k])
+        return hits
+
+    def _keyword_leg(self, request: SearchRequest, match: str) -> list[tuple[int, float]]:
+        sql, active = build_sql(request, leg="keyword")
+        params: dict[str, Any] = {"user": request.user, "candidates": self.config.candidates, "fts_query": match}
+        params.update((name, getattr(request, name)) for name in active)
+        return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
+
+    def _vector_leg(self, request: SearchRequest, query_vector: bytes) -> list[tuple[int, float]]:
+        meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'vector_format')"))
+        fmt = meta.get("vector_format") or "bit"
+        provider, model, endpoint = json.loads(meta.get("embedder") or '["", "", ""]')
+        sql, active = build_sql(request, leg="vector", vector_format=fmt)
         params: dict[str, Any] = {
             "user": request.user, "candidates": self.config.candidates,
-            "rrf_k": self.config.rrf_k, "k": request.k,
+            "query_int8": quantize_int8(vector_from_blob(query_vector)),
+            "vec_pool": min(_VEC0_MAX_K, max(RERANK_POOL_MIN, RERANK_POOL_FACTOR * self.config.candidates)),
+            "provider": provider, "model": model, "endpoint_hash": endpoint,
         }
-        fmt = "bit"
-        if use_vec:
-            assert query_vector is not None
-            meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'vector_format')"))
-            fmt = meta.get("vector_format") or "bit"
-            provider, model, endpoint = json.loads(meta.get("embedder") or '["", "", ""]')
-            params.update(
-                query_int8=quantize_int8(vector_from_blob(query_vector)),
-                vec_pool=min(_VEC0_MAX_K, max(RERANK_POOL_MIN, RERANK_POOL_FACTOR * self.config.candidates)),
-                provider=provider, model=model, endpoint_hash=endpoint,
-            )
-        sql, active = build_sql(request, keyword=use_fts, vector=use_vec, vector_format=fmt)
-        if use_fts:
-            params["fts_query"] = match
-        for name in active:
-            params[name] = getattr(request, name)
-        return [SearchHit(*row) for row in self.db.execute(sql, params)]
+        params.update((name, getattr(request, name)) for name in active)
+        return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
+
+    def _hits(self, fused: list[Fused]) -> list[SearchHit]:
+        if not fused:
+            return []
+        ids = [f.chunk_id for f in fused]
+        rows = {row[0]: row for row in self.db.execute(_ROWS_SQL.format(marks=",".join("?" * len(ids))), ids)}
+        hits: list[SearchHit] = []
+        for f in fused:
+            row = rows.get(f.chunk_id)
+            if row is None:  # deleted between the legs and this read: a snapshot makes this rare
+                continue
+            cid, session_key, content, line_start, line_end, start_ts, end_ts = row
+            hits.append(SearchHit(cid, session_key, content, f.score, line_start, line_end, start_ts, end_ts,
+                                  f.keyword_rank, f.vector_rank))
+        return hits
