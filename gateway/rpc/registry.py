@@ -87,7 +87,7 @@ class Method:
     # Wire name -> spec, with the bounds merged; computed once here because evaluating type
     # hints costs more than a whole call.
     fields: typing.Mapping[str, _FieldSpec]
-    accepted: str
+    accepted: str  # the wire names, listed when an unknown parameter is refused
 
 
 class Registry:

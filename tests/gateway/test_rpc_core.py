@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Config
-from gateway.errors import Conflict
+from gateway.errors import Conflict, InvalidParams
 from gateway.methods import declare_methods
-from gateway.rpc import Notification, Registry, RpcCore, bounded
+from gateway.rpc import Notification, Registry, RpcCore, bounded, parse_params
 
 
 @dataclass(eq=False)
@@ -248,3 +249,21 @@ async def test_arbitrary_json_always_gets_a_well_formed_answer(message: Any) -> 
         assert all(isinstance(m, dict) and "id" not in m for m in items)
     else:
         assert _is_well_formed(orjson.loads(out.data))
+
+
+async def test_published_bounds_are_the_configured_ones() -> None:
+    """rpc.discover's limits come from the settings the store and memory enforce, and the
+    validator refuses past the same values (sessions.max_page_size, memory.max_k)."""
+    base = Config()
+    cfg = dataclasses.replace(base, sessions=dataclasses.replace(base.sessions, max_page_size=120),
+                              memory=dataclasses.replace(base.memory, max_k=20))
+    reg = Registry()
+    declare_methods(reg, cfg)
+    doc = {m["name"]: {p["name"]: p["schema"] for p in m["params"]} for m in reg.openrpc("t")["methods"]}
+    assert doc["sessions.history"]["limit"]["maximum"] == 120 == doc["sessions.list"]["limit"]["maximum"]
+    assert doc["memory.search"]["k"]["oneOf"][0]["maximum"] == 20
+    assert doc["chat.send"]["message"]["maxLength"] == cfg.chat.max_message_bytes
+    with pytest.raises(InvalidParams, match="<= 120"):
+        parse_params(reg.get("sessions.history"), {"sessionKey": "k", "limit": 121})
+    with pytest.raises(InvalidParams, match="<= 20"):
+        parse_params(reg.get("memory.search"), {"query": "q", "k": 21})
