@@ -30,6 +30,7 @@ import secrets
 from typing import Any
 
 from memory import EmbedderError, InvalidSearch, MemoryIndexError, MemoryUnavailable
+from gateway.wire import ErrorObject
 from sessions import InvalidSessionInput, SessionNotFound, StorageError
 
 __all__ = [
@@ -64,8 +65,8 @@ class GatewayError(Exception):
         self.message = message
         self.data = data
 
-    def to_object(self) -> dict[str, Any]:
-        obj: dict[str, Any] = {"code": self.code, "message": self.message}
+    def to_object(self) -> ErrorObject:
+        obj: ErrorObject = {"code": self.code, "message": self.message}
         if self.data is not None:
             obj["data"] = self.data
         return obj
@@ -181,7 +182,7 @@ def _from_memory(exc: BaseException) -> GatewayError | None:
     return StorageFailed(message)
 
 
-def to_error_object(exc: BaseException, error_id: str | None = None) -> dict[str, Any]:
+def to_error_object(exc: BaseException, error_id: str | None = None) -> ErrorObject:
     """The JSON-RPC error object for any exception (see :func:`wire_error`)."""
     mapped = wire_error(exc)
     if mapped is not None:

@@ -32,7 +32,7 @@ from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.prompt import build_prompt
 from gateway.config import ChatConfig
 from gateway.errors import Conflict, GatewayError, InternalError, NotConfigured, new_error_id, wire_error
-from gateway.wire import ChatEventBase
+from gateway.wire import ChatEventBase, ErrorObject
 from memory import MemoryService
 from sessions import Message, SessionStore
 
@@ -316,6 +316,8 @@ def _run_error(exc: Exception) -> GatewayError:
     return error
 
 
-def _event_error(error: GatewayError) -> dict[str, Any]:
+def _event_error(error: GatewayError) -> ErrorObject:
     # chat.error's error object adds ``retryable`` beside code and message (docs/protocol.md).
-    return error.to_object() | {"retryable": error.retryable}
+    obj = error.to_object()
+    obj["retryable"] = error.retryable
+    return obj

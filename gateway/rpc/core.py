@@ -31,6 +31,7 @@ from gateway.errors import (
     wire_error,
 )
 from gateway.rpc.registry import Registry, parse_params
+from gateway.wire import ErrorObject
 
 __all__ = ["Call", "CallContext", "Notification", "Reply", "RpcCore", "error_response"]
 
@@ -89,7 +90,7 @@ class Reply:
     is_error: bool
 
 
-def error_response(req_id: Any, error: dict[str, Any]) -> dict[str, Any]:
+def error_response(req_id: Any, error: ErrorObject) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": req_id, "error": error}
 
 
