@@ -1,6 +1,6 @@
-"""Starting the real gateway for a benchmark (port 0, a fixed token): in-process, or as its
-own ``recalld serve`` process when the client's view of latency must not share an event loop
-with the gateway."""
+"""Starting the real gateway with a fixed token on port 0: in-process, or as its own
+``recalld serve`` process when the client's view of latency must not share an event loop
+with the gateway. The tests' fixtures are built on the same helpers (tests → bench)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,42 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway.config import Config
-from tests.conftest import TOKEN, make_config
-from tests.conftest import running as running_gateway
+from gateway.app import App, start_app
+from gateway.config import Config, load
 
-__all__ = ["TOKEN", "gateway_config", "gateway_process", "running_gateway"]
+__all__ = ["TOKEN", "gateway_config", "gateway_process", "make_config", "running_gateway"]
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+def make_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
+    """Port 0, the fixed token, no file watching, no embedder; ``sections`` override."""
+    overrides: dict[str, dict[str, Any]] = {
+        "server": {"port": 0},
+        "auth": {"token": TOKEN},
+        "memory": {"watch": False, "embedder": "none"},
+    }
+    for name, values in sections.items():
+        overrides.setdefault(name, {}).update(values)
+    return load(None, env={}, overrides=overrides, data_dir=data_dir)
 
 
 def gateway_config(data_dir: Path, *, user: str | None = None, **sections: dict[str, Any]) -> Config:
-    """The tests' config (port 0, fixed token, no watcher); ``user`` names the token's user."""
+    """:func:`make_config`, with ``user`` naming the token's user."""
     if user:
         auth = {**sections.get("auth", {}), "token": None, "users": [{"name": user, "token": TOKEN}]}
         sections = {**sections, "auth": auth}
     return make_config(data_dir, **sections)
+
+
+@asynccontextmanager
+async def running_gateway(config: Config) -> AsyncIterator[App]:
+    """The gateway of ``config``, started in this process and closed on exit."""
+    app = await start_app(config)
+    try:
+        yield app
+    finally:
+        await app.close()
 
 
 @asynccontextmanager

@@ -16,7 +16,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from bench.gw import TOKEN, gateway_config, gateway_process, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
-from tests.fake_openai import FakeOpenAI
+from bench.fake_openai import FakeOpenAI
 
 CONNECTIONS = 16
 

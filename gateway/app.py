@@ -1,35 +1,33 @@
-"""Wiring: build every part from one :class:`Config`, start them, and stop them in order.
+"""The composition root: build every part from one :class:`Config`, start them, stop them in order.
 
-Shutdown order (STYLE 3): stop accepting → close connections 1001 → let runs finish within
-``server.shutdown_grace_s`` → cancel the rest → flush transcripts → close the index.
-``App.close()`` is safe to call twice.
+Each part is constructed here with exactly what it uses, so this is the one module that
+knows them all; nothing else imports it but the CLI. Shutdown order: stop accepting → close
+connections 1001 → let runs finish within ``server.shutdown_grace_s`` → cancel the rest →
+flush transcripts → close the index. ``App.close()`` is safe to call twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import os
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol
 
 import structlog
 
 from gateway.auth import Authenticator, load_or_create_token, token_path
-from gateway.chat import attach_chat
+from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config
-from gateway.hub import Hub
-from gateway.memory_methods import attach_memory
-from gateway.methods import register_core_methods
-from gateway.registry import Registry
-from gateway.rpc import RpcCore
-from gateway.schemas import declare_all
-from gateway.server import GatewayServer
+from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
+from gateway.rpc import Registry, RpcCore
+from gateway.transport import GatewayServer
+from memory import MemoryConfig, MemoryService, select_embedder
 from sessions import FileIO, SessionStore
 
-__all__ = ["App", "start_app"]
+__all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
 log = structlog.get_logger("recalld.app")
 
@@ -41,31 +39,18 @@ def package_version() -> str:
         return "0.0.0"
 
 
-class ChatService(Protocol):
-    async def abort_session(self, user: str, session_key: str) -> None: ...
-    async def drain(self, grace_s: float) -> None: ...
-
-
-class MemoryFacade(Protocol):
-    async def health(self) -> dict[str, Any]: ...
-    async def recall(self, user: str, session_key: str, query: str, k: int) -> list[dict[str, Any]]: ...
-    def nudge(self) -> None: ...
-    async def delete_session(self, user: str, session_key: str) -> None: ...
-    async def close(self) -> None: ...
-
-
-@dataclass
+@dataclass(eq=False)
 class App:
+    """The running daemon: its server, its store, and one handler object per namespace."""
+
     config: Config
-    registry: Registry
+    server: GatewayServer
     store: SessionStore
-    hub: Hub
-    authenticator: Authenticator
-    version: str
-    server: GatewayServer = field(init=False)
-    chat: ChatService | None = None
-    memory: MemoryFacade | None = None
-    lock_fd: int | None = None
+    runs: ChatRuns
+    sessions: SessionsMethods
+    chat: ChatMethods
+    memory: MemoryMethods | None
+    lock_fd: int | None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _closed: bool = False
 
@@ -78,14 +63,13 @@ class App:
             return
         self._closed = True
         await self.server.close()
-        if self.chat is not None:
-            await self.chat.drain(self.config.server.shutdown_grace_s)
+        await self.runs.drain(self.config.server.shutdown_grace_s)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self.store.close)
         if self.memory is not None:
-            await self.memory.close()
+            await close_memory(self.memory.service)
         if self.lock_fd is not None:
             os.close(self.lock_fd)  # releases the data dir lock
             self.lock_fd = None
@@ -118,13 +102,40 @@ def _lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
-async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
-    """Build and start everything; the returned app is listening on ``app.url``.
+def effective_memory_config(config: Config) -> MemoryConfig:
+    """``[memory]`` with the embeddings endpoint and key inherited from ``[llm]``, so one
+    OpenAI-compatible server (``OPENAI_BASE_URL``/``OPENAI_API_KEY``) serves both."""
+    m = config.memory
+    return dataclasses.replace(
+        m,
+        embeddings_base_url=m.embeddings_base_url or config.llm.base_url,
+        embeddings_api_key=m.embeddings_api_key or config.llm.api_key,
+    )
 
-    ``file_io`` replaces the transcript write/fsync calls (fault-injection tests).
+
+async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True) -> MemoryService:
+    """The started memory service of ``config``, with the embedder ``memory.embedder`` picks.
+
+    Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
     """
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    lock_fd = _lock_data_dir(config.data_dir)
+    cfg = effective_memory_config(config)
+    if not watch:
+        cfg = dataclasses.replace(cfg, watch=False)
+    embedder, reason = await asyncio.to_thread(select_embedder, cfg)
+    service = MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason)
+    await service.start(catch_up=catch_up)
+    return service
+
+
+async def close_memory(service: MemoryService) -> None:
+    await service.close()
+    # The embedder was made by open_memory, not by the service, so it is closed here.
+    aclose = getattr(service.embedder, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def _authenticator(config: Config) -> Authenticator:
     generated = None
     if config.auth.mode == "token" and not config.auth.token and not config.auth.users:
         generated, created = load_or_create_token(config.data_dir)
@@ -132,24 +143,52 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
             log.warning("auth.token_generated", path=str(token_path(config.data_dir)))
         else:
             log.info("auth.token_file", path=str(token_path(config.data_dir)))
-    authenticator = Authenticator(config.auth, generated)
-    registry = Registry()
-    declare_all(registry)
+    return Authenticator(config.auth, generated)
+
+
+async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
+    """Build and start everything; the returned app is listening on ``app.url``.
+
+    ``file_io`` replaces the transcript write/fsync calls (fault-injection tests).
+    """
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    lock_fd = _lock_data_dir(config.data_dir)
     try:
-        store = SessionStore(config.data_dir, config.sessions, file_io=file_io)
+        authenticator = _authenticator(config)
+        # Opening the store reconciles its index with the transcripts: disk work, off the loop.
+        store = await asyncio.to_thread(SessionStore, config.data_dir, config.sessions, file_io=file_io)
     except BaseException:
         os.close(lock_fd)
         raise
-    app = App(config, registry, store, Hub(), authenticator, package_version(), lock_fd=lock_fd)
+    try:
+        service = await open_memory(config) if config.memory.enabled else None
+    except BaseException:
+        await asyncio.to_thread(store.close)
+        os.close(lock_fd)
+        raise
+    if service is None:
+        log.info("memory.disabled")
+    llm = config.llm
+    model = create_chat_model(
+        base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
+        timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
+    )
+    hub = Hub()
+    runs = ChatRuns(config.chat, llm.model, store, hub, model, service)
+    registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash)
-    app.server = GatewayServer(config, core, authenticator, app.hub, version=app.version)
-    register_core_methods(app)
-    attach_chat(app)
+    app_version = package_version()
+    server = GatewayServer(config, core, authenticator, version=app_version, on_disconnect=hub.drop)
+    sessions = SessionsMethods(store, hub, runs, service)
+    chat = ChatMethods(config.chat, store, hub, runs)
+    memory = MemoryMethods(service, store) if service is not None else None
+    gateway = GatewayMethods(authenticator, registry, server, app_version, service)
+    declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory)
+    app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))
     try:
-        await attach_memory(app)
-        await app.server.start()
+        await server.start()
     except BaseException:
         await app.close()
         raise

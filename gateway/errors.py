@@ -1,4 +1,4 @@
-"""The gateway's exceptions, and the one place any exception becomes a JSON-RPC error.
+"""The gateway's exceptions, and the one map from every exception to a JSON-RPC error.
 
 Tree::
 
@@ -8,6 +8,7 @@ Tree::
     ├── MethodNotFound           -32601  unknown or not-yet-implemented method
     ├── InvalidParams            -32602  ``data`` = {field, reason}
     ├── InternalError            -32603  ``data`` = {errorId}; the traceback goes to the log
+    ├── StorageFailed            -32603  ``data`` = {retryable: true}; "storage error: …", no errorId
     ├── Unauthorized             -32001
     ├── NotFound                 -32002  unknown key, or another user's
     ├── Conflict                 -32003  busy / conflicting state
@@ -15,15 +16,22 @@ Tree::
     ├── UpstreamError            -32010  ``data`` = {status, retryable}
     └── NotConfigured            -32011  a feature needs a setting that is missing
 
-Errors raised by ``sessions`` and ``memory`` keep their own trees (those packages know
-nothing of JSON-RPC); :func:`to_error_object` maps them here, so the mapping lives in one
-place.
+``sessions`` and ``memory`` keep their own trees and know nothing of JSON-RPC.
+:func:`wire_error` is the boundary: one table per package, by exception class, in this module
+only (tests/gateway/test_errors.py pins every row). A disk failure is a storage error, not a
+bug: it keeps -32603 (docs/protocol.md) but carries no errorId and is not logged as a crash.
+An embedder failure is an upstream failure and keeps its HTTP status and retry flag. Anything
+not in a table is a bug: -32603 with an ``errorId``, and its text never reaches the wire.
 """
 
 from __future__ import annotations
 
 import secrets
 from typing import Any
+
+from memory import EmbedderError, InvalidSearch, MemoryIndexError, MemoryUnavailable
+from gateway.wire import ErrorObject
+from sessions import InvalidSessionInput, SessionNotFound, StorageError
 
 __all__ = [
     "Conflict",
@@ -36,10 +44,12 @@ __all__ = [
     "NotFound",
     "ParseError",
     "RateLimited",
+    "StorageFailed",
     "Unauthorized",
     "UpstreamError",
     "new_error_id",
     "to_error_object",
+    "wire_error",
 ]
 
 
@@ -47,14 +57,16 @@ class GatewayError(Exception):
     """Base class: an error with a JSON-RPC code, a message and optional structured data."""
 
     code: int = -32603
+    # Whether the same request may succeed later (chat.error reports it).
+    retryable: bool = False
 
     def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.data = data
 
-    def to_object(self) -> dict[str, Any]:
-        obj: dict[str, Any] = {"code": self.code, "message": self.message}
+    def to_object(self) -> ErrorObject:
+        obj: ErrorObject = {"code": self.code, "message": self.message}
         if self.data is not None:
             obj["data"] = self.data
         return obj
@@ -87,6 +99,16 @@ class InternalError(GatewayError):
     def __init__(self, error_id: str, message: str = "internal error") -> None:
         super().__init__(message, {"errorId": error_id})
         self.error_id = error_id
+
+
+class StorageFailed(GatewayError):
+    """The disk or the index database failed; the request can be retried once it recovers."""
+
+    code = -32603
+    retryable = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"storage error: {message}", {"retryable": True})
 
 
 class Unauthorized(GatewayError):
@@ -127,38 +149,42 @@ def new_error_id() -> str:
     return secrets.token_hex(6)
 
 
-def to_error_object(exc: BaseException, error_id: str | None = None) -> dict[str, Any]:
-    """Map any exception to a JSON-RPC error object; the single place this happens.
-
-    Unknown exceptions become -32603 carrying ``error_id`` (the caller logs the traceback
-    with the same id); nothing of the traceback reaches the wire.
-    """
+def wire_error(exc: BaseException) -> GatewayError | None:
+    """The wire error for ``exc``, or ``None`` when it is a bug (the caller answers -32603
+    with an errorId and logs the traceback under that id)."""
     if isinstance(exc, GatewayError):
-        return exc.to_object()
-    mapped = _map_library_error(exc)
+        return exc
+    return _from_sessions(exc) or _from_memory(exc)
+
+
+def _from_sessions(exc: BaseException) -> GatewayError | None:
+    # Messages of sessions' errors are written for the wire (no paths, no other users' data).
+    if isinstance(exc, SessionNotFound):
+        return NotFound(exc.message)
+    if isinstance(exc, InvalidSessionInput):  # LineTooLarge included
+        return InvalidParams(exc.field, exc.reason)
+    if isinstance(exc, StorageError):
+        return StorageFailed(exc.message)
+    return None  # SessionError itself is never raised on purpose: a bug
+
+
+def _from_memory(exc: BaseException) -> GatewayError | None:
+    if not isinstance(exc, MemoryIndexError):
+        return None
+    message = str(exc) or type(exc).__name__  # memory's messages are short and wire-safe
+    if isinstance(exc, InvalidSearch):
+        return InvalidParams(exc.field, exc.reason)
+    if isinstance(exc, EmbedderError):
+        return UpstreamError(message, exc.status, exc.retryable)
+    if isinstance(exc, MemoryUnavailable):
+        return NotConfigured(message)
+    # MemoryStorageError, and the root itself, which memory documents as an index failure.
+    return StorageFailed(message)
+
+
+def to_error_object(exc: BaseException, error_id: str | None = None) -> ErrorObject:
+    """The JSON-RPC error object for any exception (see :func:`wire_error`)."""
+    mapped = wire_error(exc)
     if mapped is not None:
         return mapped.to_object()
     return InternalError(error_id or new_error_id()).to_object()
-
-
-def _map_library_error(exc: BaseException) -> GatewayError | None:
-    """Translate ``sessions`` / ``memory`` errors by their declared ``rpc_kind``.
-
-    Library errors carry a plain attribute ``rpc_kind`` (``"not_found"``, ``"invalid"``,
-    ``"conflict"``, ``"storage"``, ``"unavailable"``) so those packages stay free of
-    JSON-RPC while the mapping stays here.
-    """
-    kind = getattr(exc, "rpc_kind", None)
-    message = str(exc) or exc.__class__.__name__
-    if kind == "not_found":
-        return NotFound(message)
-    if kind == "invalid":
-        return InvalidParams(getattr(exc, "field", "params"), message)
-    if kind == "conflict":
-        return Conflict(message)
-    if kind == "storage":
-        # A disk problem is not a bug: say what happened, keep the daemon serving.
-        return GatewayError(f"storage error: {message}", {"retryable": True})
-    if kind == "unavailable":
-        return NotConfigured(message)
-    return None

@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.app import App, start_app
+from bench.gw import TOKEN, make_config
+from bench.gw import running_gateway as running
+from gateway.app import App
 from gateway.client import Client
-from gateway.config import Config, load
+from gateway.config import Config
+from tests.fake_openai import FakeOpenAI, fake_openai
 
-TOKEN = "test-token-0123456789abcdef"
-
-
-def make_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
-    """A config for tests: port 0, a fixed token, no file watching; sections override."""
-    overrides: dict[str, dict[str, Any]] = {
-        "server": {"port": 0},
-        "auth": {"token": TOKEN},
-        "memory": {"watch": False, "embedder": "none"},
-    }
-    for name, values in sections.items():
-        overrides.setdefault(name, {}).update(values)
-    return load(None, env={}, overrides=overrides, data_dir=data_dir)
+__all__ = ["TOKEN", "fake_openai", "make_config", "running"]  # fake_openai: a fixture for every module
 
 
 @pytest.fixture
@@ -34,15 +24,6 @@ def config_factory(tmp_path: Path) -> Callable[..., Config]:
         return make_config(tmp_path / "data", **sections)
 
     return factory
-
-
-@asynccontextmanager
-async def running(config: Config) -> AsyncIterator[App]:
-    app = await start_app(config)
-    try:
-        yield app
-    finally:
-        await app.close()
 
 
 @pytest.fixture
@@ -55,10 +36,6 @@ async def app(config_factory: Callable[..., Config]) -> AsyncIterator[App]:
 async def client(app: App) -> AsyncIterator[Client]:
     async with Client.connect(app.url, TOKEN) as c:
         yield c
-
-
-# The loopback OpenAI-compatible server, as a fixture for every test module.
-from tests.fake_openai import FakeOpenAI, fake_openai  # noqa: E402,F401
 
 
 @pytest.fixture

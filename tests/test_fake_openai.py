@@ -13,7 +13,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.fake_openai import Behaviour, FakeOpenAI, fake_openai, hashed_embedding
+from bench.fake_openai import Behaviour, FakeOpenAI, hashed_embedding
+from tests.fake_openai import fake_openai
 
 __all__ = ["fake_openai"]  # the fixture is imported to be used here
 

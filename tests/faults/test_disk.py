@@ -24,7 +24,7 @@ import pytest
 from gateway.app import start_app
 from gateway.client import Client
 from gateway.config import Config
-from sessions.fileio import FileIO
+from sessions import FileIO
 from tests.conftest import TOKEN, running
 from tests.fake_openai import FakeOpenAI
 from tests.faults.helpers import Acked, check_index, check_transcripts, wait_synced

@@ -1,4 +1,4 @@
-"""gateway.llm against a real HTTP server on loopback, through the real ``openai`` SDK."""
+"""gateway.chat.llm against a real HTTP server on loopback, through the real ``openai`` SDK."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import UpstreamError
-from gateway.llm import PLACEHOLDER_API_KEY, Completion, OpenAIChatModel, TextDelta, create_chat_model
+from gateway.chat.llm import PLACEHOLDER_API_KEY, Completion, OpenAIChatModel, TextDelta, create_chat_model
 from tests.fake_openai import Behaviour, FakeOpenAI, fake_openai
 
 __all__ = ["fake_openai"]  # the fixture is imported to be used here

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,19 +13,33 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import Conflict
-from gateway.registry import Registry, bounded
-from gateway.rpc import RpcCore
-from gateway.schemas import declare_all
+from gateway.config import Config
+from gateway.errors import Conflict, InvalidParams
+from gateway.methods import declare_methods
+from gateway.rpc import Notification, Registry, RpcCore, bounded, parse_params
 
 
-@dataclass
+@dataclass(eq=False)
 class Ctx:
+    """A CallContext without a socket."""
+
     user: str | None = "default"
+    address: str = "127.0.0.1"
 
     @property
     def authenticated(self) -> bool:
         return self.user is not None
+
+    @property
+    def caller(self) -> str:
+        assert self.user is not None
+        return self.user
+
+    def authenticate(self, user: str) -> None:
+        self.user = user
+
+    def notify(self, note: Notification) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +53,7 @@ crashes: list[str] = []
 
 def make_core(max_batch: int = 5) -> RpcCore:
     reg = Registry()
-    declare_all(reg)
-    reg.declare("test.echo", EchoParams, "echo")
-    reg.declare("test.boom", EchoParams, "crash")
-    reg.declare("test.busy", EchoParams, "conflict")
+    declare_methods(reg, Config())  # every v1 method, declared without handlers
 
     async def echo(ctx: Any, p: EchoParams) -> dict[str, Any]:
         return {"text": p.text * p.times}
@@ -52,16 +64,16 @@ def make_core(max_batch: int = 5) -> RpcCore:
     async def busy(ctx: Any, p: EchoParams) -> None:
         raise Conflict("busy")
 
-    reg.implement("test.echo", echo)
-    reg.implement("test.boom", boom)
-    reg.implement("test.busy", busy)
+    reg.declare("test.echo", EchoParams, "echo", echo)
+    reg.declare("test.boom", EchoParams, "crash", boom)
+    reg.declare("test.busy", EchoParams, "conflict", busy)
     return RpcCore(reg, max_batch=max_batch, on_crash=lambda e, i, m: crashes.append(i))
 
 
 async def ask(core: RpcCore, frame: Any, ctx: Ctx | None = None) -> Any:
     raw = frame if isinstance(frame, str | bytes) else orjson.dumps(frame)
     out = await core.handle(raw, ctx or Ctx())
-    return None if out is None else orjson.loads(out)
+    return None if out is None else orjson.loads(out.data)
 
 
 async def test_request_without_jsonrpc_member_is_answered_with_it() -> None:
@@ -224,7 +236,7 @@ request_like = st.fixed_dictionaries(
 async def test_arbitrary_bytes_always_get_a_well_formed_answer(payload: bytes) -> None:
     """Any bytes at all produce a well-formed JSON-RPC reply or nothing, never an exception."""
     out = await make_core().handle(payload, Ctx())
-    assert out is None or _is_well_formed(orjson.loads(out))
+    assert out is None or _is_well_formed(orjson.loads(out.data))
 
 
 @settings(max_examples=300)
@@ -236,4 +248,22 @@ async def test_arbitrary_json_always_gets_a_well_formed_answer(message: Any) -> 
         items = message if isinstance(message, list) else [message]
         assert all(isinstance(m, dict) and "id" not in m for m in items)
     else:
-        assert _is_well_formed(orjson.loads(out))
+        assert _is_well_formed(orjson.loads(out.data))
+
+
+async def test_published_bounds_are_the_configured_ones() -> None:
+    """rpc.discover's limits come from the settings the store and memory enforce, and the
+    validator refuses past the same values (sessions.max_page_size, memory.max_k)."""
+    base = Config()
+    cfg = dataclasses.replace(base, sessions=dataclasses.replace(base.sessions, max_page_size=120),
+                              memory=dataclasses.replace(base.memory, max_k=20))
+    reg = Registry()
+    declare_methods(reg, cfg)
+    doc = {m["name"]: {p["name"]: p["schema"] for p in m["params"]} for m in reg.openrpc("t")["methods"]}
+    assert doc["sessions.history"]["limit"]["maximum"] == 120 == doc["sessions.list"]["limit"]["maximum"]
+    assert doc["memory.search"]["k"]["oneOf"][0]["maximum"] == 20
+    assert doc["chat.send"]["message"]["maxLength"] == cfg.chat.max_message_bytes
+    with pytest.raises(InvalidParams, match="<= 120"):
+        parse_params(reg.get("sessions.history"), {"sessionKey": "k", "limit": 121})
+    with pytest.raises(InvalidParams, match="<= 20"):
+        parse_params(reg.get("memory.search"), {"query": "q", "k": 21})

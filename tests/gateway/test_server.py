@@ -230,16 +230,19 @@ async def test_generated_token_file_is_private(config_factory: Callable[..., Con
             assert (await c.call("gateway.health"))["status"] == "ok"
 
 
-async def test_inflight_limit_answers_32004(config_factory: Callable[..., Config]) -> None:
+async def test_inflight_limit_answers_32004(
+    config_factory: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Past limits.max_inflight concurrent requests on one connection, extras get -32004 (inline ones still run)."""
     async with running(config_factory(limits={"max_inflight": 1})) as app:
         gate = asyncio.Event()
 
-        async def slow(conn: Any, p: Any) -> dict[str, Any]:
+        async def slow() -> dict[str, Any]:
             await gate.wait()
             return {}
 
-        app.registry.implement("memory.status", slow)
+        assert app.memory is not None
+        monkeypatch.setattr(app.memory.service, "status", slow)
         async with Client.connect(app.url, TOKEN) as c:
             first = asyncio.create_task(c.request("memory.status"))
             await asyncio.sleep(0.1)

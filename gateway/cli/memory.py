@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from gateway.config import Config
-from gateway.memory_methods import close_memory, open_memory
 from memory import MemoryIndexError, MemoryService, SyncProgress
 
 __all__ = ["add_memory_parser"]
@@ -56,6 +55,8 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 
 async def _with_service(config: Config, args: argparse.Namespace,
                         fn: Callable[[MemoryService, argparse.Namespace], Any]) -> int:
+    from gateway.app import close_memory, open_memory  # the daemon's wiring, loaded on use
+
     # No watcher, and no catch-up sync: `index` runs the first sync itself, with progress.
     service = await open_memory(config, watch=False, catch_up=False)
     try:

@@ -18,6 +18,7 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from gateway.cli.target import connection_target
 from gateway.client import Client, RpcError
 from gateway.config import Config
 
@@ -42,8 +43,6 @@ def add_chat_parser(sub: Any, connection_flags: Callable[[argparse.ArgumentParse
 
 
 def run_chat(config: Config, args: argparse.Namespace) -> int:
-    from gateway.cli import connection_target
-
     url, token = connection_target(config, args)
     if not token:
         _err(f"recalld: no token for {url}: pass --token, set RECALLD_TOKEN, or run `recalld token`")

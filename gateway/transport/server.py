@@ -1,9 +1,10 @@
-"""The one module that touches ``websockets``: handshake checks, connections, shutdown.
+"""The one module that owns the ``websockets`` server: handshake checks, read loops, shutdown.
 
-Each connection task is wrapped once (STYLE 2): a crash is logged once with an error id, and
-the connection is always deregistered in ``finally``. Requests run as tasks so a slow method
-never blocks the reading of the next frame; replies and events leave through the
-connection's :class:`~gateway.outbox.Outbox` and one writer task.
+Each connection task is wrapped once: a crash is logged once with an error id, and the
+connection is always deregistered in ``finally``. Requests run as tasks so a slow method
+never blocks the reading of the next frame; a call of a method that never waits on I/O is
+answered in the read loop. Replies go out from the request's task
+(:meth:`Connection.reply`); events through the connection's outbox and one writer task.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import http
 import ipaddress
-import itertools
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -25,82 +25,14 @@ from websockets.http11 import Request, Response
 
 from gateway.auth import Authenticator
 from gateway.config import Config
-from gateway.errors import GatewayError, InvalidRequest, RateLimited, new_error_id
-from gateway.hub import Hub
-from gateway.outbox import Outbox
-from gateway.rpc import RpcCore, error_response
+from gateway.errors import InvalidRequest, RateLimited, new_error_id
+from gateway.rpc import CallContext, Reply, RpcCore
+from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
+from gateway.wire import server_info
 
-__all__ = ["Connection", "GatewayServer"]
+__all__ = ["GatewayServer"]
 
 log = structlog.get_logger("recalld.server")
-
-CLOSE_POLICY = 1008
-_conn_ids = itertools.count(1)
-
-
-class Connection:
-    """One client: its identity, counters and outbox. Handlers see it as their context."""
-
-    def __init__(self, server: GatewayServer, ws: ServerConnection, user: str | None) -> None:
-        self.id = next(_conn_ids)
-        self.server = server
-        self.ws = ws
-        self.user = user
-        self.address = _address(ws)
-        self.outbox = Outbox(server.config.limits.max_outbox_bytes)
-        self.inflight = 0
-        self.requests = 0
-        self.errors = 0
-        self.opened = time.monotonic()
-        self._closing: asyncio.Task[None] | None = None
-
-    @property
-    def authenticated(self) -> bool:
-        return self.user is not None
-
-    @property
-    def caller(self) -> str:
-        """The authenticated user, for handlers: the RPC core refuses unauthenticated calls
-        to every method that requires auth before a handler runs."""
-        assert self.user is not None
-        return self.user
-
-    def on_overflow(self) -> None:
-        if self._closing is None:
-            log.warning("connection.slow_consumer", conn=self.id, pending=self.outbox.pending_bytes)
-            self._closing = asyncio.get_running_loop().create_task(self._close_slow())
-
-    async def _close_slow(self) -> None:
-        # A peer that reads nothing cannot take the close frame either: websockets' close()
-        # would wait in drain() forever, holding the connection and its buffers. So the
-        # handshake gets server.close_timeout_s, then the TCP connection is dropped.
-        try:
-            async with asyncio.timeout(self.server.config.server.close_timeout_s):
-                await self.ws.close(CLOSE_POLICY, "slow consumer")
-        except TimeoutError:
-            self.ws.transport.abort()
-
-    def send_frame(self, frame: bytes) -> None:
-        """Queue a frame behind any pending events (the writer task sends it)."""
-        if not self.outbox.put(frame):
-            self.on_overflow()
-
-    async def reply(self, frame: bytes) -> None:
-        """Send an RPC reply now, from the request's own task.
-
-        Replies skip the outbox: a client that stops reading then blocks its own requests
-        here, each holding an in-flight slot, so ``limits.max_inflight`` bounds them, and a
-        fast client saves a task switch per request.
-        """
-        try:
-            await self.ws.send(frame, text=True)
-        except ConnectionClosed:
-            pass
-
-
-def _address(ws: ServerConnection) -> str:
-    peer = ws.remote_address
-    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 class GatewayServer:
@@ -111,20 +43,19 @@ class GatewayServer:
         config: Config,
         core: RpcCore,
         auth: Authenticator,
-        hub: Hub,
         *,
         version: str,
-        on_close: Callable[[], Awaitable[None]] | None = None,
+        on_disconnect: Callable[[CallContext], None] = lambda conn: None,
     ) -> None:
         self.config = config
         self.core = core
         self.auth = auth
-        self.hub = hub
         self.version = version
         self.started = time.monotonic()
         self.connections: set[Connection] = set()
         self._server: Server | None = None
-        self._on_close = on_close
+        # Called once per closed connection (the hub forgets its subscriptions).
+        self._on_disconnect = on_disconnect
         self._closed = False
         self.port = 0
 
@@ -163,16 +94,18 @@ class GatewayServer:
             host = f"[{host}]"
         return f"{self.scheme}://{host}:{self.port}/"
 
+    @property
+    def connection_count(self) -> int:
+        return len(self.connections)
+
     async def close(self) -> None:
-        """Stop accepting, close connections 1001, then let the services drain."""
+        """Stop accepting and close connections 1001; the app drains the services after."""
         if self._closed:
             return
         self._closed = True
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
-        if self._on_close is not None:
-            await self._on_close()
         log.info("gateway.closed")
 
     # -- handshake -----------------------------------------------------------------------
@@ -198,7 +131,7 @@ class GatewayServer:
         authz = authzs[0] if len(authzs) == 1 else ("" if authzs else None)
         if authz is not None:
             scheme, _, token = authz.partition(" ")
-            verdict = self.auth.check(token.strip() if scheme.lower() == "bearer" else None, _address(ws))
+            verdict = self.auth.check(token.strip() if scheme.lower() == "bearer" else None, peer_address(ws))
             if not verdict.ok:
                 if verdict.retry_after_s:
                     resp = _respond(ws, http.HTTPStatus.TOO_MANY_REQUESTS, "too many failed attempts\n")
@@ -240,7 +173,9 @@ class GatewayServer:
     # -- connections ---------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
-        conn = Connection(self, ws, getattr(ws, "recalld_user", None))
+        conn = Connection(ws, getattr(ws, "recalld_user", None),
+                          max_outbox_bytes=self.config.limits.max_outbox_bytes,
+                          close_timeout_s=self.config.server.close_timeout_s)
         self.connections.add(conn)
         structlog.contextvars.bind_contextvars(conn=conn.id, user=conn.user)
         log.info("connection.open", address=conn.address, authenticated=conn.authenticated)
@@ -262,7 +197,7 @@ class GatewayServer:
                 await asyncio.gather(*tasks, return_exceptions=True)
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
-            self.hub.drop(conn)
+            self._on_disconnect(conn)
             self.connections.discard(conn)
             log.info(
                 "connection.close",
@@ -297,27 +232,38 @@ class GatewayServer:
                     log.info("auth.timeout")
                     await ws.close(CLOSE_POLICY, "authentication timeout")
                     return
-                decoded, message = await self._decode_frame(conn, data)
-                if decoded and first and _is_auth_frame(message):
-                    if not await self._auth_frame(conn, message):
+                conn.requests += 1
+                if isinstance(data, bytes):
+                    await self._send(conn, self.core.refuse(None, _BINARY))
+                    first = False
+                    continue
+                call = self.core.accept(data, conn)
+                if first and _is_auth_frame(call.message):
+                    if not await self._auth_frame(conn, call.message):
                         return
                     break
                 first = False
-                if decoded:
-                    await self._answer(conn, message)
+                await self._send(conn, await call.run())
         ws.protocol.max_message_size = self.config.server.max_size
+        max_inflight = self.config.limits.max_inflight
         async for data in ws:
-            decoded, message = await self._decode_frame(conn, data)
-            if not decoded:
+            conn.requests += 1
+            if isinstance(data, bytes):
+                await self._send(conn, self.core.refuse(None, _BINARY))
                 continue
-            if self.core.runs_inline(message):
-                await self._answer(conn, message)
+            call = self.core.accept(data, conn)
+            if call.inline:
+                await self._send(conn, await call.run())
                 continue
-            if conn.inflight >= self.config.limits.max_inflight:
-                self._reject_busy(conn, message)
+            if conn.inflight >= max_inflight:
+                busy = RateLimited(f"too many requests in flight (limit {max_inflight})", 50)
+                conn.errors += 1
+                # Queued behind events, not sent from here: the read loop must not block on
+                # a client that is not reading.
+                conn.send_frame(self.core.refuse(call.message, busy).data)
                 continue
             conn.inflight += 1
-            task = asyncio.create_task(self._run_message(conn, message))
+            task = asyncio.create_task(self._run_call(conn, call.run()))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -326,9 +272,9 @@ class GatewayServer:
         token = msg.get("token")
         verdict = self.auth.check(token if isinstance(token, str) else None, conn.address)
         if verdict.ok:
-            self.authenticate(conn, verdict.user or "default")
+            conn.authenticate(verdict.user or "default")
             await conn.reply(orjson.dumps({"type": "auth", "ok": True, "user": conn.user,
-                                           "server": self.server_info()}))
+                                           "server": server_info(self.version)}))
             return True
         error = "too many failed attempts; retry later" if verdict.retry_after_s else "invalid token"
         log.info("auth.failed", via="frame", locked=bool(verdict.retry_after_s))
@@ -336,47 +282,22 @@ class GatewayServer:
         await conn.ws.close(CLOSE_POLICY, "authentication failed")
         return False
 
-    def authenticate(self, conn: Connection, user: str) -> None:
-        conn.user = user
-        structlog.contextvars.bind_contextvars(user=user)
-        log.info("auth.ok")
-
-    def server_info(self) -> dict[str, Any]:
-        return {"name": "recalld", "version": self.version, "protocol": 1}
-
-    def _reject_busy(self, conn: Connection, message: Any) -> None:
-        req_id = message.get("id") if isinstance(message, dict) else None
-        err = RateLimited(f"too many requests in flight (limit {self.config.limits.max_inflight})", 50)
-        conn.errors += 1
-        conn.send_frame(orjson.dumps(error_response(req_id, err.to_object())))
-
-    async def _decode_frame(self, conn: Connection, data: str | bytes) -> tuple[bool, Any]:
-        """(True, the frame's JSON value), or (False, None) once a -32700/-32600 went back."""
-        conn.requests += 1
+    async def _run_call(self, conn: Connection, reply: Coroutine[Any, Any, Reply | None]) -> None:
         try:
-            if isinstance(data, bytes):
-                raise InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")
-            return True, RpcCore.decode(data)
-        except GatewayError as exc:
-            await self._send_reply(conn, orjson.dumps(error_response(None, exc.to_object())))
-            return False, None
-
-    async def _run_message(self, conn: Connection, message: Any) -> None:
-        try:
-            await self._answer(conn, message)
+            await self._send(conn, await reply)
         finally:
             conn.inflight -= 1
 
-    async def _answer(self, conn: Connection, message: Any) -> None:
-        reply = await self.core.answer(message, conn)
-        if reply is not None:
-            await self._send_reply(conn, reply)
-
     @staticmethod
-    async def _send_reply(conn: Connection, reply: bytes) -> None:
-        if b'"error":{"code"' in reply:
+    async def _send(conn: Connection, reply: Reply | None) -> None:
+        if reply is None:
+            return
+        if reply.is_error:
             conn.errors += 1
-        await conn.reply(reply)
+        await conn.reply(reply.data)
+
+
+_BINARY = InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")
 
 
 def _is_auth_frame(message: Any) -> bool:

@@ -1,9 +1,13 @@
 """The method registry: names, typed parameter schemas, handlers, and the OpenRPC document.
 
 A method's params are a frozen dataclass. Wire keys are camelCase, fields snake_case;
-:func:`parse_params` checks presence, types and declared bounds and raises
-:class:`InvalidParams` naming the field, so handlers receive clean values. ``rpc.discover``
-is generated from the same dataclasses, so the document never drifts from the code.
+:func:`parse_params` checks presence, types and bounds and raises :class:`InvalidParams`
+naming the field, so handlers receive clean values. Bounds come from two places, merged once
+when the method is declared: fixed ones on the field (:func:`bounded`), and ones that depend
+on configuration (``sessions.max_page_size``, ``memory.max_k``) passed as ``bounds=`` by the
+namespace that declares the method, read from the same config object the store or service
+enforces. Validation and ``rpc.discover`` both read the merged spec, so the published schema
+and the code cannot disagree.
 """
 
 from __future__ import annotations
@@ -17,14 +21,28 @@ from typing import Any, Literal
 
 from gateway.errors import InvalidParams, MethodNotFound
 
+if typing.TYPE_CHECKING:
+    from gateway.rpc.core import CallContext
+
 __all__ = [
+    "Bound",
+    "Handler",
     "Method",
     "Registry",
     "bounded",
     "parse_params",
 ]
 
-Handler = Callable[[Any, Any], Awaitable[Any]]
+Handler = Callable[["CallContext", Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """Limits of one parameter that the validator enforces and OpenRPC publishes."""
+
+    min: float | None = None
+    max: float | None = None
+    max_len: int | None = None
 
 
 def bounded(
@@ -48,19 +66,37 @@ def _camel(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class _FieldSpec:
+    wire: str
+    name: str
+    type: Any
+    bound: Bound
+    doc: str
+    required: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Method:
     name: str
     params: type[Any]
     summary: str
-    result: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
-    handler: Handler | None = None
-    requires_auth: bool = True
+    handler: Handler | None
+    requires_auth: bool
     # True for handlers that never wait on I/O: the server runs them without a task.
-    inline: bool = False
+    inline: bool
+    # Wire name -> spec, with the bounds merged; computed once here because evaluating type
+    # hints costs more than a whole call.
+    fields: typing.Mapping[str, _FieldSpec]
+    accepted: str  # the wire names, listed when an unknown parameter is refused
 
 
 class Registry:
-    """Holds every method; later packages fill in handlers with :meth:`implement`."""
+    """Every method the gateway answers, declared once with its params and handler.
+
+    A method declared with ``handler=None`` is listed by ``rpc.discover`` (marked
+    ``x-implemented: false``) and answers -32601: the daemon does this for ``memory.*`` when
+    ``memory.enabled = false``.
+    """
 
     def __init__(self) -> None:
         self._methods: dict[str, Method] = {}
@@ -70,19 +106,18 @@ class Registry:
         name: str,
         params: type[Any],
         summary: str,
+        handler: Handler | None = None,
         *,
-        result: dict[str, Any] | None = None,
+        bounds: typing.Mapping[str, Bound] | None = None,
         requires_auth: bool = True,
         inline: bool = False,
     ) -> None:
         if name in self._methods:
             raise ValueError(f"method {name} declared twice")
+        fields = _field_specs(params, bounds or {})
         self._methods[name] = Method(
-            name, params, summary, result or {"type": "object"}, None, requires_auth, inline
+            name, params, summary, handler, requires_auth, inline, fields, ", ".join(fields) or "none"
         )
-
-    def implement(self, name: str, handler: Handler) -> None:
-        self._methods[name] = dataclasses.replace(self._methods[name], handler=handler)
 
     def is_inline(self, name: Any) -> bool:
         method = self._methods.get(name) if isinstance(name, str) else None
@@ -107,8 +142,8 @@ class Registry:
                     "name": m.name,
                     "summary": m.summary,
                     "paramStructure": "by-name",
-                    "params": _params_schema(m.params),
-                    "result": {"name": "result", "schema": m.result},
+                    "params": [_param_schema(f) for f in m.fields.values()],
+                    "result": {"name": "result", "schema": {"type": "object"}},
                     **({} if m.handler else {"x-implemented": False}),
                 }
                 for m in self
@@ -116,28 +151,44 @@ class Registry:
         }
 
 
-def _params_schema(cls: type[Any]) -> list[dict[str, Any]]:
+def _field_specs(cls: type[Any], bounds: typing.Mapping[str, Bound]) -> dict[str, _FieldSpec]:
     hints = typing.get_type_hints(cls)
-    out = []
+    specs: dict[str, _FieldSpec] = {}
     for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        args = typing.get_args(tp)
-        optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args
-        if optional:
-            tp = next(a for a in args if a is not type(None))
-        schema = _json_schema(tp)
+        wire = _camel(f.name)
         meta = f.metadata
-        for key, json_key in (("min", "minimum"), ("max", "maximum"), ("max_len", "maxLength")):
-            if meta.get(key) is not None:
-                schema[json_key] = meta[key]
-        if optional:
-            schema = {"oneOf": [schema, {"type": "null"}]}
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        entry: dict[str, Any] = {"name": _camel(f.name), "required": required, "schema": schema}
-        if meta.get("doc"):
-            entry["description"] = meta["doc"]
-        out.append(entry)
-    return out
+        given = bounds.get(wire, Bound())
+        bound = Bound(  # a configured bound wins over the field's fixed one, limit by limit
+            given.min if given.min is not None else meta.get("min"),
+            given.max if given.max is not None else meta.get("max"),
+            given.max_len if given.max_len is not None else meta.get("max_len"),
+        )
+        specs[wire] = _FieldSpec(
+            wire, f.name, hints[f.name], bound, meta.get("doc", ""),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+    unknown = set(bounds) - set(specs)
+    if unknown:
+        raise ValueError(f"bounds for unknown parameters {sorted(unknown)} of {cls.__name__}")
+    return specs
+
+
+def _param_schema(f: _FieldSpec) -> dict[str, Any]:
+    tp = f.type
+    args = typing.get_args(tp)
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        tp = next(a for a in args if a is not type(None))
+    schema = _json_schema(tp)
+    for value, json_key in ((f.bound.min, "minimum"), (f.bound.max, "maximum"), (f.bound.max_len, "maxLength")):
+        if value is not None:
+            schema[json_key] = value
+    if optional:
+        schema = {"oneOf": [schema, {"type": "null"}]}
+    entry: dict[str, Any] = {"name": f.wire, "required": f.required, "schema": schema}
+    if f.doc:
+        entry["description"] = f.doc
+    return entry
 
 
 def _json_schema(tp: Any) -> dict[str, Any]:
@@ -155,44 +206,15 @@ def _json_schema(tp: Any) -> dict[str, Any]:
     return {}
 
 
-@dataclass(frozen=True, slots=True)
-class _FieldSpec:
-    wire: str
-    name: str
-    type: Any
-    meta: typing.Mapping[str, Any]
-    required: bool
-
-
-_SPECS: dict[type[Any], tuple[dict[str, _FieldSpec], str]] = {}
-
-
-def _spec(cls: type[Any]) -> tuple[dict[str, _FieldSpec], str]:
-    """Per params class, computed once: evaluating type hints costs more than the whole call."""
-    cached = _SPECS.get(cls)
-    if cached is not None:
-        return cached
-    hints = typing.get_type_hints(cls)
-    fields = {
-        _camel(f.name): _FieldSpec(
-            _camel(f.name), f.name, hints[f.name], f.metadata,
-            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-        )
-        for f in dataclasses.fields(cls)
-    }
-    _SPECS[cls] = fields, ", ".join(fields) or "none"
-    return _SPECS[cls]
-
-
-def parse_params(cls: type[Any], params: Any) -> Any:
-    """Validate wire params (a camelCase object, or absent) into an instance of ``cls``."""
+def parse_params(method: Method, params: Any) -> Any:
+    """Validate wire params (a camelCase object, or absent) into ``method.params``."""
     if params is None:
         params = {}
     if isinstance(params, list):
         raise InvalidParams("params", "must be an object (by-name); arrays are not accepted")
     if not isinstance(params, dict):
         raise InvalidParams("params", "must be an object")
-    fields, known = _spec(cls)
+    fields, known = method.fields, method.accepted
     for key in params:
         if key not in fields:
             raise InvalidParams(str(key), f"unknown parameter (accepted: {known})")
@@ -202,11 +224,11 @@ def parse_params(cls: type[Any], params: Any) -> Any:
             if f.required:
                 raise InvalidParams(wire, "is required")
             continue
-        kwargs[f.name] = _check(wire, f.type, params[wire], f.meta)
-    return cls(**kwargs)
+        kwargs[f.name] = _check(wire, f.type, params[wire], f.bound)
+    return method.params(**kwargs)
 
 
-def _check(name: str, tp: Any, value: Any, meta: typing.Mapping[str, Any]) -> Any:
+def _check(name: str, tp: Any, value: Any, bound: Bound) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -230,11 +252,11 @@ def _check(name: str, tp: Any, value: Any, meta: typing.Mapping[str, Any]) -> An
     elif tp is str:
         if not isinstance(value, str):
             raise InvalidParams(name, "must be a string")
-        max_len = meta.get("max_len")
+        max_len = bound.max_len
         if max_len is not None and len(value) > max_len:
             raise InvalidParams(name, f"is too long ({len(value)} > {max_len} characters)")
     if isinstance(value, int | float) and not isinstance(value, bool):
-        lo, hi = meta.get("min"), meta.get("max")
+        lo, hi = bound.min, bound.max
         if lo is not None and value < lo:
             raise InvalidParams(name, f"must be >= {lo}")
         if hi is not None and value > hi:

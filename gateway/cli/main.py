@@ -1,7 +1,7 @@
 """``recalld``: the command line. Every mistake becomes one message here, never a traceback.
 
-Command groups live in their own modules (``cli_chat``, ``cli_memory``); this one parses,
-loads the config and runs ``serve``, ``token`` and ``call``.
+Command groups live in their own modules (``gateway.cli.chat``, ``gateway.cli.memory``); this
+one parses, loads the config and runs ``serve``, ``token`` and ``call``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from typing import Any
 
 import orjson
 
+from gateway.cli.chat import add_chat_parser
+from gateway.cli.memory import add_memory_parser
+from gateway.cli.target import connection_target
 from gateway.config import Config, ConfigError, load
 
 __all__ = ["main"]
@@ -39,18 +42,8 @@ def _base_parser() -> argparse.ArgumentParser:
     call.add_argument("params", nargs="?", default=None, help="params as a JSON object")
     _connection_flags(call)
 
-    try:
-        from gateway.cli_chat import add_chat_parser
-
-        add_chat_parser(sub, _connection_flags)
-    except ImportError:
-        pass
-    try:
-        from gateway.cli_memory import add_memory_parser
-
-        add_memory_parser(sub)
-    except ImportError:
-        pass
+    add_chat_parser(sub, _connection_flags)
+    add_memory_parser(sub)
     return parser
 
 
@@ -76,24 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(handler(config, args))
     except KeyboardInterrupt:
         return 130
-
-
-def connection_target(config: Config, args: argparse.Namespace) -> tuple[str, str | None]:
-    """The URL and token a client command should use."""
-    host = config.server.host
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    scheme = "wss" if config.tls.cert else "ws"
-    url = args.url or f"{scheme}://{host}:{config.server.port}/"
-    token = args.token or os.environ.get("RECALLD_TOKEN") or config.auth.token
-    if not token and config.auth.users:
-        token = config.auth.users[0].token
-    if not token:
-        try:
-            token = (config.data_dir / "token").read_text().strip()
-        except FileNotFoundError:
-            token = None
-    return url, token
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:

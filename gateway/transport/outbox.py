@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -23,7 +24,7 @@ class _Delta:
 
     __slots__ = ("params",)
 
-    def __init__(self, params: dict[str, Any]) -> None:
+    def __init__(self, params: Mapping[str, Any]) -> None:
         self.params = dict(params)
 
     def encode(self) -> bytes:
@@ -54,7 +55,7 @@ class Outbox:
         self._grew(len(frame))
         return True
 
-    def put_delta(self, params: dict[str, Any]) -> bool:
+    def put_delta(self, params: Mapping[str, Any]) -> bool:
         """Queue a ``chat.delta``, merging it into the previous one of the same run if waiting."""
         if not self._admit():
             return False

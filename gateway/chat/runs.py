@@ -1,15 +1,18 @@
-"""Chat runs: ``chat.send`` / ``chat.abort``, one FIFO worker per busy session.
+"""Chat runs: one FIFO queue and worker per busy session, driven by ``chat.send``/``chat.abort``.
 
-A run is: append the user message → build the context (system prompt, recalled memories,
+A run is: append the user message → build the prompt (system prompt, recalled memories,
 recent history trimmed to a budget) → stream the model's reply as ``chat.delta`` events →
 append the assistant message → ``chat.final``. The assistant line is written whether or not
 anyone is still connected; an upstream failure writes the partial text marked ``failed`` and
 emits ``chat.error``; an abort writes it marked ``aborted`` and emits ``chat.aborted``.
 
-Ordering: the handler takes the session's append lock before its first suspension point,
-and ``asyncio.Lock`` wakes waiters in FIFO order, so user messages reach the transcript and
-the run queue in arrival order. Each run executes in its own task so that ``chat.abort``
-can cancel exactly that run (which closes the upstream stream) without touching the worker.
+Ordering: :meth:`ChatRuns.submit` takes the session's append lock before its first
+suspension point (and the ``chat.send`` handler awaits nothing before calling it), and
+``asyncio.Lock`` wakes waiters in FIFO order, so user messages reach the transcript and the
+run queue in arrival order. Each run executes in its own task so that ``chat.abort`` can
+cancel exactly that run (which closes the upstream stream) without touching the worker.
+Every event takes the run's next ``seq`` in one place (``_publish``), so a seq is spent only
+on an event actually sent.
 """
 
 from __future__ import annotations
@@ -20,20 +23,20 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from gateway import schemas
-from gateway.context import build_messages
-from gateway.errors import Conflict, InvalidParams, NotConfigured, UpstreamError, to_error_object
-from gateway.llm import ChatModel, Completion, TextDelta, create_chat_model
+from gateway.chat.hub import Hub
+from gateway.chat.llm import ChatModel, Completion, TextDelta
+from gateway.chat.prompt import build_prompt
+from gateway.config import ChatConfig
+from gateway.errors import Conflict, GatewayError, InternalError, NotConfigured, new_error_id, wire_error
+from gateway.wire import ChatEventBase, ErrorObject
+from memory import MemoryService
+from sessions import Message, SessionStore
 
-if TYPE_CHECKING:
-    from gateway.app import App
-    from gateway.server import Connection
-
-__all__ = ["ChatManager", "attach_chat"]
+__all__ = ["ChatRuns", "Run"]
 
 log = structlog.get_logger("recalld.chat")
 
@@ -52,13 +55,12 @@ class Run:
     abort_requested: bool = False
     started: float = field(default_factory=time.monotonic)
 
-    def next_seq(self) -> int:
+    def next_event(self) -> ChatEventBase:
+        """The fields every chat event carries, taking this run's next ``seq``: call it once
+        per event actually published."""
         seq = self.seq
         self.seq += 1
-        return seq
-
-    def base(self) -> dict[str, Any]:
-        return {"sessionKey": self.session_key, "runId": self.run_id, "seq": self.next_seq()}
+        return {"sessionKey": self.session_key, "runId": self.run_id, "seq": seq}
 
 
 @dataclass(eq=False)
@@ -71,26 +73,25 @@ class SessionLane:
     worker: asyncio.Task[None] | None = None
 
 
-class ChatManager:
-    def __init__(self, app: App, model: ChatModel | None) -> None:
-        self.app = app
+class ChatRuns:
+    """Every session's run queue; what ``chat.send``/``chat.abort`` and shutdown drive."""
+
+    def __init__(self, config: ChatConfig, default_model: str, store: SessionStore, hub: Hub,
+                 model: ChatModel | None, memory: MemoryService | None) -> None:
+        self.config = config
+        self.default_model = default_model
+        self.store = store
+        self.hub = hub
         self.model = model
-        self.config = app.config.chat
+        self.memory = memory
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._closing = False
 
-    # -- handlers ------------------------------------------------------------------------
-
-    async def send(self, conn: Connection, p: schemas.ChatSendParams) -> dict[str, Any]:
-        user = conn.caller
-        size = len(p.message.encode())
-        if size > self.config.max_message_bytes:
-            raise InvalidParams(
-                "message", f"is {size} bytes; the limit is {self.config.max_message_bytes} (chat.max_message_bytes)"
-            )
-        if not p.message.strip():
-            raise InvalidParams("message", "must not be empty")
+    async def submit(self, user: str, session_key: str, message: str,
+                     idempotency_key: str | None) -> tuple[str, bool]:
+        """Append the user message and queue its run; returns (runId, whether it is a
+        duplicate of an earlier send with the same idempotency key)."""
         if self.model is None:
             raise NotConfigured(
                 "no chat model is configured: set llm.base_url (or OPENAI_BASE_URL) for a local "
@@ -99,16 +100,15 @@ class ChatManager:
         if self._closing:
             raise Conflict("the gateway is shutting down")
         now = time.monotonic()
-        idem = (user, p.session_key, p.idempotency_key) if p.idempotency_key else None
+        idem = (user, session_key, idempotency_key) if idempotency_key else None
         if idem is not None:
             seen = self._idempotency.get(idem)
             if seen is not None and seen[1] > now:
-                self.app.hub.attach(conn, user, p.session_key)
-                return {"runId": seen[0], "status": "started", "duplicate": True}
-        lane = self._lanes.setdefault((user, p.session_key), SessionLane())
+                return seen[0], True
+        lane = self._lanes.setdefault((user, session_key), SessionLane())
         if len(lane.queue) >= self.config.max_queued_runs:
             raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
-        run = Run(secrets.token_hex(8), user, p.session_key, p.message)
+        run = Run(secrets.token_hex(8), user, session_key, message)
         if idem is not None:
             # Recorded before the first await so a duplicate racing this one sees it.
             self._idempotency[idem] = (run.run_id, now + self.config.idempotency_ttl_s)
@@ -116,27 +116,23 @@ class ChatManager:
         try:
             async with lane.append_lock:
                 await asyncio.to_thread(
-                    self.app.store.append_message, user, p.session_key,
-                    role="user", content=p.message, run_id=run.run_id,
+                    self.store.append_message, user, session_key,
+                    role="user", content=message, run_id=run.run_id,
                 )
                 lane.queue.append(run)
         except BaseException:
             if idem is not None:
                 self._idempotency.pop(idem, None)
-            self._forget_if_idle(user, p.session_key, lane)
+            self._forget_if_idle(user, session_key, lane)
             raise
-        self.app.hub.attach(conn, user, p.session_key)
         if lane.worker is None or lane.worker.done():
-            lane.worker = asyncio.create_task(self._work(user, p.session_key, lane))
-        return {"runId": run.run_id, "status": "started"}
+            lane.worker = asyncio.create_task(self._work(user, session_key, lane))
+        return run.run_id, False
 
-    async def abort(self, conn: Connection, p: schemas.ChatAbortParams) -> dict[str, Any]:
-        user = conn.caller
-        await asyncio.to_thread(self.app.store.get, user, p.session_key)  # -32002 if not ours
-        lane = self._lanes.get((user, p.session_key))
-        if lane is None:
-            return {"aborted": False}
-        return {"aborted": self._abort_in(lane, p.run_id)}
+    def abort(self, user: str, session_key: str, run_id: str | None) -> bool:
+        """Abort the running reply (``run_id`` None or its id) or drop a queued run."""
+        lane = self._lanes.get((user, session_key))
+        return lane is not None and self._abort_in(lane, run_id)
 
     async def abort_session(self, user: str, session_key: str) -> None:
         lane = self._lanes.get((user, session_key))
@@ -159,7 +155,7 @@ class ChatManager:
         for run in lane.queue:
             if run.run_id == run_id:
                 lane.queue.remove(run)
-                self._publish(run, "chat.aborted", {**run.base(), "partial": ""})
+                self._publish(run, "chat.aborted", {"partial": ""})
                 return True
         return False
 
@@ -204,26 +200,27 @@ class ChatManager:
             del self._lanes[(user, session_key)]
 
     async def _execute(self, run: Run) -> None:
-        assert self.model is not None
+        model = self.model
+        assert model is not None  # submit() refuses runs without a model
         bound = structlog.contextvars.bound_contextvars(session=run.session_key, run=run.run_id)
         with bound:
             recalled: list[str] = []
             usage: dict[str, Any] | None = None
             finish: str | None = None
-            model_name = self.app.config.llm.model
+            model_name = self.default_model
             try:
-                messages, recalled, session = await build_messages(
-                    self.app, run.user, run.session_key, run.message, run.run_id
-                )
-                model_name = session.model or model_name
+                prompt = await build_prompt(self.config, self.store, self.memory, run.user,
+                                            run.session_key, run.message, run.run_id)
+                recalled = prompt.recalled
+                model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
-                async with contextlib.aclosing(self.model.stream(messages, model=model_name)) as events:
+                async with contextlib.aclosing(model.stream(prompt.messages, model=model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
                             if event.text:
                                 run.partial.append(event.text)
-                                self._publish(run, "chat.delta", {**run.base(), "delta": event.text})
+                                self._publish(run, "chat.delta", {"delta": event.text})
                                 # A stream already buffered in full never awaits the socket, so
                                 # the outbox writers would send nothing until the run ends
                                 # (first delta ≈ whole run, bench/README.md); let them run.
@@ -237,12 +234,8 @@ class ChatManager:
             except asyncio.CancelledError:
                 await self._finish_aborted(run, model_name)
                 raise
-            except UpstreamError as exc:
-                await self._finish_failed(run, model_name, exc)
-                return
             except Exception as exc:
-                log.exception("chat.run_crash")
-                await self._finish_failed(run, model_name, UpstreamError(f"run failed: {exc}", None, False))
+                await self._finish_failed(run, model_name, _run_error(exc))
                 return
             await self._finish_ok(run, model_name, usage, finish, recalled)
 
@@ -256,27 +249,27 @@ class ChatManager:
         try:
             msg = await self._append_assistant(run, extra)
         except Exception as exc:  # disk full: the client still learns what happened
-            self._publish(run, "chat.error", {**run.base(), "error": _error_obj(exc, retryable=True),
-                                              "partial": "".join(run.partial)})
-            log.warning("chat.run", outcome="storage_error", error=str(exc))
+            error = _run_error(exc)
+            self._publish(run, "chat.error", {"error": _event_error(error), "partial": "".join(run.partial)})
+            log.warning("chat.run", outcome="storage_error", error=error.message)
             return
-        params: dict[str, Any] = {**run.base(), "message": msg.to_wire(), "recalled": recalled}
+        params: dict[str, Any] = {"message": msg.to_wire(), "recalled": recalled}
         if usage:
             params["usage"] = usage
         self._publish(run, "chat.final", params)
         self._log_run(run, "final", recalled=recalled)
-        if self.app.memory is not None:
-            self.app.memory.nudge()
+        if self.memory is not None:
+            self.memory.nudge()
 
-    async def _finish_failed(self, run: Run, model: str, exc: UpstreamError) -> None:
+    async def _finish_failed(self, run: Run, model: str, error: GatewayError) -> None:
         partial = "".join(run.partial)
         try:
-            await self._append_assistant(run, {"model": model, "failed": True, "error": exc.message})
+            await self._append_assistant(run, {"model": model, "failed": True, "error": error.message})
         except Exception as store_exc:
             log.warning("chat.partial_not_saved", error=str(store_exc))
-        self._publish(run, "chat.error", {**run.base(), "error": exc.to_object() | {"retryable": exc.retryable},
-                                          "partial": partial})
-        self._log_run(run, "error", status=exc.status, retryable=exc.retryable)
+        self._publish(run, "chat.error", {"error": _event_error(error), "partial": partial})
+        self._log_run(run, "error", code=error.code, status=getattr(error, "status", None),
+                      retryable=error.retryable)
 
     async def _finish_aborted(self, run: Run, model: str) -> None:
         partial = "".join(run.partial)
@@ -285,13 +278,13 @@ class ChatManager:
             await asyncio.shield(self._append_assistant(run, {"model": model, "aborted": True}))
         except Exception as exc:
             log.warning("chat.partial_not_saved", error=str(exc))
-        self._publish(run, "chat.aborted", {**run.base(), "partial": partial})
+        self._publish(run, "chat.aborted", {"partial": partial})
         self._log_run(run, "aborted")
 
-    async def _append_assistant(self, run: Run, extra: dict[str, Any]) -> Any:
-        store = self.app.store
+    async def _append_assistant(self, run: Run, extra: dict[str, Any]) -> Message:
+        store = self.store
 
-        def write() -> Any:
+        def write() -> Message:
             msg = store.append_message(run.user, run.session_key, role="assistant",
                                        content="".join(run.partial), run_id=run.run_id, extra=extra)
             store.flush()  # the end of a run is a durability point under fsync="batch"
@@ -299,8 +292,8 @@ class ChatManager:
 
         return await asyncio.to_thread(write)
 
-    def _publish(self, run: Run, method: str, params: dict[str, Any]) -> None:
-        self.app.hub.publish(run.user, run.session_key, method, params)
+    def _publish(self, run: Run, method: str, fields: dict[str, Any]) -> None:
+        self.hub.publish(run.user, run.session_key, method, {**run.next_event(), **fields})
 
     def _log_run(self, run: Run, outcome: str, **fields: Any) -> None:
         log.info("chat.run", outcome=outcome, chars=sum(map(len, run.partial)), events=run.seq,
@@ -312,17 +305,19 @@ class ChatManager:
                 del self._idempotency[key]
 
 
-def _error_obj(exc: BaseException, *, retryable: bool) -> dict[str, Any]:
-    return to_error_object(exc) | {"retryable": retryable}
+def _run_error(exc: Exception) -> GatewayError:
+    """What a run failure says on the wire: the mapped error, or, for a bug, an internal
+    error whose id matches the logged traceback (its text stays in the log)."""
+    error = wire_error(exc)
+    if error is None:
+        error_id = new_error_id()
+        log.error("chat.run_crash", error_id=error_id, exc_info=exc)
+        error = InternalError(error_id)
+    return error
 
 
-def attach_chat(app: App) -> None:
-    llm = app.config.llm
-    model = create_chat_model(
-        base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
-        timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
-    )
-    manager = ChatManager(app, model)
-    app.chat = manager
-    app.registry.implement("chat.send", manager.send)
-    app.registry.implement("chat.abort", manager.abort)
+def _event_error(error: GatewayError) -> ErrorObject:
+    # chat.error's error object adds ``retryable`` beside code and message (docs/protocol.md).
+    obj = error.to_object()
+    obj["retryable"] = error.retryable
+    return obj

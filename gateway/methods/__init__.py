@@ -1,0 +1,32 @@
+"""The wire surface: one handler object per namespace, each method declared once beside its
+params, with bounds read from the config the store and the memory service enforce.
+
+:func:`declare_methods` declares every v1 method; a namespace given as ``None`` is declared
+without handlers (listed by ``rpc.discover``, answering -32601).
+"""
+
+from __future__ import annotations
+
+from gateway.config import Config
+from gateway.methods.chat import ChatMethods, declare_chat
+from gateway.methods.gateway import GatewayMethods, declare_gateway
+from gateway.methods.memory import MemoryMethods, declare_memory
+from gateway.methods.sessions import SessionsMethods, declare_sessions
+from gateway.rpc import Registry
+
+__all__ = ["ChatMethods", "GatewayMethods", "MemoryMethods", "SessionsMethods", "declare_methods"]
+
+
+def declare_methods(
+    registry: Registry,
+    config: Config,
+    *,
+    gateway: GatewayMethods | None = None,
+    sessions: SessionsMethods | None = None,
+    chat: ChatMethods | None = None,
+    memory: MemoryMethods | None = None,
+) -> None:
+    declare_gateway(registry, gateway)
+    declare_sessions(registry, config.sessions, sessions)
+    declare_chat(registry, config.chat, chat)
+    declare_memory(registry, config.memory, memory)

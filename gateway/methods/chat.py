@@ -1,0 +1,66 @@
+"""``chat.send`` and ``chat.abort``: check the call, then hand it to :class:`ChatRuns`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.chat import ChatRuns, Hub
+from gateway.config import ChatConfig
+from gateway.errors import InvalidParams
+from gateway.methods.sessions import MAX_KEY
+from gateway.rpc import Bound, CallContext, Registry, bounded
+from sessions import SessionStore
+
+__all__ = ["ChatMethods", "declare_chat"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatSendParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    message: str = bounded()
+    idempotency_key: str | None = bounded(None, max_len=200)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatAbortParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    run_id: str | None = bounded(None, max_len=MAX_KEY)
+
+
+class ChatMethods:
+    def __init__(self, config: ChatConfig, store: SessionStore, hub: Hub, runs: ChatRuns) -> None:
+        self.config = config
+        self.store = store
+        self.hub = hub
+        self.runs = runs
+
+    async def send(self, ctx: CallContext, p: ChatSendParams) -> dict[str, Any]:
+        user = ctx.caller
+        size = len(p.message.encode())
+        if size > self.config.max_message_bytes:
+            raise InvalidParams(
+                "message", f"is {size} bytes; the limit is {self.config.max_message_bytes} (chat.max_message_bytes)"
+            )
+        if not p.message.strip():
+            raise InvalidParams("message", "must not be empty")
+        # Nothing is awaited before submit(): arrival order is transcript order (see ChatRuns).
+        run_id, duplicate = await self.runs.submit(user, p.session_key, p.message, p.idempotency_key)
+        # Attached before returning, hence before the worker publishes this run's first event.
+        self.hub.attach(ctx, user, p.session_key)
+        if duplicate:
+            return {"runId": run_id, "status": "started", "duplicate": True}
+        return {"runId": run_id, "status": "started"}
+
+    async def abort(self, ctx: CallContext, p: ChatAbortParams) -> dict[str, Any]:
+        user = ctx.caller
+        await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
+        return {"aborted": self.runs.abort(user, p.session_key, p.run_id)}
+
+
+def declare_chat(reg: Registry, config: ChatConfig, h: ChatMethods | None) -> None:
+    # A message has at most as many characters as bytes, so the byte limit bounds its length.
+    reg.declare("chat.send", ChatSendParams, "Send a message; the reply streams as chat.* events.",
+                h.send if h else None, bounds={"message": Bound(max_len=config.max_message_bytes)})
+    reg.declare("chat.abort", ChatAbortParams, "Abort the running reply of a session.", h.abort if h else None)

@@ -1,0 +1,79 @@
+"""``memory.search``, ``memory.status`` and ``memory.reindex`` over the :class:`MemoryService`.
+
+``k`` is bounded by the same ``memory.max_k`` the service enforces. When ``memory.enabled`` is
+false the methods are still declared (``rpc.discover`` lists them) and answer -32601.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.methods.sessions import MAX_KEY
+from gateway.rpc import Bound, CallContext, Registry, bounded
+from memory import MemoryConfig, MemoryService
+from sessions import SessionStore
+
+__all__ = ["SEARCH_QUERY_MAX_CHARS", "MemoryMethods", "declare_memory"]
+
+# The longest query memory searches with (it would cut a longer one silently); refusing
+# longer ones on the wire makes that visible. The value is memory's; it is repeated here
+# only until the memory package exports it.
+SEARCH_QUERY_MAX_CHARS = 8000
+
+
+@dataclass(frozen=True, slots=True)
+class Empty:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySearchParams:
+    query: str = bounded(max_len=SEARCH_QUERY_MAX_CHARS)
+    k: int | None = bounded(None, min=1)
+    mode: Literal["hybrid", "keyword", "vector"] = "hybrid"
+    session_key: str | None = bounded(None, max_len=MAX_KEY)
+    exclude_session_key: str | None = bounded(None, max_len=MAX_KEY)
+    after: str | None = bounded(None, max_len=64, doc="ISO-8601 lower bound on chunk time")
+    before: str | None = bounded(None, max_len=64, doc="ISO-8601 upper bound on chunk time")
+
+
+@dataclass(frozen=True, slots=True)
+class ReindexParams:
+    full: bool = False
+
+
+class MemoryMethods:
+    def __init__(self, service: MemoryService, store: SessionStore) -> None:
+        self.service = service
+        self.store = store  # to check that a session filter names one of the caller's sessions
+
+    async def search(self, ctx: CallContext, p: MemorySearchParams) -> dict[str, Any]:
+        await self._own_session(ctx, p.session_key)
+        await self._own_session(ctx, p.exclude_session_key)
+        response = await self.service.search(
+            ctx.caller, p.query, k=p.k, mode=p.mode, session_key=p.session_key,
+            exclude_session_key=p.exclude_session_key, after=p.after, before=p.before,
+        )
+        return response.to_wire()
+
+    async def status(self, ctx: CallContext, p: Empty) -> dict[str, Any]:
+        return await self.service.status()
+
+    async def reindex(self, ctx: CallContext, p: ReindexParams) -> dict[str, Any]:
+        await self.service.reindex(full=p.full)
+        return {"queued": True}
+
+    async def _own_session(self, ctx: CallContext, key: str | None) -> None:
+        # A key that is not the caller's answers -32002, exactly like sessions.get.
+        if key is not None:
+            await asyncio.to_thread(self.store.get, ctx.caller, key)
+
+
+def declare_memory(reg: Registry, config: MemoryConfig, h: MemoryMethods | None) -> None:
+    reg.declare("memory.search", MemorySearchParams, "Hybrid keyword + vector search of your past conversations.",
+                h.search if h else None, bounds={"k": Bound(max=config.max_k)})
+    reg.declare("memory.status", Empty, "Index and embedder state.", h.status if h else None)
+    reg.declare("memory.reindex", ReindexParams, "Queue an index sync (full=true rebuilds from transcripts).",
+                h.reindex if h else None)

@@ -1,0 +1,114 @@
+"""``sessions.*``: create, list, read, delete and (un)subscribe, over the :class:`SessionStore`.
+
+Blocking store calls go to a worker thread so the event loop never waits on the disk. Page
+sizes and text lengths are bounded by the same ``[sessions]`` settings the store enforces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.chat import ChatRuns, Hub
+from gateway.rpc import Bound, CallContext, Registry, bounded
+from memory import MemoryService
+from sessions import SessionsConfig, SessionStore
+
+__all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
+
+MAX_KEY = 128
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSessionParams:
+    title: str | None = None
+    system_prompt: str | None = bounded(None, max_len=64 * 1024)
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListSessionsParams:
+    limit: int = bounded(50, min=1)
+    before: str | None = bounded(None, max_len=512, doc="cursor from a previous page's next")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeyParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    limit: int = bounded(50, min=1)
+    before: str | None = bounded(None, max_len=512)
+
+
+class SessionsMethods:
+    def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: MemoryService | None) -> None:
+        self.store = store
+        self.hub = hub
+        self.runs = runs  # a deleted session's runs are aborted first
+        self.memory = memory  # and its index rows go with it
+
+    async def create(self, ctx: CallContext, p: CreateSessionParams) -> dict[str, Any]:
+        session = await asyncio.to_thread(
+            self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model
+        )
+        self.hub.attach(ctx, ctx.caller, session.session_key)
+        wire = session.to_wire()
+        return {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
+
+    async def list(self, ctx: CallContext, p: ListSessionsParams) -> dict[str, Any]:
+        sessions, nxt = await asyncio.to_thread(self.store.list, ctx.caller, limit=p.limit, before=p.before)
+        out: dict[str, Any] = {"sessions": [s.to_wire() for s in sessions]}
+        if nxt:
+            out["next"] = nxt
+        return out
+
+    async def get(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+        session = await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)
+        return session.to_wire()
+
+    async def history(self, ctx: CallContext, p: HistoryParams) -> dict[str, Any]:
+        messages, nxt = await asyncio.to_thread(
+            self.store.history, ctx.caller, p.session_key, limit=p.limit, before=p.before
+        )
+        out: dict[str, Any] = {"messages": [m.to_wire() for m in messages]}
+        if nxt:
+            out["next"] = nxt
+        return out
+
+    async def delete(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+        user = ctx.caller
+        await self.runs.abort_session(user, p.session_key)
+        await asyncio.to_thread(self.store.delete, user, p.session_key)
+        if self.memory is not None:
+            await self.memory.delete_session(user, p.session_key)
+        return {"deleted": True}
+
+    async def subscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+        await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)  # not-found check
+        self.hub.attach(ctx, ctx.caller, p.session_key)
+        return {"subscribed": True}
+
+    async def unsubscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+        return {"unsubscribed": self.hub.detach(ctx, ctx.caller, p.session_key)}
+
+
+def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods | None) -> None:
+    page = {"limit": Bound(max=config.max_page_size)}
+    d = reg.declare
+    d("sessions.create", CreateSessionParams, "Create a session.", h.create if h else None,
+      bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars)})
+    d("sessions.list", ListSessionsParams, "List your sessions, newest first.", h.list if h else None, bounds=page)
+    d("sessions.get", SessionKeyParams, "One session's metadata.", h.get if h else None)
+    d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.",
+      h.history if h else None, bounds=page)
+    d("sessions.delete", SessionKeyParams, "Delete a session, its transcript and index rows.",
+      h.delete if h else None)
+    d("sessions.subscribe", SessionKeyParams, "Receive chat events of a session.", h.subscribe if h else None)
+    # inline: never waits on I/O, so the server answers it in the read loop (RpcCore.accept).
+    d("sessions.unsubscribe", SessionKeyParams, "Stop receiving a session's chat events.",
+      h.unsubscribe if h else None, inline=True)

@@ -1,0 +1,21 @@
+"""JSON-RPC 2.0 without I/O: the method registry (params, bounds, OpenRPC) and the core that
+turns one frame into one reply. Imports nothing of the transport, chat or methods."""
+
+from __future__ import annotations
+
+from gateway.rpc.core import Call, CallContext, Notification, Reply, RpcCore
+from gateway.rpc.registry import Bound, Handler, Method, Registry, bounded, parse_params
+
+__all__ = [
+    "Bound",
+    "Call",
+    "CallContext",
+    "Handler",
+    "Method",
+    "Notification",
+    "Reply",
+    "Registry",
+    "RpcCore",
+    "bounded",
+    "parse_params",
+]

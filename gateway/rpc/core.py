@@ -1,0 +1,220 @@
+"""The JSON-RPC 2.0 core: bytes in, bytes (or nothing) out. No sockets, no ``websockets``.
+
+One entry per frame: :meth:`RpcCore.accept` decodes it into a :class:`Call`, which says
+whether it may run inline (a single call of a method that never waits on I/O) and whose
+:meth:`Call.run` returns the :class:`Reply` — the encoded bytes and whether it is an error —
+or ``None`` when nothing is owed (a notification, or a batch of only notifications). Nothing
+here raises for bad input: every failure becomes a well-formed error response. Exceptions
+that :func:`~gateway.errors.wire_error` does not know are bugs: -32603 with an ``errorId``
+that the ``on_crash`` hook logs with the traceback.
+
+``"jsonrpc"`` may be left out on input (people type frames into wscat); replies always carry it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.errors import (
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    MethodNotFound,
+    ParseError,
+    Unauthorized,
+    new_error_id,
+    wire_error,
+)
+from gateway.rpc.registry import Registry, parse_params
+from gateway.wire import ErrorObject
+
+__all__ = ["Call", "CallContext", "Notification", "Reply", "RpcCore", "error_response"]
+
+_NO_ID = object()
+
+
+class Notification:
+    """A server → client notification, encoded at most once however many callers get it."""
+
+    __slots__ = ("_frame", "method", "params")
+
+    def __init__(self, method: str, params: Mapping[str, Any]) -> None:
+        self.method = method
+        self.params = params
+        self._frame: bytes | None = None
+
+    def encode(self) -> bytes:
+        if self._frame is None:
+            self._frame = orjson.dumps({"jsonrpc": "2.0", "method": self.method, "params": self.params})
+        return self._frame
+
+
+class CallContext(Protocol):
+    """What a handler may know about its caller and do to it; the transport's connection
+    satisfies it."""
+
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def authenticated(self) -> bool: ...
+
+    @property
+    def caller(self) -> str:
+        """The authenticated user; the core refuses unauthenticated calls to every method
+        that requires auth before a handler runs."""
+        ...
+
+    @property
+    def address(self) -> str:
+        """The client's IP address (the auth failure limiter counts per address)."""
+        ...
+
+    def authenticate(self, user: str) -> None: ...
+
+    def notify(self, note: Notification) -> None:
+        """Queue a notification for this caller behind its pending events."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    data: bytes
+    # True when the reply, or any entry of a batch reply, is an error (for the connection's
+    # error counter; nobody has to search the bytes).
+    is_error: bool
+
+
+def error_response(req_id: Any, error: ErrorObject) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": req_id, "error": error}
+
+
+@dataclass(slots=True)
+class RpcCore:
+    registry: Registry
+    max_batch: int = 50
+    # Called with (exception, error_id, method) for every unexpected exception.
+    on_crash: Callable[[BaseException, str, str], None] = field(default=lambda e, i, m: None)
+
+    def accept(self, payload: str | bytes, ctx: CallContext) -> Call:
+        """Decode one frame; the returned call runs it."""
+        try:
+            message = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            return Call(self, ctx, None, error=ParseError(f"parse error: {exc}"))
+        return Call(self, ctx, message)
+
+    async def handle(self, payload: str | bytes, ctx: CallContext) -> Reply | None:
+        """Answer one frame at once: ``accept`` then ``run``."""
+        return await self.accept(payload, ctx).run()
+
+    def refuse(self, message: Any, error: GatewayError) -> Reply:
+        """The reply refusing a frame before it runs (binary frame, too many in flight)."""
+        req_id = message.get("id") if isinstance(message, dict) else None
+        return Reply(orjson.dumps(error_response(req_id, error.to_object())), True)
+
+    async def _message(self, message: Any, ctx: CallContext) -> tuple[Any, bool]:
+        """The JSON reply to a decoded frame (None when nothing is owed), and whether it holds an error."""
+        if isinstance(message, list):
+            if not message:
+                return error_response(None, InvalidRequest("invalid request: empty batch").to_object()), True
+            if len(message) > self.max_batch:
+                err = InvalidRequest(
+                    f"invalid request: batch of {len(message)} exceeds the limit of {self.max_batch}"
+                )
+                return error_response(None, err.to_object()), True
+            replies = await asyncio.gather(*(self._one(m, ctx) for m in message))
+            answered = [r for r in replies if r is not None]
+            return answered or None, any("error" in r for r in answered)
+        reply = await self._one(message, ctx)
+        return reply, reply is not None and "error" in reply
+
+    async def _one(self, message: Any, ctx: CallContext) -> dict[str, Any] | None:
+        if not isinstance(message, dict):
+            return error_response(None, InvalidRequest("invalid request: expected an object").to_object())
+        req_id = message.get("id", _NO_ID)
+        is_notification = req_id is _NO_ID
+        reply_id = None if is_notification else req_id
+        try:
+            method = self._validate(message, req_id)
+            result = await self._dispatch(method, message.get("params"), ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = wire_error(exc)
+            if error is None:
+                error_id = new_error_id()
+                self.on_crash(exc, error_id, str(message.get("method")))
+                error = InternalError(error_id)
+            if is_notification and not isinstance(error, InvalidRequest):
+                return None
+            return error_response(reply_id if _valid_id(req_id) else None, error.to_object())
+        if is_notification:
+            return None
+        return {"jsonrpc": "2.0", "id": req_id, "result": result}
+
+    def _validate(self, message: dict[str, Any], req_id: Any) -> str:
+        if "jsonrpc" in message and message["jsonrpc"] != "2.0":
+            raise InvalidRequest('invalid request: "jsonrpc" must be "2.0"')
+        if req_id is not _NO_ID and not _valid_id(req_id):
+            raise InvalidRequest('invalid request: "id" must be a string, a number or null')
+        method = message.get("method")
+        if not isinstance(method, str) or not method:
+            raise InvalidRequest('invalid request: "method" must be a non-empty string')
+        params = message.get("params")
+        if params is not None and not isinstance(params, dict | list):
+            raise InvalidRequest('invalid request: "params" must be an object')
+        extra = set(message) - {"jsonrpc", "id", "method", "params"}
+        if extra:
+            raise InvalidRequest(f"invalid request: unexpected members {sorted(extra)}")
+        return method
+
+    async def _dispatch(self, name: str, raw_params: Any, ctx: CallContext) -> Any:
+        method = self.registry.get(name)
+        if method.requires_auth and not ctx.authenticated:
+            raise Unauthorized("unauthorized: authenticate first with the auth method or an auth frame")
+        if method.handler is None:
+            raise MethodNotFound(f"method not implemented yet: {name}")
+        params = parse_params(method, raw_params)
+        return await method.handler(ctx, params)
+
+
+class Call:
+    """One decoded frame, ready to run; made by :meth:`RpcCore.accept`."""
+
+    __slots__ = ("_core", "_ctx", "_error", "inline", "message")
+
+    def __init__(self, core: RpcCore, ctx: CallContext, message: Any, *, error: GatewayError | None = None) -> None:
+        self._core = core
+        self._ctx = ctx
+        self._error = error
+        self.message = message
+        # A parse error is answered at once; a single call of an inline method finishes
+        # without suspending, so the server runs it in its read loop instead of paying for a task.
+        self.inline = error is not None or (
+            isinstance(message, dict) and core.registry.is_inline(message.get("method"))
+        )
+
+    async def run(self) -> Reply | None:
+        if self._error is not None:
+            return Reply(orjson.dumps(error_response(None, self._error.to_object())), True)
+        reply, is_error = await self._core._message(self.message, self._ctx)
+        if reply is None:
+            return None
+        try:
+            return Reply(orjson.dumps(reply), is_error)
+        except TypeError as exc:  # a handler returned something orjson cannot encode
+            error_id = new_error_id()
+            self._core.on_crash(exc, error_id, "<encode>")
+            return Reply(orjson.dumps(error_response(None, InternalError(error_id).to_object())), True)
+
+
+def _valid_id(value: Any) -> bool:
+    return value is None or isinstance(value, str) or (
+        isinstance(value, int | float) and not isinstance(value, bool)
+    )

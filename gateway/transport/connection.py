@@ -1,0 +1,108 @@
+"""One client connection: its identity, counters, outbox and how it is closed.
+
+It is the :class:`~gateway.rpc.CallContext` handlers see: who the caller is, where it comes
+from, and a way to push notifications to it. Replies and events take different paths (see
+:meth:`Connection.reply`); events queue in the :class:`~gateway.transport.outbox.Outbox` and
+one writer task per connection drains it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import structlog
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from gateway.rpc import Notification
+from gateway.transport.outbox import Outbox
+
+__all__ = ["CLOSE_POLICY", "Connection", "peer_address"]
+
+log = structlog.get_logger("recalld.server")
+
+CLOSE_POLICY = 1008
+_conn_ids = itertools.count(1)
+
+
+def peer_address(ws: ServerConnection) -> str:
+    peer = ws.remote_address
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
+
+
+class Connection:
+    """One client; handlers see it as their :class:`~gateway.rpc.CallContext`."""
+
+    def __init__(self, ws: ServerConnection, user: str | None, *, max_outbox_bytes: int,
+                 close_timeout_s: float) -> None:
+        self.id = next(_conn_ids)
+        self.ws = ws
+        self.user = user
+        self.address = peer_address(ws)
+        self.outbox = Outbox(max_outbox_bytes)
+        self.close_timeout_s = close_timeout_s
+        self.inflight = 0
+        self.requests = 0
+        self.errors = 0
+        self.opened = time.monotonic()
+        self._closing: asyncio.Task[None] | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self.user is not None
+
+    @property
+    def caller(self) -> str:
+        if self.user is None:
+            # The RPC core refuses unauthenticated calls to methods that need a user, so a
+            # handler reaching here is a wiring bug, not a client mistake.
+            raise RuntimeError("caller read on an unauthenticated connection")
+        return self.user
+
+    def authenticate(self, user: str) -> None:
+        self.user = user
+        structlog.contextvars.bind_contextvars(user=user)
+        log.info("auth.ok")
+
+    def notify(self, note: Notification) -> None:
+        # Deltas stay unencoded while they wait so that consecutive ones of a run can merge.
+        if note.method == "chat.delta":
+            ok = self.outbox.put_delta(note.params)
+        else:
+            ok = self.outbox.put(note.encode())
+        if not ok:
+            self.on_overflow()
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue a frame behind any pending events (the writer task sends it)."""
+        if not self.outbox.put(frame):
+            self.on_overflow()
+
+    def on_overflow(self) -> None:
+        if self._closing is None:
+            log.warning("connection.slow_consumer", conn=self.id, pending=self.outbox.pending_bytes)
+            self._closing = asyncio.get_running_loop().create_task(self._close_slow())
+
+    async def _close_slow(self) -> None:
+        # A peer that reads nothing cannot take the close frame either: websockets' close()
+        # would wait in drain() forever, holding the connection and its buffers. So the
+        # handshake gets server.close_timeout_s, then the TCP connection is dropped.
+        try:
+            async with asyncio.timeout(self.close_timeout_s):
+                await self.ws.close(CLOSE_POLICY, "slow consumer")
+        except TimeoutError:
+            self.ws.transport.abort()
+
+    async def reply(self, frame: bytes) -> None:
+        """Send an RPC reply now, from the request's own task.
+
+        Replies skip the outbox: a client that stops reading then blocks its own requests
+        here, each holding an in-flight slot, so ``limits.max_inflight`` bounds them, and a
+        fast client saves a task switch per request.
+        """
+        try:
+            await self.ws.send(frame, text=True)
+        except ConnectionClosed:
+            pass

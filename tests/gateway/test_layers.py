@@ -1,0 +1,62 @@
+"""The import arrows of docs/architecture.md, checked on the source so a new import that
+breaks them fails here rather than in a reviewer's head."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LEAVES = {"gateway.errors", "gateway.config", "gateway.wire", "gateway.auth", "gateway.logs", "gateway.client"}
+# Rooms of gateway/ and what each may import besides the leaves, sessions and memory.
+ALLOWED = {
+    "gateway.rpc": set(),
+    "gateway.transport": {"gateway.rpc"},
+    "gateway.chat": {"gateway.rpc"},
+    "gateway.methods": {"gateway.rpc", "gateway.chat"},
+    "gateway.cli": {"gateway.app"},
+    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods"},
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[0] if parts[0] != "gateway" or len(parts) == 1 else f"gateway.{parts[1]}"
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """Room -> modules it imports (full dotted names)."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        names = found.setdefault(_room(module), set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+    return found
+
+
+@pytest.mark.parametrize("room", sorted(ALLOWED))
+def test_gateway_rooms_import_only_what_architecture_allows(room: str) -> None:
+    """Each room of gateway/ imports only the rooms docs/architecture.md lets it."""
+    ours = {_room(m) for m in _imports("gateway")[room] if m.startswith("gateway.")} - {room}
+    assert ours <= ALLOWED[room] | LEAVES, sorted(ours - ALLOWED[room] - LEAVES)
+
+
+def test_gateway_reaches_sessions_and_memory_only_through_their_top_level() -> None:
+    """gateway/ imports `sessions` and `memory`, never their inner modules (those may move)."""
+    inner = sorted(m for names in _imports("gateway").values() for m in names
+                   if m.startswith(("sessions.", "memory.")))
+    assert inner == []
+
+
+@pytest.mark.parametrize("package", ["sessions", "memory", "bench"])
+def test_libraries_and_bench_never_import_what_stands_on_them(package: str) -> None:
+    """sessions/ and memory/ never import gateway/ (nor each other's code); bench/ never imports tests/."""
+    names = {m for ms in _imports(package).values() for m in ms}
+    banned = {"sessions": ("gateway", "memory"), "memory": ("gateway",), "bench": ("tests",)}[package]
+    assert not {m for m in names if m.split(".")[0] in banned}
