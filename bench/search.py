@@ -25,7 +25,7 @@ MODES = ("keyword", "vector", "hybrid")
 @contextlib.contextmanager
 def synthetic_embedder_in_gateway(embedder: SyntheticEmbedder) -> Iterator[None]:
     """The gateway picks its embedder from config; for the benchmark it gets the synthetic one."""
-    import gateway.memory_methods as mm
+    import gateway.app as mm
 
     original = mm.select_embedder
     mm.select_embedder = lambda cfg: (embedder, "bench: synthetic clustered vectors")  # type: ignore[assignment]

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["EmbedderChoice", "MemoryConfig"]
+__all__ = ["EmbedderChoice", "FusionMethod", "MemoryConfig"]
 
 EmbedderChoice = Literal["auto", "openai", "local", "none"]
+FusionMethod = Literal["convex", "rrf"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,11 @@ class MemoryConfig:
     debounce_ms: int = 1500
     watch: bool = True
 
-    # Search.
+    # Search. Fusion of the keyword and vector legs (memory.fusion): "convex" adds min-max
+    # normalised leg scores weighted keyword_weight : 1 - keyword_weight; "rrf" adds
+    # weighted reciprocal ranks with constant rrf_k. Chosen by cross-validation (docs/memory.md).
+    fusion: FusionMethod = "convex"
+    keyword_weight: float = 0.4
     rrf_k: int = 60
     candidates: int = 50
     default_k: int = 6
@@ -63,6 +68,10 @@ class MemoryConfig:
             problems.append("overlap_tokens must be at least 0 and less than chunk_tokens")
         if self.debounce_ms < 0:
             problems.append("debounce_ms must not be negative")
+        if self.fusion not in ("convex", "rrf"):
+            problems.append("fusion must be 'convex' or 'rrf'")
+        if not 0.0 <= self.keyword_weight <= 1.0:
+            problems.append("keyword_weight must be between 0 and 1")
         if self.rrf_k < 1:
             problems.append("rrf_k must be at least 1")
         if not 1 <= self.default_k <= self.max_k:

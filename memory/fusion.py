@@ -3,6 +3,14 @@
 Each leg hands over its best ``candidates`` as ``(chunk_id, score)``, best first, higher
 scores better (negated BM25 for keyword, cosine similarity for vector). Every chunk either leg
 found stays in the fused list: nothing is dropped by a threshold here.
+
+``convex`` (the default) min-max normalises each leg's scores to [0, 1] within the query and
+adds them with weights ``keyword_weight`` and ``1 - keyword_weight``; a chunk one leg did not
+return gets 0 from that leg. Unlike Reciprocal Rank Fusion it keeps *how much* better a leg's
+first hit is than its tenth, so a leg that is sure of one chunk outweighs a leg that finds
+many near-ties — equal-weight RRF let a weak leg's ranks drag hybrid below the better leg
+(docs/memory.md has the table of alternatives and the cross-validation that chose this).
+``rrf`` is kept for comparison: ``Σ w/(rrf_k + rank)`` with the same leg weights.
 """
 
 from __future__ import annotations
@@ -25,15 +33,39 @@ class Fused:
     vector_rank: int | None
 
 
+def _minmax(leg: Leg) -> dict[int, float]:
+    if not leg:
+        return {}
+    scores = [s for _, s in leg]
+    lo, hi = min(scores), max(scores)
+    if hi <= lo:  # one hit, or all tied: each is as good as the leg's best
+        return {cid: 1.0 for cid, _ in leg}
+    return {cid: (s - lo) / (hi - lo) for cid, s in leg}
+
+
+def _rrf(leg: Leg, rrf_k: int) -> dict[int, float]:
+    return {cid: 1.0 / (rrf_k + rank) for rank, (cid, _) in enumerate(leg, start=1)}
+
+
 def fuse(keyword: Leg, vector: Leg, config: MemoryConfig) -> list[Fused]:
-    """Reciprocal Rank Fusion: ``Σ 1/(rrf_k + rank)`` over the legs that found the chunk."""
-    ranks: dict[int, list[int | None]] = {}
-    for leg, (hits) in enumerate((keyword, vector)):
-        for rank, (chunk_id, _score) in enumerate(hits, start=1):
-            ranks.setdefault(chunk_id, [None, None])[leg] = rank
+    """One ranking of every chunk either leg found, best first (ties: leg rank, then id)."""
+    kw_rank = {cid: rank for rank, (cid, _) in enumerate(keyword, start=1)}
+    vec_rank = {cid: rank for rank, (cid, _) in enumerate(vector, start=1)}
+    if config.fusion == "rrf":
+        kw_part, vec_part = _rrf(keyword, config.rrf_k), _rrf(vector, config.rrf_k)
+    else:
+        kw_part, vec_part = _minmax(keyword), _minmax(vector)
+    # A single-leg search ranks by that leg alone, whatever the weights.
+    w_kw = config.keyword_weight if keyword and vector else 1.0
+    w_vec = 1.0 - config.keyword_weight if keyword and vector else 1.0
     out = [
-        Fused(cid, sum(1.0 / (config.rrf_k + r) for r in pair if r is not None), pair[0], pair[1])
-        for cid, pair in ranks.items()
+        Fused(cid, w_kw * kw_part.get(cid, 0.0) + w_vec * vec_part.get(cid, 0.0), kw_rank.get(cid), vec_rank.get(cid))
+        for cid in {**kw_rank, **vec_rank}
     ]
-    out.sort(key=lambda f: (-f.score, f.keyword_rank if f.keyword_rank is not None else f.vector_rank, f.chunk_id))
+
+    def order(f: Fused) -> tuple[float, int, int]:
+        best = min(r for r in (f.keyword_rank, f.vector_rank) if r is not None)
+        return (-f.score, best, f.chunk_id)
+
+    out.sort(key=order)
     return out

@@ -90,8 +90,8 @@ async def test_cjk_query_finds_cjk_text(tmp_path: Path, service: MemoryService) 
     assert (await service.search("alice", "北京", mode="keyword")).results == []
 
 
-async def test_rrf_order_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedder) -> None:
-    """Scores are Σ 1/(60 + rank) over both legs and results come in that order."""
+def _hand_built(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """Three chunks whose keyword and vector ranks disagree (see the comments)."""
     docs = {"a": "apple banana", "b": "apple cherry", "c": "durian"}
     one_hot = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
     near = lambda w: [w, (1 - w * w) ** 0.5] + [0.0] * (embedder.dims - 2)  # noqa: E731
@@ -103,27 +103,58 @@ async def test_rrf_order_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedd
     }
     for key, text in docs.items():
         write_transcript(tmp_path, "alice", key, [text])
-    async with opened(tmp_path, quiet_config(), embedder) as svc:
+
+
+async def test_rrf_order_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """With fusion = "rrf", scores are Σ w/(60 + rank) over both legs and results come in that order."""
+    _hand_built(tmp_path, embedder)
+    async with opened(tmp_path, quiet_config(fusion="rrf", keyword_weight=0.5), embedder) as svc:
         hits = (await svc.search("alice", "apple banana")).results
     got = [(name_of(h.session_key), h.keyword_rank, h.vector_rank) for h in hits]
     assert got == [("a", 1, 3), ("b", 2, 2), ("c", None, 1)]
-    expected = [1 / 61 + 1 / 63, 2 / 62, 1 / 61]
+    expected = [0.5 / 61 + 0.5 / 63, 1 / 62, 0.5 / 61]
     assert [h.score for h in hits] == pytest.approx(expected)
 
 
+async def test_convex_fusion_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """The default fusion adds min-max normalised leg scores, weighted keyword_weight : 1 - keyword_weight."""
+    _hand_built(tmp_path, embedder)
+    async with opened(tmp_path, quiet_config(keyword_weight=0.4), embedder) as svc:
+        hits = (await svc.search("alice", "apple banana")).results
+    got = [(name_of(h.session_key), h.keyword_rank, h.vector_rank) for h in hits]
+    # cosine to the query: a 0.1, b 0.9, c 0.99 → normalised 0, 0.89, 1; BM25: a best (1), b worst (0).
+    assert got == [("c", None, 1), ("b", 2, 2), ("a", 1, 3)]
+    assert hits[0].score == pytest.approx(0.6, abs=0.01)
+    assert hits[1].score == pytest.approx(0.6 * (0.9 - 0.1) / (0.99 - 0.1), abs=0.02)
+    assert hits[2].score == pytest.approx(0.4, abs=0.01)
+
+
 async def test_keyword_only_hit_is_kept_in_hybrid(tmp_path: Path, embedder: FakeEmbedder) -> None:
-    """A chunk only the keyword leg found stays in hybrid results with its keyword rank."""
+    """A chunk only the keyword leg found stays in hybrid results with its keyword rank (RRF: ranked by it)."""
     embedder.vectors = {"zymurgy": [1.0] + [0.0] * (embedder.dims - 1)}
     for i in range(4):
         write_transcript(tmp_path, "alice", f"s{i}", [f"filler text {i}"])
     write_transcript(tmp_path, "alice", "target", ["a note on zymurgy"])
     for i in range(4):
         embedder.vectors[f"user [{ts(0)}]: filler text {i}"] = [1.0 - i * 0.01] + [0.1] * (embedder.dims - 1)
-    config = quiet_config(candidates=2, max_k=2, default_k=2)
+    config = quiet_config(candidates=2, max_k=2, default_k=2, fusion="rrf", keyword_weight=0.5)
     async with opened(tmp_path, config, embedder) as svc:
         hits = (await svc.search("alice", "zymurgy", k=2)).results
     target = [h for h in hits if name_of(h.session_key) == "target"]
     assert target and target[0].keyword_rank == 1 and target[0].vector_rank is None
+
+
+def test_convex_fusion_keeps_every_hit_of_either_leg() -> None:
+    """Convex fusion returns every chunk either leg found, with the ranks each leg gave it."""
+    from memory.fusion import fuse
+
+    keyword = [(7, 9.0), (3, 4.0)]            # chunk 7 only the keyword leg found
+    vector = [(3, 0.8), (5, 0.7), (9, 0.2)]   # chunks 5 and 9 only the vector leg found
+    fused = {f.chunk_id: f for f in fuse(keyword, vector, quiet_config())}
+    assert set(fused) == {3, 5, 7, 9}
+    assert (fused[7].keyword_rank, fused[7].vector_rank) == (1, None)
+    assert (fused[9].keyword_rank, fused[9].vector_rank) == (None, 3)
+    assert fused[7].score == pytest.approx(0.4) and fused[3].score == pytest.approx(0.6)
 
 
 async def test_filters_session_exclude_and_time(tmp_path: Path, service: MemoryService) -> None:
