@@ -84,6 +84,7 @@ class SyntheticEmbedder:
     provider = "synthetic"
     model_id = "clusters-v1"
     dims = DIMS
+    max_tokens = None
     batch_size = 256
     endpoint_hash = "bench"
     remote = False
@@ -107,7 +108,7 @@ class SyntheticEmbedder:
         v = (counts / max(1.0, counts.sum())) @ self.centroids * 1.0 + noise * self.noise
         return v / np.linalg.norm(v)
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.calls += 1
         self.texts += len(texts)
         return [self.vector(t).tolist() for t in texts]

@@ -38,6 +38,9 @@ class MemoryConfig:
     keyword_weight: float = 0.4
     rrf_k: int = 60
     candidates: int = 50
+    # Time phrases in a query ("yesterday", "last week", "in May 2023", memory.timephrases)
+    # put what was said in that window first.
+    time_phrases: bool = True
     default_k: int = 6
     max_k: int = 50
     max_query_terms: int = 32

@@ -21,7 +21,7 @@ import hashlib
 import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import structlog
 
@@ -29,6 +29,7 @@ from memory.config import MemoryConfig
 from memory.errors import EmbedderError
 
 __all__ = [
+    "EmbedKind",
     "Embedder",
     "EmbeddingPipeline",
     "OpenAIEmbedder",
@@ -40,6 +41,9 @@ __all__ = [
 log = structlog.get_logger("memory.embeddings")
 
 
+EmbedKind = Literal["query", "passage"]
+
+
 @runtime_checkable
 class Embedder(Protocol):
     provider: str
@@ -49,7 +53,12 @@ class Embedder(Protocol):
     endpoint_hash: str
     remote: bool
 
-    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+    max_tokens: int | None  # the model's input window in its own tokens; None when unknown
+
+    async def embed(self, texts: list[str], kind: EmbedKind = "passage") -> list[list[float]]:
+        """One vector per text. ``kind="query"`` for a search's query, ``"passage"`` for stored
+        text: retrieval-tuned models are trained with a different prefix for each."""
+        ...
 
 
 def endpoint_hash(base_url: str | None) -> str:
@@ -133,12 +142,12 @@ class EmbeddingPipeline:
             out.append(current)
         return out
 
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+    async def embed_batch(self, texts: list[str], kind: EmbedKind = "passage") -> list[list[float]]:
         """One batch (already cut by :meth:`batches`, already redacted), with retries."""
         attempt = 0
         while True:
             try:
-                vectors = await self.embedder.embed(texts)
+                vectors = await self.embedder.embed(texts, kind)
             except EmbedderError as exc:
                 if not exc.retryable or attempt >= self.max_retries:
                     raise
@@ -154,7 +163,7 @@ class EmbeddingPipeline:
             return vectors
 
     async def embed_query(self, text: str) -> list[float]:
-        return (await self.embed_batch([self.text_to_send(text)]))[0]
+        return (await self.embed_batch([self.text_to_send(text)], "query"))[0]
 
 
 # --- OpenAI-compatible ----------------------------------------------------------------------
@@ -193,10 +202,12 @@ class OpenAIEmbedder:
         # are not comparable with full-width ones.
         self.model_id = model if dimensions is None else f"{model}@{dimensions}"
         self.dims = dimensions or 0
+        self.max_tokens: int | None = None  # long (8k for text-embedding-3); chunking keeps its cap
         self.batch_size = batch_size
         self.endpoint_hash = endpoint_hash(str(self._client.base_url))
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: EmbedKind = "passage") -> list[list[float]]:
+        # OpenAI's embedding models take no query/passage prefix: ``kind`` changes nothing.
         openai = self._openai
         kwargs: dict[str, object] = {"model": self._model, "input": texts, "encoding_format": "float"}
         if self._dimensions is not None:

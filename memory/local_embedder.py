@@ -46,7 +46,7 @@ class LocalEmbedder:
     def __init__(self, *, batch_size: int = 16, max_tokens: int = 256, threads: int = 1,
                  model_path: Path | None = None) -> None:
         self.batch_size = max(1, min(batch_size, MAX_SUB_BATCH))
-        self.max_tokens = max_tokens
+        self.max_tokens: int | None = max_tokens
         self.threads = threads
         self._model_path = model_path
         self._lock = threading.Lock()
@@ -75,7 +75,7 @@ class LocalEmbedder:
                                            providers=["CPUExecutionProvider"])
             tok_json = resources.files("memory").joinpath("data/tokenizer.json").read_text("utf-8")
             tokenizer = Tokenizer.from_str(tok_json)
-            tokenizer.enable_truncation(max_length=self.max_tokens)
+            tokenizer.enable_truncation(max_length=self.max_tokens or 256)
             tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
             self._input_names = {i.name for i in session.get_inputs()}
             self._tokenizer = tokenizer
@@ -104,7 +104,7 @@ class LocalEmbedder:
                 out[i] = pooled[row].astype(np.float32).tolist()
         return out
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         if not texts:
             return []
         return await asyncio.to_thread(self._run, texts)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Literal
 
 import apsw
@@ -32,6 +33,7 @@ from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import InvalidSearch
 from memory.fusion import Fused, fuse
+from memory.timephrases import TimeWindow, find_time_window, strip_time_phrase
 from memory.quantize import quantize_int8, vector_from_blob
 
 __all__ = [
@@ -121,11 +123,13 @@ class SearchRequest:
     exclude_session_key: str | None = None
     after_ms: int | None = None
     before_ms: int | None = None
+    window: TimeWindow | None = None   # a time phrase in the query ("last week"), if any
 
     @classmethod
     def build(cls, config: MemoryConfig, user: str, query: object, *, k: object = None,
               mode: object = "hybrid", session_key: object = None, exclude_session_key: object = None,
-              after: object = None, before: object = None) -> SearchRequest:
+              after: object = None, before: object = None, now: datetime | None = None) -> SearchRequest:
+        """Validate every field; ``now`` (default: the clock, local time zone) anchors time phrases."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidSearch("query", "must be a non-empty string")
         if k is None:
@@ -141,8 +145,24 @@ class SearchRequest:
         before_ms = _parse_time("before", before)
         if after_ms is not None and before_ms is not None and after_ms >= before_ms:
             raise InvalidSearch("before", "must be later than after")
-        return cls(user, query[:MAX_QUERY_CHARS], k, mode, session_key, exclude_session_key,  # type: ignore[arg-type]
-                   after_ms, before_ms)
+        query = query[:MAX_QUERY_CHARS]
+        window = None
+        if config.time_phrases:
+            window = find_time_window(query, (now or datetime.now()).astimezone())
+        return cls(user, query, k, mode, session_key, exclude_session_key,  # type: ignore[arg-type]
+                   after_ms, before_ms, window)
+
+    def within_window(self) -> SearchRequest | None:
+        """This search narrowed to its time phrase's window (None when there is none or the
+        explicit after/before leave nothing of it); the phrase itself is dropped from the query."""
+        if self.window is None:
+            return None
+        after = max(self.window.start_ms, self.after_ms if self.after_ms is not None else self.window.start_ms)
+        before = min(self.window.end_ms, self.before_ms if self.before_ms is not None else self.window.end_ms)
+        if after >= before:
+            return None
+        return replace(self, query=strip_time_phrase(self.query, self.window) or self.query,
+                       after_ms=after, before_ms=before, window=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,12 +287,26 @@ class HybridSearch:
 
     def search(self, request: SearchRequest, *, query_vector: bytes | None, keyword: bool = True) -> list[SearchHit]:
         """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
-        match = fts_query(request.query, self.config.max_query_terms) if keyword else None
-        with self.db:  # one read transaction: both legs and the rows see the same snapshot
-            keyword_leg = self._keyword_leg(request, match) if match is not None else []
-            vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
-            hits = self._hits(fuse(keyword_leg, vector_leg, self.config)[:request.k])
+        windowed = request.within_window()
+        with self.db:  # one read transaction: every leg and the rows see the same snapshot
+            if windowed is None:
+                fused = self._fused(request, query_vector, keyword)
+            else:
+                # A time phrase ("last week", "in May 2023"): what was said in its window comes
+                # first, the rest of the ranking after it, so a wrong or too-narrow window
+                # costs rank, never recall. The keyword legs leave the phrase's words out.
+                inside = self._fused(windowed, query_vector, keyword)
+                seen = {f.chunk_id for f in inside}
+                rest = self._fused(replace(request, query=windowed.query), query_vector, keyword)
+                fused = inside + [f for f in rest if f.chunk_id not in seen]
+            hits = self._hits(fused[:request.k])
         return hits
+
+    def _fused(self, request: SearchRequest, query_vector: bytes | None, keyword: bool) -> list[Fused]:
+        match = fts_query(request.query, self.config.max_query_terms) if keyword else None
+        keyword_leg = self._keyword_leg(request, match) if match is not None else []
+        vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
+        return fuse(keyword_leg, vector_leg, self.config)
 
     def _keyword_leg(self, request: SearchRequest, match: str) -> list[tuple[int, float]]:
         sql, active = build_sql(request, leg="keyword")

@@ -250,10 +250,13 @@ class MemoryService:
         exclude_session_key: str | None = None,
         after: str | None = None,
         before: str | None = None,
+        now: datetime | None = None,
     ) -> SearchResponse:
-        """Search ``user``'s memory; see ``memory.search`` for ranking and filters."""
+        """Search ``user``'s memory; see ``memory.search`` for ranking and filters. ``now``
+        (default: the clock) is the moment time phrases such as "last week" count back from."""
         request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
-                                      exclude_session_key=exclude_session_key, after=after, before=before)
+                                      exclude_session_key=exclude_session_key, after=after, before=before,
+                                      now=now)
         index = self._require_index()
         started = time.perf_counter()
         actual = request.mode

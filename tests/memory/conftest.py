@@ -56,6 +56,7 @@ class FakeEmbedder:
     """Deterministic embedder that records every call; ``fail`` makes calls raise."""
 
     provider = "fake"
+    max_tokens = None
     endpoint_hash = "none"
     remote = False
 
@@ -71,7 +72,7 @@ class FakeEmbedder:
     def texts(self) -> list[str]:
         return [t for call in self.calls for t in call]
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.calls.append(list(texts))
         if self.fail is not None:
             raise self.fail

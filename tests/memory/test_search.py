@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from memory.errors import InvalidSearch
 from memory.search import fts_query
 from memory.service import MemoryService
-from tests.memory.conftest import FakeEmbedder, name_of, opened, quiet_config, session_key, ts, write_transcript
+from tests.memory.conftest import BASE_TIME, FakeEmbedder, name_of, opened, quiet_config, session_key, ts, write_transcript
 
 INJECTIONS = ['"', '""', "*", "rust*", "NEAR(", "NEAR(rust language, 2)", "AND OR NOT", "col:", "body:rust",
               "(((", ")", "rust)", "^rust", "-rust", "+", "'; DROP TABLE chunks; --", '"rust" OR "x', "\\", "{body}"]
@@ -204,3 +205,27 @@ async def test_no_embedder_falls_back_to_keyword(tmp_path: Path) -> None:
     assert set(wire["results"][0]) >= {"chunkId", "sessionKey", "content", "score", "lineStart", "lineEnd",
                                         "startTs", "endTs"}
     assert status["provider"] == "none" and status["pending"] == 1
+
+
+async def test_time_phrase_puts_its_window_first(tmp_path: Path, service: MemoryService) -> None:
+    """"… last week" ranks what was said last week (relative to ``now``) above a better match from earlier."""
+    day = 24 * 60
+    write_transcript(tmp_path, "alice", "old", ["heron heron heron by the river"], start_minute=0)
+    write_transcript(tmp_path, "alice", "recent", ["a heron again"], start_minute=20 * day)
+    await service.sync_now()
+    now = BASE_TIME + timedelta(days=24)   # "last week" is then days 14–21 after BASE_TIME
+    plain = (await service.search("alice", "heron", mode="keyword", now=now)).results
+    assert [name_of(h.session_key) for h in plain] == ["old", "recent"]
+    timed = (await service.search("alice", "the heron last week", mode="keyword", now=now)).results
+    assert [name_of(h.session_key) for h in timed] == ["recent", "old"]
+
+
+async def test_time_phrases_can_be_switched_off(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """With time_phrases = false a time phrase is only words: ranking ignores its window."""
+    day = 24 * 60
+    write_transcript(tmp_path, "alice", "old", ["heron heron heron by the river"], start_minute=0)
+    write_transcript(tmp_path, "alice", "recent", ["a heron again"], start_minute=20 * day)
+    async with opened(tmp_path, quiet_config(time_phrases=False), embedder) as svc:
+        hits = (await svc.search("alice", "the heron last week", mode="keyword",
+                                 now=BASE_TIME + timedelta(days=24))).results
+    assert [name_of(h.session_key) for h in hits] == ["old", "recent"]

@@ -61,7 +61,7 @@ async def test_search_does_not_wait_for_a_running_sync(tmp_path: Path) -> None:
     gate = asyncio.Event()
 
     class SlowEmbedder(FakeEmbedder):
-        async def embed(self, texts: list[str]) -> list[list[float]]:
+        async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
             if any("second" in t for t in texts):
                 await gate.wait()
             return await super().embed(texts)
