@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import math
 import random
@@ -101,6 +102,8 @@ class Question:
     question: str
     evidence: tuple[str, ...]
     category: str
+    date: datetime | None = None          # when it was asked, if the dataset says
+    asked_before: str | None = None       # or the turn it was asked before (RealMem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +191,32 @@ def dataset_from_json(data: object) -> Dataset:
         category = raw_q.get("category", UNCATEGORIZED)
         if not isinstance(category, str) or not category:
             raise DatasetError(f"{where}.category: expected a non-empty string when present")
-        questions.append(Question(conv_id, _str(raw_q, "question", where), tuple(dict.fromkeys(evidence)), category))
+        date = _parse_date(raw_q["date"], where) if raw_q.get("date") is not None else None
+        asked_before = raw_q.get("asked_before_turn")
+        if asked_before is not None and not isinstance(asked_before, str):
+            raise DatasetError(f"{where}.asked_before_turn: expected a turn id string when present")
+        questions.append(Question(conv_id, _str(raw_q, "question", where), tuple(dict.fromkeys(evidence)), category,
+                                  date, asked_before))
     return Dataset(tuple(conversations), tuple(questions))
+
+
+def question_moments(dataset: Dataset) -> list[datetime | None]:
+    """When each question was asked: its ``date``, else the time of the first turn whose id
+    sorts at or after its ``asked_before_turn`` (RealMem's ids sort in history order, and the
+    question's own turn may have been removed), else None (after the whole history)."""
+    timelines: dict[str, list[tuple[str, datetime]]] = {
+        c.id: sorted((t.id, s.date + TURN_STEP * i) for s in c.sessions for i, t in enumerate(s.turns))
+        for c in dataset.conversations
+    }
+    moments: list[datetime | None] = []
+    for q in dataset.questions:
+        moment = q.date
+        if moment is None and q.asked_before is not None:
+            timeline = timelines[q.conversation]
+            at = bisect.bisect_left(timeline, (q.asked_before,))
+            moment = timeline[at][1] if at < len(timeline) else None
+        moments.append(moment)
+    return moments
 
 
 def load_dataset(path: Path) -> Dataset:
@@ -454,6 +481,7 @@ async def run_benchmark(
     embedder: Embedder | None = None,
     data_dir: Path | None = None,
     progress_stream: TextIO | None = None,
+    as_of: bool = False,
 ) -> RunResult:
     """Load, index and ask; ``embedder`` overrides ``select_embedder`` (tests pass a fake)."""
     if granularity not in ("chunk", "turn"):
@@ -500,12 +528,17 @@ async def run_benchmark(
             reasons: dict[str, set[str]] = {m: set() for m in MODES}
             per_question: list[dict[str, Any]] = []
             fetch = max(k, 10)
+            moments = question_moments(dataset)
             for qi, q in enumerate(dataset.questions):
                 user = corpus.users[q.conversation]
+                moment = moments[qi]
+                # Time phrases count back from when the question was asked; --as-of also hides
+                # everything said from then on, as a live assistant would meet the question.
+                before = moment.isoformat() if as_of and moment is not None else None
                 entry: dict[str, Any] = {"question": q.question, "category": q.category,
                                          "evidence": list(q.evidence), "modes": {}}
                 for mode in MODES:
-                    response = await service.search(user, q.question, k=fetch, mode=mode)
+                    response = await service.search(user, q.question, k=fetch, mode=mode, before=before, now=moment)
                     ran_as[mode][response.mode] += 1
                     if response.fallback_reason:
                         reasons[mode].add(response.fallback_reason)
@@ -534,6 +567,7 @@ async def run_benchmark(
         "dataset": dataset_name,
         "embedder": embedder_name,
         "granularity": granularity,
+        "asOf": as_of,
         "questions": len(dataset.questions),
         "modes": modes_out,
     }
@@ -550,7 +584,8 @@ def format_table(result: RunResult) -> str:
     lines = [
         f"dataset {report['dataset']}: {report['questions']} questions, {result.turns} turns, "
         f"{result.transcripts} transcripts, {result.chunks} chunks",
-        f"embedder {report['embedder']} ({result.embedder_reason}); granularity {report['granularity']}",
+        f"embedder {report['embedder']} ({result.embedder_reason}); granularity {report['granularity']}"
+        + ("; as of each question's time" if report.get('asOf') else ""),
         f"time: load {result.seconds.get('load', 0):.1f} s, index {result.seconds.get('index', 0):.1f} s, "
         f"search {result.seconds.get('search', 0):.1f} s",
     ]
@@ -592,6 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="chunk size for --granularity chunk (default: memory default, 400)")
     parser.add_argument("--overlap-tokens", type=int, default=None,
                         help="chunk overlap for --granularity chunk (default: memory default, 80)")
+    parser.add_argument("--as-of", action="store_true",
+                        help="ask each question as of when it was asked (its date or asked_before_turn): "
+                             "only what was said before it is searched")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
     parser.add_argument("--details", type=Path, default=None, metavar="OUT",
                         help="write every question's ranked turn ids and scores as JSON")
@@ -623,7 +661,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         )
         result = asyncio.run(run_benchmark(
             dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
-            k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err))
+            k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err,
+            as_of=args.as_of))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2
