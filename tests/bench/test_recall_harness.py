@@ -172,6 +172,19 @@ async def test_turn_granularity_indexes_exactly_one_whole_turn_per_chunk(tmp_pat
         assert all(len(turns) == 1 for mode in entry["modes"].values() for turns in mode["ranked"])
 
 
+async def test_as_of_searches_only_what_was_said_before_the_question(tmp_path: Path) -> None:
+    """--as-of hides turns from the question's moment on: asked before a4, the a4 evidence is unreachable."""
+    data = tiny_dataset()
+    data["questions"] = [{"conversation": "ann & bo", "question": "violin exam", "evidence": ["a4"],
+                          "asked_before_turn": "a4"}]
+    dataset = dataset_from_json(data)
+    plain = await run_benchmark(dataset, dataset_name="tiny", granularity="turn")
+    as_of = await run_benchmark(dataset, dataset_name="tiny", granularity="turn", as_of=True)
+    assert plain.report["modes"]["keyword"]["overall"]["recall@10"] == 1.0
+    assert as_of.report["modes"]["keyword"]["overall"]["recall@10"] == 0.0
+    assert as_of.report["asOf"] is True
+
+
 async def test_chunk_granularity_maps_multi_turn_chunks_to_their_turns(tmp_path: Path) -> None:
     """With the default chunking a session's turns share a chunk and a hit covers all of them."""
     dataset = dataset_from_json(tiny_dataset())
@@ -193,7 +206,7 @@ def test_cli_writes_the_documented_json_shape_and_reports_fallbacks(tmp_path: Pa
                      stdout=stdout, stderr=stderr)
     assert rc == 0, stderr.getvalue()
     report = json.loads(out_path.read_text())
-    assert set(report) == {"dataset", "embedder", "granularity", "questions", "modes"}
+    assert set(report) == {"dataset", "embedder", "granularity", "asOf", "questions", "modes"}
     assert (report["dataset"], report["embedder"], report["granularity"], report["questions"]) == (
         str(data_path), "none", "turn", 3)
     assert set(report["modes"]) == set(MODES)
