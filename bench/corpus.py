@@ -29,6 +29,9 @@ from sessions import SessionsConfig, SessionStore
 __all__ = ["CACHE_DIR", "Corpus", "SyntheticEmbedder", "build_corpus", "queries", "write_transcripts"]
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
+# The synthetic corpora keep round 1's fixed chunking, so speed figures stay comparable across
+# rounds (the product sizes chunks for its embedder; these vectors come from no model).
+CHUNKING = {"chunk_tokens": 400, "overlap_tokens": 80}
 DIMS = 384
 TOPICS = 200
 USER = "bench"
@@ -190,7 +193,7 @@ async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     write_transcripts(data_dir, messages=messages, per_session=50)
-    config = MemoryConfig(watch=False)
+    config = MemoryConfig(watch=False, **CHUNKING)
     opened = open_index(data_dir / "memory.db")
     conn = WriteConnection(opened.db)
     indexer = Indexer.on(conn, opened.vectors, sessions_root(data_dir), config)

@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
@@ -411,25 +411,23 @@ def memory_config(granularity: str, *, embedder: str, k: int, rrf_k: int, candid
                   max_turn_tokens: int = 0, base: MemoryConfig | None = None) -> MemoryConfig:
     """The index and search settings of a run.
 
-    ``chunk`` keeps the configured chunking (default 400/80 approximate tokens). ``turn`` holds
+    ``chunk`` keeps the configured chunking (by default sized for the embedder). ``turn`` holds
     one turn per transcript, so chunk_tokens only has to exceed the longest turn for each turn
     to be exactly one whole chunk (never cut into segments).
     """
     base = base or MemoryConfig()
     chunk_tokens, overlap = base.chunk_tokens, base.overlap_tokens
     if granularity == "turn":
-        chunk_tokens, overlap = max(base.chunk_tokens, max_turn_tokens + 1), 0
+        chunk_tokens, overlap = max(16, max_turn_tokens + 1), 0
     max_k = max(k, 10)
     if candidates < max_k:
         raise ValueError(f"--candidates ({candidates}) must be at least max(--k, 10) = {max_k}")
-    return MemoryConfig(
-        enabled=True, embedder=embedder,  # type: ignore[arg-type]
+    # Every other setting (fusion, weights, embedder options) is the base's, i.e. the defaults
+    # a new user gets unless the caller changed them.
+    return replace(
+        base, enabled=True, embedder=embedder,  # type: ignore[arg-type]
         chunk_tokens=chunk_tokens, overlap_tokens=overlap, watch=False, debounce_ms=0,
         rrf_k=rrf_k, candidates=candidates, default_k=min(base.default_k, max_k), max_k=max_k,
-        max_query_terms=base.max_query_terms,
-        embeddings_base_url=base.embeddings_base_url, embeddings_api_key=base.embeddings_api_key,
-        embeddings_model=base.embeddings_model, embeddings_dimensions=base.embeddings_dimensions,
-        local_threads=base.local_threads,
     )
 
 
@@ -624,9 +622,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rrf-k", type=int, default=60, help="RRF constant (default 60)")
     parser.add_argument("--candidates", type=int, default=50, help="candidates per leg (default 50)")
     parser.add_argument("--chunk-tokens", type=int, default=None,
-                        help="chunk size for --granularity chunk (default: memory default, 400)")
+                        help="chunk size for --granularity chunk (default: sized for the embedder, ≤ 256)")
     parser.add_argument("--overlap-tokens", type=int, default=None,
-                        help="chunk overlap for --granularity chunk (default: memory default, 80)")
+                        help="chunk overlap for --granularity chunk (default: memory default, chunk/5)")
+    parser.add_argument("--fusion", choices=("convex", "rrf"), default=None,
+                        help="how hybrid fuses the legs (default: the memory default)")
+    parser.add_argument("--keyword-weight", type=float, default=None,
+                        help="keyword leg's weight in hybrid fusion (default: the memory default)")
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
@@ -655,6 +657,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         base = MemoryConfig(
             chunk_tokens=args.chunk_tokens or defaults.chunk_tokens,
             overlap_tokens=(args.overlap_tokens if args.overlap_tokens is not None else defaults.overlap_tokens),
+            fusion=args.fusion or defaults.fusion,
+            keyword_weight=args.keyword_weight if args.keyword_weight is not None else defaults.keyword_weight,
             embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
             embeddings_base_url=os.environ.get("OPENAI_BASE_URL"),
             local_threads=os.cpu_count() or 1,

@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["EmbedderChoice", "FusionMethod", "MemoryConfig"]
+__all__ = ["CHUNK_TOKENS_CAP", "EmbedderChoice", "FusionMethod", "MemoryConfig", "SizedConfig"]
+
+# The largest automatic chunk (approximate tokens). Ten results of this size stay within about
+# 2,000 tokens of prompt, and smaller chunks were worse for keyword recall on every dataset
+# (docs/memory.md, "Chunk size").
+CHUNK_TOKENS_CAP = 256
+# An embedder's window is in its own tokens; approx_tokens can undercount WordPiece by ~20%
+# and a query/passage prefix takes a few, so an automatic chunk uses 4/5 of the window.
+WINDOW_SHARE = 0.8
 
 EmbedderChoice = Literal["auto", "openai", "local", "none"]
 FusionMethod = Literal["convex", "rrf"]
@@ -23,9 +31,10 @@ class MemoryConfig:
     # "auto": openai when an API key is configured, else local when installed, else none.
     embedder: EmbedderChoice = "auto"
 
-    # Chunking (approximate tokens; see memory.chunking.approx_tokens).
-    chunk_tokens: int = 400
-    overlap_tokens: int = 80
+    # Chunking (approximate tokens; see memory.chunking.approx_tokens). None: sized for the
+    # active embedder's window, at most CHUNK_TOKENS_CAP (see sized_for).
+    chunk_tokens: int | None = None
+    overlap_tokens: int | None = None
 
     # Indexer triggers.
     debounce_ms: int = 1500
@@ -65,9 +74,9 @@ class MemoryConfig:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        if self.chunk_tokens < 16:
+        if self.chunk_tokens is not None and self.chunk_tokens < 16:
             problems.append("chunk_tokens must be at least 16")
-        if not 0 <= self.overlap_tokens < self.chunk_tokens:
+        if self.overlap_tokens is not None and not 0 <= self.overlap_tokens < (self.chunk_tokens or CHUNK_TOKENS_CAP):
             problems.append("overlap_tokens must be at least 0 and less than chunk_tokens")
         if self.debounce_ms < 0:
             problems.append("debounce_ms must not be negative")
@@ -93,3 +102,23 @@ class MemoryConfig:
             problems.append("embeddings_timeout_s must be positive")
         if problems:
             raise ValueError("memory: " + "; ".join(problems))
+
+    def sized_for(self, window: int | None) -> SizedConfig:
+        """These settings with the chunk size settled for an embedder whose input window is
+        ``window`` tokens (None: no embedder, or one without a known limit)."""
+        chunk = self.chunk_tokens
+        if chunk is None:
+            chunk = CHUNK_TOKENS_CAP if window is None else max(16, min(CHUNK_TOKENS_CAP, int(window * WINDOW_SHARE)))
+        overlap = self.overlap_tokens if self.overlap_tokens is not None else chunk // 5
+        if overlap >= chunk:
+            raise ValueError(f"memory: overlap_tokens ({overlap}) must be less than the chunk size ({chunk})")
+        return SizedConfig(chunk, overlap)
+
+
+@dataclass(frozen=True, slots=True)
+class SizedConfig:
+    """The chunk size in force: what chunking and the index fingerprint use."""
+
+    chunk_tokens: int
+    overlap_tokens: int
+

@@ -62,10 +62,11 @@ class Indexer:
 
     @classmethod
     def on(cls, conn: WriteConnection, backend: VectorBackend, sessions_dir: Path,
-           config: MemoryConfig) -> Indexer:
-        """An indexer of the transcripts under ``sessions_dir`` writing through ``conn``."""
+           config: MemoryConfig, *, window: int | None = None) -> Indexer:
+        """An indexer of the transcripts under ``sessions_dir`` writing through ``conn``;
+        ``window`` is the embedder's input limit, which automatic chunk sizes fit."""
         vectors = VectorStore(conn, backend)
-        return cls(FileSync(conn, sessions_dir, config, vectors), vectors)
+        return cls(FileSync(conn, sessions_dir, config, vectors, window=window), vectors)
 
     async def sync(self, pipeline: EmbeddingPipeline | None, *, paths: list[Path] | None = None,
                    progress: ProgressCallback | None = None) -> SyncReport:

@@ -106,7 +106,8 @@ class MemoryService:
             self._rebuilt_reason = f"{DB_NAME} was missing; rebuilt from transcripts"
             log.warning("memory.db.missing", path=str(self.db_path), effect="index rebuilt from transcripts")
         conn = WriteConnection(opened.db)
-        indexer = Indexer.on(conn, opened.vectors, self.sessions_dir, self.config)
+        indexer = Indexer.on(conn, opened.vectors, self.sessions_dir, self.config,
+                             window=self.embedder.max_tokens if self.embedder else None)
         readers = ReaderPool(self.db_path, self._vec_extension if opened.vectors.available else None)
         self._index = _Index(conn, indexer, readers)
         self._vector_state = await asyncio.to_thread(self._compute_vector_state)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
-from memory.config import MemoryConfig
+from memory.config import MemoryConfig, SizedConfig
 from memory.db import WriteConnection
 from memory.vectors import VectorStore
 from sessions import (
@@ -45,8 +45,8 @@ _FINGERPRINT_BYTES = 4096
 _Owner = tuple[str, str]  # (user, session_key)
 
 
-def chunking_fingerprint(config: MemoryConfig) -> str:
-    return f"v1:{config.chunk_tokens}:{config.overlap_tokens}"
+def chunking_fingerprint(sizes: SizedConfig) -> str:
+    return f"v1:{sizes.chunk_tokens}:{sizes.overlap_tokens}"
 
 
 @dataclass(slots=True)
@@ -99,14 +99,15 @@ class FileSync:
     """Keeps the ``files``, ``chunks`` and ``chunks_fts`` rows in step with the transcripts."""
 
     def __init__(self, conn: WriteConnection, sessions_dir: Path, config: MemoryConfig,
-                 vectors: VectorStore) -> None:
+                 vectors: VectorStore, *, window: int | None = None) -> None:
         self._conn = conn
         self.db = conn.db
         self.sessions_dir = sessions_dir
         self._resolved_root = sessions_dir.resolve()
         self.config = config
         self.vectors = vectors
-        self.chunking = chunking_fingerprint(config)
+        self.sizes = config.sized_for(window)   # chunks fit the embedder's window
+        self.chunking = chunking_fingerprint(self.sizes)
 
     # --- which files -------------------------------------------------------------------
 
@@ -201,7 +202,7 @@ class FileSync:
     def _index_from(self, path: Path, rel: str, owner: _Owner, offset: int, line: int,
                     first_idx: int, skip_segments: int, known_end: int | None = None) -> tuple[int, int, int, int]:
         reader = ForwardReader(path, offset, line)
-        chunks = chunk_messages(reader, self.config.chunk_tokens, self.config.overlap_tokens,
+        chunks = chunk_messages(reader, self.sizes.chunk_tokens, self.sizes.overlap_tokens,
                                 first_idx=first_idx, skip_segments=skip_segments)
         if known_end is not None and reader.end_offset == known_end:
             # Nothing complete was appended (maybe a partial line): the stored chunks stand.

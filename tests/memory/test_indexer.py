@@ -8,6 +8,7 @@ from pathlib import Path
 import apsw
 from structlog.testing import capture_logs
 
+from memory import MemoryConfig
 from memory.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,
@@ -236,3 +237,23 @@ async def test_chunk_setting_change_reindexes(tmp_path: Path) -> None:
         await svc.sync_now()
         status = await svc.status()
     assert len(chunk_rows(tmp_path)) > big and status["pending"] == 0
+
+
+async def test_automatic_chunks_fit_the_embedders_window(tmp_path: Path) -> None:
+    """With chunk_tokens unset, chunks are sized to 4/5 of the embedder's window, so none is cut off."""
+    from memory.chunking import approx_tokens
+
+    embedder = FakeEmbedder()
+    embedder.max_tokens = 40   # type: ignore[assignment]
+    write_transcript(tmp_path, "alice", "s1", [" ".join(f"word{i}" for i in range(30)) for _ in range(6)])
+    async with opened(tmp_path, quiet_config(), embedder) as svc:
+        await svc.sync_now()
+    db = apsw.Connection(str(tmp_path / "memory.db"))
+    contents = [str(c) for (c,) in db.execute("SELECT content FROM chunks")]
+    db.close()
+    assert len(contents) > 6   # 6 long messages had to be cut to fit
+    assert all(approx_tokens(c) <= 32 + 8 for c in contents)   # 32 = 4/5 of 40; 8: one prefix
+    assert MemoryConfig().sized_for(None).chunk_tokens == 256
+    assert MemoryConfig().sized_for(512).chunk_tokens == 256
+    assert MemoryConfig().sized_for(200).chunk_tokens == 160
+    assert MemoryConfig(chunk_tokens=300).sized_for(128).chunk_tokens == 300  # set explicitly: kept
