@@ -54,6 +54,12 @@ class MemoryConfig:
     max_k: int = 50
     max_query_terms: int = 32
 
+    # Recall into a prompt (memory.recall): excerpts within this many approximate tokens, and
+    # only those whose cosine to the message reaches the floor (None: the embedder's own
+    # calibrated floor, if it has one).
+    recall_budget_tokens: int = 1500
+    recall_min_similarity: float | None = None
+
     # Privacy: redact e-mails, phone numbers, record numbers in text sent to a remote embedder.
     redact_before_embedding: bool = False
 
@@ -90,6 +96,10 @@ class MemoryConfig:
             problems.append("default_k must be between 1 and max_k")
         if self.candidates < self.max_k:
             problems.append("candidates must be at least max_k")
+        if self.recall_budget_tokens < 1:
+            problems.append("recall_budget_tokens must be at least 1")
+        if self.recall_min_similarity is not None and not -1.0 <= self.recall_min_similarity <= 1.0:
+            problems.append("recall_min_similarity must be between -1 and 1")
         if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:
             problems.append("embeddings_dimensions must be positive")
         for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",

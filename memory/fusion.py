@@ -31,6 +31,7 @@ class Fused:
     score: float
     keyword_rank: int | None
     vector_rank: int | None
+    similarity: float | None = None   # the vector leg's own score (cosine), when it found the chunk
 
 
 def _minmax(leg: Leg) -> dict[int, float]:
@@ -51,6 +52,7 @@ def fuse(keyword: Leg, vector: Leg, config: MemoryConfig) -> list[Fused]:
     """One ranking of every chunk either leg found, best first (ties: leg rank, then id)."""
     kw_rank = {cid: rank for rank, (cid, _) in enumerate(keyword, start=1)}
     vec_rank = {cid: rank for rank, (cid, _) in enumerate(vector, start=1)}
+    similarity = dict(vector)
     if config.fusion == "rrf":
         kw_part, vec_part = _rrf(keyword, config.rrf_k), _rrf(vector, config.rrf_k)
     else:
@@ -59,7 +61,8 @@ def fuse(keyword: Leg, vector: Leg, config: MemoryConfig) -> list[Fused]:
     w_kw = config.keyword_weight if keyword and vector else 1.0
     w_vec = 1.0 - config.keyword_weight if keyword and vector else 1.0
     out = [
-        Fused(cid, w_kw * kw_part.get(cid, 0.0) + w_vec * vec_part.get(cid, 0.0), kw_rank.get(cid), vec_rank.get(cid))
+        Fused(cid, w_kw * kw_part.get(cid, 0.0) + w_vec * vec_part.get(cid, 0.0), kw_rank.get(cid), vec_rank.get(cid),
+              similarity.get(cid))
         for cid in {**kw_rank, **vec_rank}
     ]
 

@@ -177,6 +177,7 @@ class SearchHit:
     end_ts: str | None
     keyword_rank: int | None
     vector_rank: int | None
+    similarity: float | None = None   # cosine to the query, when the vector leg found it
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -188,6 +189,8 @@ class SearchHit:
             out["keywordRank"] = self.keyword_rank
         if self.vector_rank is not None:
             out["vectorRank"] = self.vector_rank
+        if self.similarity is not None:
+            out["similarity"] = round(self.similarity, 4)
         return out
 
 
@@ -340,5 +343,5 @@ class HybridSearch:
                 continue
             cid, session_key, content, line_start, line_end, start_ts, end_ts = row
             hits.append(SearchHit(cid, session_key, content, f.score, line_start, line_end, start_ts, end_ts,
-                                  f.keyword_rank, f.vector_rank))
+                                  f.keyword_rank, f.vector_rank, f.similarity))
         return hits

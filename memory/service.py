@@ -29,7 +29,8 @@ from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
 from memory.indexing import Indexer, ProgressCallback
 from memory.quantize import vector_to_blob
 from memory.scheduler import SyncScheduler
-from memory.search import HybridSearch, SearchRequest, SearchResponse
+from memory.recall import for_prompt
+from memory.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
 from memory.sync import SyncReport
 from memory.vectors import EmbedderIdentity
 from sessions import scan_transcripts, sessions_root
@@ -279,6 +280,20 @@ class MemoryService:
         done = time.perf_counter()
         return SearchResponse(hits, actual, fallback, {
             "embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)})
+
+    async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
+                     now: datetime | None = None) -> list[SearchHit]:
+        """What to put in a prompt answering ``message``: a hybrid search, then the relevance
+        floor, merging and the token budget of :func:`memory.recall.for_prompt`."""
+        response = await self.search(user, message, k=k, mode="hybrid",
+                                     exclude_session_key=exclude_session_key, now=now)
+        floor = self.config.recall_min_similarity
+        if floor is None:
+            # Calibrated per model (a cosine means different things to different models);
+            # embedders without one (remote, test fakes) get no floor.
+            floor = getattr(self.embedder, "relevance_floor", None)
+        return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
+                          budget_tokens=self.config.recall_budget_tokens)
 
     async def status(self) -> dict[str, Any]:
         """Counts and state, camelCase, ready for the wire."""

@@ -125,11 +125,8 @@ async def _recall(
     if memory is None:
         return []
     try:
-        response = await memory.search(
-            user, message[:RECALL_QUERY_CHARS], k=k, mode="hybrid", exclude_session_key=session_key
-        )
+        return await memory.recall(user, message[:RECALL_QUERY_CHARS], k=k, exclude_session_key=session_key)
     except Exception as exc:
         # Recall is a help, never a reason to fail the reply.
         log.warning("chat.recall_failed", error=str(exc))
         return []
-    return response.results

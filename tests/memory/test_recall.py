@@ -1,0 +1,71 @@
+"""Recall into a prompt: the relevance floor, merging of overlapping chunks, the token budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memory.chunking import approx_tokens
+from memory.recall import for_prompt, merge_overlapping, trim_to_tokens
+from memory.search import SearchHit
+from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
+
+
+def hit(cid: int, lines: tuple[int, int], content: str, similarity: float | None = 0.9,
+        session: str = "s" * 32) -> SearchHit:
+    return SearchHit(cid, session, content, 1.0 / cid, lines[0], lines[1], None, None, None, None, similarity)
+
+
+def test_floor_drops_hits_below_it_and_hits_the_vector_leg_did_not_find() -> None:
+    """With the vector leg run, only hits whose cosine reaches the floor are kept."""
+    hits = [hit(1, (2, 2), "close", 0.8), hit(2, (9, 9), "far", 0.2), hit(3, (20, 20), "keyword only", None)]
+    kept = for_prompt(hits, vector_ran=True, floor=0.5, budget_tokens=1000)
+    assert [h.chunk_id for h in kept] == [1]
+
+
+def test_no_floor_without_the_vector_leg() -> None:
+    """Keyword-only recall has no comparable score, so nothing is dropped by the floor."""
+    hits = [hit(1, (2, 2), "a", None), hit(2, (9, 9), "b", None)]
+    assert [h.chunk_id for h in for_prompt(hits, vector_ran=False, floor=0.5, budget_tokens=1000)] == [1, 2]
+
+
+def test_overlapping_chunks_of_a_session_merge_without_repeating_lines() -> None:
+    """Two chunks sharing a line become one excerpt at the better rank, each line once."""
+    a = hit(1, (2, 4), "x: one\nx: two\nx: three")
+    b = hit(2, (4, 6), "x: three\nx: four\nx: five")
+    other = hit(3, (4, 6), "y: elsewhere", session="t" * 32)
+    merged = merge_overlapping([b, other, a])
+    assert [m.chunk_id for m in merged] == [2, 3]
+    assert merged[0].content == "x: one\nx: two\nx: three\nx: four\nx: five"
+    assert (merged[0].line_start, merged[0].line_end) == (2, 6)
+
+
+def test_budget_cuts_the_last_excerpt_at_a_word() -> None:
+    """Excerpts stop at the token budget; the one that crosses it is cut at a word, marked with …."""
+    long = " ".join(f"word{i}" for i in range(200))
+    kept = for_prompt([hit(1, (2, 2), "short text"), hit(2, (9, 9), long)], vector_ran=True, floor=None,
+                      budget_tokens=60)
+    assert [h.chunk_id for h in kept] == [1, 2]
+    assert sum(approx_tokens(h.content) for h in kept) <= 62
+    assert kept[1].content.endswith(" …")
+    assert trim_to_tokens("tiny", 10) == "tiny"
+
+
+async def test_service_recall_leaves_out_an_unrelated_memory(tmp_path: Path) -> None:
+    """A gardening question does not pull in the bank PIN, though search ranks it first."""
+    embedder = FakeEmbedder()
+    embedder.relevance_floor = 0.5  # type: ignore[attr-defined]
+    axis = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    embedder.vectors = {
+        f"user [{ts(0)}]: my bank PIN is 4711": axis(0),
+        f"user [{ts(0)}]: tomatoes need sun and water in the garden": axis(1),
+        "how much water do tomatoes in the garden need": [0.0, 0.9, 0.1] + [0.0] * (embedder.dims - 3),
+        "when do roses bloom": [0.3, 0.0, 0.95] + [0.0] * (embedder.dims - 3),  # nearest the PIN, still far
+    }
+    write_transcript(tmp_path, "alice", "bank", ["my bank PIN is 4711"])
+    write_transcript(tmp_path, "alice", "garden", ["tomatoes need sun and water in the garden"])
+    async with opened(tmp_path, quiet_config(), embedder) as svc:
+        assert (await svc.search("alice", "when do roses bloom", k=2)).results  # search still ranks
+        recalled = await svc.recall("alice", "how much water do tomatoes in the garden need", k=2)
+        unrelated = await svc.recall("alice", "when do roses bloom", k=2)
+    assert [h.content.endswith("garden") for h in recalled] == [True]
+    assert unrelated == []
