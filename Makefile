@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test typecheck bench bench-quick soak clean
+.PHONY: serve test typecheck bench bench-quick bench-recall soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench --quick $(ARGS)
+
+bench-recall: $(STAMP)
+	$(BIN)/python -m bench.recall_all $(ARGS)
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak $(ARGS)

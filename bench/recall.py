@@ -442,6 +442,7 @@ class RunResult:
     embedder_reason: str
     seconds: dict[str, float]
     per_question: list[dict[str, Any]]
+    as_of: RunResult | None = None
 
 
 class _Progress:
@@ -480,8 +481,11 @@ async def run_benchmark(
     data_dir: Path | None = None,
     progress_stream: TextIO | None = None,
     as_of: bool = False,
+    also_as_of: bool = False,
 ) -> RunResult:
-    """Load, index and ask; ``embedder`` overrides ``select_embedder`` (tests pass a fake)."""
+    """Load, index and ask; ``embedder`` overrides ``select_embedder`` (tests pass a fake).
+    ``also_as_of`` asks a second time as of each question's moment, on the same index; that
+    run's result is the returned one's ``as_of``."""
     if granularity not in ("chunk", "turn"):
         raise ValueError("granularity must be 'chunk' or 'turn'")
     progress = _Progress(progress_stream)
@@ -520,37 +524,53 @@ async def run_benchmark(
                                    f"{sync.error or status['lastError']}")
             seconds["index"] = time.perf_counter() - started
 
-            started = time.perf_counter()
-            rows: dict[str, list[tuple[str, dict[str, float]]]] = {m: [] for m in MODES}
-            ran_as: dict[str, dict[str, int]] = {m: defaultdict(int) for m in MODES}
-            reasons: dict[str, set[str]] = {m: set() for m in MODES}
-            per_question: list[dict[str, Any]] = []
-            fetch = max(k, 10)
-            moments = question_moments(dataset)
-            for qi, q in enumerate(dataset.questions):
-                user = corpus.users[q.conversation]
-                moment = moments[qi]
-                # Time phrases count back from when the question was asked; --as-of also hides
-                # everything said from then on, as a live assistant would meet the question.
-                before = moment.isoformat() if as_of and moment is not None else None
-                entry: dict[str, Any] = {"question": q.question, "category": q.category,
-                                         "evidence": list(q.evidence), "modes": {}}
-                for mode in MODES:
-                    response = await service.search(user, q.question, k=fetch, mode=mode, before=before, now=moment)
-                    ran_as[mode][response.mode] += 1
-                    if response.fallback_reason:
-                        reasons[mode].add(response.fallback_reason)
-                    hits = response.results[:k]
-                    ranked = [hits_to_turns(h, corpus.line_map) for h in hits]
-                    scores = score_question(ranked, q.evidence, [h.content for h in hits])
-                    rows[mode].append((q.category, scores))
-                    entry["modes"][mode] = {"ran": response.mode, "ranked": ranked, **scores}
-                per_question.append(entry)
-                progress(f"asking: {qi + 1}/{len(dataset.questions)} questions")
-            progress(f"asked: {len(dataset.questions)} questions × {len(MODES)} modes", final=True)
-            seconds["search"] = time.perf_counter() - started
+            views = [as_of] + ([True] if also_as_of and not as_of else [])
+            results: list[RunResult] = []
+            for view in views:
+                started = time.perf_counter()
+                results.append(await _ask(service, dataset, corpus, k, view, progress, dataset_name=dataset_name,
+                                          embedder_name=embedder_name, granularity=granularity))
+                results[-1].seconds.update(seconds, search=time.perf_counter() - started)
         finally:
             await service.close()
+    for result in results:
+        result.chunks, result.embedder_reason = int(status["chunks"]), reason
+    if len(results) > 1:
+        results[0].as_of = results[1]
+    return results[0]
+
+
+async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k: int, as_of: bool,
+               progress: _Progress, *, dataset_name: str, embedder_name: str, granularity: str) -> RunResult:
+    """Every question in every mode against the loaded index; ``as_of`` hides what was said
+    from each question's moment on."""
+    rows: dict[str, list[tuple[str, dict[str, float]]]] = {m: [] for m in MODES}
+    ran_as: dict[str, dict[str, int]] = {m: defaultdict(int) for m in MODES}
+    reasons: dict[str, set[str]] = {m: set() for m in MODES}
+    per_question: list[dict[str, Any]] = []
+    fetch = max(k, 10)
+    moments = question_moments(dataset)
+    for qi, q in enumerate(dataset.questions):
+        user = corpus.users[q.conversation]
+        moment = moments[qi]
+        # Time phrases count back from when the question was asked; as_of also hides
+        # everything said from then on, as a live assistant would meet the question.
+        before = moment.isoformat() if as_of and moment is not None else None
+        entry: dict[str, Any] = {"question": q.question, "category": q.category,
+                                 "evidence": list(q.evidence), "modes": {}}
+        for mode in MODES:
+            response = await service.search(user, q.question, k=fetch, mode=mode, before=before, now=moment)
+            ran_as[mode][response.mode] += 1
+            if response.fallback_reason:
+                reasons[mode].add(response.fallback_reason)
+            hits = response.results[:k]
+            ranked = [hits_to_turns(h, corpus.line_map) for h in hits]
+            scores = score_question(ranked, q.evidence, [h.content for h in hits])
+            rows[mode].append((q.category, scores))
+            entry["modes"][mode] = {"ran": response.mode, "ranked": ranked, **scores}
+        per_question.append(entry)
+        progress(f"asking{' (as of)' if as_of else ''}: {qi + 1}/{len(dataset.questions)} questions")
+    progress(f"asked: {len(dataset.questions)} questions × {len(MODES)} modes", final=True)
 
     modes_out: dict[str, Any] = {}
     for mode in MODES:
@@ -569,8 +589,8 @@ async def run_benchmark(
         "questions": len(dataset.questions),
         "modes": modes_out,
     }
-    return RunResult(report, {m: dict(v) for m, v in ran_as.items()}, reasons, int(status["chunks"]),
-                     corpus.transcripts, corpus.turns, reason, seconds, per_question)
+    return RunResult(report, {m: dict(v) for m, v in ran_as.items()}, reasons, 0,
+                     corpus.transcripts, corpus.turns, "", {}, per_question)
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -614,7 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python bench/recall.py",
         description="Retrieval quality of memory.search on a conversation dataset (see bench/README.md).")
     parser.add_argument("dataset", type=Path, help="dataset JSON (conversations + questions)")
-    parser.add_argument("--embedder", choices=("local", "openai", "none"), default="none",
+    parser.add_argument("--embedder", choices=("auto", "local", "openai", "none"), default="none",
                         help="embedder for the vector leg (default: none, keyword only)")
     parser.add_argument("--granularity", choices=("chunk", "turn"), default="chunk",
                         help="chunk: the configured chunking; turn: exactly one turn per chunk")

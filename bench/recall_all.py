@@ -1,0 +1,104 @@
+"""``make bench-recall``: every dataset at both granularities, with the defaults a new user gets.
+
+    python -m bench.recall_all [--embedder auto|local|openai|none] [--only NAME ...] [--out FILE]
+
+Datasets are every ``*.json`` in ``bench/data/`` and in ``../shared/data/`` (next to the
+repository, when present) that loads as a ``bench/recall.py`` dataset. Each runs at ``turn``
+and ``chunk`` granularity through ``bench.recall.run_benchmark`` — the real store, indexer and
+search with the default :class:`memory.MemoryConfig` — and, when its questions carry a moment
+(a ``date`` or ``asked_before_turn``), is asked a second time ``--as-of`` on the same index.
+Each table is printed as it finishes (per category); all figures go to
+``bench/results/recall.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from bench.recall import DatasetError, RunResult, format_table, load_dataset, question_moments, run_benchmark  # noqa: E402
+from memory import MemoryConfig  # noqa: E402
+
+DATA_DIRS = (_REPO / "bench" / "data", _REPO.parent / "shared" / "data")
+OUT = _REPO / "bench" / "results" / "recall.json"
+GRANULARITIES = ("turn", "chunk")
+
+
+def datasets(only: list[str] | None) -> list[Path]:
+    found: list[Path] = []
+    for folder in DATA_DIRS:
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            if only and path.stem not in only:
+                continue
+            found.append(path)
+    return found
+
+
+def _summary(result: RunResult) -> dict[str, Any]:
+    out = dict(result.report)
+    out.update(chunks=result.chunks, turns=result.turns, embedderReason=result.embedder_reason,
+               seconds={k: round(v, 1) for k, v in result.seconds.items()})
+    return out
+
+
+async def run(paths: list[Path], embedder: str) -> list[dict[str, Any]]:
+    reports: list[dict[str, Any]] = []
+    base = MemoryConfig(local_threads=os.cpu_count() or 1,
+                        embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
+                        embeddings_base_url=os.environ.get("OPENAI_BASE_URL"))
+    for path in paths:
+        try:
+            dataset = load_dataset(path)
+        except DatasetError as exc:
+            print(f"skipping {path}: not a recall dataset ({exc})", file=sys.stderr)
+            continue
+        timed = any(m is not None for m in question_moments(dataset))
+        for granularity in GRANULARITIES:
+            print(f"\n=== {path.name} · {granularity} ===", flush=True)
+            started = time.perf_counter()
+            result = await run_benchmark(dataset, dataset_name=path.name, embedder_name=embedder,
+                                         granularity=granularity, base_config=base, progress_stream=sys.stderr,
+                                         also_as_of=timed)
+            for view in (result, result.as_of):
+                if view is None:
+                    continue
+                view.chunks, view.embedder_reason = result.chunks, result.embedder_reason
+                print(format_table(view), flush=True)
+                reports.append(_summary(view))
+            print(f"({time.perf_counter() - started:.0f} s)", flush=True)
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.recall_all", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--embedder", choices=("auto", "local", "openai", "none"), default="auto",
+                        help="default: auto, what a new user gets")
+    parser.add_argument("--only", nargs="*", help="dataset file stems to run (default: all)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    paths = datasets(args.only)
+    if not paths:
+        print("no datasets found", file=sys.stderr)
+        return 2
+    reports = asyncio.run(run(paths, args.embedder))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"runs": reports}, indent=1) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    from gateway.logs import configure_logging
+
+    configure_logging("warning")
+    raise SystemExit(main())
