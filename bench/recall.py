@@ -482,10 +482,13 @@ async def run_benchmark(
     progress_stream: TextIO | None = None,
     as_of: bool = False,
     also_as_of: bool = False,
+    embedding_cache: Path | None = None,
 ) -> RunResult:
     """Load, index and ask; ``embedder`` overrides ``select_embedder`` (tests pass a fake).
     ``also_as_of`` asks a second time as of each question's moment, on the same index; that
-    run's result is the returned one's ``as_of``."""
+    run's result is the returned one's ``as_of``. ``embedding_cache`` is a SQLite file whose
+    vectors seed the run's index cache before indexing and receive its new ones after, so a
+    rerun embeds only texts it has never seen (the index's own cache, keyed by model and text)."""
     if granularity not in ("chunk", "turn"):
         raise ValueError("granularity must be 'chunk' or 'turn'")
     progress = _Progress(progress_stream)
@@ -515,7 +518,12 @@ async def run_benchmark(
                 else:
                     progress(f"embedding: {p.embedded} embedded, {p.pending} pending")
 
+            if embedding_cache is not None:
+                seeded = await asyncio.to_thread(_share_cache, root / "memory.db", embedding_cache, "seed")
+                progress(f"embedding cache: {seeded} vectors from {embedding_cache}", final=True)
             sync = await service.sync_now(progress=on_sync)
+            if embedding_cache is not None:
+                await asyncio.to_thread(_share_cache, root / "memory.db", embedding_cache, "keep")
             status = await service.status()
             progress(f"indexed: {status['chunks']} chunks, {status['embedded']} embedded, "
                      f"{status['pending']} pending", final=True)
@@ -538,6 +546,30 @@ async def run_benchmark(
     if len(results) > 1:
         results[0].as_of = results[1]
     return results[0]
+
+
+_CACHE_COLUMNS = "provider, model, endpoint_hash, content_hash, dims, vector, created_at"
+
+
+def _share_cache(index_db: Path, cache_file: Path, direction: str) -> int:
+    """Copy embedding-cache rows between a run's index and a persistent cache file."""
+    import apsw
+
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    db = apsw.Connection(str(index_db))
+    db.setbusytimeout(10_000)
+    try:
+        db.execute("ATTACH DATABASE ? AS shared", (str(cache_file),))
+        db.execute("CREATE TABLE IF NOT EXISTS shared.embedding_cache AS SELECT * FROM main.embedding_cache WHERE 0")
+        db.execute("CREATE UNIQUE INDEX IF NOT EXISTS shared.embedding_cache_key "
+                   "ON embedding_cache(provider, model, endpoint_hash, content_hash)")
+        source, target = ("shared", "main") if direction == "seed" else ("main", "shared")
+        with db:
+            db.execute(f"INSERT OR IGNORE INTO {target}.embedding_cache ({_CACHE_COLUMNS}) "
+                       f"SELECT {_CACHE_COLUMNS} FROM {source}.embedding_cache")
+        return int(db.changes())
+    finally:
+        db.close()
 
 
 async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k: int, as_of: bool,
@@ -652,6 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
+    parser.add_argument("--embedding-cache", type=Path, default=None, metavar="FILE",
+                        help="keep vectors in FILE across runs (a rerun embeds only new texts)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
     parser.add_argument("--details", type=Path, default=None, metavar="OUT",
                         help="write every question's ranked turn ids and scores as JSON")
@@ -686,7 +720,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         result = asyncio.run(run_benchmark(
             dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
             k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err,
-            as_of=args.as_of))
+            as_of=args.as_of, embedding_cache=args.embedding_cache))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2

@@ -31,6 +31,7 @@ from memory import MemoryConfig  # noqa: E402
 
 DATA_DIRS = (_REPO / "bench" / "data", _REPO.parent / "shared" / "data")
 OUT = _REPO / "bench" / "results" / "recall.json"
+CACHE = _REPO / "bench" / ".cache" / "recall-embeddings.sqlite"
 GRANULARITIES = ("turn", "chunk")
 
 
@@ -51,7 +52,7 @@ def _summary(result: RunResult) -> dict[str, Any]:
     return out
 
 
-async def run(paths: list[Path], embedder: str) -> list[dict[str, Any]]:
+async def run(paths: list[Path], embedder: str, cache: Path | None) -> list[dict[str, Any]]:
     reports: list[dict[str, Any]] = []
     base = MemoryConfig(local_threads=os.cpu_count() or 1,
                         embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
@@ -68,7 +69,7 @@ async def run(paths: list[Path], embedder: str) -> list[dict[str, Any]]:
             started = time.perf_counter()
             result = await run_benchmark(dataset, dataset_name=path.name, embedder_name=embedder,
                                          granularity=granularity, base_config=base, progress_stream=sys.stderr,
-                                         also_as_of=timed)
+                                         also_as_of=timed, embedding_cache=cache)
             for view in (result, result.as_of):
                 if view is None:
                     continue
@@ -85,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: auto, what a new user gets")
     parser.add_argument("--only", nargs="*", help="dataset file stems to run (default: all)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--embedding-cache", type=Path, default=CACHE, metavar="FILE",
+                        help=f"vectors kept across runs (default {CACHE.relative_to(_REPO)}; delete it to re-embed)")
     args = parser.parse_args(argv)
     paths = datasets(args.only)
     if not paths:
         print("no datasets found", file=sys.stderr)
         return 2
-    reports = asyncio.run(run(paths, args.embedder))
+    reports = asyncio.run(run(paths, args.embedder, args.embedding_cache))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"runs": reports}, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {args.out}")
