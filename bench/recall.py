@@ -200,6 +200,16 @@ def dataset_from_json(data: object) -> Dataset:
     return Dataset(tuple(conversations), tuple(questions))
 
 
+def only_conversations(dataset: Dataset, ids: Sequence[str]) -> Dataset:
+    """The dataset cut to the conversations ``ids`` and their questions (for a quicker run)."""
+    unknown = set(ids) - {c.id for c in dataset.conversations}
+    if unknown:
+        raise DatasetError(f"unknown conversation id(s): {', '.join(sorted(unknown))}")
+    keep = set(ids)
+    return Dataset(tuple(c for c in dataset.conversations if c.id in keep),
+                   tuple(q for q in dataset.questions if q.conversation in keep))
+
+
 def question_moments(dataset: Dataset) -> list[datetime | None]:
     """When each question was asked: its ``date``, else the time of the first turn whose id
     sorts at or after its ``asked_before_turn`` (RealMem's ids sort in history order, and the
@@ -684,6 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
+    parser.add_argument("--conversations", default=None, metavar="ID,ID",
+                        help="only these conversations and their questions (a quicker run)")
     parser.add_argument("--embedding-cache", type=Path, default=None, metavar="FILE",
                         help="keep vectors in FILE across runs (a rerun embeds only new texts)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
@@ -701,6 +713,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         return 2
     try:
         dataset = load_dataset(args.dataset)
+        if args.conversations:
+            dataset = only_conversations(dataset, args.conversations.split(","))
     except (OSError, DatasetError) as exc:
         err.write(f"error: {exc}\n")
         return 2

@@ -26,7 +26,15 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from bench.recall import DatasetError, RunResult, format_table, load_dataset, question_moments, run_benchmark  # noqa: E402
+from bench.recall import (  # noqa: E402
+    DatasetError,
+    RunResult,
+    format_table,
+    load_dataset,
+    only_conversations,
+    question_moments,
+    run_benchmark,
+)
 from memory import MemoryConfig  # noqa: E402
 
 DATA_DIRS = (_REPO / "bench" / "data", _REPO.parent / "shared" / "data")
@@ -52,7 +60,8 @@ def _summary(result: RunResult) -> dict[str, Any]:
     return out
 
 
-async def run(paths: list[Path], embedder: str, cache: Path | None) -> list[dict[str, Any]]:
+async def run(paths: list[Path], embedder: str, cache: Path | None,
+              conversations: dict[str, list[str]]) -> list[dict[str, Any]]:
     reports: list[dict[str, Any]] = []
     base = MemoryConfig(local_threads=os.cpu_count() or 1,
                         embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
@@ -60,6 +69,8 @@ async def run(paths: list[Path], embedder: str, cache: Path | None) -> list[dict
     for path in paths:
         try:
             dataset = load_dataset(path)
+            if path.stem in conversations:
+                dataset = only_conversations(dataset, conversations[path.stem])
         except DatasetError as exc:
             print(f"skipping {path}: not a recall dataset ({exc})", file=sys.stderr)
             continue
@@ -67,7 +78,8 @@ async def run(paths: list[Path], embedder: str, cache: Path | None) -> list[dict
         for granularity in GRANULARITIES:
             print(f"\n=== {path.name} · {granularity} ===", flush=True)
             started = time.perf_counter()
-            result = await run_benchmark(dataset, dataset_name=path.name, embedder_name=embedder,
+            name = path.name + (f" [{','.join(conversations[path.stem])}]" if path.stem in conversations else "")
+            result = await run_benchmark(dataset, dataset_name=name, embedder_name=embedder,
                                          granularity=granularity, base_config=base, progress_stream=sys.stderr,
                                          also_as_of=timed, embedding_cache=cache)
             for view in (result, result.as_of):
@@ -86,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: auto, what a new user gets")
     parser.add_argument("--only", nargs="*", help="dataset file stems to run (default: all)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID",
+                        help="run only these conversations of a dataset, e.g. realmem_bench:oliver_smith,sophie_dubois")
     parser.add_argument("--embedding-cache", type=Path, default=CACHE, metavar="FILE",
                         help=f"vectors kept across runs (default {CACHE.relative_to(_REPO)}; delete it to re-embed)")
     args = parser.parse_args(argv)
@@ -93,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print("no datasets found", file=sys.stderr)
         return 2
-    reports = asyncio.run(run(paths, args.embedder, args.embedding_cache))
+    subsets = {spec.split(":", 1)[0]: spec.split(":", 1)[1].split(",") for spec in args.conversations if ":" in spec}
+    reports = asyncio.run(run(paths, args.embedder, args.embedding_cache, subsets))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"runs": reports}, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {args.out}")
