@@ -42,6 +42,11 @@ __all__ = [
 log = structlog.get_logger("memory.db")
 
 BUSY_TIMEOUT_MS = 5000
+# Read-only connections map the file (address space, not memory: the pages are the OS's file
+# cache, shared by every reader). The vector leg's exact re-rank reads ~500 random chunk and
+# cache rows per search; through the default 2 MB page cache each is a read() (~10 µs),
+# mapped it is a memory access (bench/README.md, "Vector storage").
+READ_MMAP_BYTES = 1 << 40
 # Sentinel: "load the extension shipped by the sqlite-vec package".
 DEFAULT_VEC_EXTENSION = "default"
 
@@ -97,6 +102,8 @@ def _prepare(db: apsw.Connection, readonly: bool) -> None:
         quick = db.execute("PRAGMA quick_check").fetchone()
         if quick is None or quick[0] != "ok":
             raise apsw.CorruptError(f"quick_check: {quick[0] if quick else 'no answer'}")
+    if readonly:
+        db.execute(f"PRAGMA mmap_size={READ_MMAP_BYTES}").fetchone()
     db.execute("PRAGMA synchronous=NORMAL")  # the index is rebuildable from transcripts
     db.execute("PRAGMA foreign_keys=OFF")
 

@@ -10,10 +10,11 @@ Filters are fixed SQL fragments with named parameters, chosen by which filters a
 user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
 
 * keyword leg: ``chunks.user = :user`` (+ session / time) joined to the FTS rows;
-* vector leg: ``user`` is the vec0 *partition key* and session/time are vec0 *metadata
-  columns*, so the filters apply inside the KNN before ``k`` is cut — no over-fetching.
-  The KNN runs over quantized vectors and its pool is re-ranked by exact cosine over the
-  cached vectors.
+* vector leg: a pre-filter over the sign bits finds a pool of candidates with every filter
+  applied before the pool is cut — :mod:`memory.knn`'s in-memory Hamming scan of the user's
+  partition (numpy), or else sqlite-vec's KNN, where ``user`` is the vec0 *partition key* and
+  session/time are vec0 *metadata columns* — and the pool is re-ranked by exact cosine over
+  the cached int8 vectors.
 
 Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
 whose first message is before it (chunks overlapping the range).
@@ -29,6 +30,7 @@ from typing import Any, Literal
 
 import apsw
 
+from memory import knn
 from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import InvalidSearch
@@ -220,11 +222,34 @@ ORDER BY bm25(chunks_fts), chunks.id
 LIMIT :candidates
 """
 
-# The vector leg, two steps: a KNN over the quantized vectors (sign bits; Hamming distance)
-# finds a wide pool, then the pool is re-ranked by exact cosine against each chunk's cached
+# The vector leg, two steps: a pre-filter finds a wide pool of candidates by the sign bits
+# (Hamming distance), then the pool is re-ranked by exact cosine against each chunk's cached
 # int8 vector (found through chunks.vector_hash, or content_hash when the text sent was the
-# chunk's) and cut to the leg's candidates. Filters apply inside the KNN. The score is the
-# cosine similarity.
+# chunk's) and cut to the leg's candidates. The score is the cosine similarity.
+#
+# With numpy (>= 2.0) the pre-filter is memory.knn's in-memory scan of the user's sign bits
+# and the pool comes in as :pool (a JSON array of chunk ids); the re-rank applies the filters
+# again on chunks, so a stale in-memory row can never let a filtered-out chunk through.
+# CROSS JOIN pins the join order: the pool drives, each row one primary-key lookup per table
+# (left to itself the planner may scan the user's chunks and probe the pool for each).
+_RERANK_SQL = """
+SELECT chunks.id,
+       1.0 - vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8)) AS similarity
+FROM json_each(:pool) AS pool
+CROSS JOIN chunks ON chunks.id = pool.value
+CROSS JOIN embedding_cache
+  ON embedding_cache.provider = :provider
+ AND embedding_cache.model = :model
+ AND embedding_cache.endpoint_hash = :endpoint_hash
+ AND embedding_cache.content_hash = coalesce(chunks.vector_hash, chunks.content_hash)
+WHERE chunks.user = :user
+  AND chunks.embedded = 1{filters}
+ORDER BY similarity DESC, chunks.id
+LIMIT :candidates
+"""
+
+# Without numpy (or for an int8 chunks_vec) sqlite-vec's own KNN finds the pool, with the
+# filters applied inside the KNN (user is the partition key, session/time metadata columns).
 _VECTOR_SQL = """
 WITH vec_pool AS (
     SELECT chunk_id
@@ -248,10 +273,25 @@ LIMIT :candidates
 
 _KNN_QUERY = {"bit": "vec_quantize_binary(vec_int8(:query_int8))", "int8": "vec_int8(:query_int8)"}
 
-# Candidates the quantized KNN hands to the exact re-rank. sqlite-vec's KNN costs ~0.11 ms per
-# unit of k at 100k rows, so the pool trades recall for latency: with 100, recall@10 of the
-# vector leg against an exact float scan is 0.99 at 10k and 0.67 at 100k synthetic clustered
-# vectors (bench/README.md), at a 15.6 ms hybrid p50.
+_SESSION_IDS_SQL = "SELECT id FROM chunks WHERE user = ? AND session_key = ? AND embedded = 1"
+
+
+def _session_chunk_ids(db: apsw.Connection, user: str, session_key: str | None) -> list[int] | None:
+    """A session filter as the in-memory scan applies it: the session's chunk ids (its index)."""
+    if session_key is None:
+        return None
+    return [int(cid) for (cid,) in db.execute(_SESSION_IDS_SQL, (user, session_key))]
+
+# The in-memory pre-filter keeps RERANK_SCAN chunks by Hamming distance, orders them by the
+# query's dot product with their signs, and hands the best RERANK_POOL to the exact re-rank,
+# whose cost is per row (two b-tree lookups: ~20 µs a row on the loaded 2-core bench machine).
+# At 100k synthetic clustered vectors the vector leg's recall@10 against an exact float scan
+# is 0.67 with a Hamming pool of 100 straight to the re-rank; bench/README.md ("Vector
+# storage") has the table these two were picked from.
+RERANK_SCAN = 1000
+RERANK_POOL = 300
+# The same for sqlite-vec's KNN (no numpy), whose cost grows ~0.11 ms per unit of k at 100k
+# rows: 100 keeps the hybrid p50 near 15 ms at the price of that 0.67.
 RERANK_POOL_FACTOR = 2
 RERANK_POOL_MIN = 100
 _VEC0_MAX_K = 4096
@@ -321,14 +361,25 @@ class HybridSearch:
         meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'vector_format')"))
         fmt = meta.get("vector_format") or "bit"
         provider, model, endpoint = json.loads(meta.get("embedder") or '["", "", ""]')
-        sql, active = build_sql(request, leg="vector", vector_format=fmt)
         params: dict[str, Any] = {
             "user": request.user, "candidates": self.config.candidates,
             "query_int8": quantize_int8(vector_from_blob(query_vector)),
-            "vec_pool": min(_VEC0_MAX_K, max(RERANK_POOL_MIN, RERANK_POOL_FACTOR * self.config.candidates)),
             "provider": provider, "model": model, "endpoint_hash": endpoint,
         }
+        active = [name for name in _FILTERS if getattr(request, name) is not None]
         params.update((name, getattr(request, name)) for name in active)
+        if fmt == "bit" and knn.HAVE_NUMPY:
+            filters = knn.Filters(request.after_ms, request.before_ms,
+                                  _session_chunk_ids(self.db, request.user, request.session_key),
+                                  _session_chunk_ids(self.db, request.user, request.exclude_session_key))
+            pool = knn.index_for(self.db.filename).nearest(
+                self.db, request.user, params["query_int8"], filters,
+                scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates))
+            sql = _RERANK_SQL.format(filters="".join(_FILTERS[n][0] for n in active))
+            params["pool"] = json.dumps(pool)
+        else:
+            sql, _ = build_sql(request, leg="vector", vector_format=fmt)
+            params["vec_pool"] = min(_VEC0_MAX_K, max(RERANK_POOL_MIN, RERANK_POOL_FACTOR * self.config.candidates))
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
 
     def _hits(self, fused: list[Fused]) -> list[SearchHit]:

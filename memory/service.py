@@ -26,6 +26,7 @@ from memory.config import MemoryConfig
 from memory.db import DEFAULT_VEC_EXTENSION, ReaderPool, VectorBackend, WriteConnection, open_index
 from memory.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
+from memory import knn
 from memory.indexing import Indexer, ProgressCallback
 from memory.quantize import vector_to_blob
 from memory.scheduler import SyncScheduler
@@ -135,6 +136,7 @@ class MemoryService:
         index, self._index = self._index, None
         if index is not None:
             await asyncio.to_thread(self._close_connections, index)
+        knn.release(self.db_path)  # the searches' in-memory sign bits; a restart reloads them
 
     @staticmethod
     def _close_connections(index: _Index) -> None:

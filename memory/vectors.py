@@ -15,12 +15,19 @@ models' vectors. Rebuilding reuses the cache, so switching back costs no embedde
 Rows changed while sqlite-vec was not loaded set ``meta.vectors_stale``; the next start with
 sqlite-vec rebuilds ``chunks_vec`` the same way.
 
+Every vector stored or removed also appends its chunk id to ``vector_changes`` in the same
+transaction, and ``meta.vector_generation`` is new whenever ``chunks_vec`` is created or
+dropped: that is how the in-memory sign-bit index of the search (``memory.knn``) brings itself
+up to any read snapshot without rescanning. The log keeps its newest :data:`CHANGES_KEPT`
+entries; ``meta.vector_changes_floor`` is the highest one trimmed.
+
 Every method of :class:`VectorStore` blocks; call it from a worker thread.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +39,7 @@ import structlog
 from memory.db import VectorBackend, WriteConnection, get_meta, set_meta
 from memory.embeddings import Embedder
 from memory.errors import EmbedderError
+from memory.knn import CHANGES_TABLE
 from memory.quantize import cached_vector_to_int8
 
 __all__ = [
@@ -47,6 +55,10 @@ log = structlog.get_logger("memory.indexer")  # the name these events always had
 
 # Stored for a chunk without timestamps, so that it fails every time filter as NULL does in SQL.
 _NEVER = 2**62
+
+# Entries of vector_changes kept: a reader's in-memory index further behind than this reloads
+# (~10 ms per 100k chunks) instead of replaying the log. ~20 bytes each on disk.
+CHANGES_KEPT = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +119,33 @@ def ensure_vector_table(db: apsw.Connection, dims: int) -> None:
     )
     set_meta(db, "vector_dims", str(int(dims)))
     set_meta(db, "vector_format", fmt)
+    _new_generation(db)
 
 
 def drop_vector_table(db: apsw.Connection) -> None:
     db.execute("DROP TABLE IF EXISTS chunks_vec")
     set_meta(db, "vector_dims", None)
     set_meta(db, "vector_format", None)
+    _new_generation(db)
+
+
+def _new_generation(db: apsw.Connection) -> None:
+    """Start the change log afresh (caller's transaction): readers' in-memory copies reload."""
+    db.execute(f"CREATE TABLE IF NOT EXISTS {CHANGES_TABLE}("
+               "seq INTEGER PRIMARY KEY AUTOINCREMENT, chunk_id INTEGER NOT NULL)")
+    db.execute(f"DELETE FROM {CHANGES_TABLE}")
+    set_meta(db, "vector_changes_floor", None)
+    set_meta(db, "vector_generation", secrets.token_hex(8))
+
+
+def _log_changes(db: apsw.Connection, ids: Iterable[int]) -> None:
+    """Record changed vectors for readers' in-memory indexes; trim the log (caller's transaction)."""
+    db.executemany(f"INSERT INTO {CHANGES_TABLE}(chunk_id) VALUES (?)", [(cid,) for cid in ids])
+    (head,) = db.execute(f"SELECT coalesce(max(seq), 0) FROM {CHANGES_TABLE}").fetchone() or (0,)
+    floor = int(head) - CHANGES_KEPT
+    if floor > int(get_meta(db, "vector_changes_floor") or 0):
+        db.execute(f"DELETE FROM {CHANGES_TABLE} WHERE seq <= ?", (floor,))
+        set_meta(db, "vector_changes_floor", str(floor))
 
 
 def _now() -> str:
@@ -138,6 +171,8 @@ class VectorStore:
             if get_meta(self.db, "vectors_stale") == "1":
                 self._start_rebuild()
                 set_meta(self.db, "vectors_stale", None)
+            if get_meta(self.db, "vector_generation") is None:
+                _new_generation(self.db)  # a database written before the change log existed
             if identity is None:
                 return
             stored = get_meta(self.db, "embedder")
@@ -177,8 +212,10 @@ class VectorStore:
             return
         if vector_table_dims(self.db) is None:
             return
+        ids = list(ids)
         for cid in ids:
             self.db.execute("DELETE FROM chunks_vec WHERE chunk_id = ?", (cid,))
+        _log_changes(self.db, ids)
 
     def pending_count(self) -> int:
         with self._conn.lock:
@@ -225,11 +262,11 @@ class VectorStore:
             dims = dims_seen.pop()
             ensure_vector_table(self.db, dims)
             quantize_sql = "vec_quantize_binary(vec_int8(?))" if vector_format(dims) == "bit" else "vec_int8(?)"
-            stored = 0
+            stored: list[int] = []
             for (cid, _content, user, session_key, start_ms, end_ms, chash), h in zip(rows, hashes):
                 if self.db.execute("SELECT 1 FROM chunks WHERE id = ? AND embedded = 0", (cid,)).fetchone() is None:
                     continue  # deleted or replaced while its vector was being made
-                stored += 1
+                stored.append(cid)
                 self.db.execute("DELETE FROM chunks_vec WHERE chunk_id = ?", (cid,))
                 self.db.execute(
                     f"INSERT INTO chunks_vec(chunk_id, user, embedding, session_key, start_ms, end_ms) "
@@ -240,9 +277,10 @@ class VectorStore:
                 # vector_hash is stored only when the text sent differs from the chunk (redaction).
                 self.db.execute("UPDATE chunks SET embedded = 1, vector_hash = ? WHERE id = ?",
                                 (None if h == chash else h, cid))
+            _log_changes(self.db, stored)
             if self.db.execute("SELECT 1 FROM chunks WHERE embedded = 0 LIMIT 1").fetchone() is None:
                 set_meta(self.db, "vector_rebuild", None)
-        return stored
+        return len(stored)
 
     def rebuild_done(self) -> None:
         """Clear ``meta.vector_rebuild`` once nothing is pending."""
