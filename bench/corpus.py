@@ -177,10 +177,10 @@ class Corpus:
 async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     """A data dir holding ~``target_chunks`` indexed chunks with synthetic vectors (cached)."""
     from memory import MemoryConfig, SyncReport
-    from memory.db import WriteConnection, open_index
-    from memory.embeddings import EmbeddingPipeline
-    from memory.indexing import Indexer
-    from memory.vectors import EmbedderIdentity
+    from memory.index.db import WriteConnection, open_index
+    from memory.embedders.embeddings import EmbeddingPipeline
+    from memory.index.indexing import Indexer
+    from memory.index.vectors import EmbedderIdentity
     from sessions import sessions_root
 
     # ~4 new messages per 400-token chunk with these message lengths (measured).

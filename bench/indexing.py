@@ -13,8 +13,8 @@ from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
 from memory import MemoryConfig
-from memory.db import WriteConnection, open_index
-from memory.indexing import Indexer
+from memory.index.db import WriteConnection, open_index
+from memory.index.indexing import Indexer
 from sessions import SessionsConfig, SessionStore, sessions_root
 
 
@@ -52,7 +52,7 @@ async def run_appends(quick: bool) -> list[Figure]:
 async def run_query_embedding(quick: bool) -> list[Figure]:
     """The local embedder's time for one query (excluded from the search figures)."""
     try:
-        from memory.local_embedder import LocalEmbedder
+        from memory.embedders.local_embedder import LocalEmbedder
     except ImportError as exc:
         return [Figure("3 search", "local embedder query time", float("nan"), "ms", note=f"not installed: {exc}")]
     from bench.corpus import queries

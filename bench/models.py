@@ -37,8 +37,8 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from memory.embeddings import EmbeddingPipeline  # noqa: E402
-from memory.local_embedder import MODELS, LocalEmbedder, unavailable_reason  # noqa: E402
+from memory.embedders.embeddings import EmbeddingPipeline  # noqa: E402
+from memory.embedders.local_embedder import MODELS, LocalEmbedder, unavailable_reason  # noqa: E402
 
 SAMPLE = _REPO / "bench" / "data" / "sample.json"
 BASELINE = "all-MiniLM-L6-v2"

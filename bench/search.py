@@ -16,9 +16,9 @@ from bench.corpus import CHUNKING, USER, SyntheticEmbedder, Vocabulary, build_co
 from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
-from memory import knn
+from memory.index import knn
 from memory.config import MemoryConfig
-from memory.search import RERANK_POOL, RERANK_SCAN
+from memory.retrieval.search import RERANK_POOL, RERANK_SCAN
 from memory.service import MemoryService
 
 MODES = ("keyword", "vector", "hybrid")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
-from .embeddings import Embedder, select_embedder
+from .embedders.embeddings import Embedder, select_embedder
 from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
-from .indexing import SyncProgress
-from .search import SearchHit, SearchResponse
+from .index.indexing import SyncProgress
+from .retrieval.search import SearchHit, SearchResponse
 from .service import MemoryService
-from .sync import SyncReport
+from .index.sync import SyncReport
 
 __all__ = [
     "Embedder",

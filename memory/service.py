@@ -23,19 +23,19 @@ import apsw
 import structlog
 
 from memory.config import MemoryConfig
-from memory.db import DEFAULT_VEC_EXTENSION, ReaderPool, VectorBackend, WriteConnection, open_index
-from memory.embeddings import Embedder, EmbeddingPipeline
+from memory.index.db import DEFAULT_VEC_EXTENSION, ReaderPool, VectorBackend, WriteConnection, open_index
+from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
-from memory import knn
-from memory.indexing import Indexer, ProgressCallback
-from memory.quantize import vector_to_blob
-from memory.scheduler import SyncScheduler
-from memory.local_embedder import default_threads
-from memory.recall import for_prompt
-from memory.rerank import CrossEncoder
-from memory.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
-from memory.sync import SyncReport
-from memory.vectors import EmbedderIdentity
+from memory.index import knn
+from memory.index.indexing import Indexer, ProgressCallback
+from memory.index.quantize import vector_to_blob
+from memory.index.scheduler import SyncScheduler
+from memory.embedders.local_embedder import default_threads
+from memory.retrieval.recall import for_prompt
+from memory.embedders.rerank import CrossEncoder
+from memory.retrieval.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
+from memory.index.sync import SyncReport
+from memory.index.vectors import EmbedderIdentity
 from sessions import scan_transcripts, sessions_root
 
 __all__ = ["MemoryService"]

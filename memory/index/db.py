@@ -26,7 +26,7 @@ from typing import TypeVar
 import apsw
 import structlog
 
-from memory.migrations import SCHEMA_VERSION, migrate
+from memory.index.migrations import SCHEMA_VERSION, migrate
 
 __all__ = [
     "DEFAULT_VEC_EXTENSION",

@@ -30,13 +30,13 @@ from typing import Any, Literal
 
 import apsw
 
-from memory import knn
+from memory.index import knn
 from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import InvalidSearch
-from memory.fusion import Fused, fuse
-from memory.timephrases import TimeWindow, find_time_window, strip_time_phrase
-from memory.quantize import quantize_int8, vector_from_blob
+from memory.retrieval.fusion import Fused, fuse
+from memory.retrieval.timephrases import TimeWindow, find_time_window, strip_time_phrase
+from memory.index.quantize import quantize_int8, vector_from_blob
 
 __all__ = [
     "HybridSearch",

@@ -24,12 +24,12 @@ import structlog
 
 from memory.chunking import sha256_text
 from memory.config import MemoryConfig
-from memory.db import VectorBackend, WriteConnection
-from memory.embeddings import EmbeddingPipeline
+from memory.index.db import VectorBackend, WriteConnection
+from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import EmbedderError
-from memory.quantize import quantize_int8
-from memory.sync import FileSync, SyncReport
-from memory.vectors import EmbedderIdentity, VectorStore
+from memory.index.quantize import quantize_int8
+from memory.index.sync import FileSync, SyncReport
+from memory.index.vectors import EmbedderIdentity, VectorStore
 
 __all__ = ["EMBED_ROWS_PER_BATCH", "Indexer", "ProgressCallback", "SyncProgress"]
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
 from memory.config import MemoryConfig, SizedConfig
-from memory.db import WriteConnection
-from memory.vectors import VectorStore
+from memory.index.db import WriteConnection
+from memory.index.vectors import VectorStore
 from sessions import (
     ForwardReader,
     parse_transcript_relpath,

@@ -249,7 +249,7 @@ class OpenAIEmbedder:
 
 def _local_importable(config: MemoryConfig) -> str | None:
     """None when the configured local model can run, else why not (nothing is loaded)."""
-    from memory.local_embedder import unavailable_reason
+    from memory.embedders.local_embedder import unavailable_reason
 
     return unavailable_reason(config.local_model)
 
@@ -271,7 +271,7 @@ def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
         )
 
     def local_embedder() -> Embedder:
-        from memory.local_embedder import LocalEmbedder
+        from memory.embedders.local_embedder import LocalEmbedder
 
         return LocalEmbedder(
             config.local_model,

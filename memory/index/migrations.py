@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import apsw
 
-from memory.quantize import cached_vector_to_int8
+from memory.index.quantize import cached_vector_to_int8
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 

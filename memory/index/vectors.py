@@ -36,11 +36,11 @@ from typing import Any
 import apsw
 import structlog
 
-from memory.db import VectorBackend, WriteConnection, get_meta, set_meta
-from memory.embeddings import Embedder
+from memory.index.db import VectorBackend, WriteConnection, get_meta, set_meta
+from memory.embedders.embeddings import Embedder
 from memory.errors import EmbedderError
-from memory.knn import CHANGES_TABLE
-from memory.quantize import cached_vector_to_int8
+from memory.index.knn import CHANGES_TABLE
+from memory.index.quantize import cached_vector_to_int8
 
 __all__ = [
     "EmbedderIdentity",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memory.errors import EmbedderError
-from memory.local_embedder import package_dir, sha256_file
+from memory.embedders.local_embedder import package_dir, sha256_file
 
 __all__ = ["RERANKER_SHA256", "CrossEncoder"]
 
