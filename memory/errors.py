@@ -2,13 +2,13 @@
 
 Tree::
 
-    MemoryIndexError                 rpc_kind
-    ├── InvalidSearch                "invalid"      ``field`` names the bad parameter
-    ├── MemoryUnavailable            "unavailable"  the service is closed or not started
-    ├── MemoryStorageError           "storage"      SQLite failed (disk full, I/O, locked)
-    └── EmbedderError                "unavailable"  the embedder failed; ``retryable``, ``status``
+    MemoryIndexError
+    ├── InvalidSearch                ``field`` names the bad parameter
+    ├── MemoryUnavailable            the service is closed or not started
+    ├── MemoryStorageError           SQLite failed (disk full, I/O, locked)
+    └── EmbedderError                the embedder failed; ``retryable``, ``status``
 
-The package knows nothing of JSON-RPC: ``gateway.errors`` maps ``rpc_kind`` to a code in one
+The package knows nothing of JSON-RPC: ``gateway.errors`` maps each class to a code in one
 place. Messages are short, safe for the wire, and never contain chunk text or API keys.
 """
 
@@ -26,13 +26,11 @@ __all__ = [
 class MemoryIndexError(Exception):
     """Root of every error the memory package raises on purpose."""
 
-    rpc_kind: str = "storage"
 
 
 class InvalidSearch(MemoryIndexError):
     """A search parameter is out of range or malformed; ``field`` is its wire name."""
 
-    rpc_kind = "invalid"
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(reason)
@@ -43,19 +41,16 @@ class InvalidSearch(MemoryIndexError):
 class MemoryUnavailable(MemoryIndexError):
     """The service is not started, or already closed."""
 
-    rpc_kind = "unavailable"
 
 
 class MemoryStorageError(MemoryIndexError):
     """The index database failed in a way the caller cannot fix (disk, I/O)."""
 
-    rpc_kind = "storage"
 
 
 class EmbedderError(MemoryIndexError):
     """An embedder call failed; ``retryable`` says whether a later attempt may succeed."""
 
-    rpc_kind = "unavailable"
 
     def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
         super().__init__(message)

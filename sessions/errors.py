@@ -2,15 +2,15 @@
 
 Tree::
 
-    SessionError                 rpc_kind     meaning
-    ├── SessionNotFound          not_found    unknown key, another user's key, or a malformed key
-    ├── InvalidSessionInput      invalid      a caller-supplied value is wrong; ``field`` names it
-    │   └── LineTooLarge         invalid      the line would exceed ``sessions.max_line_bytes``
-    └── StorageError             storage      the disk failed (ENOSPC, EIO, short write, index I/O)
+    SessionError                 meaning
+    ├── SessionNotFound          unknown key, another user's key, or a malformed key
+    ├── InvalidSessionInput      a caller-supplied value is wrong; ``field`` names it
+    │   └── LineTooLarge         the line would exceed ``sessions.max_line_bytes``
+    └── StorageError             the disk failed (ENOSPC, EIO, short write, index I/O)
 
-This package knows nothing of JSON-RPC. Each class declares ``rpc_kind``, a plain string the
-gateway's single error mapper (``gateway.errors.to_error_object``) turns into a wire error, so
-the mapping lives in one place and this package stays transport-free.
+This package knows nothing of JSON-RPC: the gateway's one error map (``gateway.errors``) turns
+each class into a wire error, so the mapping lives in one place and this package stays
+transport-free.
 
 Messages are written for the person at the other end of the wire: they say what happened and
 never include file-system paths, other users' data, or whether a key exists for someone else.
@@ -30,7 +30,6 @@ __all__ = [
 class SessionError(Exception):
     """Root of every error this package raises on purpose."""
 
-    rpc_kind: str = "internal"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -45,7 +44,6 @@ class SessionNotFound(SessionError):
     caller can never learn which of those it was.
     """
 
-    rpc_kind = "not_found"
     MESSAGE = "session not found"
 
     def __init__(self) -> None:
@@ -55,7 +53,6 @@ class SessionNotFound(SessionError):
 class InvalidSessionInput(SessionError):
     """A value passed by the caller is unacceptable; ``field`` uses the wire (camelCase) name."""
 
-    rpc_kind = "invalid"
 
     def __init__(self, field: str, reason: str) -> None:
         # The gateway builds "invalid params: <field>: <message>", so the message is the
@@ -86,7 +83,6 @@ class StorageError(SessionError):
     ``errno`` carries the OS error number when there was one (``errno.ENOSPC``, ``errno.EIO``).
     """
 
-    rpc_kind = "storage"
 
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         super().__init__(message)

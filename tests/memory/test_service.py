@@ -42,15 +42,15 @@ async def test_watcher_indexes_new_transcripts(tmp_path: Path) -> None:
 
 
 async def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
-    """close() twice is fine; afterwards calls fail with rpc_kind 'unavailable'."""
+    """close() twice is fine; afterwards calls fail with MemoryUnavailable."""
     svc = MemoryService(tmp_path, quiet_config(watch=True), FakeEmbedder())
     await svc.start()
     await svc.close()
     await svc.close()
     try:
         await svc.search("alice", "x")
-    except MemoryUnavailable as exc:
-        assert exc.rpc_kind == "unavailable"
+    except MemoryUnavailable:
+        pass
     else:
         raise AssertionError("search after close should fail")
 

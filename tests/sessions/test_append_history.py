@@ -125,7 +125,7 @@ def test_line_too_large_is_refused_before_writing(data_dir: Path) -> None:
     before = path.read_bytes()
     with pytest.raises(LineTooLarge) as info:
         store.append_message("alice", s.session_key, role="user", content="x" * 5000)
-    assert info.value.field == "message" and info.value.rpc_kind == "invalid"
+    assert info.value.field == "message" and isinstance(info.value, InvalidSessionInput)
     assert info.value.limit == 4096 and info.value.size > 5000
     assert "max_line_bytes" in str(info.value)
     assert path.read_bytes() == before
