@@ -13,11 +13,12 @@ from .config import EmbedderChoice, MemoryConfig
 from .embedders.embeddings import Embedder, select_embedder
 from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
 from .index.indexing import SyncProgress
-from .retrieval.search import SearchHit, SearchResponse
+from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .service import MemoryService
 from .index.sync import SyncReport
 
 __all__ = [
+    "MAX_QUERY_CHARS",
     "Embedder",
     "EmbedderChoice",
     "EmbedderError",

@@ -12,15 +12,14 @@ from typing import Any, Literal
 
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from memory import MemoryConfig, MemoryService
+from memory import MAX_QUERY_CHARS, MemoryConfig, MemoryService
 from sessions import SessionStore
 
 __all__ = ["SEARCH_QUERY_MAX_CHARS", "MemoryMethods", "declare_memory"]
 
 # The longest query memory searches with (it would cut a longer one silently); refusing
-# longer ones on the wire makes that visible. The value is memory's; it is repeated here
-# only until the memory package exports it.
-SEARCH_QUERY_MAX_CHARS = 8000
+# longer ones on the wire makes that visible.
+SEARCH_QUERY_MAX_CHARS = MAX_QUERY_CHARS
 
 
 @dataclass(frozen=True, slots=True)
