@@ -1,0 +1,211 @@
+"""Choosing the fusion by cross-validation: each leg's ranking dumped once, fusions scored offline.
+
+    python -m bench.fusion_cv DATASET:GRANULARITY [...] [--conversations STEM:ID,ID ...]
+                              [--embedding-cache FILE] [--dumps DIR]
+
+For every dataset × granularity the corpus is loaded and indexed like ``bench/recall.py`` does
+(the real store and indexer, keyword-only), then for every question the keyword leg's top 100
+(chunk id, BM25) is read from the index and the vector leg's top 100 (chunk id, cosine) is
+computed exactly over the user's chunk vectors — the passage vectors come from the harness's
+embedding cache (run ``make bench-recall`` first; missing ones are embedded), the queries are
+embedded once. Each dump is kept in ``--dumps`` (``bench/.cache/fusion/``), so scoring another
+fusion costs no model time.
+
+The table gives R@10 / nDCG@10 of each leg and each fusion setting per dump, then
+leave-one-dump-out cross-validation: the keyword weight is chosen on all other dumps (mean
+R@10) and scored on the held-out one — the weight the defaults carry must win there, not only
+on the data it was chosen on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from bench.recall import (  # noqa: E402
+    hits_to_turns,
+    load_corpus,
+    load_dataset,
+    longest_turn_tokens,
+    memory_config,
+    ndcg_at,
+    only_conversations,
+    recall_at,
+)
+from memory import MemoryConfig, MemoryService  # noqa: E402
+from memory.config import FusionMethod  # noqa: E402
+from memory.retrieval.fusion import fuse  # noqa: E402
+from memory.retrieval.search import fts_query  # noqa: E402
+
+CACHE = _REPO / "bench" / ".cache" / "recall-embeddings.sqlite"
+DUMPS = _REPO / "bench" / ".cache" / "fusion"
+DEPTH = 100
+WEIGHTS = (0.2, 0.3, 0.4, 0.5, 0.6)
+
+Leg = list[tuple[int, float]]
+
+
+def _cached_vectors(cache: Path, texts: Sequence[str], model_id: str) -> dict[str, Any]:
+    import apsw
+    import numpy as np
+
+    if not cache.exists():
+        return {}
+    db = apsw.Connection(str(cache), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        wanted = {hashlib.sha256(t.encode()).hexdigest() for t in texts}
+        out: dict[str, Any] = {}
+        for key, blob in db.execute("SELECT content_hash, vector FROM embedding_cache WHERE provider = 'local' "
+                                    "AND model = ?", (model_id,)):
+            if key in wanted:
+                out[key] = np.frombuffer(bytes(blob), dtype=np.int8).astype(np.float32)
+        return out
+    finally:
+        db.close()
+
+
+async def dump(dataset_path: Path, granularity: str, conversations: list[str] | None, cache: Path) -> dict[str, Any]:
+    """Both legs of every question, with the line map reduced to each chunk's turn ids."""
+    import apsw
+    import numpy as np
+
+    from memory.embedders.local_embedder import LocalEmbedder
+
+    dataset = load_dataset(dataset_path)
+    if conversations:
+        dataset = only_conversations(dataset, conversations)
+    embedder = LocalEmbedder()
+    with tempfile.TemporaryDirectory(prefix="recalld-fusion-") as tmp:
+        root = Path(tmp)
+        # Chunk sizes as the product would pick them for this embedder's window.
+        sizes = MemoryConfig().sized_for(embedder.max_tokens)
+        base = MemoryConfig(chunk_tokens=sizes.chunk_tokens, overlap_tokens=sizes.overlap_tokens)
+        config = memory_config(granularity, embedder="none", k=10, rrf_k=60, candidates=DEPTH,
+                               max_turn_tokens=longest_turn_tokens(dataset), base=base)
+        service = MemoryService(root, config, None, embedder_reason="fusion_cv: keyword index only")
+        await service.start(catch_up=False)
+        corpus = await asyncio.to_thread(load_corpus, dataset, root, granularity)
+        await service.sync_now()
+        await service.close()
+        db = apsw.Connection(str(root / "memory.db"))
+        rows = list(db.execute("SELECT id, user, session_key, line_start, line_end, content FROM chunks ORDER BY id"))
+        turns = {cid: hits_to_turns(_Span(sk, ls, le), corpus.line_map) for cid, _, sk, ls, le, _ in rows}
+        texts = [r[5] for r in rows]
+        found = _cached_vectors(cache, texts, embedder.model_id)
+        missing = [t for t in texts if hashlib.sha256(t.encode()).hexdigest() not in found]
+        if missing:
+            print(f"  embedding {len(missing)} texts not in {cache}", file=sys.stderr)
+            for start in range(0, len(missing), 64):
+                part = missing[start:start + 64]
+                for text, vec in zip(part, await embedder.embed(part, "passage")):
+                    found[hashlib.sha256(text.encode()).hexdigest()] = np.asarray(vec, dtype=np.float32)
+        matrix = np.stack([found[hashlib.sha256(t.encode()).hexdigest()] for t in texts])
+        matrix /= np.clip(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12, None)
+        queries = np.asarray(await embedder.embed([q.question for q in dataset.questions], "query"), dtype=np.float32)
+        by_user: dict[str, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_user.setdefault(row[1], []).append(i)
+        out_q = []
+        for qi, q in enumerate(dataset.questions):
+            user = corpus.users[q.conversation]
+            match = fts_query(q.question, 32)
+            kw: Leg = [] if match is None else [(int(c), float(s)) for c, s in db.execute(
+                "SELECT chunks.id, -bm25(chunks_fts) FROM chunks_fts JOIN chunks ON chunks.id = chunks_fts.rowid "
+                "WHERE chunks_fts MATCH ? AND chunks.user = ? ORDER BY bm25(chunks_fts), chunks.id LIMIT ?",
+                (match, user, DEPTH))]
+            idx = by_user[user]
+            sims = matrix[idx] @ queries[qi]
+            order = np.argsort(-sims, kind="stable")[:DEPTH]
+            near: Leg = [(int(rows[idx[j]][0]), float(sims[j])) for j in order]
+            out_q.append({"evidence": list(q.evidence), "category": q.category, "kw": kw, "vec": near})
+        db.close()
+    return {"turns": {str(k): v for k, v in turns.items()}, "questions": out_q}
+
+
+class _Span:
+    def __init__(self, session_key: str, line_start: int, line_end: int) -> None:
+        self.session_key, self.line_start, self.line_end = session_key, line_start, line_end
+
+
+def score(d: dict[str, Any], rank: Callable[[Leg, Leg], list[int]]) -> tuple[float, float]:
+    r10 = nd = 0.0
+    for q in d["questions"]:
+        ranked = [d["turns"][str(c)] for c in rank(q["kw"], q["vec"])]
+        r10 += recall_at(ranked, q["evidence"], 10)
+        nd += ndcg_at(ranked, q["evidence"], 10)
+    n = max(1, len(d["questions"]))
+    return r10 / n, nd / n
+
+
+def fused(fusion: FusionMethod, weight: float, candidates: int = 50) -> Callable[[Leg, Leg], list[int]]:
+    config = MemoryConfig(fusion=fusion, keyword_weight=weight)
+    return lambda kw, vec: [f.chunk_id for f in fuse(kw[:candidates], vec[:candidates], config)]
+
+
+def settings() -> dict[str, Callable[[Leg, Leg], list[int]]]:
+    out: dict[str, Callable[[Leg, Leg], list[int]]] = {
+        "keyword": lambda kw, vec: [c for c, _ in kw],
+        "vector": lambda kw, vec: [c for c, _ in vec],
+        "rrf 0.5 (round 1)": fused("rrf", 0.5),
+    }
+    for w in WEIGHTS:
+        out[f"convex {w}"] = fused("convex", w)
+    for w in WEIGHTS:
+        out[f"rrf {w}"] = fused("rrf", w)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fusion_cv", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
+    parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
+    parser.add_argument("--embedding-cache", type=Path, default=CACHE)
+    parser.add_argument("--dumps", type=Path, default=DUMPS)
+    args = parser.parse_args(argv)
+    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+    dumps: dict[str, dict[str, Any]] = {}
+    for run in args.runs:
+        path_text, _, granularity = run.rpartition(":")
+        path = Path(path_text)
+        subset = subsets.get(path.stem)
+        name = f"{path.stem}{'[' + str(len(subset)) + ']' if subset else ''}:{granularity}"
+        file = args.dumps / (name.replace(":", "-").replace("[", "-").replace("]", "") + ".json")
+        if not file.exists():
+            print(f"dumping {name} …", file=sys.stderr)
+            data = asyncio.run(dump(path, granularity, subset, args.embedding_cache))
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps(data), encoding="utf-8")
+        dumps[name] = json.loads(file.read_text(encoding="utf-8"))
+    table = {name: {label: score(d, rank) for label, rank in settings().items()} for name, d in dumps.items()}
+    names = list(dumps)
+    print("R@10 / nDCG@10".ljust(20) + "".join(n.rjust(26) for n in names))
+    for label in settings():
+        print(label.ljust(20) + "".join(f"{table[n][label][0]:.3f} / {table[n][label][1]:.3f}".rjust(26) for n in names))
+    if len(names) > 1:
+        print("\nleave one out: keyword_weight chosen on the others (mean R@10), scored on the one left out")
+        for held in names:
+            others = [n for n in names if n != held]
+            best = max(WEIGHTS, key=lambda w: sum(table[n][f"convex {w}"][0] for n in others))
+            r10 = table[held][f"convex {best}"][0]
+            legs = max(table[held]["keyword"][0], table[held]["vector"][0])
+            print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, {r10 - legs:+.3f})")
+    return 0 if all(math.isfinite(v[0]) for t in table.values() for v in t.values()) else 1
+
+
+if __name__ == "__main__":
+    from gateway.logs import configure_logging
+
+    configure_logging("warning")
+    raise SystemExit(main())
