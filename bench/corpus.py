@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memory import MemoryConfig
 from sessions import SessionsConfig, SessionStore
 
 __all__ = ["CACHE_DIR", "Corpus", "SyntheticEmbedder", "build_corpus", "queries", "write_transcripts"]
@@ -31,7 +32,12 @@ __all__ = ["CACHE_DIR", "Corpus", "SyntheticEmbedder", "build_corpus", "queries"
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 # The synthetic corpora keep round 1's fixed chunking, so speed figures stay comparable across
 # rounds (the product sizes chunks for its embedder; these vectors come from no model).
-CHUNKING = {"chunk_tokens": 400, "overlap_tokens": 80}
+CHUNK_TOKENS, OVERLAP_TOKENS = 400, 80
+
+
+def bench_memory_config() -> MemoryConfig:
+    """The memory settings every speed section indexes its synthetic corpora with."""
+    return MemoryConfig(watch=False, chunk_tokens=CHUNK_TOKENS, overlap_tokens=OVERLAP_TOKENS)
 DIMS = 384
 TOPICS = 200
 USER = "bench"
@@ -176,7 +182,7 @@ class Corpus:
 
 async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     """A data dir holding ~``target_chunks`` indexed chunks with synthetic vectors (cached)."""
-    from memory import MemoryConfig, SyncReport
+    from memory import SyncReport
     from memory.index.db import WriteConnection, open_index
     from memory.embedders.embeddings import EmbeddingPipeline
     from memory.index.indexing import Indexer
@@ -193,7 +199,7 @@ async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     write_transcripts(data_dir, messages=messages, per_session=50)
-    config = MemoryConfig(watch=False, **CHUNKING)
+    config = bench_memory_config()
     opened = open_index(data_dir / "memory.db")
     conn = WriteConnection(opened.db)
     indexer = Indexer.on(conn, opened.vectors, sessions_root(data_dir), config)

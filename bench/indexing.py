@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.corpus import CHUNKING, USER, write_transcripts
+from bench.corpus import bench_memory_config, USER, write_transcripts
 from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
@@ -21,7 +21,7 @@ from sessions import SessionsConfig, SessionStore, sessions_root
 async def run_appends(quick: bool) -> list[Figure]:
     figs = []
     sizes = [1_000, 10_000] if quick else [1_000, 10_000, 100_000]
-    config = MemoryConfig(watch=False, **CHUNKING)
+    config = bench_memory_config()
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             root = Path(tmp) / f"t{n}"

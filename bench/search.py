@@ -12,7 +12,7 @@ from pathlib import Path
 import apsw
 import numpy as np
 
-from bench.corpus import CHUNKING, USER, SyntheticEmbedder, Vocabulary, build_corpus, queries
+from bench.corpus import bench_memory_config, USER, SyntheticEmbedder, Vocabulary, build_corpus, queries
 from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
@@ -89,7 +89,7 @@ async def run(quick: bool) -> list[Figure]:
             figs.append(Figure("4 indexing", f"keyword-only full index ({label} chunks, built now)",
                                corpus.keyword_chunks_per_s, "chunks/s", "≥ 3,000", corpus.keyword_chunks_per_s >= 3000))
         embedder = SyntheticEmbedder(Vocabulary.make())
-        config = MemoryConfig(watch=False, **CHUNKING)
+        config = bench_memory_config()
         # Warm restart: a service over the already indexed corpus; calls counted from zero.
         started = time.perf_counter()
         svc = MemoryService(corpus.data_dir, config, embedder)  # type: ignore[arg-type]

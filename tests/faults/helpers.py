@@ -142,12 +142,14 @@ def check_index(data_dir: Path, config: MemoryConfig | None = None, *, embedded:
     """The index equals a fresh chunking of every transcript: same files, same chunks (by index,
     text hash and line range), one FTS row per chunk, no duplicates; with ``embedded`` every
     chunk has exactly one vector. Returns the counts."""
-    cfg = config or MemoryConfig()
+    # The fault daemons embed through the loopback OpenAI-compatible fake or not at all: no
+    # known input window, so chunk sizes are the ones settled for an unknown window.
+    sizes = (config or MemoryConfig()).sized_for(None)
     root = sessions_root(data_dir)
     expected: dict[str, list[tuple[int, str, int, int]]] = {}
     for user, key in sorted(scan_transcripts(root)):
         reader = ForwardReader(transcript_file(root, user, key))
-        chunks = chunk_messages(reader, cfg.chunk_tokens, cfg.overlap_tokens)
+        chunks = chunk_messages(reader, sizes.chunk_tokens, sizes.overlap_tokens)
         expected[transcript_relpath(user, key)] = [
             (c.idx, c.content_hash, c.line_start, c.line_end) for c in chunks]
     db = open_index(data_dir / "memory.db", readonly=True).db
