@@ -43,6 +43,18 @@ async def test_local_embedder_real_model() -> None:
     assert len(long[0]) == 384
 
 
+async def test_local_model_with_the_wrong_sha256_is_refused(tmp_path: Path) -> None:
+    """A model file whose sha256 is not the pinned one is never loaded."""
+    from memory.embedders.local_embedder import LocalEmbedder, unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(str(unavailable_reason()))
+    fake = tmp_path / "model.onnx"
+    fake.write_bytes(b"not the model")
+    with pytest.raises(EmbedderError, match="refusing to load"):
+        await LocalEmbedder(model_path=fake).embed(["x"])
+
+
 async def test_openai_embedder_against_loopback_server() -> None:
     """The OpenAI embedder batches, sends dimensions and float encoding, and keeps input order."""
     server = FakeOpenAI(embedding_dims=48)
