@@ -104,9 +104,11 @@ async def run_backfill_and_loop(quick: bool) -> list[Figure]:
                            m["p99"], "ms", "≤ 25", m["p99"] <= 25,
                            note=f"p50 {m['p50']:.2f} ms over {len(lat)} calls in a {window_s:.0f} s window; "
                                 f"{status['embedded']} of {status['chunks']} chunks embedded by then"))
+        model = f"{service.embedder.model_id} (window {service.embedder.max_tokens})"
         rate = (status["embedded"] - first_status["embedded"]) / elapsed if elapsed else float("nan")
         figs.append(Figure("4 indexing", "local-embedder backfill (through the gateway, 2 cores)", rate, "chunks/s",
-                           note="MiniLM int8 ONNX, 400-token chunks cut to the model's max tokens"))
+                           note=f"{model}, chunks of {cfg.memory.chunk_tokens or 'auto'} approximate tokens "
+                                f"({status['chunks']} chunks from {messages:,} messages)"))
     return figs
 
 
