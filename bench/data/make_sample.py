@@ -101,6 +101,7 @@ CONVERSATIONS: list[dict[str, Any]] = [
             ("temporal", "How far was Maya's longest run in mid-April, and how far had she gone by late May?", ["long-15", "long-18"]),
             ("temporal", "What did Jonas do at his job in the week after he started at the repair shop?", ["tandem"]),
             ("temporal", "What was Jonas's big news in the second half of March?", ["notice"]),
+            ("relative-time", "How far was Maya's longest run last month?", ["long-15"], "2024-05-10T12:00:00"),
         ],
     },
     {
@@ -181,6 +182,7 @@ CONVERSATIONS: list[dict[str, Any]] = [
             ("temporal", "What was the state of Priya's kitchen at the end of February?", ["lead-pipe", "pipe-cost"]),
             ("temporal", "When was Biscuit due to come home from the shelter?", ["biscuit-date"]),
             ("temporal", "By what date did they have to order the cake for the birthday lunch?", ["cake"]),
+            ("relative-time", "What state was Priya's kitchen in two weeks ago?", ["lead-pipe", "pipe-cost"], "2024-03-10T12:00:00"),
         ],
     },
     {
@@ -256,6 +258,7 @@ CONVERSATIONS: list[dict[str, Any]] = [
             ("temporal", "When does Lucia's current lease run out, and when is she moving into the new flat?", ["lease-end", "flat-got"]),
             ("temporal", "What happened at the book club meeting in June?", ["bookclub"]),
             ("temporal", "What dates did Ben reserve the mountain hut for?", ["hut-booking"]),
+            ("relative-time", "What happened at the book club last month?", ["bookclub"], "2024-07-05T12:00:00"),
         ],
     },
     {
@@ -333,6 +336,7 @@ CONVERSATIONS: list[dict[str, Any]] = [
             ("temporal", "Who took Walter to his doctor's appointment in mid-August?", ["harold-drive"]),
             ("temporal", "What was Walter's blood pressure reading at the end of September?", ["bp-3"]),
             ("temporal", "What happened in the chess game Walter played right after his doctor's visit?", ["chess-loss"]),
+            ("relative-time", "What was Walter's blood pressure reading last week?", ["bp-3"], "2024-10-08T12:00:00"),
         ],
     },
     {
@@ -410,6 +414,7 @@ CONVERSATIONS: list[dict[str, Any]] = [
             ("multi-hop", "Where did Dev and Aisha celebrate their anniversary, and which anniversary was it?", ["anniv-plan", "anniv-dinner", "fifth-year"]),
             ("temporal", "What did Aisha do with her new car the day after she picked it up?", ["nani-market"]),
             ("temporal", "What was happening with Dev's startup in mid-November?", ["hiring"]),
+            ("relative-time", "What was going on with Dev's startup last week?", ["hiring"], "2024-11-21T12:00:00"),
         ],
     },
 ]
@@ -431,13 +436,16 @@ def build() -> dict[str, Any]:
                     tags[turn[2]] = turn_id
             sessions.append({"id": f"s{si}", "date": date, "turns": out_turns})
         conversations.append({"id": conv["id"], "sessions": sessions})
-        for category, question, evidence in conv["questions"]:
+        for category, question, evidence, *asked in conv["questions"]:
             missing = [t for t in evidence if t not in tags]
             assert not missing, f"{conv['id']}: unknown tags {missing}"
             if category == "multi-hop":  # evidence must span two or more sessions
                 assert len({tags[t].rsplit("-t", 1)[0] for t in evidence}) >= 2, question
-            questions.append({"conversation": conv["id"], "question": question,
-                              "evidence": [tags[t] for t in evidence], "category": category})
+            entry = {"conversation": conv["id"], "question": question,
+                     "evidence": [tags[t] for t in evidence], "category": category}
+            if asked:  # a question asked at a moment: its time phrase counts back from there
+                entry["date"] = asked[0]
+            questions.append(entry)
     return {"conversations": conversations, "questions": questions}
 
 

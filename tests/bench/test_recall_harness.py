@@ -233,9 +233,11 @@ def test_cli_rejects_a_missing_dataset_and_too_few_candidates(tmp_path: Path) ->
 
 
 def test_the_shipped_sample_dataset_is_valid_and_big_enough() -> None:
-    """bench/data/sample.json parses and has 5+ conversations of 3+ sessions and 60+ categorised questions."""
+    """bench/data/sample.json parses and has 5+ conversations of 3+ sessions and 60+ categorised questions,
+    the relative-time ones dated (their "last week" needs a moment to count back from)."""
     path = Path(recall.__file__).parent / "data" / "sample.json"
     dataset = recall.load_dataset(path)
     assert len(dataset.conversations) >= 5 and all(len(c.sessions) >= 3 for c in dataset.conversations)
     assert len(dataset.questions) >= 60
-    assert {q.category for q in dataset.questions} == {"single-hop", "multi-hop", "temporal"}
+    assert {q.category for q in dataset.questions} == {"single-hop", "multi-hop", "temporal", "relative-time"}
+    assert all(q.date is not None for q in dataset.questions if q.category == "relative-time")
