@@ -73,6 +73,20 @@ def test_every_mistake_is_reported_with_its_origin(tmp_path: Path) -> None:
     assert len(info.value.problems) == 5
 
 
+def test_retrieval_keys_load_and_bad_ones_are_named(tmp_path: Path) -> None:
+    """The round-2 [memory] retrieval keys load from the file; a bad fusion or weight is refused by name."""
+    good = write(tmp_path, "[memory]\nfusion = 'rrf'\nkeyword_weight = 0.3\nchunk_tokens = 300\n"
+                           "recall_min_similarity = 0.45\nrerank = true\nlocal_model = 'bge-small-en-v1.5'\n")
+    memory = load(good, env={}).memory
+    assert (memory.fusion, memory.keyword_weight, memory.chunk_tokens) == ("rrf", 0.3, 300)
+    assert (memory.recall_min_similarity, memory.rerank, memory.local_model) == (0.45, True, "bge-small-en-v1.5")
+    bad = write(tmp_path, "[memory]\nfusion = 'max'\nkeyword_weight = 2\n")
+    with pytest.raises(ConfigError) as info:
+        load(bad, env={})
+    text = "\n".join(info.value.problems)
+    assert "[memory] fusion: must be one of convex, rrf" in text and "keyword_weight must be between 0 and 1" in text
+
+
 def test_invalid_toml_is_one_clear_message(tmp_path: Path) -> None:
     """A file that is not TOML is reported with its path."""
     path = write(tmp_path, "[server\n")
