@@ -53,6 +53,7 @@ __all__ = [
     "LocalEmbedder",
     "ModelSpec",
     "default_threads",
+    "onnx_session",
     "package_dir",
     "resolve_spec",
     "sha256_file",
@@ -226,6 +227,26 @@ def _read_tokenizer(spec: ModelSpec, root: Path) -> str:
     return data.decode("utf-8")
 
 
+def onnx_session(path: Path, sha256: str, threads: int, *, need: str) -> Any:
+    """An onnxruntime CPU session for the model file at ``path``, after checking its sha256
+    (a file that differs is refused, never loaded). Memory stays bounded: no CPU arena, no
+    memory pattern, ``threads`` intra-op threads. ``need`` names the package in errors."""
+    import onnxruntime as ort
+
+    if not path.is_file():
+        raise EmbedderError(f"local model file {path} is missing (need {need})", retryable=False)
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise EmbedderError(f"local model {path.name} has sha256 {actual[:12]}…, expected "
+                            f"{sha256[:12]}…; refusing to load", retryable=False)
+    options = ort.SessionOptions()
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
 class LocalEmbedder:
     provider = "local"
     endpoint_hash = "local"
@@ -253,7 +274,6 @@ class LocalEmbedder:
         with self._lock:
             if self._session is not None:
                 return
-            import onnxruntime as ort
             from tokenizers import Tokenizer
 
             spec = self.spec
@@ -265,20 +285,7 @@ class LocalEmbedder:
             else:
                 raise EmbedderError(f"local model {spec.name} needs the package {spec.requirement!r}",
                                     retryable=False)
-            if not path.is_file():
-                raise EmbedderError(f"local model file {path} is missing (need {spec.requirement})",
-                                    retryable=False)
-            actual = sha256_file(path)
-            if actual != spec.sha256:
-                raise EmbedderError(f"local model {path.name} has sha256 {actual[:12]}…, expected "
-                                    f"{spec.sha256[:12]}…; refusing to load", retryable=False)
-            options = ort.SessionOptions()
-            options.enable_cpu_mem_arena = False
-            options.enable_mem_pattern = False
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            session = ort.InferenceSession(str(path), sess_options=options,
-                                           providers=["CPUExecutionProvider"])
+            session = onnx_session(path, spec.sha256, self.threads, need=spec.requirement)
             tokenizer = Tokenizer.from_str(_read_tokenizer(spec, root or path.parent))
             tokenizer.enable_truncation(max_length=self.window)
             tokenizer.no_padding()

