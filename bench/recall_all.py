@@ -85,7 +85,6 @@ async def run(paths: list[Path], embedder: str, cache: Path | None,
             for view in (result, result.as_of):
                 if view is None:
                     continue
-                view.chunks, view.embedder_reason = result.chunks, result.embedder_reason
                 print(format_table(view), flush=True)
                 reports.append(_summary(view))
             print(f"({time.perf_counter() - started:.0f} s)", flush=True)

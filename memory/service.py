@@ -279,16 +279,16 @@ class MemoryService:
             if blob is None:
                 actual, fallback = "keyword", why
         embedded_at = time.perf_counter()
-        rerank = self._reranker is not None and actual != "keyword"
-        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if rerank else request
+        reranker = self._reranker if actual != "keyword" else None
+        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if reranker else request
         searcher = lambda db: HybridSearch(db, self.config).search(  # noqa: E731
             fetch, query_vector=blob, keyword=actual != "vector")
         hits = await self._in_thread("searching", index.readers.run, searcher)
         done = time.perf_counter()
         timings = {"embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)}
-        if rerank and self._reranker is not None and hits:
+        if reranker is not None and hits:
             try:
-                scores = await self._reranker.score(request.query, [h.content for h in hits])
+                scores = await reranker.score(request.query, [h.content for h in hits])
                 order = sorted(range(len(hits)), key=lambda i: -scores[i])
                 hits = [replace(hits[i], score=scores[i]) for i in order]
             except EmbedderError as exc:

@@ -159,8 +159,8 @@ class SearchRequest:
         explicit after/before leave nothing of it); the phrase itself is dropped from the query."""
         if self.window is None:
             return None
-        after = max(self.window.start_ms, self.after_ms if self.after_ms is not None else self.window.start_ms)
-        before = min(self.window.end_ms, self.before_ms if self.before_ms is not None else self.window.end_ms)
+        after = self.window.start_ms if self.after_ms is None else max(self.window.start_ms, self.after_ms)
+        before = self.window.end_ms if self.before_ms is None else min(self.window.end_ms, self.before_ms)
         if after >= before:
             return None
         return replace(self, query=strip_time_phrase(self.query, self.window) or self.query,
