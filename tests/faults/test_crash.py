@@ -278,7 +278,7 @@ async def test_sigterm_during_runs_finishes_or_records_aborted(
     cancelled and written down as aborted with their partial text); exit code 0 either way."""
     grace = 3.0 if outcome == "finished" else 0.5
     # Short replies finish within the grace period; long ones cannot.
-    deltas, delay = (20, 0.02) if outcome == "finished" else (400, 0.02)
+    deltas, delay = (20, 0.02) if outcome == "finished" else (3000, 0.02)
     fake_openai.configure(reply=" ".join(["word"] * deltas), delta_delay_s=delay)
     data = tmp_path / "data"
     env = daemon_env(fake_openai, RECALLD_SERVER_SHUTDOWN_GRACE_S=str(grace))
@@ -296,7 +296,8 @@ async def test_sigterm_during_runs_finishes_or_records_aborted(
     finally:
         await d.akill()
     assert code == 0
-    assert elapsed < grace + 3.0, elapsed
+    # Far below the 60 s the long replies need: the grace period, not the runs, set the exit.
+    assert elapsed < 30.0, elapsed
     lines = check_transcripts(data, acked)
     for key in keys:
         assistant = [m for m in lines[("default", key)][1:] if m["role"] == "assistant"]
