@@ -154,6 +154,30 @@ def fused(fusion: FusionMethod, weight: float, candidates: int = 50) -> Callable
     return lambda kw, vec: [f.chunk_id for f in fuse(kw[:candidates], vec[:candidates], config)]
 
 
+def _zscore(leg: Leg) -> dict[int, float]:
+    scores = [s for _, s in leg]
+    mean = sum(scores) / len(scores) if scores else 0.0
+    spread = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores)) if scores else 0.0
+    return {cid: (s - mean) / (spread or 1.0) for cid, s in leg}
+
+
+def _calibrated(leg: Leg, vector: bool) -> dict[int, float]:
+    # Fixed maps instead of per-query ones: BM25 saturates as s/(s+5); cosine counts from 0.5
+    # (the relevance floor) up. A query's best hit then keeps its absolute strength.
+    return {cid: max(0.0, (s - 0.5) / 0.5) if vector else s / (s + 5.0) for cid, s in leg}
+
+
+def combined(norm: Callable[[Leg, bool], dict[int, float]], weight: float,
+             candidates: int = 50) -> Callable[[Leg, Leg], list[int]]:
+    """A convex sum with another per-leg normalisation (an alternative that was tried)."""
+    def rank(kw: Leg, vec: Leg) -> list[int]:
+        k, v = norm(kw[:candidates], False), norm(vec[:candidates], True)
+        k_floor, v_floor = min(k.values(), default=0.0), min(v.values(), default=0.0)
+        score = {c: weight * k.get(c, k_floor) + (1 - weight) * v.get(c, v_floor) for c in {**k, **v}}
+        return sorted(score, key=lambda c: (-score[c], c))
+    return rank
+
+
 def settings() -> dict[str, Callable[[Leg, Leg], list[int]]]:
     out: dict[str, Callable[[Leg, Leg], list[int]]] = {
         "keyword": lambda kw, vec: [c for c, _ in kw],
@@ -164,6 +188,9 @@ def settings() -> dict[str, Callable[[Leg, Leg], list[int]]]:
         out[f"convex {w}"] = fused("convex", w)
     for w in WEIGHTS:
         out[f"rrf {w}"] = fused("rrf", w)
+    for w in (0.3, 0.4):
+        out[f"z-score {w}"] = combined(lambda leg, _: _zscore(leg), w)
+        out[f"calibrated {w}"] = combined(_calibrated, w)
     return out
 
 
