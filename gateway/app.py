@@ -22,6 +22,7 @@ from gateway.auth import Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config
 from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
+from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.rpc import Registry, RpcCore
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, select_embedder
@@ -151,7 +152,11 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
 
     ``file_io`` replaces the transcript write/fsync calls (fault-injection tests).
     """
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    # First, before any file is opened: everything the daemon creates is 0600/0700, the
+    # SQLite WAL and SHM files included (gateway.private).
+    set_private_umask()
+    await asyncio.to_thread(_warn_if_exposed, config.data_dir)
+    make_private_dir(config.data_dir)
     lock_fd = _lock_data_dir(config.data_dir)
     try:
         authenticator = _authenticator(config)
@@ -193,6 +198,15 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         await app.close()
         raise
     return app
+
+
+def _warn_if_exposed(data_dir: Path) -> None:
+    exposed = find_exposed(data_dir)
+    if exposed.count:
+        log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
+                    fix=exposed.hint(data_dir),
+                    detail="other local users can read or write these; transcripts and the "
+                           "index hold private conversations")
 
 
 def _log_crash(exc: BaseException, error_id: str, method: str) -> None:

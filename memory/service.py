@@ -101,7 +101,7 @@ class MemoryService:
             return
         if self._closed:
             raise MemoryUnavailable("memory service is closed")
-        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        self.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         missing = not await asyncio.to_thread(self.db_path.exists)
         opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
         self._vectors = opened.vectors
