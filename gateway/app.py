@@ -24,6 +24,7 @@ from gateway.config import Config
 from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
 from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.rpc import Registry, RpcCore
+from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, select_embedder
 from sessions import FileIO, SessionStore
@@ -72,6 +73,7 @@ class App:
         if self.memory is not None:
             await close_memory(self.memory.service)
         if self.lock_fd is not None:
+            remove_runtime_file(self.config.data_dir)
             os.close(self.lock_fd)  # releases the data dir lock
             self.lock_fd = None
         log.info("app.closed")
@@ -194,6 +196,8 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         app._tasks.append(asyncio.create_task(app._flush_loop()))
     try:
         await server.start()
+        # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
+        write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port))
     except BaseException:
         await app.close()
         raise
