@@ -346,6 +346,9 @@ class MemoryService:
             "lastSyncMs": round(report.duration_ms, 1) if report else None,
             "lastError": self._last_error,
             "rebuiltFromTranscripts": self._rebuilt_reason or None,
+            # Transcripts not indexed because they are symlinks or their header names another
+            # user or session (memory.index.sync); each is logged as memory.file_skipped.
+            "skippedFiles": len(index.indexer.files.skipped),
             "dbBytes": size,
             "dbPath": os.fspath(self.db_path),
         }
