@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from gateway.auth import Authenticator, load_or_create_token, token_path
+from gateway.auth import STRONG_TOKEN_CHARS, Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config
 from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
@@ -146,7 +146,12 @@ def _authenticator(config: Config) -> Authenticator:
             log.warning("auth.token_generated", path=str(token_path(config.data_dir)))
         else:
             log.info("auth.token_file", path=str(token_path(config.data_dir)))
-    return Authenticator(config.auth, generated)
+    authenticator = Authenticator(config.auth, generated)
+    for user in authenticator.weak_token_users:
+        log.warning("auth.weak_token", user=user, min_chars=STRONG_TOKEN_CHARS,
+                    effect="a lockout refuses this token too; use `python -c 'import secrets; "
+                           "print(secrets.token_urlsafe(32))'` for one that is never locked out")
+    return authenticator
 
 
 async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:

@@ -90,6 +90,9 @@ class AuthConfig:
     max_failures: int = field(default=10, metadata=_limit(1))
     failure_window_s: float = field(default=60.0, metadata=_limit(1))
     lockout_s: float = field(default=300.0, metadata=_limit(1))
+    # Failures from all addresses together per failure_window_s before everyone is locked out
+    # (strong tokens excepted: gateway/auth.py).
+    global_max_failures: int = field(default=100, metadata=_limit(1))
 
 
 @dataclass(frozen=True, slots=True)
