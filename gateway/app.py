@@ -26,7 +26,7 @@ from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.rpc import Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
-from memory import MemoryConfig, MemoryService, select_embedder
+from memory import MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
 from sessions import FileIO, SessionStore
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
@@ -125,6 +125,7 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
     if not watch:
         cfg = dataclasses.replace(cfg, watch=False)
     embedder, reason = await asyncio.to_thread(select_embedder, cfg)
+    embedder, reason = await probe_auto_embedder(cfg, embedder, reason)
     service = MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason)
     await service.start(catch_up=catch_up)
     return service
