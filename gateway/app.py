@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from gateway.auth import STRONG_TOKEN_CHARS, Authenticator, load_or_create_token, token_path
+from gateway.auth import DEFAULT_USER, STRONG_TOKEN_CHARS, Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config
 from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
@@ -194,7 +194,10 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     server = GatewayServer(config, core, authenticator, version=app_version, on_disconnect=hub.drop)
     sessions = SessionsMethods(store, hub, runs, service)
     chat = ChatMethods(config.chat, store, hub, runs)
-    memory = MemoryMethods(service, store) if service is not None else None
+    memory = MemoryMethods(
+        service, store, admin=_memory_admin(config),
+        full_reindex_interval_s=config.limits.full_reindex_interval_s,
+    ) if service is not None else None
     gateway = GatewayMethods(authenticator, registry, server, app_version, service)
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory)
     app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
@@ -208,6 +211,13 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         await app.close()
         raise
     return app
+
+
+def _memory_admin(config: Config) -> str | None:
+    # Without [[auth.users]] the one user owns everything; with them, only a named admin.
+    if config.auth.users:
+        return config.auth.admin
+    return DEFAULT_USER
 
 
 def _warn_if_exposed(data_dir: Path) -> None:

@@ -357,12 +357,16 @@ class FileSync:
             del self.skipped[rel]
         return report
 
-    def reset_files(self) -> None:
-        """Forget every file's offset so the next sync re-reads all transcripts (``reindex full``).
+    def reset_files(self, user: str | None = None) -> None:
+        """Forget every file's offset (or only ``user``'s) so the next sync re-reads those
+        transcripts (``reindex full``).
 
         Rows stay until each file is re-indexed (in its own transaction), so search keeps
         working throughout. Each file's chunks are then deleted and written anew (step 2 of
         the module docstring); their vectors come back from the embedding cache.
         """
         with self._conn.lock, self.db:
-            self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset'")
+            if user is None:
+                self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset'")
+            else:
+                self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset' WHERE user = ?", (user,))
