@@ -20,7 +20,7 @@ import structlog
 
 from gateway.auth import DEFAULT_USER, STRONG_TOKEN_CHARS, Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
-from gateway.config import Config
+from gateway.config import Config, is_loopback
 from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
 from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.rpc import Registry, RpcCore
@@ -32,6 +32,11 @@ from sessions import FileIO, SessionStore
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
 log = structlog.get_logger("recalld.app")
+
+PLAINTEXT_WARNING = (
+    "plain ws:// on a non-loopback address: tokens and every message cross the network "
+    "unencrypted, so anyone on the path can read them and reuse the token"
+)
 
 
 def package_version() -> str:
@@ -207,6 +212,10 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         await server.start()
         # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
         write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port))
+        if server.scheme == "ws" and not is_loopback(config.server.host):
+            log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
+                        fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
+                            "tunnel or a TLS reverse proxy (docs/remote.md)")
     except BaseException:
         await app.close()
         raise

@@ -19,7 +19,7 @@ import orjson
 from gateway.cli.chat import add_chat_parser
 from gateway.cli.memory import add_memory_parser
 from gateway.cli.target import TargetError, add_connection_flags, connection_target
-from gateway.config import Config, ConfigError, load
+from gateway.config import Config, ConfigError, is_loopback, load
 from gateway.private import set_private_umask
 
 __all__ = ["main"]
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
-    from gateway.app import start_app
+    from gateway.app import PLAINTEXT_WARNING, start_app
     from gateway.logs import configure_logging
 
     configure_logging(config.log.level, config.log.format)
@@ -116,6 +116,11 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         app = await start_app(config)
         if sys.stderr.isatty() and config.auth.mode == "token":
             print(f"recalld listening on {app.url} (token: {config.data_dir / 'token'})", file=sys.stderr)
+        if sys.stderr.isatty() and app.url.startswith("ws://") and not is_loopback(config.server.host):
+            # The log line says it too; on a terminal it should not scroll by unnoticed.
+            bar = "!" * 78
+            print(f"{bar}\n!! WARNING: {PLAINTEXT_WARNING}.\n!! Use TLS ([tls] cert/key) or an SSH "
+                  f"tunnel: see docs/remote.md.\n{bar}", file=sys.stderr)
         await stop.wait()
         await app.close()
         return 0
