@@ -177,3 +177,15 @@ async def test_an_empty_token_file_is_one_clear_line(tmp_path: Path) -> None:
         code, _, err = await recalld("call", "gateway.health", "--data-dir", str(tmp_path),
                                      "--url", "ws://127.0.0.1:9/", "--token-file", str(path))
         assert code == 2 and words in err and str(path) in err and len(err.strip().splitlines()) == 1, err
+
+
+async def test_global_flags_work_after_every_command(tmp_path: Path) -> None:
+    """`token --data-dir D` and `memory status --data-dir D` act on D, like the flag before the command."""
+    data = tmp_path / "data"
+    code, out, err = await recalld("token", "--data-dir", str(data))
+    assert code == 0, err
+    assert out.strip() == (data / "token").read_text().strip()
+    code, out, err = await recalld("memory", "status", "--json", "--data-dir", str(data),
+                                   env=_clean_env(RECALLD_MEMORY_EMBEDDER="none"))
+    assert code == 0, err
+    assert json.loads(out)["dbPath"] == str(data / "memory.db")
