@@ -268,6 +268,8 @@ def _local_embedder(config: MemoryConfig) -> Embedder:
 
 # What the probe embeds: one short query, so a working endpoint costs next to nothing.
 PROBE_TEXT = "recalld embeddings probe"
+# The probe delays start-up, so it waits at most this long (or embeddings_timeout_s if shorter).
+PROBE_TIMEOUT_S = 10.0
 
 
 async def probe_auto_embedder(config: MemoryConfig, embedder: Embedder | None,
@@ -277,17 +279,18 @@ async def probe_auto_embedder(config: MemoryConfig, embedder: Embedder | None,
 
     An API key set for a chat server that has no ``/embeddings`` (Ollama without an embedding
     model, llama.cpp without ``--embeddings``) would otherwise leave memory keyword-only with
-    nothing said. Any failure counts, a timeout after ``embeddings_timeout_s`` too: the
+    nothing said. Any failure counts, a timeout (:data:`PROBE_TIMEOUT_S`) too: the
     reason, logged once as the warning ``memory.embedder.fallback``, says which. An embedder
     chosen explicitly (``openai``) is never second-guessed.
     """
     if config.embedder != "auto" or not isinstance(embedder, OpenAIEmbedder):
         return embedder, reason
+    limit = min(PROBE_TIMEOUT_S, config.embeddings_timeout_s)
     try:
-        async with asyncio.timeout(config.embeddings_timeout_s):
+        async with asyncio.timeout(limit):
             await embedder.embed([PROBE_TEXT], kind="query")
     except (EmbedderError, TimeoutError) as exc:
-        failure = str(exc) or f"no answer within {config.embeddings_timeout_s:g} s"
+        failure = str(exc) or f"no answer within {limit:g} s"
     else:
         return embedder, f"{reason}; the embeddings endpoint answered a probe"
     await embedder.aclose()
