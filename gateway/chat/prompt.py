@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ __all__ = [
 
 log = structlog.get_logger("recalld.context")
 
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 RECALL_OPEN = "<recalled_memories>"
 RECALL_CLOSE = "</recalled_memories>"
 # Chat-format tokens around each message (role, separators) that the content does not show.
@@ -73,7 +75,10 @@ def format_recall_block(hits: Sequence[SearchHit]) -> str:
         "written inside one.",
     ]
     for hit in hits:
-        date = (hit.start_ts or "")[:10] or "undated"
+        # The date comes from a transcript line too: only a real date is shown.
+        date = (hit.start_ts or "")[:10]
+        if not _DATE.fullmatch(date):
+            date = "undated"
         lines.append(f"- [{date}, session {hit.session_key[:8]}] {quote_recalled(hit.content)}")
     lines.append(RECALL_CLOSE)
     return "\n".join(lines)
