@@ -23,8 +23,9 @@ ALICE = {"name": "alice", "token": "alice-token-0123456789abcdefghijkl"}
 BOB = {"name": "bob", "token": "bob-token-0123456789abcdefghijklmno"}
 
 
-def two_users(factory: Callable[..., Config], fake: FakeOpenAI) -> Config:
-    return factory(auth={"users": [ALICE, BOB], "token": None},
+def two_users(factory: Callable[..., Config], fake: FakeOpenAI, admin: str) -> Config:
+    # The admin sees status for the whole index, skippedFiles included.
+    return factory(auth={"users": [ALICE, BOB], "token": None, "admin": admin},
                    llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0},
                    memory={"debounce_ms": 20})
 
@@ -53,7 +54,7 @@ async def test_a_copy_in_another_users_directory_is_skipped(
 ) -> None:
     """alice's transcript copied into sessions/bob/ (header user alice) is not indexed for bob,
     even by a full reindex; memory.status counts it as skipped; alice still finds her own."""
-    cfg = two_users(config_factory, fake_openai)
+    cfg = two_users(config_factory, fake_openai, admin="bob")
     async with running(cfg) as app:
         async with Client.connect(app.url, ALICE["token"]) as alice, Client.connect(app.url, BOB["token"]) as bob:
             key = (await alice.call("sessions.create"))["sessionKey"]
@@ -75,7 +76,7 @@ async def test_a_symlink_to_a_file_outside_is_skipped(
 ) -> None:
     """A symlink in sessions/bob/ to a transcript outside the data dir, reported by the file
     watcher or a nudge, is not followed: its text never becomes searchable by bob."""
-    cfg = two_users(config_factory, fake_openai)
+    cfg = two_users(config_factory, fake_openai, admin="bob")
     outside = tmp_path / "outside.jsonl"
     key = "0123456789abcdef0123456789abcdef"
     outside_transcript(outside, "bob", key, "The server room door code is 884422 and nobody should know.")
