@@ -235,7 +235,7 @@ async def test_inflight_limit_answers_32004(
     async with running(config_factory(limits={"max_inflight": 1})) as app:
         gate = asyncio.Event()
 
-        async def slow() -> dict[str, Any]:
+        async def slow(*_: Any) -> dict[str, Any]:
             await gate.wait()
             return {}
 
