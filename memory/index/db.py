@@ -93,7 +93,7 @@ def _create_private(path: Path) -> None:
 
 
 def _connect(path: Path, extension: str | None, *, readonly: bool) -> tuple[apsw.Connection, VectorBackend]:
-    if not readonly:
+    if not readonly and str(path) != ":memory:":  # SQLite's in-memory database has no file
         _create_private(path)
     flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     db = apsw.Connection(str(path), flags=flags)
