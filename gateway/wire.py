@@ -52,4 +52,6 @@ class MemoryHealth(TypedDict, total=False):
 
     enabled: bool
     provider: str
+    model: str | None  # the active embedder's model, None without one
+    embedderReason: str  # why this embedder (or none) is active
     syncCount: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
-from .embedders.embeddings import Embedder, select_embedder
+from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
 from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
 from .index.indexing import SyncProgress
 from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
@@ -33,5 +33,6 @@ __all__ = [
     "SyncProgress",
     "SyncReport",
     "approx_tokens",
+    "probe_auto_embedder",
     "select_embedder",
 ]

@@ -101,7 +101,7 @@ class MemoryService:
             return
         if self._closed:
             raise MemoryUnavailable("memory service is closed")
-        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        self.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         missing = not await asyncio.to_thread(self.db_path.exists)
         opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
         self._vectors = opened.vectors
@@ -209,11 +209,12 @@ class MemoryService:
             await self._in_thread("queueing a full reindex", index.indexer.files.reset_files)
         return await self._run_sync(None, progress)
 
-    async def reindex(self, full: bool = False) -> None:
-        """Queue a sync of everything; ``full`` re-reads every transcript from the start."""
+    async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
+        """Queue a sync of everything; ``full`` re-reads every transcript from the start (only
+        ``user``'s when given: the others' files are unchanged, so the sync only looks at them)."""
         index = self._require_index()
         if full:
-            await self._in_thread("queueing a full reindex", index.indexer.files.reset_files)
+            await self._in_thread("queueing a full reindex", index.indexer.files.reset_files, user)
         self._scheduler.run_soon()
 
     async def delete_session(self, user: str, session_key: str) -> int:
@@ -311,15 +312,26 @@ class MemoryService:
         return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
                           budget_tokens=self.config.recall_budget_tokens)
 
-    async def status(self) -> dict[str, Any]:
-        """Counts and state, camelCase, ready for the wire."""
+    async def status(self, user: str | None = None) -> dict[str, Any]:
+        """Counts and state, camelCase, ready for the wire.
+
+        With ``user`` the counts are that user's rows only, and what describes the whole index
+        (its path and size, the shared embedding cache, skipped files) is left out.
+        """
         index = self._require_index()
 
         def counts(db: apsw.Connection) -> dict[str, int]:
-            def q(sql: str) -> int:
-                row = db.execute(sql).fetchone()
+            def q(sql: str, *args: str) -> int:
+                row = db.execute(sql, args).fetchone()
                 return int(row[0]) if row is not None else 0
 
+            if user is not None:
+                return {
+                    "files": q("SELECT count(*) FROM files WHERE user = ?", user),
+                    "chunks": q("SELECT count(*) FROM chunks WHERE user = ?", user),
+                    "embedded": q("SELECT count(*) FROM chunks WHERE user = ? AND embedded = 1", user),
+                    "pending": q("SELECT count(*) FROM chunks WHERE user = ? AND embedded = 0", user),
+                }
             return {
                 "files": q("SELECT count(*) FROM files"),
                 "chunks": q("SELECT count(*) FROM chunks"),
@@ -330,9 +342,8 @@ class MemoryService:
 
         numbers = await self._in_thread("counting", index.readers.run, counts)
         ready, why = self._vector_state
-        size = await asyncio.to_thread(self._db_bytes)
         report = self._last_report
-        return {
+        state: dict[str, Any] = {
             **numbers,
             "provider": self.embedder.provider if self.embedder else "none",
             "model": self.embedder.model_id if self.embedder else None,
@@ -346,9 +357,17 @@ class MemoryService:
             "lastSyncMs": round(report.duration_ms, 1) if report else None,
             "lastError": self._last_error,
             "rebuiltFromTranscripts": self._rebuilt_reason or None,
-            "dbBytes": size,
-            "dbPath": os.fspath(self.db_path),
+            "scope": "all" if user is None else "user",
         }
+        if user is None:
+            state.update({
+                # Transcripts not indexed because they are symlinks or their header names another
+                # user or session (memory.index.sync); each is logged as memory.file_skipped.
+                "skippedFiles": len(index.indexer.files.skipped),
+                "dbBytes": await asyncio.to_thread(self._db_bytes),
+                "dbPath": os.fspath(self.db_path),
+            })
+        return state
 
     async def __aenter__(self) -> MemoryService:
         await self.start()

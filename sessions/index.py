@@ -15,6 +15,7 @@ This class is not thread-safe on its own; the store serialises every call with o
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,6 +112,9 @@ class SessionIndex:
             self._check()
 
     def _connect(self) -> apsw.Connection:
+        # Titles and previews are chat text: the file (and so its -wal/-shm, which SQLite
+        # creates with the database's mode) is 0600 from the start.
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         conn = apsw.Connection(str(self.path))
         conn.set_busy_timeout(5000)
         return conn

@@ -204,7 +204,7 @@ class ChatRuns:
         assert model is not None  # submit() refuses runs without a model
         bound = structlog.contextvars.bound_contextvars(session=run.session_key, run=run.run_id)
         with bound:
-            recalled: list[str] = []
+            recalled: list[int] = []
             usage: dict[str, Any] | None = None
             finish: str | None = None
             model_name = self.default_model
@@ -240,7 +240,7 @@ class ChatRuns:
             await self._finish_ok(run, model_name, usage, finish, recalled)
 
     async def _finish_ok(self, run: Run, model: str, usage: dict[str, Any] | None,
-                         finish: str | None, recalled: list[str]) -> None:
+                         finish: str | None, recalled: list[int]) -> None:
         extra: dict[str, Any] = {"model": model}
         if usage:
             extra["usage"] = usage

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -43,13 +44,14 @@ def add_chat_parser(sub: Any, connection_flags: Callable[[argparse.ArgumentParse
 
 
 def run_chat(config: Config, args: argparse.Namespace) -> int:
-    url, token = connection_target(config, args)
+    target = connection_target(config, args)
+    url, token = target.url, target.token
     if not token:
-        _err(f"recalld: no token for {url}: pass --token, set RECALLD_TOKEN, or run `recalld token`")
+        _err(f"recalld: no token for {url}: pass --token-file, set RECALLD_TOKEN, or run `recalld token`")
         return 1
     chat = Chat(args)
     try:
-        return asyncio.run(chat.main(url, token))
+        return asyncio.run(chat.main(url, token, target.ssl))
     except InvalidStatus as exc:
         status = exc.response.status_code
         reason = "the token was refused" if status == 401 else f"HTTP {status}"
@@ -125,10 +127,10 @@ class Chat:
         self.tty = sys.stdin.isatty()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def main(self, url: str, token: str) -> int:
+    async def main(self, url: str, token: str, ssl_context: ssl.SSLContext | None = None) -> int:
         loop = asyncio.get_running_loop()
         self.exit = loop.create_future()
-        async with Client.connect(url, token) as client:
+        async with Client.connect(url, token, ssl_context=ssl_context) as client:
             self.connected = True
             self.client = client
             # Only now: until connected, Ctrl+C should simply interrupt (exit 130 via main()).

@@ -18,42 +18,60 @@ import orjson
 
 from gateway.cli.chat import add_chat_parser
 from gateway.cli.memory import add_memory_parser
-from gateway.cli.target import connection_target
-from gateway.config import Config, ConfigError, load
+from gateway.cli.target import TargetError, add_connection_flags, connection_target
+from gateway.config import Config, ConfigError, is_loopback, load
+from gateway.private import set_private_umask
 
 __all__ = ["main"]
 
 
+def _global_flags(p: argparse.ArgumentParser, *, top: bool) -> None:
+    # The same flags on the top parser and on every command, so `recalld serve --data-dir D`
+    # works like `recalld --data-dir D serve`. On commands the default is SUPPRESS: a flag not
+    # given there must not overwrite one given before the command.
+    default = None if top else argparse.SUPPRESS
+    p.add_argument("--config", type=Path, default=default,
+                   help="config file (default ./config.toml, then <data dir>/config.toml)")
+    p.add_argument("--data-dir", type=Path, default=default,
+                   help="data directory (default ~/.recalld or $RECALLD_HOME)")
+
+
 def _base_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recalld", description="AI chat gateway with a long memory")
-    parser.add_argument("--config", type=Path, help="config file (default ./config.toml, then <data dir>/config.toml)")
-    parser.add_argument("--data-dir", type=Path, help="data directory (default ~/.recalld or $RECALLD_HOME)")
+    _global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def command_flags(p: argparse.ArgumentParser) -> None:
+        _global_flags(p, top=False)
+
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
+    command_flags(serve)
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 18789; 0 picks a free one)")
 
     token = sub.add_parser("token", help="show or rotate the generated token")
+    command_flags(token)
     token.add_argument("--rotate", action="store_true", help="replace the generated token")
 
     call = sub.add_parser("call", help="send one request and print the result as JSON")
+    command_flags(call)
     call.add_argument("method")
     call.add_argument("params", nargs="?", default=None, help="params as a JSON object")
-    _connection_flags(call)
+    add_connection_flags(call)
 
-    add_chat_parser(sub, _connection_flags)
-    add_memory_parser(sub)
+    def chat_flags(p: argparse.ArgumentParser) -> None:
+        command_flags(p)
+        add_connection_flags(p)
+
+    add_chat_parser(sub, chat_flags)
+    add_memory_parser(sub, command_flags)
     return parser
-
-
-def _connection_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="gateway URL (default from config: ws://127.0.0.1:18789/)")
-    p.add_argument("--token", help="token (default $RECALLD_TOKEN, then the data dir's token file)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _base_parser().parse_args(argv)
+    # Before any file is made (the token, the index): private, like the daemon's (gateway.private).
+    set_private_umask()
     overrides: dict[str, dict[str, Any]] = {}
     if args.command == "serve":
         overrides["server"] = {"host": args.host, "port": args.port}
@@ -67,12 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         handler = args.run  # set by the command group modules
     try:
         return int(handler(config, args))
+    except TargetError as exc:
+        print(f"recalld: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
-    from gateway.app import start_app
+    from gateway.app import PLAINTEXT_WARNING, start_app
     from gateway.logs import configure_logging
 
     configure_logging(config.log.level, config.log.format)
@@ -95,6 +116,11 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         app = await start_app(config)
         if sys.stderr.isatty() and config.auth.mode == "token":
             print(f"recalld listening on {app.url} (token: {config.data_dir / 'token'})", file=sys.stderr)
+        if sys.stderr.isatty() and app.url.startswith("ws://") and not is_loopback(config.server.host):
+            # The log line says it too; on a terminal it should not scroll by unnoticed.
+            bar = "!" * 78
+            print(f"{bar}\n!! WARNING: {PLAINTEXT_WARNING}.\n!! Use TLS ([tls] cert/key) or an SSH "
+                  f"tunnel: see docs/remote.md.\n{bar}", file=sys.stderr)
         await stop.wait()
         await app.close()
         return 0
@@ -133,10 +159,11 @@ def _call(config: Config, args: argparse.Namespace) -> int:
         except orjson.JSONDecodeError as exc:
             print(f"recalld: params are not valid JSON: {exc}", file=sys.stderr)
             return 2
-    url, token = connection_target(config, args)
+    target = connection_target(config, args)
+    url = target.url
 
     async def run() -> int:
-        async with Client.connect(url, token) as client:
+        async with Client.connect(url, target.token, ssl_context=target.ssl) as client:
             try:
                 result = await client.call(args.method, params)
             except RpcError as exc:

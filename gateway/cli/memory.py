@@ -22,14 +22,18 @@ from memory import MemoryIndexError, MemoryService, SyncProgress
 __all__ = ["add_memory_parser"]
 
 
-def add_memory_parser(sub: Any) -> None:
+def add_memory_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     mem = sub.add_parser("memory", help="inspect, build or search the memory index directly")
+    command_flags(mem)
     msub = mem.add_subparsers(dest="memory_command", required=True)
     status = msub.add_parser("status", help="index and embedder state")
+    command_flags(status)
     status.add_argument("--json", action="store_true", help="print JSON")
     index = msub.add_parser("index", help="bring the index up to date (resumable)")
+    command_flags(index)
     index.add_argument("--full", action="store_true", help="re-read every transcript from the start")
     search = msub.add_parser("search", help="search the index")
+    command_flags(search)
     search.add_argument("query")
     search.add_argument("--k", type=int, default=None, help="results (default memory.default_k)")
     search.add_argument("--mode", choices=("hybrid", "keyword", "vector"), default="hybrid")

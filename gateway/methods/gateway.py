@@ -78,6 +78,8 @@ class GatewayMethods:
         return {
             "enabled": True,
             "provider": embedder.provider if embedder else "none",
+            "model": embedder.model_id if embedder else None,
+            "embedderReason": self.memory.embedder_reason,
             "syncCount": self.memory.sync_count,
         }
 

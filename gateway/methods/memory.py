@@ -7,9 +7,12 @@ false the methods are still declared (``rpc.discover`` lists them) and answer -3
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.errors import RateLimited
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from memory import MAX_QUERY_CHARS, MemoryConfig, MemoryService
@@ -44,9 +47,19 @@ class ReindexParams:
 
 
 class MemoryMethods:
-    def __init__(self, service: MemoryService, store: SessionStore) -> None:
+    """``admin`` sees the whole index and reindexes everyone's: the configured ``auth.admin``,
+    or the only user of a daemon without ``[[auth.users]]`` (everything is theirs anyway).
+    Anyone else sees and rebuilds only their own rows."""
+
+    def __init__(self, service: MemoryService, store: SessionStore, *, admin: str | None = None,
+                 full_reindex_interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
         self.store = store  # to check that a session filter names one of the caller's sessions
+        self.admin = admin
+        self.full_reindex_interval_s = full_reindex_interval_s
+        self._clock = clock
+        # User -> when their last full reindex was accepted (one entry per configured user).
+        self._last_full: dict[str, float] = {}
 
     async def search(self, ctx: CallContext, p: MemorySearchParams) -> dict[str, Any]:
         await self._own_session(ctx, p.session_key)
@@ -58,10 +71,19 @@ class MemoryMethods:
         return response.to_wire()
 
     async def status(self, ctx: CallContext, p: Empty) -> dict[str, Any]:
-        return await self.service.status()
+        return await self.service.status(None if ctx.caller == self.admin else ctx.caller)
 
     async def reindex(self, ctx: CallContext, p: ReindexParams) -> dict[str, Any]:
-        await self.service.reindex(full=p.full)
+        if p.full:
+            # A full reindex re-reads and re-chunks every transcript in scope: rate-limited.
+            now = self._clock()
+            last = self._last_full.get(ctx.caller)
+            if last is not None and now - last < self.full_reindex_interval_s:
+                wait_ms = int((self.full_reindex_interval_s - (now - last)) * 1000) + 1
+                raise RateLimited(f"a full reindex ran less than {self.full_reindex_interval_s:g} s ago; "
+                                  "retry later", wait_ms)
+            self._last_full[ctx.caller] = now
+        await self.service.reindex(full=p.full, user=None if ctx.caller == self.admin else ctx.caller)
         return {"queued": True}
 
     async def _own_session(self, ctx: CallContext, key: str | None) -> None:
@@ -73,6 +95,8 @@ class MemoryMethods:
 def declare_memory(reg: Registry, config: MemoryConfig, h: MemoryMethods | None) -> None:
     reg.declare("memory.search", MemorySearchParams, "Hybrid keyword + vector search of your past conversations.",
                 h.search if h else None, bounds={"k": Bound(max=config.max_k)})
-    reg.declare("memory.status", Empty, "Index and embedder state.", h.status if h else None)
-    reg.declare("memory.reindex", ReindexParams, "Queue an index sync (full=true rebuilds from transcripts).",
+    reg.declare("memory.status", Empty, "Index and embedder state (your own rows; the whole index for the admin).",
+                h.status if h else None)
+    reg.declare("memory.reindex", ReindexParams,
+                "Queue an index sync (full=true re-reads your transcripts; rate-limited).",
                 h.reindex if h else None)

@@ -34,6 +34,7 @@ __all__ = [
     "EmbeddingPipeline",
     "OpenAIEmbedder",
     "endpoint_hash",
+    "probe_auto_embedder",
     "redact",
     "select_embedder",
 ]
@@ -254,6 +255,60 @@ def _local_importable(config: MemoryConfig) -> str | None:
     return unavailable_reason(config.local_model)
 
 
+def _local_embedder(config: MemoryConfig) -> Embedder:
+    from memory.embedders.local_embedder import LocalEmbedder
+
+    return LocalEmbedder(
+        config.local_model,
+        batch_size=config.local_batch_size,
+        max_tokens=config.local_max_tokens,
+        threads=config.local_threads,
+    )
+
+
+# What the probe embeds: one short query, so a working endpoint costs next to nothing.
+PROBE_TEXT = "recalld embeddings probe"
+# The probe delays start-up, so it waits at most this long (or embeddings_timeout_s if shorter).
+PROBE_TIMEOUT_S = 10.0
+
+
+async def probe_auto_embedder(config: MemoryConfig, embedder: Embedder | None,
+                              reason: str) -> tuple[Embedder | None, str]:
+    """For ``embedder = "auto"`` that picked the OpenAI-compatible endpoint: embed one short
+    text there, once, and fall back to the local model (or to keyword search) if it fails.
+
+    An API key set for a chat server that has no ``/embeddings`` (Ollama without an embedding
+    model, llama.cpp without ``--embeddings``) would otherwise leave memory keyword-only with
+    nothing said. Any failure counts, a timeout (:data:`PROBE_TIMEOUT_S`) too: the
+    reason, logged once as the warning ``memory.embedder.fallback``, says which. An embedder
+    chosen explicitly (``openai``) is never second-guessed.
+    """
+    if config.embedder != "auto" or not isinstance(embedder, OpenAIEmbedder):
+        return embedder, reason
+    limit = min(PROBE_TIMEOUT_S, config.embeddings_timeout_s)
+    try:
+        async with asyncio.timeout(limit):
+            await embedder.embed([PROBE_TEXT], kind="query")
+    except (EmbedderError, TimeoutError) as exc:
+        failure = str(exc) or f"no answer within {limit:g} s"
+    else:
+        return embedder, f"{reason}; the embeddings endpoint answered a probe"
+    await embedder.aclose()
+    endpoint = config.embeddings_base_url or "https://api.openai.com/v1"
+    missing = _local_importable(config)
+    fallback: Embedder | None = None
+    if missing is None:
+        fallback = _local_embedder(config)
+        why = f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}); using the local embedder"
+    else:
+        why = (f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}) and {missing}: "
+               "keyword search only")
+    log.warning("memory.embedder.fallback", endpoint=endpoint, error=failure,
+                using=fallback.provider if fallback else "none", reason=why,
+                fix="set memory.embedder (\"local\" or \"openai\") or an embeddings model the endpoint serves")
+    return fallback, why
+
+
 def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
     """Pick the embedder ``config.embedder`` asks for; returns it (or None) and why."""
     choice = config.embedder
@@ -271,14 +326,7 @@ def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
         )
 
     def local_embedder() -> Embedder:
-        from memory.embedders.local_embedder import LocalEmbedder
-
-        return LocalEmbedder(
-            config.local_model,
-            batch_size=config.local_batch_size,
-            max_tokens=config.local_max_tokens,
-            threads=config.local_threads,
-        )
+        return _local_embedder(config)
 
     if choice == "openai":
         return openai_embedder(), "embedder 'openai' configured"

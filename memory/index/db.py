@@ -85,7 +85,16 @@ def _load_vec(db: apsw.Connection, extension: str | None) -> VectorBackend:
     return VectorBackend(True, f"sqlite-vec {version}")
 
 
+def _create_private(path: Path) -> None:
+    # The index holds chat text: created 0600 before SQLite sees it, so the -wal and -shm
+    # files, which SQLite creates with the database file's mode, are private too.
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+
 def _connect(path: Path, extension: str | None, *, readonly: bool) -> tuple[apsw.Connection, VectorBackend]:
+    if not readonly and str(path) != ":memory:":  # SQLite's in-memory database has no file
+        _create_private(path)
     flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     db = apsw.Connection(str(path), flags=flags)
     db.set_busy_timeout(BUSY_TIMEOUT_MS)

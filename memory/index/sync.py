@@ -12,6 +12,13 @@ Incremental algorithm (per file, one transaction each):
    last chunk plus the new text.
 4. A file that disappeared loses its rows.
 
+Nothing in the layout is taken on trust: a symlink (or anything but a regular file) is never
+followed, and a transcript whose header names another user or session than its path is not
+indexed. Either is *skipped*: its rows (if any) are removed, it is logged once as
+``memory.file_skipped`` with the reason, and :attr:`FileSync.skipped` keeps it until the file
+is fixed or gone. Otherwise a copy of alice's transcript in ``bob/``, or a link to any file
+the daemon can read, would become bob's to search.
+
 Transcripts are read with the sessions package's own :class:`~sessions.ForwardReader` and
 found through its path layout, so the index sees exactly the messages and the files the store
 writes. New and changed chunks are left pending for :mod:`memory.vectors`.
@@ -22,9 +29,14 @@ Every method of :class:`FileSync` blocks; call it from a worker thread.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+import orjson
+import structlog
 
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
 from memory.config import MemoryConfig, SizedConfig
@@ -40,7 +52,12 @@ from sessions import (
 
 __all__ = ["FileSync", "SyncReport", "chunking_fingerprint"]
 
+log = structlog.get_logger("memory.sync")
+
 _FINGERPRINT_BYTES = 4096
+# A header line longer than this is not one the store wrote (a system prompt is at most 64Ki
+# characters, so its JSON is well below): the file is skipped rather than read whole.
+_MAX_HEADER_BYTES = 1 << 20
 
 _Owner = tuple[str, str]  # (user, session_key)
 
@@ -56,6 +73,7 @@ class SyncReport:
     files_scanned: int = 0
     files_changed: int = 0
     files_deleted: int = 0
+    files_skipped: int = 0
     chunks_written: int = 0
     chunks_deleted: int = 0
     embedded: int = 0
@@ -66,13 +84,41 @@ class SyncReport:
     duration_ms: float = 0.0
 
     def merge(self, other: SyncReport) -> None:
-        for name in ("files_scanned", "files_changed", "files_deleted", "chunks_written",
+        for name in ("files_scanned", "files_changed", "files_deleted", "files_skipped", "chunks_written",
                      "chunks_deleted", "embedded", "cache_hits", "embedder_calls"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+def _untrusted(path: Path, st: os.stat_result, owner: _Owner) -> str | None:
+    """Why ``path`` (lstat ``st``) must not be indexed as ``owner``'s, or None when it may be."""
+    if stat.S_ISLNK(st.st_mode):
+        return "symlink"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    try:
+        # O_NOFOLLOW: a symlink swapped in since the lstat is refused, not followed.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # gone: the caller's next look deletes its rows
+    except OSError as exc:
+        return f"cannot open: {exc.strerror}"
+    with os.fdopen(fd, "rb") as fh:
+        first = fh.readline(_MAX_HEADER_BYTES)
+    if not first.endswith(b"\n"):
+        return None  # the header is still being written; its user is checked once it is whole
+    try:
+        header = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return "the first line is not a transcript header"
+    if not isinstance(header, dict) or header.get("type") != "session":
+        return "the first line is not a transcript header"
+    if header.get("user") != owner[0] or header.get("sessionKey") != owner[1]:
+        return "its header names another user or session than its path"
+    return None
 
 
 def _prefix_fingerprint(path: Path, length: int) -> str:
@@ -108,6 +154,8 @@ class FileSync:
         self.vectors = vectors
         self.sizes = config.sized_for(window)   # chunks fit the embedder's window
         self.chunking = chunking_fingerprint(self.sizes)
+        # Relative path -> why it is not indexed (the module docstring, "skipped").
+        self.skipped: dict[str, str] = {}
 
     # --- which files -------------------------------------------------------------------
 
@@ -146,22 +194,32 @@ class FileSync:
             return report
         with self._conn.lock:
             try:
-                st = path.stat()
+                st = path.lstat()  # never follows a symlink
             except FileNotFoundError:
+                self.skipped.pop(rel, None)
                 with self.db:
                     report.chunks_deleted = self._delete_path(rel)
                     deleted = self.db.changes()
                 report.files_deleted = 1 if deleted or report.chunks_deleted else 0
                 return report
             row = self._file_row(rel)
-            if row and row.chunking == self.chunking and (row.size, row.mtime_ns) == (st.st_size, st.st_mtime_ns):
+            if (row and stat.S_ISREG(st.st_mode) and row.chunking == self.chunking
+                    and (row.size, row.mtime_ns) == (st.st_size, st.st_mtime_ns)):
                 return report
             incremental = (
                 row is not None
+                and row.indexed_offset > 0  # else the header was never read whole, nor checked
+                and stat.S_ISREG(st.st_mode)
                 and row.chunking == self.chunking
                 and st.st_size >= row.indexed_offset
                 and _prefix_fingerprint(path, row.indexed_offset) == row.hash
             )
+            # The header was checked when the prefix was indexed, and the fingerprint covers it.
+            reason = None if incremental else _untrusted(path, st, owner)
+            if reason is not None:
+                self._skip(rel, reason, report)
+                return report
+            self.skipped.pop(rel, None)
             with self.db:
                 if incremental:
                     assert row is not None
@@ -185,6 +243,15 @@ class FileSync:
         report.files_changed = 1 if (written or deleted or row is None or not incremental) else 0
         report.chunks_written, report.chunks_deleted = written, deleted
         return report
+
+    def _skip(self, rel: str, reason: str, report: SyncReport) -> None:
+        if self.skipped.get(rel) != reason:  # logged once per file and reason, not every sync
+            log.warning("memory.file_skipped", path=rel, reason=reason,
+                        effect="not indexed; its text is not searchable")
+        self.skipped[rel] = reason
+        report.files_skipped = 1
+        with self.db:
+            report.chunks_deleted = self._delete_path(rel)
 
     def _index_tail(self, path: Path, rel: str, owner: _Owner, row: _FileRow) -> tuple[int, int, int, int]:
         last = self.db.execute(
@@ -285,14 +352,21 @@ class FileSync:
                 with self.db:
                     report.chunks_deleted += self._delete_path(rel)
                 report.files_deleted += 1
+        # A scan never lists symlinks, so a skipped path is forgotten only once it is gone.
+        for rel in [r for r in self.skipped if r not in present and not os.path.lexists(self.sessions_dir / r)]:
+            del self.skipped[rel]
         return report
 
-    def reset_files(self) -> None:
-        """Forget every file's offset so the next sync re-reads all transcripts (``reindex full``).
+    def reset_files(self, user: str | None = None) -> None:
+        """Forget every file's offset (or only ``user``'s) so the next sync re-reads those
+        transcripts (``reindex full``).
 
         Rows stay until each file is re-indexed (in its own transaction), so search keeps
         working throughout. Each file's chunks are then deleted and written anew (step 2 of
         the module docstring); their vectors come back from the embedding cache.
         """
         with self._conn.lock, self.db:
-            self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset'")
+            if user is None:
+                self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset'")
+            else:
+                self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset' WHERE user = ?", (user,))
