@@ -18,6 +18,7 @@ import orjson
 
 from gateway.cli.chat import add_chat_parser
 from gateway.cli.memory import add_memory_parser
+from gateway.cli.web import add_open_parser
 from gateway.cli.target import connection_target
 from gateway.config import Config, ConfigError, load
 
@@ -44,6 +45,7 @@ def _base_parser() -> argparse.ArgumentParser:
 
     add_chat_parser(sub, _connection_flags)
     add_memory_parser(sub)
+    add_open_parser(sub, _connection_flags)
     return parser
 
 
