@@ -57,7 +57,7 @@ async function startApp(conn) {
     onOpenSource: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
     onTitle: (s) => { document.title = s ? `${s.title} · recalld` : "recalld"; },
   });
-  const search = new SearchPanel(conn, {
+  new SearchPanel(conn, {
     currentSession: () => chat.session?.sessionKey || null,
     sessionTitle: (key) => sidebar.get(key)?.title,
     onOpen: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
@@ -126,8 +126,6 @@ async function startApp(conn) {
   await sidebar.reload();
   const first = sidebar.first();
   if (first) await openSession(first);
-  // Test hooks: a real dropped socket, to exercise reconnection in the browser tests.
-  window.recalld = { dropConnection: () => conn.dropForTest(), search };
 }
 
 function toggleSidebar(show) {

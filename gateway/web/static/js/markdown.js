@@ -17,6 +17,11 @@ const marked = new Marked({
     html(token) {
       return escapeHtml(token.text);
     },
+    // Images become links: a reply must not fetch anything by itself being shown (an image URL
+    // can carry what the model read to a third party). The CSP's img-src backs this up.
+    image(token) {
+      return `<a href="${escapeHtml(token.href || "")}">${escapeHtml(`image: ${token.text || token.href || ""}`)}</a>`;
+    },
   },
 });
 

@@ -48,11 +48,6 @@ export class Rpc extends EventTarget {
     this.#setState("closed");
   }
 
-  // For tests and the Retry button: drop the socket as if the network had.
-  dropForTest() {
-    if (this.ws) this.ws.close(4000, "dropped");
-  }
-
   call(method, params = undefined) {
     if (this.state !== "open") {
       return Promise.reject(new RpcError({ code: "offline", message: "not connected to the gateway" }));
