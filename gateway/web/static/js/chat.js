@@ -3,7 +3,7 @@
 // (runId, role) while a run is live, so the same message arriving from history and from events
 // (after a reconnect, or in a second tab) is merged, never shown twice.
 
-import { $, formatDate, formatTime, h, snippet } from "./dom.js";
+import { $, chunkText, formatDate, formatTime, h, snippet } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 const PAGE = 50;
@@ -327,10 +327,11 @@ export class ChatView {
   #chips(recalled) {
     const list = h("ul", { class: "chips", "aria-label": "What was remembered" });
     for (const hit of recalled) {
-      const label = hit.content ? `${formatDate(hit.startTs)} · ${snippet(hit.content, 60)}` : "a memory";
+      const text = hit.content ? chunkText(hit.content) : "";
+      const label = text ? `${formatDate(hit.startTs)} · ${snippet(text, 60)}` : "a memory";
       const chip = h("button", {
         type: "button", class: "chip", disabled: !hit.sessionKey,
-        title: hit.content ? snippet(hit.content, 400) : "This memory is no longer found",
+        title: text ? snippet(text, 400) : "This memory is no longer found",
         onclick: () => hit.sessionKey && this.onOpenSource(hit.sessionKey, hit.startTs),
       }, label);
       list.append(h("li", {}, chip));

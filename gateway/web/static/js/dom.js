@@ -45,3 +45,9 @@ export function snippet(text, max = 160) {
   const flat = text.replace(/\s+/g, " ").trim();
   return flat.length > max ? `${flat.slice(0, max - 1)}…` : flat;
 }
+
+// A memory chunk's text is its lines as "role [timestamp]: text"; for an excerpt shown to a
+// person the role and timestamp labels are noise (the date is shown beside it).
+export function chunkText(content) {
+  return content.replace(/^(user|assistant) \[[^\]\n]*\]: /gm, "");
+}

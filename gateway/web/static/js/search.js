@@ -2,7 +2,7 @@
 // each result shows its date, session and excerpt (query words highlighted) and opens the
 // session at that message.
 
-import { $, formatDate, h, highlighted, snippet } from "./dom.js";
+import { $, chunkText, formatDate, h, highlighted, snippet } from "./dom.js";
 
 export class SearchPanel {
   constructor(rpc, { currentSession, sessionTitle, onOpen }) {
@@ -56,7 +56,7 @@ export class SearchPanel {
     const title = this.sessionTitle(hit.sessionKey) || `session ${hit.sessionKey.slice(0, 8)}`;
     return h("li", { class: "result" },
       h("p", { class: "meta" }, `${formatDate(hit.startTs)} · ${title}`),
-      h("p", { class: "excerpt" }, highlighted(snippet(hit.content, 400), query)),
+      h("p", { class: "excerpt" }, highlighted(snippet(chunkText(hit.content), 400), query)),
       h("button", { type: "button", class: "link", onclick: () => this.onOpen(hit.sessionKey, hit.startTs) },
         "Open in session"));
   }
