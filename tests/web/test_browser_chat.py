@@ -26,7 +26,7 @@ async def test_sign_in_with_a_pasted_token(browser: Browser, web_app: App) -> No
     assert await page.evaluate("localStorage.getItem('recalld.token')") == TOKEN
     await page.reload()
     await expect(page.locator("#conn-state")).to_have_text("Connected")
-    await expect(page.locator("#memory-status")).to_contain_text("chunks indexed")
+    await expect(page.locator("#memory-status")).to_contain_text("indexed")
     assert errors.items == []
 
 

@@ -121,7 +121,10 @@ async function startApp(conn) {
     window.location.reload();
   });
   $("toggle-sidebar").addEventListener("click", () => toggleSidebar());
-  if (window.matchMedia("(max-width: 720px)").matches) toggleSidebar(false);
+  // A narrow window shows the chat, with the sessions as an overlay on demand.
+  const narrow = window.matchMedia("(max-width: 720px)");
+  narrow.addEventListener("change", () => toggleSidebar(!narrow.matches));
+  if (narrow.matches) toggleSidebar(false);
 
   await sidebar.reload();
   const first = sidebar.first();

@@ -29,7 +29,7 @@ export class StatusFooter {
     let busy = false;
     try {
       const s = await this.rpc.call("memory.status");
-      const parts = [`Memory: ${s.provider}${s.model ? ` (${s.model})` : ""}`, `${s.chunks} chunks indexed`];
+      const parts = [`Memory: ${s.provider}${s.model ? ` (${s.model})` : ""}`, `${s.chunks} chunk${s.chunks === 1 ? "" : "s"} indexed`];
       // Without an embedder nothing is ever embedded, so "pending" is not progress there.
       const pending = s.provider === "none" ? 0 : s.pending;
       busy = Boolean(s.syncing || pending);
