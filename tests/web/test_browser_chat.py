@@ -4,7 +4,11 @@ to run script."""
 
 from __future__ import annotations
 
-from playwright.async_api import Browser, expect
+import pytest
+
+pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+
+from playwright.async_api import Browser, expect  # noqa: E402
 
 from gateway.app import App
 from tests.conftest import TOKEN

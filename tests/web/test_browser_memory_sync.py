@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from playwright.async_api import Browser, expect
+import pytest
+
+pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+
+from playwright.async_api import Browser, expect  # noqa: E402
 
 from gateway.app import App
 from gateway.client import Client
