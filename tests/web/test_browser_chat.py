@@ -4,6 +4,9 @@ to run script."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
@@ -11,7 +14,8 @@ pytest.importorskip("playwright.async_api", reason="playwright is not installed 
 from playwright.async_api import Browser, expect  # noqa: E402
 
 from gateway.app import App
-from tests.conftest import TOKEN
+from gateway.config import Config
+from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.web.conftest import PageErrors, new_session, open_signed_in, page_url, send
 
@@ -141,3 +145,26 @@ async def test_hostile_reply_renders_inert(browser: Browser, web_app: App, fake_
     await reply.get_by_text("click me").click()
     assert await page.evaluate("window.__pwned") is None
     assert not [u for u in requested if "leak.png" in u]
+
+
+async def test_page_works_over_tls(browser: Browser, config_factory: Callable[..., Config],
+                                   fake_openai: FakeOpenAI, tmp_path: Path) -> None:
+    """With [tls] the page loads over https:// and chats over wss:// to its own origin."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    cfg = config_factory(tls={"cert": str(cert_path), "key": str(key_path)},
+                         llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model"})
+    async with running(cfg) as app:
+        # The test CA is not in Chromium's store; a real deployment's certificate would be.
+        ctx = await browser.new_context(ignore_https_errors=True)
+        page = await ctx.new_page()
+        await page.goto(f"https://127.0.0.1:{app.server.port}/#token={TOKEN}")
+        await expect(page.locator("#conn-state")).to_have_attribute("data-state", "open")
+        await new_session(page)
+        await send(page, "over tls")
+        await expect(page.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: over tls")

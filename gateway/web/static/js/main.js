@@ -95,6 +95,11 @@ async function startApp(conn) {
   conn.addEventListener("state", (ev) => {
     if (ev.detail.state === "retrying") banner("Connection lost. Reconnecting…");
   });
+  // Other sessions' new messages send this tab no event (it follows only the open session's
+  // chat), so their order is refreshed whenever the tab comes back into view.
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && conn.state === "open") sidebar.reload().catch(() => {});
+  });
 
   $("new-session").addEventListener("click", async () => {
     try {
