@@ -168,3 +168,17 @@ async def test_page_works_over_tls(browser: Browser, config_factory: Callable[..
         await new_session(page)
         await send(page, "over tls")
         await expect(page.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: over tls")
+
+
+async def test_failed_reply_shows_the_error_and_retry_works(
+    browser: Browser, web_app: App, fake_openai: FakeOpenAI
+) -> None:
+    """A run the model fails shows the server's error message and a Retry that sends the message again."""
+    fake_openai.script(Behaviour(status=500, error_message="the model fell over"))
+    page = await open_signed_in(browser, web_app)
+    await new_session(page)
+    await send(page, "please answer")
+    failed = page.locator(".msg.assistant[data-state=error]")
+    await expect(failed.get_by_role("alert")).to_contain_text("model endpoint answered 500: the model fell over")
+    await failed.get_by_role("button", name="Retry").click()
+    await expect(page.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: please answer")
