@@ -2,8 +2,8 @@
 
 ``sessions.watch`` attaches a connection to all of its user's sessions at once: it then hears
 ``sessions.created`` / ``sessions.updated`` / ``sessions.deleted`` (how a web client's sidebar
-stays in step with other tabs). A session's own subscribers hear its update and deletion too,
-but not its creation (the creating connection is its first subscriber, and has the answer).
+stays in step with other tabs). Only watchers hear them: a connection that merely subscribed to
+a session keeps receiving nothing but that session's ``chat.*`` events, as before.
 
 Blocking store calls go to a worker thread so the event loop never waits on the disk. Page
 sizes and text lengths are bounded by the same ``[sessions]`` settings the store enforces.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.chat import ChatRuns, Hub
-from gateway.rpc import Bound, CallContext, Notification, Registry, bounded
+from gateway.rpc import Bound, CallContext, Registry, bounded
 from memory import MemoryService
 from sessions import SessionsConfig, SessionStore
 
@@ -77,9 +77,7 @@ class SessionsMethods:
         )
         self.hub.attach(ctx, ctx.caller, session.session_key)
         wire = session.to_wire()
-        # Watchers only: the creator's connection is attached to the new session just above,
-        # and it already has the answer.
-        self._announce(ctx.caller, session.session_key, "sessions.created", {"session": wire}, watchers_only=True)
+        self._announce(ctx.caller, session.session_key, "sessions.created", {"session": wire})
         return {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
 
     async def list(self, ctx: CallContext, p: ListSessionsParams) -> dict[str, Any]:
@@ -123,16 +121,9 @@ class SessionsMethods:
         self.hub.attach(ctx, ctx.caller, _ALL_SESSIONS)
         return {"watching": True}
 
-    def _announce(self, user: str, session_key: str, method: str, fields: dict[str, Any],
-                  *, watchers_only: bool = False) -> None:
-        """Tell the user's watchers and (unless ``watchers_only``) the session's subscribers,
-        each connection once."""
-        conns = set(self.hub.subscribers(user, _ALL_SESSIONS))
-        if not watchers_only:
-            conns |= set(self.hub.subscribers(user, session_key))
-        note = Notification(method, {"sessionKey": session_key, **fields})
-        for conn in conns:
-            conn.notify(note)
+    def _announce(self, user: str, session_key: str, method: str, fields: dict[str, Any]) -> None:
+        """Tell every connection of the user that called sessions.watch."""
+        self.hub.publish(user, _ALL_SESSIONS, method, {"sessionKey": session_key, **fields})
 
     async def subscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
         await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)  # not-found check
