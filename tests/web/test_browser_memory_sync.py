@@ -115,3 +115,24 @@ async def test_dropped_connection_reconnects_without_loss_or_duplicates(
     async with Client.connect(web_app.url, TOKEN) as other:
         history = await other.call("sessions.history", {"sessionKey": key})
     assert bodies == [m["content"] for m in history["messages"]]
+
+
+async def test_sidebar_and_history_page_as_you_scroll(browser: Browser, web_app: App) -> None:
+    """35 sessions show 30 until the list is scrolled to its end; a 120-message session shows its
+    last 50 and loads older pages, oldest message last, when scrolled to the top."""
+    store = web_app.store
+    keys = [(await asyncio.to_thread(store.create, "default", title=f"s{i:02d}")).session_key for i in range(35)]
+    for i in range(120):
+        await asyncio.to_thread(store.append_message, "default", keys[-1], role="user", content=f"msg {i:03d}")
+    page = await open_signed_in(browser, web_app)
+    sessions = page.locator("#session-list .session")
+    await expect(sessions).to_have_count(30)
+    await sessions.last.scroll_into_view_if_needed()
+    await page.locator("#session-more").scroll_into_view_if_needed()
+    await expect(sessions).to_have_count(35)
+    await expect(page.locator(".msg")).to_have_count(50)  # the newest session opens first
+    await expect(page.locator(".msg .body").last).to_have_text("msg 119")
+    for expected in (100, 120):
+        await page.locator("#scroller").evaluate("el => { el.scrollTop = 0; }")
+        await expect(page.locator(".msg")).to_have_count(expected)
+    await expect(page.locator(".msg .body").first).to_have_text("msg 000")
