@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test typecheck bench bench-quick bench-recall soak clean
+.PHONY: serve test typecheck bench bench-quick bench-recall soak screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench-recall: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak $(ARGS)
+
+# PNGs of the web client's main views, light and dark, into docs/img/ (needs chromium on PATH).
+screenshots: $(STAMP)
+	$(BIN)/python -m tests.web.screenshots $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

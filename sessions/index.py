@@ -196,6 +196,14 @@ class SessionIndex:
             (updated_at, size, user, session_key),
         )
 
+    def record_update(self, user: str, session_key: str, title: str, system_prompt: str | None,
+                      size: int) -> None:
+        """A title or system prompt changed: neither ``updated_at`` nor the count moves."""
+        self._conn.execute(
+            "UPDATE sessions SET title = ?, system_prompt = ?, size = ? WHERE user = ? AND session_key = ?",
+            (title, system_prompt, size, user, session_key),
+        )
+
     def delete(self, user: str, session_key: str) -> None:
         self._conn.execute(
             "DELETE FROM sessions WHERE user = ? AND session_key = ?", (user, session_key)

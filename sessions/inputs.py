@@ -18,12 +18,13 @@ from .config import SessionsConfig
 from .errors import InvalidSessionInput, LineTooLarge
 from .keys import new_message_id
 from .models import MESSAGE_ROLES, RESERVED_LINE_KEYS, Message, now_ts, to_ts
-from .transcript import Header
+from .transcript import UPDATE_TYPE, Header
 
 __all__ = [
     "DEFAULT_TITLE",
     "build_header",
     "build_message",
+    "build_update",
     "check_content",
     "check_extra",
     "check_limit",
@@ -192,3 +193,23 @@ def build_message(
     if len(line) > config.max_line_bytes:
         raise LineTooLarge(len(line), config.max_line_bytes)
     return message, line
+
+
+def build_update(
+    header: Header, *, title: object, system_prompt: object, config: SessionsConfig
+) -> tuple[Header, bytes]:
+    """The header after a ``sessions.update`` and the ``update`` line that records it.
+
+    ``None`` leaves a field as it is; an empty ``system_prompt`` clears the prompt's effect.
+    """
+    if title is None and system_prompt is None:
+        raise InvalidSessionInput("title", "give a title, a systemPrompt, or both")
+    line_obj: dict[str, Any] = {"type": UPDATE_TYPE, "ts": now_ts()}
+    if title is not None:
+        line_obj["title"] = check_title(title, config)
+    if system_prompt is not None:
+        line_obj["systemPrompt"] = check_system_prompt(system_prompt)
+    line = orjson.dumps(line_obj) + b"\n"
+    if len(line) > config.max_line_bytes:
+        raise LineTooLarge(len(line), config.max_line_bytes, field="systemPrompt")
+    return header.updated(line_obj), line

@@ -21,6 +21,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -47,7 +48,7 @@ from .keys import (
 from .layout import sessions_root, transcript_file
 from .models import Message, Session
 from .reconcile import checked_summary, reconcile
-from .transcript import Summary, read_header, read_page, recover_tail
+from .transcript import Header, Summary, read_header, read_page, recover_tail
 
 __all__ = ["MessagePage", "SessionPage", "SessionStore"]
 
@@ -217,6 +218,26 @@ class SessionStore:
                 ident, lambda: self._index.record_append(user, key, message.ts, new_size)
             )
         return message
+
+    def update(
+        self, user: str, session_key: str, *, title: str | None = None,
+        system_prompt: str | None = None,
+    ) -> Session:
+        """Change the title and/or system prompt: one ``update`` line is appended (the header
+        is never rewritten) and the index row follows. ``updatedAt`` does not move."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        ident = (user, key)
+        with self._stripe(key):
+            path, _ = self._ensure_open(user, key)
+            now = self._session_row(user, key)
+            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model)
+            new, line = inputs.build_update(header, title=title, system_prompt=system_prompt,
+                                            config=self._config)
+            size = self._append_line(ident, path, line)
+            self._index_write(ident, lambda: self._index.record_update(
+                user, key, new.title, new.system_prompt, size))
+        return replace(now, title=new.title, system_prompt=new.system_prompt)
 
     def delete(self, user: str, session_key: str) -> None:
         """Remove the transcript, any ``.corrupt-*`` tails saved beside it, and its index row."""

@@ -52,6 +52,10 @@ _BLOCK = 64 * 1024
 # stops a file with no newline at all from being read whole into memory to look for one.
 _MAX_HEADER_BYTES = 64 * 1024 * 1024
 HEADER_VERSION = 1
+# A line that changes the header's title or system prompt after creation (``sessions.update``);
+# orjson keeps key order, so every such line the store writes starts with these bytes.
+UPDATE_TYPE = "update"
+UPDATE_PREFIX = b'{"type":"update"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,16 @@ class Header:
         except ValueError:
             return None
         return cls(key, user, created, title, prompt, model)
+
+    def updated(self, obj: Mapping[str, Any] | None) -> Header:
+        """This header with an ``update`` line's title and system prompt applied (a malformed
+        line changes nothing: the header stays what it was)."""
+        if obj is None or obj.get("type") != UPDATE_TYPE:
+            return self
+        title, prompt = obj.get("title", self.title), obj.get("systemPrompt", self.system_prompt)
+        if not isinstance(title, str) or not (prompt is None or isinstance(prompt, str)):
+            return self
+        return Header(self.session_key, self.user, self.created_at, title, prompt, self.model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +203,21 @@ def _blocks_forward(fd: int, start: int, end: int) -> Iterator[bytes]:
         chunk = _pread_exact(fd, min(_BLOCK, end - pos), pos)
         yield chunk
         pos += len(chunk)
+
+
+def _lines_forward(fd: int, start: int, end: int) -> Iterator[bytes]:
+    """Each line in ``[start, end)`` (``end`` just after a newline), first to last, newline
+    stripped; a line spanning blocks is joined once."""
+    carry: list[bytes] = []
+    for chunk in _blocks_forward(fd, start, end):
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            carry.append(chunk)
+            continue
+        carry.append(pieces[0])
+        yield b"".join(carry)
+        yield from pieces[1:-1]
+        carry = [pieces[-1]]
 
 
 def _end_of_last_newline(fd: int, size: int) -> int:
@@ -358,7 +387,12 @@ def summarise(path: Path) -> Summary | None:
             return None
         header, header_end = found
         end = _end_of_last_newline(fd, size)
-        count = sum(chunk.count(b"\n") for chunk in _blocks_forward(fd, header_end, end))
+        count = 0
+        for raw in _lines_forward(fd, header_end, end):
+            if raw.startswith(UPDATE_PREFIX):
+                header = header.updated(parse_line(raw))  # later updates win, as they did live
+            else:
+                count += 1
         updated_at = header.created_at
         last = read_messages_backward(fd, end, header_end, 1, path)
         if last:

@@ -19,6 +19,7 @@ import orjson
 from gateway.cli.chat import add_chat_parser
 from gateway.cli.memory import add_memory_parser
 from gateway.cli.target import TargetError, add_connection_flags, connection_target
+from gateway.cli.web import add_open_parser
 from gateway.config import Config, ConfigError, is_loopback, load
 from gateway.private import set_private_umask
 
@@ -65,6 +66,7 @@ def _base_parser() -> argparse.ArgumentParser:
 
     add_chat_parser(sub, chat_flags)
     add_memory_parser(sub, command_flags)
+    add_open_parser(sub, chat_flags)
     return parser
 
 

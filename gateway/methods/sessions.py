@@ -1,4 +1,9 @@
-"""``sessions.*``: create, list, read, delete and (un)subscribe, over the :class:`SessionStore`.
+"""``sessions.*``: create, list, read, update, delete and (un)subscribe, over the :class:`SessionStore`.
+
+``sessions.watch`` attaches a connection to all of its user's sessions at once: it then hears
+``sessions.created`` / ``sessions.updated`` / ``sessions.deleted`` (how a web client's sidebar
+stays in step with other tabs). Only watchers hear them: a connection that merely subscribed to
+a session keeps receiving nothing but that session's ``chat.*`` events, as before.
 
 Blocking store calls go to a worker thread so the event loop never waits on the disk. Page
 sizes and text lengths are bounded by the same ``[sessions]`` settings the store enforces.
@@ -18,6 +23,8 @@ from sessions import SessionsConfig, SessionStore
 __all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
 
 MAX_KEY = 128
+# The hub channel of a user's session-list events; never a session key (those are 32 hex digits).
+_ALL_SESSIONS = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,18 @@ class ListSessionsParams:
 @dataclass(frozen=True, slots=True)
 class SessionKeyParams:
     session_key: str = bounded(max_len=MAX_KEY)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateSessionParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    title: str | None = None
+    system_prompt: str | None = bounded(None, max_len=64 * 1024, doc="an empty string clears it")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchParams:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +77,7 @@ class SessionsMethods:
         )
         self.hub.attach(ctx, ctx.caller, session.session_key)
         wire = session.to_wire()
+        self._announce(ctx.caller, session.session_key, "sessions.created", {"session": wire})
         return {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
 
     async def list(self, ctx: CallContext, p: ListSessionsParams) -> dict[str, Any]:
@@ -80,13 +100,30 @@ class SessionsMethods:
             out["next"] = nxt
         return out
 
+    async def update(self, ctx: CallContext, p: UpdateSessionParams) -> dict[str, Any]:
+        session = await asyncio.to_thread(
+            self.store.update, ctx.caller, p.session_key, title=p.title, system_prompt=p.system_prompt
+        )
+        wire = session.to_wire()
+        self._announce(ctx.caller, p.session_key, "sessions.updated", {"session": wire})
+        return wire
+
     async def delete(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
         user = ctx.caller
         await self.runs.abort_session(user, p.session_key)
         await asyncio.to_thread(self.store.delete, user, p.session_key)
         if self.memory is not None:
             await self.memory.delete_session(user, p.session_key)
+        self._announce(user, p.session_key, "sessions.deleted", {})
         return {"deleted": True}
+
+    async def watch(self, ctx: CallContext, p: WatchParams) -> dict[str, Any]:
+        self.hub.attach(ctx, ctx.caller, _ALL_SESSIONS)
+        return {"watching": True}
+
+    def _announce(self, user: str, session_key: str, method: str, fields: dict[str, Any]) -> None:
+        """Tell every connection of the user that called sessions.watch."""
+        self.hub.publish(user, _ALL_SESSIONS, method, {"sessionKey": session_key, **fields})
 
     async def subscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
         await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)  # not-found check
@@ -106,6 +143,10 @@ def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods |
     d("sessions.get", SessionKeyParams, "One session's metadata.", h.get if h else None)
     d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.",
       h.history if h else None, bounds=page)
+    d("sessions.update", UpdateSessionParams, "Change a session's title and/or system prompt.",
+      h.update if h else None, bounds={"title": Bound(max_len=config.max_title_chars)})
+    d("sessions.watch", WatchParams, "Receive sessions.created/updated/deleted for all your sessions.",
+      h.watch if h else None, inline=True)
     d("sessions.delete", SessionKeyParams, "Delete a session, its transcript and index rows.",
       h.delete if h else None)
     d("sessions.subscribe", SessionKeyParams, "Receive chat events of a session.", h.subscribe if h else None)

@@ -28,6 +28,7 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest, RateLimited, new_error_id
 from gateway.rpc import CallContext, Reply, RpcCore
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
+from gateway.web import StaticSite, is_websocket_upgrade
 from gateway.wire import server_info
 
 __all__ = ["GatewayServer"]
@@ -58,6 +59,9 @@ class GatewayServer:
         self._on_disconnect = on_disconnect
         self._closed = False
         self.port = 0
+        self.scheme = "ws"
+        # The web client's files (gateway/web), answered for plain GETs on this same port.
+        self.site = StaticSite.from_package()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -120,10 +124,12 @@ class GatewayServer:
             return _respond(ws, http.HTTPStatus.MISDIRECTED_REQUEST, "Host not allowed\n")
         if path == "/healthz":
             return _respond(ws, http.HTTPStatus.OK, "ok\n")
+        if not is_websocket_upgrade(request):
+            return self.site.respond(request)  # the web client's page and files; 404 otherwise
         if path != "/":
             return _respond(ws, http.HTTPStatus.NOT_FOUND, "not found\n")
         origins = headers.get_all("Origin")
-        if origins and (len(origins) > 1 or not self._origin_allowed(origins[0])):
+        if origins and (len(origins) > 1 or not self._origin_allowed(origins[0], hosts[0])):
             return _respond(ws, http.HTTPStatus.FORBIDDEN, "Origin not allowed\n")
         if len(self.connections) >= self.config.server.max_connections:
             return _respond(ws, http.HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
@@ -163,12 +169,17 @@ class GatewayServer:
         except ValueError:
             return False
 
-    def _origin_allowed(self, origin: str) -> bool:
-        allowed = set(self.config.server.allowed_origins)
+    def _origin_allowed(self, origin: str, host_header: str) -> bool:
+        allowed = {o.rstrip("/").lower() for o in self.config.server.allowed_origins}
         for scheme in ("http", "https"):
             for name in ("localhost", "127.0.0.1", "[::1]"):
                 allowed.add(f"{scheme}://{name}:{self.port}")
-        return origin.rstrip("/") in allowed
+        # The page this server served, from whatever address it was opened at (a LAN IP, an
+        # allowed host name): its Origin is exactly our scheme plus the Host header, which has
+        # already passed the Host check, so a rebinding name or a foreign site never matches.
+        page_scheme = "https" if self.scheme == "wss" else "http"
+        allowed.add(f"{page_scheme}://{host_header.strip().lower()}")
+        return origin.rstrip("/").lower() in allowed
 
     # -- connections ---------------------------------------------------------------------
 

@@ -1,0 +1,366 @@
+// The chat view: one session's history (paged upward), the streaming reply, Stop, Retry, and the
+// chips of what was remembered. Messages are keyed by their transcript id once stored, and by
+// (runId, role) while a run is live, so the same message arriving from history and from events
+// (after a reconnect, or in a second tab) is merged, never shown twice.
+
+import { $, chunkText, formatDate, formatTime, h, snippet } from "./dom.js";
+import { renderMarkdown } from "./markdown.js";
+
+const PAGE = 50;
+
+export class ChatView {
+  constructor(rpc, { onOpenSource, onTitle }) {
+    this.rpc = rpc;
+    this.onOpenSource = onOpenSource; // (sessionKey, ts) => open another session at a message
+    this.onTitle = onTitle;
+    this.session = null;
+    this.items = []; // {key, id, role, content, ts, runId, state, error, recalled}
+    this.nodes = new Map();
+    this.older = null; // history cursor for the page above
+    this.loadingOlder = false;
+    this.activeRun = null;
+    this.renderQueued = new Set();
+
+    this.list = $("messages");
+    this.scroller = $("scroller");
+    this.input = $("message-input");
+    this.sendBtn = $("send");
+    this.stopBtn = $("stop");
+    $("composer").addEventListener("submit", (ev) => { ev.preventDefault(); this.send(); });
+    this.input.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+        ev.preventDefault();
+        this.send();
+      }
+    });
+    document.addEventListener("keydown", (ev) => {
+      if (ev.key === "Escape" && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
+    });
+    this.stopBtn.addEventListener("click", () => this.stop());
+    new IntersectionObserver((entries) => {
+      if (entries.some((e) => e.isIntersecting)) this.loadOlder();
+    }, { root: this.scroller }).observe($("history-top"));
+  }
+
+  // -- opening and history ----------------------------------------------------------------
+
+  async open(session, { atTs } = {}) {
+    if (this.session && this.session.sessionKey !== session.sessionKey) {
+      this.rpc.call("sessions.unsubscribe", { sessionKey: this.session.sessionKey }).catch(() => {});
+    }
+    this.session = session;
+    this.items = [];
+    this.nodes.clear();
+    this.list.replaceChildren();
+    this.older = null;
+    this.activeRun = null;
+    this.#setBusy(false);
+    this.#showTitle();
+    $("empty-hint").hidden = true;
+    for (const id of ["message-input", "send", "rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
+    await this.rpc.call("sessions.subscribe", { sessionKey: session.sessionKey });
+    const page = await this.rpc.call("sessions.history", { sessionKey: session.sessionKey, limit: PAGE });
+    this.older = page.next || null;
+    this.#merge(page.messages);
+    if (atTs) await this.#scrollToTs(atTs);
+    else this.#scrollToEnd();
+    this.input.focus();
+  }
+
+  close() {
+    this.session = null;
+    this.items = [];
+    this.nodes.clear();
+    this.list.replaceChildren();
+    $("chat-title").textContent = "No session open";
+    $("empty-hint").hidden = false;
+    for (const id of ["message-input", "send", "rename-session", "edit-prompt", "delete-session"]) $(id).disabled = true;
+  }
+
+  setSession(session) {
+    if (this.session && session.sessionKey === this.session.sessionKey) {
+      this.session = { ...this.session, ...session };
+      this.#showTitle();
+    }
+  }
+
+  // After a reconnect: resubscribe and merge the newest page, which holds anything said while
+  // we were away (including a run that finished meanwhile: its final text replaces our partial).
+  async resync() {
+    if (!this.session) return;
+    const key = this.session.sessionKey;
+    await this.rpc.call("sessions.subscribe", { sessionKey: key });
+    const page = await this.rpc.call("sessions.history", { sessionKey: key, limit: PAGE });
+    if (!this.session || this.session.sessionKey !== key) return;
+    this.#merge(page.messages);
+    const live = this.items.find((m) => m.state === "streaming");
+    if (live && !this.activeRun) this.activeRun = live.runId;
+    if (live) live.note = "Reconnected: the rest of this reply appears when it is finished.";
+    if (live) this.#render(live);
+    this.#setBusy(Boolean(live));
+    this.#scrollToEnd();
+  }
+
+  async loadOlder() {
+    if (!this.session || !this.older || this.loadingOlder) return false;
+    this.loadingOlder = true;
+    try {
+      const before = this.scroller.scrollHeight - this.scroller.scrollTop;
+      const page = await this.rpc.call("sessions.history",
+        { sessionKey: this.session.sessionKey, limit: PAGE, before: this.older });
+      this.older = page.next || null;
+      this.#merge(page.messages);
+      this.scroller.scrollTop = this.scroller.scrollHeight - before; // keep the reader's place
+      return true;
+    } finally {
+      this.loadingOlder = false;
+    }
+  }
+
+  async #scrollToTs(ts) {
+    // Page upward until the message is loaded (bounded: a chip points at real history).
+    for (let i = 0; i < 20 && this.older && !(this.items[0] && this.items[0].ts <= ts); i++) {
+      if (!(await this.loadOlder())) break;
+    }
+    const target = this.items.find((m) => m.ts && m.ts >= ts) || this.items[this.items.length - 1];
+    const node = target && this.nodes.get(target.key);
+    if (!node) return;
+    node.classList.add("flash");
+    node.scrollIntoView({ block: "center" });
+    node.focus({ preventScroll: true });
+  }
+
+  // -- sending ----------------------------------------------------------------------------
+
+  async send(text = this.input.value) {
+    if (!this.session || !text.trim()) return;
+    const key = this.session.sessionKey;
+    const local = { key: `local:${crypto.randomUUID()}`, role: "user", content: text, state: "pending" };
+    this.#upsert(local);
+    if (text === this.input.value) this.input.value = "";
+    this.#scrollToEnd();
+    try {
+      // The idempotency key makes a retried send (after a dropped reply) start one run, not two.
+      const res = await this.rpc.call("chat.send", { sessionKey: key, message: text, idempotencyKey: local.key });
+      local.runId = res.runId;
+      local.state = "done";
+      this.#render(local);
+      this.#liveReply(res.runId);
+    } catch (err) {
+      local.state = "error";
+      local.error = err.message;
+      local.retry = () => { this.#remove(local); this.send(text); };
+      this.#render(local);
+    }
+  }
+
+  async stop() {
+    if (!this.session || !this.activeRun) return;
+    try {
+      await this.rpc.call("chat.abort", { sessionKey: this.session.sessionKey, runId: this.activeRun });
+    } catch (err) {
+      this.#banner(`Stop failed: ${err.message}`);
+    }
+  }
+
+  // -- events -----------------------------------------------------------------------------
+
+  onEvent(method, p) {
+    if (!this.session || p.sessionKey !== this.session.sessionKey) return;
+    if (method === "sessions.updated") return this.setSession(p.session);
+    if (!method.startsWith("chat.")) return;
+    let reply = this.items.find((m) => m.runId === p.runId && m.role === "assistant");
+    if (!reply) {
+      reply = this.#liveReply(p.runId);
+      // Another tab or client started this run: fetch its user message from the transcript.
+      // (Not while our own send awaits its answer: the run is probably that one.)
+      const ours = this.items.some((m) => m.state === "pending");
+      if (!ours && !this.items.some((m) => m.runId === p.runId && m.role === "user")) this.resync().catch(() => {});
+    }
+    if (method === "chat.delta") {
+      if (reply.state !== "streaming") return;
+      reply.content += p.delta;
+      this.#queueRender(reply);
+    } else if (method === "chat.final") {
+      Object.assign(reply, { id: p.message.id, content: p.message.content, ts: p.message.ts, state: "done", note: "" });
+      this.#render(reply);
+      if (p.recalled && p.recalled.length) this.#loadChips(reply, p.recalled);
+      this.#runEnded(p.runId);
+    } else if (method === "chat.aborted") {
+      Object.assign(reply, { content: p.partial, state: "aborted", note: "" });
+      this.#render(reply);
+      this.#runEnded(p.runId);
+    } else if (method === "chat.error") {
+      const user = this.items.find((m) => m.runId === p.runId && m.role === "user");
+      Object.assign(reply, { content: p.partial || "", state: "error", error: p.error.message, note: "" });
+      if (user) reply.retry = () => this.send(user.content);
+      this.#render(reply);
+      this.#runEnded(p.runId);
+    }
+  }
+
+  #liveReply(runId) {
+    let reply = this.items.find((m) => m.runId === runId && m.role === "assistant");
+    if (!reply) {
+      reply = { key: `run:${runId}`, role: "assistant", content: "", runId, state: "streaming" };
+      this.#upsert(reply);
+    }
+    if (reply.state === "streaming") {
+      this.activeRun = runId;
+      this.#setBusy(true);
+    }
+    this.#scrollToEnd();
+    return reply;
+  }
+
+  #runEnded(runId) {
+    if (this.activeRun === runId) {
+      this.activeRun = null;
+      this.#setBusy(false);
+    }
+  }
+
+  // The final event names recalled chunks by id; their text and date come from a search with
+  // the same message (what recall ran), matched by id. A chunk the search no longer returns
+  // still gets a chip, just without its excerpt.
+  async #loadChips(reply, ids) {
+    const user = this.items.find((m) => m.runId === reply.runId && m.role === "user");
+    let hits = [];
+    if (user) {
+      try {
+        const res = await this.rpc.call("memory.search",
+          { query: user.content.slice(0, 2000), k: 50, excludeSessionKey: this.session.sessionKey });
+        hits = res.results;
+      } catch { /* chips without excerpts */ }
+    }
+    reply.recalled = ids.map((id) => hits.find((hit) => String(hit.chunkId) === String(id)) || { chunkId: id });
+    this.#render(reply);
+  }
+
+  // -- rendering --------------------------------------------------------------------------
+
+  #merge(messages) {
+    for (const m of messages) {
+      const same = this.items.find((x) => (x.id && x.id === m.id)
+        || (!x.id && m.runId && x.runId === m.runId && x.role === m.role)
+        || (x.state === "pending" && x.role === m.role && x.content === m.content));
+      const state = m.aborted ? "aborted" : m.failed ? "error" : "done";
+      const fields = { id: m.id, role: m.role, content: m.content, ts: m.ts, runId: m.runId, state,
+        error: m.failed ? m.error || "the reply failed" : "" };
+      if (same) {
+        if (same.state === "streaming" && m.role === "assistant") this.#runEnded(m.runId);
+        Object.assign(same, fields, { note: "" });
+        this.#render(same);
+      } else {
+        this.#upsert({ key: m.id, ...fields });
+      }
+    }
+  }
+
+  #upsert(item) {
+    // Stored messages sort by time; live ones (no ts yet) stay at the end in arrival order.
+    let at = this.items.length;
+    if (item.ts) {
+      at = this.items.findIndex((x) => !x.ts || x.ts > item.ts);
+      if (at < 0) at = this.items.length;
+    }
+    this.items.splice(at, 0, item);
+    const node = this.#node(item);
+    const next = this.items[at + 1] && this.nodes.get(this.items[at + 1].key);
+    this.list.insertBefore(node, next || null);
+    this.#render(item);
+  }
+
+  #remove(item) {
+    this.items = this.items.filter((x) => x !== item);
+    this.nodes.get(item.key)?.remove();
+    this.nodes.delete(item.key);
+  }
+
+  #node(item) {
+    const li = h("li", { class: `msg ${item.role}`, tabindex: "-1" },
+      h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }));
+    this.nodes.set(item.key, li);
+    return li;
+  }
+
+  #queueRender(item) {
+    // Deltas can arrive faster than frames; re-render the markdown at most once per frame.
+    if (this.renderQueued.has(item)) return;
+    this.renderQueued.add(item);
+    requestAnimationFrame(() => {
+      this.renderQueued.delete(item);
+      const stick = this.#nearEnd();
+      this.#render(item);
+      if (stick) this.#scrollToEnd();
+    });
+  }
+
+  #render(item) {
+    const li = this.nodes.get(item.key);
+    if (!li) return;
+    li.className = `msg ${item.role} ${item.state}`;
+    li.dataset.state = item.state;
+    if (item.id) li.dataset.id = item.id;
+    if (item.runId) li.dataset.runId = item.runId;
+    const [meta, body, extras] = li.children;
+    meta.textContent = `${item.role === "user" ? "You" : "Assistant"}${item.ts ? ` · ${formatTime(item.ts)}` : ""}`;
+    if (item.role === "assistant") {
+      // The live reply is announced once it is complete, not token by token.
+      body.setAttribute("aria-live", "polite");
+      body.setAttribute("aria-busy", String(item.state === "streaming"));
+      renderMarkdown(body, item.content);
+    } else {
+      body.textContent = item.content;
+    }
+    extras.replaceChildren();
+    if (item.state === "streaming" && !item.content) extras.append(h("span", { class: "typing" }, "Thinking…"));
+    if (item.note) extras.append(h("p", { class: "note" }, item.note));
+    if (item.state === "aborted") extras.append(h("p", { class: "note" }, "Stopped."));
+    if (item.state === "error") {
+      extras.append(h("p", { class: "error", role: "alert" }, `Error: ${item.error}`));
+      if (item.retry) extras.append(h("button", { type: "button", class: "retry", onclick: item.retry }, "Retry"));
+    }
+    if (item.recalled && item.recalled.length) extras.append(this.#chips(item.recalled));
+  }
+
+  #chips(recalled) {
+    const list = h("ul", { class: "chips", "aria-label": "What was remembered" });
+    for (const hit of recalled) {
+      const text = hit.content ? chunkText(hit.content) : "";
+      const label = text ? `${formatDate(hit.startTs)} · ${snippet(text, 60)}` : "a memory";
+      const chip = h("button", {
+        type: "button", class: "chip", disabled: !hit.sessionKey,
+        title: text ? snippet(text, 400) : "This memory is no longer found",
+        onclick: () => hit.sessionKey && this.onOpenSource(hit.sessionKey, hit.startTs),
+      }, label);
+      list.append(h("li", {}, chip));
+    }
+    return list;
+  }
+
+  #showTitle() {
+    $("chat-title").textContent = this.session ? this.session.title : "No session open";
+    this.onTitle?.(this.session);
+  }
+
+  #setBusy(busy) {
+    this.stopBtn.hidden = !busy;
+    this.sendBtn.hidden = busy;
+  }
+
+  #banner(text) {
+    const b = $("banner");
+    b.textContent = text;
+    b.hidden = !text;
+  }
+
+  #nearEnd() {
+    const s = this.scroller;
+    return s.scrollHeight - s.scrollTop - s.clientHeight < 80;
+  }
+
+  #scrollToEnd() {
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+  }
+}

@@ -1,0 +1,196 @@
+// Start-up and wiring: sign-in, then the sidebar, chat view, search panel and footer, all
+// sharing one Rpc connection. Session actions (new, rename, system prompt, delete) live here
+// because they touch both the sidebar and the chat view.
+
+import { clearToken, isRemembered, loadToken, saveToken, takeTokenFromFragment } from "./auth.js";
+import { ChatView } from "./chat.js";
+import { $ } from "./dom.js";
+import { Rpc } from "./rpc.js";
+import { SearchPanel } from "./search.js";
+import { Sidebar } from "./sessions.js";
+import { StatusFooter } from "./status.js";
+
+let rpc = null;
+
+function showSignIn(message = "") {
+  $("app").hidden = true;
+  $("signin").hidden = false;
+  $("signin-error").textContent = message;
+  $("signin-button").disabled = false;
+  $("token-input").focus();
+}
+
+function signIn(token) {
+  $("signin-button").disabled = true;
+  $("signin-error").textContent = "";
+  rpc = new Rpc(token);
+  let opened = false;
+  rpc.addEventListener("authfailed", (ev) => {
+    clearToken();
+    rpc.stop();
+    const why = ev.detail.message === "invalid token"
+      ? "That token was not accepted. Check it with `recalld token` and paste it again."
+      : `Sign-in refused: ${ev.detail.message}.`;
+    showSignIn(why);
+  });
+  rpc.addEventListener("state", (ev) => {
+    const { state } = ev.detail;
+    if (state === "open" && !opened) {
+      opened = true;
+      startApp(rpc).catch((err) => showSignIn(`Could not load: ${err.message}`));
+    } else if (state === "retrying" && !opened) {
+      // Never got in: most likely no daemon there, or this page's origin was refused.
+      $("signin").hidden = false;
+      $("signin-error").textContent = "Cannot reach the gateway at this address; still trying…";
+    }
+  });
+  rpc.start();
+}
+
+async function startApp(conn) {
+  $("signin").hidden = true;
+  $("app").hidden = false;
+  new StatusFooter(conn);
+
+  const sidebar = new Sidebar(conn, { onSelect: (s) => openSession(s) });
+  const chat = new ChatView(conn, {
+    onOpenSource: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
+    onTitle: (s) => { document.title = s ? `${s.title} · recalld` : "recalld"; },
+  });
+  new SearchPanel(conn, {
+    currentSession: () => chat.session?.sessionKey || null,
+    sessionTitle: (key) => sidebar.get(key)?.title,
+    onOpen: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
+  });
+
+  async function openSession(session, atTs) {
+    sidebar.select(session.sessionKey);
+    if (window.matchMedia("(max-width: 720px)").matches) toggleSidebar(false);
+    try {
+      if (session.title === "…") session = await conn.call("sessions.get", { sessionKey: session.sessionKey });
+      await chat.open(session, { atTs });
+    } catch (err) {
+      banner(`Could not open the session: ${err.message}`);
+    }
+  }
+
+  conn.addEventListener("notify", (ev) => {
+    const { method, params } = ev.detail;
+    sidebar.onEvent(method, params);
+    chat.onEvent(method, params);
+    if (method === "sessions.deleted" && chat.session?.sessionKey === params.sessionKey) {
+      chat.close();
+      banner("This session was deleted.");
+    }
+  });
+  conn.addEventListener("reopen", async () => {
+    banner("");
+    try {
+      await sidebar.reload();
+      await chat.resync();
+    } catch (err) {
+      banner(`Reconnected, but: ${err.message}`);
+    }
+  });
+  conn.addEventListener("state", (ev) => {
+    if (ev.detail.state === "retrying") banner("Connection lost. Reconnecting…");
+  });
+  // Other sessions' new messages send this tab no event (it follows only the open session's
+  // chat), so their order is refreshed whenever the tab comes back into view.
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && conn.state === "open") sidebar.reload().catch(() => {});
+  });
+
+  $("new-session").addEventListener("click", async () => {
+    try {
+      const created = await conn.call("sessions.create");
+      const session = sidebar.get(created.sessionKey) || { ...created, updatedAt: created.createdAt, messageCount: 0 };
+      await openSession(session);
+    } catch (err) {
+      banner(`Could not create a session: ${err.message}`);
+    }
+  });
+  $("rename-session").addEventListener("click", () => editField(conn, chat, "title"));
+  $("edit-prompt").addEventListener("click", () => editField(conn, chat, "systemPrompt"));
+  $("delete-session").addEventListener("click", async () => {
+    if (!chat.session || !window.confirm(`Delete "${chat.session.title}" and its memory? This cannot be undone.`)) return;
+    try {
+      await conn.call("sessions.delete", { sessionKey: chat.session.sessionKey });
+    } catch (err) {
+      banner(`Could not delete: ${err.message}`);
+    }
+  });
+  $("sign-out").addEventListener("click", () => {
+    clearToken();
+    conn.stop();
+    window.location.reload();
+  });
+  $("toggle-sidebar").addEventListener("click", () => toggleSidebar());
+  // A narrow window shows the chat, with the sessions as an overlay on demand.
+  const narrow = window.matchMedia("(max-width: 720px)");
+  narrow.addEventListener("change", () => toggleSidebar(!narrow.matches));
+  if (narrow.matches) toggleSidebar(false);
+
+  await sidebar.reload();
+  const first = sidebar.first();
+  if (first) await openSession(first);
+}
+
+function toggleSidebar(show) {
+  const app = $("app");
+  const visible = show ?? app.classList.contains("sidebar-hidden");
+  app.classList.toggle("sidebar-hidden", !visible);
+  $("toggle-sidebar").setAttribute("aria-expanded", String(visible));
+}
+
+function banner(text) {
+  const b = $("banner");
+  b.textContent = text;
+  b.hidden = !text;
+}
+
+// Rename and system prompt share one <dialog>; sessions.update stores the change and every
+// tab (this one included) hears sessions.updated.
+function editField(conn, chat, field) {
+  if (!chat.session) return;
+  const dialog = $("edit-dialog");
+  const isTitle = field === "title";
+  $("edit-title").textContent = isTitle ? "Rename session" : "System prompt";
+  $("edit-label").textContent = isTitle ? "Title" : "System prompt (empty for none)";
+  const text = $("edit-text");
+  text.rows = isTitle ? 1 : 8;
+  text.value = (isTitle ? chat.session.title : chat.session.systemPrompt) || "";
+  const form = $("edit-form");
+  const onSubmit = async (ev) => {
+    ev.preventDefault();
+    try {
+      const updated = await conn.call("sessions.update", { sessionKey: chat.session.sessionKey, [field]: text.value });
+      chat.setSession(updated);
+      dialog.close();
+    } catch (err) {
+      banner(`Could not save: ${err.message}`);
+    }
+  };
+  form.addEventListener("submit", onSubmit);
+  $("edit-cancel").onclick = () => dialog.close();
+  dialog.addEventListener("close", () => form.removeEventListener("submit", onSubmit), { once: true });
+  dialog.showModal();
+  text.focus();
+}
+
+// -- boot ----------------------------------------------------------------------------------
+
+$("signin-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const token = $("token-input").value.trim();
+  if (!token) return;
+  saveToken(token, $("remember").checked);
+  $("token-input").value = "";
+  signIn(token);
+});
+
+const fromLink = takeTokenFromFragment();
+if (fromLink) saveToken(fromLink, isRemembered());
+const token = fromLink || loadToken();
+if (token) signIn(token);
+else showSignIn();

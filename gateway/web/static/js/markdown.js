@@ -1,0 +1,64 @@
+// Markdown in replies, rendered safely: marked turns text into HTML, DOMPurify removes anything
+// active from it, and only DOMPurify's Trusted Types policy may write HTML into the page (the
+// server's CSP requires it), so an unsanitised string cannot reach innerHTML even by mistake.
+// Raw HTML inside the markdown is not passed through at all: it is shown as literal text.
+
+import { Marked } from "../vendor/marked/marked.esm.js";
+import DOMPurify from "../vendor/dompurify/purify.es.mjs";
+import { h } from "./dom.js";
+
+const escapeHtml = (s) =>
+  s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+
+const marked = new Marked({
+  gfm: true,
+  async: false,
+  renderer: {
+    html(token) {
+      return escapeHtml(token.text);
+    },
+    // Images become links: a reply must not fetch anything by itself being shown (an image URL
+    // can carry what the model read to a third party). The CSP's img-src backs this up.
+    image(token) {
+      return `<a href="${escapeHtml(token.href || "")}">${escapeHtml(`image: ${token.text || token.href || ""}`)}</a>`;
+    },
+  },
+});
+
+const SAFE_URL = /^(https?:|mailto:|#)/i;
+
+// Links open in a new tab without giving it a handle on this page or a Referer; any scheme
+// but http(s)/mailto (javascript:, data:, vbscript:…) loses its href entirely.
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A") {
+    const href = node.getAttribute("href") || "";
+    if (!SAFE_URL.test(href.trim())) node.removeAttribute("href");
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer");
+  }
+});
+
+const PURIFY = {
+  RETURN_TRUSTED_TYPE: true,
+  FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "iframe", "svg", "math"],
+  FORBID_ATTR: ["style", "class", "id"],
+};
+
+// Fill `el` with the rendered markdown of `text`, code blocks getting a copy button.
+export function renderMarkdown(el, text) {
+  el.innerHTML = DOMPurify.sanitize(marked.parse(text), PURIFY);
+  for (const pre of el.querySelectorAll("pre")) {
+    const code = pre.textContent;
+    const button = h("button", { type: "button", class: "copy", "aria-label": "Copy code" }, "Copy");
+    button.addEventListener("click", async () => {
+      try {
+        await navigator.clipboard.writeText(code);
+        button.textContent = "Copied";
+      } catch {
+        button.textContent = "Copy failed";
+      }
+      setTimeout(() => { button.textContent = "Copy"; }, 1500);
+    });
+    pre.prepend(button);
+  }
+}

@@ -1,0 +1,138 @@
+// The page's one WebSocket to its own gateway: JSON-RPC calls, server notifications, and
+// reconnection with backoff. It always dials the origin that served the page — never a URL
+// from the query string or fragment — so a crafted link cannot send the token elsewhere.
+
+export class RpcError extends Error {
+  constructor(error) {
+    super(error.message || "error");
+    this.code = error.code;
+    this.data = error.data;
+  }
+}
+
+// Lost connections are retried after 0.5 s, doubling to at most 15 s, with jitter so many
+// tabs do not all knock at once when a daemon restarts.
+const BACKOFF_START_MS = 500;
+const BACKOFF_MAX_MS = 15000;
+const CALL_TIMEOUT_MS = 30000;
+
+export function gatewayUrl(loc = window.location) {
+  return `${loc.protocol === "https:" ? "wss:" : "ws:"}//${loc.host}/`;
+}
+
+// Events: "state" {state, detail}, "notify" {method, params}, "reopen" (after a reconnect),
+// "authfailed" {message}. States: connecting, open, retrying, closed.
+export class Rpc extends EventTarget {
+  constructor(token) {
+    super();
+    this.token = token;
+    this.ws = null;
+    this.nextId = 1;
+    this.pending = new Map();
+    this.state = "closed";
+    this.everOpened = false;
+    this.stopped = false;
+    this.backoff = BACKOFF_START_MS;
+    this.retryTimer = null;
+  }
+
+  start() {
+    this.stopped = false;
+    this.#dial();
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.retryTimer);
+    if (this.ws) this.ws.close(1000, "signed out");
+    this.#setState("closed");
+  }
+
+  call(method, params = undefined) {
+    if (this.state !== "open") {
+      return Promise.reject(new RpcError({ code: "offline", message: "not connected to the gateway" }));
+    }
+    const id = this.nextId++;
+    const frame = { jsonrpc: "2.0", id, method };
+    if (params !== undefined) frame.params = params;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new RpcError({ code: "timeout", message: `${method} got no answer` }));
+      }, CALL_TIMEOUT_MS);
+      this.pending.set(id, { resolve, reject, timer });
+      this.ws.send(JSON.stringify(frame));
+    });
+  }
+
+  #setState(state, detail = "") {
+    this.state = state;
+    this.dispatchEvent(new CustomEvent("state", { detail: { state, detail } }));
+  }
+
+  #dial() {
+    this.#setState(this.everOpened ? "retrying" : "connecting");
+    const ws = new WebSocket(gatewayUrl());
+    this.ws = ws;
+    let authed = false;
+    ws.addEventListener("open", () => {
+      // Browsers cannot set an Authorization header on a WebSocket: the first frame carries it.
+      ws.send(JSON.stringify({ type: "auth", token: this.token }));
+    });
+    ws.addEventListener("message", (ev) => {
+      let msg;
+      try {
+        msg = JSON.parse(ev.data);
+      } catch {
+        return;
+      }
+      if (!authed) {
+        if (msg && msg.type === "auth") {
+          if (msg.ok) {
+            authed = true;
+            this.backoff = BACKOFF_START_MS;
+            const again = this.everOpened;
+            this.everOpened = true;
+            this.#setState("open");
+            if (again) this.dispatchEvent(new Event("reopen"));
+          } else {
+            this.stopped = true; // a refused token never gets better by retrying
+            this.dispatchEvent(new CustomEvent("authfailed", { detail: { message: msg.error } }));
+          }
+        }
+        return;
+      }
+      for (const item of Array.isArray(msg) ? msg : [msg]) this.#dispatch(item);
+    });
+    ws.addEventListener("close", (ev) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      for (const { reject, timer } of this.pending.values()) {
+        clearTimeout(timer);
+        reject(new RpcError({ code: "offline", message: "the connection to the gateway was lost" }));
+      }
+      this.pending.clear();
+      if (this.stopped) {
+        this.#setState("closed");
+        return;
+      }
+      const wait = Math.min(this.backoff, BACKOFF_MAX_MS) * (0.75 + Math.random() * 0.5);
+      this.backoff = Math.min(this.backoff * 2, BACKOFF_MAX_MS);
+      this.#setState("retrying", `connection lost (${ev.code}); retrying in ${Math.round(wait / 1000)} s`);
+      this.retryTimer = setTimeout(() => this.#dial(), wait);
+    });
+  }
+
+  #dispatch(item) {
+    if (!item || typeof item !== "object") return;
+    if ("id" in item && this.pending.has(item.id)) {
+      const { resolve, reject, timer } = this.pending.get(item.id);
+      this.pending.delete(item.id);
+      clearTimeout(timer);
+      if (item.error) reject(new RpcError(item.error));
+      else resolve(item.result);
+    } else if (typeof item.method === "string") {
+      this.dispatchEvent(new CustomEvent("notify", { detail: { method: item.method, params: item.params || {} } }));
+    }
+  }
+}

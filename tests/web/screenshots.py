@@ -1,0 +1,119 @@
+"""``make screenshots``: PNGs of the web client's main views, light and dark, into docs/img/.
+
+Starts the real gateway with the loopback model on a scratch data dir, seeds two conversations
+(the second recalls the first), and photographs: sign-in, a chat with recalled-memory chips,
+the memory search panel, and a narrow window. Needs the same Chromium as tests/web.
+
+    python -m tests.web.screenshots [OUT_DIR]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.fake_openai import FakeOpenAI
+from bench.gw import TOKEN, make_config, running_gateway
+from gateway.client import Client
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+REPLIES = {
+    "flying": "Noted: **Lisbon, 14–18 March**, staying near Alfama. Want a day-by-day plan?",
+    "pack": ("For Lisbon in mid-March (you fly on the 14th):\n\n"
+             "- a light rain jacket: showers are common\n- comfortable shoes for Alfama's hills\n"
+             "- layers: days around 17 °C, evenings cooler\n\nA quick packing check in Python:\n\n"
+             "```python\nneeded = {\"jacket\", \"shoes\", \"charger\"}\nprint(sorted(needed - packed))\n```"),
+}
+
+
+def reply_for(messages: list[dict[str, Any]]) -> str:
+    last = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    return next((text for word, text in REPLIES.items() if word in last.lower()), "Sure.")
+
+
+async def seed(url: str) -> None:
+    async with Client.connect(url, TOKEN) as c:
+        for title, message in (("Lisbon trip", "I'm flying to Lisbon on 14 March, staying near Alfama."),):
+            key = (await c.call("sessions.create", {"title": title}))["sessionKey"]
+            await c.call("chat.send", {"sessionKey": key, "message": message})
+            await c.next_event("chat.final")
+        async with asyncio.timeout(20):
+            while not (await c.call("memory.search", {"query": "Lisbon Alfama"}))["results"]:
+                await asyncio.sleep(0.05)
+
+
+async def shoot(out: Path) -> list[Path]:
+    from playwright.async_api import async_playwright
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("screenshots: no chromium on PATH (apt-get install chromium)")
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    fake = FakeOpenAI()
+    await fake.start()
+    fake.configure(reply=reply_for, delta_delay_s=0.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = make_config(Path(tmp) / "data", llm={"base_url": fake.base_url, "api_key": "k", "model": "fake-model"},
+                          memory={"embedder": "openai", "debounce_ms": 20})
+        async with running_gateway(cfg) as app, async_playwright() as p:
+            await seed(app.url)
+            url = f"http://127.0.0.1:{app.server.port}/"
+            browser = await p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            for scheme in ("light", "dark"):
+                ctx = await browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme=scheme)
+                page = await ctx.new_page()
+                await page.goto(url)
+                await page.wait_for_selector("#signin:not([hidden])")
+                written.append(await _snap(page, out / f"web-signin-{scheme}.png"))
+                await page.fill("#token-input", TOKEN)
+                await page.click("#signin-button")
+                await page.wait_for_selector("#conn-state[data-state=open]")
+                if scheme == "light":
+                    await page.click("#new-session")
+                    await page.wait_for_selector("#message-input:not([disabled])")
+                    await page.fill("#message-input", "What should I pack for my trip?")
+                    await page.press("#message-input", "Enter")
+                    await page.wait_for_selector(".msg.assistant .chip")
+                    await page.click("#rename-session")
+                    await page.fill("#edit-text", "Packing list")
+                    await page.click("#edit-save")
+                else:
+                    await page.wait_for_selector(".msg.assistant[data-state=done]")
+                await page.wait_for_selector("#memory-status:not(:empty)")
+                written.append(await _snap(page, out / f"web-chat-{scheme}.png"))
+                await page.click("#open-search")
+                await page.fill("#search-query", "Lisbon Alfama")
+                await page.press("#search-query", "Enter")
+                await page.wait_for_selector("#search-results .result")
+                written.append(await _snap(page, out / f"web-search-{scheme}.png"))
+                await page.click("#close-search")
+                await page.set_viewport_size({"width": 420, "height": 800})
+                await page.wait_for_timeout(100)
+                written.append(await _snap(page, out / f"web-narrow-{scheme}.png"))
+                await ctx.close()
+            await browser.close()
+    await fake.close()
+    return written
+
+
+async def _snap(page: Any, path: Path) -> Path:
+    await page.wait_for_timeout(150)  # let the last frame of rendering land
+    await page.screenshot(path=str(path))
+    return path
+
+
+def main() -> int:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+    for path in asyncio.run(shoot(out)):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
