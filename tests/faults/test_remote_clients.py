@@ -121,6 +121,10 @@ async def test_clients_find_a_daemon_on_port_0_through_the_data_dir(tmp_path: Pa
     daemon = Daemon(data, env={"RECALLD_TOKEN": "", "OPENAI_BASE_URL": fake_openai.base_url,
                                "RECALLD_LLM_MODEL": "fake-model"})
     try:
+        # The daemon logs "listening" a moment before it writes daemon.json.
+        deadline = time.monotonic() + 30
+        while read_runtime_url(data) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert read_runtime_url(data) == daemon.url
         code, out, err = await recalld("call", "gateway.health", "--data-dir", str(data))
         assert code == 0, err
