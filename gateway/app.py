@@ -23,8 +23,8 @@ from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config, is_loopback
 from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
 from gateway.private import find_exposed, make_private_dir, set_private_umask
-from gateway.rpc import Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
+from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
 from sessions import FileIO, SessionStore
@@ -192,9 +192,16 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
     )
     hub = Hub()
-    runs = ChatRuns(config.chat, llm.model, store, hub, model, service)
+    quotas = config.quotas
+    runs = ChatRuns(config.chat, llm.model, store, hub, model, service,
+                    max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user)
     registry = Registry()
-    core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash)
+    core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
+                   auth_timeout_s=config.auth.timeout_s,
+                   quotas=Quotas(
+                       per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute")},
+                       in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
+                   ))
     app_version = package_version()
     server = GatewayServer(config, core, authenticator, version=app_version, on_disconnect=hub.drop)
     sessions = SessionsMethods(store, hub, runs, service)

@@ -34,6 +34,7 @@ __all__ = [
     "LimitsConfig",
     "LlmConfig",
     "LogConfig",
+    "QuotasConfig",
     "ServerConfig",
     "TlsConfig",
     "load",
@@ -72,6 +73,9 @@ class ServerConfig:
     max_connections: int = field(default=1024, metadata=_limit(1))
     # Grace period for in-flight runs on shutdown before they are cancelled.
     shutdown_grace_s: float = field(default=10.0, metadata=_limit(0))
+    # Descriptors kept for files and upstream sockets: max_connections is lowered to fit the
+    # process's open-file limit minus this.
+    reserved_fds: int = field(default=256, metadata=_limit(16))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,24 @@ class LimitsConfig:
     max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
     # Seconds between two memory.reindex {full: true} of one user; sooner: -32004.
     full_reindex_interval_s: float = field(default=60.0, metadata=_limit(0))
+    # Bytes of replies one connection may have waiting to be written; a reply past it answers
+    # -32004 (-32600 when it alone is larger) instead of being held.
+    max_reply_bytes: int = field(default=32 * 1024 * 1024, metadata=_limit(1024))
+    # Pings and pongs a peer may send per second; more closes the connection 1008.
+    max_control_frames_per_s: int = field(default=20, metadata=_limit(1))
+
+
+@dataclass(frozen=True, slots=True)
+class QuotasConfig:
+    """Per-user (and global) limits on work a client can start; past them: -32004."""
+
+    # sessions.create per user per minute (a bucket refilled continuously).
+    sessions_per_minute: int = field(default=60, metadata=_limit(1))
+    # Sessions with a reply being generated or queued, all users together and per user.
+    max_runs: int = field(default=64, metadata=_limit(1))
+    max_runs_per_user: int = field(default=16, metadata=_limit(1))
+    # memory.search calls (each may embed its query upstream) running at once per user.
+    max_searches_per_user: int = field(default=4, metadata=_limit(1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +177,7 @@ class Config:
     chat: ChatConfig = field(default_factory=ChatConfig)
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    quotas: QuotasConfig = field(default_factory=QuotasConfig)
     config_path: Path | None = None
 
 

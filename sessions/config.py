@@ -20,6 +20,10 @@ Keys (defaults in brackets):
     Longest model name stored with a session, in characters.
 ``max_name_chars`` [128]
     Longest speaker ``name`` on a message, in characters.
+``min_free_bytes`` [33554432]
+    Free-disk floor: while the file system holding the transcripts has less free space than
+    this, creating a session or appending answers :class:`StorageError` ("disk almost full")
+    before anything is written, so the disk never fills up mid-line. 0 disables the check.
 
 This module only holds values; the gateway's ``load()`` reads TOML and the environment and
 builds one of these. ``__post_init__`` still refuses values that could not work, so a mistake
@@ -53,6 +57,7 @@ class SessionsConfig:
     max_title_chars: int = 200
     max_model_chars: int = 200
     max_name_chars: int = 128
+    min_free_bytes: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.fsync not in _FSYNC_POLICIES:
@@ -63,6 +68,8 @@ class SessionsConfig:
             raise ValueError("sessions.fsync_interval_s must be greater than 0")
         if self.max_line_bytes < _MIN_LINE_BYTES:
             raise ValueError(f"sessions.max_line_bytes must be at least {_MIN_LINE_BYTES}")
+        if self.min_free_bytes < 0:
+            raise ValueError("sessions.min_free_bytes must be at least 0")
         for key in ("max_page_size", "max_title_chars", "max_model_chars", "max_name_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"sessions.{key} must be at least 1")

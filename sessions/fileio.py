@@ -26,6 +26,7 @@ __all__ = [
     "FileIO",
     "append_line",
     "append_whole_line",
+    "check_free_space",
     "create_with_line",
     "describe_os_error",
     "fsync_path",
@@ -92,6 +93,24 @@ def truncate_back(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
     except OSError as err:
         log.error("transcript.truncate_failed", size=size, error=str(err))
+
+
+def check_free_space(path: Path, floor: int) -> None:
+    """StorageError (ENOSPC) when the file system of ``path`` has less than ``floor`` bytes
+    free for unprivileged writers: refuse a write while there is still room to refuse it."""
+    if floor <= 0:
+        return
+    try:
+        st = os.statvfs(path)
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "checking free disk space"), errno=err.errno) from err
+    free = st.f_bavail * st.f_frsize
+    if free < floor:
+        raise StorageError(
+            f"disk almost full: {free} bytes free, below sessions.min_free_bytes ({floor}); "
+            "nothing was written",
+            errno=errno_codes.ENOSPC,
+        )
 
 
 def fsync_path(io: FileIO, path: Path) -> None:
@@ -211,19 +230,37 @@ class Durability:
     def flush(self) -> None:
         """fsync every path written since the last flush.
 
-        Tries them all; if any fails, logs each and raises one StorageError at the end. After a
-        failed fsync the kernel may already have dropped the pages, so retrying would only lie.
+        Tries them all; if any fails, logs each and raises one StorageError at the end. A path
+        that could not even be opened (EMFILE under a descriptor flood, ENFILE) was never
+        synced, so it stays in the set for the next flush. One whose fsync failed does not:
+        after a failed fsync the kernel may already have dropped the pages, so a retry that
+        succeeded would only lie.
         """
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         failed: OSError | None = None
+        unopened: set[Path] = set()
         # Files before their directories: a directory entry should not outlive its data.
         for path in sorted(dirty, key=lambda p: (not p.name.endswith(".jsonl"), str(p))):
             try:
-                fsync_path(self._io, path)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # deleted meanwhile: nothing left to make durable
+            except OSError as err:
+                log.error("transcript.fsync_failed", path=str(path), error=str(err), kept=True)
+                unopened.add(path)
+                failed = failed or err
+                continue
+            try:
+                self._io.fsync(fd)
             except OSError as err:
                 log.error("transcript.fsync_failed", path=str(path), error=str(err))
                 failed = failed or err
+            finally:
+                os.close(fd)
+        if unopened:
+            with self._lock:
+                self._dirty |= unopened
         if failed is not None:
             raise StorageError(
                 describe_os_error(failed, "syncing transcripts to disk"), errno=failed.errno

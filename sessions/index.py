@@ -50,18 +50,21 @@ CREATE INDEX IF NOT EXISTS sessions_newest ON sessions(user, updated_at DESC, se
 """
 
 _COLUMNS = "session_key, user, title, created_at, updated_at, message_count, system_prompt, model"
+# Pages leave the system prompt out (up to max_line_bytes each, 200 to a page): a list must
+# cost the same whatever the prompts hold; get() returns it.
+_LIST_COLUMNS = _COLUMNS.replace("system_prompt", "NULL")
 
 # The row-value comparison lets SQLite seek straight to the cursor inside `sessions_newest`
 # (an equivalent OR expression only narrows by user and then scans from the newest row, so deep
 # pages would cost O(offset)). apsw ships its own SQLite, so row values (3.15+) are always there.
 _PAGE_SQL = f"""
-SELECT {_COLUMNS} FROM sessions
+SELECT {_LIST_COLUMNS} FROM sessions
 WHERE user = ? AND (updated_at, session_key) < (?, ?)
 ORDER BY updated_at DESC, session_key DESC
 LIMIT ?
 """
 _FIRST_PAGE_SQL = f"""
-SELECT {_COLUMNS} FROM sessions
+SELECT {_LIST_COLUMNS} FROM sessions
 WHERE user = ?
 ORDER BY updated_at DESC, session_key DESC
 LIMIT ?
@@ -169,7 +172,8 @@ class SessionIndex:
         return _session(rows[0][:-1]), _int(rows[0][-1])
 
     def page(self, user: str, after: tuple[str, str] | None, limit: int) -> list[Session]:
-        """Up to ``limit`` sessions of ``user``, newest first, strictly past ``after``."""
+        """Up to ``limit`` sessions of ``user``, newest first, strictly past ``after``; their
+        ``system_prompt`` is None (``get`` has it)."""
         if after is None:
             rows = self._conn.execute(_FIRST_PAGE_SQL, (user, limit))
         else:

@@ -33,7 +33,14 @@ import structlog
 from . import inputs
 from .config import SessionsConfig
 from .errors import InvalidSessionInput, SessionNotFound, StorageError
-from .fileio import Durability, FileIO, append_line, create_with_line, describe_os_error
+from .fileio import (
+    Durability,
+    FileIO,
+    append_line,
+    check_free_space,
+    create_with_line,
+    describe_os_error,
+)
 from .index import SessionIndex
 from .keys import (
     check_session_key,
@@ -128,6 +135,7 @@ class SessionStore:
         )
         key = header.session_key
         user_dir = self._root / user
+        check_free_space(self._root, self._config.min_free_bytes)
         with self._stripe(key):
             new_dirs = self._make_user_dir(user_dir)
             path = transcript_file(self._root, user, key)
@@ -211,6 +219,7 @@ class SessionStore:
             config=self._config,
         )
         ident = (user, key)
+        check_free_space(self._root, self._config.min_free_bytes)
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
             new_size = self._append_line(ident, path, line)

@@ -31,7 +31,15 @@ from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.prompt import build_prompt
 from gateway.config import ChatConfig
-from gateway.errors import Conflict, GatewayError, InternalError, NotConfigured, new_error_id, wire_error
+from gateway.errors import (
+    Conflict,
+    GatewayError,
+    InternalError,
+    NotConfigured,
+    RateLimited,
+    new_error_id,
+    wire_error,
+)
 from gateway.wire import ChatEventBase, ErrorObject
 from memory import MemoryService
 from sessions import Message, SessionStore
@@ -71,21 +79,40 @@ class SessionLane:
     queue: deque[Run] = field(default_factory=deque)
     current: Run | None = None
     worker: asyncio.Task[None] | None = None
+    # submit() calls between finding this lane and queueing their run. Counted by hand, not
+    # read from the lock: while an asyncio.Lock is handed to the next waiter, locked() is
+    # False, and a lane dropped then would leave that waiter's run in an orphan queue.
+    submitters: int = 0
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """The first send under an idempotency key; ``outcome`` is True once its run is queued,
+    False if its append failed (the key is then free for a retry)."""
+
+    run_id: str
+    expires: float
+    outcome: asyncio.Future[bool]
 
 
 class ChatRuns:
     """Every session's run queue; what ``chat.send``/``chat.abort`` and shutdown drive."""
 
     def __init__(self, config: ChatConfig, default_model: str, store: SessionStore, hub: Hub,
-                 model: ChatModel | None, memory: MemoryService | None) -> None:
+                 model: ChatModel | None, memory: MemoryService | None, *,
+                 max_runs: int | None = None, max_runs_per_user: int | None = None) -> None:
         self.config = config
+        # Busy sessions (a run streaming or queued), all users / one user ([quotas]): each is
+        # an upstream connection while it runs.
+        self.max_runs = max_runs
+        self.max_runs_per_user = max_runs_per_user
         self.default_model = default_model
         self.store = store
         self.hub = hub
         self.model = model
         self.memory = memory
         self._lanes: dict[tuple[str, str], SessionLane] = {}
-        self._idempotency: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self._idempotency: dict[tuple[str, str, str], _Attempt] = {}
         self._closing = False
 
     async def submit(self, user: str, session_key: str, message: str,
@@ -99,20 +126,32 @@ class ChatRuns:
             )
         if self._closing:
             raise Conflict("the gateway is shutting down")
-        now = time.monotonic()
         idem = (user, session_key, idempotency_key) if idempotency_key else None
-        if idem is not None:
-            seen = self._idempotency.get(idem)
-            if seen is not None and seen[1] > now:
-                return seen[0], True
-        lane = self._lanes.setdefault((user, session_key), SessionLane())
+        while idem is not None and (seen := self._idempotency.get(idem)) is not None:
+            if seen.expires <= time.monotonic():
+                break
+            if seen.outcome.done():
+                return seen.run_id, True
+            # The first attempt is still appending: its outcome decides whether this one is a
+            # duplicate or must be carried out itself (then the key is free; look again).
+            await asyncio.shield(seen.outcome)
+        lane = self._lanes.get((user, session_key))
+        if lane is None:
+            # A send to a session already busy only queues: it adds no concurrent run.
+            self._check_run_quota(user)
+            lane = self._lanes[(user, session_key)] = SessionLane()
         if len(lane.queue) >= self.config.max_queued_runs:
             raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
         run = Run(secrets.token_hex(8), user, session_key, message)
+        attempt: _Attempt | None = None
         if idem is not None:
-            # Recorded before the first await so a duplicate racing this one sees it.
-            self._idempotency[idem] = (run.run_id, now + self.config.idempotency_ttl_s)
+            # Recorded before the first await so a duplicate racing this one finds it.
+            now = time.monotonic()
+            attempt = _Attempt(run.run_id, now + self.config.idempotency_ttl_s,
+                               asyncio.get_running_loop().create_future())
+            self._idempotency[idem] = attempt
             self._prune_idempotency(now)
+        lane.submitters += 1
         try:
             async with lane.append_lock:
                 await asyncio.to_thread(
@@ -121,13 +160,29 @@ class ChatRuns:
                 )
                 lane.queue.append(run)
         except BaseException:
-            if idem is not None:
-                self._idempotency.pop(idem, None)
+            if idem is not None and attempt is not None:
+                if self._idempotency.get(idem) is attempt:
+                    del self._idempotency[idem]
+                attempt.outcome.set_result(False)
+            lane.submitters -= 1
             self._forget_if_idle(user, session_key, lane)
             raise
+        lane.submitters -= 1
+        if attempt is not None:
+            attempt.outcome.set_result(True)
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._work(user, session_key, lane))
         return run.run_id, False
+
+    def _check_run_quota(self, user: str) -> None:
+        if self.max_runs is not None and len(self._lanes) >= self.max_runs:
+            raise RateLimited(f"too many replies being generated ({len(self._lanes)}, quotas.max_runs); "
+                              "retry later", 1000)
+        if self.max_runs_per_user is not None:
+            mine = sum(1 for lane_user, _ in self._lanes if lane_user == user)
+            if mine >= self.max_runs_per_user:
+                raise RateLimited(f"too many of your sessions are generating replies ({mine}, "
+                                  "quotas.max_runs_per_user); wait for one to finish", 1000)
 
     def abort(self, user: str, session_key: str, run_id: str | None) -> bool:
         """Abort the running reply (``run_id`` None or its id) or drop a queued run."""
@@ -191,7 +246,7 @@ class ChatRuns:
 
     def _forget_if_idle(self, user: str, session_key: str, lane: SessionLane) -> None:
         """Drop an idle lane so the map only holds sessions with work in flight."""
-        if lane.queue or lane.current is not None or lane.append_lock.locked():
+        if lane.queue or lane.current is not None or lane.submitters:
             return
         worker = lane.worker
         if worker is not None and not worker.done() and worker is not asyncio.current_task():
@@ -301,7 +356,7 @@ class ChatRuns:
 
     def _prune_idempotency(self, now: float) -> None:
         if len(self._idempotency) > 1000:
-            for key in [k for k, (_, exp) in self._idempotency.items() if exp <= now]:
+            for key in [k for k, a in self._idempotency.items() if a.expires <= now and a.outcome.done()]:
                 del self._idempotency[key]
 
 

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from gateway.chat import ChatRuns, Hub
 from gateway.config import ChatConfig
 from gateway.errors import InvalidParams
@@ -38,10 +39,13 @@ class ChatMethods:
 
     async def send(self, ctx: CallContext, p: ChatSendParams) -> dict[str, Any]:
         user = ctx.caller
-        size = len(p.message.encode())
+        # Measured as it will be written: JSON escaping makes a control character six bytes, so
+        # the raw length could pass here and the transcript line still be refused later.
+        size = len(orjson.dumps(p.message)) - 2
         if size > self.config.max_message_bytes:
             raise InvalidParams(
-                "message", f"is {size} bytes; the limit is {self.config.max_message_bytes} (chat.max_message_bytes)"
+                "message", f"is {size} bytes as written (JSON-escaped UTF-8); the limit is "
+                f"{self.config.max_message_bytes} (chat.max_message_bytes)"
             )
         if not p.message.strip():
             raise InvalidParams("message", "must not be empty")

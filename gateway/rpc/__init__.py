@@ -4,6 +4,7 @@ turns one frame into one reply. Imports nothing of the transport, chat or method
 from __future__ import annotations
 
 from gateway.rpc.core import Call, CallContext, Notification, Reply, RpcCore
+from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Bound, Handler, Method, Registry, bounded, parse_params
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "Handler",
     "Method",
     "Notification",
+    "Quotas",
     "Reply",
     "Registry",
     "RpcCore",

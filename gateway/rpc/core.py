@@ -30,6 +30,7 @@ from gateway.errors import (
     new_error_id,
     wire_error,
 )
+from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Registry, parse_params
 from gateway.wire import ErrorObject
 
@@ -100,6 +101,10 @@ class RpcCore:
     max_batch: int = 50
     # Called with (exception, error_id, method) for every unexpected exception.
     on_crash: Callable[[BaseException, str, str], None] = field(default=lambda e, i, m: None)
+    # Named in the -32001 reply, so a client learns how long it has to authenticate.
+    auth_timeout_s: float = 10.0
+    # Per-user rate and concurrency limits by method ([quotas]); None: none.
+    quotas: Quotas | None = None
 
     def accept(self, payload: str | bytes, ctx: CallContext) -> Call:
         """Decode one frame; the returned call runs it."""
@@ -177,11 +182,18 @@ class RpcCore:
     async def _dispatch(self, name: str, raw_params: Any, ctx: CallContext) -> Any:
         method = self.registry.get(name)
         if method.requires_auth and not ctx.authenticated:
-            raise Unauthorized("unauthorized: authenticate first with the auth method or an auth frame")
+            raise Unauthorized(
+                f"unauthorized: authenticate first, within {self.auth_timeout_s:g} s of connecting "
+                '(auth.timeout_s): send the frame {"type":"auth","token":"<token>"} or call '
+                '{"jsonrpc":"2.0","id":1,"method":"auth","params":{"token":"<token>"}}'
+            )
         if method.handler is None:
             raise MethodNotFound(f"method not implemented yet: {name}")
         params = parse_params(method, raw_params)
-        return await method.handler(ctx, params)
+        if self.quotas is None or not ctx.authenticated:
+            return await method.handler(ctx, params)
+        with self.quotas.admit(ctx.caller, name):
+            return await method.handler(ctx, params)
 
 
 class Call:

@@ -16,6 +16,7 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from gateway.errors import Conflict
 from gateway.rpc import Notification
 from gateway.transport.outbox import Outbox
 
@@ -44,6 +45,8 @@ class Connection:
         self.outbox = Outbox(max_outbox_bytes)
         self.close_timeout_s = close_timeout_s
         self.inflight = 0
+        # Bytes of replies handed to the socket and not yet written (limits.max_reply_bytes).
+        self.reply_bytes = 0
         self.requests = 0
         self.errors = 0
         self.opened = time.monotonic()
@@ -62,6 +65,11 @@ class Connection:
         return self.user
 
     def authenticate(self, user: str) -> None:
+        if self.user is not None and user != self.user:
+            # The connection's subscriptions and run attachments belong to the first user;
+            # switching would hand that user's events to the second.
+            raise Conflict(f"this connection is authenticated as {self.user!r}; "
+                           "open a new connection to act as another user")
         self.user = user
         structlog.contextvars.bind_contextvars(user=user)
         log.info("auth.ok")
@@ -102,7 +110,10 @@ class Connection:
         here, each holding an in-flight slot, so ``limits.max_inflight`` bounds them, and a
         fast client saves a task switch per request.
         """
+        self.reply_bytes += len(frame)
         try:
             await self.ws.send(frame, text=True)
         except ConnectionClosed:
             pass
+        finally:
+            self.reply_bytes -= len(frame)

@@ -14,7 +14,7 @@ import http
 import ipaddress
 import ssl
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -25,15 +25,21 @@ from websockets.http11 import Request, Response
 
 from gateway.auth import Authenticator
 from gateway.config import Config
-from gateway.errors import InvalidRequest, RateLimited, new_error_id
-from gateway.rpc import CallContext, Reply, RpcCore
+from gateway.errors import GatewayError, InvalidRequest, RateLimited, new_error_id
+from gateway.rpc import Call, CallContext, Reply, RpcCore
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
 from gateway.web import StaticSite, is_websocket_upgrade
+from gateway.transport.guard import AcceptErrorLog, connection_budget, guarded_connection
 from gateway.wire import server_info
 
 __all__ = ["GatewayServer"]
 
 log = structlog.get_logger("recalld.server")
+
+# TCP connections allowed beyond max_connections, so that an upgrade past the limit is still
+# answered 503 rather than reset; they count against the descriptor budget too.
+_HANDSHAKE_SLACK = 32
+_ACCEPT_LOG_INTERVAL_S = 10.0
 
 
 class GatewayServer:
@@ -62,6 +68,9 @@ class GatewayServer:
         self.scheme = "ws"
         # The web client's files (gateway/web), answered for plain GETs on this same port.
         self.site = StaticSite.from_package()
+        self.max_connections = config.server.max_connections
+        self.refused_sockets = 0
+        self._accept_log = AcceptErrorLog(_ACCEPT_LOG_INTERVAL_S)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -71,6 +80,11 @@ class GatewayServer:
         if self.config.tls.cert and self.config.tls.key:
             ssl_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ssl_ctx.load_cert_chain(self.config.tls.cert, self.config.tls.key)
+        self.max_connections = connection_budget(s.max_connections, s.reserved_fds + _HANDSHAKE_SLACK)
+        if self.max_connections < s.max_connections:
+            log.warning("server.max_connections_lowered", configured=s.max_connections,
+                        effective=self.max_connections, reserved_fds=s.reserved_fds)
+        self._accept_log.install(asyncio.get_running_loop())
         self._server = await serve(
             self._handle,
             s.host,
@@ -86,6 +100,11 @@ class GatewayServer:
             ping_timeout=s.ping_timeout_s or None,
             close_timeout=s.close_timeout_s,
             server_header=None,
+            create_connection=guarded_connection(
+                max_control_per_s=self.config.limits.max_control_frames_per_s,
+                max_sockets=self.max_connections + _HANDSHAKE_SLACK,
+                on_refused=self._count_refused,
+            ),
         )
         self.port = next(iter(self._server.sockets)).getsockname()[1]
         self.scheme = "wss" if ssl_ctx else "ws"
@@ -110,7 +129,11 @@ class GatewayServer:
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
+        self._accept_log.uninstall(asyncio.get_running_loop())
         log.info("gateway.closed")
+
+    def _count_refused(self) -> None:
+        self.refused_sockets += 1
 
     # -- handshake -----------------------------------------------------------------------
 
@@ -131,7 +154,7 @@ class GatewayServer:
         origins = headers.get_all("Origin")
         if origins and (len(origins) > 1 or not self._origin_allowed(origins[0], hosts[0])):
             return _respond(ws, http.HTTPStatus.FORBIDDEN, "Origin not allowed\n")
-        if len(self.connections) >= self.config.server.max_connections:
+        if len(self.connections) >= self.max_connections:
             return _respond(ws, http.HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
         authzs = headers.get_all("Authorization")
         authz = authzs[0] if len(authzs) == 1 else ("" if authzs else None)
@@ -234,7 +257,6 @@ class GatewayServer:
         if not conn.authenticated:
             ws.protocol.max_message_size = auth_cfg.preauth_max_size
             deadline = asyncio.get_running_loop().time() + auth_cfg.timeout_s
-            first = True
             while not conn.authenticated:
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -245,36 +267,39 @@ class GatewayServer:
                     return
                 conn.requests += 1
                 if isinstance(data, bytes):
-                    await self._send(conn, self.core.refuse(None, _BINARY))
-                    first = False
+                    await self._send(conn, None, self.core.refuse(None, _BINARY))
                     continue
                 call = self.core.accept(data, conn)
-                if first and _is_auth_frame(call.message):
+                # Honoured at any time before authentication, not only as the first frame:
+                # a client may well have tried a request first and been told to authenticate.
+                if _is_auth_frame(call.message):
                     if not await self._auth_frame(conn, call.message):
                         return
                     break
-                first = False
-                await self._send(conn, await call.run())
+                await self._send(conn, call.message, await call.run())
         ws.protocol.max_message_size = self.config.server.max_size
         max_inflight = self.config.limits.max_inflight
         async for data in ws:
             conn.requests += 1
             if isinstance(data, bytes):
-                await self._send(conn, self.core.refuse(None, _BINARY))
+                await self._send(conn, None, self.core.refuse(None, _BINARY))
                 continue
             call = self.core.accept(data, conn)
             if call.inline:
-                await self._send(conn, await call.run())
+                await self._send(conn, call.message, await call.run())
                 continue
-            if conn.inflight >= max_inflight:
+            # A batch runs its entries at once, so it holds a slot per entry (up to the whole
+            # limit: a batch larger than the limit may run on an otherwise idle connection).
+            weight = min(len(call.message), max_inflight) if isinstance(call.message, list) and call.message else 1
+            if conn.inflight + weight > max_inflight:
                 busy = RateLimited(f"too many requests in flight (limit {max_inflight})", 50)
                 conn.errors += 1
                 # Queued behind events, not sent from here: the read loop must not block on
                 # a client that is not reading.
                 conn.send_frame(self.core.refuse(call.message, busy).data)
                 continue
-            conn.inflight += 1
-            task = asyncio.create_task(self._run_call(conn, call.run()))
+            conn.inflight += weight
+            task = asyncio.create_task(self._run_call(conn, call, weight))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -293,19 +318,34 @@ class GatewayServer:
         await conn.ws.close(CLOSE_POLICY, "authentication failed")
         return False
 
-    async def _run_call(self, conn: Connection, reply: Coroutine[Any, Any, Reply | None]) -> None:
+    async def _run_call(self, conn: Connection, call: Call, weight: int) -> None:
         try:
-            await self._send(conn, await reply)
+            await self._send(conn, call.message, await call.run())
         finally:
-            conn.inflight -= 1
+            conn.inflight -= weight
 
-    @staticmethod
-    async def _send(conn: Connection, reply: Reply | None) -> None:
+    async def _send(self, conn: Connection, message: Any, reply: Reply | None) -> None:
         if reply is None:
             return
+        limit = self.config.limits.max_reply_bytes
+        size = len(reply.data)
+        if size > limit - conn.reply_bytes:
+            # Refused after it was built (its size is known only then), but never held: what a
+            # connection keeps waiting for its reader stays under the budget.
+            reply = self.core.refuse(message, _over_budget(size, conn.reply_bytes, limit))
         if reply.is_error:
             conn.errors += 1
         await conn.reply(reply.data)
+
+
+def _over_budget(size: int, waiting: int, limit: int) -> GatewayError:
+    if size > limit:
+        return InvalidRequest(
+            f"invalid request: the reply would be {size} bytes, more than limits.max_reply_bytes "
+            f"({limit}); ask for less (a smaller limit, fewer batch entries)")
+    return RateLimited(
+        f"replies not read: {waiting} bytes of earlier replies wait for this client to read them "
+        f"(limits.max_reply_bytes {limit})", 100)
 
 
 _BINARY = InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")

@@ -235,7 +235,9 @@ async def test_full_filesystem_for_transcripts_and_index(
     leave no trace, syncs fail without killing anything, reads keep working; after space is
     freed the same daemon takes messages again and its index converges."""
     cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model"},
-                         memory={"debounce_ms": 50})
+                         memory={"debounce_ms": 50},
+                         # No free-disk floor: this test is about the disk really filling up.
+                         sessions={"min_free_bytes": 0})
     cfg = dataclasses.replace(cfg, data_dir=tiny_tmpfs / "data")
     acked = Acked()
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:

@@ -1,0 +1,278 @@
+"""``python -m bench.attacks``: what hostile clients make a ``recalld serve`` process hold.
+
+Starts the daemon as its own process (``--root DIR`` runs the ``gateway`` package found in
+DIR instead, to measure another checkout the same way) and runs, one after the other:
+
+1. *big prompts*: SESSIONS sessions with PROMPT-character system prompts, then batches of 8
+   ``sessions.list`` (limit 200), then a client that never reads with 32 ``sessions.list``
+   in flight;
+2. *ping floods*: pings of 125 bytes as fast as the socket takes them, without reading the
+   pongs, for FLOOD seconds, before and after authentication;
+3. *request flood*: 500 idle connections plus one connection sending 6,000 requests as fast
+   as TCP takes them (a child process), while a well-behaved client times ``gateway.health``;
+4. *descriptors*: under a 1024 open-file limit, 1,500 unauthenticated connections, then
+   ``sessions.create`` from a client connected before.
+
+For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
+descriptors. Figures only: nothing here passes or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.gw import TOKEN
+from gateway.client import Client
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class Sampler:
+    """Peak VmRSS (KiB) of a process, sampled every 10 ms from a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self.peak = max(self.peak, _status(self.pid, "VmRSS"))
+            self._stop.wait(0.01)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Daemon:
+    def __init__(self, data_dir: Path, root: Path | None, nofile: int | None, env: dict[str, str]) -> None:
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
+        child_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
+                          "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json",
+                          "RECALLD_SESSIONS_FSYNC": "never", **env})
+        if root is not None:
+            child_env["PYTHONPATH"] = str(root)
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0"],
+            cwd=root or Path.cwd(), env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+        assert self.proc.stderr is not None
+        self.log: list[dict[str, Any]] = []
+        for line in self.proc.stderr:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                record = orjson.loads(line)
+                if isinstance(record, dict) and record.get("event") == "gateway.listening":
+                    self.url = f"ws://127.0.0.1:{record['port']}/"
+                    break
+        else:
+            raise RuntimeError("daemon exited before listening")
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                record = orjson.loads(line)
+                if isinstance(record, dict):
+                    self.log.append(record)
+
+    @property
+    def rss_mib(self) -> float:
+        return _status(self.proc.pid, "VmRSS") / 1024
+
+    @property
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _report(name: str, d: Daemon, sampler: Sampler, **extra: Any) -> None:
+    more = "".join(f"; {k} {v}" for k, v in extra.items())
+    print(f"{name}: peak RSS {sampler.peak / 1024:.0f} MiB, now {d.rss_mib:.0f} MiB, {d.fds} fds{more}", flush=True)
+
+
+async def big_prompts(d: Daemon, sessions: int, prompt_chars: int) -> None:
+    prompt = "é" * prompt_chars
+    async with Client.connect(d.url, TOKEN) as c:
+        for _ in range(sessions):
+            await c.call("sessions.create", {"systemPrompt": prompt})
+        print(f"big prompts: {sessions} sessions of {prompt_chars} chars; daemon at {d.rss_mib:.0f} MiB", flush=True)
+        with Sampler(d.proc.pid) as s:
+            sizes = []
+            for round_ in range(3):
+                await c.ws.send(orjson.dumps([{"id": f"r{round_}-{i}", "method": "sessions.list",
+                                               "params": {"limit": 200}} for i in range(8)]), text=True)
+                reply = await c.events.get()
+                sizes.append(len(orjson.dumps(reply)))
+        _report("  batch of 8 sessions.list x3", d, s, reply_bytes=max(sizes))
+    with Sampler(d.proc.pid) as s:
+        ws = await connect(d.url, additional_headers=AUTH, max_size=None)
+        ws.transport.pause_reading()
+        for i in range(32):
+            await ws.send(orjson.dumps({"id": i, "method": "sessions.list", "params": {"limit": 200}}).decode())
+        await asyncio.sleep(5)
+        _report("  never-reading client, 32 sessions.list in flight (5 s)", d, s)
+        ws.transport.abort()
+
+
+async def ping_flood(d: Daemon, seconds: float, authenticated: bool) -> None:
+    with Sampler(d.proc.pid) as s:
+        ws = await connect(d.url, additional_headers=AUTH if authenticated else None, ping_interval=None)
+        ws.transport.pause_reading()
+        sent, t0 = 0, time.monotonic()
+        with contextlib.suppress(Exception):
+            while time.monotonic() - t0 < seconds and not ws.transport.is_closing():
+                for _ in range(100):
+                    ws.protocol.send_ping(sent.to_bytes(4, "big") + b"p" * 121)
+                    sent += 1
+                ws.send_data()
+                await asyncio.sleep(0)
+        closed_after = round(time.monotonic() - t0, 2) if ws.transport.is_closing() else None
+        ws.transport.abort()
+        await asyncio.sleep(0.5)
+    _report(f"ping flood ({'authenticated' if authenticated else 'unauthenticated'}, {seconds:g} s)", d, s,
+            pings_sent=sent, closed_by_server_after_s=closed_after)
+
+
+async def flood_child(url: str, connections: int, requests: int) -> None:
+    """The attacker of the request flood (runs in its own process)."""
+    opened = await asyncio.gather(*(connect(url, additional_headers=AUTH, open_timeout=60)
+                                    for _ in range(connections)), return_exceptions=True)
+    codes: Counter[str] = Counter()
+    async with connect(url, additional_headers=AUTH, max_size=None) as ws:
+        async def read() -> None:
+            while sum(codes.values()) < requests:
+                msg = orjson.loads(await ws.recv())
+                codes[str(msg["error"]["code"]) if "error" in msg else "ok"] += 1
+
+        reader = asyncio.create_task(read())
+        methods = ["sessions.list", "gateway.health", "memory.status", "rpc.discover"]
+        for i in range(requests):
+            await ws.send(orjson.dumps({"id": i, "method": methods[i % 4]}).decode())
+        await asyncio.wait_for(reader, 120)
+    for w in opened:
+        if isinstance(w, ClientConnection):
+            await w.close()
+    print(orjson.dumps({"opened": sum(isinstance(w, ClientConnection) for w in opened), "codes": codes}).decode())
+
+
+async def request_flood(d: Daemon) -> None:
+    latencies: list[float] = []
+    done = asyncio.Event()
+    fds = 0
+
+    async def probe() -> None:
+        nonlocal fds
+        async with Client.connect(d.url, TOKEN) as c:
+            while not done.is_set():
+                t0 = time.perf_counter()
+                await c.call("gateway.health")
+                latencies.append(time.perf_counter() - t0)
+                fds = max(fds, d.fds)
+                await asyncio.sleep(0.005)
+
+    with Sampler(d.proc.pid) as s:
+        task = asyncio.create_task(probe())
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.attacks", "--flood-child", d.url, stdout=asyncio.subprocess.PIPE)
+        out, _ = await child.communicate()
+        done.set()
+        await task
+    ordered = sorted(latencies)
+    p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    _report("request flood (500 connections + 6000 requests)", d, s, attacker=out.decode().strip(),
+            health=f"p50 {p50 * 1000:.1f} ms p99 {p99 * 1000:.1f} ms over {len(ordered)} calls", peak_fds=fds)
+
+
+async def descriptor_flood(root: Path | None, n: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon(Path(tmp) / "data", root, 1024, {})
+        opened: list[ClientConnection] = []
+        try:
+            async with Client.connect(d.url, TOKEN) as good:
+                async def one() -> None:
+                    with contextlib.suppress(Exception):
+                        opened.append(await connect(d.url, open_timeout=20, ping_interval=None))
+
+                with Sampler(d.proc.pid) as s:
+                    await asyncio.gather(*(one() for _ in range(n)))
+                    fds = d.fds
+                    creates = Counter("ok" if "result" in r else r["error"]["message"][:60]
+                                      for r in [await good.request("sessions.create") for _ in range(20)])
+                accept_lines = sum("accept" in str(r.get("event", "")) + str(r.get("message", "")) for r in d.log)
+                _report(f"descriptors ({n} unauthenticated connections, open-file limit 1024)", d, s,
+                        opened=len(opened), fds_under_attack=fds, creates=dict(creates),
+                        accept_log_lines=accept_lines)
+        finally:
+            await asyncio.gather(*(w.close() for w in opened), return_exceptions=True)
+            d.stop()
+
+
+async def main(args: argparse.Namespace) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    root = Path(args.root).resolve() if args.root else None
+    with tempfile.TemporaryDirectory() as tmp:
+        # Quotas off for the set-up: 200 sessions are created as fast as the socket goes.
+        d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"})
+        try:
+            print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: {d.rss_mib:.0f} MiB at start",
+                  flush=True)
+            await big_prompts(d, args.sessions, args.prompt_chars)
+            await ping_flood(d, args.flood_s, authenticated=False)
+            await ping_flood(d, args.flood_s, authenticated=True)
+            await request_flood(d)
+            print(f"daemon VmHWM (peak over the whole run): {_status(d.proc.pid, 'VmHWM') / 1024:.0f} MiB")
+        finally:
+            d.stop()
+    await descriptor_flood(root, args.connections)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", help="run the gateway package of this checkout instead")
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--prompt-chars", type=int, default=64 * 1024)
+    parser.add_argument("--flood-s", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=1500)
+    parser.add_argument("--flood-child", metavar="URL")
+    args = parser.parse_args()
+    if args.flood_child:
+        asyncio.run(flood_child(args.flood_child, 500, 6000))
+    else:
+        asyncio.run(main(args))

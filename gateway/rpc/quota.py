@@ -1,0 +1,83 @@
+"""Per-user quotas on methods, checked by the core before a handler runs. No I/O.
+
+Two kinds, each keyed by (user, method): a *rate* (a bucket of ``per_minute`` calls that
+refills continuously, so a burst of that size is allowed after a quiet minute) and a cap on
+calls *in flight* at once. Past either, the call answers -32004 with ``retryAfterMs``. Quotas
+count per user, not per connection: a client that opens more connections gains nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from gateway.errors import RateLimited
+
+__all__ = ["Quotas"]
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+@dataclass(slots=True)
+class Quotas:
+    """``per_minute``: method -> (calls per user per minute, the setting's name);
+    ``in_flight``: method -> (calls per user running at once, the setting's name)."""
+
+    per_minute: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    in_flight: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[tuple[str, str], _Bucket] = field(default_factory=dict)
+    _running: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @contextmanager
+    def admit(self, user: str, method: str) -> Iterator[None]:
+        """Hold one of ``user``'s places for ``method`` while the call runs; RateLimited if
+        there is none."""
+        key = (user, method)
+        cap, cap_name = self.in_flight.get(method, (None, ""))
+        if cap is not None and self._running.get(key, 0) >= cap:
+            raise RateLimited(f"too many {method} calls running at once for this user "
+                              f"({cap}, {cap_name})", 200)
+        rate = self.per_minute.get(method)
+        if rate is not None:
+            self._take(key, *rate)
+        if cap is None:
+            yield
+            return
+        self._running[key] = self._running.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._running[key] - 1
+            if left:
+                self._running[key] = left
+            else:
+                del self._running[key]
+
+    def _take(self, key: tuple[str, str], per_minute: int, name: str) -> None:
+        now = self.clock()
+        per_s = per_minute / 60.0
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(float(per_minute), now)
+            if len(self._buckets) > 10_000:
+                self._prune(now, per_s, per_minute)
+        bucket.tokens = min(float(per_minute), bucket.tokens + (now - bucket.stamp) * per_s)
+        bucket.stamp = now
+        if bucket.tokens < 1.0:
+            wait_ms = int((1.0 - bucket.tokens) / per_s * 1000) + 1
+            raise RateLimited(f"too many {key[1]} calls for this user ({per_minute} a minute, {name})",
+                              wait_ms)
+        bucket.tokens -= 1.0
+
+    def _prune(self, now: float, per_s: float, per_minute: int) -> None:
+        # A bucket that has refilled is the same as no bucket: forget it.
+        full = [k for k, b in self._buckets.items() if b.tokens + (now - b.stamp) * per_s >= per_minute]
+        for k in full:
+            del self._buckets[k]

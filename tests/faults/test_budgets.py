@@ -1,0 +1,171 @@
+"""What one connection can make the daemon hold: list pages without prompt bodies, a reply
+budget, batches that count per entry, and control-frame floods closed 1008."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from gateway.app import App
+from gateway.client import Client
+from gateway.config import Config
+from gateway.transport.connection import Connection
+from tests.conftest import TOKEN, running
+from tests.faults.test_abuse import small_buffer_socket
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def test_list_pages_carry_no_prompt_bodies(client: Client) -> None:
+    """sessions.list leaves systemPrompt out whatever its size; sessions.get returns it whole."""
+    prompt = "p" * 60_000
+    keys = [(await client.call("sessions.create", {"systemPrompt": prompt}))["sessionKey"] for _ in range(3)]
+    reply = await client.request("sessions.list", {"limit": 200})
+    assert [s["sessionKey"] for s in reply["result"]["sessions"]] == keys[::-1]
+    assert all("systemPrompt" not in s for s in reply["result"]["sessions"])
+    assert len(orjson.dumps(reply)) < 2_000
+    assert (await client.call("sessions.get", {"sessionKey": keys[0]}))["systemPrompt"] == prompt
+
+
+async def _session_with_big_messages(app: App, c: Client, n: int, size: int) -> str:
+    key: str = (await c.call("sessions.create"))["sessionKey"]
+    for i in range(n):
+        await asyncio.to_thread(app.store.append_message, "default", key, role="user",
+                                content=f"{i:04d}" + "m" * size)
+    return key
+
+
+async def test_a_reply_larger_than_the_budget_is_a_clear_error(config_factory: Callable[..., Config]) -> None:
+    """A reply over limits.max_reply_bytes answers -32600 naming the limit (not the reply), and
+    a smaller page of the same history is served on the same connection."""
+    async with running(config_factory(limits={"max_reply_bytes": 64 * 1024})) as app, \
+            Client.connect(app.url, TOKEN) as c:
+        key = await _session_with_big_messages(app, c, 10, 20_000)
+        big = await c.request("sessions.history", {"sessionKey": key, "limit": 10})
+        assert big["error"]["code"] == -32600 and "limits.max_reply_bytes" in big["error"]["message"], big
+        assert "error" in (await c.request("sessions.history", {"sessionKey": key, "limit": 5}))
+        small = await c.call("sessions.history", {"sessionKey": key, "limit": 2})
+        assert [m["content"][:4] for m in small["messages"]] == ["0008", "0009"]
+
+
+def _shrink_server_buffers(app: App, but: set[Connection]) -> None:
+    """Server-side send buffers of 4 kB for every connection not in ``but`` (loopback
+    autotuning would otherwise absorb megabytes before the process holds anything)."""
+    for conn in app.server.connections - but:
+        conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+
+def _held(app: App, but: set[Connection]) -> int:
+    return sum(c.ws.transport.get_write_buffer_size() + c.outbox.pending_bytes
+               for c in app.server.connections - but)
+
+
+async def _read_all(ws: ClientConnection, n: int) -> list[dict[str, Any]]:
+    ws.transport.resume_reading()
+    out: list[dict[str, Any]] = []
+    async with asyncio.timeout(30):
+        while len(out) < n:
+            msg = orjson.loads(await ws.recv())
+            out += msg if isinstance(msg, list) else [msg]
+    return out
+
+
+async def test_a_client_that_never_reads_holds_at_most_the_reply_budget(
+    config_factory: Callable[..., Config]
+) -> None:
+    """32 requests in flight whose ~200 kB replies are never read: what the server holds for
+    that connection stays within limits.max_reply_bytes plus one reply; the replies past it are
+    -32004 naming the budget, and every request is answered exactly once."""
+    budget = 256 * 1024
+    cfg = config_factory(limits={"max_reply_bytes": budget}, server={"write_limit": 4096})
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = await _session_with_big_messages(app, c, 10, 20_000)
+        good = set(app.server.connections)
+        ws = await connect(app.url, additional_headers=AUTH, max_size=None,
+                           sock=small_buffer_socket(app.server.port))
+        ws.transport.pause_reading()
+        _shrink_server_buffers(app, good)
+        for i in range(32):
+            await ws.send(orjson.dumps({"id": i, "method": "sessions.history",
+                                        "params": {"sessionKey": key, "limit": 10}}).decode())
+        peak = 0
+        for _ in range(100):
+            peak = max(peak, _held(app, good))
+            await asyncio.sleep(0.01)
+        assert peak <= budget + 210_000, peak
+        assert (await c.call("gateway.health"))["status"] == "ok"
+        replies = await _read_all(ws, 32)
+        assert sorted(r["id"] for r in replies) == list(range(32))
+        refused = [r for r in replies if "error" in r]
+        assert refused and all(r["error"]["code"] == -32004 and "max_reply_bytes" in r["error"]["message"]
+                               and r["error"]["data"]["retryAfterMs"] > 0 for r in refused)
+        assert any("result" in r for r in replies)
+        await ws.close()
+
+
+async def test_a_batch_holds_one_in_flight_slot_per_entry(config_factory: Callable[..., Config]) -> None:
+    """A batch whose reply is stuck on a client that does not read holds one limits.max_inflight
+    slot per entry, so the next request on that connection is refused -32004 at once."""
+    cfg = config_factory(limits={"max_inflight": 4}, server={"write_limit": 4096})
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = await _session_with_big_messages(app, c, 10, 20_000)
+        good = set(app.server.connections)
+        ws = await connect(app.url, additional_headers=AUTH, max_size=None,
+                           sock=small_buffer_socket(app.server.port))
+        ws.transport.pause_reading()
+        _shrink_server_buffers(app, good)
+        entry = {"method": "sessions.history", "params": {"sessionKey": key, "limit": 10}}
+        await ws.send(orjson.dumps([{"id": f"b{i}", **entry} for i in range(4)]).decode())
+        await asyncio.sleep(0.5)  # the batch's reply is now stuck in the socket
+        await ws.send(orjson.dumps({"id": "next", **entry}).decode())
+        replies = {r["id"]: r for r in await _read_all(ws, 5)}
+        assert replies["next"]["error"]["code"] == -32004, replies["next"]
+        assert all("result" in replies[f"b{i}"] for i in range(4))
+        await ws.close()
+
+
+@pytest.mark.parametrize("authenticated", [False, True])
+async def test_a_ping_flood_is_closed_1008_and_stays_bounded(app: App, authenticated: bool) -> None:
+    """A peer that sends 20,000 pings of 125 bytes and reads nothing (before or after
+    authentication) is closed 1008 once past limits.max_control_frames_per_s; the pongs the
+    server holds for it stay small meanwhile, and others are served."""
+    before = set(app.server.connections)
+    ws = await connect(app.url, additional_headers=AUTH if authenticated else None,
+                       sock=small_buffer_socket(app.server.port), ping_interval=None)
+    ws.transport.pause_reading()
+    async with asyncio.timeout(5):
+        while not app.server.connections - before:
+            await asyncio.sleep(0.01)
+    _shrink_server_buffers(app, before)
+    (conn,) = app.server.connections - before
+    peak = 0
+    with contextlib.suppress(ConnectionError, ConnectionClosed):
+        for i in range(20_000):
+            ws.protocol.send_ping(i.to_bytes(4, "big") + b"p" * 121)
+            ws.send_data()
+            if i % 200 == 0:
+                await asyncio.sleep(0.001)
+                peak = max(peak, conn.ws.transport.get_write_buffer_size())
+            if ws.transport.is_closing():
+                break
+    async with asyncio.timeout(10):
+        while conn in app.server.connections:
+            peak = max(peak, conn.ws.transport.get_write_buffer_size())
+            await asyncio.sleep(0.01)
+    assert peak < 256 * 1024, peak
+    ws.transport.resume_reading()
+    with contextlib.suppress(ConnectionClosed):
+        async with asyncio.timeout(10):
+            while True:
+                await ws.recv()
+    assert ws.close_code in (1008, 1006), ws.close_code
+    async with Client.connect(app.url, TOKEN) as c:
+        assert (await c.call("gateway.health"))["status"] == "ok"

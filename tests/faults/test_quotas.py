@@ -1,0 +1,102 @@
+"""Per-user quotas ([quotas]) and the free-disk floor: past a limit a call answers -32004
+with retryAfterMs (or a storage error before the disk is full), and nothing is half done."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gateway.client import Client
+from gateway.config import Config
+from sessions import SessionsConfig, SessionStore, StorageError
+from tests.conftest import TOKEN, running
+from tests.fake_openai import FakeOpenAI
+from tests.faults.test_lanes import batch
+
+USERS = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
+
+
+def two_users(config_factory: Callable[..., Config], **sections: dict[str, object]) -> Config:
+    auth = {"users": USERS, "token": None}
+    return config_factory(auth=auth, **sections)
+
+
+async def test_session_creation_is_rate_limited_per_user(config_factory: Callable[..., Config]) -> None:
+    """Past quotas.sessions_per_minute, sessions.create answers -32004 with retryAfterMs and
+    creates nothing; another user is not affected."""
+    async with running(two_users(config_factory, quotas={"sessions_per_minute": 3})) as app, \
+            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+        replies = [await alice.request("sessions.create") for _ in range(5)]
+        assert [("result" in r) for r in replies] == [True, True, True, False, False]
+        error = replies[3]["error"]
+        assert error["code"] == -32004 and error["data"]["retryAfterMs"] > 0 and "quotas.sessions_per_minute" in error["message"]
+        assert len((await alice.call("sessions.list"))["sessions"]) == 3
+        assert "result" in await bob.request("sessions.create")
+
+
+async def test_concurrent_runs_are_limited_per_user_and_overall(
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+) -> None:
+    """A send that would start a new concurrent run past quotas.max_runs_per_user or
+    quotas.max_runs answers -32004 and appends nothing; a send to a session already running
+    only queues and is accepted."""
+    fake_openai.configure(reply="slow reply words", deltas=3, delta_delay_s=0.5)
+    cfg = two_users(config_factory, quotas={"max_runs": 3, "max_runs_per_user": 2}, chat={"recall": False},
+                    llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "max_retries": 0})
+    async with running(cfg) as app, \
+            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+        a = [(await alice.call("sessions.create"))["sessionKey"] for _ in range(3)]
+        b = [(await bob.call("sessions.create"))["sessionKey"] for _ in range(2)]
+        assert "result" in await alice.request("chat.send", {"sessionKey": a[0], "message": "one"})
+        assert "result" in await alice.request("chat.send", {"sessionKey": a[1], "message": "two"})
+        assert "result" in await alice.request("chat.send", {"sessionKey": a[0], "message": "queued"})
+        per_user = await alice.request("chat.send", {"sessionKey": a[2], "message": "three"})
+        assert per_user["error"]["code"] == -32004 and "max_runs_per_user" in per_user["error"]["message"]
+        assert "result" in await bob.request("chat.send", {"sessionKey": b[0], "message": "bob one"})
+        overall = await bob.request("chat.send", {"sessionKey": b[1], "message": "bob two"})
+        assert overall["error"]["code"] == -32004 and "quotas.max_runs" in overall["error"]["message"]
+        assert overall["error"]["data"]["retryAfterMs"] > 0
+        assert (await alice.call("sessions.get", {"sessionKey": a[2]}))["messageCount"] == 0
+        assert (await bob.call("sessions.get", {"sessionKey": b[1]}))["messageCount"] == 0
+
+
+async def test_searches_in_flight_are_limited_per_user(config_factory: Callable[..., Config]) -> None:
+    """Past quotas.max_searches_per_user memory.search calls running at once, the next one
+    answers -32004 at once; the ones admitted are answered."""
+    async with running(config_factory(quotas={"max_searches_per_user": 1})) as app, \
+            Client.connect(app.url, TOKEN) as c:
+        replies = await batch(c, *[("memory.search", {"query": f"anything {i}"}) for i in range(3)])
+        codes = [r["error"]["code"] if "error" in r else "ok" for r in replies]
+        assert codes[0] == "ok" and codes.count(-32004) >= 1, codes
+        refused = next(r for r in replies if "error" in r)
+        assert "max_searches_per_user" in refused["error"]["message"]
+
+
+async def test_writes_stop_at_the_free_disk_floor(config_factory: Callable[..., Config]) -> None:
+    """With less free disk than sessions.min_free_bytes, sessions.create answers a retryable
+    storage error saying the disk is almost full, and no transcript is created."""
+    async with running(config_factory(sessions={"min_free_bytes": 2**62})) as app, \
+            Client.connect(app.url, TOKEN) as c:
+        reply = await c.request("sessions.create")
+        assert reply["error"]["code"] == -32603 and reply["error"]["data"] == {"retryable": True}
+        assert "disk almost full" in reply["error"]["message"] and "min_free_bytes" in reply["error"]["message"]
+        assert not list((app.config.data_dir / "sessions").glob("*/*.jsonl"))
+
+
+def test_appends_stop_at_the_free_disk_floor(tmp_path: Path) -> None:
+    """An append below the free-disk floor raises StorageError (ENOSPC) and leaves the
+    transcript exactly as it was."""
+    with SessionStore(tmp_path) as store:
+        key = store.create("alice").session_key
+        store.append_message("alice", key, role="user", content="kept")
+        path = store.transcript_path("alice", key)
+    before = path.read_bytes()
+    with SessionStore(tmp_path, SessionsConfig(min_free_bytes=2**62)) as store:
+        with pytest.raises(StorageError) as info:
+            store.append_message("alice", key, role="user", content="refused")
+        assert "disk almost full" in info.value.message and info.value.errno == 28
+    assert path.read_bytes() == before
+    assert [orjson.loads(line)["content"] for line in before.splitlines()[1:]] == ["kept"]
