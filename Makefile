@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test typecheck bench bench-quick bench-recall soak clean
+.PHONY: serve test typecheck bench bench-quick bench-recall bench-scale soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ bench-quick: $(STAMP)
 
 bench-recall: $(STAMP)
 	$(BIN)/python -m bench.recall_all $(ARGS)
+
+# 10k / 100k / 1M chunks; corpora cached in bench/.cache (the 1M build takes ~40 min once).
+bench-scale: $(STAMP)
+	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m bench.scale $(ARGS)
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak $(ARGS)
