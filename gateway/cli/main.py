@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.cli.chat import add_chat_parser
+from gateway.cli.importer import add_import_parser
 from gateway.cli.memory import add_memory_parser
 from gateway.cli.target import connection_target
 from gateway.config import Config, ConfigError, load
@@ -44,6 +45,7 @@ def _base_parser() -> argparse.ArgumentParser:
 
     add_chat_parser(sub, _connection_flags)
     add_memory_parser(sub)
+    add_import_parser(sub)
     return parser
 
 
