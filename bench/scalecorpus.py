@@ -14,6 +14,7 @@ import json
 import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,7 +27,7 @@ from bench.realdist import RealDistEmbedder, load_fit
 
 __all__ = ["ScaleCorpus", "build", "corpus_dir"]
 
-VERSION = "s1"
+VERSION = "s2"
 MESSAGES_PER_CHUNK = 4.1   # bench.corpus: ~4 new messages per 400-token chunk at these lengths
 
 
@@ -48,14 +49,14 @@ def write_sessions(data_dir: Path, *, messages: int, per_session: int = 50, seed
 
     The store's ``append_message`` (one write, one index update per message) takes hours for
     4M messages here, so lines are made by the sessions package's own serialisers
-    (``Header.to_line``, ``inputs.build_message``) and each file is written at once; the store
+    (``Header.to_line``, ``Message.to_line``) and each file is written at once; the store
     then reconciles ``sessions.db`` from the files, as it does for any copied-in transcript.
-    Words come from one vectorised draw per session instead of one per message.
+    Words (and which of them are topic words) come from one vectorised draw per session.
     """
     import orjson
 
     from sessions import SessionsConfig, SessionStore, sessions_root
-    from sessions.inputs import build_message
+    from sessions.models import Message
     from sessions.layout import transcript_file
     from sessions.models import format_ts
     from sessions.transcript import Header
@@ -76,19 +77,18 @@ def write_sessions(data_dir: Path, *, messages: int, per_session: int = 50, seed
         key = f"{seed:02x}{s:030x}"
         count = min(per_session, messages - written)
         lengths = rng.integers(*words, size=count)
-        drawn = common[np.minimum(np.searchsorted(cdf, rng.random(int(lengths.sum()))), len(common) - 1)]
-        topic_words = vocab.topic_words[topic]
+        total = int(lengths.sum())
+        drawn = common[np.minimum(np.searchsorted(cdf, rng.random(total)), len(common) - 1)]
+        # About a sixth of the words are the topic's own, as in bench.corpus.
+        topical = rng.random(total) < 1 / 6
+        drawn[topical] = np.array(vocab.topic_words[topic])[rng.integers(25, size=int(topical.sum()))]
+        ends = np.cumsum(lengths)
         lines = [orjson.dumps(Header(key, USER, format_ts(start), f"t{topic}").to_line()) + b"\n"]
-        at = 0
-        for m, n in enumerate(lengths):
-            chosen = list(drawn[at:at + n])
-            at += n
-            for pos in rng.choice(n, size=max(1, n // 6), replace=False):
-                chosen[pos] = topic_words[int(rng.integers(len(topic_words)))]
-            _, line = build_message(role="user" if m % 2 == 0 else "assistant", content=" ".join(chosen),
-                                    run_id=f"r{m // 2}", name=None, ts=start + timedelta(seconds=30 * m),
-                                    extra=None, config=config)
-            lines.append(line)
+        for m in range(count):
+            content = " ".join(drawn[ends[m] - lengths[m]:ends[m]].tolist())
+            message = Message(uuid.uuid4().hex, "user" if m % 2 == 0 else "assistant", content,
+                              format_ts(start + timedelta(seconds=30 * m)), f"r{m // 2}")
+            lines.append(orjson.dumps(message.to_line()) + b"\n")
         transcript_file(root, USER, key).write_bytes(b"".join(lines))
         written += count
     with SessionStore(data_dir, config):
