@@ -27,7 +27,7 @@ from bench.realdist import RealDistEmbedder, load_fit
 
 __all__ = ["ScaleCorpus", "build", "corpus_dir"]
 
-VERSION = "s2"
+VERSION = "s1"  # s1 corpora were written by the per-message writer; same distributions
 MESSAGES_PER_CHUNK = 4.1   # bench.corpus: ~4 new messages per 400-token chunk at these lengths
 
 
