@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test typecheck bench bench-quick bench-recall soak screenshots clean
+.PHONY: serve test typecheck bench bench-quick bench-recall bench-scale soak screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ bench-quick: $(STAMP)
 
 bench-recall: $(STAMP)
 	$(BIN)/python -m bench.recall_all $(ARGS)
+
+# 10k / 100k / 1M chunks; corpora cached in bench/.cache (the 1M build takes ~40 min once).
+bench-scale: $(STAMP)
+	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m bench.scale $(ARGS)
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak $(ARGS)

@@ -6,6 +6,10 @@ It wires the parts and owns their life: one :class:`~memory.db.WriteConnection` 
 sync at a time, never overlapping); searches and status on a
 :class:`~memory.db.ReaderPool` in worker threads (WAL lets them read while the writer writes),
 so neither a search nor a sync ever blocks the event loop, and a search never waits for a sync.
+
+The full integrity check (``PRAGMA quick_check``, O(size)) runs after ``start()`` returns, in a
+worker thread (:class:`~memory.index.db.IntegrityCheck`); a corrupt file found there is moved
+aside and the index rebuilt from the transcripts, as ``open_index`` does for one found at open.
 """
 
 from __future__ import annotations
@@ -23,7 +27,16 @@ import apsw
 import structlog
 
 from memory.config import MemoryConfig
-from memory.index.db import DEFAULT_VEC_EXTENSION, ReaderPool, VectorBackend, WriteConnection, open_index
+from memory.index.db import (
+    DEFAULT_VEC_EXTENSION,
+    IntegrityCheck,
+    OpenedIndex,
+    ReaderPool,
+    VectorBackend,
+    WriteConnection,
+    move_aside,
+    open_index,
+)
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
 from memory.index import knn
@@ -83,6 +96,8 @@ class MemoryService:
         self._sync_lock = asyncio.Lock()
         self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
         self._closed = False
+        self._integrity: tuple[IntegrityCheck, asyncio.Task[None]] | None = None
+        self._swapping = False  # between closing a corrupt file and opening its replacement
         self._syncing = False
         self.sync_count = 0
         self._last_sync: str | None = None
@@ -110,17 +125,61 @@ class MemoryService:
             # A deleted index is rebuilt like a corrupt one, and is reported like one.
             self._rebuilt_reason = f"{DB_NAME} was missing; rebuilt from transcripts"
             log.warning("memory.db.missing", path=str(self.db_path), effect="index rebuilt from transcripts")
-        conn = WriteConnection(opened.db)
-        indexer = Indexer.on(conn, opened.vectors, self.sessions_dir, self.config,
-                             window=self.embedder.max_tokens if self.embedder else None)
-        readers = ReaderPool(self.db_path, self._vec_extension if opened.vectors.available else None)
-        self._index = _Index(conn, indexer, readers)
+        self._index = self._wire(opened)
         self._vector_state = await asyncio.to_thread(self._compute_vector_state)
         log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
                  vector_backend=self._vectors.reason, embedder_reason=self.embedder_reason)
         self._scheduler.start(self.sessions_dir if self.config.watch else None)
         if catch_up:
             self._scheduler.run_soon()
+        check = IntegrityCheck(self.db_path)
+        self._integrity = (check, asyncio.create_task(self._check_integrity(check), name="memory-integrity"))
+
+    def _wire(self, opened: OpenedIndex) -> _Index:
+        conn = WriteConnection(opened.db)
+        indexer = Indexer.on(conn, opened.vectors, self.sessions_dir, self.config,
+                             window=self.embedder.max_tokens if self.embedder else None)
+        readers = ReaderPool(self.db_path, self._vec_extension if opened.vectors.available else None)
+        return _Index(conn, indexer, readers)
+
+    async def _check_integrity(self, check: IntegrityCheck) -> None:
+        """The O(size) check, off the start path; a failure rebuilds the index while serving."""
+        try:
+            await self._verify(check)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a failed rebuild must not end silently in an unretrieved task
+            log.exception("memory.integrity_check.failed")
+
+    async def _verify(self, check: IntegrityCheck) -> None:
+        started = time.perf_counter()
+        problem = await asyncio.to_thread(check.run)
+        log.info("memory.integrity_checked", ok=problem is None, ms=round((time.perf_counter() - started) * 1000, 1))
+        if problem is None or self._closed:
+            return
+        async with self._sync_lock:  # no sync step may be writing while the file is swapped
+            index, self._index = self._index, None
+            if index is None:
+                return
+            self._swapping = True
+            try:
+                await self._replace(index, problem)
+            finally:
+                self._swapping = False
+        self._scheduler.run_soon()
+
+    async def _replace(self, index: _Index, problem: str) -> None:
+        await asyncio.to_thread(self._close_connections, index)
+        knn.release(self.db_path)
+        moved = await asyncio.to_thread(move_aside, self.db_path)
+        log.error("memory.db.corrupt", path=str(self.db_path), moved_to=str(moved), error=problem,
+                  effect="index rebuilt from transcripts")
+        opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
+        self._vectors = opened.vectors
+        self._rebuilt_reason = (f"{DB_NAME} failed its integrity check ({problem[:80]}); "
+                                f"moved to {moved.name}, rebuilt from transcripts")
+        self._index = self._wire(opened)
+        self._vector_state = await asyncio.to_thread(self._compute_vector_state)
 
     async def wait_idle(self) -> None:
         """Return once no sync is queued or running (tests, the CLI after ``start``)."""
@@ -132,6 +191,10 @@ class MemoryService:
         if self._closed:
             return
         self._closed = True
+        if self._integrity is not None:
+            check, task = self._integrity
+            check.cancel()  # interrupts a running quick_check, so close() never waits for one
+            await asyncio.gather(task, return_exceptions=True)
         await self._scheduler.close()
         index, self._index = self._index, None
         if index is not None:
@@ -155,6 +218,8 @@ class MemoryService:
 
     def _require_index(self) -> _Index:
         if self._index is None:
+            if self._swapping:
+                raise MemoryUnavailable("memory index is being replaced after a failed integrity check")
             raise MemoryUnavailable("memory service is not started" if not self._closed else "memory service is closed")
         return self._index
 

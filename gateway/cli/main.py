@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.cli.chat import add_chat_parser
+from gateway.cli.importer import add_import_parser
 from gateway.cli.memory import add_memory_parser
 from gateway.cli.target import TargetError, add_connection_flags, connection_target
 from gateway.cli.web import add_open_parser
@@ -67,6 +68,7 @@ def _base_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub, chat_flags)
     add_memory_parser(sub, command_flags)
     add_open_parser(sub, chat_flags)
+    add_import_parser(sub, command_flags)
     return parser
 
 

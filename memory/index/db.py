@@ -10,6 +10,13 @@ logged as a warning — a silent downgrade to keyword-only is a known failure of
 A file that is not a database (truncated, overwritten) is moved aside to
 ``memory.db.corrupt-<ts>`` and a fresh one is created; the index is rebuildable from the
 transcripts, and the caller reports ``rebuiltFromTranscripts``.
+
+**Integrity on the start path costs O(1), not O(size).** Opening reads the header and the
+schema; a file shorter than the page count its header records (truncated) is refused there
+(:func:`_check_length`). ``PRAGMA quick_check`` reads every page — about a second per 100k
+chunks — so it is not run here: :class:`IntegrityCheck` runs it on its own read-only
+connection after the daemon is serving (``MemoryService``), interruptible by ``close()``, and
+a failure there moves the file aside and rebuilds exactly as a failure here would.
 """
 
 from __future__ import annotations
@@ -30,11 +37,13 @@ from memory.index.migrations import SCHEMA_VERSION, migrate
 
 __all__ = [
     "DEFAULT_VEC_EXTENSION",
+    "IntegrityCheck",
     "OpenedIndex",
     "ReaderPool",
     "VectorBackend",
     "WriteConnection",
     "get_meta",
+    "move_aside",
     "open_index",
     "set_meta",
 ]
@@ -102,22 +111,42 @@ def _connect(path: Path, extension: str | None, *, readonly: bool) -> tuple[apsw
     return db, vectors
 
 
-def _prepare(db: apsw.Connection, readonly: bool) -> None:
+def _check_length(db: apsw.Connection, path: Path) -> None:
+    """Refuse a main file shorter than its header's page count (a truncated copy or disk).
+
+    SQLite trusts the header's count only while its change counter matches (bytes 24 and 92);
+    the WAL may hold pages beyond the file, so a WAL's frames count as present.
+    """
+    try:
+        with path.open("rb") as fh:
+            header = fh.read(100)
+        size = path.stat().st_size
+    except OSError:
+        return  # an in-memory or vanished path: the next statement reports it
+    if len(header) < 100 or header[:16] != b"SQLite format 3\0" or header[24:28] != header[92:96]:
+        return
+    page_size = int.from_bytes(header[16:18], "big") or 65536
+    pages = int.from_bytes(header[28:32], "big")
+    wal = path.with_name(path.name + "-wal")
+    if pages * page_size > size and not (wal.exists() and wal.stat().st_size > 32):
+        raise apsw.CorruptError(f"{path.name} holds {size} bytes, its header says {pages * page_size}")
+
+
+def _prepare(db: apsw.Connection, readonly: bool, path: Path) -> None:
     # The first statement that reads the file is where "not a database" shows up.
     db.execute("SELECT count(*) FROM sqlite_schema").fetchone()
     if not readonly:
+        _check_length(db, path)
         db.execute("PRAGMA journal_mode=WAL").fetchone()
         migrate(db)
-        quick = db.execute("PRAGMA quick_check").fetchone()
-        if quick is None or quick[0] != "ok":
-            raise apsw.CorruptError(f"quick_check: {quick[0] if quick else 'no answer'}")
     if readonly:
         db.execute(f"PRAGMA mmap_size={READ_MMAP_BYTES}").fetchone()
     db.execute("PRAGMA synchronous=NORMAL")  # the index is rebuildable from transcripts
     db.execute("PRAGMA foreign_keys=OFF")
 
 
-def _move_aside(path: Path) -> Path:
+def move_aside(path: Path) -> Path:
+    """Rename ``path`` (and its -wal/-shm) to ``<name>.corrupt-<UTC timestamp>``; returns the new path."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     target = path.with_name(f"{path.name}.corrupt-{stamp}")
     os.replace(path, target)
@@ -142,16 +171,16 @@ def open_index(
     db, vectors = _connect(path, vec_extension, readonly=readonly)
     rebuilt = ""
     try:
-        _prepare(db, readonly)
+        _prepare(db, readonly, path)
     except (apsw.NotADBError, apsw.CorruptError) as exc:
         db.close()
         if readonly:
             raise
-        moved = _move_aside(path)
+        moved = move_aside(path)
         rebuilt = f"{path.name} was unreadable ({type(exc).__name__}); moved to {moved.name}, rebuilt from transcripts"
         log.error("memory.db.corrupt", path=str(path), moved_to=str(moved), error=str(exc))
         db, vectors = _connect(path, vec_extension, readonly=False)
-        _prepare(db, False)
+        _prepare(db, False, path)
     if not vectors.available and vec_extension is not None and not readonly:
         log.warning("memory.vector_backend.unavailable", reason=vectors.reason,
                     effect="memory search runs keyword-only")
@@ -173,6 +202,48 @@ def set_meta(db: apsw.Connection, key: str, value: str | None) -> None:
             "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             (key, value),
         )
+
+
+class IntegrityCheck:
+    """``PRAGMA quick_check`` of one database file on its own read-only connection.
+
+    :meth:`run` blocks (call it in a worker thread); :meth:`cancel`, from any thread, interrupts
+    it, so a daemon stopping mid-check neither waits for a full read nor leaves a reader open
+    (which would keep the last writer from checkpointing and removing the WAL).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._db: apsw.Connection | None = None
+        self._cancelled = False
+
+    def run(self) -> str | None:
+        """None when the file passes (or the check was cancelled); else what is wrong."""
+        with self._lock:
+            if self._cancelled:
+                return None
+            try:
+                self._db = db = apsw.Connection(str(self._path), flags=apsw.SQLITE_OPEN_READONLY)
+            except apsw.Error as exc:
+                return f"{type(exc).__name__}: {exc}"
+        try:
+            rows = [str(r[0]) for r in db.execute("PRAGMA quick_check")]
+        except apsw.InterruptError:
+            return None
+        except (apsw.NotADBError, apsw.CorruptError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            with self._lock:
+                self._db = None
+                db.close()
+        return None if rows == ["ok"] else "quick_check: " + "; ".join(rows[:3])
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            if self._db is not None:
+                self._db.interrupt()
 
 
 class WriteConnection:

@@ -1,0 +1,195 @@
+"""``recalld import FILE``: bring an existing chat history into transcripts, then index it.
+
+Works on the data directory directly, like ``recalld memory`` (the sessions index and the
+memory index are SQLite in WAL mode, so a running daemon and this command take turns).
+
+* **Whole file checked first** (:mod:`gateway.cli.importer_formats`): a malformed file is
+  refused with the line or conversation at fault, and nothing is written.
+* **Idempotent**: each conversation's session key is derived from the user, the format and the
+  conversation's id in the file, so a second import finds its transcript and adds nothing.
+* **Resumable**: a transcript holding the first N messages of its conversation (an import cut
+  short) gets the rest appended; every message is one whole-line write.
+* **Per user**: ``--user`` names whose sessions they become (default ``default``).
+
+Progress (messages written, then the index's own bar) goes to stderr; the summary to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.importer_formats import Conversation, Format, ImportFormatError, detect, parse
+from gateway.config import Config
+from memory import MemoryIndexError
+from sessions import SessionsConfig, SessionStore
+from sessions.errors import SessionError
+from sessions.keys import check_user
+
+__all__ = ["ImportReport", "add_import_parser", "import_conversations", "session_key_for"]
+
+DEFAULT_USER = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class ImportReport:
+    conversations: int
+    created: int         # new transcripts
+    resumed: int         # transcripts that held a prefix and got the rest
+    unchanged: int       # already complete: nothing written
+    empty: int           # conversations with no text messages: skipped
+    messages: int        # message lines written
+    seconds: float
+
+
+def session_key_for(user: str, fmt: str, source_id: str) -> str:
+    """The session key an imported conversation gets: stable across runs, 32 hex digits."""
+    return hashlib.sha256(f"recalld-import\0{user}\0{fmt}\0{source_id}".encode()).hexdigest()[:32]
+
+
+Progress = Callable[[int, int, int, int], None]  # conversations done/total, messages done/total
+
+
+def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt: str,
+                         conversations: Sequence[Conversation], progress: Progress | None = None) -> ImportReport:
+    """Write ``conversations`` as ``user``'s transcripts under ``data_dir`` (blocking)."""
+    user = check_user(user)
+    started = time.perf_counter()
+    total_messages = sum(len(c.turns) for c in conversations)
+    next_key: list[str] = []
+    created = resumed = unchanged = empty = written = seen = 0
+    with SessionStore(data_dir, config, key_factory=lambda: next_key.pop()) as store:
+        for done, conv in enumerate(conversations, 1):
+            seen += len(conv.turns)
+            if not conv.turns:
+                empty += 1
+                continue
+            key = session_key_for(user, fmt, conv.source_id)
+            if store.transcript_path(user, key).exists():
+                have = store.get(user, key).message_count
+            else:
+                next_key.append(key)
+                store.create(user, title=conv.title, system_prompt=conv.system_prompt, model=conv.model,
+                             created_at=conv.created_at or conv.turns[0].ts)
+                have = -1
+            rest = conv.turns[max(have, 0):]
+            if have == -1:
+                created += 1
+            elif rest:
+                resumed += 1
+            else:
+                unchanged += 1
+            for turn in rest:
+                store.append_message(user, key, role=turn.role, content=turn.content, run_id=turn.run_id,
+                                     name=turn.name, ts=turn.ts or conv.created_at, extra=turn.extra or None)
+                written += 1
+            if progress is not None:
+                progress(done, len(conversations), seen, total_messages)
+        store.flush()
+    return ImportReport(len(conversations), created, resumed, unchanged, empty, written,
+                        time.perf_counter() - started)
+
+
+def add_import_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("import", help="import a chat history (ChatGPT export, recalld JSONL) into transcripts")
+    command_flags(p)  # --config / --data-dir after the command too
+    p.add_argument("file", type=Path, help="conversations.json from a ChatGPT export, or recalld JSONL")
+    p.add_argument("--user", default=DEFAULT_USER, help=f"whose sessions they become (default {DEFAULT_USER})")
+    p.add_argument("--format", choices=("auto", "chatgpt", "jsonl"), default="auto",
+                   help="file format (default: detected from the first byte)")
+    p.add_argument("--no-index", action="store_true",
+                   help="only write transcripts; the daemon (or `recalld memory index`) indexes them")
+    p.set_defaults(run=_run)
+
+
+class _Bar:
+    """Messages written, as a bar on a terminal, a line per tenth otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.tenth = -1
+
+    def __call__(self, conv_done: int, conv_total: int, msg_done: int, msg_total: int) -> None:
+        share = msg_done / msg_total if msg_total else 1.0
+        if self.tty:
+            sys.stderr.write(f"\rimporting [{'#' * int(share * 30):<30}] conversations {conv_done}/{conv_total}"
+                             f"  messages {msg_done}/{msg_total} ")
+            sys.stderr.flush()
+        elif int(share * 10) > self.tenth:
+            self.tenth = int(share * 10)
+            print(f"importing: conversations {conv_done}/{conv_total}, messages {msg_done}/{msg_total}",
+                  file=sys.stderr)
+
+    def end(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def _run(config: Config, args: argparse.Namespace) -> int:
+    from gateway.logs import configure_logging
+
+    configure_logging("warning", config.log.format)
+    try:
+        data = args.file.read_bytes()
+    except OSError as exc:
+        print(f"recalld: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
+        fmt: Format = detect(data) if args.format == "auto" else args.format
+        conversations = parse(data, fmt)
+    except ImportFormatError as exc:
+        print(f"recalld: {args.file}: {exc}; nothing was imported", file=sys.stderr)
+        return 1
+    try:
+        check_user(args.user)
+    except SessionError as exc:
+        print(f"recalld: --user {args.user!r}: {exc}", file=sys.stderr)
+        return 2
+    bar = _Bar()
+    try:
+        report = import_conversations(config.data_dir, config.sessions, args.user, fmt, conversations, bar)
+    except SessionError as exc:
+        bar.end()
+        print(f"recalld: import stopped: {exc}; what was written stays, and the same command resumes",
+              file=sys.stderr)
+        return 1
+    bar.end()
+    rate = report.messages / report.seconds if report.seconds > 0 else 0.0
+    print(f"imported {report.conversations} conversations as {fmt} for user {args.user}: {report.created} new, "
+          f"{report.resumed} resumed, {report.unchanged} already complete, {report.empty} empty; "
+          f"{report.messages} messages written in {report.seconds:.1f} s ({rate:,.0f}/s)")
+    if args.no_index:
+        return 0
+    try:
+        return asyncio.run(_index_with(config))
+    except MemoryIndexError as exc:
+        print(f"recalld: indexing failed: {exc}; the transcripts are written, `recalld memory index` "
+              "finishes the index", file=sys.stderr)
+        return 1
+
+
+async def _index_with(config: Config) -> int:
+    from gateway.app import close_memory, open_memory
+    from gateway.cli.memory import _Bar as SyncBar  # the same bar as `recalld memory index`
+
+    service = await open_memory(config, watch=False, catch_up=False)
+    bar = SyncBar()
+    try:
+        started = time.perf_counter()
+        report = await service.sync_now(progress=bar)
+    finally:
+        bar.end()
+        await close_memory(service)
+    took = time.perf_counter() - started
+    print(f"indexed: {report.chunks_written} chunks written, {report.embedded} embedded "
+          f"({report.cache_hits} from cache), {report.pending} pending, {took:.1f} s")
+    if report.error:
+        print(f"warning: {report.error}", file=sys.stderr)
+    return 0

@@ -1,0 +1,190 @@
+"""What ``recalld import`` reads: a ChatGPT data export or recalld's own JSONL, as plain values.
+
+Parsing is pure (bytes in, :class:`Conversation` values out) and checks the whole file before
+anything is written, so a malformed file is refused with the place it went wrong and nothing
+is half-imported. Formats:
+
+* **chatgpt** — ``conversations.json`` from ChatGPT's "Export data": a JSON array of
+  conversations, each a tree of nodes (``mapping``) whose displayed thread runs from
+  ``current_node`` up through ``parent`` links. That thread is imported (edited-away branches
+  are not); ``user`` and ``assistant`` messages with text are kept, system/tool messages and
+  non-text parts (images, files) are dropped.
+* **jsonl** — recalld transcripts, one or more concatenated: a ``"type":"session"`` header line
+  starts a session, ``"type":"message"`` lines follow (docs/sessions.md). Keys, ids are
+  re-made; roles, text, times, names and extra keys are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import orjson
+
+from sessions.models import MESSAGE_ROLES, Message
+from sessions.transcript import Header
+
+__all__ = ["Conversation", "ImportFormatError", "Turn", "detect", "parse"]
+
+Format = Literal["chatgpt", "jsonl"]
+_CHATGPT_ROLES = frozenset({"user", "assistant"})
+
+
+class ImportFormatError(ValueError):
+    """The file is not in the named (or any known) format; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    role: str
+    content: str
+    ts: str | None               # ISO-8601; None: the conversation's start
+    name: str | None = None
+    run_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    source_id: str               # stable within the file: what makes a re-import idempotent
+    title: str
+    created_at: str | None
+    turns: tuple[Turn, ...]
+    system_prompt: str | None = None
+    model: str | None = None
+
+
+def detect(data: bytes) -> Format:
+    """``chatgpt`` for a JSON array, ``jsonl`` for lines of objects."""
+    head = data.lstrip()[:1]
+    if head == b"[":
+        return "chatgpt"
+    if head == b"{":
+        return "jsonl"
+    raise ImportFormatError("not a ChatGPT conversations.json (a JSON array) nor recalld JSONL")
+
+
+def parse(data: bytes, fmt: Format | None = None) -> list[Conversation]:
+    fmt = fmt or detect(data)
+    return list(_chatgpt(data) if fmt == "chatgpt" else _jsonl(data))
+
+
+def _epoch(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _text(content: object) -> str:
+    """The text of a ChatGPT message's ``content`` (string parts only)."""
+    if not isinstance(content, dict):
+        return ""
+    kind = content.get("content_type")
+    if kind in ("text", "multimodal_text"):
+        parts = content.get("parts")
+        if isinstance(parts, list):
+            return "\n".join(p for p in parts if isinstance(p, str)).strip()
+    if kind == "code" and isinstance(content.get("text"), str):
+        return str(content["text"]).strip()
+    return ""
+
+
+def _thread(mapping: dict[str, Any], current: object) -> list[dict[str, Any]]:
+    """The nodes from the root to ``current`` (the branch the user last saw)."""
+    if not isinstance(current, str) or current not in mapping:
+        # No current node: follow first children from the root(s).
+        roots = [n for n in mapping.values() if isinstance(n, dict) and not n.get("parent")]
+        path: list[dict[str, Any]] = []
+        node = roots[0] if roots else None
+        while isinstance(node, dict) and len(path) <= len(mapping):
+            path.append(node)
+            children = node.get("children") or []
+            node = mapping.get(children[0]) if children and isinstance(children[0], str) else None
+        return path
+    path = []
+    seen: set[str] = set()
+    node_id: object = current
+    while isinstance(node_id, str) and node_id in mapping and node_id not in seen:
+        seen.add(node_id)
+        node = mapping[node_id]
+        if not isinstance(node, dict):
+            break
+        path.append(node)
+        node_id = node.get("parent")
+    return path[::-1]
+
+
+def _chatgpt(data: bytes) -> Iterator[Conversation]:
+    try:
+        items = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ImportFormatError(f"not valid JSON: {exc}") from None
+    if not isinstance(items, list):
+        raise ImportFormatError("a ChatGPT export is a JSON array of conversations")
+    for n, conv in enumerate(items):
+        where = f"conversation {n + 1}"
+        if not isinstance(conv, dict) or not isinstance(conv.get("mapping"), dict):
+            raise ImportFormatError(f"{where}: no 'mapping' object (not a ChatGPT conversation)")
+        source = conv.get("conversation_id") or conv.get("id")
+        if not isinstance(source, str) or not source:
+            raise ImportFormatError(f"{where}: no 'conversation_id' or 'id'")
+        turns: list[Turn] = []
+        for node in _thread(conv["mapping"], conv.get("current_node")):
+            msg = node.get("message")
+            if not isinstance(msg, dict):
+                continue
+            author = msg.get("author")
+            role = author.get("role") if isinstance(author, dict) else None
+            raw_meta = msg.get("metadata")
+            meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+            if role not in _CHATGPT_ROLES or meta.get("is_visually_hidden_from_conversation"):
+                continue
+            text = _text(msg.get("content"))
+            if text:
+                model = meta.get("model_slug")
+                turns.append(Turn(str(role), text, _epoch(msg.get("create_time")),
+                                  extra={"model": model} if isinstance(model, str) and role == "assistant" else {}))
+        title = conv.get("title")
+        yield Conversation(source, title if isinstance(title, str) and title else "Imported conversation",
+                           _epoch(conv.get("create_time")), tuple(turns))
+
+
+def _jsonl(data: bytes) -> Iterator[Conversation]:
+    header: Header | None = None
+    turns: list[Turn] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ImportFormatError(f"line {number}: not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise ImportFormatError(f"line {number}: not a JSON object")
+        if obj.get("type") == "session":
+            if header is not None:
+                yield _from_header(header, turns)
+            header, turns = Header.from_line(obj), []
+            if header is None:
+                raise ImportFormatError(f"line {number}: a malformed session header")
+            continue
+        message = Message.from_line(obj)
+        if message is None or message.role not in MESSAGE_ROLES:
+            raise ImportFormatError(f"line {number}: not a well-formed message line")
+        if header is None:
+            raise ImportFormatError(f"line {number}: a message before any session header")
+        turns.append(Turn(message.role, message.content, message.ts, message.name, message.run_id,
+                          message.extra))
+    if header is None:
+        raise ImportFormatError("no session header line ('\"type\":\"session\"') in the file")
+    yield _from_header(header, turns)
+
+
+def _from_header(header: Header, turns: list[Turn]) -> Conversation:
+    return Conversation(header.session_key, header.title, header.created_at, tuple(turns),
+                        header.system_prompt, header.model)
