@@ -11,7 +11,9 @@ from __future__ import annotations
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
 from .embedders.embeddings import Embedder, select_embedder
-from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
+from .errors import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryStorageError,
+                     MemoryUnavailable)
+from .facts import Fact, FactChange, Facts, FactsPage, ScoredFact
 from .index.indexing import SyncProgress
 from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .service import MemoryService
@@ -22,6 +24,13 @@ __all__ = [
     "Embedder",
     "EmbedderChoice",
     "EmbedderError",
+    "Fact",
+    "FactChange",
+    "FactNotFound",
+    "Facts",
+    "FactsPage",
+    "InvalidFact",
+    "ScoredFact",
     "InvalidSearch",
     "MemoryConfig",
     "MemoryIndexError",

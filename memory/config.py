@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CHUNK_TOKENS_CAP", "EmbedderChoice", "FusionMethod", "MemoryConfig", "SizedConfig"]
+__all__ = ["CHUNK_TOKENS_CAP", "EmbedderChoice", "FactsMode", "FusionMethod", "MemoryConfig", "SizedConfig"]
 
 # The largest automatic chunk (approximate tokens). Ten results of this size stay within about
 # 2,000 tokens of prompt, and smaller chunks were worse for keyword recall on every dataset
@@ -20,6 +20,7 @@ CHUNK_TOKENS_CAP = 256
 WINDOW_SHARE = 0.8
 
 EmbedderChoice = Literal["auto", "openai", "local", "none"]
+FactsMode = Literal["tool", "off"]
 FusionMethod = Literal["convex", "rrf"]
 
 
@@ -64,6 +65,17 @@ class MemoryConfig:
     # calibrated floor, if it has one).
     recall_budget_tokens: int = 1500
     recall_min_similarity: float | None = None
+
+    # Remembered facts (memory.facts): "tool" offers the model remember/forget/search_memory
+    # tools; "off" neither saves facts nor shows them. A new fact whose cosine to an active one
+    # reaches facts_dedup_threshold updates that fact instead of adding a near-duplicate.
+    facts: FactsMode = "tool"
+    facts_dedup_threshold: float = 0.92
+    facts_max_chars: int = 200
+    facts_max_per_user: int = 1000
+    # The "Remembered facts" prompt section: at most this many facts, within this many tokens.
+    facts_prompt_max: int = 8
+    facts_prompt_budget_tokens: int = 300
 
     # Privacy: redact e-mails, phone numbers, record numbers in text sent to a remote embedder.
     redact_before_embedding: bool = False
@@ -110,6 +122,13 @@ class MemoryConfig:
             problems.append("recall_budget_tokens must be at least 1")
         if self.recall_min_similarity is not None and not -1.0 <= self.recall_min_similarity <= 1.0:
             problems.append("recall_min_similarity must be between -1 and 1")
+        if self.facts not in ("tool", "off"):
+            problems.append("facts must be 'tool' or 'off'")
+        if not 0.0 < self.facts_dedup_threshold <= 1.0:
+            problems.append("facts_dedup_threshold must be above 0 and at most 1")
+        for name in ("facts_max_chars", "facts_max_per_user", "facts_prompt_max", "facts_prompt_budget_tokens"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
         if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:
             problems.append("embeddings_dimensions must be positive")
         for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",

@@ -26,6 +26,7 @@ from memory.config import MemoryConfig
 from memory.index.db import DEFAULT_VEC_EXTENSION, ReaderPool, VectorBackend, WriteConnection, open_index
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
+from memory.facts import Facts, FactStore
 from memory.index import knn
 from memory.index.indexing import Indexer, ProgressCallback
 from memory.index.quantize import vector_to_blob
@@ -54,6 +55,7 @@ class _Index:
     conn: WriteConnection
     indexer: Indexer
     readers: ReaderPool
+    facts: Facts | None = None
 
 
 class MemoryService:
@@ -152,6 +154,17 @@ class MemoryService:
 
     def _has_transcripts(self) -> bool:
         return bool(scan_transcripts(self.sessions_dir))
+
+    @property
+    def facts(self) -> Facts:
+        """The user's remembered facts (memory.facts), on this index's connections."""
+        index = self._require_index()
+        if index.facts is None:
+            c = self.config
+            index.facts = Facts(index.conn, index.readers,
+                                FactStore(c.facts_dedup_threshold, c.facts_max_chars, c.facts_max_per_user),
+                                self._pipeline, c.keyword_weight)
+        return index.facts
 
     def _require_index(self) -> _Index:
         if self._index is None:

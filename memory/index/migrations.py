@@ -111,9 +111,41 @@ def m002_quantized_vectors(db: apsw.Connection) -> None:
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('vectors_stale', '1')")
 
 
+def m003_facts(db: apsw.Connection) -> None:
+    """Remembered facts (memory.facts): one row per version of a fact. A change never edits a
+    row: it writes the next version (``previous_id``) and marks the old one inactive, so the
+    history stays; every version of one fact shares ``origin_id``, which is what deleting a
+    fact removes. Facts are not rebuilt from transcripts, so a full reindex leaves them alone."""
+    db.execute(
+        """
+        CREATE TABLE facts(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            text         TEXT NOT NULL,
+            text_hash    TEXT NOT NULL,            -- sha256 of the normalised text (exact dedup)
+            active       INTEGER NOT NULL DEFAULT 1,
+            previous_id  INTEGER,                  -- the version this one replaced
+            origin_id    INTEGER,                  -- the first version (NULL: this row)
+            source       TEXT NOT NULL,            -- 'model' (remember tool) or 'user' (RPC)
+            session_key  TEXT,                     -- where it was said, for memory.forget
+            run_id       TEXT,
+            created_at   TEXT NOT NULL,
+            updated_at   TEXT NOT NULL,
+            said_ms      INTEGER NOT NULL,         -- when last said (a repeat refreshes it): retention, forget
+            vector       BLOB,                     -- float32 little-endian, for semantic dedup
+            vector_model TEXT                      -- the embedder identity of that vector
+        );
+        CREATE UNIQUE INDEX facts_active_hash ON facts(user, text_hash) WHERE active = 1;
+        CREATE INDEX facts_user ON facts(user, active, id);
+        CREATE INDEX facts_origin ON facts(origin_id);
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_quantized_vectors", m002_quantized_vectors),
+    ("m003_facts", m003_facts),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
