@@ -133,6 +133,9 @@ class ChatConfig:
     idempotency_ttl_s: float = field(default=300.0, metadata=_limit(1))
     # Runs waiting per session before chat.send answers -32003.
     max_queued_runs: int = field(default=32, metadata=_limit(1))
+    # Model requests per run that may end in memory tool calls (memory.facts = "tool"); the
+    # round after the last one offers no tools, so the reply always ends in text.
+    max_tool_rounds: int = field(default=3, metadata=_limit(1, 10))
 
 
 @dataclass(frozen=True, slots=True)

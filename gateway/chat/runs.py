@@ -29,6 +29,7 @@ import structlog
 
 from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
+from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import build_prompt
 from gateway.config import ChatConfig
 from gateway.errors import Conflict, GatewayError, InternalError, NotConfigured, new_error_id, wire_error
@@ -54,6 +55,7 @@ class Run:
     task: asyncio.Task[None] | None = None
     abort_requested: bool = False
     started: float = field(default_factory=time.monotonic)
+    final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once
@@ -84,6 +86,7 @@ class ChatRuns:
         self.hub = hub
         self.model = model
         self.memory = memory
+        self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._closing = False
@@ -215,7 +218,8 @@ class ChatRuns:
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
-                async with contextlib.aclosing(model.stream(prompt.messages, model=model_name)) as events:
+                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, run.message)
+                async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
                             if event.text:
@@ -231,6 +235,7 @@ class ChatRuns:
                         elif isinstance(event, Completion):
                             usage, finish = event.usage, event.finish_reason
                             model_name = event.model or model_name
+                run.final_extra = tools.final_fields()
             except asyncio.CancelledError:
                 await self._finish_aborted(run, model_name)
                 raise
@@ -253,7 +258,7 @@ class ChatRuns:
             self._publish(run, "chat.error", {"error": _event_error(error), "partial": "".join(run.partial)})
             log.warning("chat.run", outcome="storage_error", error=error.message)
             return
-        params: dict[str, Any] = {"message": msg.to_wire(), "recalled": recalled}
+        params: dict[str, Any] = {"message": msg.to_wire(), "recalled": recalled, **run.final_extra}
         if usage:
             params["usage"] = usage
         self._publish(run, "chat.final", params)
