@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -46,6 +47,7 @@ log = structlog.get_logger("memory.service")
 DB_NAME = "memory.db"
 
 _T = TypeVar("_T")
+_QUERY_CACHE = 16
 
 
 @dataclass(slots=True)
@@ -90,6 +92,9 @@ class MemoryService:
         self._last_sync: str | None = None
         self._last_report: SyncReport | None = None
         self._last_error: str | None = None
+        # The last few query vectors: a run's recall and its facts section embed the same
+        # message, and a local model spends tens of milliseconds per query (bench/facts.py).
+        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -163,7 +168,7 @@ class MemoryService:
             c = self.config
             index.facts = Facts(index.conn, index.readers,
                                 FactStore(c.facts_dedup_threshold, c.facts_max_chars, c.facts_max_per_user),
-                                self._pipeline, c.keyword_weight)
+                                self._pipeline, self.embed_query, c.keyword_weight)
         return index.facts
 
     def _require_index(self) -> _Index:
@@ -286,7 +291,7 @@ class MemoryService:
             ready, why = self._vector_state
             if ready and self._pipeline is not None:
                 try:
-                    blob = vector_to_blob(await self._pipeline.embed_query(request.query))
+                    blob = vector_to_blob(await self.embed_query(request.query))
                 except EmbedderError as exc:
                     ready, why = False, f"query embedding failed: {exc}"
             if blob is None:
@@ -309,6 +314,20 @@ class MemoryService:
                 fallback = fallback or f"re-ranker unavailable: {exc}"
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
         return SearchResponse(hits[:request.k], actual, fallback, timings)
+
+    async def embed_query(self, text: str) -> list[float]:
+        """The query vector of ``text``, from a small cache of recent queries when it is there."""
+        if self._pipeline is None:
+            raise EmbedderError("no embedder is active", retryable=False)
+        cached = self._query_vectors.get(text)
+        if cached is not None:
+            self._query_vectors.move_to_end(text)
+            return cached
+        vector = await self._pipeline.embed_query(text)
+        self._query_vectors[text] = vector
+        while len(self._query_vectors) > _QUERY_CACHE:
+            self._query_vectors.popitem(last=False)
+        return vector
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
                      now: datetime | None = None) -> list[SearchHit]:

@@ -26,7 +26,7 @@ import structlog
 
 from gateway.chat.llm import ChatEvent, ChatModel, Completion, Messages, TextDelta, ToolCall
 from gateway.chat.prompt import RECALL_QUERY_CHARS, format_recall_block
-from memory import FactChange, MemoryIndexError, MemoryService, ScoredFact
+from memory import MAX_QUERY_CHARS, FactChange, MemoryIndexError, MemoryService, ScoredFact
 
 __all__ = ["FACTS_CLOSE", "FACTS_OPEN", "MemoryTools", "MemoryToolRun", "format_facts_block", "tool_specs"]
 
@@ -159,7 +159,8 @@ class MemoryToolRun:
         cfg = memory.config
         parts = [tool_instructions(cfg.facts_max_chars)]
         try:
-            picked = await memory.facts.relevant(self.user, self.message[:RECALL_QUERY_CHARS],
+            # Cut like recall's query, so both embed the same text once (MemoryService.embed_query).
+            picked = await memory.facts.relevant(self.user, self.message[:RECALL_QUERY_CHARS][:MAX_QUERY_CHARS],
                                                  limit=cfg.facts_prompt_max, budget_tokens=cfg.facts_prompt_budget_tokens)
         except MemoryIndexError as exc:
             # Facts are a help, never a reason to fail the reply.

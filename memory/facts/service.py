@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -58,11 +58,13 @@ def _terms(text: str) -> set[str]:
 
 class Facts:
     def __init__(self, conn: WriteConnection, readers: ReaderPool, store: FactStore,
-                 pipeline: EmbeddingPipeline | None, keyword_weight: float) -> None:
+                 pipeline: EmbeddingPipeline | None, embed_query: Callable[[str], Awaitable[list[float]]],
+                 keyword_weight: float) -> None:
         self._conn = conn
         self._readers = readers
         self.store = store
         self._pipeline = pipeline
+        self._embed_query = embed_query  # the service's, which shares recent query vectors with recall
         self._model = pipeline.embedder.model_id if pipeline is not None else None
         self._keyword_weight = keyword_weight
 
@@ -115,28 +117,12 @@ class Facts:
         if self._pipeline is not None:
             rows = await self._backfill(rows)
             try:
-                qvec = await self._pipeline.embed_query(query)
+                qvec = await self._embed_query(query)
             except EmbedderError as exc:
                 log.warning("memory.facts.query_embed_failed", error=str(exc), effect="keyword scoring only")
-        qterms = _terms(query)
-        w = self._keyword_weight if qvec is not None else 1.0
-        scored: list[ScoredFact] = []
-        for fact, vec in rows:
-            fterms = _terms(fact.text)
-            keyword = len(qterms & fterms) / len(fterms) if fterms else 0.0
-            vector = cosine(qvec, vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
-            scored.append(ScoredFact(fact, w * keyword + (1 - w) * vector))
-        # Ties (no overlap at all) go to the newest fact: it is the likeliest still true.
-        scored.sort(key=lambda s: (-s.score, -s.fact.id))
-        out: list[ScoredFact] = []
-        spent = 0
-        for item in scored[:limit]:
-            cost = approx_tokens(item.fact.text) + 4
-            if out and spent + cost > budget_tokens:
-                break
-            spent += cost
-            out.append(item)
-        return out
+        # Scoring is pure Python over every active fact: off the event loop.
+        return await asyncio.to_thread(_rank, rows, qvec, _terms(query),
+                                       self._keyword_weight if qvec is not None else 1.0, limit, budget_tokens)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -181,3 +167,24 @@ class Facts:
             return await asyncio.to_thread(self._readers.run, fn)
         except apsw.Error as exc:
             raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+
+
+def _rank(rows: list[tuple[Fact, list[float] | None]], qvec: list[float] | None, qterms: set[str], w: float,
+          limit: int, budget_tokens: int) -> list[ScoredFact]:
+    scored: list[ScoredFact] = []
+    for fact, vec in rows:
+        fterms = _terms(fact.text)
+        keyword = len(qterms & fterms) / len(fterms) if fterms else 0.0
+        vector = cosine(qvec, vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
+        scored.append(ScoredFact(fact, w * keyword + (1 - w) * vector))
+    # Ties (no overlap at all) go to the newest fact: it is the likeliest still true.
+    scored.sort(key=lambda s: (-s.score, -s.fact.id))
+    out: list[ScoredFact] = []
+    spent = 0
+    for item in scored[:limit]:
+        cost = approx_tokens(item.fact.text) + 4
+        if out and spent + cost > budget_tokens:
+            break
+        spent += cost
+        out.append(item)
+    return out
