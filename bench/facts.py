@@ -66,6 +66,9 @@ async def dedup() -> None:
                 judged.append(change.action != "added")
             elapsed = time.perf_counter() - started
     p, r, tp, fp, fn = _pr(pairs, judged)
+    for pair, j in zip(pairs, judged, strict=True):
+        if j != pair["duplicate"]:
+            print(f"  {'false merge' if j else 'missed dup '}: {pair['a']!r} / {pair['b']!r}")
     print(f"  store at {config.facts_dedup_threshold}: precision {p:.3f}  recall {r:.3f}  "
           f"(tp {tp}, fp {fp}, fn {fn}; {elapsed / len(pairs) * 1000:.1f} ms per pair, two saves)")
     pipeline = EmbeddingPipeline.from_config(embedder, config)
