@@ -112,8 +112,10 @@ class SessionStore:
         system_prompt: str | None = None,
         model: str | None = None,
         created_at: datetime | str | None = None,
+        memory: bool = True,
     ) -> Session:
-        """Start a session: a new transcript holding only its header, and its index row."""
+        """Start a session: a new transcript holding only its header, and its index row.
+        ``memory=False``: incognito (kept, but the memory index never reads it)."""
         self._check_open()
         user = check_user(user)
         header, line = inputs.build_header(
@@ -124,6 +126,7 @@ class SessionStore:
             model=model,
             created_at=created_at,
             config=self._config,
+            memory=memory,
         )
         key = header.session_key
         user_dir = self._root / user

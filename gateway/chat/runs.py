@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import time
 from collections import deque
@@ -56,6 +57,7 @@ class Run:
     abort_requested: bool = False
     started: float = field(default_factory=time.monotonic)
     final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
+    recall: bool = True  # chat.send {recall:false} turns recall off for this run
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once
@@ -87,12 +89,13 @@ class ChatRuns:
         self.model = model
         self.memory = memory
         self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds)
+        self._no_recall = dataclasses.replace(config, recall=False)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._closing = False
 
     async def submit(self, user: str, session_key: str, message: str,
-                     idempotency_key: str | None) -> tuple[str, bool]:
+                     idempotency_key: str | None, *, recall: bool = True) -> tuple[str, bool]:
         """Append the user message and queue its run; returns (runId, whether it is a
         duplicate of an earlier send with the same idempotency key)."""
         if self.model is None:
@@ -111,7 +114,7 @@ class ChatRuns:
         lane = self._lanes.setdefault((user, session_key), SessionLane())
         if len(lane.queue) >= self.config.max_queued_runs:
             raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
-        run = Run(secrets.token_hex(8), user, session_key, message)
+        run = Run(secrets.token_hex(8), user, session_key, message, recall=recall)
         if idem is not None:
             # Recorded before the first await so a duplicate racing this one sees it.
             self._idempotency[idem] = (run.run_id, now + self.config.idempotency_ttl_s)
@@ -212,13 +215,19 @@ class ChatRuns:
             finish: str | None = None
             model_name = self.default_model
             try:
-                prompt = await build_prompt(self.config, self.store, self.memory, run.user,
+                # An incognito session (memory:false) uses no memory at all; recall:false only
+                # skips recall. Read first, so nothing is recalled before the flag is known.
+                memory_on = self.memory is not None and (
+                    await asyncio.to_thread(self.store.get, run.user, run.session_key)).memory
+                chat_config = self.config if memory_on and run.recall else self._no_recall
+                prompt = await build_prompt(chat_config, self.store, self.memory, run.user,
                                             run.session_key, run.message, run.run_id)
                 recalled = prompt.recalled
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
-                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, run.message)
+                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, run.message,
+                                                memory_on=memory_on)
                 async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):

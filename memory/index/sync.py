@@ -32,6 +32,7 @@ from memory.index.db import WriteConnection
 from memory.index.vectors import VectorStore
 from sessions import (
     ForwardReader,
+    memory_enabled,
     parse_transcript_relpath,
     scan_transcripts,
     transcript_file,
@@ -155,6 +156,11 @@ class FileSync:
                 return report
             row = self._file_row(rel)
             if row and row.chunking == self.chunking and (row.size, row.mtime_ns) == (st.st_size, st.st_mtime_ns):
+                return report
+            if not memory_enabled(path):
+                # Incognito: the transcript is kept but never indexed; rows from before are dropped.
+                with self.db:
+                    report.chunks_deleted = self._delete_path(rel)
                 return report
             incremental = (
                 row is not None
