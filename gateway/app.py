@@ -21,6 +21,7 @@ import structlog
 from gateway.auth import Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config
+from gateway.retention import RetentionSweeper
 from gateway.methods import ChatMethods, FactsMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
 from gateway.rpc import Registry, RpcCore
 from gateway.transport import GatewayServer
@@ -51,6 +52,7 @@ class App:
     chat: ChatMethods
     memory: MemoryMethods | None
     lock_fd: int | None
+    retention: RetentionSweeper | None = None  # the daily sweep, when a retention setting is on
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _closed: bool = False
 
@@ -188,6 +190,11 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))
+    sweeper = RetentionSweeper(config.data_dir, store, runs, service, sessions_days=config.sessions.retention_days,
+                               memory_days=config.memory.retention_days)
+    if sweeper.enabled:
+        app.retention = sweeper
+        app._tasks.append(asyncio.create_task(sweeper.run()))
     try:
         await server.start()
     except BaseException:

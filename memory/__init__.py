@@ -14,6 +14,7 @@ from .embedders.embeddings import Embedder, select_embedder
 from .errors import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryStorageError,
                      MemoryUnavailable)
 from .facts import Fact, FactChange, Facts, FactsPage, ScoredFact
+from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .service import MemoryService
@@ -29,6 +30,7 @@ __all__ = [
     "FactNotFound",
     "Facts",
     "FactsPage",
+    "ForgetRange",
     "InvalidFact",
     "ScoredFact",
     "InvalidSearch",

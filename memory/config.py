@@ -77,6 +77,10 @@ class MemoryConfig:
     facts_prompt_max: int = 8
     facts_prompt_budget_tokens: int = 300
 
+    # Retention: chunks whose newest message is older than this many days, and facts not said
+    # for as long, are removed by a daily sweep and never re-indexed. 0 keeps everything.
+    retention_days: int = 0
+
     # Privacy: redact e-mails, phone numbers, record numbers in text sent to a remote embedder.
     redact_before_embedding: bool = False
 
@@ -129,6 +133,8 @@ class MemoryConfig:
         for name in ("facts_max_chars", "facts_max_per_user", "facts_prompt_max", "facts_prompt_budget_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
+        if self.retention_days < 0:
+            problems.append("retention_days must not be negative (0 keeps everything)")
         if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:
             problems.append("embeddings_dimensions must be positive")
         for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",

@@ -26,6 +26,7 @@ import structlog
 from memory.config import MemoryConfig
 from memory.index.db import DEFAULT_VEC_EXTENSION, ReaderPool, VectorBackend, WriteConnection, open_index
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory import forgetting
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
 from memory.facts import Facts, FactStore
 from memory.index import knn
@@ -95,6 +96,8 @@ class MemoryService:
         # The last few query vectors: a run's recall and its facts section embed the same
         # message, and a local model spends tens of milliseconds per query (bench/facts.py).
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+        # Set by whoever schedules the retention sweep (the gateway); shown by status().
+        self.retention_status: dict[str, Any] = {}
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -246,6 +249,26 @@ class MemoryService:
             self.nudge()
             return 0
 
+    async def sweep_retention(self, now_ms: int | None = None) -> dict[str, int]:
+        """Remove chunks and facts older than ``retention_days`` (nothing when it is 0)."""
+        cutoff = forgetting.retention_cutoff_ms(self.config.retention_days, now_ms)
+        if cutoff is None:
+            return {"chunks": 0, "facts": 0}
+        index = self._require_index()
+        chunks = await self._in_thread("expiring chunks", index.indexer.files.prune_expired, cutoff)
+        facts = await self.facts.prune_older_than(cutoff)
+        return {"chunks": chunks, "facts": facts}
+
+    async def forget(self, r: forgetting.ForgetRange, *, record: bool) -> dict[str, int]:
+        """``memory.forget``: drop the matching chunks and the facts the model saved from that
+        conversation; ``record`` keeps the range so no later sync indexes it again (use it
+        when the transcript keeps the messages)."""
+        index = self._require_index()
+        chunks = await self._in_thread("forgetting", lambda: index.indexer.files.forget(r, record=record))
+        facts = await self.facts.forget_derived(r.user, r.session_key, r.after_ms, r.before_ms)
+        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts, recorded=record)
+        return {"chunks": chunks, "facts": facts}
+
     async def _in_thread(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
         """Run blocking index work off the loop; a SQLite failure (disk full, I/O) becomes
         MemoryStorageError, which the gateway answers as a storage error, not a crash."""
@@ -380,6 +403,7 @@ class MemoryService:
             "rebuiltFromTranscripts": self._rebuilt_reason or None,
             "dbBytes": size,
             "dbPath": os.fspath(self.db_path),
+            "retention": {"days": self.config.retention_days, **self.retention_status},
         }
 
     async def __aenter__(self) -> MemoryService:

@@ -20,6 +20,8 @@ Keys (defaults in brackets):
     Longest model name stored with a session, in characters.
 ``max_name_chars`` [128]
     Longest speaker ``name`` on a message, in characters.
+``retention_days`` [0]
+    Transcripts not updated for this many days are deleted by the gateway's daily sweep; 0 never.
 
 This module only holds values; the gateway's ``load()`` reads TOML and the environment and
 builds one of these. ``__post_init__`` still refuses values that could not work, so a mistake
@@ -53,6 +55,9 @@ class SessionsConfig:
     max_title_chars: int = 200
     max_model_chars: int = 200
     max_name_chars: int = 128
+    # Whole transcripts not updated for this many days are deleted by the gateway's daily
+    # retention sweep. 0 (the default): never.
+    retention_days: int = 0
 
     def __post_init__(self) -> None:
         if self.fsync not in _FSYNC_POLICIES:
@@ -63,6 +68,8 @@ class SessionsConfig:
             raise ValueError("sessions.fsync_interval_s must be greater than 0")
         if self.max_line_bytes < _MIN_LINE_BYTES:
             raise ValueError(f"sessions.max_line_bytes must be at least {_MIN_LINE_BYTES}")
+        if self.retention_days < 0:
+            raise ValueError("sessions.retention_days must not be negative (0: never)")
         for key in ("max_page_size", "max_title_chars", "max_model_chars", "max_name_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"sessions.{key} must be at least 1")

@@ -108,6 +108,10 @@ class Facts:
         return await self._write("forgetting facts", self.store.delete_derived, user, session_key,
                                  after_ms, before_ms)
 
+    async def prune_older_than(self, cutoff_ms: int) -> int:
+        """Retention: delete facts (every version) not said since ``cutoff_ms``."""
+        return await self._write("expiring facts", self.store.delete_older_than, cutoff_ms)
+
     async def relevant(self, user: str, query: str, *, limit: int, budget_tokens: int) -> list[ScoredFact]:
         """The active facts most related to ``query``, best first, within ``limit`` and the budget."""
         rows = await self._read("reading facts", lambda db: self.store.active_with_vectors(db, user, self._model))

@@ -142,10 +142,30 @@ def m003_facts(db: apsw.Connection) -> None:
     )
 
 
+def m004_forgotten(db: apsw.Connection) -> None:
+    """What ``memory.forget`` removed without purging the transcript: the indexer drops chunks
+    matching a row here whenever it writes, so a sync or a full reindex cannot bring them back."""
+    db.execute(
+        """
+        CREATE TABLE forgotten(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            session_key  TEXT,                     -- NULL: every session of the user
+            after_ms     INTEGER,                  -- NULL: no lower bound
+            before_ms    INTEGER,                  -- NULL: no upper bound
+            created_at   TEXT NOT NULL
+        );
+        CREATE INDEX forgotten_user ON forgotten(user);
+        CREATE INDEX chunks_end_ms ON chunks(end_ms);
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_quantized_vectors", m002_quantized_vectors),
     ("m003_facts", m003_facts),
+    ("m004_forgotten", m004_forgotten),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
