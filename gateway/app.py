@@ -22,7 +22,7 @@ from gateway.auth import Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config
 from gateway.retention import RetentionSweeper
-from gateway.methods import ChatMethods, FactsMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
+from gateway.methods import ChatMethods, FactsMethods, ForgetMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
 from gateway.rpc import Registry, RpcCore
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, select_embedder
@@ -186,7 +186,9 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     memory = MemoryMethods(service, store) if service is not None else None
     gateway = GatewayMethods(authenticator, registry, server, app_version, service)
     facts = FactsMethods(service) if service is not None else None
-    declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts)
+    forget = ForgetMethods(service, store) if service is not None else None
+    declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
+                    forget=forget)
     app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))

@@ -10,12 +10,13 @@ from __future__ import annotations
 from gateway.config import Config
 from gateway.methods.chat import ChatMethods, declare_chat
 from gateway.methods.facts import FactsMethods, declare_facts
+from gateway.methods.forget import ForgetMethods, declare_forget
 from gateway.methods.gateway import GatewayMethods, declare_gateway
 from gateway.methods.memory import MemoryMethods, declare_memory
 from gateway.methods.sessions import SessionsMethods, declare_sessions
 from gateway.rpc import Registry
 
-__all__ = ["ChatMethods", "FactsMethods", "GatewayMethods", "MemoryMethods", "SessionsMethods", "declare_methods"]
+__all__ = ["ChatMethods", "FactsMethods", "ForgetMethods", "GatewayMethods", "MemoryMethods", "SessionsMethods", "declare_methods"]
 
 
 def declare_methods(
@@ -27,9 +28,11 @@ def declare_methods(
     chat: ChatMethods | None = None,
     memory: MemoryMethods | None = None,
     facts: FactsMethods | None = None,
+    forget: ForgetMethods | None = None,
 ) -> None:
     declare_gateway(registry, gateway)
     declare_sessions(registry, config.sessions, sessions)
     declare_chat(registry, config.chat, chat)
     declare_memory(registry, config.memory, memory)
     declare_facts(registry, config.memory, facts)
+    declare_forget(registry, forget)

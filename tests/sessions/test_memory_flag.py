@@ -32,3 +32,40 @@ def test_memory_false_is_in_the_header_and_survives_a_rebuild(tmp_path: Path) ->
         assert reopened.get("alice", plain.session_key).to_wire().get("memory") is None
     finally:
         reopened.close()
+
+
+def test_purge_rewrites_atomically_and_a_failed_rewrite_changes_nothing(tmp_path: Path) -> None:
+    """purge_messages drops only the messages in the window; when the rewrite's fsync fails the
+    transcript is left byte for byte as it was and no temporary file remains."""
+    from datetime import UTC, datetime, timedelta
+
+    import pytest
+
+    from sessions import FileIO, StorageError
+
+    day = datetime(2026, 3, 1, tzinfo=UTC)
+    store = SessionStore(tmp_path)
+    key = store.create("alice").session_key
+    for i in range(3):
+        store.append_message("alice", key, role="user", content=f"message {i}", ts=day + timedelta(days=i))
+    path = transcript_file(sessions_root(tmp_path), "alice", key)
+    store.close()
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    broken = SessionStore(tmp_path, file_io=FileIO(fsync=failing_fsync))
+    before = path.read_bytes()
+    with pytest.raises(StorageError):
+        broken.purge_messages("alice", key, after=day + timedelta(hours=12))
+    assert path.read_bytes() == before
+    assert not list(path.parent.glob("*.purge"))
+    broken.close()
+
+    store = SessionStore(tmp_path)
+    try:
+        assert store.purge_messages("alice", key, after=day + timedelta(hours=12), before=day + timedelta(days=2)) == 1
+        assert [m.content for m in store.history("alice", key)[0]] == ["message 0", "message 2"]
+        assert store.get("alice", key).message_count == 2
+    finally:
+        store.close()
