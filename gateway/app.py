@@ -22,7 +22,7 @@ from gateway.auth import Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config
 from gateway.retention import RetentionSweeper
-from gateway.methods import ChatMethods, FactsMethods, ForgetMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
+from gateway.methods import ChatMethods, EpisodesMethods, FactsMethods, ForgetMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
 from gateway.rpc import Registry, RpcCore
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, select_embedder
@@ -187,11 +187,14 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     gateway = GatewayMethods(authenticator, registry, server, app_version, service)
     facts = FactsMethods(service) if service is not None else None
     forget = ForgetMethods(service, store) if service is not None else None
+    episodes = EpisodesMethods(service) if service is not None else None
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
-                    forget=forget)
+                    forget=forget, episodes=episodes)
     app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))
+    if runs.episodes.enabled:
+        app._tasks.append(asyncio.create_task(runs.episodes.run()))
     sweeper = RetentionSweeper(config.data_dir, store, runs, service, sessions_days=config.sessions.retention_days,
                                memory_days=config.memory.retention_days)
     if sweeper.enabled:

@@ -15,6 +15,8 @@ from .errors import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, Me
                      MemoryUnavailable)
 from .facts import Fact, FactChange, Facts, FactsPage, ScoredFact
 from .forgetting import ForgetRange
+from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, ScoredEpisode
+from .retrieval.timephrases import TimeWindow, find_time_window
 from .index.indexing import SyncProgress
 from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .service import MemoryService
@@ -25,6 +27,13 @@ __all__ = [
     "Embedder",
     "EmbedderChoice",
     "EmbedderError",
+    "Episode",
+    "EpisodeDraft",
+    "EpisodeJob",
+    "Episodes",
+    "ScoredEpisode",
+    "TimeWindow",
+    "find_time_window",
     "Fact",
     "FactChange",
     "FactNotFound",

@@ -28,6 +28,7 @@ from memory.index.db import DEFAULT_VEC_EXTENSION, ReaderPool, VectorBackend, Wr
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory import forgetting
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
+from memory.episodes import Episodes
 from memory.facts import Facts, FactStore
 from memory.index import knn
 from memory.index.indexing import Indexer, ProgressCallback
@@ -59,6 +60,7 @@ class _Index:
     indexer: Indexer
     readers: ReaderPool
     facts: Facts | None = None
+    episodes: Episodes | None = None
 
 
 class MemoryService:
@@ -174,6 +176,15 @@ class MemoryService:
                                 self._pipeline, self.embed_query, c.keyword_weight)
         return index.facts
 
+    @property
+    def episodes(self) -> Episodes:
+        """Episodic memory (docs/memory.md, "Episodes"), on this index's connections."""
+        index = self._require_index()
+        if index.episodes is None:
+            index.episodes = Episodes(index.conn, index.readers, self._pipeline, self.embed_query,
+                                      self.config.keyword_weight)
+        return index.episodes
+
     def _require_index(self) -> _Index:
         if self._index is None:
             raise MemoryUnavailable("memory service is not started" if not self._closed else "memory service is closed")
@@ -253,11 +264,12 @@ class MemoryService:
         """Remove chunks and facts older than ``retention_days`` (nothing when it is 0)."""
         cutoff = forgetting.retention_cutoff_ms(self.config.retention_days, now_ms)
         if cutoff is None:
-            return {"chunks": 0, "facts": 0}
+            return {"chunks": 0, "facts": 0, "episodes": 0}
         index = self._require_index()
         chunks = await self._in_thread("expiring chunks", index.indexer.files.prune_expired, cutoff)
         facts = await self.facts.prune_older_than(cutoff)
-        return {"chunks": chunks, "facts": facts}
+        episodes = await self.episodes.prune_older_than(cutoff)
+        return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
     async def forget(self, r: forgetting.ForgetRange, *, record: bool) -> dict[str, int]:
         """``memory.forget``: drop the matching chunks and the facts the model saved from that
@@ -266,8 +278,10 @@ class MemoryService:
         index = self._require_index()
         chunks = await self._in_thread("forgetting", lambda: index.indexer.files.forget(r, record=record))
         facts = await self.facts.forget_derived(r.user, r.session_key, r.after_ms, r.before_ms)
-        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts, recorded=record)
-        return {"chunks": chunks, "facts": facts}
+        episodes = await self.episodes.forget(r.user, r.session_key, r.after_ms, r.before_ms)
+        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts, episodes=episodes,
+                 recorded=record)
+        return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
     async def _in_thread(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
         """Run blocking index work off the loop; a SQLite failure (disk full, I/O) becomes

@@ -108,6 +108,10 @@ class ChatModel(Protocol):
         raise ``UpstreamError``."""
         ...
 
+    async def complete(self, messages: Messages, *, model: str | None = None) -> str:
+        """One whole reply, not streamed (background work such as episode summaries)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -202,6 +206,17 @@ class OpenAIChatModel:
             call_id, name, arguments = calls[index]
             yield ToolCall(call_id or f"call_{index}", name, arguments)
         yield Completion(finish, usage, reported_model)
+
+    async def complete(self, messages: Messages, *, model: str | None = None) -> str:
+        """One reply, not streamed; failures map like ``stream``'s before any text."""
+        payload: list[Any] = [dict(m) for m in messages]
+        try:
+            response = await self._client.chat.completions.create(model=model or self.name, messages=payload)
+        except openai.APIError as exc:
+            raise self._request_error(exc) from None
+        if not response.choices:
+            raise UpstreamError("model endpoint answered without a choice", None, True)
+        return response.choices[0].message.content or ""
 
     async def _open(self, messages: Messages, model: str, tools: Sequence[Mapping[str, Any]] | None) -> Any:
         """Send the request; the SDK's retries happen in here, before any text exists."""

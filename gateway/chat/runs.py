@@ -30,6 +30,7 @@ import structlog
 
 from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
+from gateway.chat.episodes import EpisodeWriter
 from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import build_prompt
 from gateway.config import ChatConfig
@@ -58,6 +59,7 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
     recall: bool = True  # chat.send {recall:false} turns recall off for this run
+    memory_on: bool = False  # the session is not incognito (known once the run starts)
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once
@@ -88,8 +90,9 @@ class ChatRuns:
         self.hub = hub
         self.model = model
         self.memory = memory
-        self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds)
+        self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds, config.timezone)
         self._no_recall = dataclasses.replace(config, recall=False)
+        self.episodes = EpisodeWriter(memory, model, store, default_model, config.timezone)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._closing = False
@@ -178,6 +181,7 @@ class ChatRuns:
                         self._abort_in(lane, run.run_id)
                     self._abort_in(lane, None)
                 await asyncio.gather(*pending, return_exceptions=True)
+        await self.episodes.close()
         if self.model is not None:
             await self.model.close()
 
@@ -217,7 +221,7 @@ class ChatRuns:
             try:
                 # An incognito session (memory:false) uses no memory at all; recall:false only
                 # skips recall. Read first, so nothing is recalled before the flag is known.
-                memory_on = self.memory is not None and (
+                memory_on = run.memory_on = self.memory is not None and (
                     await asyncio.to_thread(self.store.get, run.user, run.session_key)).memory
                 chat_config = self.config if memory_on and run.recall else self._no_recall
                 prompt = await build_prompt(chat_config, self.store, self.memory, run.user,
@@ -227,7 +231,7 @@ class ChatRuns:
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
                 tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, run.message,
-                                                memory_on=memory_on)
+                                                memory_on=memory_on, recall=run.recall)
                 async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
@@ -272,6 +276,7 @@ class ChatRuns:
             params["usage"] = usage
         self._publish(run, "chat.final", params)
         self._log_run(run, "final", recalled=recalled)
+        self.episodes.after_run(run.user, run.session_key, run.memory_on)
         if self.memory is not None:
             self.memory.nudge()
 

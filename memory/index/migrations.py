@@ -161,11 +161,51 @@ def m004_forgotten(db: apsw.Connection) -> None:
     )
 
 
+def m005_episodes(db: apsw.Connection) -> None:
+    """Episodes (1–2 sentence summaries of what a conversation discussed, decided or did) and
+    the durable queue of summaries still to write, so a failed one is retried, never lost."""
+    db.execute(
+        """
+        CREATE TABLE episodes(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            session_key  TEXT NOT NULL,
+            text         TEXT NOT NULL,
+            theme        TEXT NOT NULL,
+            day          TEXT NOT NULL,            -- ISO date in the user's time zone
+            week         TEXT NOT NULL,            -- ISO week, e.g. 2026-W47
+            year         INTEGER NOT NULL,
+            created_ms   INTEGER NOT NULL,
+            updated_ms   INTEGER NOT NULL,         -- a merge moves it
+            covered_ms   INTEGER NOT NULL,         -- the newest message it summarises
+            merges       INTEGER NOT NULL DEFAULT 0,
+            vector       BLOB,
+            vector_model TEXT
+        );
+        CREATE INDEX episodes_user ON episodes(user, updated_ms);
+        CREATE INDEX episodes_session ON episodes(user, session_key, covered_ms);
+
+        CREATE TABLE episode_jobs(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            session_key  TEXT NOT NULL,
+            created_ms   INTEGER NOT NULL,
+            attempts     INTEGER NOT NULL DEFAULT 0,
+            next_ms      INTEGER NOT NULL,         -- when it may be tried (again)
+            last_error   TEXT,
+            failed       INTEGER NOT NULL DEFAULT 0,   -- gave up after the last attempt allowed
+            UNIQUE(user, session_key)
+        );
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_quantized_vectors", m002_quantized_vectors),
     ("m003_facts", m003_facts),
     ("m004_forgotten", m004_forgotten),
+    ("m005_episodes", m005_episodes),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
