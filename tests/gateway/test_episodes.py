@@ -84,6 +84,7 @@ async def test_cooldown_minutes_and_daily_cap_hold_back_episodes(
             Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await say(c, key, "My tomatoes are growing.")
+        await episodes(app, c)
         await say(c, key, "Let's talk chess.")
         assert len(await episodes(app, c)) == 1 and len(summary_requests(fake_openai)) == 1
     fake_openai.requests.clear()
@@ -109,6 +110,7 @@ async def test_same_theme_merges_and_a_repeat_is_not_novel(
             Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await say(c, key, "Which laptop?")
+        await episodes(app, c)  # turns arriving while a summary is written join one job; keep them apart
         await say(c, key, "16 GB then.")
         [merged] = await episodes(app, c)
         assert merged["merges"] == 1 and "16 GB" in merged["text"]
