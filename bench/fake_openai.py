@@ -13,6 +13,7 @@ Usage::
     client = openai.AsyncOpenAI(base_url=server.base_url, api_key="k")
     server.configure(reply="Hello there", delta_delay_s=0.01)   # every later request
     server.script(Behaviour(status=429, retry_after=1), Behaviour())  # next two, then default
+    server.script(Behaviour(reply="", tool_calls=[("remember", {"text": "I like tea"})]))  # a tool call
     ...
     assert server.requests[-1].json["messages"][0]["role"] == "system"
     await server.close()
@@ -36,7 +37,7 @@ import re
 import signal
 import time
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,10 @@ import orjson
 __all__ = ["Behaviour", "FakeOpenAI", "RecordedRequest", "echo_reply", "hashed_embedding"]
 
 Messages = list[dict[str, Any]]
+# A scripted tool call: the function name and its arguments (a dict is sent as JSON; a str as is,
+# so a test can send arguments that are not valid JSON).
+ToolCallSpec = tuple[str, Mapping[str, Any] | str]
+_ARG_PIECE = 7  # argument fragment size: the real API streams arguments a few characters at a time
 _MAX_HEAD_BYTES = 64 * 1024
 _WORDS = re.compile(r"\w+", re.UNICODE)
 _TOKENS = re.compile(r"\s*\S+|\s+")
@@ -95,6 +100,10 @@ class Behaviour:
     end_after: int | None = None  # send this many deltas, then end the body cleanly: no finish, no [DONE]
     malformed_sse: bool = False  # send a frame that is not JSON after `malformed_after` deltas
     malformed_after: int = 1
+    # After the reply text, stream these function calls and finish with "tool_calls" (only when
+    # the request offered tools; a callable sees the messages and may return none).
+    tool_calls: Sequence[ToolCallSpec] | Callable[[Messages], Sequence[ToolCallSpec]] | None = None
+    reject_tools: bool = False  # answer 400 to a request that offers tools, as tool-less models do
 
 
 @dataclass(slots=True)
@@ -363,7 +372,15 @@ class FakeOpenAI:
         if not await self._preamble(conn, b):
             return True
         messages = body.get("messages") or []
+        if b.reject_tools and body.get("tools"):
+            await self._send_error(conn, Behaviour(status=400, error_message=(
+                f"{body.get('model', 'fake-model')} does not support tools")))
+            return True
         text = b.reply(messages) if callable(b.reply) else b.reply
+        calls = b.tool_calls(messages) if callable(b.tool_calls) else (b.tool_calls or ())
+        if not body.get("tools"):
+            calls = ()  # like the real API: no tools offered, no tool calls
+        finish_reason = "tool_calls" if calls else b.finish_reason
         self._counter += 1
         cid = f"chatcmpl-fake{self._counter}"
         model = b.model or str(body.get("model", "fake-model"))
@@ -373,10 +390,16 @@ class FakeOpenAI:
         if not body.get("stream"):
             if b.cut_after is not None:
                 raise _Cut  # close without an answer
-            message = {"role": "assistant", "content": text, "refusal": None}
+            message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else ""),
+                                       "refusal": None}
+            if calls:
+                message["tool_calls"] = [
+                    {"id": f"call_fake{self._counter}_{i}", "type": "function", "function": {
+                        "name": name, "arguments": args if isinstance(args, str) else orjson.dumps(dict(args)).decode()}}
+                    for i, (name, args) in enumerate(calls)]
             return await self._send_json(conn, 200, {
                 "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": b.finish_reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
                 "usage": usage, "system_fingerprint": "fp_fake"})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         await conn.write(_head(200, "text/event-stream; charset=utf-8", chunked=True))
@@ -391,8 +414,9 @@ class FakeOpenAI:
                 chunk["usage"] = None  # the real API marks every chunk but the last this way
             return _chunk(b"data: " + orjson.dumps(chunk) + b"\n\n")
 
-        await conn.write(frame({"role": "assistant", "content": "", "refusal": None}))
-        for i, piece in enumerate(_split(text, b.deltas)):
+        await conn.write(frame({"role": "assistant", "content": None if calls and not text else "",
+                                "refusal": None}))
+        for i, piece in enumerate(_split(text, b.deltas) if text or not calls else []):
             if b.cut_after is not None and i >= b.cut_after:
                 raise _Cut  # the handler closes the socket: an incomplete chunked body
             if b.hang_after is not None and i >= b.hang_after:
@@ -411,7 +435,16 @@ class FakeOpenAI:
             raise _ClientGone
         if b.cut_after is not None:
             raise _Cut  # asked to cut after more deltas than the reply had
-        await conn.write(frame({}, b.finish_reason))
+        for index, (name, arguments) in enumerate(calls):
+            raw = arguments if isinstance(arguments, str) else orjson.dumps(dict(arguments)).decode()
+            # The first piece names the call; the arguments follow in fragments (the API's shape).
+            await conn.write(frame({"tool_calls": [{"index": index, "id": f"call_fake{self._counter}_{index}",
+                                                    "type": "function",
+                                                    "function": {"name": name, "arguments": ""}}]}))
+            for start in range(0, len(raw), _ARG_PIECE):
+                await conn.write(frame({"tool_calls": [{"index": index, "function": {
+                    "arguments": raw[start:start + _ARG_PIECE]}}]}))
+        await conn.write(frame({}, finish_reason))
         if include_usage:
             usage_chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                            "system_fingerprint": "fp_fake", "choices": [], "usage": usage}

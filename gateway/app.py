@@ -21,10 +21,12 @@ import structlog
 from gateway.auth import DEFAULT_USER, STRONG_TOKEN_CHARS, Authenticator, load_or_create_token, token_path
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config, is_loopback
-from gateway.methods import ChatMethods, GatewayMethods, MemoryMethods, SessionsMethods, declare_methods
+from gateway.methods import (ChatMethods, EpisodesMethods, FactsMethods, ForgetMethods, GatewayMethods, MemoryMethods,
+                             SessionsMethods, declare_methods)
 from gateway.private import find_exposed, make_private_dir, set_private_umask
-from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
+from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
+from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
 from sessions import FileIO, SessionStore
@@ -58,6 +60,7 @@ class App:
     chat: ChatMethods
     memory: MemoryMethods | None
     lock_fd: int | None
+    retention: RetentionSweeper | None = None  # the daily sweep, when a retention setting is on
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _closed: bool = False
 
@@ -211,10 +214,21 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         full_reindex_interval_s=config.limits.full_reindex_interval_s,
     ) if service is not None else None
     gateway = GatewayMethods(authenticator, registry, server, app_version, service)
-    declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory)
+    facts = FactsMethods(service) if service is not None else None
+    forget = ForgetMethods(service, store) if service is not None else None
+    episodes = EpisodesMethods(service) if service is not None else None
+    declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
+                    forget=forget, episodes=episodes)
     app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))
+    if runs.episodes.enabled:
+        app._tasks.append(asyncio.create_task(runs.episodes.run()))
+    sweeper = RetentionSweeper(config.data_dir, store, runs, service, sessions_days=config.sessions.retention_days,
+                               memory_days=config.memory.retention_days)
+    if sweeper.enabled:
+        app.retention = sweeper
+        app._tasks.append(asyncio.create_task(sweeper.run()))
     try:
         await server.start()
         # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).

@@ -17,6 +17,7 @@ import os
 import tomllib
 import types
 import typing
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,11 @@ class ChatConfig:
     idempotency_ttl_s: float = field(default=300.0, metadata=_limit(1))
     # Runs waiting per session before chat.send answers -32003.
     max_queued_runs: int = field(default=32, metadata=_limit(1))
+    # Model requests per run that may end in memory tool calls (memory.facts = "tool"); the
+    # round after the last one offers no tools, so the reply always ends in text.
+    max_tool_rounds: int = field(default=3, metadata=_limit(1, 10))
+    # The user's time zone (IANA name): episodes are dated, and time phrases read, in it.
+    timezone: str = "UTC"
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +399,10 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
         )
     if bool(cfg.tls.cert) != bool(cfg.tls.key):
         problems.append("[tls] cert and key must be set together")
+    try:
+        zoneinfo.ZoneInfo(cfg.chat.timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        problems.append(f"[chat] timezone {cfg.chat.timezone!r} is not an IANA time zone name (e.g. \"Europe/Berlin\")")
     names = [u.name for u in cfg.auth.users]
     if len(set(names)) != len(names):
         problems.append("[[auth.users]] names must be unique")

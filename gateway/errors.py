@@ -29,7 +29,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from memory import EmbedderError, InvalidSearch, MemoryIndexError, MemoryUnavailable
+from memory import EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryUnavailable
 from gateway.wire import ErrorObject
 from sessions import InvalidSessionInput, SessionNotFound, StorageError
 
@@ -174,6 +174,10 @@ def _from_memory(exc: BaseException) -> GatewayError | None:
     message = str(exc) or type(exc).__name__  # memory's messages are short and wire-safe
     if isinstance(exc, InvalidSearch):
         return InvalidParams(exc.field, exc.reason)
+    if isinstance(exc, InvalidFact):
+        return InvalidParams(exc.field, exc.reason)
+    if isinstance(exc, FactNotFound):
+        return NotFound(message)
     if isinstance(exc, EmbedderError):
         return UpstreamError(message, exc.status, exc.retryable)
     if isinstance(exc, MemoryUnavailable):

@@ -11,7 +11,12 @@ from __future__ import annotations
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
-from .errors import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
+from .errors import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryStorageError,
+                     MemoryUnavailable)
+from .facts import Fact, FactChange, Facts, FactsPage, ScoredFact
+from .forgetting import ForgetRange
+from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, ScoredEpisode
+from .retrieval.timephrases import TimeWindow, find_time_window
 from .index.indexing import SyncProgress
 from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .service import MemoryService
@@ -22,6 +27,21 @@ __all__ = [
     "Embedder",
     "EmbedderChoice",
     "EmbedderError",
+    "Episode",
+    "EpisodeDraft",
+    "EpisodeJob",
+    "Episodes",
+    "ScoredEpisode",
+    "TimeWindow",
+    "find_time_window",
+    "Fact",
+    "FactChange",
+    "FactNotFound",
+    "Facts",
+    "FactsPage",
+    "ForgetRange",
+    "InvalidFact",
+    "ScoredFact",
     "InvalidSearch",
     "MemoryConfig",
     "MemoryIndexError",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CHUNK_TOKENS_CAP", "EmbedderChoice", "FusionMethod", "MemoryConfig", "SizedConfig"]
+__all__ = ["CHUNK_TOKENS_CAP", "EmbedderChoice", "FactsMode", "FusionMethod", "MemoryConfig", "SizedConfig"]
 
 # The largest automatic chunk (approximate tokens). Ten results of this size stay within about
 # 2,000 tokens of prompt, and smaller chunks were worse for keyword recall on every dataset
@@ -20,6 +20,7 @@ CHUNK_TOKENS_CAP = 256
 WINDOW_SHARE = 0.8
 
 EmbedderChoice = Literal["auto", "openai", "local", "none"]
+FactsMode = Literal["tool", "off"]
 FusionMethod = Literal["convex", "rrf"]
 
 
@@ -64,6 +65,42 @@ class MemoryConfig:
     # calibrated floor, if it has one).
     recall_budget_tokens: int = 1500
     recall_min_similarity: float | None = None
+
+    # Remembered facts (memory.facts): "tool" offers the model remember/forget/search_memory
+    # tools; "off" neither saves facts nor shows them. A new fact whose cosine to an active one
+    # reaches facts_dedup_threshold updates that fact instead of adding a near-duplicate.
+    facts: FactsMode = "tool"
+    facts_dedup_threshold: float = 0.92
+    facts_max_chars: int = 200
+    facts_max_per_user: int = 1000
+    # The "Remembered facts" prompt section: at most this many facts, within this many tokens.
+    facts_prompt_max: int = 8
+    facts_prompt_budget_tokens: int = 300
+
+    # Retention: chunks whose newest message is older than this many days, and facts not said
+    # for as long, are removed by a daily sweep and never re-indexed. 0 keeps everything.
+    retention_days: int = 0
+
+    # Episodes (docs/memory.md, "Episodes"): after a run, a 1–2 sentence summary of the
+    # conversation, written off the request path by the chat model (or summary_model). A session
+    # gets one only after episode_cooldown_turns user messages and episode_cooldown_minutes since
+    # its last; a user at most episode_daily_cap a day. A summary whose cosine to a recent
+    # episode reaches episode_novelty_threshold is dropped as nothing new; one of the same theme
+    # as the user's latest episode within episode_merge_hours is merged into it. A failed summary
+    # is retried episode_max_attempts times, waiting episode_retry_s doubled each time.
+    episodes: bool = True
+    summary_model: str | None = None
+    episode_cooldown_turns: int = 4
+    episode_cooldown_minutes: float = 30.0
+    episode_daily_cap: int = 12
+    episode_novelty_threshold: float = 0.95
+    episode_merge_hours: float = 6.0
+    episode_max_attempts: int = 5
+    episode_retry_s: float = 60.0
+    # Episodes recalled into a prompt; a message with recall intent ("remember when we…",
+    # "what did we talk about last week") gets episode_intent_k and recency weight 0.5.
+    episode_recall_k: int = 2
+    episode_intent_k: int = 5
 
     # Privacy: redact e-mails, phone numbers, record numbers in text sent to a remote embedder.
     redact_before_embedding: bool = False
@@ -110,6 +147,25 @@ class MemoryConfig:
             problems.append("recall_budget_tokens must be at least 1")
         if self.recall_min_similarity is not None and not -1.0 <= self.recall_min_similarity <= 1.0:
             problems.append("recall_min_similarity must be between -1 and 1")
+        if self.facts not in ("tool", "off"):
+            problems.append("facts must be 'tool' or 'off'")
+        if not 0.0 < self.facts_dedup_threshold <= 1.0:
+            problems.append("facts_dedup_threshold must be above 0 and at most 1")
+        for name in ("facts_max_chars", "facts_max_per_user", "facts_prompt_max", "facts_prompt_budget_tokens"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        for name in ("episode_cooldown_turns", "episode_daily_cap", "episode_max_attempts", "episode_intent_k"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        for name in ("episode_cooldown_minutes", "episode_merge_hours", "episode_retry_s"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must not be negative")
+        if self.episode_recall_k < 0:
+            problems.append("episode_recall_k must not be negative")
+        if not 0.0 < self.episode_novelty_threshold <= 1.0:
+            problems.append("episode_novelty_threshold must be above 0 and at most 1")
+        if self.retention_days < 0:
+            problems.append("retention_days must not be negative (0 keeps everything)")
         if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:
             problems.append("embeddings_dimensions must be positive")
         for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",

@@ -6,7 +6,9 @@ Tree::
     ├── InvalidSearch                ``field`` names the bad parameter
     ├── MemoryUnavailable            the service is closed or not started
     ├── MemoryStorageError           SQLite failed (disk full, I/O, locked)
-    └── EmbedderError                the embedder failed; ``retryable``, ``status``
+    ├── EmbedderError                the embedder failed; ``retryable``, ``status``
+    ├── InvalidFact                  a fact is empty, too long, or names a retired fact; ``field``
+    └── FactNotFound                 no such fact for this user
 
 The package knows nothing of JSON-RPC: ``gateway.errors`` maps each class to a code in one
 place. Messages are short, safe for the wire, and never contain chunk text or API keys.
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 __all__ = [
     "EmbedderError",
+    "FactNotFound",
+    "InvalidFact",
     "InvalidSearch",
     "MemoryIndexError",
     "MemoryStorageError",
@@ -56,3 +60,16 @@ class EmbedderError(MemoryIndexError):
         super().__init__(message)
         self.retryable = retryable
         self.status = status
+
+
+class InvalidFact(MemoryIndexError):
+    """A fact cannot be saved as given; ``field`` is the wire name of the bad parameter."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+class FactNotFound(MemoryIndexError):
+    """No fact with that id belongs to the user (another user's fact reads the same)."""

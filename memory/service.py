@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -38,7 +39,10 @@ from memory.index.db import (
     open_index,
 )
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory import forgetting
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
+from memory.episodes import Episodes
+from memory.facts import Facts, FactStore
 from memory.index import knn
 from memory.index.indexing import Indexer, ProgressCallback
 from memory.index.quantize import vector_to_blob
@@ -58,6 +62,7 @@ log = structlog.get_logger("memory.service")
 DB_NAME = "memory.db"
 
 _T = TypeVar("_T")
+_QUERY_CACHE = 16
 
 
 @dataclass(slots=True)
@@ -67,6 +72,8 @@ class _Index:
     conn: WriteConnection
     indexer: Indexer
     readers: ReaderPool
+    facts: Facts | None = None
+    episodes: Episodes | None = None
 
 
 class MemoryService:
@@ -103,6 +110,11 @@ class MemoryService:
         self._last_sync: str | None = None
         self._last_report: SyncReport | None = None
         self._last_error: str | None = None
+        # The last few query vectors: a run's recall and its facts section embed the same
+        # message, and a local model spends tens of milliseconds per query (bench/facts.py).
+        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+        # Set by whoever schedules the retention sweep (the gateway); shown by status().
+        self.retention_status: dict[str, Any] = {}
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -216,6 +228,26 @@ class MemoryService:
     def _has_transcripts(self) -> bool:
         return bool(scan_transcripts(self.sessions_dir))
 
+    @property
+    def facts(self) -> Facts:
+        """The user's remembered facts (memory.facts), on this index's connections."""
+        index = self._require_index()
+        if index.facts is None:
+            c = self.config
+            index.facts = Facts(index.conn, index.readers,
+                                FactStore(c.facts_dedup_threshold, c.facts_max_chars, c.facts_max_per_user),
+                                self._pipeline, self.embed_query, c.keyword_weight)
+        return index.facts
+
+    @property
+    def episodes(self) -> Episodes:
+        """Episodic memory (docs/memory.md, "Episodes"), on this index's connections."""
+        index = self._require_index()
+        if index.episodes is None:
+            index.episodes = Episodes(index.conn, index.readers, self._pipeline, self.embed_query,
+                                      self.config.keyword_weight)
+        return index.episodes
+
     def _require_index(self) -> _Index:
         if self._index is None:
             if self._swapping:
@@ -294,6 +326,29 @@ class MemoryService:
             self.nudge()
             return 0
 
+    async def sweep_retention(self, now_ms: int | None = None) -> dict[str, int]:
+        """Remove chunks and facts older than ``retention_days`` (nothing when it is 0)."""
+        cutoff = forgetting.retention_cutoff_ms(self.config.retention_days, now_ms)
+        if cutoff is None:
+            return {"chunks": 0, "facts": 0, "episodes": 0}
+        index = self._require_index()
+        chunks = await self._in_thread("expiring chunks", index.indexer.files.prune_expired, cutoff)
+        facts = await self.facts.prune_older_than(cutoff)
+        episodes = await self.episodes.prune_older_than(cutoff)
+        return {"chunks": chunks, "facts": facts, "episodes": episodes}
+
+    async def forget(self, r: forgetting.ForgetRange, *, record: bool) -> dict[str, int]:
+        """``memory.forget``: drop the matching chunks and the facts the model saved from that
+        conversation; ``record`` keeps the range so no later sync indexes it again (use it
+        when the transcript keeps the messages)."""
+        index = self._require_index()
+        chunks = await self._in_thread("forgetting", lambda: index.indexer.files.forget(r, record=record))
+        facts = await self.facts.forget_derived(r.user, r.session_key, r.after_ms, r.before_ms)
+        episodes = await self.episodes.forget(r.user, r.session_key, r.after_ms, r.before_ms)
+        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts, episodes=episodes,
+                 recorded=record)
+        return {"chunks": chunks, "facts": facts, "episodes": episodes}
+
     async def _in_thread(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
         """Run blocking index work off the loop; a SQLite failure (disk full, I/O) becomes
         MemoryStorageError, which the gateway answers as a storage error, not a crash."""
@@ -339,7 +394,7 @@ class MemoryService:
             ready, why = self._vector_state
             if ready and self._pipeline is not None:
                 try:
-                    blob = vector_to_blob(await self._pipeline.embed_query(request.query))
+                    blob = vector_to_blob(await self.embed_query(request.query))
                 except EmbedderError as exc:
                     ready, why = False, f"query embedding failed: {exc}"
             if blob is None:
@@ -362,6 +417,20 @@ class MemoryService:
                 fallback = fallback or f"re-ranker unavailable: {exc}"
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
         return SearchResponse(hits[:request.k], actual, fallback, timings)
+
+    async def embed_query(self, text: str) -> list[float]:
+        """The query vector of ``text``, from a small cache of recent queries when it is there."""
+        if self._pipeline is None:
+            raise EmbedderError("no embedder is active", retryable=False)
+        cached = self._query_vectors.get(text)
+        if cached is not None:
+            self._query_vectors.move_to_end(text)
+            return cached
+        vector = await self._pipeline.embed_query(text)
+        self._query_vectors[text] = vector
+        while len(self._query_vectors) > _QUERY_CACHE:
+            self._query_vectors.popitem(last=False)
+        return vector
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
                      now: datetime | None = None) -> list[SearchHit]:
@@ -423,6 +492,7 @@ class MemoryService:
             "lastError": self._last_error,
             "rebuiltFromTranscripts": self._rebuilt_reason or None,
             "scope": "all" if user is None else "user",
+            "retention": {"days": self.config.retention_days, **self.retention_status},
         }
         if user is None:
             state.update({

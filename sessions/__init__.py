@@ -24,6 +24,7 @@ from .layout import (
 )
 from .models import Message, Session, format_ts, now_ts, parse_ts
 from .reader import ForwardReader, TranscriptEntry
+from .transcript import memory_enabled
 from .store import MessagePage, SessionPage, SessionStore
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "StorageError",
     "TranscriptEntry",
     "format_ts",
+    "memory_enabled",
     "now_ts",
     "parse_transcript_relpath",
     "parse_ts",

@@ -24,6 +24,8 @@ Keys (defaults in brackets):
     Free-disk floor: while the file system holding the transcripts has less free space than
     this, creating a session or appending answers :class:`StorageError` ("disk almost full")
     before anything is written, so the disk never fills up mid-line. 0 disables the check.
+``retention_days`` [0]
+    Transcripts not updated for this many days are deleted by the gateway's daily sweep; 0 never.
 
 This module only holds values; the gateway's ``load()`` reads TOML and the environment and
 builds one of these. ``__post_init__`` still refuses values that could not work, so a mistake
@@ -58,6 +60,9 @@ class SessionsConfig:
     max_model_chars: int = 200
     max_name_chars: int = 128
     min_free_bytes: int = 32 * 1024 * 1024
+    # Whole transcripts not updated for this many days are deleted by the gateway's daily
+    # retention sweep. 0 (the default): never.
+    retention_days: int = 0
 
     def __post_init__(self) -> None:
         if self.fsync not in _FSYNC_POLICIES:
@@ -70,6 +75,8 @@ class SessionsConfig:
             raise ValueError(f"sessions.max_line_bytes must be at least {_MIN_LINE_BYTES}")
         if self.min_free_bytes < 0:
             raise ValueError("sessions.min_free_bytes must be at least 0")
+        if self.retention_days < 0:
+            raise ValueError("sessions.retention_days must not be negative (0: never)")
         for key in ("max_page_size", "max_title_chars", "max_model_chars", "max_name_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"sessions.{key} must be at least 1")

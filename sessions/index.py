@@ -29,7 +29,7 @@ __all__ = ["SCHEMA_VERSION", "SessionIndex"]
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: the memory column
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -43,13 +43,14 @@ CREATE TABLE IF NOT EXISTS sessions(
     system_prompt TEXT,
     model         TEXT,
     size          INTEGER NOT NULL,
+    memory        INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (user, session_key)
 ) WITHOUT ROWID;
 -- list() walks this index from the newest end: one seek, then `limit` steps.
 CREATE INDEX IF NOT EXISTS sessions_newest ON sessions(user, updated_at DESC, session_key DESC);
 """
 
-_COLUMNS = "session_key, user, title, created_at, updated_at, message_count, system_prompt, model"
+_COLUMNS = "session_key, user, title, created_at, updated_at, message_count, system_prompt, model, memory"
 # Pages leave the system prompt out (up to max_line_bytes each, 200 to a page): a list must
 # cost the same whatever the prompts hold; get() returns it.
 _LIST_COLUMNS = _COLUMNS.replace("system_prompt", "NULL")
@@ -78,7 +79,7 @@ def _int(value: object) -> int:
 
 
 def _session(row: tuple[object, ...]) -> Session:
-    key, user, title, created, updated, count, prompt, model = row
+    key, user, title, created, updated, count, prompt, model, memory = row
     return Session(
         session_key=str(key),
         user=str(user),
@@ -88,6 +89,7 @@ def _session(row: tuple[object, ...]) -> Session:
         message_count=_int(count),
         system_prompt=None if prompt is None else str(prompt),
         model=None if model is None else str(model),
+        memory=bool(memory),
     )
 
 
@@ -186,10 +188,10 @@ class SessionIndex:
         h = summary.header
         self._conn.execute(
             "INSERT OR REPLACE INTO sessions(session_key, user, title, created_at, updated_at,"
-            " message_count, system_prompt, model, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " message_count, system_prompt, model, size, memory) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 h.session_key, user, h.title, h.created_at, summary.updated_at,
-                summary.message_count, h.system_prompt, h.model, summary.size,
+                summary.message_count, h.system_prompt, h.model, summary.size, h.memory,
             ),
         )
 

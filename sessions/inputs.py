@@ -147,6 +147,7 @@ def build_header(
     model: object,
     created_at: object,
     config: SessionsConfig,
+    memory: bool = True,
 ) -> tuple[Header, bytes]:
     """A checked header for a new session (its key made by the store) and its serialised line
     (size checked too)."""
@@ -157,6 +158,7 @@ def build_header(
         title=check_title(title, config),
         system_prompt=check_system_prompt(system_prompt),
         model=check_model(model, config),
+        memory=memory is not False,
     )
     line = orjson.dumps(header.to_line()) + b"\n"
     if len(line) > config.max_line_bytes:

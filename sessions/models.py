@@ -84,6 +84,7 @@ class Session:
     message_count: int
     system_prompt: str | None = None
     model: str | None = None
+    memory: bool = True  # False: incognito (the transcript's header says so)
 
     def to_wire(self) -> dict[str, Any]:
         """The camelCase wire shape of a session (docs/protocol.md); ``user`` stays server-side."""
@@ -98,6 +99,8 @@ class Session:
             wire["systemPrompt"] = self.system_prompt
         if self.model is not None:
             wire["model"] = self.model
+        if not self.memory:
+            wire["memory"] = False
         return wire
 
 

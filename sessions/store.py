@@ -34,12 +34,15 @@ from . import inputs
 from .config import SessionsConfig
 from .errors import InvalidSessionInput, SessionNotFound, StorageError
 from .fileio import (
+    FILE_MODE,
     Durability,
     FileIO,
     append_line,
+    append_whole_line,
     check_free_space,
     create_with_line,
     describe_os_error,
+    fsync_path,
 )
 from .index import SessionIndex
 from .keys import (
@@ -53,9 +56,9 @@ from .keys import (
     new_session_key,
 )
 from .layout import sessions_root, transcript_file
-from .models import Message, Session
+from .models import Message, Session, parse_ts
 from .reconcile import checked_summary, reconcile
-from .transcript import Header, Summary, read_header, read_page, recover_tail
+from .transcript import Header, Summary, parse_line, read_header, read_page, recover_tail
 
 __all__ = ["MessagePage", "SessionPage", "SessionStore"]
 
@@ -120,8 +123,10 @@ class SessionStore:
         system_prompt: str | None = None,
         model: str | None = None,
         created_at: datetime | str | None = None,
+        memory: bool = True,
     ) -> Session:
-        """Start a session: a new transcript holding only its header, and its index row."""
+        """Start a session: a new transcript holding only its header, and its index row.
+        ``memory=False``: incognito (kept, but the memory index never reads it)."""
         self._check_open()
         user = check_user(user)
         header, line = inputs.build_header(
@@ -132,6 +137,7 @@ class SessionStore:
             model=model,
             created_at=created_at,
             config=self._config,
+            memory=memory,
         )
         key = header.session_key
         user_dir = self._root / user
@@ -267,6 +273,66 @@ class SessionStore:
             self._durability.forget(path)
             self._durability.written(path.parent)
             self._index_write(ident, lambda: self._index.delete(user, key))
+
+    def purge_messages(self, user: str, session_key: str, *, after: datetime | None = None,
+                       before: datetime | None = None) -> int:
+        """Rewrite the transcript without its messages timed in ``[after, before)`` (every
+        message when neither is given); returns how many were removed.
+
+        For forgetting for real (``memory.forget {purgeTranscript:true}``): the kept lines go to
+        a temporary file beside the transcript, which is fsynced and renamed over it, then the
+        directory is fsynced, so a crash leaves the old file or the new one, never a mix. The
+        header and every other line stay byte for byte; the session's index row is re-derived.
+        """
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        ident = (user, key)
+        with self._stripe(key):
+            path, header_end = self._ensure_open(user, key)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise SessionNotFound() from None
+            except OSError as err:
+                raise StorageError(describe_os_error(err, "reading transcript")) from err
+            kept = [data[:header_end]]
+            removed = 0
+            for raw in data[header_end:].splitlines(keepends=True):
+                obj = parse_line(raw.rstrip(b"\n"))
+                if obj is not None and obj["type"] == "message" and _within(obj.get("ts"), after, before):
+                    removed += 1
+                    continue
+                kept.append(raw)
+            if removed:
+                self._rewrite(path, b"".join(kept))
+                self._forget(ident)
+                self._durability.forget(path)
+                self._refresh_row(user, key)
+        log.info("transcript.purged", session=key, messages=removed)
+        return removed
+
+    def _rewrite(self, path: Path, content: bytes) -> None:
+        tmp = path.with_name(path.name + ".purge")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+        except OSError as err:
+            raise StorageError(describe_os_error(err, "rewriting transcript"), errno=err.errno) from err
+        try:
+            append_whole_line(self._io, fd, content, 0, "rewriting transcript")
+            self._io.fsync(fd)
+        except (StorageError, OSError) as err:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            if isinstance(err, StorageError):
+                raise
+            raise StorageError(describe_os_error(err, "syncing rewritten transcript"), errno=err.errno) from err
+        os.close(fd)
+        try:
+            os.replace(tmp, path)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise StorageError(describe_os_error(err, "replacing transcript"), errno=err.errno) from err
+        fsync_path(self._io, path.parent)
 
     def transcript_path(self, user: str, session_key: str) -> Path:
         """Where the transcript lives (checked names only; the file may not exist)."""
@@ -457,3 +523,17 @@ class SessionStore:
         if session is None:
             raise SessionNotFound()
         return session
+
+
+def _within(ts: object, after: datetime | None, before: datetime | None) -> bool:
+    """Whether a message time lies in [after, before). With no bound every message matches; a
+    message whose time cannot be read cannot be placed in a bounded range and is kept."""
+    if after is None and before is None:
+        return True
+    try:
+        moment = parse_ts(ts) if isinstance(ts, str) else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        return False
+    return (after is None or moment >= after) and (before is None or moment < before)

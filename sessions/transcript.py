@@ -37,6 +37,7 @@ __all__ = [
     "Summary",
     "find_good_end",
     "iter_lines_backward",
+    "memory_enabled",
     "parse_line",
     "read_header",
     "read_messages_backward",
@@ -68,6 +69,8 @@ class Header:
     title: str
     system_prompt: str | None = None
     model: str | None = None
+    # False: an incognito session — kept, but never indexed, recalled or remembered from.
+    memory: bool = True
 
     def to_line(self) -> dict[str, Any]:
         line: dict[str, Any] = {
@@ -82,6 +85,8 @@ class Header:
             line["systemPrompt"] = self.system_prompt
         if self.model is not None:
             line["model"] = self.model
+        if not self.memory:
+            line["memory"] = False
         return line
 
     @classmethod
@@ -105,7 +110,7 @@ class Header:
             created = to_ts(created)
         except ValueError:
             return None
-        return cls(key, user, created, title, prompt, model)
+        return cls(key, user, created, title, prompt, model, obj.get("memory") is not False)
 
     def updated(self, obj: Mapping[str, Any] | None) -> Header:
         """This header with an ``update`` line's title and system prompt applied (a malformed
@@ -139,6 +144,7 @@ class Summary:
             message_count=self.message_count,
             system_prompt=h.system_prompt,
             model=h.model,
+            memory=h.memory,
         )
 
 
@@ -238,6 +244,21 @@ def find_good_end(fd: int, size: int) -> int:
         if parse_line(raw) is not None:
             return offset + len(raw) + 1
     return 0
+
+
+def memory_enabled(path: Path) -> bool:
+    """Whether the memory index may read this transcript: False for an incognito session's
+    (header ``"memory": false``). A missing file or unreadable header answers True, so the
+    indexer goes on to its own handling of those."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        found = read_header(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    return found is None or found[0].memory
 
 
 def read_header(fd: int, size: int) -> tuple[Header, int] | None:

@@ -253,3 +253,36 @@ async def test_embedding_faults(fake_openai: FakeOpenAI, client: openai.AsyncOpe
         await client.embeddings.create(model="e", input="x")
     assert (await client.embeddings.create(model="e", input="x")).data
     assert fake_openai.embedding_calls == 3
+
+
+TOOLS: list[Any] = [{"type": "function", "function": {"name": "remember", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}]
+
+
+async def test_tool_calls_stream_in_the_api_shape(fake_openai: FakeOpenAI, client: openai.AsyncOpenAI) -> None:
+    """Scripted calls arrive as delta.tool_calls: index/id/type/name first, then argument
+    fragments, two calls by index, and finish_reason "tool_calls"."""
+    fake_openai.script(Behaviour(reply="", tool_calls=[("remember", {"text": "I own a red bicycle"}),
+                                                       ("remember", "{not json")]))
+    stream = await client.chat.completions.create(model="fake-model", messages=USER, stream=True, tools=TOOLS)
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.content is None
+    pieces = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    heads = [p for p in pieces if p.id is not None]
+    assert [(h.index, h.type, h.function.name, h.function.arguments) for h in heads] == [
+        (0, "function", "remember", ""), (1, "function", "remember", "")]
+    joined = {i: "".join(p.function.arguments or "" for p in pieces if p.index == i) for i in (0, 1)}
+    assert json.loads(joined[0]) == {"text": "I own a red bicycle"} and joined[1] == "{not json"
+    assert sum(1 for p in pieces if p.index == 0 and p.id is None) > 1  # fragments, not one blob
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_tool_calls_only_when_tools_are_offered(fake_openai: FakeOpenAI, client: openai.AsyncOpenAI) -> None:
+    """Without tools in the request the scripted calls are not sent; reject_tools answers 400 to tools."""
+    fake_openai.configure(reply="plain", tool_calls=[("remember", {"text": "x"})])
+    text, chunks = await _stream_text(client)
+    assert text == "plain" and chunks[-1].choices[0].finish_reason == "stop"
+    fake_openai.configure(reject_tools=True)
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="fake-model", messages=USER, stream=True, tools=TOOLS)
+    assert "does not support tools" in str(info.value)

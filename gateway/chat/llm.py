@@ -11,13 +11,21 @@ Usage::
     model = create_chat_model(base_url, api_key, "gpt-4o-mini", timeout_s=60)
     async with contextlib.aclosing(model.stream(messages)) as events:
         async for event in events:
-            ...  # TextDelta(text) ..., then one Completion(finish_reason, usage, model)
+            ...  # TextDelta(text) ..., ToolCall(...) ..., then one Completion(finish_reason, usage, model)
     await model.close()
 
 Closing the generator early (``aclose()``, or cancelling the task iterating it) closes the
 SDK stream and its HTTP response at once, so the endpoint sees the client leave and stops
 generating. The SDK retries (``max_retries``) only before the first byte of an answer; once
 text has streamed, a failure is reported, never silently replayed.
+
+Tools: ``stream(messages, tools=[…])`` offers OpenAI function tools. The API streams a call as
+``delta.tool_calls`` pieces keyed by ``index`` (the first carries ``id``, ``type`` and
+``function.name``, later ones argument fragments) and ends with finish_reason
+``"tool_calls"``; the pieces are joined here and each whole call is yielded as one
+:class:`ToolCall` after the text, before the ``Completion``. An endpoint that answers 400 to a
+request with tools (a model without tool support) is asked again without them, once, and
+never offered tools again: ``supports_tools`` turns false.
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 import openai
+import structlog
 
 from gateway.errors import UpstreamError
 
@@ -41,8 +50,11 @@ __all__ = [
     "Completion",
     "OpenAIChatModel",
     "TextDelta",
+    "ToolCall",
     "create_chat_model",
 ]
+
+log = structlog.get_logger("recalld.llm")
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 # Local servers (Ollama, llama.cpp) ignore the key, but the SDK refuses to start without one.
@@ -68,18 +80,36 @@ class Completion:
     model: str
 
 
-ChatEvent: TypeAlias = TextDelta | Completion
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One whole function call the model asked for; ``arguments`` is its JSON text as sent."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+ChatEvent: TypeAlias = TextDelta | ToolCall | Completion
+Messages: TypeAlias = Sequence[Mapping[str, Any]]
 
 
 class ChatModel(Protocol):
-    """Anything that can stream a reply to a list of ``{"role", "content"}`` messages."""
+    """Anything that can stream a reply to a list of chat messages (``role``, ``content``, and
+    for tool turns ``tool_calls`` / ``tool_call_id``)."""
 
     name: str
+    supports_tools: bool
 
     def stream(
-        self, messages: list[dict[str, str]], *, model: str | None = None
+        self, messages: Messages, *, model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> AsyncGenerator[ChatEvent, None]:
-        """Yield ``TextDelta``s then exactly one ``Completion``, or raise ``UpstreamError``."""
+        """Yield ``TextDelta``s, then the ``ToolCall``s, then exactly one ``Completion``, or
+        raise ``UpstreamError``."""
+        ...
+
+    async def complete(self, messages: Messages, *, model: str | None = None) -> str:
+        """One whole reply, not streamed (background work such as episode summaries)."""
         ...
 
     async def close(self) -> None: ...
@@ -112,6 +142,8 @@ class OpenAIChatModel:
         )
         # Some older local servers reject stream_options; after one such 400 we stop sending it.
         self._ask_usage = True
+        # Likewise tools, for models without tool support (see the module docstring).
+        self.supports_tools = True
 
     @property
     def endpoint(self) -> str:
@@ -125,15 +157,17 @@ class OpenAIChatModel:
         await self._client.close()
 
     async def stream(
-        self, messages: list[dict[str, str]], *, model: str | None = None
+        self, messages: Messages, *, model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> AsyncGenerator[ChatEvent, None]:
         """Stream one reply; see the module docstring for the events and the failure contract."""
         chosen = model or self.name
-        sdk_stream = await self._open(messages, chosen)
+        sdk_stream = await self._open(messages, chosen, tools if self.supports_tools else None)
         received = 0
         finish: str | None = None
         usage: dict[str, int] | None = None
         reported_model = chosen
+        calls: dict[int, list[str]] = {}  # index → [id, name, arguments so far]
         try:
             async for chunk in sdk_stream:
                 reported_model = chunk.model or reported_model
@@ -144,6 +178,12 @@ class OpenAIChatModel:
                     if text:
                         received += len(text)
                         yield TextDelta(text)
+                    for piece in (choice.delta.tool_calls if choice.delta is not None else None) or ():
+                        call = calls.setdefault(piece.index, ["", "", ""])
+                        call[0] = piece.id or call[0]
+                        if piece.function is not None:
+                            call[1] = piece.function.name or call[1]
+                            call[2] += piece.function.arguments or ""
                     finish = choice.finish_reason or finish
         except openai.APIError as exc:
             raise self._stream_error(exc, received) from None
@@ -162,19 +202,41 @@ class OpenAIChatModel:
             raise UpstreamError(
                 f"model stream ended early after {received} characters (no finish reason)", None, True
             )
+        for index in sorted(calls):
+            call_id, name, arguments = calls[index]
+            yield ToolCall(call_id or f"call_{index}", name, arguments)
         yield Completion(finish, usage, reported_model)
 
-    async def _open(self, messages: list[dict[str, str]], model: str) -> Any:
+    async def complete(self, messages: Messages, *, model: str | None = None) -> str:
+        """One reply, not streamed; failures map like ``stream``'s before any text."""
+        payload: list[Any] = [dict(m) for m in messages]
+        try:
+            response = await self._client.chat.completions.create(model=model or self.name, messages=payload)
+        except openai.APIError as exc:
+            raise self._request_error(exc) from None
+        if not response.choices:
+            raise UpstreamError("model endpoint answered without a choice", None, True)
+        return response.choices[0].message.content or ""
+
+    async def _open(self, messages: Messages, model: str, tools: Sequence[Mapping[str, Any]] | None) -> Any:
         """Send the request; the SDK's retries happen in here, before any text exists."""
-        for attempt in range(2):
+        for _attempt in range(3):
             extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if self._ask_usage else {}
+            if tools:
+                extra["tools"] = list(tools)
+            payload: list[Any] = [dict(m) for m in messages]
             try:
                 return await self._client.chat.completions.create(
-                    model=model, messages=cast("list[Any]", messages), stream=True, **extra
+                    model=model, messages=payload, stream=True, **extra
                 )
             except openai.BadRequestError as exc:
-                if attempt == 0 and self._ask_usage and "stream_options" in str(exc.message):
+                if self._ask_usage and "stream_options" in str(exc.message):
                     self._ask_usage = False
+                    continue
+                if tools and "tool" in str(exc.message).lower():
+                    self.supports_tools = False
+                    tools = None
+                    log.warning("chat.tools_unsupported", model=model, effect="replies without memory tools")
                     continue
                 raise self._request_error(exc) from None
             except openai.APIError as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import time
 from collections import deque
@@ -29,6 +30,8 @@ import structlog
 
 from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
+from gateway.chat.episodes import EpisodeWriter
+from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import build_prompt
 from gateway.config import ChatConfig
 from gateway.errors import (
@@ -62,6 +65,9 @@ class Run:
     task: asyncio.Task[None] | None = None
     abort_requested: bool = False
     started: float = field(default_factory=time.monotonic)
+    final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
+    recall: bool = True  # chat.send {recall:false} turns recall off for this run
+    memory_on: bool = False  # the session is not incognito (known once the run starts)
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once
@@ -111,12 +117,15 @@ class ChatRuns:
         self.hub = hub
         self.model = model
         self.memory = memory
+        self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds, config.timezone)
+        self._no_recall = dataclasses.replace(config, recall=False)
+        self.episodes = EpisodeWriter(memory, model, store, default_model, config.timezone)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], _Attempt] = {}
         self._closing = False
 
     async def submit(self, user: str, session_key: str, message: str,
-                     idempotency_key: str | None) -> tuple[str, bool]:
+                     idempotency_key: str | None, *, recall: bool = True) -> tuple[str, bool]:
         """Append the user message and queue its run; returns (runId, whether it is a
         duplicate of an earlier send with the same idempotency key)."""
         if self.model is None:
@@ -142,7 +151,7 @@ class ChatRuns:
             lane = self._lanes[(user, session_key)] = SessionLane()
         if len(lane.queue) >= self.config.max_queued_runs:
             raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
-        run = Run(secrets.token_hex(8), user, session_key, message)
+        run = Run(secrets.token_hex(8), user, session_key, message, recall=recall)
         attempt: _Attempt | None = None
         if idem is not None:
             # Recorded before the first await so a duplicate racing this one finds it.
@@ -227,6 +236,7 @@ class ChatRuns:
                         self._abort_in(lane, run.run_id)
                     self._abort_in(lane, None)
                 await asyncio.gather(*pending, return_exceptions=True)
+        await self.episodes.close()
         if self.model is not None:
             await self.model.close()
 
@@ -264,13 +274,20 @@ class ChatRuns:
             finish: str | None = None
             model_name = self.default_model
             try:
-                prompt = await build_prompt(self.config, self.store, self.memory, run.user,
+                # An incognito session (memory:false) uses no memory at all; recall:false only
+                # skips recall. Read first, so nothing is recalled before the flag is known.
+                memory_on = run.memory_on = self.memory is not None and (
+                    await asyncio.to_thread(self.store.get, run.user, run.session_key)).memory
+                chat_config = self.config if memory_on and run.recall else self._no_recall
+                prompt = await build_prompt(chat_config, self.store, self.memory, run.user,
                                             run.session_key, run.message, run.run_id)
                 recalled = prompt.recalled
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
-                async with contextlib.aclosing(model.stream(prompt.messages, model=model_name)) as events:
+                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, run.message,
+                                                memory_on=memory_on, recall=run.recall)
+                async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
                             if event.text:
@@ -286,6 +303,7 @@ class ChatRuns:
                         elif isinstance(event, Completion):
                             usage, finish = event.usage, event.finish_reason
                             model_name = event.model or model_name
+                run.final_extra = tools.final_fields()
             except asyncio.CancelledError:
                 await self._finish_aborted(run, model_name)
                 raise
@@ -308,11 +326,12 @@ class ChatRuns:
             self._publish(run, "chat.error", {"error": _event_error(error), "partial": "".join(run.partial)})
             log.warning("chat.run", outcome="storage_error", error=error.message)
             return
-        params: dict[str, Any] = {"message": msg.to_wire(), "recalled": recalled}
+        params: dict[str, Any] = {"message": msg.to_wire(), "recalled": recalled, **run.final_extra}
         if usage:
             params["usage"] = usage
         self._publish(run, "chat.final", params)
         self._log_run(run, "final", recalled=recalled)
+        self.episodes.after_run(run.user, run.session_key, run.memory_on)
         if self.memory is not None:
             self.memory.nudge()
 

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.config import Config
+from gateway.cli.facts import add_facts_parser, run_facts
 from memory import MemoryIndexError, MemoryService, SyncProgress
 
 __all__ = ["add_memory_parser"]
@@ -39,6 +40,7 @@ def add_memory_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser
     search.add_argument("--mode", choices=("hybrid", "keyword", "vector"), default="hybrid")
     search.add_argument("--user", default="default", help="whose memory (default: default)")
     search.add_argument("--json", action="store_true", help="print JSON")
+    add_facts_parser(msub)
     mem.set_defaults(run=_run)
 
 
@@ -48,7 +50,7 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     # Warnings only: the output of these commands is the point, not the log.
     configure_logging("warning", config.log.format)
     handler: dict[str, Callable[[MemoryService, argparse.Namespace], Any]] = {
-        "status": _status, "index": _index, "search": _search,
+        "status": _status, "index": _index, "search": _search, "facts": run_facts,
     }
     try:
         return int(asyncio.run(_with_service(config, args, handler[args.memory_command])))

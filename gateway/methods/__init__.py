@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from gateway.config import Config
 from gateway.methods.chat import ChatMethods, declare_chat
+from gateway.methods.episodes import EpisodesMethods, declare_episodes
+from gateway.methods.facts import FactsMethods, declare_facts
+from gateway.methods.forget import ForgetMethods, declare_forget
 from gateway.methods.gateway import GatewayMethods, declare_gateway
 from gateway.methods.memory import MemoryMethods, declare_memory
 from gateway.methods.sessions import SessionsMethods, declare_sessions
 from gateway.rpc import Registry
 
-__all__ = ["ChatMethods", "GatewayMethods", "MemoryMethods", "SessionsMethods", "declare_methods"]
+__all__ = ["ChatMethods", "EpisodesMethods", "FactsMethods", "ForgetMethods", "GatewayMethods", "MemoryMethods", "SessionsMethods", "declare_methods"]
 
 
 def declare_methods(
@@ -25,8 +28,14 @@ def declare_methods(
     sessions: SessionsMethods | None = None,
     chat: ChatMethods | None = None,
     memory: MemoryMethods | None = None,
+    facts: FactsMethods | None = None,
+    forget: ForgetMethods | None = None,
+    episodes: EpisodesMethods | None = None,
 ) -> None:
     declare_gateway(registry, gateway)
     declare_sessions(registry, config.sessions, sessions)
     declare_chat(registry, config.chat, chat)
     declare_memory(registry, config.memory, memory)
+    declare_facts(registry, config.memory, facts)
+    declare_forget(registry, forget)
+    declare_episodes(registry, episodes)

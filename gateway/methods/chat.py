@@ -22,6 +22,7 @@ class ChatSendParams:
     session_key: str = bounded(max_len=MAX_KEY)
     message: str = bounded()
     idempotency_key: str | None = bounded(None, max_len=200)
+    recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,8 @@ class ChatMethods:
         if not p.message.strip():
             raise InvalidParams("message", "must not be empty")
         # Nothing is awaited before submit(): arrival order is transcript order (see ChatRuns).
-        run_id, duplicate = await self.runs.submit(user, p.session_key, p.message, p.idempotency_key)
+        run_id, duplicate = await self.runs.submit(user, p.session_key, p.message, p.idempotency_key,
+                                                   recall=p.recall)
         # Attached before returning, hence before the worker publishes this run's first event.
         self.hub.attach(ctx, user, p.session_key)
         if duplicate:

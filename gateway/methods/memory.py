@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.errors import RateLimited
+from gateway.errors import InvalidParams, RateLimited
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from memory import MAX_QUERY_CHARS, MemoryConfig, MemoryService
-from sessions import SessionStore
+from sessions import SessionStore, parse_ts
 
 __all__ = ["SEARCH_QUERY_MAX_CHARS", "MemoryMethods", "declare_memory"]
 
@@ -39,6 +39,8 @@ class MemorySearchParams:
     exclude_session_key: str | None = bounded(None, max_len=MAX_KEY)
     after: str | None = bounded(None, max_len=64, doc="ISO-8601 lower bound on chunk time")
     before: str | None = bounded(None, max_len=64, doc="ISO-8601 upper bound on chunk time")
+    kinds: tuple[Literal["chunk", "episode"], ...] = bounded(
+        ("chunk",), doc='what to search: "chunk" (conversation excerpts), "episode" (summaries), or both')
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +66,17 @@ class MemoryMethods:
     async def search(self, ctx: CallContext, p: MemorySearchParams) -> dict[str, Any]:
         await self._own_session(ctx, p.session_key)
         await self._own_session(ctx, p.exclude_session_key)
-        response = await self.service.search(
-            ctx.caller, p.query, k=p.k, mode=p.mode, session_key=p.session_key,
-            exclude_session_key=p.exclude_session_key, after=p.after, before=p.before,
-        )
-        return response.to_wire()
+        if "chunk" in p.kinds:
+            response = await self.service.search(
+                ctx.caller, p.query, k=p.k, mode=p.mode, session_key=p.session_key,
+                exclude_session_key=p.exclude_session_key, after=p.after, before=p.before,
+            )
+            out = response.to_wire()
+        else:
+            out = {"results": [], "mode": p.mode}
+        if "episode" in p.kinds:
+            out["results"] = out["results"] + await episode_results(self.service, ctx.caller, p)
+        return out
 
     async def status(self, ctx: CallContext, p: Empty) -> dict[str, Any]:
         return await self.service.status(None if ctx.caller == self.admin else ctx.caller)
@@ -90,6 +98,24 @@ class MemoryMethods:
         # A key that is not the caller's answers -32002, exactly like sessions.get.
         if key is not None:
             await asyncio.to_thread(self.store.get, ctx.caller, key)
+
+
+async def episode_results(service: MemoryService, user: str, p: MemorySearchParams) -> list[dict[str, Any]]:
+    """Episodes matching the query (``kinds`` with "episode"): up to k, after the chunk hits."""
+    window = None
+    if p.after is not None or p.before is not None:
+        try:
+            lo = int(parse_ts(p.after).timestamp() * 1000) if p.after else 0
+            hi = int(parse_ts(p.before).timestamp() * 1000) if p.before else 1 << 62
+        except ValueError:
+            raise InvalidParams("after" if p.after else "before", "must be an ISO-8601 date or time") from None
+        window = (lo, hi)
+    found = await service.episodes.search(user, p.query, limit=p.k or service.config.default_k, window=window,
+                                          recency=0.2)
+    return [{"kind": "episode", "episodeId": s.episode.id, "sessionKey": s.episode.session_key,
+             "content": s.episode.text, "score": round(s.score, 6), "date": s.episode.day,
+             "week": s.episode.week} for s in found
+            if p.session_key is None or s.episode.session_key == p.session_key]
 
 
 def declare_memory(reg: Registry, config: MemoryConfig, h: MemoryMethods | None) -> None:

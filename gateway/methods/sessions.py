@@ -32,6 +32,7 @@ class CreateSessionParams:
     title: str | None = None
     system_prompt: str | None = bounded(None, max_len=64 * 1024)
     model: str | None = None
+    memory: bool = bounded(True, doc="false: incognito; kept, never indexed, recalled or remembered from")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +74,16 @@ class SessionsMethods:
 
     async def create(self, ctx: CallContext, p: CreateSessionParams) -> dict[str, Any]:
         session = await asyncio.to_thread(
-            self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model
+            self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model,
+            memory=p.memory,
         )
         self.hub.attach(ctx, ctx.caller, session.session_key)
         wire = session.to_wire()
         self._announce(ctx.caller, session.session_key, "sessions.created", {"session": wire})
-        return {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
+        out = {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
+        if not session.memory:
+            out["memory"] = False
+        return out
 
     async def list(self, ctx: CallContext, p: ListSessionsParams) -> dict[str, Any]:
         sessions, nxt = await asyncio.to_thread(self.store.list, ctx.caller, limit=p.limit, before=p.before)

@@ -195,6 +195,8 @@ def _json_schema(tp: Any) -> dict[str, Any]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
         return {"enum": list(args)}
+    if origin is tuple:  # tuple[X, ...]: a JSON array of X
+        return {"type": "array", "items": _json_schema(args[0]), "uniqueItems": True}
     if tp is bool:
         return {"type": "boolean"}
     if tp is int:
@@ -239,6 +241,13 @@ def _check(name: str, tp: Any, value: Any, bound: Bound) -> Any:
         if value not in args:
             raise InvalidParams(name, f"must be one of {', '.join(map(repr, args))}")
         return value
+    if origin is tuple:  # tuple[X, ...] on the wire is a non-empty array of distinct X
+        if not isinstance(value, list) or not value:
+            raise InvalidParams(name, "must be a non-empty array")
+        items = tuple(_check(name, args[0], item, Bound()) for item in value)
+        if len(set(items)) != len(items):
+            raise InvalidParams(name, "must not repeat an item")
+        return items
     if tp is bool:
         if not isinstance(value, bool):
             raise InvalidParams(name, "must be a boolean")

@@ -111,9 +111,101 @@ def m002_quantized_vectors(db: apsw.Connection) -> None:
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('vectors_stale', '1')")
 
 
+def m003_facts(db: apsw.Connection) -> None:
+    """Remembered facts (memory.facts): one row per version of a fact. A change never edits a
+    row: it writes the next version (``previous_id``) and marks the old one inactive, so the
+    history stays; every version of one fact shares ``origin_id``, which is what deleting a
+    fact removes. Facts are not rebuilt from transcripts, so a full reindex leaves them alone."""
+    db.execute(
+        """
+        CREATE TABLE facts(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            text         TEXT NOT NULL,
+            text_hash    TEXT NOT NULL,            -- sha256 of the normalised text (exact dedup)
+            active       INTEGER NOT NULL DEFAULT 1,
+            previous_id  INTEGER,                  -- the version this one replaced
+            origin_id    INTEGER,                  -- the first version (NULL: this row)
+            source       TEXT NOT NULL,            -- 'model' (remember tool) or 'user' (RPC)
+            session_key  TEXT,                     -- where it was said, for memory.forget
+            run_id       TEXT,
+            created_at   TEXT NOT NULL,
+            updated_at   TEXT NOT NULL,
+            said_ms      INTEGER NOT NULL,         -- when last said (a repeat refreshes it): retention, forget
+            vector       BLOB,                     -- float32 little-endian, for semantic dedup
+            vector_model TEXT                      -- the embedder identity of that vector
+        );
+        CREATE UNIQUE INDEX facts_active_hash ON facts(user, text_hash) WHERE active = 1;
+        CREATE INDEX facts_user ON facts(user, active, id);
+        CREATE INDEX facts_origin ON facts(origin_id);
+        """
+    )
+
+
+def m004_forgotten(db: apsw.Connection) -> None:
+    """What ``memory.forget`` removed without purging the transcript: the indexer drops chunks
+    matching a row here whenever it writes, so a sync or a full reindex cannot bring them back."""
+    db.execute(
+        """
+        CREATE TABLE forgotten(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            session_key  TEXT,                     -- NULL: every session of the user
+            after_ms     INTEGER,                  -- NULL: no lower bound
+            before_ms    INTEGER,                  -- NULL: no upper bound
+            created_at   TEXT NOT NULL
+        );
+        CREATE INDEX forgotten_user ON forgotten(user);
+        CREATE INDEX chunks_end_ms ON chunks(end_ms);
+        """
+    )
+
+
+def m005_episodes(db: apsw.Connection) -> None:
+    """Episodes (1–2 sentence summaries of what a conversation discussed, decided or did) and
+    the durable queue of summaries still to write, so a failed one is retried, never lost."""
+    db.execute(
+        """
+        CREATE TABLE episodes(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            session_key  TEXT NOT NULL,
+            text         TEXT NOT NULL,
+            theme        TEXT NOT NULL,
+            day          TEXT NOT NULL,            -- ISO date in the user's time zone
+            week         TEXT NOT NULL,            -- ISO week, e.g. 2026-W47
+            year         INTEGER NOT NULL,
+            created_ms   INTEGER NOT NULL,
+            updated_ms   INTEGER NOT NULL,         -- a merge moves it
+            covered_ms   INTEGER NOT NULL,         -- the newest message it summarises
+            merges       INTEGER NOT NULL DEFAULT 0,
+            vector       BLOB,
+            vector_model TEXT
+        );
+        CREATE INDEX episodes_user ON episodes(user, updated_ms);
+        CREATE INDEX episodes_session ON episodes(user, session_key, covered_ms);
+
+        CREATE TABLE episode_jobs(
+            id           INTEGER PRIMARY KEY,
+            user         TEXT NOT NULL,
+            session_key  TEXT NOT NULL,
+            created_ms   INTEGER NOT NULL,
+            attempts     INTEGER NOT NULL DEFAULT 0,
+            next_ms      INTEGER NOT NULL,         -- when it may be tried (again)
+            last_error   TEXT,
+            failed       INTEGER NOT NULL DEFAULT 0,   -- gave up after the last attempt allowed
+            UNIQUE(user, session_key)
+        );
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_quantized_vectors", m002_quantized_vectors),
+    ("m003_facts", m003_facts),
+    ("m004_forgotten", m004_forgotten),
+    ("m005_episodes", m005_episodes),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -39,11 +39,13 @@ import orjson
 import structlog
 
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
+from memory import forgetting
 from memory.config import MemoryConfig, SizedConfig
 from memory.index.db import WriteConnection
 from memory.index.vectors import VectorStore
 from sessions import (
     ForwardReader,
+    memory_enabled,
     parse_transcript_relpath,
     scan_transcripts,
     transcript_file,
@@ -206,6 +208,11 @@ class FileSync:
             if (row and stat.S_ISREG(st.st_mode) and row.chunking == self.chunking
                     and (row.size, row.mtime_ns) == (st.st_size, st.st_mtime_ns)):
                 return report
+            if not memory_enabled(path):
+                # Incognito: the transcript is kept but never indexed; rows from before are dropped.
+                with self.db:
+                    report.chunks_deleted = self._delete_path(rel)
+                return report
             incremental = (
                 row is not None
                 and row.indexed_offset > 0  # else the header was never read whole, nor checked
@@ -240,6 +247,10 @@ class FileSync:
                     (rel, owner[0], owner[1], st.st_size, st.st_mtime_ns,
                      _prefix_fingerprint(path, end_offset), end_offset, end_line, self.chunking, _now()),
                 )
+                # Expired or forgotten text goes in the same transaction it was written in.
+                deleted += self._delete_ids(forgetting.chunk_ids_for_file(
+                    self.db, rel, owner[0], owner[1],
+                    forgetting.retention_cutoff_ms(self.config.retention_days)))
         report.files_changed = 1 if (written or deleted or row is None or not incremental) else 0
         report.chunks_written, report.chunks_deleted = written, deleted
         return report
@@ -333,6 +344,21 @@ class FileSync:
         return n
 
     # --- many files --------------------------------------------------------------------
+
+    def prune_expired(self, cutoff_ms: int) -> int:
+        """Retention: drop every chunk whose newest message is older than ``cutoff_ms``."""
+        with self._conn.lock, self.db:
+            removed = self._delete_ids(forgetting.old_chunk_ids(self.db, cutoff_ms))
+        return removed
+
+    def forget(self, r: forgetting.ForgetRange, *, record: bool) -> int:
+        """memory.forget: drop the matching chunks, and with ``record`` keep the range so later
+        syncs drop them again (the transcript still holds the text)."""
+        with self._conn.lock, self.db:
+            if record:
+                forgetting.record_forgotten(self.db, r)
+            removed = self._delete_ids(forgetting.matching_chunk_ids(self.db, r))
+        return removed
 
     def delete_session(self, user: str, session_key: str) -> int:
         """Remove every row of one session at once; returns the chunks removed."""

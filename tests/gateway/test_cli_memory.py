@@ -62,3 +62,19 @@ def test_status_reports_counts_and_why_no_vectors(tmp_path: Path) -> None:
     assert status["files"] == 1 and status["chunks"] >= 1 and status["provider"] == "none"
     text = recalld(tmp_path, "status").stdout
     assert "chunks" in text and "not ready" in text
+
+
+def test_memory_facts_add_list_update_delete(tmp_path: Path) -> None:
+    """`memory facts` adds, lists, corrects (history kept) and deletes a fact on the index."""
+    added = recalld(tmp_path, "facts", "--json", "add", "My cat is called Luna")
+    assert added.returncode == 0, added.stderr
+    fact_id = json.loads(added.stdout)["fact"]["id"]
+    assert "Luna" in recalld(tmp_path, "facts").stdout
+    fixed = json.loads(recalld(tmp_path, "facts", "--json", "update", str(fact_id), "My cat is called Nova").stdout)
+    assert fixed["action"] == "replaced" and fixed["fact"]["replaces"] == fact_id
+    history = recalld(tmp_path, "facts", "history", str(fixed["fact"]["id"])).stdout
+    assert "Luna" in history and "(replaced)" in history and "Nova" in history
+    assert recalld(tmp_path, "facts", "delete", str(fixed["fact"]["id"])).returncode == 0
+    assert "no facts remembered" in recalld(tmp_path, "facts", "list", "--all").stdout
+    missing = recalld(tmp_path, "facts", "delete", "999")
+    assert missing.returncode == 1 and "not found" in missing.stderr

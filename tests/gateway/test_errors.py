@@ -22,7 +22,8 @@ from gateway.errors import (
     wire_error,
 )
 from gateway.rpc import Registry, RpcCore, bounded
-from memory import EmbedderError, InvalidSearch, MemoryIndexError, MemoryStorageError, MemoryUnavailable
+from memory import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryStorageError,
+                    MemoryUnavailable)
 from sessions import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
 from tests.conftest import TOKEN
 from tests.gateway.test_chat import run_to_end
@@ -42,6 +43,9 @@ STORAGE = {"code": -32603, "data": {"retryable": True}}
          {**STORAGE, "message": "storage error: no space left on device"}),
         (InvalidSearch("k", "must be an integer from 1 to 50"),
          {"code": -32602, "data": {"field": "k", "reason": "must be an integer from 1 to 50"}}),
+        (InvalidFact("text", "is 250 characters; the limit is 200"),
+         {"code": -32602, "data": {"field": "text", "reason": "is 250 characters; the limit is 200"}}),
+        (FactNotFound("fact 7 not found"), {"code": -32002, "message": "fact 7 not found"}),
         (EmbedderError("embeddings endpoint answered 503", retryable=True, status=503),
          {"code": -32010, "message": "embeddings endpoint answered 503", "data": {"status": 503, "retryable": True}}),
         (EmbedderError("embeddings endpoint answered 401", retryable=False, status=401),

@@ -19,7 +19,8 @@ ALLOWED = {
     "gateway.chat": {"gateway.rpc"},
     "gateway.methods": {"gateway.rpc", "gateway.chat"},
     "gateway.cli": {"gateway.app"},
-    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods"},
+    "gateway.retention": set(),
+    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention"},
 }
 
 

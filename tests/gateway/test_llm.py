@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import UpstreamError
-from gateway.chat.llm import PLACEHOLDER_API_KEY, Completion, OpenAIChatModel, TextDelta, create_chat_model
+from gateway.chat.llm import PLACEHOLDER_API_KEY, Completion, OpenAIChatModel, TextDelta, ToolCall, create_chat_model
 from tests.fake_openai import Behaviour, FakeOpenAI, fake_openai
 
 __all__ = ["fake_openai"]  # the fixture is imported to be used here
@@ -252,3 +253,35 @@ async def test_connection_is_reused_after_complete_streams(fake_openai: FakeOpen
     for _ in range(3):
         await _collect(model)
     assert fake_openai.connections_opened == 1
+
+
+TOOLS = [{"type": "function", "function": {"name": "remember", "parameters": {"type": "object"}}}]
+
+
+async def test_tool_calls_are_joined_and_yielded_before_completion(
+    fake_openai: FakeOpenAI, model: OpenAIChatModel
+) -> None:
+    """Argument fragments of each call are joined into one ToolCall, in index order, after the
+    text and before a Completion whose finish reason is tool_calls; the request carried the tools."""
+    fake_openai.script(Behaviour(reply="One moment.", tool_calls=[("remember", {"text": "I am a nurse"}),
+                                                                  ("forget", {"id": 3})]))
+    text, events = await _collect(model, tools=TOOLS)
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert text == "One moment."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("remember", {"text": "I am a nurse"}),
+                                                                   ("forget", {"id": 3})]
+    assert all(c.id for c in calls) and calls[0].id != calls[1].id
+    assert isinstance(events[-1], Completion) and events[-1].finish_reason == "tool_calls"
+    assert fake_openai.chat_requests[-1].json["tools"] == TOOLS
+
+
+async def test_a_model_without_tools_is_asked_again_without_them(
+    fake_openai: FakeOpenAI, model: OpenAIChatModel
+) -> None:
+    """A 400 naming tools makes the model retry the same request without tools and stop offering them."""
+    fake_openai.configure(reject_tools=True, reply="fine")
+    text, _ = await _collect(model, tools=TOOLS)
+    assert text == "fine" and model.supports_tools is False
+    assert [("tools" in r.json) for r in fake_openai.chat_requests] == [True, False]
+    await _collect(model, tools=TOOLS)
+    assert "tools" not in fake_openai.chat_requests[-1].json

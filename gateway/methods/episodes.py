@@ -1,0 +1,36 @@
+"""``memory.episodes.list``: the caller's episodes (dated summaries of earlier conversations)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.methods.facts import MAX_PAGE
+from gateway.rpc import CallContext, Registry, bounded
+from memory import MemoryService
+
+__all__ = ["EpisodesMethods", "declare_episodes"]
+
+
+@dataclass(frozen=True, slots=True)
+class ListEpisodesParams:
+    limit: int = bounded(20, min=1, max=MAX_PAGE)
+    before: int | None = bounded(None, min=1, doc="cursor: the next of the previous page")
+
+
+class EpisodesMethods:
+    def __init__(self, service: MemoryService) -> None:
+        self.service = service
+
+    async def list(self, ctx: CallContext, p: ListEpisodesParams) -> dict[str, Any]:
+        episodes, nxt = await self.service.episodes.page(ctx.caller, limit=p.limit, before=p.before)
+        state = await self.service.episodes.queue_state()
+        out: dict[str, Any] = {"episodes": [e.to_wire() for e in episodes], "queue": state}
+        if nxt is not None:
+            out["next"] = nxt
+        return out
+
+
+def declare_episodes(reg: Registry, h: EpisodesMethods | None) -> None:
+    reg.declare("memory.episodes.list", ListEpisodesParams, "Your episodes: dated summaries of earlier "
+                "conversations, newest first (paginated).", h.list if h else None)

@@ -1,0 +1,76 @@
+"""``memory.facts.list / add / update / delete``: the user's own control over remembered facts.
+
+Every call is scoped to the caller: another user's fact id answers -32002 exactly like an
+unknown one. Text length is bounded by the same ``memory.facts_max_chars`` the store
+enforces; page size by ``memory.max_k``'s sibling bound :data:`MAX_PAGE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.rpc import Bound, CallContext, Registry, bounded
+from memory import MemoryConfig, MemoryService
+
+__all__ = ["MAX_PAGE", "FactsMethods", "declare_facts"]
+
+MAX_PAGE = 200
+
+
+@dataclass(frozen=True, slots=True)
+class ListFactsParams:
+    limit: int = bounded(50, min=1, max=MAX_PAGE)
+    before: int | None = bounded(None, min=1, doc="cursor: the next of the previous page")
+    include_inactive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AddFactParams:
+    text: str = bounded()
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateFactParams:
+    id: int = bounded(min=1)
+    text: str = bounded()
+
+
+@dataclass(frozen=True, slots=True)
+class FactIdParams:
+    id: int = bounded(min=1)
+
+
+class FactsMethods:
+    def __init__(self, service: MemoryService) -> None:
+        self.service = service
+
+    async def list(self, ctx: CallContext, p: ListFactsParams) -> dict[str, Any]:
+        page = await self.service.facts.page(ctx.caller, limit=p.limit, before=p.before,
+                                             include_inactive=p.include_inactive)
+        out: dict[str, Any] = {"facts": [f.to_wire() for f in page.facts]}
+        if page.next is not None:
+            out["next"] = page.next
+        return out
+
+    async def add(self, ctx: CallContext, p: AddFactParams) -> dict[str, Any]:
+        return (await self.service.facts.add(ctx.caller, p.text, source="user")).to_wire()
+
+    async def update(self, ctx: CallContext, p: UpdateFactParams) -> dict[str, Any]:
+        return (await self.service.facts.update(ctx.caller, p.id, p.text)).to_wire()
+
+    async def delete(self, ctx: CallContext, p: FactIdParams) -> dict[str, Any]:
+        change = await self.service.facts.delete(ctx.caller, p.id)
+        return {"deleted": True, "id": change.fact.id}
+
+
+def declare_facts(reg: Registry, config: MemoryConfig, h: FactsMethods | None) -> None:
+    text = {"text": Bound(max_len=config.facts_max_chars)}
+    reg.declare("memory.facts.list", ListFactsParams, "Your remembered facts, newest first (paginated).",
+                h.list if h else None)
+    reg.declare("memory.facts.add", AddFactParams, "Remember a fact (de-duplicated against your facts).",
+                h.add if h else None, bounds=text)
+    reg.declare("memory.facts.update", UpdateFactParams, "Correct a fact; the old version is kept inactive.",
+                h.update if h else None, bounds=text)
+    reg.declare("memory.facts.delete", FactIdParams, "Forget a fact and every earlier version of it.",
+                h.delete if h else None)

@@ -1,0 +1,86 @@
+"""``memory.forget``: forgetting for real, under the user's control.
+
+``{sessionKey?, after?, before?, purgeTranscript?}`` names what to forget: the caller's messages
+(of one session, or of all their sessions) timed in ``[after, before)``. At least one of the
+three must be given, so a forgotten parameter never wipes a whole memory. What it removes:
+
+- the matching chunks from the index and the facts the model saved from those conversations;
+- without ``purgeTranscript``: the transcript keeps the messages, and the range is recorded so
+  that no later sync, full reindex or restart indexes them again;
+- with ``purgeTranscript: true``: the messages are removed from the transcripts too (atomic
+  rewrite, fsync, the session index re-derived), so not even a rebuild from the transcripts
+  brings them back; then the rewritten transcripts are re-indexed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gateway.errors import InvalidParams
+from gateway.methods.sessions import MAX_KEY
+from gateway.rpc import CallContext, Registry, bounded
+from memory import ForgetRange, MemoryService
+from sessions import SessionStore, parse_ts, scan_transcripts, sessions_root
+
+__all__ = ["ForgetMethods", "declare_forget"]
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetParams:
+    session_key: str | None = bounded(None, max_len=MAX_KEY)
+    after: str | None = bounded(None, max_len=64, doc="ISO-8601: forget what was said at or after it")
+    before: str | None = bounded(None, max_len=64, doc="ISO-8601: forget what was said before it")
+    purge_transcript: bool = False
+
+
+class ForgetMethods:
+    def __init__(self, service: MemoryService, store: SessionStore) -> None:
+        self.service = service
+        self.store = store
+
+    async def forget(self, ctx: CallContext, p: ForgetParams) -> dict[str, Any]:
+        user = ctx.caller
+        if p.session_key is None and p.after is None and p.before is None:
+            raise InvalidParams("sessionKey", "name a sessionKey, after or before (all three absent would "
+                                              "forget everything)")
+        after, before = _moment("after", p.after), _moment("before", p.before)
+        if after is not None and before is not None and after >= before:
+            raise InvalidParams("before", "must be later than after")
+        if p.session_key is not None:
+            await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not the caller's
+        r = ForgetRange(user, p.session_key, _ms(after), _ms(before))
+        purged = 0
+        if p.purge_transcript:
+            keys = [p.session_key] if p.session_key is not None else await asyncio.to_thread(self._keys_of, user)
+            for key in keys:
+                purged += await asyncio.to_thread(self.store.purge_messages, user, key, after=after, before=before)
+        removed = await self.service.forget(r, record=not p.purge_transcript)
+        if p.purge_transcript:
+            # What is left of the rewritten transcripts goes back into the index.
+            self.service.nudge()
+        return {"chunks": removed["chunks"], "facts": removed["facts"], "messages": purged}
+
+    def _keys_of(self, user: str) -> list[str]:
+        return sorted(key for owner, key in scan_transcripts(sessions_root(self.service.data_dir)) if owner == user)
+
+
+def _moment(field: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_ts(value)
+    except ValueError:
+        raise InvalidParams(field, "must be an ISO-8601 date or time") from None
+
+
+def _ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+def declare_forget(reg: Registry, h: ForgetMethods | None) -> None:
+    reg.declare("memory.forget", ForgetParams,
+                "Forget messages (of a session, in a time window) from memory; purgeTranscript also "
+                "removes them from the transcript.", h.forget if h else None)

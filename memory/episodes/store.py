@@ -1,0 +1,180 @@
+"""The ``episodes`` and ``episode_jobs`` tables: blocking reads and writes.
+
+An episode is a dated 1–2 sentence summary of a stretch of one conversation. Writing one is
+decided and done by the gateway (it owns the chat model); this module keeps the rows, the
+durable queue of summaries still to write (a failed summary stays queued with its error and
+its next try, until ``max_attempts``), and the numbers the rules need: when a session's last
+episode was written, what it covered, and how many episodes a user got today.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import apsw
+
+__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "dated"]
+
+_COLUMNS = "id, user, session_key, text, theme, day, week, year, created_ms, updated_ms, covered_ms, merges"
+
+
+def dated(moment: datetime) -> tuple[str, str, int]:
+    """ISO date, ISO week (``2026-W47``) and year of ``moment`` in its own time zone."""
+    iso = moment.isocalendar()
+    return moment.date().isoformat(), f"{iso.year}-W{iso.week:02d}", moment.year
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    id: int
+    user: str
+    session_key: str
+    text: str
+    theme: str
+    day: str
+    week: str
+    year: int
+    created_ms: int
+    updated_ms: int
+    covered_ms: int
+    merges: int
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Episode:
+        return cls(int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
+                   int(row[7]), int(row[8]), int(row[9]), int(row[10]), int(row[11]))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "sessionKey": self.session_key, "text": self.text, "theme": self.theme,
+                "date": self.day, "week": self.week, "year": self.year, "merges": self.merges}
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeDraft:
+    user: str
+    session_key: str
+    text: str
+    theme: str
+    moment: datetime  # when it was written, in the user's time zone
+    covered_ms: int
+    vector: Sequence[float] | None = None
+    vector_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeJob:
+    id: int
+    user: str
+    session_key: str
+    attempts: int
+
+
+def _blob(vector: Sequence[float] | None) -> bytes | None:
+    return None if vector is None else array("f", vector).tobytes()
+
+
+class EpisodeStore:
+    """Every method is blocking; writers hold the index's write lock."""
+
+    # -- rows ----------------------------------------------------------------------------
+
+    def insert(self, db: apsw.Connection, d: EpisodeDraft) -> Episode:
+        day, week, year = dated(d.moment)
+        ms = int(d.moment.timestamp() * 1000)
+        with db:
+            db.execute(
+                "INSERT INTO episodes(user, session_key, text, theme, day, week, year, created_ms, updated_ms, "
+                "covered_ms, vector, vector_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (d.user, d.session_key, d.text, d.theme, day, week, year, ms, ms, d.covered_ms,
+                 _blob(d.vector), d.vector_model if d.vector is not None else None))
+            new_id = db.last_insert_rowid()
+        return self.get(db, d.user, new_id)
+
+    def merge(self, db: apsw.Connection, episode_id: int, d: EpisodeDraft) -> Episode:
+        """Fold a new summary into an episode of the same theme: its text becomes the merged
+        summary, it moves to now and covers up to the newest message."""
+        day, week, year = dated(d.moment)
+        ms = int(d.moment.timestamp() * 1000)
+        with db:
+            db.execute(
+                "UPDATE episodes SET text = ?, theme = ?, day = ?, week = ?, year = ?, updated_ms = ?, "
+                "covered_ms = max(covered_ms, ?), merges = merges + 1, vector = ?, vector_model = ? "
+                "WHERE id = ? AND user = ?",
+                (d.text, d.theme, day, week, year, ms, d.covered_ms, _blob(d.vector),
+                 d.vector_model if d.vector is not None else None, episode_id, d.user))
+        return self.get(db, d.user, episode_id)
+
+    def get(self, db: apsw.Connection, user: str, episode_id: int) -> Episode:
+        row = db.execute(f"SELECT {_COLUMNS} FROM episodes WHERE id = ? AND user = ?", (episode_id, user)).fetchone()
+        if row is None:
+            raise KeyError(episode_id)
+        return Episode.from_row(row)
+
+    def page(self, db: apsw.Connection, user: str, *, limit: int, before: int | None) -> list[Episode]:
+        rows = db.execute(f"SELECT {_COLUMNS} FROM episodes WHERE user = ? AND id < ? ORDER BY id DESC LIMIT ?",
+                          (user, before if before is not None else 1 << 62, limit))
+        return [Episode.from_row(r) for r in rows]
+
+    def with_vectors(self, db: apsw.Connection, user: str, model: str | None,
+                     limit: int) -> list[tuple[Episode, list[float] | None]]:
+        """The user's newest ``limit`` episodes, each with its vector when ``model`` made it."""
+        rows = db.execute(f"SELECT {_COLUMNS}, vector, vector_model FROM episodes WHERE user = ? "
+                          "ORDER BY updated_ms DESC LIMIT ?", (user, limit))
+        return [(Episode.from_row(r), list(array("f", bytes(r[12]))) if r[12] is not None and model
+                 and r[13] == model else None) for r in rows]
+
+    def last_of_session(self, db: apsw.Connection, user: str, session_key: str) -> Episode | None:
+        row = db.execute(f"SELECT {_COLUMNS} FROM episodes WHERE user = ? AND session_key = ? "
+                         "ORDER BY covered_ms DESC LIMIT 1", (user, session_key)).fetchone()
+        return Episode.from_row(row) if row else None
+
+    def count_since(self, db: apsw.Connection, user: str, since_ms: int) -> int:
+        row = db.execute("SELECT count(*) FROM episodes WHERE user = ? AND created_ms >= ?", (user, since_ms)).fetchone()
+        return int(row[0]) if row else 0
+
+    def delete_older_than(self, db: apsw.Connection, cutoff_ms: int) -> int:
+        with db:
+            db.execute("DELETE FROM episodes WHERE updated_ms < ?", (cutoff_ms,))
+            removed = int(db.changes())
+        return removed
+
+    def delete_for(self, db: apsw.Connection, user: str, session_key: str | None, after_ms: int | None,
+                   before_ms: int | None) -> int:
+        """memory.forget: episodes of the matching conversations (by what they cover)."""
+        with db:
+            db.execute("DELETE FROM episodes WHERE user = ? AND (? IS NULL OR session_key = ?) "
+                       "AND (? IS NULL OR covered_ms >= ?) AND (? IS NULL OR created_ms < ?)",
+                       (user, session_key, session_key, after_ms, after_ms, before_ms, before_ms))
+            removed = int(db.changes())
+        return removed
+
+    # -- the queue -----------------------------------------------------------------------
+
+    def enqueue(self, db: apsw.Connection, user: str, session_key: str, now_ms: int) -> None:
+        """Queue a summary of the session (one pending job per session: later turns join it)."""
+        with db:
+            db.execute("INSERT INTO episode_jobs(user, session_key, created_ms, next_ms) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT(user, session_key) DO UPDATE SET failed = 0, attempts = 0, "
+                       "next_ms = min(next_ms, excluded.next_ms)", (user, session_key, now_ms, now_ms))
+
+    def due(self, db: apsw.Connection, now_ms: int, limit: int = 20) -> list[EpisodeJob]:
+        rows = db.execute("SELECT id, user, session_key, attempts FROM episode_jobs WHERE failed = 0 "
+                          "AND next_ms <= ? ORDER BY next_ms LIMIT ?", (now_ms, limit))
+        return [EpisodeJob(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
+
+    def done(self, db: apsw.Connection, job_id: int) -> None:
+        with db:
+            db.execute("DELETE FROM episode_jobs WHERE id = ?", (job_id,))
+
+    def failed_attempt(self, db: apsw.Connection, job_id: int, error: str, next_ms: int, give_up: bool) -> None:
+        with db:
+            db.execute("UPDATE episode_jobs SET attempts = attempts + 1, last_error = ?, next_ms = ?, failed = ? "
+                       "WHERE id = ?", (error[:500], next_ms, int(give_up), job_id))
+
+    def queue_state(self, db: apsw.Connection) -> dict[str, int]:
+        row = db.execute("SELECT coalesce(sum(failed = 0), 0), coalesce(sum(failed = 1), 0) FROM episode_jobs").fetchone()
+        return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0, "failed": 0}

@@ -1,0 +1,9 @@
+"""Remembered facts: durable statements about the user, saved by the model or the user,
+de-duplicated exactly and semantically, versioned, and picked for a prompt (docs/memory.md)."""
+
+from __future__ import annotations
+
+from .service import Facts, FactsPage, ScoredFact
+from .store import Fact, FactChange, FactStore, normalise, text_hash
+
+__all__ = ["Fact", "FactChange", "FactStore", "Facts", "FactsPage", "ScoredFact", "normalise", "text_hash"]
