@@ -22,16 +22,19 @@ from .layout import (
     transcript_file,
     transcript_relpath,
 )
-from .models import Message, Session, format_ts, now_ts, parse_ts
+from .keys import check_user
+from .models import MESSAGE_ROLES, Message, Session, format_ts, now_ts, parse_ts
 from .reader import ForwardReader, TranscriptEntry
-from .transcript import memory_enabled
+from .transcript import Header, memory_enabled
 from .store import MessagePage, SessionPage, SessionStore
 
 __all__ = [
+    "MESSAGE_ROLES",
     "TRANSCRIPT_SUFFIX",
     "FileIO",
     "ForwardReader",
     "FsyncPolicy",
+    "Header",
     "InvalidSessionInput",
     "LineTooLarge",
     "Message",
@@ -44,6 +47,7 @@ __all__ = [
     "SessionsConfig",
     "StorageError",
     "TranscriptEntry",
+    "check_user",
     "format_ts",
     "memory_enabled",
     "now_ts",

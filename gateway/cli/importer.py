@@ -30,8 +30,7 @@ from gateway.cli.importer_formats import Conversation, Format, ImportFormatError
 from gateway.config import Config
 from memory import MemoryIndexError
 from sessions import SessionsConfig, SessionStore
-from sessions.errors import SessionError
-from sessions.keys import check_user
+from sessions import SessionError, check_user
 
 __all__ = ["ImportReport", "add_import_parser", "import_conversations", "session_key_for"]
 

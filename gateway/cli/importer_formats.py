@@ -23,8 +23,7 @@ from typing import Any, Literal
 
 import orjson
 
-from sessions.models import MESSAGE_ROLES, Message
-from sessions.transcript import Header
+from sessions import MESSAGE_ROLES, Header, Message
 
 __all__ = ["Conversation", "ImportFormatError", "Turn", "detect", "parse"]
 

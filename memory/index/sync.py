@@ -208,11 +208,6 @@ class FileSync:
             if (row and stat.S_ISREG(st.st_mode) and row.chunking == self.chunking
                     and (row.size, row.mtime_ns) == (st.st_size, st.st_mtime_ns)):
                 return report
-            if not memory_enabled(path):
-                # Incognito: the transcript is kept but never indexed; rows from before are dropped.
-                with self.db:
-                    report.chunks_deleted = self._delete_path(rel)
-                return report
             incremental = (
                 row is not None
                 and row.indexed_offset > 0  # else the header was never read whole, nor checked
@@ -227,6 +222,12 @@ class FileSync:
                 self._skip(rel, reason, report)
                 return report
             self.skipped.pop(rel, None)
+            # After the trust check: the header read here must be the file's own, not a link's target.
+            if not memory_enabled(path):
+                # Incognito: the transcript is kept but never indexed; rows from before are dropped.
+                with self.db:
+                    report.chunks_deleted = self._delete_path(rel)
+                return report
             with self.db:
                 if incremental:
                     assert row is not None

@@ -67,7 +67,7 @@ async def test_duplicate_is_merged_and_correction_replaces(
         # The correction run's prompt listed the fact it replaced, with its id.
         system = fake_openai.chat_requests[-2].json["messages"][0]["content"]
         section = system.split("<remembered_facts>")[1]
-        assert f"[{current}] My daughter Luna is 3 years old now" in section and f"[{luna['id']}]" not in section
+        assert f'[{current}] "My daughter Luna is 3 years old now"' in section and f"[{luna['id']}]" not in section
         active = (await c.call("memory.facts.list"))["facts"]
         assert [f["text"] for f in active] == ["Luna turned 4"]
         assert len((await c.call("memory.facts.list", {"includeInactive": True}))["facts"]) == 3
