@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from sessions import TranscriptEntry
 
 __all__ = [
+    "content_terms",
     "CJK_CHARS",
     "Chunk",
     "Unit",
@@ -52,6 +53,15 @@ CJK_CHARS = (
 _CJK_RE = re.compile(f"[{CJK_CHARS}]")
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
 _MIN_SEGMENT_TOKENS = 8
+
+
+_WORDS = re.compile(r"\w+", re.UNICODE)
+
+
+def content_terms(text: str) -> set[str]:
+    """The case-folded words of ``text`` that carry meaning for a lexical overlap score:
+    longer than two letters, or non-ASCII (one CJK character is a word)."""
+    return {w for w in _WORDS.findall(text.casefold()) if len(w) > 2 or not w.isascii()}
 
 
 def sha256_text(text: str) -> str:

@@ -35,12 +35,13 @@ from memory.index.db import (
     ReaderPool,
     VectorBackend,
     WriteConnection,
+    in_thread,
     move_aside,
     open_index,
 )
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory import forgetting
-from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
+from memory.errors import EmbedderError, MemoryUnavailable
 from memory.episodes import Episodes
 from memory.facts import Facts, FactStore
 from memory.index import knn
@@ -350,12 +351,7 @@ class MemoryService:
         return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
     async def _in_thread(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run blocking index work off the loop; a SQLite failure (disk full, I/O) becomes
-        MemoryStorageError, which the gateway answers as a storage error, not a crash."""
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except apsw.Error as exc:
-            raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+        return await in_thread(action, fn, *args)
 
     def _compute_vector_state(self) -> tuple[bool, str]:
         index = self._index

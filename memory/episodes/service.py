@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,17 +19,17 @@ from typing import TypeVar
 import apsw
 import structlog
 
+from memory.chunking import content_terms
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.episodes.store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore
-from memory.errors import EmbedderError, MemoryStorageError
+from memory.errors import EmbedderError
 from memory.facts.store import cosine
-from memory.index.db import ReaderPool, WriteConnection
+from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
 
 __all__ = ["Episodes", "ScoredEpisode"]
 
 log = structlog.get_logger("memory.episodes")
 
-_WORDS = re.compile(r"\w+", re.UNICODE)
 _DAY_MS = 86_400_000
 _CANDIDATES = 500  # newest episodes scored per search: months of them at the daily cap
 _T = TypeVar("_T")
@@ -41,9 +40,6 @@ class ScoredEpisode:
     episode: Episode
     score: float
 
-
-def _terms(text: str) -> set[str]:
-    return {w for w in _WORDS.findall(text.casefold()) if len(w) > 2 or not w.isascii()}
 
 
 class Episodes:
@@ -136,12 +132,12 @@ class Episodes:
                 log.warning("memory.episodes.query_embed_failed", error=str(exc))
         now_ms = time.time() * 1000
         w = self._keyword_weight if qvec is not None else 1.0
-        qterms = _terms(query)
+        qterms = content_terms(query)
 
         def rank() -> list[ScoredEpisode]:
             out = []
             for episode, vec in rows:
-                eterms = _terms(episode.text + " " + episode.theme)
+                eterms = content_terms(episode.text + " " + episode.theme)
                 keyword = len(qterms & eterms) / max(1, min(len(qterms), len(eterms))) if eterms else 0.0
                 vector = cosine(qvec, vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
                 relevance = w * keyword + (1 - w) * vector
@@ -156,19 +152,7 @@ class Episodes:
     # -- plumbing ------------------------------------------------------------------------
 
     async def _write(self, action: str, fn: Callable[..., _T], *args: object) -> _T:
-        conn = self._conn
-
-        def step() -> _T:
-            with conn.lock:
-                return fn(conn.db, *args)
-
-        try:
-            return await asyncio.to_thread(step)
-        except apsw.Error as exc:
-            raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+        return await write_step(self._conn, action, fn, *args)
 
     async def _read(self, fn: Callable[[apsw.Connection], _T]) -> _T:
-        try:
-            return await asyncio.to_thread(self._readers.run, fn)
-        except apsw.Error as exc:
-            raise MemoryStorageError(f"memory index failed while reading episodes: {type(exc).__name__}") from exc
+        return await read_step(self._readers, "reading episodes", fn)

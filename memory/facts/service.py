@@ -15,7 +15,6 @@ scored in Python over every active fact rather than through FTS5 and sqlite-vec.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -23,17 +22,16 @@ from typing import TypeVar
 import apsw
 import structlog
 
-from memory.chunking import approx_tokens
+from memory.chunking import approx_tokens, content_terms
 from memory.embedders.embeddings import EmbeddingPipeline
-from memory.errors import EmbedderError, MemoryStorageError
+from memory.errors import EmbedderError
 from memory.facts.store import Fact, FactChange, FactDraft, FactStore, cosine
-from memory.index.db import ReaderPool, WriteConnection
+from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
 
 __all__ = ["Facts", "FactsPage", "ScoredFact"]
 
 log = structlog.get_logger("memory.facts")
 
-_WORDS = re.compile(r"\w+", re.UNICODE)
 # Facts embedded lazily per prompt when they lack a vector of the current embedder (saved while
 # none was active, or under another one): a bound on the work one run can cause.
 _BACKFILL_PER_CALL = 64
@@ -51,9 +49,6 @@ class ScoredFact:
     fact: Fact
     score: float
 
-
-def _terms(text: str) -> set[str]:
-    return {w for w in _WORDS.findall(text.casefold()) if len(w) > 2 or not w.isascii()}
 
 
 class Facts:
@@ -125,7 +120,7 @@ class Facts:
             except EmbedderError as exc:
                 log.warning("memory.facts.query_embed_failed", error=str(exc), effect="keyword scoring only")
         # Scoring is pure Python over every active fact: off the event loop.
-        return await asyncio.to_thread(_rank, rows, qvec, _terms(query),
+        return await asyncio.to_thread(_rank, rows, qvec, content_terms(query),
                                        self._keyword_weight if qvec is not None else 1.0, limit, budget_tokens)
 
     # -- plumbing ------------------------------------------------------------------------
@@ -155,29 +150,17 @@ class Facts:
         return [(fact, vec if vec is not None else fresh.get(fact.id)) for fact, vec in rows]
 
     async def _write(self, action: str, fn: Callable[..., _T], *args: object) -> _T:
-        conn = self._conn
-
-        def step() -> _T:
-            with conn.lock:
-                return fn(conn.db, *args)
-
-        try:
-            return await asyncio.to_thread(step)
-        except apsw.Error as exc:
-            raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+        return await write_step(self._conn, action, fn, *args)
 
     async def _read(self, action: str, fn: Callable[[apsw.Connection], _T]) -> _T:
-        try:
-            return await asyncio.to_thread(self._readers.run, fn)
-        except apsw.Error as exc:
-            raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+        return await read_step(self._readers, action, fn)
 
 
 def _rank(rows: list[tuple[Fact, list[float] | None]], qvec: list[float] | None, qterms: set[str], w: float,
           limit: int, budget_tokens: int) -> list[ScoredFact]:
     scored: list[ScoredFact] = []
     for fact, vec in rows:
-        fterms = _terms(fact.text)
+        fterms = content_terms(fact.text)
         keyword = len(qterms & fterms) / len(fterms) if fterms else 0.0
         vector = cosine(qvec, vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
         scored.append(ScoredFact(fact, w * keyword + (1 - w) * vector))

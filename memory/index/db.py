@@ -21,6 +21,7 @@ a failure there moves the file aside and rebuilds exactly as a failure here woul
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import threading
@@ -33,6 +34,7 @@ from typing import TypeVar
 import apsw
 import structlog
 
+from memory.errors import MemoryStorageError
 from memory.index.migrations import SCHEMA_VERSION, migrate
 
 __all__ = [
@@ -303,3 +305,31 @@ class ReaderPool:
                     self._idle.get_nowait().close()
                 except queue.Empty:
                     break
+
+
+# --- async steps (facts, episodes and the service share one way to reach the database) ---------
+
+
+async def in_thread(action: str, fn: Callable[..., _T], *args: object) -> _T:
+    """Run blocking index work off the event loop; a SQLite failure (disk full, I/O) becomes
+    :class:`MemoryStorageError` naming ``action``, which the gateway answers as a storage
+    error, not a crash."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except apsw.Error as exc:
+        raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+
+
+async def write_step(conn: WriteConnection, action: str, fn: Callable[..., _T], *args: object) -> _T:
+    """``fn(db, *args)`` on the writing connection, holding its lock, off the loop."""
+
+    def step() -> _T:
+        with conn.lock:
+            return fn(conn.db, *args)
+
+    return await in_thread(action, step)
+
+
+async def read_step(readers: ReaderPool, action: str, fn: Callable[[apsw.Connection], _T]) -> _T:
+    """``fn(db)`` on a pooled read-only connection, off the loop."""
+    return await in_thread(action, readers.run, fn)
