@@ -18,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -182,13 +184,6 @@ class Corpus:
 
 async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     """A data dir holding ~``target_chunks`` indexed chunks with synthetic vectors (cached)."""
-    from memory import SyncReport
-    from memory.index.db import WriteConnection, open_index
-    from memory.embedders.embeddings import EmbeddingPipeline
-    from memory.index.indexing import Indexer
-    from memory.index.vectors import EmbedderIdentity
-    from sessions import sessions_root
-
     # ~4 new messages per 400-token chunk with these message lengths (measured).
     messages = int(target_chunks * 4.1)
     data_dir = CACHE_DIR / f"corpus-{target_chunks}-v4"
@@ -199,6 +194,32 @@ async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     write_transcripts(data_dir, messages=messages, per_session=50)
+    done = await index_corpus(data_dir, lambda: SyntheticEmbedder(Vocabulary.make()))
+    marker.write_text(f"{done.chunks}\n")
+    return Corpus(data_dir, done.chunks, done.keyword_s + done.embed_s,
+                  done.chunks / done.keyword_s, done.embedded / done.embed_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Indexed:
+    chunks: int
+    keyword_s: float
+    embedded: int
+    embed_s: float
+    embedder: Any
+
+
+async def index_corpus(data_dir: Path, make_embedder: Callable[[], Any],
+                       on_keyword: Callable[[int, float], None] | None = None) -> Indexed:
+    """Index a data dir's transcripts with the real indexer: keyword-only first (timed), then
+    the vectors of ``make_embedder()`` (called only then, so it may still be preparing)."""
+    from memory import SyncReport
+    from memory.embedders.embeddings import EmbeddingPipeline
+    from memory.index.db import WriteConnection, open_index
+    from memory.index.indexing import Indexer
+    from memory.index.vectors import EmbedderIdentity
+    from sessions import sessions_root
+
     config = bench_memory_config()
     opened = open_index(data_dir / "memory.db")
     conn = WriteConnection(opened.db)
@@ -206,15 +227,15 @@ async def build_corpus(target_chunks: int, *, fresh: bool = False) -> Corpus:
     started = time.perf_counter()
     report = await indexer.sync(None)
     keyword_s = time.perf_counter() - started
-    embedder = SyntheticEmbedder(Vocabulary.make())
-    pipeline = EmbeddingPipeline.from_config(embedder, config)  # type: ignore[arg-type]
-    t = time.perf_counter()
-    indexer.vectors.prepare(EmbedderIdentity.of(embedder))  # type: ignore[arg-type]
+    if on_keyword is not None:
+        on_keyword(report.chunks_written, keyword_s)
+    embedder = make_embedder()
+    pipeline = EmbeddingPipeline.from_config(embedder, config)
+    started = time.perf_counter()
+    indexer.vectors.prepare(EmbedderIdentity.of(embedder))
     vec_report = SyncReport()
     await indexer.embed_pending(pipeline, vec_report)
-    embed_s = time.perf_counter() - t
+    embed_s = time.perf_counter() - started
     opened.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    marker.write_text(f"{report.chunks_written}\n")
-    return Corpus(data_dir, report.chunks_written, keyword_s + embed_s,
-                  report.chunks_written / keyword_s, vec_report.embedded / embed_s)
+    return Indexed(report.chunks_written, keyword_s, vec_report.embedded, embed_s, embedder)

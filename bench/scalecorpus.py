@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.corpus import CACHE_DIR, TOPICS, USER, Vocabulary, bench_memory_config
+from bench.corpus import CACHE_DIR, TOPICS, USER, Vocabulary, index_corpus
 from bench.realdist import RealDistEmbedder, load_fit
 
 __all__ = ["ScaleCorpus", "build", "corpus_dir"]
@@ -101,33 +101,13 @@ def embedder() -> RealDistEmbedder:
 
 
 async def _index(data_dir: Path, log: Any) -> dict[str, Any]:
-    from memory import SyncReport
-    from memory.embedders.embeddings import EmbeddingPipeline
-    from memory.index.db import WriteConnection, open_index
-    from memory.index.indexing import Indexer
-    from memory.index.vectors import EmbedderIdentity
-    from sessions import sessions_root
+    def keyword_done(chunks: int, seconds: float) -> None:
+        log(f"  {chunks:,} chunks indexed keyword-only in {seconds:.0f} s; vectors…")
 
-    config = bench_memory_config()
-    opened = open_index(data_dir / "memory.db")
-    conn = WriteConnection(opened.db)
-    indexer = Indexer.on(conn, opened.vectors, sessions_root(data_dir), config)
-    started = time.perf_counter()
-    report = await indexer.sync(None)
-    keyword_s = time.perf_counter() - started
-    log(f"  {report.chunks_written:,} chunks indexed keyword-only in {keyword_s:.0f} s; vectors…")
-    # The fit comes after the text: it may still be computing (by another process) until here.
-    emb = embedder()
-    pipeline = EmbeddingPipeline.from_config(emb, config)  # type: ignore[arg-type]
-    started = time.perf_counter()
-    indexer.vectors.prepare(EmbedderIdentity.of(emb))  # type: ignore[arg-type]
-    vec_report = SyncReport()
-    await indexer.embed_pending(pipeline, vec_report)
-    embed_s = time.perf_counter() - started
-    opened.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    return {"chunks": report.chunks_written, "keyword_s": keyword_s, "embed_s": embed_s,
-            "embedded": vec_report.embedded, "vectors": emb.model_id, "fit": emb.fit.info}
+    # The fit comes after the text: it may still be computing (by another process) until then.
+    done = await index_corpus(data_dir, embedder, keyword_done)
+    return {"chunks": done.chunks, "keyword_s": done.keyword_s, "embed_s": done.embed_s,
+            "embedded": done.embedded, "vectors": done.embedder.model_id, "fit": done.embedder.fit.info}
 
 
 def build(size: int, *, fresh: bool = False, log: Any = print) -> ScaleCorpus:
