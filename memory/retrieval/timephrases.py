@@ -254,7 +254,9 @@ def find_time_window(text: str, now: datetime) -> TimeWindow | None:
     for pattern, resolve in _RULES:
         for m in pattern.finditer(text):
             raw = resolve(m, now)
-            if raw is not None and raw[0] < now:  # a window in the future says nothing of memory
+            # A window in the future says nothing of memory; compare in ms, the unit of the
+            # result, so "today" asked in the first millisecond of a day is not an empty window.
+            if raw is not None and _ms(raw[0]) < _ms(now):
                 found.append((m.start(), m.end(), raw))
     if not found:
         return None
