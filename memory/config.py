@@ -47,6 +47,12 @@ class MemoryConfig:
     fusion: FusionMethod = "convex"
     keyword_weight: float = 0.4
     rrf_k: int = 60
+    # A hybrid search adds recency_weight · 0.5^(age / half-life) to each fused score, age
+    # counted back from the question's moment: what was said lately wins near-ties. Chosen by
+    # cross-validation, the largest weight that costs nothing when the whole history is
+    # searched (docs/memory.md); 0 turns it off.
+    recency_weight: float = 0.2
+    recency_half_life_days: float = 60.0
     candidates: int = 50
     # An optional local cross-encoder (memory.rerank) re-orders the fused top rerank_candidates
     # of hybrid and vector searches: better recall, much slower (docs/memory.md).
@@ -137,6 +143,10 @@ class MemoryConfig:
             problems.append("keyword_weight must be between 0 and 1")
         if self.rrf_k < 1:
             problems.append("rrf_k must be at least 1")
+        if not 0.0 <= self.recency_weight <= 1.0:
+            problems.append("recency_weight must be between 0 and 1")
+        if not self.recency_half_life_days > 0:
+            problems.append("recency_half_life_days must be above 0")
         if not 1 <= self.default_k <= self.max_k:
             problems.append("default_k must be between 1 and max_k")
         if self.candidates < self.max_k:

@@ -11,16 +11,20 @@ first hit is than its tenth, so a leg that is sure of one chunk outweighs a leg 
 many near-ties — equal-weight RRF let a weak leg's ranks drag hybrid below the better leg
 (docs/memory.md has the table of alternatives and the cross-validation that chose this).
 ``rrf`` is kept for comparison: ``Σ w/(rrf_k + rank)`` with the same leg weights.
+
+``with_recency`` then adds a third signal to a hybrid ranking: ``recency_weight · 0.5^(age /
+half-life)``, the age of each chunk's last message counted back from the question's moment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from dataclasses import dataclass
 
 from memory.config import MemoryConfig
 
-__all__ = ["Fused", "fuse"]
+__all__ = ["Fused", "fuse", "with_recency"]
 
 Leg = Sequence[tuple[int, float]]
 
@@ -66,9 +70,32 @@ def fuse(keyword: Leg, vector: Leg, config: MemoryConfig) -> list[Fused]:
         for cid in {**kw_rank, **vec_rank}
     ]
 
-    def order(f: Fused) -> tuple[float, int, int]:
-        best = min(r for r in (f.keyword_rank, f.vector_rank) if r is not None)
-        return (-f.score, best, f.chunk_id)
+    out.sort(key=_order)
+    return out
 
-    out.sort(key=order)
+
+def _order(f: Fused) -> tuple[float, int, int]:
+    best = min(r for r in (f.keyword_rank, f.vector_rank) if r is not None)
+    return (-f.score, best, f.chunk_id)
+
+
+_DAY_MS = 86_400_000
+
+
+def with_recency(fused: Sequence[Fused], said_ms: Mapping[int, int | None], now_ms: int,
+                 config: MemoryConfig) -> list[Fused]:
+    """``fused`` re-scored with the recency term and re-sorted; a chunk without a time gets none.
+
+    A chunk said after ``now_ms`` (only a benchmark asking about the past can see one) counts
+    as said just now: it gets the full term, not a pass for being in the future.
+    """
+    if config.recency_weight <= 0:
+        return list(fused)
+    half_life_ms = config.recency_half_life_days * _DAY_MS
+    out = []
+    for f in fused:
+        said = said_ms.get(f.chunk_id)
+        boost = 0.0 if said is None else config.recency_weight * 0.5 ** (max(0, now_ms - said) / half_life_ms)
+        out.append(replace(f, score=f.score + boost))
+    out.sort(key=_order)
     return out

@@ -34,7 +34,7 @@ from memory.index import knn
 from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import InvalidSearch
-from memory.retrieval.fusion import Fused, fuse
+from memory.retrieval.fusion import Fused, fuse, with_recency
 from memory.retrieval.timephrases import TimeWindow, find_time_window, strip_time_phrase
 from memory.index.quantize import quantize_int8, vector_from_blob
 
@@ -126,6 +126,7 @@ class SearchRequest:
     after_ms: int | None = None
     before_ms: int | None = None
     window: TimeWindow | None = None   # a time phrase in the query ("last week"), if any
+    now_ms: int | None = None          # when the question is asked: recency counts back from it
 
     @classmethod
     def build(cls, config: MemoryConfig, user: str, query: object, *, k: object = None,
@@ -148,11 +149,10 @@ class SearchRequest:
         if after_ms is not None and before_ms is not None and after_ms >= before_ms:
             raise InvalidSearch("before", "must be later than after")
         query = query[:MAX_QUERY_CHARS]
-        window = None
-        if config.time_phrases:
-            window = find_time_window(query, (now or datetime.now()).astimezone())
+        moment = (now or datetime.now()).astimezone()
+        window = find_time_window(query, moment) if config.time_phrases else None
         return cls(user, query, k, mode, session_key, exclude_session_key,  # type: ignore[arg-type]
-                   after_ms, before_ms, window)
+                   after_ms, before_ms, window, int(moment.timestamp() * 1000))
 
     def within_window(self) -> SearchRequest | None:
         """This search narrowed to its time phrase's window (None when there is none or the
@@ -301,6 +301,9 @@ SELECT id, session_key, content, line_start, line_end, start_ts, end_ts
 FROM chunks WHERE id IN ({marks})
 """
 
+# When each fused chunk was said (its last message), for the recency term of a hybrid search.
+_SAID_SQL = "SELECT id, COALESCE(end_ms, start_ms) FROM chunks WHERE id IN ({marks})"
+
 # Fixed fragments, picked by which filters are set: (keyword leg, vector leg).
 _FILTERS = {
     "session_key": ("\n  AND chunks.session_key = :session_key", "\n      AND session_key = :session_key"),
@@ -349,7 +352,12 @@ class HybridSearch:
         match = fts_query(request.query, self.config.max_query_terms) if keyword else None
         keyword_leg = self._keyword_leg(request, match) if match is not None else []
         vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
-        return fuse(keyword_leg, vector_leg, self.config)
+        fused = fuse(keyword_leg, vector_leg, self.config)
+        if request.mode != "hybrid" or request.now_ms is None or self.config.recency_weight <= 0 or not fused:
+            return fused  # a keyword or vector search is that leg alone
+        ids = [f.chunk_id for f in fused]
+        said = dict(self.db.execute(_SAID_SQL.format(marks=",".join("?" * len(ids))), ids))
+        return with_recency(fused, said, request.now_ms, self.config)
 
     def _keyword_leg(self, request: SearchRequest, match: str) -> list[tuple[int, float]]:
         sql, active = build_sql(request, leg="keyword")

@@ -109,7 +109,7 @@ def _hand_built(tmp_path: Path, embedder: FakeEmbedder) -> None:
 async def test_rrf_order_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedder) -> None:
     """With fusion = "rrf", scores are Σ w/(60 + rank) over both legs and results come in that order."""
     _hand_built(tmp_path, embedder)
-    async with opened(tmp_path, quiet_config(fusion="rrf", keyword_weight=0.5), embedder) as svc:
+    async with opened(tmp_path, quiet_config(fusion="rrf", keyword_weight=0.5, recency_weight=0.0), embedder) as svc:
         hits = (await svc.search("alice", "apple banana")).results
     got = [(name_of(h.session_key), h.keyword_rank, h.vector_rank) for h in hits]
     assert got == [("a", 1, 3), ("b", 2, 2), ("c", None, 1)]
@@ -120,7 +120,7 @@ async def test_rrf_order_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedd
 async def test_convex_fusion_on_hand_built_case(tmp_path: Path, embedder: FakeEmbedder) -> None:
     """The default fusion adds min-max normalised leg scores, weighted keyword_weight : 1 - keyword_weight."""
     _hand_built(tmp_path, embedder)
-    async with opened(tmp_path, quiet_config(keyword_weight=0.4), embedder) as svc:
+    async with opened(tmp_path, quiet_config(keyword_weight=0.4, recency_weight=0.0), embedder) as svc:
         hits = (await svc.search("alice", "apple banana")).results
     got = [(name_of(h.session_key), h.keyword_rank, h.vector_rank) for h in hits]
     # cosine to the query: a 0.1, b 0.9, c 0.99 → normalised 0, 0.89, 1; BM25: a best (1), b worst (0).
@@ -229,3 +229,23 @@ async def test_time_phrases_can_be_switched_off(tmp_path: Path, embedder: FakeEm
         hits = (await svc.search("alice", "the heron last week", mode="keyword",
                                  now=BASE_TIME + timedelta(days=24))).results
     assert [name_of(h.session_key) for h in hits] == ["old", "recent"]
+
+
+async def test_recency_breaks_a_tie_towards_what_was_said_lately(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """Two chunks equal to both legs: hybrid puts the one said lately first; keyword mode, and
+    recency_weight = 0, leave the tie."""
+    day = 24 * 60
+    write_transcript(tmp_path, "alice", "old", ["the quokka ate grass"], start_minute=0)
+    write_transcript(tmp_path, "alice", "new", ["the quokka ate grass"], start_minute=398 * day)
+    now = BASE_TIME + timedelta(days=400)
+    for weight in (0.2, 0.0):
+        async with opened(tmp_path, quiet_config(recency_weight=weight), embedder) as svc:
+            hybrid = (await svc.search("alice", "quokka", mode="hybrid", now=now)).results
+            keyword = (await svc.search("alice", "quokka", mode="keyword", now=now)).results
+        assert keyword[0].score == keyword[1].score  # no recency term outside hybrid
+        if weight:
+            assert [name_of(h.session_key) for h in hybrid] == ["new", "old"]
+            expected = weight * (0.5 ** (2 / 60) - 0.5 ** (400 / 60))
+            assert hybrid[0].score - hybrid[1].score == pytest.approx(expected, abs=1e-3)
+        else:
+            assert hybrid[0].score == hybrid[1].score
