@@ -15,6 +15,11 @@ The table gives R@10 / nDCG@10 of each leg and each fusion setting per dump, the
 leave-one-dump-out cross-validation: the keyword weight is chosen on all other dumps (mean
 R@10) and scored on the held-out one — the weight the defaults carry must win there, not only
 on the data it was chosen on.
+
+Where questions carry a moment (RealMem), a second table scores the recency term that recall
+into a prompt adds (``recency_weight``, ``recency_half_life_days``) in two views: the whole
+history, and "as of" each question (each leg's list cut to what was said before it, as a live
+assistant meets the question).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ if str(_REPO) not in sys.path:
 from bench.recall import (  # noqa: E402
     hits_to_turns,
     load_corpus,
+    question_moments,
     load_dataset,
     longest_turn_tokens,
     memory_config,
@@ -46,7 +52,7 @@ from bench.recall import (  # noqa: E402
 )
 from memory import MemoryConfig, MemoryService  # noqa: E402
 from memory.config import FusionMethod  # noqa: E402
-from memory.retrieval.fusion import fuse  # noqa: E402
+from memory.retrieval.fusion import fuse, with_recency  # noqa: E402
 from memory.retrieval.search import fts_query  # noqa: E402
 
 CACHE = _REPO / "bench" / ".cache" / "recall-embeddings.sqlite"
@@ -102,6 +108,8 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
         db = apsw.Connection(str(root / "memory.db"))
         rows = list(db.execute("SELECT id, user, session_key, line_start, line_end, content FROM chunks ORDER BY id"))
         turns = {cid: hits_to_turns(_Span(sk, ls, le), corpus.line_map) for cid, _, sk, ls, le, _ in rows}
+        said = dict(db.execute("SELECT id, COALESCE(end_ms, start_ms) FROM chunks"))
+        moments = question_moments(dataset)
         texts = [r[5] for r in rows]
         found = _cached_vectors(cache, texts, embedder.model_id)
         missing = [t for t in texts if hashlib.sha256(t.encode()).hexdigest() not in found]
@@ -129,9 +137,12 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
             sims = matrix[idx] @ queries[qi]
             order = np.argsort(-sims, kind="stable")[:DEPTH]
             near: Leg = [(int(rows[idx[j]][0]), float(sims[j])) for j in order]
-            out_q.append({"evidence": list(q.evidence), "category": q.category, "kw": kw, "vec": near})
+            moment = moments[qi]
+            out_q.append({"evidence": list(q.evidence), "category": q.category, "kw": kw, "vec": near,
+                          "now": None if moment is None else int(moment.timestamp() * 1000)})
         db.close()
-    return {"turns": {str(k): v for k, v in turns.items()}, "questions": out_q}
+    return {"turns": {str(k): v for k, v in turns.items()}, "said": {str(k): v for k, v in said.items()},
+            "questions": out_q}
 
 
 class _Span:
@@ -194,6 +205,28 @@ def settings() -> dict[str, Callable[[Leg, Leg], list[int]]]:
     return out
 
 
+RECENCY = ((0.0, 60.0), (0.1, 60.0), (0.2, 30.0), (0.2, 60.0), (0.2, 120.0), (0.3, 60.0), (0.4, 60.0))
+
+
+def recency_scores(d: dict[str, Any], weight: float, half_life: float, as_of: bool) -> tuple[float, float]:
+    """R@10 / nDCG@10 of the default fusion plus the recency term, over the dated questions."""
+    config = MemoryConfig(recency_weight=weight, recency_half_life_days=half_life)
+    said = {int(k): v for k, v in d["said"].items()}
+    r10 = nd = 0.0
+    dated = [q for q in d["questions"] if q.get("now") is not None]
+    for q in dated:
+        kw, vec = q["kw"], q["vec"]
+        if as_of:
+            kw = [(c, s) for c, s in kw if (said.get(c) or 0) < q["now"]]
+            vec = [(c, s) for c, s in vec if (said.get(c) or 0) < q["now"]]
+        fused = with_recency(fuse(kw[:50], vec[:50], config), said, q["now"], config)
+        ranked = [d["turns"][str(f.chunk_id)] for f in fused]
+        r10 += recall_at(ranked, q["evidence"], 10)
+        nd += ndcg_at(ranked, q["evidence"], 10)
+    n = max(1, len(dated))
+    return r10 / n, nd / n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fusion_cv", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
@@ -208,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(path_text)
         subset = subsets.get(path.stem)
         name = f"{path.stem}{'[' + str(len(subset)) + ']' if subset else ''}:{granularity}"
-        file = args.dumps / (name.replace(":", "-").replace("[", "-").replace("]", "") + ".json")
+        # v2: dumps carry when each chunk was said and when each question was asked.
+        file = args.dumps / (name.replace(":", "-").replace("[", "-").replace("]", "") + "-v2.json")
         if not file.exists():
             print(f"dumping {name} …", file=sys.stderr)
             data = asyncio.run(dump(path, granularity, subset, args.embedding_cache))
@@ -228,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
             r10 = table[held][f"convex {best}"][0]
             legs = max(table[held]["keyword"][0], table[held]["vector"][0])
             print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, {r10 - legs:+.3f})")
+    dated = [n for n in names if any(q.get("now") is not None for q in dumps[n]["questions"])]
+    if dated:
+        print("\nrecency (recall into a prompt), R@10 / nDCG@10 of convex 0.4 + the term, dated questions only")
+        print("weight, half-life".ljust(20) + "".join(f"{n} {view}".rjust(30) for n in dated for view in ("whole", "as of")))
+        for weight, half_life in RECENCY:
+            cells = [recency_scores(dumps[n], weight, half_life, as_of) for n in dated for as_of in (False, True)]
+            print(f"{weight}, {half_life:g} d".ljust(20) + "".join(f"{r:.3f} / {g:.3f}".rjust(30) for r, g in cells))
     return 0 if all(math.isfinite(v[0]) for t in table.values() for v in t.values()) else 1
 
 

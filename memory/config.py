@@ -47,10 +47,9 @@ class MemoryConfig:
     fusion: FusionMethod = "convex"
     keyword_weight: float = 0.4
     rrf_k: int = 60
-    # A hybrid search adds recency_weight · 0.5^(age / half-life) to each fused score, age
-    # counted back from the question's moment: what was said lately wins near-ties. Chosen by
-    # cross-validation, the largest weight that costs nothing when the whole history is
-    # searched (docs/memory.md); 0 turns it off.
+    # Recall into a prompt adds recency_weight · 0.5^(age / half-life) to each fused score, age
+    # counted back from now: what was said lately wins near-ties (docs/memory.md has the
+    # cross-validation behind the numbers); 0 turns it off. memory.search ranks without it.
     recency_weight: float = 0.2
     recency_half_life_days: float = 60.0
     candidates: int = 50

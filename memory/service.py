@@ -375,12 +375,14 @@ class MemoryService:
         after: str | None = None,
         before: str | None = None,
         now: datetime | None = None,
+        recency: bool = False,
     ) -> SearchResponse:
         """Search ``user``'s memory; see ``memory.search`` for ranking and filters. ``now``
-        (default: the clock) is the moment time phrases such as "last week" count back from."""
+        (default: the clock) is the moment time phrases such as "last week" count back from;
+        ``recency`` adds the recency term to a hybrid ranking (recall into a prompt does)."""
         request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
                                       exclude_session_key=exclude_session_key, after=after, before=before,
-                                      now=now)
+                                      now=now, recency=recency)
         index = self._require_index()
         started = time.perf_counter()
         actual = request.mode
@@ -430,10 +432,11 @@ class MemoryService:
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
                      now: datetime | None = None) -> list[SearchHit]:
-        """What to put in a prompt answering ``message``: a hybrid search, then the relevance
-        floor, merging and the token budget of :func:`memory.recall.for_prompt`."""
+        """What to put in a prompt answering ``message``: a hybrid search with the recency term
+        (the conversation is happening now, and what was said last is usually what counts), then
+        the relevance floor, merging and the token budget of :func:`memory.recall.for_prompt`."""
         response = await self.search(user, message, k=k, mode="hybrid",
-                                     exclude_session_key=exclude_session_key, now=now)
+                                     exclude_session_key=exclude_session_key, now=now, recency=True)
         floor = self.config.recall_min_similarity
         if floor is None:
             # Calibrated per model (a cosine means different things to different models);

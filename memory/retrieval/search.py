@@ -127,12 +127,15 @@ class SearchRequest:
     before_ms: int | None = None
     window: TimeWindow | None = None   # a time phrase in the query ("last week"), if any
     now_ms: int | None = None          # when the question is asked: recency counts back from it
+    recency: bool = False              # add the recency term (recall into a prompt)
 
     @classmethod
     def build(cls, config: MemoryConfig, user: str, query: object, *, k: object = None,
               mode: object = "hybrid", session_key: object = None, exclude_session_key: object = None,
-              after: object = None, before: object = None, now: datetime | None = None) -> SearchRequest:
-        """Validate every field; ``now`` (default: the clock, local time zone) anchors time phrases."""
+              after: object = None, before: object = None, now: datetime | None = None,
+              recency: bool = False) -> SearchRequest:
+        """Validate every field; ``now`` (default: the clock, local time zone) anchors time phrases
+        and, with ``recency``, the recency term of a hybrid search."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidSearch("query", "must be a non-empty string")
         if k is None:
@@ -152,7 +155,7 @@ class SearchRequest:
         moment = (now or datetime.now()).astimezone()
         window = find_time_window(query, moment) if config.time_phrases else None
         return cls(user, query, k, mode, session_key, exclude_session_key,  # type: ignore[arg-type]
-                   after_ms, before_ms, window, int(moment.timestamp() * 1000))
+                   after_ms, before_ms, window, int(moment.timestamp() * 1000), recency)
 
     def within_window(self) -> SearchRequest | None:
         """This search narrowed to its time phrase's window (None when there is none or the
@@ -353,7 +356,7 @@ class HybridSearch:
         keyword_leg = self._keyword_leg(request, match) if match is not None else []
         vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
         fused = fuse(keyword_leg, vector_leg, self.config)
-        if request.mode != "hybrid" or request.now_ms is None or self.config.recency_weight <= 0 or not fused:
+        if not request.recency or request.mode != "hybrid" or request.now_ms is None or not fused:
             return fused  # a keyword or vector search is that leg alone
         ids = [f.chunk_id for f in fused]
         said = dict(self.db.execute(_SAID_SQL.format(marks=",".join("?" * len(ids))), ids))

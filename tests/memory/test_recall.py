@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from memory.chunking import approx_tokens
 from memory.retrieval.recall import for_prompt, merge_overlapping, trim_to_tokens
 from memory.retrieval.search import SearchHit
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
+from tests.memory.conftest import BASE_TIME, FakeEmbedder, opened, quiet_config, ts, write_transcript
 
 
 def hit(cid: int, lines: tuple[int, int], content: str, similarity: float | None = 0.9,
@@ -97,3 +98,14 @@ async def test_rerank_reorders_by_the_cross_encoder(tmp_path: Path) -> None:
     assert "Lisbon" in plain.results[0].content and "rerankMs" not in plain.timings_ms
     assert "passport" in reranked.results[0].content
     assert len(reranked.results) == 2 and "rerankMs" in reranked.timings_ms
+
+
+async def test_service_recall_puts_what_was_said_lately_first(tmp_path: Path) -> None:
+    """Recall into a prompt ranks the same words said yesterday above those said a year ago."""
+    embedder = FakeEmbedder()
+    day = 24 * 60
+    write_transcript(tmp_path, "alice", "old", ["the quokka ate grass"], start_minute=0)
+    write_transcript(tmp_path, "alice", "new", ["the quokka ate grass"], start_minute=364 * day)
+    async with opened(tmp_path, quiet_config(), embedder) as svc:
+        recalled = await svc.recall("alice", "quokka", k=2, now=BASE_TIME + timedelta(days=365))
+    assert [h.start_ts[:10] for h in recalled] == [ts(364 * day)[:10], ts(0)[:10]]

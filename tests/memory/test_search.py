@@ -232,17 +232,19 @@ async def test_time_phrases_can_be_switched_off(tmp_path: Path, embedder: FakeEm
 
 
 async def test_recency_breaks_a_tie_towards_what_was_said_lately(tmp_path: Path, embedder: FakeEmbedder) -> None:
-    """Two chunks equal to both legs: hybrid puts the one said lately first; keyword mode, and
-    recency_weight = 0, leave the tie."""
+    """Two chunks equal to both legs: a hybrid search with recency (recall's) puts the one said
+    lately first; a plain search, keyword mode and recency_weight = 0 leave the tie."""
     day = 24 * 60
     write_transcript(tmp_path, "alice", "old", ["the quokka ate grass"], start_minute=0)
     write_transcript(tmp_path, "alice", "new", ["the quokka ate grass"], start_minute=398 * day)
     now = BASE_TIME + timedelta(days=400)
     for weight in (0.2, 0.0):
         async with opened(tmp_path, quiet_config(recency_weight=weight), embedder) as svc:
-            hybrid = (await svc.search("alice", "quokka", mode="hybrid", now=now)).results
-            keyword = (await svc.search("alice", "quokka", mode="keyword", now=now)).results
+            hybrid = (await svc.search("alice", "quokka", mode="hybrid", now=now, recency=True)).results
+            keyword = (await svc.search("alice", "quokka", mode="keyword", now=now, recency=True)).results
+            plain = (await svc.search("alice", "quokka", mode="hybrid", now=now)).results
         assert keyword[0].score == keyword[1].score  # no recency term outside hybrid
+        assert plain[0].score == plain[1].score  # memory.search ranks by relevance alone
         if weight:
             assert [name_of(h.session_key) for h in hybrid] == ["new", "old"]
             expected = weight * (0.5 ** (2 / 60) - 0.5 ** (400 / 60))
