@@ -89,8 +89,8 @@ export class FactsPanel {
     const del = h("button", { type: "button", "aria-label": `Delete fact: ${fact.text}` }, "Delete");
     const li = h("li", { class: "fact", dataset: { id: fact.id } },
       h("p", { class: "fact-text" }, fact.text),
-      h("p", { class: "meta" }, `${formatDate(fact.updatedAt)} · ${by}`),
-      h("div", { class: "fact-actions" }, edit, del));
+      h("div", { class: "fact-foot" },
+        h("p", { class: "meta" }, `${formatDate(fact.updatedAt)} · ${by}`), edit, del));
     edit.addEventListener("click", () => this.#edit(li, fact, edit));
     del.addEventListener("click", () => this.#delete(li, fact));
     return li;
