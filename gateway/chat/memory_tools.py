@@ -307,6 +307,7 @@ class MemoryToolRun:
                 raise ValueError("arguments must be a JSON object")
         except ValueError as exc:
             result: dict[str, Any] | str = {"ok": False, "error": f"bad arguments for {call.name}: {exc}"}
+            log.info("chat.tool", tool=call.name, ok=False)
         else:
             result = await self._run_tool(memory, call.name, args)
         return orjson.dumps(result).decode() if isinstance(result, dict) else str(result)
