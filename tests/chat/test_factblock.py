@@ -128,3 +128,19 @@ def test_text_without_a_tag_is_held_only_as_trailing_space(text: str, cuts: list
         so_far += f.feed(piece)
     assert so_far == text.rstrip() if text.strip() else so_far == ""
     assert so_far + f.finish().tail == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(_ALPHABET, max_size=14), cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_only_a_possible_block_start_is_ever_held(parts: list[str], cuts: list[int]) -> None:
+    """After every feed, what was sent is a prefix of what came in, and what is held is only
+    whitespace plus a proper prefix of the opening tag, or a block begun by the full tag."""
+    text = "".join(parts)
+    f = BlockFilter(4000)
+    received = sent = ""
+    for piece in chunked(text, cuts):
+        received += piece
+        sent += f.feed(piece)
+        assert received.startswith(sent)
+        held = received[len(sent):].lstrip()
+        assert held.startswith(BLOCK_OPEN) or BLOCK_OPEN.startswith(held) and held != BLOCK_OPEN
