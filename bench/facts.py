@@ -13,6 +13,7 @@ Latency: two gateways in this process, the same local embedder, one with ``memor
 
     .venv/bin/python -m bench.facts                 # both parts
     .venv/bin/python -m bench.facts --only dedup    # or --only latency; --runs N
+    .venv/bin/python -m bench.facts --only latency --facts block   # the "on" gateway in block mode
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ async def _timed_run(c: Client, key: str, text: str) -> float:
             return time.perf_counter() - started
 
 
-async def latency(runs: int, recall: bool) -> None:
+async def latency(runs: int, recall: bool, mode: str = "tool") -> None:
     async with FakeOpenAI() as fake:
         fake.configure(reply="Sure, here is a short answer for you.")
         with tempfile.TemporaryDirectory() as tmp:
@@ -109,7 +110,7 @@ async def latency(runs: int, recall: bool) -> None:
                                                          "model": "fake-model", "max_retries": 0},
                                    memory={"embedder": "local", "facts": facts}, chat={"recall": recall})
 
-            async with running_gateway(config("on", "tool")) as on_app, running_gateway(config("off", "off")) as off_app:
+            async with running_gateway(config("on", mode)) as on_app, running_gateway(config("off", "off")) as off_app:
                 async with Client.connect(on_app.url, TOKEN) as on, Client.connect(off_app.url, TOKEN) as off:
                     for i in range(50):
                         await on.call("memory.facts.add", {"text": f"Fact {i}: I like hobby number {i} and city {i * 7}."})
@@ -138,7 +139,7 @@ async def latency(runs: int, recall: bool) -> None:
     on_p50 = statistics.median(samples["on"]) * 1000
     off_p50 = statistics.median(samples["off"]) * 1000
     print(f"latency: {runs} runs each, chat.send → chat.final, fake model, local embedder, 50 facts, "
-          f"recall {'on' if recall else 'off'}")
+          f"recall {'on' if recall else 'off'}, facts on = {mode!r}")
     print(f"  facts on  p50 {on_p50:.1f} ms")
     print(f"  facts off p50 {off_p50:.1f} ms")
     print(f"  added p50 (per-round difference) {statistics.median(diffs) * 1000:.1f} ms")
@@ -150,12 +151,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--recall", choices=("on", "off"), default="on",
                         help="chat.recall in both gateways (on: the default a user gets)")
+    parser.add_argument("--facts", choices=("tool", "block"), default="tool",
+                        help="memory.facts of the 'on' gateway (the other has 'off')")
     args = parser.parse_args()
     configure_logging("warning", "console")  # the figures are the output, not the log
     if args.only in (None, "dedup"):
         asyncio.run(dedup())
     if args.only in (None, "latency"):
-        asyncio.run(latency(args.runs, args.recall == "on"))
+        asyncio.run(latency(args.runs, args.recall == "on", args.facts))
 
 
 if __name__ == "__main__":

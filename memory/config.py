@@ -20,7 +20,7 @@ CHUNK_TOKENS_CAP = 256
 WINDOW_SHARE = 0.8
 
 EmbedderChoice = Literal["auto", "openai", "local", "none"]
-FactsMode = Literal["tool", "off"]
+FactsMode = Literal["tool", "block", "off"]
 FusionMethod = Literal["convex", "rrf"]
 
 
@@ -72,12 +72,17 @@ class MemoryConfig:
     recall_min_similarity: float | None = None
 
     # Remembered facts (memory.facts): "tool" offers the model remember/forget/search_memory
-    # tools; "off" neither saves facts nor shows them. A new fact whose cosine to an active one
-    # reaches facts_dedup_threshold updates that fact instead of adding a near-duplicate.
+    # tools; "block" (models without tool calling) asks for a trailing <memory_update> JSON block,
+    # held back from the stream and stripped; "off" neither saves facts nor shows them. A new fact
+    # whose cosine to an active one reaches facts_dedup_threshold updates that fact instead of
+    # adding a near-duplicate.
     facts: FactsMode = "tool"
     facts_dedup_threshold: float = 0.92
     facts_max_chars: int = 200
     facts_max_per_user: int = 1000
+    # Block mode: text after a line-start <memory_update> is held back at most this long (to
+    # the end of the closing tag); a longer one is ordinary text and is sent on.
+    facts_block_max_chars: int = 4000
     # The "Remembered facts" prompt section: at most this many facts, within this many tokens.
     facts_prompt_max: int = 8
     facts_prompt_budget_tokens: int = 300
@@ -156,8 +161,10 @@ class MemoryConfig:
             problems.append("recall_budget_tokens must be at least 1")
         if self.recall_min_similarity is not None and not -1.0 <= self.recall_min_similarity <= 1.0:
             problems.append("recall_min_similarity must be between -1 and 1")
-        if self.facts not in ("tool", "off"):
-            problems.append("facts must be 'tool' or 'off'")
+        if self.facts not in ("tool", "block", "off"):
+            problems.append("facts must be 'tool', 'block' or 'off'")
+        if self.facts_block_max_chars < 100:
+            problems.append("facts_block_max_chars must be at least 100")
         if not 0.0 < self.facts_dedup_threshold <= 1.0:
             problems.append("facts_dedup_threshold must be above 0 and at most 1")
         for name in ("facts_max_chars", "facts_max_per_user", "facts_prompt_max", "facts_prompt_budget_tokens"):

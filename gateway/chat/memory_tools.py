@@ -12,6 +12,11 @@ Everything the tools return to the model is data: a failed call becomes an error
 model can read (never a failed run), and ``search_memory`` results are quoted exactly like the
 automatic recall block. ``chat.final`` then lists the facts saved or changed and what
 ``search_memory`` found (:meth:`MemoryToolRun.final_fields`).
+
+With ``memory.facts = "block"`` — or ``"tool"`` with a model that has refused tools — the
+request offers no tools; the prompt instead asks for a trailing ``<memory_update>`` JSON block
+(``gateway/chat/factblock.py``), which is held back from the stream, stripped from the reply
+and applied through the same ``remember``/``forget`` code as the tools' calls.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 import orjson
 import structlog
 
+from gateway.chat.factblock import BLOCK_CLOSE, BLOCK_OPEN, BlockFilter, MalformedBlock, parse_block
 from gateway.chat.llm import ChatEvent, ChatModel, Completion, Messages, TextDelta, ToolCall
 from gateway.chat.prompt import RECALL_QUERY_CHARS, format_recall_block, quote_recalled
 from memory import (MAX_QUERY_CHARS, FactChange, MemoryIndexError, MemoryService, ScoredEpisode, ScoredFact,
@@ -83,6 +89,20 @@ def tool_instructions(max_chars: int) -> str:
     )
 
 
+def block_instructions(max_chars: int) -> str:
+    return (
+        "Memory: when the user states or confirms a durable fact about themselves (their life, people, "
+        "preferences, plans) — never your own knowledge, guesses or passing remarks — end your reply, after "
+        f"everything else, with one block exactly in this form on lines of its own:\n{BLOCK_OPEN}\n"
+        '{"remember": [{"text": "...", "replaces": 12}], "forget": [7]}\n'
+        f"{BLOCK_CLOSE}\n"
+        f"Each remembered text is one self-contained sentence, at most {max_chars} characters, in the "
+        "user's language. Give `replaces` (the id of a remembered fact below) only when the new fact "
+        "corrects it; list ids under `forget` only when the user asks you to forget them; leave out an "
+        "empty list. Write no block when there is nothing to save or forget. The user never sees the block."
+    )
+
+
 def format_episodes_block(episodes: Sequence[ScoredEpisode]) -> str:
     """Summaries of earlier conversations, dated, fenced off as quoted data."""
     lines = [EPISODES_OPEN, "Summaries of earlier conversations with the user (date, ISO week), each a "
@@ -114,7 +134,7 @@ class MemoryTools:
 
     @property
     def enabled(self) -> bool:
-        return self.memory is not None and self.memory.config.facts == "tool"
+        return self.memory is not None and self.memory.config.facts != "off"
 
     def begin(self, user: str, session_key: str, run_id: str, message: str, *, memory_on: bool = True,
               recall: bool = True) -> MemoryToolRun:
@@ -135,6 +155,7 @@ class MemoryToolRun:
     changes: list[FactChange] = field(default_factory=list)
     searched: list[dict[str, Any]] = field(default_factory=list)
     shown: list[int] = field(default_factory=list)  # fact ids put in the prompt
+    block: bool = False  # facts come in a trailing block, not through tools (decided in stream())
     episodes: list[int] = field(default_factory=list)  # episode ids put in the prompt
 
     def final_fields(self) -> dict[str, Any]:
@@ -152,9 +173,17 @@ class MemoryToolRun:
         """The reply's events across tool rounds: text as it comes, one Completion at the end."""
         memory = self.tools.memory
         convo: list[Mapping[str, Any]] = list(messages)
+        # A model that refused tools (supports_tools turned false) is asked for the block instead.
+        self.block = memory is not None and self.active and (
+            memory.config.facts == "block" or not model.supports_tools)
         if memory is not None and (self.active or self.episodes_on):
             convo = await self._with_memory_context(memory, convo)
-        if memory is None or not self.active or not model.supports_tools:
+        if memory is not None and self.block:
+            async with contextlib.aclosing(self._stream_block(memory, model, convo, model_name)) as events:
+                async for event in events:
+                    yield event
+            return
+        if memory is None or not self.active:
             async with contextlib.aclosing(model.stream(convo, model=model_name)) as events:
                 async for event in events:
                     yield event
@@ -189,13 +218,49 @@ class MemoryToolRun:
                 result = await self._execute(memory, call)
                 convo.append({"role": "tool", "tool_call_id": call.id, "content": result})
 
+    async def _stream_block(self, memory: MemoryService, model: ChatModel, convo: Messages,
+                            model_name: str) -> AsyncGenerator[ChatEvent, None]:
+        """One request, no tools: text sent on as the block filter releases it; at the end the
+        trailing block, if any, is applied before the Completion (so chat.final lists it)."""
+        held = BlockFilter(memory.config.facts_block_max_chars)
+        async with contextlib.aclosing(model.stream(convo, model=model_name)) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    out = held.feed(event.text)
+                    if out:
+                        yield TextDelta(out)
+                elif isinstance(event, Completion):
+                    end = held.finish()
+                    if end.tail:
+                        yield TextDelta(end.tail)
+                    if end.found:
+                        await self._apply_block(memory, end.body)
+                    yield event
+
+    async def _apply_block(self, memory: MemoryService, body: str | None) -> None:
+        try:
+            block = parse_block(body)
+        except MalformedBlock as exc:
+            # Stripped all the same: a broken block is the model's slip, never the user's text.
+            log.warning("chat.fact_block_malformed", error=str(exc))
+            return
+        calls: list[tuple[str, dict[str, Any]]] = [
+            ("remember", {"text": r.text} if r.replaces is None else {"text": r.text, "replaces": r.replaces})
+            for r in block.remember]
+        calls += [("forget", {"id": fact_id}) for fact_id in block.forget]
+        for name, args in calls:
+            result = await self._run_tool(memory, name, args)
+            if isinstance(result, dict) and not result.get("ok", True):
+                log.warning("chat.fact_block_entry_refused", tool=name, error=result.get("error"))
+
     async def _with_memory_context(self, memory: MemoryService, convo: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         cfg = memory.config
         # Cut like recall's query, so all embed the same text once (MemoryService.embed_query).
         query = self.message[:RECALL_QUERY_CHARS][:MAX_QUERY_CHARS]
         parts: list[str] = []
         if self.active:
-            parts.append(tool_instructions(cfg.facts_max_chars))
+            parts.append(block_instructions(cfg.facts_max_chars) if self.block
+                         else tool_instructions(cfg.facts_max_chars))
             try:
                 picked = await memory.facts.relevant(self.user, query, limit=cfg.facts_prompt_max,
                                                      budget_tokens=cfg.facts_prompt_budget_tokens)
@@ -240,13 +305,24 @@ class MemoryToolRun:
             args = orjson.loads(call.arguments or "{}")
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
-            result = await self._dispatch(memory, call.name, args)
+        except ValueError as exc:
+            result: dict[str, Any] | str = {"ok": False, "error": f"bad arguments for {call.name}: {exc}"}
+            log.info("chat.tool", tool=call.name, ok=False)
+        else:
+            result = await self._run_tool(memory, call.name, args)
+        return orjson.dumps(result).decode() if isinstance(result, dict) else str(result)
+
+    async def _run_tool(self, memory: MemoryService, name: str, args: dict[str, Any]) -> dict[str, Any] | str:
+        """One tool call (or block entry), its failures turned into an error result."""
+        try:
+            result = await self._dispatch(memory, name, args)
         except (ValueError, TypeError, KeyError) as exc:
-            result = {"ok": False, "error": f"bad arguments for {call.name}: {exc}"}
+            result = {"ok": False, "error": f"bad arguments for {name}: {exc}"}
         except MemoryIndexError as exc:
             result = {"ok": False, "error": str(exc)}
-        log.info("chat.tool", tool=call.name, ok=result.get("ok", True) if isinstance(result, dict) else True)
-        return orjson.dumps(result).decode() if isinstance(result, dict) else str(result)
+        log.info("chat.tool", tool=name, ok=result.get("ok", True) if isinstance(result, dict) else True,
+                 block=self.block)
+        return result
 
     async def _dispatch(self, memory: MemoryService, name: str, args: dict[str, Any]) -> dict[str, Any] | str:
         if name == "remember":

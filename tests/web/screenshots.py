@@ -1,8 +1,8 @@
 """``make screenshots``: PNGs of the web client's main views, light and dark, into docs/img/.
 
 Starts the real gateway with the loopback model on a scratch data dir, seeds two conversations
-(the second recalls the first), and photographs: sign-in, a chat with recalled-memory chips,
-the memory search panel, and a narrow window. Needs the same Chromium as tests/web.
+(the second recalls the first) and a few remembered facts, and photographs: sign-in, a chat
+with recalled-memory chips, the memory search panel, the Facts panel, and a narrow window. Needs the same Chromium as tests/web.
 
     python -m tests.web.screenshots [OUT_DIR]
 """
@@ -31,6 +31,10 @@ REPLIES = {
 }
 
 
+FACTS = ("I am vegetarian", "My daughter Luna is 4 years old", "I prefer window seats on flights",
+         "I work as a nurse in Porto")
+
+
 def reply_for(messages: list[dict[str, Any]]) -> str:
     last = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     return next((text for word, text in REPLIES.items() if word in last.lower()), "Sure.")
@@ -42,6 +46,8 @@ async def seed(url: str) -> None:
             key = (await c.call("sessions.create", {"title": title}))["sessionKey"]
             await c.call("chat.send", {"sessionKey": key, "message": message})
             await c.next_event("chat.final")
+        for fact in FACTS:
+            await c.call("memory.facts.add", {"text": fact})
         async with asyncio.timeout(20):
             while not (await c.call("memory.search", {"query": "Lisbon Alfama"}))["results"]:
                 await asyncio.sleep(0.05)
@@ -92,7 +98,10 @@ async def shoot(out: Path) -> list[Path]:
                 await page.press("#search-query", "Enter")
                 await page.wait_for_selector("#search-results .result")
                 written.append(await _snap(page, out / f"web-search-{scheme}.png"))
-                await page.click("#close-search")
+                await page.click("#open-facts")
+                await page.wait_for_selector("#facts-list .fact")
+                written.append(await _snap(page, out / f"web-facts-{scheme}.png"))
+                await page.click("#close-facts")
                 await page.set_viewport_size({"width": 420, "height": 800})
                 await page.wait_for_timeout(100)
                 written.append(await _snap(page, out / f"web-narrow-{scheme}.png"))

@@ -1,10 +1,11 @@
-// Start-up and wiring: sign-in, then the sidebar, chat view, search panel and footer, all
+// Start-up and wiring: sign-in, then the sidebar, chat view, search and facts panels and footer, all
 // sharing one Rpc connection. Session actions (new, rename, system prompt, delete) live here
 // because they touch both the sidebar and the chat view.
 
 import { clearToken, isRemembered, loadToken, saveToken, takeTokenFromFragment } from "./auth.js";
 import { ChatView } from "./chat.js";
 import { $ } from "./dom.js";
+import { FactsPanel } from "./facts.js";
 import { Rpc } from "./rpc.js";
 import { SearchPanel } from "./search.js";
 import { Sidebar } from "./sessions.js";
@@ -57,11 +58,14 @@ async function startApp(conn) {
     onOpenSource: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
     onTitle: (s) => { document.title = s ? `${s.title} · recalld` : "recalld"; },
   });
-  new SearchPanel(conn, {
+  const search = new SearchPanel(conn, {
     currentSession: () => chat.session?.sessionKey || null,
     sessionTitle: (key) => sidebar.get(key)?.title,
     onOpen: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
   });
+  // The two side panels share one column: opening one closes the other.
+  const facts = new FactsPanel(conn, { onShow: () => search.toggle(false) });
+  $("open-search").addEventListener("click", () => facts.toggle(false, { refocus: false }));
 
   async function openSession(session, atTs) {
     sidebar.select(session.sessionKey);
@@ -78,6 +82,7 @@ async function startApp(conn) {
     const { method, params } = ev.detail;
     sidebar.onEvent(method, params);
     chat.onEvent(method, params);
+    facts.onEvent(method, params);
     if (method === "sessions.deleted" && chat.session?.sessionKey === params.sessionKey) {
       chat.close();
       banner("This session was deleted.");
