@@ -67,8 +67,11 @@ async def test_random_enospc_and_eio_on_transcript_writes_and_fsyncs(
             return call(*args)
         return wrapped
 
+    # Failed creates count against the session quota too; retried at this failure rate they
+    # could pass 60 a minute, and the quota is not what this test is about.
     cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model"},
-                         sessions={"fsync": "always"}, memory={"debounce_ms": 50})
+                         sessions={"fsync": "always"}, memory={"debounce_ms": 50},
+                         quotas={"sessions_per_minute": 100_000})
     app = await start_app(cfg, file_io=FileIO(write=flaky(os.write), fsync=flaky(os.fsync)))
     acked, refused = Acked(), []
     try:
