@@ -83,6 +83,19 @@ async def _embed(texts: list[str], kind: str) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
+def _run(coro: Any) -> np.ndarray:
+    """``asyncio.run`` that also works when called from a running loop (``bench.corpus.
+    index_corpus`` makes the embedder inside one): then the coroutine runs on its own thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[no-any-return]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()  # type: ignore[no-any-return]
+
+
 def _model_id() -> str:
     from memory.embedders.local_embedder import LocalEmbedder
 
@@ -101,8 +114,8 @@ def load_fit(*, sessions: int = 110, questions: int = 120, seed: int = 5) -> Fit
                    json.loads(str(saved["info"])))
     passages, owner, qs = _texts(source, sessions, questions, seed)
     started = time.perf_counter()
-    p = asyncio.run(_embed(passages, "passage"))
-    q = asyncio.run(_embed(qs, "query"))
+    p = _run(_embed(passages, "passage"))
+    q = _run(_embed(qs, "query"))
     took = time.perf_counter() - started
     owners = np.asarray(owner)
     groups = np.unique(owners)

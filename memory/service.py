@@ -105,6 +105,7 @@ class MemoryService:
         self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
         self._closed = False
         self._integrity: tuple[IntegrityCheck, asyncio.Task[None]] | None = None
+        self._warmed = asyncio.Event()  # set once the start's sign-bit load is over (or skipped)
         self._swapping = False  # between closing a corrupt file and opening its replacement
         self._syncing = False
         self.sync_count = 0
@@ -146,7 +147,34 @@ class MemoryService:
         if catch_up:
             self._scheduler.run_soon()
         check = IntegrityCheck(self.db_path)
-        self._integrity = (check, asyncio.create_task(self._check_integrity(check), name="memory-integrity"))
+        self._integrity = (check, asyncio.create_task(self._after_start(check), name="memory-integrity"))
+
+    async def _after_start(self, check: IntegrityCheck) -> None:
+        """Start work off the start path, in order: the sign bits first (what the first
+        search needs), then the integrity check; the catch-up sync also waits for the first."""
+        try:
+            await self._warm_sign_bits()
+        except Exception:  # searches then load lazily; the check below must still run
+            log.exception("memory.sign_index.warm_failed")
+        finally:
+            self._warmed.set()
+        await self._check_integrity(check)
+
+    async def _warm_sign_bits(self) -> None:
+        """Load the vector pre-filter's sign bits (``memory.index.knn``) before other start work.
+
+        Loaded by the first search instead, they took that search ~90 ms at 100k chunks alone
+        and up to ~0.5 s while the catch-up sync and the integrity check ran beside it on a
+        loaded 2-core machine (bench/README.md, "Scale"). A search arriving meanwhile waits
+        for the load on the index's lock, or loads the partition itself if it gets there first.
+        """
+        index = self._index
+        if index is None or not knn.HAVE_NUMPY or not self._vector_state[0]:
+            return
+        started = time.perf_counter()
+        users, chunks = await asyncio.to_thread(index.readers.run, knn.index_for(self.db_path).warm)
+        log.info("memory.sign_index.warmed", users=users, chunks=chunks,
+                 ms=round((time.perf_counter() - started) * 1000, 1))
 
     def _wire(self, opened: OpenedIndex) -> _Index:
         conn = WriteConnection(opened.db)
@@ -266,6 +294,7 @@ class MemoryService:
 
     async def _scheduled_sync(self, paths: list[Path] | None) -> None:
         try:
+            await self._warmed.wait()  # the catch-up sync must not slow the load of the sign bits
             await self._run_sync(paths)
         except asyncio.CancelledError:
             raise

@@ -35,6 +35,11 @@ class Quotas:
     _buckets: dict[tuple[str, str], _Bucket] = field(default_factory=dict)
     _running: dict[tuple[str, str], int] = field(default_factory=dict)
 
+    def limits(self, method: str) -> bool:
+        """Whether ``method`` has a quota at all; the core skips :meth:`admit` (a generator
+        context manager, a measurable part of a cheap call) for the others."""
+        return method in self.per_minute or method in self.in_flight
+
     @contextmanager
     def admit(self, user: str, method: str) -> Iterator[None]:
         """Hold one of ``user``'s places for ``method`` while the call runs; RateLimited if

@@ -31,11 +31,15 @@ from memory.index.quantize import quantize_int8
 from memory.index.sync import FileSync, SyncReport
 from memory.index.vectors import EmbedderIdentity, VectorStore
 
-__all__ = ["EMBED_ROWS_PER_BATCH", "Indexer", "ProgressCallback", "SyncProgress"]
+__all__ = ["EMBED_ROWS_PER_BATCH", "FILES_PER_BATCH", "Indexer", "ProgressCallback", "SyncProgress"]
 
 log = structlog.get_logger("memory.indexer")
 
 EMBED_ROWS_PER_BATCH = 256
+# Transcripts synced per transaction and worker-thread hop (FileSync.sync_files), and the time
+# after which a batch commits early so other writers (facts, deletes) never wait long on it.
+FILES_PER_BATCH = 64
+FILE_BATCH_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +85,11 @@ class Indexer:
             report.merge(await asyncio.to_thread(self.files.forget_missing, present))
         else:
             files = paths
-        for done, path in enumerate(files, 1):
-            report.merge(await asyncio.to_thread(self.files.sync_file, path))
+        done = 0
+        while done < len(files):
+            batch, done = await asyncio.to_thread(self.files.sync_files, files, done,
+                                                  max_files=FILES_PER_BATCH, max_s=FILE_BATCH_S)
+            report.merge(batch)
             if progress is not None:
                 progress(SyncProgress("files", done, len(files), report.chunks_written, report.embedded, 0))
         if pipeline is not None:

@@ -7,8 +7,8 @@ bench/README.md). A numpy XOR + popcount over one user's packed sign bits costs 
 same as that k = 100 KNN and returns the best few thousand by Hamming distance; the caller
 re-ranks them by exact int8 cosine in SQL (``memory.search``).
 
-**What is held** (one :class:`SignIndex` per database file, one partition per user, loaded on
-the user's first vector search): per chunk its id (8 bytes), sign bits (``dims / 8``, 48 at
+**What is held** (one :class:`SignIndex` per database file, one partition per user, loaded by
+:meth:`SignIndex.warm` when the service starts, or else on the user's first vector search): per chunk its id (8 bytes), sign bits (``dims / 8``, 48 at
 384 dims), ``start_ms``/``end_ms`` (16) and a live flag (1): 73 bytes a chunk at 384 dims,
 plus up to :data:`GROWTH` slack — 7.3 MB per 100k chunks. Session filters are not held: they
 become chunk-id sets from ``chunks`` (its ``(user, session_key)`` index) at query time.
@@ -27,7 +27,7 @@ re-read from ``chunks_vec`` through its public interface. A new generation, a tr
 change or a large delta reloads the partition. A snapshot older than the partition (another
 reader ran ahead) uses it as is: an extra candidate is then dropped by the re-rank's join, a
 removed one is missed by a search that overlapped its removal. Nothing here outlives the
-process; a restart reloads lazily.
+process; a restart reloads (``warm``, or lazily).
 
 Every method blocks; call it from the search's worker thread.
 """
@@ -226,6 +226,8 @@ def _words(bits: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """``(chunks, bytes)`` uint8 sign bits as ``(words, chunks)`` uint64, zero-padded (padding
     bits are equal in every vector and the query, so Hamming distances are unchanged)."""
     n, width = bits.shape
+    if width % 8 == 0:  # 384 dims: 48 bytes, six words already; no padded copy
+        return numpy.ascontiguousarray(numpy.ascontiguousarray(bits).view(numpy.uint64).T)
     padded = numpy.zeros((n, -(-width // 8) * 8), dtype=numpy.uint8)
     padded[:, :width] = bits
     return numpy.ascontiguousarray(padded.view(numpy.uint64).T)
@@ -271,13 +273,13 @@ def _load_shadow(db: apsw.Connection, user: str, width: int) -> _Arrays | None:
         if (size % 8 or len(validity) != size // 8 or len(rowids) != 8 * size
                 or len(vectors) != width * size or len(starts) != 8 * size or len(ends) != 8 * size):
             return None
+        arrays = (numpy.frombuffer(rowids, "<i8"), numpy.frombuffer(vectors, numpy.uint8).reshape(size, width),
+                  numpy.frombuffer(starts, "<i8"), numpy.frombuffer(ends, "<i8"))
+        if validity.count(0xFF) == len(validity):  # a full chunk (most of them): no mask to apply
+            parts.append(arrays)
+            continue
         live = numpy.unpackbits(numpy.frombuffer(validity, numpy.uint8), bitorder="little").astype(bool)
-        parts.append((
-            numpy.frombuffer(rowids, "<i8")[live],
-            numpy.frombuffer(vectors, numpy.uint8).reshape(size, width)[live],
-            numpy.frombuffer(starts, "<i8")[live],
-            numpy.frombuffer(ends, "<i8")[live],
-        ))
+        parts.append((arrays[0][live], arrays[1][live], arrays[2][live], arrays[3][live]))
     if not parts:
         return (numpy.empty(0, numpy.int64), numpy.empty((0, width), numpy.uint8),
                 numpy.empty(0, numpy.int64), numpy.empty(0, numpy.int64))
@@ -333,6 +335,34 @@ class SignIndex:
             if snapshot.generation is not None:
                 self._parts[user] = part
             return part.nearest(query, scan, pool, filters)
+
+    def warm(self, db: apsw.Connection) -> tuple[int, int]:
+        """Load every user's partition as ``db`` sees it now (its own read transaction);
+        returns (users, chunks). The service runs this once at start, before its catch-up sync
+        and integrity check, so the first search finds its partition loaded (or waits on the
+        lock for a load that no other start work slows down) instead of loading it itself."""
+        with db:
+            if db.execute("SELECT 1 FROM sqlite_schema WHERE name = 'chunks_vec'").fetchone() is None:
+                return 0, 0
+            meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('vector_dims', 'vector_format')"))
+            if meta.get("vector_format") != "bit" or not meta.get("vector_dims"):
+                return 0, 0  # an int8 chunks_vec is searched by sqlite-vec's KNN, not from here
+            width = int(meta["vector_dims"]) // 8
+            snapshot = _snapshot(db)
+            if snapshot.generation is None:
+                return 0, 0
+            # The distinct users by skipping along the (user, session_key) index: one lookup
+            # per user, not a scan of every chunk.
+            users = [str(u) for (u,) in db.execute(
+                "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
+                "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS NOT NULL) "
+                "SELECT name FROM u WHERE name IS NOT NULL")]
+            chunks = 0
+            for user in users:
+                with self._lock:
+                    part = self._parts[user] = self._current(db, user, width, snapshot)
+                    chunks += part.size - part.dead
+        return len(users), chunks
 
     def _current(self, db: apsw.Connection, user: str, width: int, snapshot: _Snapshot) -> _Partition:
         part = self._parts.get(user)

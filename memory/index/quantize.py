@@ -11,6 +11,11 @@ import array
 import sys
 from collections.abc import Sequence
 
+try:
+    import numpy
+except ImportError:  # numpy is an optional dependency (the ``local`` extra)
+    numpy = None  # type: ignore[assignment]
+
 __all__ = ["cached_vector_to_int8", "quantize_int8", "vector_from_blob", "vector_to_blob"]
 
 
@@ -29,6 +34,15 @@ def quantize_int8(vector: Sequence[float]) -> bytes:
     vec_int8(b))`` is the float cosine up to rounding (≤ ~0.4% of an element), and the signs —
     all ``bit`` storage keeps — are unchanged. 1 byte per dimension instead of 4.
     """
+    if numpy is not None:
+        # The same float64 arithmetic and round-half-to-even as below, ~30× faster: at index
+        # time this ran once per chunk and was a sixth of the vector phase (bench/README.md).
+        arr = numpy.asarray(vector, dtype=numpy.float64)
+        peak_np = float(numpy.abs(arr).max()) if arr.size else 0.0
+        if not numpy.isfinite(peak_np):
+            raise ValueError("cannot quantize a vector holding NaN or infinity")  # as round() does
+        scale_np = 127.0 / peak_np if peak_np > 0 else 0.0
+        return bytes(numpy.rint(arr * scale_np).astype(numpy.int8).tobytes())
     peak = max((abs(x) for x in vector), default=0.0)
     scale = 127.0 / peak if peak > 0 else 0.0
     return array.array("b", [round(x * scale) for x in vector]).tobytes()

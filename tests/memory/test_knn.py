@@ -169,6 +169,23 @@ async def test_restart_and_embedder_change_reload(tmp_path: Path) -> None:
         assert len(hits) == 5
 
 
+async def test_restart_loads_sign_bits_before_the_first_search(tmp_path: Path) -> None:
+    """A restarted service loads every user's sign bits at start (before its catch-up sync), and
+    its searches answer exactly as the first service's lazily loaded index did."""
+    corpus(tmp_path)
+    corpus(tmp_path, sessions=3, user="bob")
+    queries = ("garden tomato", "violin rosin", "tax deadline")
+    async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=DIMS)) as svc:
+        before = {(u, q): await vector_ids(svc, u, q) for u in ("alice", "bob") for q in queries}
+    assert knn.index_for(tmp_path / "memory.db").nbytes == 0  # released at close
+    async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=DIMS)) as svc:
+        warmed = knn.index_for(tmp_path / "memory.db").nbytes
+        assert warmed > 0
+        after = {(u, q): await vector_ids(svc, u, q) for u in ("alice", "bob") for q in queries}
+        assert knn.index_for(tmp_path / "memory.db").nbytes == warmed  # nothing loaded by a search
+    assert after == before
+
+
 async def test_trimmed_change_log_reloads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition further behind than the kept log is reloaded, and is then current."""
     monkeypatch.setattr(vectors, "CHANGES_KEPT", 1)
