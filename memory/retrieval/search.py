@@ -293,6 +293,9 @@ def _session_chunk_ids(db: apsw.Connection, user: str, session_key: str | None) 
 # storage") has the table these two were picked from.
 RERANK_SCAN = 1000
 RERANK_POOL = 300
+# Past 250k chunks in a partition the scan grows with it (0.4% of the rows the filters leave):
+# at 1M a fixed 1,000 held vector recall@10 to 0.935 (docs/scaling.md).
+RERANK_SCAN_SHARE = 0.004
 # The same for sqlite-vec's KNN (no numpy), whose cost grows ~0.11 ms per unit of k at 100k
 # rows: 100 keeps the hybrid p50 near 15 ms at the price of that 0.67.
 RERANK_POOL_FACTOR = 2
@@ -385,7 +388,7 @@ class HybridSearch:
                                   _session_chunk_ids(self.db, request.user, request.exclude_session_key))
             pool = knn.index_for(self.db.filename).nearest(
                 self.db, request.user, params["query_int8"], filters,
-                scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates))
+                scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
             sql = _RERANK_SQL.format(filters="".join(_FILTERS[n][0] for n in active))
             params["pool"] = json.dumps(pool)
         else:

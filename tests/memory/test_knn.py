@@ -233,3 +233,22 @@ def test_query_sign_bits_match_sqlite_vec() -> None:
     (stored,) = db.execute("SELECT vec_quantize_binary(vec_int8(?))", (q,)).fetchone()
     ours = numpy.packbits(numpy.frombuffer(q, numpy.int8) > 0, bitorder="little").tobytes()
     assert ours == bytes(stored)
+
+
+def test_the_scan_grows_with_its_share_of_the_partition() -> None:
+    """A neighbour that Hamming distance ranks last is found once the scan covers its share of
+    the rows (a fixed scan misses it): the share, not a fixed count, bounds what is scanned."""
+    dims = 64
+    query = numpy.array([127] * 8 + [1] * (dims - 8), dtype=numpy.int8)
+    # 50 decoys agree with the query's sign on every small dimension and on half of the
+    # large ones (Hamming distance 4); the true neighbour agrees on the large ones only
+    # (distance 56) but has by far the larger dot product with the query.
+    decoy = numpy.array([1, 0] * 4 + [1] * (dims - 8), dtype=numpy.uint8)
+    best = numpy.array([1] * 8 + [0] * (dims - 8), dtype=numpy.uint8)
+    signs = numpy.stack([decoy] * 50 + [best])
+    bits = numpy.packbits(signs, axis=1, bitorder="little")
+    n = len(signs)
+    part = knn._Partition(dims // 8, numpy.arange(1, n + 1, dtype=numpy.int64), bits,
+                          numpy.zeros(n, numpy.int64), numpy.zeros(n, numpy.int64), knn._Snapshot(None, 0, 0))
+    assert part.nearest(query, 10, 1, knn.Filters()) != [n]
+    assert part.nearest(query, 10, 1, knn.Filters(), scan_share=1.0) == [n]
