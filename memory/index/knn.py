@@ -8,9 +8,10 @@ same as that k = 100 KNN and returns the best few thousand by Hamming distance; 
 re-ranks them by exact int8 cosine in SQL (``memory.search``).
 
 **What is held** (one :class:`SignIndex` per database file, one partition per user, loaded by
-:meth:`SignIndex.warm` when the service starts, or else on the user's first vector search): per chunk its id (8 bytes), sign bits (``dims / 8``, 48 at
-384 dims), ``start_ms``/``end_ms`` (16) and a live flag (1): 73 bytes a chunk at 384 dims,
-plus up to :data:`GROWTH` slack — 7.3 MB per 100k chunks. Session filters are not held: they
+:meth:`SignIndex.warm` when the service starts, or else on the user's first vector search):
+per chunk its id (8 bytes), sign bits (``dims / 8``, 48 at 384 dims), ``start_ms``/``end_ms``
+(16) and a live flag (1): 73 bytes a chunk at 384 dims, plus up to :data:`GROWTH` slack —
+7.3 MB per 100k chunks. Session filters are not held: they
 become chunk-id sets from ``chunks`` (its ``(user, session_key)`` index) at query time.
 
 **Loading** reads sqlite-vec's shadow tables directly (1,024 vectors a row, ~10 ms per 100k

@@ -19,8 +19,7 @@ half-life)``, the age of each chunk's last message counted back from the questio
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memory.config import MemoryConfig
 
@@ -69,7 +68,6 @@ def fuse(keyword: Leg, vector: Leg, config: MemoryConfig) -> list[Fused]:
               similarity.get(cid))
         for cid in {**kw_rank, **vec_rank}
     ]
-
     out.sort(key=_order)
     return out
 

@@ -360,7 +360,7 @@ class HybridSearch:
         vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
         fused = fuse(keyword_leg, vector_leg, self.config)
         if not request.recency or request.mode != "hybrid" or request.now_ms is None or not fused:
-            return fused  # a keyword or vector search is that leg alone
+            return fused  # memory.search, and the single-leg modes, rank by relevance alone
         ids = [f.chunk_id for f in fused]
         said = dict(self.db.execute(_SAID_SQL.format(marks=",".join("?" * len(ids))), ids))
         return with_recency(fused, said, request.now_ms, self.config)
