@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,21 @@ class Daemon:
         """Send ``sig`` and return (exit code, the rest of stderr)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        _, rest = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, rest
+        # Not communicate(): it reads the raw pipe and would drop whatever readline() above
+        # already pulled into the text buffer (a record logged just after "listening").
+        stdout, stderr = self.proc.stdout, self.proc.stderr
+        assert stdout is not None and stderr is not None
+        rest: list[str] = []
+        readers = [threading.Thread(target=lambda: rest.append(stderr.read()), daemon=True),
+                   threading.Thread(target=stdout.read, daemon=True)]
+        for t in readers:
+            t.start()
+        code = self.proc.wait(timeout=timeout)
+        for t in readers:
+            t.join(timeout=timeout)
+        stdout.close()
+        stderr.close()
+        return code, "".join(rest)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
