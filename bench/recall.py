@@ -691,6 +691,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how hybrid fuses the legs (default: the memory default)")
     parser.add_argument("--keyword-weight", type=float, default=None,
                         help="keyword leg's weight in hybrid fusion (default: the memory default)")
+    parser.add_argument("--keyword-common", type=float, nargs=2, default=None, metavar=("SHARE", "MIN"),
+                        help="keyword_common_share and keyword_common_min_chunks (default: the memory "
+                             "defaults; 0 0 keeps every word)")
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
@@ -727,6 +730,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             overlap_tokens=(args.overlap_tokens if args.overlap_tokens is not None else defaults.overlap_tokens),
             fusion=args.fusion or defaults.fusion,
             keyword_weight=args.keyword_weight if args.keyword_weight is not None else defaults.keyword_weight,
+            keyword_common_share=(args.keyword_common[0] if args.keyword_common else defaults.keyword_common_share),
+            keyword_common_min_chunks=(int(args.keyword_common[1]) if args.keyword_common
+                                       else defaults.keyword_common_min_chunks),
             embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
             embeddings_base_url=os.environ.get("OPENAI_BASE_URL"),
             local_threads=os.cpu_count() or 1,

@@ -64,6 +64,12 @@ class MemoryConfig:
     default_k: int = 6
     max_k: int = 50
     max_query_terms: int = 32
+    # The keyword leg leaves out a query word found in at least keyword_common_share of all
+    # chunks (and at least keyword_common_min_chunks of them) when the query has rarer words:
+    # FTS5 scores every row an OR query matches, and BM25 gives such a word little weight
+    # (memory.retrieval.common_terms). 0 keeps every word.
+    keyword_common_share: float = 0.05
+    keyword_common_min_chunks: int = 5000
 
     # Recall into a prompt (memory.recall): excerpts within this many approximate tokens, and
     # only those whose cosine to the message reaches the floor (None: the embedder's own
@@ -182,6 +188,10 @@ class MemoryConfig:
             problems.append("episode_novelty_threshold must be above 0 and at most 1")
         if self.retention_days < 0:
             problems.append("retention_days must not be negative (0 keeps everything)")
+        if not 0.0 <= self.keyword_common_share < 1.0:
+            problems.append("keyword_common_share must be from 0 (off) to below 1")
+        if self.keyword_common_min_chunks < 0:
+            problems.append("keyword_common_min_chunks must not be negative")
         if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:
             problems.append("embeddings_dimensions must be positive")
         for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",

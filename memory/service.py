@@ -49,6 +49,7 @@ from memory.index.indexing import Indexer, ProgressCallback
 from memory.index.quantize import vector_to_blob
 from memory.index.scheduler import SyncScheduler
 from memory.embedders.local_embedder import default_threads
+from memory.retrieval import common_terms
 from memory.retrieval.recall import for_prompt
 from memory.embedders.rerank import CrossEncoder
 from memory.retrieval.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
@@ -212,6 +213,7 @@ class MemoryService:
     async def _replace(self, index: _Index, problem: str) -> None:
         await asyncio.to_thread(self._close_connections, index)
         knn.release(self.db_path)
+        common_terms.release(self.db_path)
         moved = await asyncio.to_thread(move_aside, self.db_path)
         log.error("memory.db.corrupt", path=str(self.db_path), moved_to=str(moved), error=problem,
                   effect="index rebuilt from transcripts")
@@ -241,6 +243,7 @@ class MemoryService:
         if index is not None:
             await asyncio.to_thread(self._close_connections, index)
         knn.release(self.db_path)  # the searches' in-memory sign bits; a restart reloads them
+        common_terms.release(self.db_path)
 
     @staticmethod
     def _close_connections(index: _Index) -> None:

@@ -34,6 +34,7 @@ from memory.index import knn
 from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import InvalidSearch
+from memory.retrieval.common_terms import common_terms_for
 from memory.retrieval.fusion import Fused, fuse, with_recency
 from memory.retrieval.timephrases import TimeWindow, find_time_window, strip_time_phrase
 from memory.index.quantize import quantize_int8, vector_from_blob
@@ -45,6 +46,7 @@ __all__ = [
     "SearchRequest",
     "SearchResponse",
     "fts_query",
+    "fts_terms",
 ]
 
 SearchMode = Literal["hybrid", "keyword", "vector"]
@@ -70,15 +72,14 @@ while who whom why will with would you your yours yourself yourselves
 """.split())
 
 
-def fts_query(text: str, max_terms: int = 32) -> str | None:
-    """An FTS5 MATCH expression from the words of ``text``: each term a quoted string, OR-ed.
+def fts_terms(text: str, max_terms: int = 32) -> list[str]:
+    """The terms of an FTS5 MATCH expression for ``text``, each a quoted string.
 
     Latin/other words are Unicode letter/digit runs. CJK runs (no spaces between words) become
     overlapping character bigrams, each a phrase of two single-character tokens, matching the
     index where every CJK character is its own token. Quoting makes operators (AND, NEAR, ``*``,
     ``col:``, parentheses) plain text; the quote character itself never survives the split.
     English function words (:data:`STOPWORDS`) are left out unless nothing else remains.
-    None when the text has no words.
     """
     runs = [m.group() for m in _QUERY_RUN.finditer(text)]
     content = [run for run in runs if run.casefold() not in STOPWORDS]
@@ -97,7 +98,13 @@ def fts_query(text: str, max_terms: int = 32) -> str | None:
             seen.add(key)
             terms.append('"' + gram.replace('"', '""') + '"')
             if len(terms) >= max_terms:
-                return " OR ".join(terms)
+                return terms
+    return terms
+
+
+def fts_query(text: str, max_terms: int = 32) -> str | None:
+    """:func:`fts_terms` OR-ed into one MATCH expression; None when the text has no words."""
+    terms = fts_terms(text, max_terms)
     return " OR ".join(terms) if terms else None
 
 
@@ -355,8 +362,11 @@ class HybridSearch:
         return hits
 
     def _fused(self, request: SearchRequest, query_vector: bytes | None, keyword: bool) -> list[Fused]:
-        match = fts_query(request.query, self.config.max_query_terms) if keyword else None
-        keyword_leg = self._keyword_leg(request, match) if match is not None else []
+        terms = fts_terms(request.query, self.config.max_query_terms) if keyword else []
+        if len(terms) > 1:
+            terms = common_terms_for(self.db.filename).keep(
+                self.db, terms, self.config.keyword_common_share, self.config.keyword_common_min_chunks)
+        keyword_leg = self._keyword_leg(request, " OR ".join(terms)) if terms else []
         vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
         fused = fuse(keyword_leg, vector_leg, self.config)
         if not request.recency or request.mode != "hybrid" or request.now_ms is None or not fused:

@@ -251,3 +251,21 @@ async def test_recency_breaks_a_tie_towards_what_was_said_lately(tmp_path: Path,
             assert hybrid[0].score - hybrid[1].score == pytest.approx(expected, abs=1e-3)
         else:
             assert hybrid[0].score == hybrid[1].score
+
+
+async def test_a_word_in_most_chunks_is_left_out_while_a_rarer_one_remains(tmp_path: Path) -> None:
+    """Past keyword_common_share of the chunks (and keyword_common_min_chunks), a query word is
+    left out of the keyword leg when the query has a rarer word, and kept when it is alone."""
+    for i in range(9):
+        write_transcript(tmp_path, "alice", f"b{i}", [f"banana bread attempt {i}"])
+    write_transcript(tmp_path, "alice", "p", ["a pelican ate the banana"])
+    write_transcript(tmp_path, "alice", "q", ["pelican sighting at the harbour"])
+    common = quiet_config(keyword_common_share=0.5, keyword_common_min_chunks=2)
+    async with opened(tmp_path, common, None) as svc:
+        pruned = (await svc.search("alice", "banana pelican", mode="keyword", k=20)).results
+        alone = (await svc.search("alice", "banana", mode="keyword", k=20)).results
+    assert sorted(name_of(h.session_key) for h in pruned) == ["p", "q"]
+    assert len(alone) == 10
+    async with opened(tmp_path, quiet_config(), None) as svc:  # 11 chunks: far below the default floor
+        every = (await svc.search("alice", "banana pelican", mode="keyword", k=20)).results
+    assert len(every) == 11 and name_of(every[0].session_key) == "p"
