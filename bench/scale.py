@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,8 @@ def exact_truth(data_dir: Path, embedder: Any, qs: list[str], k: int = 10) -> li
     return truth
 
 
-async def _measure(data_dir: Path, n_queries: int, gateway: bool) -> dict[str, Any]:
+async def _measure(data_dir: Path, n_queries: int, gateway: bool,
+                   common_share: float | None = None) -> dict[str, Any]:
     """In the child: the figures of one corpus (see the module doc)."""
     from bench.scalecorpus import embedder as make_embedder
     from memory.index import knn
@@ -86,7 +88,10 @@ async def _measure(data_dir: Path, n_queries: int, gateway: bool) -> dict[str, A
     emb = make_embedder()
     out: dict[str, Any] = {"rssBeforeKiB": _proc_status()}
     started = time.perf_counter()
-    svc = MemoryService(data_dir, bench_memory_config(), emb)  # type: ignore[arg-type]
+    config = bench_memory_config()
+    if common_share is not None:
+        config = replace(config, keyword_common_share=common_share)
+    svc = MemoryService(data_dir, config, emb)  # type: ignore[arg-type]
     await svc.start()
     opened = time.perf_counter()
     first = await svc.search(USER, qs[0], mode="hybrid")
@@ -164,12 +169,14 @@ def storage(data_dir: Path, chunks: int) -> dict[str, float]:
     return out
 
 
-def _child(size: int, n_queries: int, gateway: bool) -> dict[str, Any]:
+def _child(size: int, n_queries: int, gateway: bool, common_share: float | None) -> dict[str, Any]:
     from bench.scalecorpus import corpus_dir
 
     cmd = [sys.executable, "-m", "bench.scale", "--child", str(corpus_dir(size)), "--queries", str(n_queries)]
     if not gateway:
         cmd.append("--no-gateway")
+    if common_share is not None:
+        cmd += ["--keyword-common-share", str(common_share)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring {size:,} failed:\n{proc.stderr[-3000:]}")
@@ -263,11 +270,15 @@ def main() -> int:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated chunk counts")
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--no-gateway", action="store_true", help="library figures only")
+    parser.add_argument("--keyword-common-share", type=float, default=None, metavar="SHARE",
+                        help="memory.keyword_common_share for the searches (default: the memory default; "
+                             "0 keeps every query word)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     structlog_quiet()
     if args.child is not None:
-        print(json.dumps(asyncio.run(_measure(args.child, args.queries, not args.no_gateway))))
+        print(json.dumps(asyncio.run(_measure(args.child, args.queries, not args.no_gateway,
+                                              args.keyword_common_share))))
         return 0
     from bench.scalecorpus import build
 
@@ -277,7 +288,7 @@ def main() -> int:
     for size in (int(s) for s in args.sizes.split(",")):
         print(f"· {size:,} chunks …", flush=True)
         corpus = build(size, log=lambda line: print(line, flush=True))
-        measured = _child(size, args.queries, not args.no_gateway)
+        measured = _child(size, args.queries, not args.no_gateway, args.keyword_common_share)
         st = storage(corpus.data_dir, corpus.chunks)
         results.append({"size": size, "chunks": corpus.chunks, "build": corpus.build, "builtNow": corpus.fresh,
                         "measured": measured, "storage": st})
