@@ -8,7 +8,7 @@ from pathlib import Path
 import apsw
 from structlog.testing import capture_logs
 
-from memory.errors import MemoryUnavailable
+from memory.errors import MemoryStorageError, MemoryUnavailable
 from memory.index.db import IntegrityCheck
 from memory.service import MemoryService
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config, write_transcript
@@ -31,6 +31,10 @@ async def _until_rebuilt(svc: MemoryService) -> dict[str, object]:
                 status = await svc.status()
             except MemoryUnavailable as exc:  # the moment between closing the file and its replacement
                 assert "integrity check" in str(exc)
+                await asyncio.sleep(0.01)
+                continue
+            except MemoryStorageError as exc:  # status read the damaged page before the check did
+                assert "CorruptError" in str(exc)
                 await asyncio.sleep(0.01)
                 continue
             if status["rebuiltFromTranscripts"] and not status["syncing"] and status["pending"] == 0 \
