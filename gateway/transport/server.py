@@ -286,7 +286,9 @@ class GatewayServer:
                 continue
             call = self.core.accept(data, conn)
             if call.inline:
-                await self._send(conn, call.message, await call.run())
+                reply = await call.run()
+                if reply is not None:
+                    await conn.reply(self._within_budget(conn, call.message, reply))
                 continue
             # A batch runs its entries at once, so it holds a slot per entry (up to the whole
             # limit: a batch larger than the limit may run on an otherwise idle connection).
@@ -325,8 +327,13 @@ class GatewayServer:
             conn.inflight -= weight
 
     async def _send(self, conn: Connection, message: Any, reply: Reply | None) -> None:
-        if reply is None:
-            return
+        if reply is not None:
+            await conn.reply(self._within_budget(conn, message, reply))
+
+    def _within_budget(self, conn: Connection, message: Any, reply: Reply) -> bytes:
+        """The frame to send for ``reply``: itself, or the refusal when it would take the
+        connection past ``limits.max_reply_bytes``. Not a coroutine: the read loop calls it for
+        every inline call, and a coroutine frame per reply is a measurable part of a cheap call."""
         limit = self.config.limits.max_reply_bytes
         size = len(reply.data)
         if size > limit - conn.reply_bytes:
@@ -335,7 +342,7 @@ class GatewayServer:
             reply = self.core.refuse(message, _over_budget(size, conn.reply_bytes, limit))
         if reply.is_error:
             conn.errors += 1
-        await conn.reply(reply.data)
+        return reply.data
 
 
 def _over_budget(size: int, waiting: int, limit: int) -> GatewayError:
