@@ -282,12 +282,11 @@ class ChatRuns:
             model_name = self.default_model
             try:
                 # An incognito session (memory:false) uses no memory at all; recall:false only
-                # skips recall. Read first, so nothing is recalled before the flag is known.
-                memory_on = run.memory_on = self.memory is not None and (
-                    await asyncio.to_thread(self.store.get, run.user, run.session_key)).memory
-                chat_config = self.config if memory_on and run.recall else self._no_recall
+                # skips recall. build_prompt reads the session before it recalls anything.
+                chat_config = self.config if run.recall else self._no_recall
                 prompt = await build_prompt(chat_config, self.store, self.memory, run.user,
                                             run.session_key, run.message, run.run_id)
+                memory_on = run.memory_on = self.memory is not None and prompt.session.memory
                 recalled = prompt.recalled
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
