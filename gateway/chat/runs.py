@@ -55,7 +55,7 @@ log = structlog.get_logger("recalld.chat")
 # between two turns wait in each outbox and leave as one merged chat.delta (docs/protocol.md
 # allows it: the merged event keeps the first seq). Every turn costs a websocket frame and a
 # send() per connection; at 2 ms those were ~20% of the gateway's CPU for a 500-delta burst
-# (py-spy, bench/README.md), at 8 ms ~5%. 8 ms is still half a 60 Hz screen frame, and an
+# (py-spy, bench/README.md), at 8 ms ~10%. 8 ms is still half a 60 Hz screen frame, and an
 # upstream slower than that (every real model) awaits its socket between deltas anyway, so
 # each of its deltas still leaves at once.
 _YIELD_EVERY_S = 0.008
