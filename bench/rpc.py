@@ -154,8 +154,8 @@ async def run_chat(quick: bool) -> list[Figure]:
     gt, dt = summary_ms(total["gateway"]), summary_ms(total["direct"])
     extra = g["p50"] - d["p50"]
     ratio = gt["p50"] / dt["p50"]
-    figs.append(Figure("2 chat", "time to first delta: gateway − direct (p50)", extra, "ms", "≤ +3", extra <= 3,
+    figs.append(Figure("2 chat", "time to first delta: gateway − direct (p50)", extra, "ms", "≤ +1", extra <= 1,
                        note=f"gateway {g['p50']:.2f} ms, direct {d['p50']:.2f} ms"))
-    figs.append(Figure("2 chat", "500-delta run total: gateway / direct (p50)", ratio, "×", "≤ 1.10", ratio <= 1.10,
+    figs.append(Figure("2 chat", "500-delta run total: gateway / direct (p50)", ratio, "×", "≤ 1.05", ratio <= 1.05,
                        note=f"gateway {gt['p50']:.1f} ms (p99 {gt['p99']:.1f}), direct {dt['p50']:.1f} ms (p99 {dt['p99']:.1f})"))
     return figs

@@ -91,9 +91,10 @@ async def build_prompt(
     """The prompt of the run ``run_id`` whose user message is ``message``.
 
     History stops at this run's own user message: messages queued behind it arrived later
-    and must not leak into an earlier reply. The transcript read (one worker-thread hop for
-    both the session and its history) and the recall search run concurrently, since both sit
-    between the user's message and the model's first byte.
+    and must not leak into an earlier reply. The session and its history are read in one
+    worker-thread hop (it sits between the user's message and the model's first byte); recall
+    follows only when the session is not incognito (``memory: false``), so nothing is recalled
+    before that flag is known.
     """
 
     def read() -> tuple[Session, list[Message]]:
@@ -101,10 +102,9 @@ async def build_prompt(
             user, session_key, config.history_limit + config.max_queued_runs
         )
 
-    recall = memory if config.recall else None
-    (session, recent), hits = await asyncio.gather(
-        asyncio.to_thread(read), _recall(recall, config.recall_k, user, session_key, message)
-    )
+    session, recent = await asyncio.to_thread(read)
+    recall = memory if config.recall and session.memory else None
+    hits = await _recall(recall, config.recall_k, user, session_key, message)
     system_parts: list[str] = []
     if session.system_prompt:
         system_parts.append(session.system_prompt)

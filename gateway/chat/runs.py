@@ -51,7 +51,14 @@ __all__ = ["ChatRuns", "Run"]
 
 log = structlog.get_logger("recalld.chat")
 
-_YIELD_EVERY_S = 0.002  # while streaming, give connection writers a turn at least this often
+# While streaming, give connection writers a turn at least this often. Deltas published
+# between two turns wait in each outbox and leave as one merged chat.delta (docs/protocol.md
+# allows it: the merged event keeps the first seq). Every turn costs a websocket frame and a
+# send() per connection; at 2 ms those were ~20% of the gateway's CPU for a 500-delta burst
+# (py-spy, bench/README.md), at 8 ms ~10%. 8 ms is still half a 60 Hz screen frame, and an
+# upstream slower than that (every real model) awaits its socket between deltas anyway, so
+# each of its deltas still leaves at once.
+_YIELD_EVERY_S = 0.008
 
 
 @dataclass(eq=False)
@@ -275,12 +282,11 @@ class ChatRuns:
             model_name = self.default_model
             try:
                 # An incognito session (memory:false) uses no memory at all; recall:false only
-                # skips recall. Read first, so nothing is recalled before the flag is known.
-                memory_on = run.memory_on = self.memory is not None and (
-                    await asyncio.to_thread(self.store.get, run.user, run.session_key)).memory
-                chat_config = self.config if memory_on and run.recall else self._no_recall
+                # skips recall. build_prompt reads the session before it recalls anything.
+                chat_config = self.config if run.recall else self._no_recall
                 prompt = await build_prompt(chat_config, self.store, self.memory, run.user,
                                             run.session_key, run.message, run.run_id)
+                memory_on = run.memory_on = self.memory is not None and prompt.session.memory
                 recalled = prompt.recalled
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
@@ -290,9 +296,10 @@ class ChatRuns:
                 async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
-                            if event.text:
-                                run.partial.append(event.text)
-                                self._publish(run, "chat.delta", {"delta": event.text})
+                            text = event.text
+                            if text:
+                                run.partial.append(text)
+                                self._publish_delta(run, text)
                                 # A stream already buffered in full never awaits the socket, so
                                 # the outbox writers would send nothing until the run ends
                                 # (first delta ≈ whole run, bench/README.md); let them run.
@@ -368,6 +375,12 @@ class ChatRuns:
 
     def _publish(self, run: Run, method: str, fields: dict[str, Any]) -> None:
         self.hub.publish(run.user, run.session_key, method, {**run.next_event(), **fields})
+
+    def _publish_delta(self, run: Run, text: str) -> None:
+        # The per-delta path of _publish: one dict built in place, not two merged.
+        params = run.next_event()
+        params["delta"] = text  # type: ignore[typeddict-unknown-key]
+        self.hub.publish(run.user, run.session_key, "chat.delta", params)
 
     def _log_run(self, run: Run, outcome: str, **fields: Any) -> None:
         log.info("chat.run", outcome=outcome, chars=sum(map(len, run.partial)), events=run.seq,
