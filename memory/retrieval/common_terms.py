@@ -2,17 +2,17 @@
 
 FTS5 scores every row that matches any term of an ``OR`` query before it can sort and cut
 to the leg's candidates, so one word found in a tenth of a million chunks makes the leg score
-a hundred thousand rows: at 1M chunks such queries took ~0.5 s (docs/scaling.md) while the
+a hundred thousand rows: at 1M chunks such queries took ~0.5–0.9 s (docs/scaling.md) while the
 rest took tens of milliseconds. BM25 weighs a term by ``ln((N − df + ½) / (df + ½))``; a word
-in 10% of the chunks weighs about 2.2 against 7–11 for the words that find a conversation, so
+in 5% of the chunks weighs about 2.9 against 7–11 for the words that find a conversation, so
 leaving it out of the ``MATCH`` changes the ranking little and the cost a lot.
 
-A term is *common* when it matches at least ``max(common_share · N, common_min_chunks)`` chunks
-of the database (every user's: FTS5 keeps no per-user counts). Below ``common_min_chunks / common_share`` chunks
-nothing is looked up and every term is kept, so small indexes rank exactly as before. The
-count for a term stops at the threshold (a ``LIMIT`` inside the count), so asking costs at
-most that many row visits, once: answers are kept per database file for ``ttl_s``, and the
-chunk count with them. A query made only of common terms keeps them all.
+A term is *common* when it matches at least ``max(keyword_common_share · N,
+keyword_common_min_chunks)`` of the database's N chunks (every user's: FTS5 keeps no per-user
+counts). An index no larger than that floor looks nothing up and keeps every term. The count
+for a term stops at the threshold (a ``LIMIT`` inside the count), so asking costs at most that
+many row visits, once: answers are kept per database file for ``ttl_s``, and N with them. A
+query made only of common terms keeps them all.
 """
 
 from __future__ import annotations

@@ -363,7 +363,7 @@ class HybridSearch:
 
     def _fused(self, request: SearchRequest, query_vector: bytes | None, keyword: bool) -> list[Fused]:
         terms = fts_terms(request.query, self.config.max_query_terms) if keyword else []
-        if len(terms) > 1:
+        if terms:
             terms = common_terms_for(self.db.filename).keep(
                 self.db, terms, self.config.keyword_common_share, self.config.keyword_common_min_chunks)
         keyword_leg = self._keyword_leg(request, " OR ".join(terms)) if terms else []
