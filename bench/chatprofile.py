@@ -27,11 +27,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-
-import orjson
+from pathlib import Path
 
 from bench.fake_openai import FakeOpenAI
-from bench.gw import TOKEN
+from bench.gw import TOKEN, gateway_child
 from gateway.client import Client
 
 
@@ -46,70 +45,52 @@ async def _run(rounds: int, wrapper: Sequence[str]) -> None:
         fake.configure(reply=" ".join(f"w{i}" for i in range(500)), deltas=500)
         with tempfile.TemporaryDirectory() as tmp:
             # The chat section's settings (bench/rpc.py run_chat), so the figures explain it.
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
-            env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
-                        "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json",
-                        "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "sk-bench",
-                        "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0",
-                        "RECALLD_CHAT_RECALL": "false"})
-            proc = await asyncio.create_subprocess_exec(
-                *wrapper, sys.executable, "-m", "gateway", "--data-dir", tmp, "serve", "--port", "0",
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-            assert proc.stderr is not None
-            record: dict[str, object] = {}
-            while record.get("event") != "gateway.listening":
-                line = await proc.stderr.readline()
-                if not line:
-                    raise SystemExit(f"the gateway exited with {await proc.wait()} before listening")
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-            drain = asyncio.create_task(proc.stderr.read())  # keep the pipe flowing
-            pid = proc.pid
-            if wrapper:  # the gateway is the wrapper's child
-                children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                          text=True, check=False).stdout.split()
-                pid = int(children[0]) if children else proc.pid
-            walls: list[float] = []
-            firsts: list[float] = []
-            frames: list[int] = []
-            async with Client.connect(f"ws://127.0.0.1:{record['port']}/", TOKEN) as c:
+            env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "sk-bench",
+                   "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0",
+                   "RECALLD_CHAT_RECALL": "false"}
+            async with gateway_child(Path(tmp), env, wrapper) as (url, proc):
+                pid = proc.pid
+                if wrapper:  # the gateway is the wrapper's child
+                    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                              text=True, check=False).stdout.split()
+                    pid = int(children[0]) if children else proc.pid
+                await _measure(url, pid, rounds)
 
-                async def one() -> tuple[float, float, int]:
-                    key = (await c.call("sessions.create", {}))["sessionKey"]
-                    start = time.perf_counter()
-                    first = 0.0
-                    n = 0
-                    await c.call("chat.send", {"sessionKey": key, "message": "hi"})
-                    while True:
-                        ev = await c.next_event(timeout=30)
-                        if ev["method"] == "chat.delta":
-                            n += 1
-                            first = first or time.perf_counter() - start
-                        elif ev["method"] in ("chat.final", "chat.error", "chat.aborted"):
-                            assert ev["method"] == "chat.final", ev
-                            return first, time.perf_counter() - start, n
 
-                for _ in range(3):  # warm-up: imports, first connection to the model server
-                    await one()
-                cpu0 = _cpu_s(pid)
-                for _ in range(rounds):
-                    first, wall, n = await one()
-                    firsts.append(first)
-                    walls.append(wall)
-                    frames.append(n)
-                cpu1 = _cpu_s(pid)
-            print(f"gateway CPU per run {1000 * (cpu1 - cpu0) / rounds:.1f} ms; wall p50 "
-                  f"{1000 * statistics.median(walls):.1f} ms; first delta p50 "
-                  f"{1000 * statistics.median(firsts):.2f} ms; chat.delta frames per run p50 "
-                  f"{statistics.median(frames):g} ({rounds} runs)")
-            if wrapper:
-                proc.send_signal(2)  # a profiler writes its output when its child ends
-            else:
-                proc.terminate()
-            await proc.wait()
-            await drain
+async def _measure(url: str, pid: int, rounds: int) -> None:
+    walls: list[float] = []
+    firsts: list[float] = []
+    frames: list[int] = []
+    async with Client.connect(url, TOKEN) as c:
+
+        async def one() -> tuple[float, float, int]:
+            key = (await c.call("sessions.create", {}))["sessionKey"]
+            start = time.perf_counter()
+            first = 0.0
+            n = 0
+            await c.call("chat.send", {"sessionKey": key, "message": "hi"})
+            while True:
+                ev = await c.next_event(timeout=30)
+                if ev["method"] == "chat.delta":
+                    n += 1
+                    first = first or time.perf_counter() - start
+                elif ev["method"] in ("chat.final", "chat.error", "chat.aborted"):
+                    assert ev["method"] == "chat.final", ev
+                    return first, time.perf_counter() - start, n
+
+        for _ in range(3):  # warm-up: imports, first connection to the model server
+            await one()
+        cpu0 = _cpu_s(pid)
+        for _ in range(rounds):
+            first, wall, n = await one()
+            firsts.append(first)
+            walls.append(wall)
+            frames.append(n)
+        cpu1 = _cpu_s(pid)
+    print(f"gateway CPU per run {1000 * (cpu1 - cpu0) / rounds:.1f} ms; wall p50 "
+          f"{1000 * statistics.median(walls):.1f} ms; first delta p50 "
+          f"{1000 * statistics.median(firsts):.2f} ms; chat.delta frames per run p50 "
+          f"{statistics.median(frames):g} ({rounds} runs)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

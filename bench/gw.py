@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from gateway.app import App, start_app
 from gateway.config import Config, load
 
-__all__ = ["TOKEN", "gateway_config", "gateway_process", "make_config", "running_gateway"]
+__all__ = ["TOKEN", "gateway_child", "gateway_config", "gateway_process", "make_config", "running_gateway"]
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -52,10 +53,20 @@ async def running_gateway(config: Config) -> AsyncIterator[App]:
 
 @asynccontextmanager
 async def gateway_process(data_dir: Path, env: dict[str, str]) -> AsyncIterator[str]:
-    """``recalld serve --port 0`` as a child process; yields its URL.
+    """``recalld serve --port 0`` as a child process; yields its URL (see :func:`gateway_child`)."""
+    async with gateway_child(data_dir, env) as (url, _):
+        yield url
+
+
+@asynccontextmanager
+async def gateway_child(data_dir: Path, env: dict[str, str], wrapper: Sequence[str] = ()
+                        ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """``recalld serve --port 0`` as a child process; yields its URL and the process.
 
     ``env`` adds ``RECALLD_*`` settings. The listening line is read from stderr to learn the
-    port; the rest of stderr is drained so the pipe never fills.
+    port; the rest of stderr is drained so the pipe never fills. ``wrapper`` is a command the
+    gateway runs under (a profiler): it is stopped with SIGINT, on which profilers write
+    their output, and the gateway is its child.
     """
     import orjson
 
@@ -63,7 +74,7 @@ async def gateway_process(data_dir: Path, env: dict[str, str]) -> AsyncIterator[
     child_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
                       "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json", **env})
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0",
+        *wrapper, sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, env=child_env,
     )
@@ -81,10 +92,13 @@ async def gateway_process(data_dir: Path, env: dict[str, str]) -> AsyncIterator[
                 if record.get("event") == "gateway.listening":
                     break
         drain = asyncio.create_task(proc.stderr.read())  # keep the pipe flowing
-        yield f"ws://127.0.0.1:{record['port']}/"
+        yield f"ws://127.0.0.1:{record['port']}/", proc
     finally:
         if proc.returncode is None:
-            proc.terminate()
+            if wrapper:
+                proc.send_signal(signal.SIGINT)
+            else:
+                proc.terminate()
             await proc.wait()
         if "drain" in locals():
             await drain
