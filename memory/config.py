@@ -70,6 +70,10 @@ class MemoryConfig:
     # (memory.retrieval.common_terms). 0 keeps every word.
     keyword_common_share: float = 0.05
     keyword_common_min_chunks: int = 5000
+    # On a user's partition of at least this many chunks, the vector leg's in-memory scan runs
+    # on its own thread while the keyword leg runs its SQL (memory.retrieval.search); below it
+    # the hand-over costs more than the overlap saves. 0 runs the legs one after the other.
+    overlap_min_chunks: int = 50_000
 
     # Recall into a prompt (memory.recall): excerpts within this many approximate tokens, and
     # only those whose cosine to the message reaches the floor (None: the embedder's own
@@ -192,6 +196,8 @@ class MemoryConfig:
             problems.append("keyword_common_share must be from 0 (off) to below 1")
         if self.keyword_common_min_chunks < 0:
             problems.append("keyword_common_min_chunks must not be negative")
+        if self.overlap_min_chunks < 0:
+            problems.append("overlap_min_chunks must not be negative (0: legs one after the other)")
         if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:
             problems.append("embeddings_dimensions must be positive")
         for name in ("embeddings_batch_size", "local_batch_size", "local_max_tokens",

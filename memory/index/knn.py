@@ -30,7 +30,9 @@ reader ran ahead) uses it as is: an extra candidate is then dropped by the re-ra
 removed one is missed by a search that overlapped its removal. Nothing here outlives the
 process; a restart reloads (``warm``, or lazily).
 
-Every method blocks; call it from the search's worker thread.
+Every method blocks; call it from the search's worker thread. :meth:`SignIndex.prepare`
+splits a search in two so that the scan (numpy, which releases the GIL) can run on another
+thread while the search's keyword leg runs its SQL.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ __all__ = [
     "HAVE_NUMPY",
     "KNOWN_LAYOUTS",
     "Filters",
+    "PreparedScan",
     "SignIndex",
     "index_for",
     "release",
@@ -313,6 +316,31 @@ def _load_public(db: apsw.Connection, user: str, width: int) -> _Arrays:
         "SELECT chunk_id, embedding, start_ms, end_ms FROM chunks_vec WHERE user = ?", (user,)), width)
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedScan:
+    """One search's scan of a partition, ready to run (:meth:`SignIndex.prepare`)."""
+
+    lock: threading.Lock
+    part: _Partition
+    query: npt.NDArray[Any]
+    filters: Filters
+    scan: int
+    pool: int
+    scan_share: float
+
+    @property
+    def rows(self) -> int:
+        """Rows in the partition: what the scan's cost grows with."""
+        return self.part.size
+
+    def run(self) -> list[int]:
+        # Under the index's lock: another search may bring the partition to a newer snapshot
+        # in between, which this one tolerates as it always has (the re-rank reads rows from
+        # its own snapshot, and a newer partition is what an older snapshot is served).
+        with self.lock:
+            return self.part.nearest(self.query, self.scan, self.pool, self.filters, self.scan_share)
+
+
 class SignIndex:
     """The sign bits of one database's ``chunks_vec``, one partition per user (see module doc)."""
 
@@ -330,6 +358,14 @@ class SignIndex:
                 scan: int, pool: int, scan_share: float = 0.0) -> list[int]:
         """``user``'s ``pool`` chunk ids nearest ``query_int8`` (see :meth:`_Partition.nearest`)
         as ``db``'s open read transaction sees them (call inside it), filtered."""
+        return self.prepare(db, user, query_int8, filters, scan=scan, pool=pool, scan_share=scan_share).run()
+
+    def prepare(self, db: apsw.Connection, user: str, query_int8: bytes, filters: Filters, *,
+                scan: int, pool: int, scan_share: float = 0.0) -> PreparedScan:
+        """:meth:`nearest` in two steps: the partition is brought up to ``db``'s snapshot now,
+        on the caller's thread (which holds the read transaction), and the scan the returned
+        object runs touches no connection — so it may run on another thread while the caller's
+        keyword leg uses ``db`` (the search overlaps the two legs on a large partition)."""
         query = numpy.frombuffer(query_int8, dtype=numpy.int8)
         if len(query) % 8:
             raise ValueError(f"sign bits need a multiple of 8 dimensions, not {len(query)}")
@@ -339,7 +375,7 @@ class SignIndex:
             part = self._current(db, user, width, snapshot)
             if snapshot.generation is not None:
                 self._parts[user] = part
-            return part.nearest(query, scan, pool, filters, scan_share)
+        return PreparedScan(self._lock, part, query, filters, scan, pool, scan_share)
 
     def warm(self, db: apsw.Connection) -> tuple[int, int]:
         """Load every user's partition as ``db`` sees it now (its own read transaction);

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -317,6 +320,20 @@ FROM chunks WHERE id IN ({marks})
 # When each fused chunk was said (its last message), for the recency term of a hybrid search.
 _SAID_SQL = "SELECT id, COALESCE(end_ms, start_ms) FROM chunks WHERE id IN ({marks})"
 
+_overlap_lock = threading.Lock()
+_overlap: ThreadPoolExecutor | None = None
+
+
+def _overlap_pool() -> ThreadPoolExecutor:
+    """Threads for the vector leg's scan beside the keyword leg (created on first use). Two,
+    so that two readers' searches (the service's reader pool) overlap as well; the scans
+    themselves take the sign-bit index's lock one at a time."""
+    global _overlap
+    with _overlap_lock:
+        if _overlap is None:
+            _overlap = ThreadPoolExecutor(max_workers=2, thread_name_prefix="recalld-scan")
+        return _overlap
+
 # Fixed fragments, picked by which filters are set: (keyword leg, vector leg).
 _FILTERS = {
     "session_key": ("\n  AND chunks.session_key = :session_key", "\n      AND session_key = :session_key"),
@@ -362,12 +379,17 @@ class HybridSearch:
         return hits
 
     def _fused(self, request: SearchRequest, query_vector: bytes | None, keyword: bool) -> list[Fused]:
-        terms = fts_terms(request.query, self.config.max_query_terms) if keyword else []
-        if terms:
-            terms = common_terms_for(self.db.filename).keep(
-                self.db, terms, self.config.keyword_common_share, self.config.keyword_common_min_chunks)
-        keyword_leg = self._keyword_leg(request, " OR ".join(terms)) if terms else []
-        vector_leg = self._vector_leg(request, query_vector) if query_vector is not None else []
+        # The vector leg starts first: on a large partition its scan runs on another thread
+        # while this one runs the keyword leg's SQL, and the two meet before the fusion.
+        finish_vector = self._start_vector_leg(request, query_vector) if query_vector is not None else None
+        try:
+            terms = fts_terms(request.query, self.config.max_query_terms) if keyword else []
+            if terms:
+                terms = common_terms_for(self.db.filename).keep(
+                    self.db, terms, self.config.keyword_common_share, self.config.keyword_common_min_chunks)
+            keyword_leg = self._keyword_leg(request, " OR ".join(terms)) if terms else []
+        finally:
+            vector_leg = finish_vector() if finish_vector is not None else []
         fused = fuse(keyword_leg, vector_leg, self.config)
         if not request.recency or request.mode != "hybrid" or request.now_ms is None or not fused:
             return fused  # memory.search, and the single-leg modes, rank by relevance alone
@@ -381,7 +403,9 @@ class HybridSearch:
         params.update((name, getattr(request, name)) for name in active)
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
 
-    def _vector_leg(self, request: SearchRequest, query_vector: bytes) -> list[tuple[int, float]]:
+    def _start_vector_leg(self, request: SearchRequest,
+                          query_vector: bytes) -> Callable[[], list[tuple[int, float]]]:
+        """Begin the vector leg; the returned call finishes it (the exact re-rank in SQL)."""
         meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'vector_format')"))
         fmt = meta.get("vector_format") or "bit"
         provider, model, endpoint = json.loads(meta.get("embedder") or '["", "", ""]')
@@ -392,18 +416,26 @@ class HybridSearch:
         }
         active = [name for name in _FILTERS if getattr(request, name) is not None]
         params.update((name, getattr(request, name)) for name in active)
-        if fmt == "bit" and knn.HAVE_NUMPY:
-            filters = knn.Filters(request.after_ms, request.before_ms,
-                                  _session_chunk_ids(self.db, request.user, request.session_key),
-                                  _session_chunk_ids(self.db, request.user, request.exclude_session_key))
-            pool = knn.index_for(self.db.filename).nearest(
-                self.db, request.user, params["query_int8"], filters,
-                scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
-            sql = _RERANK_SQL.format(filters="".join(_FILTERS[n][0] for n in active))
-            params["pool"] = json.dumps(pool)
-        else:
+        if not (fmt == "bit" and knn.HAVE_NUMPY):
             sql, _ = build_sql(request, leg="vector", vector_format=fmt)
             params["vec_pool"] = min(_VEC0_MAX_K, max(RERANK_POOL_MIN, RERANK_POOL_FACTOR * self.config.candidates))
+            return lambda: self._rows(sql, params)
+        filters = knn.Filters(request.after_ms, request.before_ms,
+                              _session_chunk_ids(self.db, request.user, request.session_key),
+                              _session_chunk_ids(self.db, request.user, request.exclude_session_key))
+        scan = knn.index_for(self.db.filename).prepare(
+            self.db, request.user, params["query_int8"], filters,
+            scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
+        sql = _RERANK_SQL.format(filters="".join(_FILTERS[n][0] for n in active))
+        threshold = self.config.overlap_min_chunks
+        pending = _overlap_pool().submit(scan.run) if threshold and scan.rows >= threshold else None
+
+        def finish() -> list[tuple[int, float]]:
+            params["pool"] = json.dumps(pending.result() if pending is not None else scan.run())
+            return self._rows(sql, params)
+        return finish
+
+    def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple[int, float]]:
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
 
     def _hits(self, fused: list[Fused]) -> list[SearchHit]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,3 +253,33 @@ def test_the_scan_grows_with_its_share_of_the_partition() -> None:
                           numpy.zeros(n, numpy.int64), numpy.zeros(n, numpy.int64), knn._Snapshot(None, 0, 0))
     assert part.nearest(query, 10, 1, knn.Filters()) != [n]
     assert part.nearest(query, 10, 1, knn.Filters(), scan_share=1.0) == [n]
+
+
+async def test_overlapped_legs_rank_as_the_legs_in_turn_do(tmp_path: Path, tiny_pool: None,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the overlap on (threshold 1) the vector scan runs on its own thread beside the keyword
+    leg, and hybrid results, filtered or not, are the ones the legs give one after the other."""
+    corpus(tmp_path)
+    threads: list[str] = []
+    run = knn.PreparedScan.run
+
+    def recorded(self: knn.PreparedScan) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return run(self)
+
+    monkeypatch.setattr(knn.PreparedScan, "run", recorded)
+    queries = [("sourdough starter tide", {}), ("violin rosin", {"session_key": session_key("alice2")}),
+               ("tax deadline", {"after": ts(205), "before": ts(405)})]
+    results: dict[int, list[list[int]]] = {}
+    for threshold in (0, 1):
+        async with opened(tmp_path, quiet_config(**CUT, overlap_min_chunks=threshold), FakeEmbedder(dims=DIMS)) as svc:
+            results[threshold] = []
+            for query, filters in queries:
+                response = await svc.search("alice", query, k=10, **filters)
+                assert response.mode == "hybrid", response.fallback_reason
+                results[threshold].append([h.chunk_id for h in response.results])
+        if threshold == 0:
+            assert threads and not any(t.startswith("recalld-scan") for t in threads)
+            threads.clear()
+    assert results[1] == results[0] and all(results[0])
+    assert len(threads) == len(queries) and all(t.startswith("recalld-scan") for t in threads)
