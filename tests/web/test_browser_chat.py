@@ -46,6 +46,22 @@ async def test_link_token_is_taken_from_the_fragment_and_removed(browser: Browse
     assert await page.evaluate("localStorage.getItem('recalld.token')") is None
 
 
+async def test_gateway_url_in_query_or_fragment_is_ignored(browser: Browser, web_app: App) -> None:
+    """A link carrying gateway URLs in its query string and fragment still signs in, and the
+    page's WebSockets all go to the origin that served it, never to a URL the link names."""
+    page = await browser.new_page()
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    origin = page_url(web_app)
+    await page.goto(f"{origin}?gateway=ws://127.0.0.1:1/x&url=ws://evil"
+                    f"#token={TOKEN}&gateway=ws://evil")
+    await expect(page.locator("#conn-state")).to_have_attribute("data-state", "open")
+    await expect(page.locator("#app")).to_be_visible()
+    own = origin.replace("http://", "ws://", 1)
+    assert sockets and set(sockets) == {own}, sockets
+    assert "token" not in page.url
+
+
 async def test_wrong_token_shows_a_clear_message(browser: Browser, web_app: App) -> None:
     """A refused token brings back the sign-in form saying so, and nothing is stored."""
     page = await browser.new_page()
