@@ -4,6 +4,7 @@ to run script."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,6 +101,19 @@ async def test_create_send_and_watch_the_reply_stream(browser: Browser, web_app:
     await expect(page.get_by_role("button", name="Send")).to_be_visible()
     assert fake_openai.chat_requests[-1].json["messages"][-1]["content"] == "first line\nsecond line"
     assert errors.items == []
+
+
+async def test_own_message_shows_its_time_without_a_reload(browser: Browser, web_app: App) -> None:
+    """The message just sent shows the time the transcript stored for it, as history does after a reload."""
+    page = await open_signed_in(browser, web_app)
+    await new_session(page)
+    await send(page, "what time is it")
+    await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
+    meta = page.locator(".msg.user .meta")
+    await expect(meta).to_have_text(re.compile(r"^You · \S"))
+    sent = await meta.inner_text()
+    await page.reload()
+    await expect(page.locator(".msg.user .meta")).to_have_text(sent)
 
 
 async def test_stop_aborts_mid_stream(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:

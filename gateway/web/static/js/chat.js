@@ -146,12 +146,21 @@ export class ChatView {
       local.state = "done";
       this.#render(local);
       this.#liveReply(res.runId);
+      this.#fetchStored(key, res.runId).catch(() => {});
     } catch (err) {
       local.state = "error";
       local.error = err.message;
       local.retry = () => { this.#remove(local); this.send(text); };
       this.#render(local);
     }
+  }
+
+  // chat.send has appended the user line before answering, but no event carries it: its id
+  // and time come from the newest history page (matched by runId, so nothing else changes).
+  async #fetchStored(key, runId) {
+    const page = await this.rpc.call("sessions.history", { sessionKey: key, limit: 10 });
+    if (!this.session || this.session.sessionKey !== key) return;
+    this.#merge(page.messages.filter((m) => m.runId === runId && m.role === "user"));
   }
 
   async stop() {
