@@ -164,6 +164,29 @@ async def test_reconnect_mid_stream_never_shows_a_gap(
     await expect(reply.locator(".note")).to_have_count(0)
 
 
+async def test_reload_mid_stream_never_shows_a_gap(
+    browser: Browser, web_app: App, fake_openai: FakeOpenAI
+) -> None:
+    """A page reloaded while a reply streams, which hears the run only from the middle on, never
+    shows the reply's tail as if it were all of it: every state is a prefix of the final reply."""
+    words = " ".join(f"w{i}" for i in range(100))
+    fake_openai.configure(reply=words, delta_delay_s=0.03)
+    page = await open_signed_in(browser, web_app)
+    await new_session(page)
+    await send(page, "tell me a long story")
+    await expect(page.locator(".msg.assistant .body")).to_contain_text("w3")
+    await page.reload()
+    await page.wait_for_selector("#messages .msg.user")
+    await page.evaluate(RECORD_REPLY)
+    reply = page.locator(".msg.assistant").last
+    await expect(reply).to_have_attribute("data-state", "done", timeout=20000)
+    seen: list[list[str]] = await page.evaluate("window.__seen")
+    assert seen
+    gaps = [body for body, _ in seen if not words.startswith(body.strip())]
+    assert gaps == [], gaps[:1]
+    assert await page.locator(".msg .body").all_inner_texts() == ["tell me a long story", words]
+
+
 async def test_sidebar_and_history_page_as_you_scroll(browser: Browser, web_app: App) -> None:
     """35 sessions show 30 until the list is scrolled to its end; a 120-message session shows its
     last 50 and loads older pages, oldest message last, when scrolled to the top."""
