@@ -4,6 +4,7 @@ to run script."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,6 +47,22 @@ async def test_link_token_is_taken_from_the_fragment_and_removed(browser: Browse
     assert await page.evaluate("localStorage.getItem('recalld.token')") is None
 
 
+async def test_gateway_url_in_query_or_fragment_is_ignored(browser: Browser, web_app: App) -> None:
+    """A link carrying gateway URLs in its query string and fragment still signs in, and the
+    page's WebSockets all go to the origin that served it, never to a URL the link names."""
+    page = await browser.new_page()
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    origin = page_url(web_app)
+    await page.goto(f"{origin}?gateway=ws://127.0.0.1:1/x&url=ws://evil"
+                    f"#token={TOKEN}&gateway=ws://evil")
+    await expect(page.locator("#conn-state")).to_have_attribute("data-state", "open")
+    await expect(page.locator("#app")).to_be_visible()
+    own = origin.replace("http://", "ws://", 1)
+    assert sockets and set(sockets) == {own}, sockets
+    assert "token" not in page.url
+
+
 async def test_wrong_token_shows_a_clear_message(browser: Browser, web_app: App) -> None:
     """A refused token brings back the sign-in form saying so, and nothing is stored."""
     page = await browser.new_page()
@@ -84,6 +101,19 @@ async def test_create_send_and_watch_the_reply_stream(browser: Browser, web_app:
     await expect(page.get_by_role("button", name="Send")).to_be_visible()
     assert fake_openai.chat_requests[-1].json["messages"][-1]["content"] == "first line\nsecond line"
     assert errors.items == []
+
+
+async def test_own_message_shows_its_time_without_a_reload(browser: Browser, web_app: App) -> None:
+    """The message just sent shows the time the transcript stored for it, as history does after a reload."""
+    page = await open_signed_in(browser, web_app)
+    await new_session(page)
+    await send(page, "what time is it")
+    await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
+    meta = page.locator(".msg.user .meta")
+    await expect(meta).to_have_text(re.compile(r"^You · \S"))
+    sent = await meta.inner_text()
+    await page.reload()
+    await expect(page.locator(".msg.user .meta")).to_have_text(sent)
 
 
 async def test_stop_aborts_mid_stream(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:

@@ -4,6 +4,7 @@ panel, two tabs kept in step, and a connection dropped by the server mid-reply."
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -115,6 +116,75 @@ async def test_dropped_connection_reconnects_without_loss_or_duplicates(
     async with Client.connect(web_app.url, TOKEN) as other:
         history = await other.call("sessions.history", {"sessionKey": key})
     assert bodies == [m["content"] for m in history["messages"]]
+
+
+# Every text the last assistant reply's body and notes show, recorded in the page on each DOM change.
+RECORD_REPLY = """() => {
+  window.__seen = [];
+  new MutationObserver(() => {
+    const reply = [...document.querySelectorAll(".msg.assistant")].pop();
+    if (reply) window.__seen.push([reply.querySelector(".body").textContent, reply.querySelector(".extras").textContent]);
+  }).observe(document.getElementById("messages"), { subtree: true, childList: true, characterData: true });
+}"""
+
+
+async def test_reconnect_mid_stream_never_shows_a_gap(
+    browser: Browser, web_app: App, fake_openai: FakeOpenAI
+) -> None:
+    """A reply that keeps streaming while the page is offline never shows text with a hole in it
+    after the reconnect: every state of it is a prefix of the final reply, which ends shown once."""
+    words = " ".join(f"w{i}" for i in range(150))
+    fake_openai.configure(reply=words, delta_delay_s=0.03)
+    page = await open_signed_in(browser, web_app)
+    sockets: list[list[str]] = []
+
+    def on_socket(ws: Any) -> None:
+        frames: list[str] = []
+        sockets.append(frames)
+        ws.on("framereceived", lambda payload: frames.append(str(payload)))
+
+    page.on("websocket", on_socket)
+    await new_session(page)
+    await page.evaluate(RECORD_REPLY)
+    await send(page, "tell me a long story")
+    reply = page.locator(".msg.assistant").last
+    await expect(reply.locator(".body")).to_contain_text("w3")
+    for conn in list(web_app.server.connections):
+        conn.ws.transport.abort()  # the TCP connection dies; no close frame
+    await expect(page.locator("#conn-state")).to_have_attribute("data-state", "retrying")
+    await expect(page.locator("#conn-state")).to_have_attribute("data-state", "open", timeout=20000)
+    await expect(reply).to_have_attribute("data-state", "done", timeout=20000)
+    assert sockets and any("chat.delta" in f for f in sockets[-1]), "no delta came after the reconnect"
+    seen: list[list[str]] = await page.evaluate("window.__seen")
+    assert seen
+    gaps = [body for body, _ in seen if not words.startswith(body.strip())]
+    assert gaps == [], gaps[:1]
+    assert any("Reconnected" in notes for _, notes in seen)
+    assert await page.locator(".msg .body").all_inner_texts() == ["tell me a long story", words]
+    await expect(reply.locator(".note")).to_have_count(0)
+
+
+async def test_reload_mid_stream_never_shows_a_gap(
+    browser: Browser, web_app: App, fake_openai: FakeOpenAI
+) -> None:
+    """A page reloaded while a reply streams, which hears the run only from the middle on, never
+    shows the reply's tail as if it were all of it: every state is a prefix of the final reply."""
+    words = " ".join(f"w{i}" for i in range(100))
+    fake_openai.configure(reply=words, delta_delay_s=0.03)
+    page = await open_signed_in(browser, web_app)
+    await new_session(page)
+    await send(page, "tell me a long story")
+    await expect(page.locator(".msg.assistant .body")).to_contain_text("w3")
+    await page.reload()
+    await page.wait_for_selector("#messages .msg.user")
+    await page.evaluate(RECORD_REPLY)
+    reply = page.locator(".msg.assistant").last
+    await expect(reply).to_have_attribute("data-state", "done", timeout=20000)
+    seen: list[list[str]] = await page.evaluate("window.__seen")
+    assert seen
+    gaps = [body for body, _ in seen if not words.startswith(body.strip())]
+    assert gaps == [], gaps[:1]
+    assert await page.locator(".msg .body").all_inner_texts() == ["tell me a long story", words]
 
 
 async def test_sidebar_and_history_page_as_you_scroll(browser: Browser, web_app: App) -> None:

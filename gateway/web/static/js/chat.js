@@ -37,6 +37,12 @@ export class ChatView {
       if (ev.key === "Escape" && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
     });
     this.stopBtn.addEventListener("click", () => this.stop());
+    // Events sent while the socket was down are lost: a reply still streaming must prove, by
+    // seq, that it missed nothing before it may grow again (see #onDelta).
+    rpc.addEventListener("state", (ev) => {
+      if (ev.detail.state !== "retrying") return;
+      for (const m of this.items) if (m.state === "streaming") m.verify = true;
+    });
     new IntersectionObserver((entries) => {
       if (entries.some((e) => e.isIntersecting)) this.loadOlder();
     }, { root: this.scroller }).observe($("history-top"));
@@ -84,8 +90,9 @@ export class ChatView {
     }
   }
 
-  // After a reconnect: resubscribe and merge the newest page, which holds anything said while
+  // After a reconnect: resubscribe, then merge the newest page, which holds anything said while
   // we were away (including a run that finished meanwhile: its final text replaces our partial).
+  // Subscribing first means a run that ends in between is in the page or sends its chat.final.
   async resync() {
     if (!this.session) return;
     const key = this.session.sessionKey;
@@ -95,8 +102,6 @@ export class ChatView {
     this.#merge(page.messages);
     const live = this.items.find((m) => m.state === "streaming");
     if (live && !this.activeRun) this.activeRun = live.runId;
-    if (live) live.note = "Reconnected: the rest of this reply appears when it is finished.";
-    if (live) this.#render(live);
     this.#setBusy(Boolean(live));
     this.#scrollToEnd();
   }
@@ -146,12 +151,21 @@ export class ChatView {
       local.state = "done";
       this.#render(local);
       this.#liveReply(res.runId);
+      this.#fetchStored(key, res.runId).catch(() => {});
     } catch (err) {
       local.state = "error";
       local.error = err.message;
       local.retry = () => { this.#remove(local); this.send(text); };
       this.#render(local);
     }
+  }
+
+  // chat.send has appended the user line before answering, but no event carries it: its id
+  // and time come from the newest history page (matched by runId, so nothing else changes).
+  async #fetchStored(key, runId) {
+    const page = await this.rpc.call("sessions.history", { sessionKey: key, limit: 10 });
+    if (!this.session || this.session.sessionKey !== key) return;
+    this.#merge(page.messages.filter((m) => m.runId === runId && m.role === "user"));
   }
 
   async stop() {
@@ -178,9 +192,7 @@ export class ChatView {
       if (!ours && !this.items.some((m) => m.runId === p.runId && m.role === "user")) this.resync().catch(() => {});
     }
     if (method === "chat.delta") {
-      if (reply.state !== "streaming") return;
-      reply.content += p.delta;
-      this.#queueRender(reply);
+      this.#onDelta(reply, p);
     } else if (method === "chat.final") {
       Object.assign(reply, { id: p.message.id, content: p.message.content, ts: p.message.ts, state: "done", note: "" });
       this.#render(reply);
@@ -199,10 +211,33 @@ export class ChatView {
     }
   }
 
+  // A reply grows only while it is known to hold every delta so far. On one connection events
+  // arrive in order and none is dropped, but waiting deltas are merged under their first seq,
+  // so a jump in seq there loses nothing. Across a reconnect, or for a run first heard of
+  // mid-stream, only seq = last + 1 (or 0 for the first) proves nothing was missed; anything
+  // else freezes the partial, which stays correct as far as it goes, until the terminal event
+  // (chat.final, chat.aborted, chat.error) brings the whole text.
+  #onDelta(reply, p) {
+    if (reply.state !== "streaming" || reply.stale) return;
+    if (reply.verify && p.seq !== reply.lastSeq + 1) {
+      reply.stale = true;
+      reply.note = reply.lastSeq < 0
+        ? "This reply is being written; it appears when it is finished."
+        : "Reconnected: the rest of this reply appears when it is finished.";
+      this.#render(reply);
+      return;
+    }
+    reply.verify = false;
+    reply.lastSeq = p.seq;
+    reply.content += p.delta;
+    this.#queueRender(reply);
+  }
+
   #liveReply(runId) {
     let reply = this.items.find((m) => m.runId === runId && m.role === "assistant");
     if (!reply) {
-      reply = { key: `run:${runId}`, role: "assistant", content: "", runId, state: "streaming" };
+      reply = { key: `run:${runId}`, role: "assistant", content: "", runId, state: "streaming",
+        lastSeq: -1, verify: true };
       this.#upsert(reply);
     }
     if (reply.state === "streaming") {
