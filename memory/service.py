@@ -49,7 +49,8 @@ from memory.index.indexing import Indexer, ProgressCallback
 from memory.index.quantize import vector_to_blob
 from memory.index.scheduler import SyncScheduler
 from memory.embedders.local_embedder import default_threads
-from memory.retrieval import common_terms
+from memory.retrieval import common_terms, interim
+from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
 from memory.retrieval.recall import for_prompt
 from memory.embedders.rerank import CrossEncoder
 from memory.retrieval.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
@@ -87,7 +88,11 @@ class MemoryService:
         *,
         embedder_reason: str = "",
         vec_extension: str | None = DEFAULT_VEC_EXTENSION,
+        previous_embedder: PreviousFactory | None = None,
     ) -> None:
+        """``previous_embedder`` builds the query embedder of a previous identity while the
+        vectors are rebuilt for a new one (default: from ``config``,
+        ``memory.embedders.embeddings.previous_embedder``)."""
         self.data_dir = Path(data_dir)
         self.sessions_dir = sessions_root(self.data_dir)
         self.db_path = self.data_dir / DB_NAME
@@ -102,6 +107,10 @@ class MemoryService:
         self._vectors = VectorBackend(False, "not started")
         self._rebuilt_reason = ""
         self._vector_state: tuple[bool, str] = (False, "not started")
+        # After an embedder change: whether this identity's vectors are being (re)built, and
+        # the identity whose complete vectors may serve meanwhile (memory.retrieval.interim).
+        self._rebuild: tuple[bool, EmbedderIdentity | None] = (False, None)
+        self._previous = PreviousModel(config, self.db_path, previous_embedder or default_factory(config))
         self._sync_lock = asyncio.Lock()
         self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
         self._closed = False
@@ -141,7 +150,7 @@ class MemoryService:
             self._rebuilt_reason = f"{DB_NAME} was missing; rebuilt from transcripts"
             log.warning("memory.db.missing", path=str(self.db_path), effect="index rebuilt from transcripts")
         self._index = self._wire(opened)
-        self._vector_state = await asyncio.to_thread(self._compute_vector_state)
+        await self._refresh_vector_state()
         log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
                  vector_backend=self._vectors.reason, embedder_reason=self.embedder_reason)
         self._scheduler.start(self.sessions_dir if self.config.watch else None)
@@ -214,6 +223,7 @@ class MemoryService:
         await asyncio.to_thread(self._close_connections, index)
         knn.release(self.db_path)
         common_terms.release(self.db_path)
+        interim.release(self.db_path)
         moved = await asyncio.to_thread(move_aside, self.db_path)
         log.error("memory.db.corrupt", path=str(self.db_path), moved_to=str(moved), error=problem,
                   effect="index rebuilt from transcripts")
@@ -222,7 +232,7 @@ class MemoryService:
         self._rebuilt_reason = (f"{DB_NAME} failed its integrity check ({problem[:80]}); "
                                 f"moved to {moved.name}, rebuilt from transcripts")
         self._index = self._wire(opened)
-        self._vector_state = await asyncio.to_thread(self._compute_vector_state)
+        await self._refresh_vector_state()
 
     async def wait_idle(self) -> None:
         """Return once no sync is queued or running (tests, the CLI after ``start``)."""
@@ -244,6 +254,7 @@ class MemoryService:
             await asyncio.to_thread(self._close_connections, index)
         knn.release(self.db_path)  # the searches' in-memory sign bits; a restart reloads them
         common_terms.release(self.db_path)
+        await self._previous.close()
 
     @staticmethod
     def _close_connections(index: _Index) -> None:
@@ -315,7 +326,7 @@ class MemoryService:
             finally:
                 self._syncing = False
                 if self._index is not None:
-                    self._vector_state = await asyncio.to_thread(self._compute_vector_state)
+                    await self._refresh_vector_state()
             self.sync_count += 1
             self._last_sync = datetime.now(UTC).isoformat()
             self._last_report = report
@@ -385,6 +396,25 @@ class MemoryService:
     async def _in_thread(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
         return await in_thread(action, fn, *args)
 
+    async def _refresh_vector_state(self) -> None:
+        """Recompute whether the vector leg may run, and who serves it during a rebuild."""
+        self._vector_state, self._rebuild = await asyncio.to_thread(
+            lambda: (self._compute_vector_state(), self._compute_rebuild()))
+        rebuilding, previous = self._rebuild
+        serve = previous if rebuilding and not self._vector_state[0] and self._pipeline is not None else None
+        await self._previous.update(serve, self._cached_dims)
+
+    async def _cached_dims(self, identity: EmbedderIdentity) -> int | None:
+        index = self._require_index()
+        return await self._in_thread("reading the previous vectors' width", index.readers.run,
+                                     lambda db: interim.cached_dims(db, identity))
+
+    def _compute_rebuild(self) -> tuple[bool, EmbedderIdentity | None]:
+        index = self._index
+        if index is None:
+            return False, None
+        return index.indexer.vectors.rebuild_state(self._identity)
+
     def _compute_vector_state(self) -> tuple[bool, str]:
         index = self._index
         if index is None:
@@ -420,6 +450,7 @@ class MemoryService:
         actual = request.mode
         fallback: str | None = None
         blob: bytes | None = None
+        previous: EmbedderIdentity | None = None
         if request.mode != "keyword":
             ready, why = self._vector_state
             if ready and self._pipeline is not None:
@@ -427,12 +458,17 @@ class MemoryService:
                     blob = vector_to_blob(await self.embed_query(request.query))
                 except EmbedderError as exc:
                     ready, why = False, f"query embedding failed: {exc}"
+            elif self._rebuild[0]:
+                # A rebuild: the previous model's complete vectors serve the vector leg.
+                served = await self._previous.query(request.query, why)
+                blob, previous, why = served.blob, served.identity, served.reason
+                fallback = why if blob is not None else None
             if blob is None:
                 actual, fallback = "keyword", why
         embedded_at = time.perf_counter()
         reranker = self._reranker if actual != "keyword" else None
         fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if reranker else request
-        searcher = lambda db: HybridSearch(db, self.config).search(  # noqa: E731
+        searcher = lambda db: HybridSearch(db, self.config, previous=previous).search(  # noqa: E731
             fetch, query_vector=blob, keyword=actual != "vector")
         hits = await self._in_thread("searching", index.readers.run, searcher)
         done = time.perf_counter()
@@ -446,7 +482,8 @@ class MemoryService:
                 # The fused order stands: a re-ranker that cannot run never fails a search.
                 fallback = fallback or f"re-ranker unavailable: {exc}"
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
-        return SearchResponse(hits[:request.k], actual, fallback, timings)
+        return SearchResponse(hits[:request.k], actual, fallback, timings,
+                              previous_model=previous.model if previous else None)
 
     async def embed_query(self, text: str) -> list[float]:
         """The query vector of ``text``, from a small cache of recent queries when it is there."""
@@ -474,6 +511,8 @@ class MemoryService:
             # Calibrated per model (a cosine means different things to different models);
             # embedders without one (remote, test fakes) get no floor.
             floor = getattr(self.embedder, "relevance_floor", None)
+            if response.previous_model is not None:
+                floor = self._previous.relevance_floor  # the cosines are the previous model's
         return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
                           budget_tokens=self.config.recall_budget_tokens)
 
@@ -507,6 +546,8 @@ class MemoryService:
 
         numbers = await self._in_thread("counting", index.readers.run, counts)
         ready, why = self._vector_state
+        rebuilding, previous = self._rebuild
+        serving = self._identity if ready else self._previous.serving
         report = self._last_report
         state: dict[str, Any] = {
             **numbers,
@@ -515,7 +556,16 @@ class MemoryService:
             "dims": (self.embedder.dims or None) if self.embedder else None,
             "embedderReason": self.embedder_reason,
             "vectorBackend": {"available": self._vectors.available, "reason": self._vectors.reason},
-            "vectorSearch": {"ready": ready, "reason": why or None},
+            "vectorSearch": {
+                "ready": ready, "reason": why or None,
+                # Whose vectors answer the vector leg now (the previous model's during a rebuild).
+                "servedBy": {"provider": serving.provider, "model": serving.model} if serving else None,
+                "rebuild": {
+                    "embedded": numbers["embedded"], "total": numbers["chunks"],
+                    "previous": {"provider": previous.provider, "model": previous.model} if previous else None,
+                    "previousUnavailable": (self._previous.reason or None) if serving is None else None,
+                } if rebuilding else None,
+            },
             "syncing": self._syncing,
             "syncCount": self.sync_count,
             "lastSync": self._last_sync,
