@@ -39,7 +39,7 @@ from memory.index.vectors import EmbedderIdentity
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["RESCORE_SQL", "PreviousVectors", "cached_dims", "identity_params", "release", "session_ids", "vectors_for"]
+__all__ = ["RESCORE_SQL", "PreviousVectors", "cached_dims", "held", "identity_params", "release", "session_ids", "vectors_for"]
 
 # As memory.index.vectors stores them in chunks_vec: a chunk without timestamps fails every
 # time filter, as NULL does in SQL.
@@ -168,6 +168,12 @@ def vectors_for(path: str | os.PathLike[str], identity: EmbedderIdentity) -> Pre
         if held is None or held.identity != identity:
             held = _registry[key] = PreviousVectors(identity)
         return held
+
+
+def held(path: str | os.PathLike[str]) -> PreviousVectors | None:
+    """What is held for ``path`` now, if anything (status and tests)."""
+    with _registry_lock:
+        return _registry.get(_key(path))
 
 
 def release(path: str | os.PathLike[str]) -> None:
