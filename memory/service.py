@@ -49,13 +49,13 @@ from memory.index.indexing import Indexer, ProgressCallback
 from memory.index.quantize import vector_to_blob
 from memory.index.scheduler import SyncScheduler
 from memory.embedders.local_embedder import default_threads
-from memory.retrieval import common_terms, interim
+from memory.retrieval import common_terms
 from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
 from memory.retrieval.recall import for_prompt
 from memory.embedders.rerank import CrossEncoder
 from memory.retrieval.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
 from memory.index.sync import SyncReport
-from memory.index.vectors import EmbedderIdentity
+from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from sessions import scan_transcripts, sessions_root
 
 __all__ = ["MemoryService"]
@@ -109,7 +109,7 @@ class MemoryService:
         self._vector_state: tuple[bool, str] = (False, "not started")
         # After an embedder change: whether this identity's vectors are being (re)built, and
         # the identity whose complete vectors may serve meanwhile (memory.retrieval.interim).
-        self._rebuild: tuple[bool, EmbedderIdentity | None] = (False, None)
+        self._rebuild: RebuildState = NOT_REBUILDING
         self._previous = PreviousModel(config, self.db_path, previous_embedder or default_factory(config))
         self._sync_lock = asyncio.Lock()
         self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
@@ -220,10 +220,10 @@ class MemoryService:
         self._scheduler.run_soon()
 
     async def _replace(self, index: _Index, problem: str) -> None:
+        await self._previous.close()  # first: its warm-up may be reading on a connection
         await asyncio.to_thread(self._close_connections, index)
         knn.release(self.db_path)
         common_terms.release(self.db_path)
-        interim.release(self.db_path)
         moved = await asyncio.to_thread(move_aside, self.db_path)
         log.error("memory.db.corrupt", path=str(self.db_path), moved_to=str(moved), error=problem,
                   effect="index rebuilt from transcripts")
@@ -249,12 +249,12 @@ class MemoryService:
             check.cancel()  # interrupts a running quick_check, so close() never waits for one
             await asyncio.gather(task, return_exceptions=True)
         await self._scheduler.close()
+        await self._previous.close()  # before the connections: its warm-up may be reading
         index, self._index = self._index, None
         if index is not None:
             await asyncio.to_thread(self._close_connections, index)
         knn.release(self.db_path)  # the searches' in-memory sign bits; a restart reloads them
         common_terms.release(self.db_path)
-        await self._previous.close()
 
     @staticmethod
     def _close_connections(index: _Index) -> None:
@@ -400,19 +400,18 @@ class MemoryService:
         """Recompute whether the vector leg may run, and who serves it during a rebuild."""
         self._vector_state, self._rebuild = await asyncio.to_thread(
             lambda: (self._compute_vector_state(), self._compute_rebuild()))
-        rebuilding, previous = self._rebuild
-        serve = previous if rebuilding and not self._vector_state[0] and self._pipeline is not None else None
-        await self._previous.update(serve, self._cached_dims)
+        rebuild = self._rebuild
+        serve = rebuild.previous if rebuild.rebuilding and not self._vector_state[0] and self._pipeline else None
+        await self._previous.update(serve, self._read)
 
-    async def _cached_dims(self, identity: EmbedderIdentity) -> int | None:
+    async def _read(self, fn: Callable[[apsw.Connection], _T]) -> _T:
         index = self._require_index()
-        return await self._in_thread("reading the previous vectors' width", index.readers.run,
-                                     lambda db: interim.cached_dims(db, identity))
+        return await self._in_thread("reading the previous vectors", index.readers.run, fn)
 
-    def _compute_rebuild(self) -> tuple[bool, EmbedderIdentity | None]:
+    def _compute_rebuild(self) -> RebuildState:
         index = self._index
         if index is None:
-            return False, None
+            return NOT_REBUILDING
         return index.indexer.vectors.rebuild_state(self._identity)
 
     def _compute_vector_state(self) -> tuple[bool, str]:
@@ -458,7 +457,7 @@ class MemoryService:
                     blob = vector_to_blob(await self.embed_query(request.query))
                 except EmbedderError as exc:
                     ready, why = False, f"query embedding failed: {exc}"
-            elif self._rebuild[0]:
+            elif self._rebuild.rebuilding:
                 # A rebuild: the previous model's complete vectors serve the vector leg.
                 served = await self._previous.query(request.query, why)
                 blob, previous, why = served.blob, served.identity, served.reason
@@ -546,7 +545,7 @@ class MemoryService:
 
         numbers = await self._in_thread("counting", index.readers.run, counts)
         ready, why = self._vector_state
-        rebuilding, previous = self._rebuild
+        rebuild, previous = self._rebuild, self._rebuild.previous
         serving = self._identity if ready else self._previous.serving
         report = self._last_report
         state: dict[str, Any] = {
@@ -561,10 +560,11 @@ class MemoryService:
                 # Whose vectors answer the vector leg now (the previous model's during a rebuild).
                 "servedBy": {"provider": serving.provider, "model": serving.model} if serving else None,
                 "rebuild": {
-                    "embedded": numbers["embedded"], "total": numbers["chunks"],
+                    # Until the next sync starts the rebuild, "embedded" chunks have old vectors.
+                    "embedded": numbers["embedded"] if rebuild.started else 0, "total": numbers["chunks"],
                     "previous": {"provider": previous.provider, "model": previous.model} if previous else None,
                     "previousUnavailable": (self._previous.reason or None) if serving is None else None,
-                } if rebuilding else None,
+                } if rebuild.rebuilding else None,
             },
             "syncing": self._syncing,
             "syncCount": self.sync_count,

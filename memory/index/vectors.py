@@ -49,6 +49,7 @@ from memory.index.quantize import cached_vector_to_int8
 
 __all__ = [
     "EmbedderIdentity",
+    "RebuildState",
     "VectorStore",
     "drop_vector_table",
     "ensure_vector_table",
@@ -89,6 +90,18 @@ class EmbedderIdentity:
         except (ValueError, TypeError):
             return None
         return cls(str(provider), str(model), str(endpoint))
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildState:
+    """Where vectors stand after an embedder change (:meth:`VectorStore.rebuild_state`)."""
+
+    rebuilding: bool   # the configured identity's vectors are still to be (re)built
+    started: bool      # the old vectors are dropped and chunks pending (else the next sync starts it)
+    previous: EmbedderIdentity | None   # whose complete vectors may serve meanwhile
+
+
+NOT_REBUILDING = RebuildState(False, False, None)
 
 
 def vector_table_dims(db: apsw.Connection) -> int | None:
@@ -238,23 +251,23 @@ class VectorStore:
                 return False, "no vectors indexed yet"
         return True, ""
 
-    def rebuild_state(self, identity: EmbedderIdentity | None) -> tuple[bool, EmbedderIdentity | None]:
+    def rebuild_state(self, identity: EmbedderIdentity | None) -> RebuildState:
         """Whether ``identity``'s vectors are still to be (re)built after an identity change, and
-        the identity whose complete vectors may serve meanwhile (None when there is none)."""
+        the identity whose complete vectors may serve meanwhile."""
         if identity is None or not self.backend.available:
-            return False, None
+            return NOT_REBUILDING
         with self._conn.lock:
             stored = get_meta(self.db, "embedder")
             rebuilding = get_meta(self.db, "vector_rebuild") is not None
             if stored == identity.to_json():
                 # vectors_stale rebuilds (same identity) record no previous: nothing to serve.
                 previous = EmbedderIdentity.from_json(get_meta(self.db, "embedder_previous")) if rebuilding else None
-                return rebuilding, previous
+                return RebuildState(rebuilding, rebuilding, previous)
             if stored is None:
-                return False, None  # a first build, not a rebuild: no earlier vectors exist
+                return NOT_REBUILDING  # a first build, not a rebuild: no earlier vectors exist
             # Not started yet (the next sync's prepare() starts it): what prepare() will record.
             previous = self._complete_identity()
-            return True, previous if previous != identity else None
+            return RebuildState(True, False, previous if previous != identity else None)
 
     def forget(self, ids: Iterable[int]) -> None:
         """Remove the vectors of chunks about to be deleted (caller holds the lock and a transaction)."""

@@ -39,7 +39,7 @@ from memory.index.vectors import EmbedderIdentity
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["RESCORE_SQL", "PreviousVectors", "cached_dims", "held", "identity_params", "release", "session_ids", "vectors_for"]
+__all__ = ["RESCORE_SQL", "PreviousVectors", "Released", "cached_dims", "held", "identity_params", "release", "session_ids", "vectors_for"]
 
 # As memory.index.vectors stores them in chunks_vec: a chunk without timestamps fails every
 # time filter, as NULL does in SQL.
@@ -55,26 +55,32 @@ _VECTOR_OF_CHUNK = """coalesce(
     (SELECT vector FROM embedding_cache WHERE provider = :provider AND model = :model
         AND endpoint_hash = :endpoint_hash AND content_hash = chunks.content_hash))"""
 
+# Chunks without a previous vector come back with NULL and are skipped by the reader: a
+# ``WHERE vector IS NOT NULL`` here would evaluate the lookups twice per row (the planner
+# flattens a subquery into its outer query, expressions and all).
 _LOAD_SQL = f"""
-SELECT id, start_ms, end_ms, vector FROM (
-    SELECT chunks.id, chunks.start_ms, chunks.end_ms, {_VECTOR_OF_CHUNK} AS vector
-    FROM chunks WHERE chunks.user = :user
-) WHERE vector IS NOT NULL
+SELECT chunks.id, chunks.start_ms, chunks.end_ms, {_VECTOR_OF_CHUNK}
+FROM chunks WHERE chunks.user = :user
 """
 
 # The pool from the pre-filter, re-scored exactly; ``{filters}`` are the keyword leg's fixed
 # fragments on ``chunks`` (memory.retrieval.search). No ``embedded = 1`` here: during a
 # rebuild most chunks are pending for the new model, and that is what this leg is for.
 RESCORE_SQL = f"""
-SELECT id, 1.0 - vec_distance_cosine(vec_int8(vector), vec_int8(:query_int8)) AS similarity FROM (
+WITH pooled AS MATERIALIZED (
     SELECT chunks.id, {_VECTOR_OF_CHUNK} AS vector
     FROM json_each(:pool) AS pool
     CROSS JOIN chunks ON chunks.id = pool.value
     WHERE chunks.user = :user{{filters}}
-) WHERE vector IS NOT NULL
+)
+SELECT id, 1.0 - vec_distance_cosine(vec_int8(vector), vec_int8(:query_int8)) AS similarity
+FROM pooled WHERE vector IS NOT NULL
 ORDER BY similarity DESC, id
 LIMIT :candidates
 """
+
+# Rows read between two packings of sign bits (and checks for a release).
+_LOAD_BATCH = 4096
 
 _SESSION_IDS_SQL = "SELECT id FROM chunks WHERE user = ? AND session_key = ?"
 
@@ -97,6 +103,10 @@ class _Part:
     chunks: int
 
 
+class Released(Exception):
+    """The rebuild ended (or the service closed) while a load was running: it stops."""
+
+
 class PreviousVectors:
     """The previous identity's sign bits for one database, one partition per user."""
 
@@ -104,6 +114,7 @@ class PreviousVectors:
         self.identity = identity
         self._lock = threading.Lock()
         self._parts: dict[str, _Part] = {}
+        self._released = threading.Event()
 
     @property
     def chunks(self) -> int:
@@ -119,28 +130,72 @@ class PreviousVectors:
 
         query = numpy.frombuffer(query_int8, dtype=numpy.int8)
         with self._lock:
-            part = self._parts.get(user)
-            if part is None:
-                part = self._parts[user] = self._load(db, user, len(query))
+            part = self._part(db, user, len(query))
             return list(part.partition.nearest(query, scan, pool, filters, scan_share))
 
-    def _load(self, db: apsw.Connection, user: str, dims: int) -> _Part:
+    def warm(self, db: apsw.Connection) -> tuple[int, int]:
+        """Load every user's partition (its own read transaction); returns (users, chunks).
+
+        The service runs it in the background as soon as the previous model serves: a load
+        costs ~1-2 s per 100k chunks (one cache lookup per chunk), which the first search
+        would otherwise pay. A search arriving meanwhile waits on the lock, or loads its own
+        user first. :func:`release` stops it between batches.
+        """
+        with db:
+            dims = cached_dims(db, self.identity)
+            if dims is None:
+                return 0, 0
+            # The distinct users by skipping along the (user, session_key) index.
+            users = [str(u) for (u,) in db.execute(
+                "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
+                "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS NOT NULL) "
+                "SELECT name FROM u WHERE name IS NOT NULL")]
+            chunks = 0
+            for user in users:
+                with self._lock:
+                    chunks += self._part(db, user, dims, stoppable=True).chunks
+        return len(users), chunks
+
+    def release(self) -> None:
+        self._released.set()
+
+    def _part(self, db: apsw.Connection, user: str, dims: int, *, stoppable: bool = False) -> _Part:
+        """``user``'s partition, loaded now if it is not yet (caller holds the lock)."""
+        part = self._parts.get(user)
+        if part is None:
+            part = self._parts[user] = self._load(db, user, dims, stoppable)
+        return part
+
+    def _load(self, db: apsw.Connection, user: str, dims: int, stoppable: bool) -> _Part:
+        """``user``'s partition; ``stoppable`` (the warm-up, never a search) gives up with
+        :class:`Released` once :meth:`release` was called."""
         import numpy
 
         ids: list[int] = []
         starts: list[int] = []
         ends: list[int] = []
+        bits: list[npt.NDArray[Any]] = []
         blobs: list[bytes] = []
+
+        def pack() -> None:
+            # Sign bits batch by batch: the int8 vectors are never all in memory at once.
+            vectors = numpy.frombuffer(b"".join(blobs), numpy.int8).reshape(len(blobs), dims)
+            bits.append(numpy.packbits(vectors > 0, axis=1, bitorder="little"))
+            blobs.clear()
+
         for cid, start, end, blob in db.execute(_LOAD_SQL, {"user": user, **identity_params(self.identity)}):
-            if len(blob) != dims:
-                continue  # another width (cannot be compared with this query): never scored
+            if blob is None or len(blob) != dims:
+                continue  # no previous vector, or another width: never scored
             ids.append(int(cid))
             starts.append(_NEVER if start is None else int(start))
             ends.append(-1 if end is None else int(end))
             blobs.append(bytes(blob))
-        vectors: npt.NDArray[Any] = numpy.frombuffer(b"".join(blobs), numpy.int8).reshape(len(ids), dims)
-        bits = numpy.packbits(vectors > 0, axis=1, bitorder="little")
-        partition = knn.detached_partition(numpy.array(ids, numpy.int64), bits,
+            if len(blobs) >= _LOAD_BATCH:
+                if stoppable and self._released.is_set():
+                    raise Released(user)
+                pack()
+        pack()
+        partition = knn.detached_partition(numpy.array(ids, numpy.int64), numpy.concatenate(bits),
                                            numpy.array(starts, numpy.int64), numpy.array(ends, numpy.int64))
         return _Part(partition, len(ids))
 
@@ -177,6 +232,9 @@ def held(path: str | os.PathLike[str]) -> PreviousVectors | None:
 
 
 def release(path: str | os.PathLike[str]) -> None:
-    """Drop what is held for ``path`` (its rebuild ended, or its service closed)."""
+    """Drop what is held for ``path`` (its rebuild ended, or its service closed); a load
+    running there stops at its next batch."""
     with _registry_lock:
-        _registry.pop(_key(path), None)
+        held = _registry.pop(_key(path), None)
+    if held is not None:
+        held.release()

@@ -11,10 +11,13 @@ exactly as without it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
+import apsw
 import structlog
 
 from memory.config import MemoryConfig
@@ -31,6 +34,8 @@ log = structlog.get_logger("memory.service")
 
 # Builds the query embedder of a previous identity: (embedder, why) or (None, why not).
 PreviousFactory = Callable[[EmbedderIdentity], tuple[Embedder | None, str]]
+# Runs a function on one of the service's read connections, in a worker thread.
+ReadFn = Callable[[Callable[[apsw.Connection], Any]], Awaitable[Any]]
 
 
 def default_factory(config: MemoryConfig) -> PreviousFactory:
@@ -64,6 +69,7 @@ class PreviousModel:
         self._factory = factory
         self._held: _Held | None = None
         self._tried: EmbedderIdentity | None = None   # built, or failed to build, for this one
+        self._warming: asyncio.Task[None] | None = None
         self.reason = ""   # why the previous model does not serve, when it does not
 
     @property
@@ -75,10 +81,9 @@ class PreviousModel:
     def relevance_floor(self) -> float | None:
         return getattr(self._held.embedder, "relevance_floor", None) if self._held else None
 
-    async def update(self, previous: EmbedderIdentity | None,
-                     dims_of: Callable[[EmbedderIdentity], Awaitable[int | None]]) -> None:
+    async def update(self, previous: EmbedderIdentity | None, read: ReadFn) -> None:
         """Serve ``previous`` from now on (None: the rebuild is over, or there is nothing to
-        serve); ``dims_of`` reads the width of its cached vectors."""
+        serve); ``read`` runs a function on a read connection of the index."""
         if previous == self._tried:
             return
         await self.close()
@@ -98,10 +103,23 @@ class PreviousModel:
                         effect="hybrid is keyword-only until the rebuild ends")
             return
         pipeline = EmbeddingPipeline.from_config(embedder, self.config)
-        self._held = _Held(previous, embedder, pipeline, await dims_of(previous))
+        dims = await read(lambda db: interim.cached_dims(db, previous))
+        self._held = _Held(previous, embedder, pipeline, dims)
         self.reason = ""
         log.info("memory.vectors.previous_serving", previous=previous.to_json(), embedder=why,
                  effect="the vector leg uses the previous model's cached vectors until the rebuild ends")
+        self._warming = asyncio.create_task(self._warm(previous, read), name="memory-previous-warm")
+
+    async def _warm(self, previous: EmbedderIdentity, read: ReadFn) -> None:
+        """Load the previous sign bits now rather than in the first search (interim.warm)."""
+        try:
+            users, chunks = await read(interim.vectors_for(self.db_path, previous).warm)
+        except interim.Released:
+            return
+        except Exception:  # a search loads its own user if this failed; never fatal
+            log.exception("memory.vectors.previous_warm_failed")
+            return
+        log.info("memory.vectors.previous_warmed", users=users, chunks=chunks)
 
     async def query(self, text: str, why: str) -> PreviousQuery:
         """The query vector of ``text`` by the previous model, for a search whose own vector
@@ -125,7 +143,10 @@ class PreviousModel:
         held, self._held = self._held, None
         self._tried = None
         self.reason = ""
-        interim.release(self.db_path)
+        interim.release(self.db_path)   # a running warm-up stops at its next batch
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            await asyncio.gather(warming, return_exceptions=True)
         if held is not None:
             aclose = getattr(held.embedder, "aclose", None)
             if aclose is not None:
