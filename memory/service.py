@@ -50,6 +50,7 @@ from memory.index.quantize import vector_to_blob
 from memory.index.scheduler import SyncScheduler
 from memory.embedders.local_embedder import default_threads
 from memory.retrieval import common_terms
+from memory.retrieval.interim import PreviousVectors
 from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
 from memory.retrieval.recall import for_prompt
 from memory.embedders.rerank import CrossEncoder
@@ -449,7 +450,7 @@ class MemoryService:
         actual = request.mode
         fallback: str | None = None
         blob: bytes | None = None
-        previous: EmbedderIdentity | None = None
+        previous: PreviousVectors | None = None
         if request.mode != "keyword":
             ready, why = self._vector_state
             if ready and self._pipeline is not None:
@@ -460,7 +461,7 @@ class MemoryService:
             elif self._rebuild.rebuilding:
                 # A rebuild: the previous model's complete vectors serve the vector leg.
                 served = await self._previous.query(request.query, why)
-                blob, previous, why = served.blob, served.identity, served.reason
+                blob, previous, why = served.blob, served.vectors, served.reason
                 fallback = why if blob is not None else None
             if blob is None:
                 actual, fallback = "keyword", why
@@ -482,7 +483,7 @@ class MemoryService:
                 fallback = fallback or f"re-ranker unavailable: {exc}"
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
         return SearchResponse(hits[:request.k], actual, fallback, timings,
-                              previous_model=previous.model if previous else None)
+                              previous_model=previous.identity.model if previous else None)
 
     async def embed_query(self, text: str) -> list[float]:
         """The query vector of ``text``, from a small cache of recent queries when it is there."""

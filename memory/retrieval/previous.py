@@ -44,11 +44,11 @@ def default_factory(config: MemoryConfig) -> PreviousFactory:
 
 @dataclass(frozen=True, slots=True)
 class PreviousQuery:
-    """What a search's vector leg gets from the previous model: the query vector and whose
+    """What a search's vector leg gets from the previous model: the query vector and the
     vectors to rank it against, or neither and why (the search is then keyword-only)."""
 
     blob: bytes | None
-    identity: EmbedderIdentity | None
+    vectors: interim.PreviousVectors | None
     reason: str
 
 
@@ -58,6 +58,9 @@ class _Held:
     embedder: Embedder
     pipeline: EmbeddingPipeline
     dims: int | None  # the width of its cached vectors
+    # Handed to each search, which never looks it up: a search that outlives the rebuild
+    # then loads into this released object, not into a fresh registry entry nobody frees.
+    vectors: interim.PreviousVectors
 
 
 class PreviousModel:
@@ -104,16 +107,17 @@ class PreviousModel:
             return
         pipeline = EmbeddingPipeline.from_config(embedder, self.config)
         dims = await read(lambda db: interim.cached_dims(db, previous))
-        self._held = _Held(previous, embedder, pipeline, dims)
+        vectors = interim.vectors_for(self.db_path, previous)
+        self._held = _Held(previous, embedder, pipeline, dims, vectors)
         self.reason = ""
         log.info("memory.vectors.previous_serving", previous=previous.to_json(), embedder=why,
                  effect="the vector leg uses the previous model's cached vectors until the rebuild ends")
-        self._warming = asyncio.create_task(self._warm(previous, read), name="memory-previous-warm")
+        self._warming = asyncio.create_task(self._warm(vectors, read), name="memory-previous-warm")
 
-    async def _warm(self, previous: EmbedderIdentity, read: ReadFn) -> None:
+    async def _warm(self, vectors: interim.PreviousVectors, read: ReadFn) -> None:
         """Load the previous sign bits now rather than in the first search (interim.warm)."""
         try:
-            users, chunks = await read(interim.vectors_for(self.db_path, previous).warm)
+            users, chunks = await read(vectors.warm)
         except interim.Released:
             return
         except Exception:  # a search loads its own user if this failed; never fatal
@@ -135,7 +139,7 @@ class PreviousModel:
         if held.dims is not None and len(vector) != held.dims:
             return PreviousQuery(None, None, f"{why}; the previous model ({name}) returned {len(vector)} "
                                              f"dimensions, its cached vectors have {held.dims}")
-        return PreviousQuery(vector_to_blob(vector), held.identity,
+        return PreviousQuery(vector_to_blob(vector), held.vectors,
                              f"{why}; the vector leg is served by the previous model's vectors ({name}) until then")
 
     async def close(self) -> None:

@@ -15,8 +15,8 @@ user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
   partition (numpy), or else sqlite-vec's KNN, where ``user`` is the vec0 *partition key* and
   session/time are vec0 *metadata columns* — and the pool is re-ranked by exact cosine over
   the cached int8 vectors. While the vectors are rebuilt for a new embedder, the service may
-  pass the *previous* identity: the leg then runs over that model's cached vectors instead
-  (:mod:`memory.retrieval.interim`, same pre-filter and re-rank), never over a mix.
+  pass the *previous* identity's vectors: the leg then runs over that model's cached vectors
+  instead (:mod:`memory.retrieval.interim`, same pre-filter and re-rank), never over a mix.
 
 Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
 whose first message is before it (chunks overlapping the range).
@@ -41,7 +41,6 @@ from memory.retrieval import interim
 from memory.retrieval.fusion import Fused, fuse, with_recency
 from memory.retrieval.timephrases import TimeWindow, find_time_window, strip_time_phrase
 from memory.index.quantize import quantize_int8, vector_from_blob
-from memory.index.vectors import EmbedderIdentity
 
 __all__ = [
     "HybridSearch",
@@ -349,9 +348,9 @@ class HybridSearch:
     """Runs a :class:`SearchRequest` on a read connection (blocking; call it off the loop)."""
 
     def __init__(self, db: apsw.Connection, config: MemoryConfig, *,
-                 previous: EmbedderIdentity | None = None) -> None:
-        """``previous``: run the vector leg over that identity's cached vectors (a rebuild is
-        under way; the query vector must come from that identity's model)."""
+                 previous: interim.PreviousVectors | None = None) -> None:
+        """``previous``: run the vector leg over a previous identity's cached vectors (a
+        rebuild is under way; the query vector must come from that identity's model)."""
         self.db = db
         self.config = config
         self.previous = previous
@@ -421,20 +420,20 @@ class HybridSearch:
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
 
     def _previous_vector_leg(self, request: SearchRequest, query_vector: bytes,
-                             previous: EmbedderIdentity) -> list[tuple[int, float]]:
+                             previous: interim.PreviousVectors) -> list[tuple[int, float]]:
         """The vector leg over ``previous``'s cached vectors (memory.retrieval.interim): the
         same Hamming pre-filter and exact re-rank as the normal leg, pending chunks included."""
         query_int8 = quantize_int8(vector_from_blob(query_vector))
         filters = knn.Filters(request.after_ms, request.before_ms,
                               interim.session_ids(self.db, request.user, request.session_key),
                               interim.session_ids(self.db, request.user, request.exclude_session_key))
-        pool = interim.vectors_for(self.db.filename, previous).nearest(
+        pool = previous.nearest(
             self.db, request.user, query_int8, filters,
             scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
         active = [name for name in _FILTERS if getattr(request, name) is not None]
         params: dict[str, Any] = {"user": request.user, "candidates": self.config.candidates,
                                   "query_int8": query_int8, "pool": json.dumps(pool),
-                                  **interim.identity_params(previous)}
+                                  **interim.identity_params(previous.identity)}
         params.update((name, getattr(request, name)) for name in active)
         sql = interim.RESCORE_SQL.format(filters="".join(_FILTERS[n][0] for n in active))
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
