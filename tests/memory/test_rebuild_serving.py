@@ -239,3 +239,23 @@ async def test_openai_model_change_embeds_queries_with_the_previous_model(
     assert during.previous_model == "embed-a@64" and during.results[0].vector_rank == 1
     assert [(a["model"], a["dimensions"]) for a in asked] == [("embed-a", 64)]  # type: ignore[index]
     assert status["vectorSearch"]["servedBy"] == {"provider": "openai", "model": "embed-a@64"}
+
+
+def test_previous_embedder_is_rebuilt_only_from_what_the_configuration_still_has() -> None:
+    """The default factory rebuilds an installed local model (window included) or a model of the
+    configured endpoint, and refuses, with a reason, what it cannot rebuild exactly."""
+    from memory.embedders.embeddings import OpenAIEmbedder, endpoint_hash, previous_embedder
+    from memory.embedders.local_embedder import LocalEmbedder, unavailable_reason
+
+    config = quiet_config(embeddings_base_url="http://127.0.0.1:9/v1", embeddings_api_key="sk-test")
+    if unavailable_reason("bge-small-en-v1.5") is None:
+        local, _ = previous_embedder(config, "local", "bge-small-en-v1.5-int8@256", "local")
+        assert isinstance(local, LocalEmbedder) and local.model_id == "bge-small-en-v1.5-int8@256"
+    missing, why = previous_embedder(config, "local", "no-such-model-int8", "local")
+    assert missing is None and "not one this version knows" in why
+    remote, _ = previous_embedder(config, "openai", "embed-a@64", endpoint_hash("http://127.0.0.1:9/v1"))
+    assert isinstance(remote, OpenAIEmbedder) and remote.model_id == "embed-a@64"
+    elsewhere, why = previous_embedder(config, "openai", "embed-a", endpoint_hash("http://elsewhere/v1"))
+    assert elsewhere is None and "not the configured one" in why
+    fake, why = previous_embedder(config, "fake", "fake-bow", "none")
+    assert fake is None and "'fake' cannot be rebuilt" in why
