@@ -98,8 +98,8 @@ class PreviousModel:
             return
         try:
             embedder, why = self._factory(previous)
-        except EmbedderError as exc:
-            embedder, why = None, str(exc)
+        except Exception as exc:  # a factory that breaks must not break the sync that asked
+            embedder, why = None, f"the previous model could not be built: {type(exc).__name__}: {exc}"
         if embedder is None:
             self.reason = why
             log.warning("memory.vectors.previous_unavailable", previous=previous.to_json(), reason=why,
