@@ -50,11 +50,13 @@ from memory.index.quantize import vector_to_blob
 from memory.index.scheduler import SyncScheduler
 from memory.embedders.local_embedder import default_threads
 from memory.retrieval import common_terms
+from memory.retrieval.interim import PreviousVectors
+from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
 from memory.retrieval.recall import for_prompt
 from memory.embedders.rerank import CrossEncoder
 from memory.retrieval.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
 from memory.index.sync import SyncReport
-from memory.index.vectors import EmbedderIdentity
+from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from sessions import scan_transcripts, sessions_root
 
 __all__ = ["MemoryService"]
@@ -87,7 +89,11 @@ class MemoryService:
         *,
         embedder_reason: str = "",
         vec_extension: str | None = DEFAULT_VEC_EXTENSION,
+        previous_embedder: PreviousFactory | None = None,
     ) -> None:
+        """``previous_embedder`` builds the query embedder of a previous identity while the
+        vectors are rebuilt for a new one (default: from ``config``,
+        ``memory.embedders.embeddings.previous_embedder``)."""
         self.data_dir = Path(data_dir)
         self.sessions_dir = sessions_root(self.data_dir)
         self.db_path = self.data_dir / DB_NAME
@@ -102,6 +108,10 @@ class MemoryService:
         self._vectors = VectorBackend(False, "not started")
         self._rebuilt_reason = ""
         self._vector_state: tuple[bool, str] = (False, "not started")
+        # After an embedder change: whether this identity's vectors are being (re)built, and
+        # the identity whose complete vectors may serve meanwhile (memory.retrieval.interim).
+        self._rebuild: RebuildState = NOT_REBUILDING
+        self._previous = PreviousModel(config, self.db_path, previous_embedder or default_factory(config))
         self._sync_lock = asyncio.Lock()
         self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
         self._closed = False
@@ -141,7 +151,7 @@ class MemoryService:
             self._rebuilt_reason = f"{DB_NAME} was missing; rebuilt from transcripts"
             log.warning("memory.db.missing", path=str(self.db_path), effect="index rebuilt from transcripts")
         self._index = self._wire(opened)
-        self._vector_state = await asyncio.to_thread(self._compute_vector_state)
+        await self._refresh_vector_state()
         log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
                  vector_backend=self._vectors.reason, embedder_reason=self.embedder_reason)
         self._scheduler.start(self.sessions_dir if self.config.watch else None)
@@ -211,6 +221,7 @@ class MemoryService:
         self._scheduler.run_soon()
 
     async def _replace(self, index: _Index, problem: str) -> None:
+        await self._previous.close()  # first: its warm-up may be reading on a connection
         await asyncio.to_thread(self._close_connections, index)
         knn.release(self.db_path)
         common_terms.release(self.db_path)
@@ -222,7 +233,7 @@ class MemoryService:
         self._rebuilt_reason = (f"{DB_NAME} failed its integrity check ({problem[:80]}); "
                                 f"moved to {moved.name}, rebuilt from transcripts")
         self._index = self._wire(opened)
-        self._vector_state = await asyncio.to_thread(self._compute_vector_state)
+        await self._refresh_vector_state()
 
     async def wait_idle(self) -> None:
         """Return once no sync is queued or running (tests, the CLI after ``start``)."""
@@ -239,6 +250,7 @@ class MemoryService:
             check.cancel()  # interrupts a running quick_check, so close() never waits for one
             await asyncio.gather(task, return_exceptions=True)
         await self._scheduler.close()
+        await self._previous.close()  # before the connections: its warm-up may be reading
         index, self._index = self._index, None
         if index is not None:
             await asyncio.to_thread(self._close_connections, index)
@@ -315,7 +327,7 @@ class MemoryService:
             finally:
                 self._syncing = False
                 if self._index is not None:
-                    self._vector_state = await asyncio.to_thread(self._compute_vector_state)
+                    await self._refresh_vector_state()
             self.sync_count += 1
             self._last_sync = datetime.now(UTC).isoformat()
             self._last_report = report
@@ -385,6 +397,24 @@ class MemoryService:
     async def _in_thread(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
         return await in_thread(action, fn, *args)
 
+    async def _refresh_vector_state(self) -> None:
+        """Recompute whether the vector leg may run, and who serves it during a rebuild."""
+        self._vector_state, self._rebuild = await asyncio.to_thread(
+            lambda: (self._compute_vector_state(), self._compute_rebuild()))
+        rebuild = self._rebuild
+        serve = rebuild.previous if rebuild.rebuilding and not self._vector_state[0] and self._pipeline else None
+        await self._previous.update(serve, self._read)
+
+    async def _read(self, fn: Callable[[apsw.Connection], _T]) -> _T:
+        index = self._require_index()
+        return await self._in_thread("reading the previous vectors", index.readers.run, fn)
+
+    def _compute_rebuild(self) -> RebuildState:
+        index = self._index
+        if index is None:
+            return NOT_REBUILDING
+        return index.indexer.vectors.rebuild_state(self._identity)
+
     def _compute_vector_state(self) -> tuple[bool, str]:
         index = self._index
         if index is None:
@@ -420,6 +450,7 @@ class MemoryService:
         actual = request.mode
         fallback: str | None = None
         blob: bytes | None = None
+        previous: PreviousVectors | None = None
         if request.mode != "keyword":
             ready, why = self._vector_state
             if ready and self._pipeline is not None:
@@ -427,12 +458,17 @@ class MemoryService:
                     blob = vector_to_blob(await self.embed_query(request.query))
                 except EmbedderError as exc:
                     ready, why = False, f"query embedding failed: {exc}"
+            elif self._rebuild.rebuilding:
+                # A rebuild: the previous model's complete vectors serve the vector leg.
+                served = await self._previous.query(request.query, why)
+                blob, previous, why = served.blob, served.vectors, served.reason
+                fallback = why if blob is not None else None
             if blob is None:
                 actual, fallback = "keyword", why
         embedded_at = time.perf_counter()
         reranker = self._reranker if actual != "keyword" else None
         fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if reranker else request
-        searcher = lambda db: HybridSearch(db, self.config).search(  # noqa: E731
+        searcher = lambda db: HybridSearch(db, self.config, previous=previous).search(  # noqa: E731
             fetch, query_vector=blob, keyword=actual != "vector")
         hits = await self._in_thread("searching", index.readers.run, searcher)
         done = time.perf_counter()
@@ -446,7 +482,8 @@ class MemoryService:
                 # The fused order stands: a re-ranker that cannot run never fails a search.
                 fallback = fallback or f"re-ranker unavailable: {exc}"
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
-        return SearchResponse(hits[:request.k], actual, fallback, timings)
+        return SearchResponse(hits[:request.k], actual, fallback, timings,
+                              previous_model=previous.identity.model if previous else None)
 
     async def embed_query(self, text: str) -> list[float]:
         """The query vector of ``text``, from a small cache of recent queries when it is there."""
@@ -474,6 +511,8 @@ class MemoryService:
             # Calibrated per model (a cosine means different things to different models);
             # embedders without one (remote, test fakes) get no floor.
             floor = getattr(self.embedder, "relevance_floor", None)
+            if response.previous_model is not None:
+                floor = self._previous.relevance_floor  # the cosines are the previous model's
         return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
                           budget_tokens=self.config.recall_budget_tokens)
 
@@ -507,6 +546,8 @@ class MemoryService:
 
         numbers = await self._in_thread("counting", index.readers.run, counts)
         ready, why = self._vector_state
+        rebuild, previous = self._rebuild, self._rebuild.previous
+        serving = self._identity if ready else self._previous.serving
         report = self._last_report
         state: dict[str, Any] = {
             **numbers,
@@ -515,7 +556,17 @@ class MemoryService:
             "dims": (self.embedder.dims or None) if self.embedder else None,
             "embedderReason": self.embedder_reason,
             "vectorBackend": {"available": self._vectors.available, "reason": self._vectors.reason},
-            "vectorSearch": {"ready": ready, "reason": why or None},
+            "vectorSearch": {
+                "ready": ready, "reason": why or None,
+                # Whose vectors answer the vector leg now (the previous model's during a rebuild).
+                "servedBy": {"provider": serving.provider, "model": serving.model} if serving else None,
+                "rebuild": {
+                    # Until the next sync starts the rebuild, "embedded" chunks have old vectors.
+                    "embedded": numbers["embedded"] if rebuild.started else 0, "total": numbers["chunks"],
+                    "previous": {"provider": previous.provider, "model": previous.model} if previous else None,
+                    "previousUnavailable": (self._previous.reason or None) if serving is None else None,
+                } if rebuild.rebuilding else None,
+            },
             "syncing": self._syncing,
             "syncCount": self.sync_count,
             "lastSync": self._last_sync,

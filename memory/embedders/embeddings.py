@@ -21,6 +21,7 @@ import hashlib
 import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Literal, Protocol, runtime_checkable
 
 import structlog
@@ -34,6 +35,7 @@ __all__ = [
     "EmbeddingPipeline",
     "OpenAIEmbedder",
     "endpoint_hash",
+    "previous_embedder",
     "probe_auto_embedder",
     "redact",
     "select_embedder",
@@ -342,3 +344,47 @@ def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
     if missing is None:
         return local_embedder(), "auto: no API key; local embedder installed"
     return None, f"auto: no API key and {missing}: keyword search only"
+
+
+def previous_embedder(config: MemoryConfig, provider: str, model_id: str,
+                      endpoint: str) -> tuple[Embedder | None, str]:
+    """An embedder for the queries of a previous identity ``(provider, model_id, endpoint)``
+    whose cached vectors serve the vector leg while a rebuild runs, or None and why not.
+
+    Only what can be rebuilt from the configuration without guessing: a ``local`` model of
+    :data:`memory.embedders.local_embedder.MODELS` that is installed (its window cut as the
+    ``model_id`` says), or a model of the configured OpenAI-compatible endpoint (same endpoint
+    hash: only the model or its dimensions changed). Building it loads nothing and calls
+    nothing; the first query does.
+    """
+    if provider == "local":
+        from memory.embedders.local_embedder import MODELS, LocalEmbedder
+
+        name, _, window = model_id.partition("@")
+        spec = next((s for s in MODELS.values() if s.model_id == name), None)
+        if spec is None:
+            return None, f"the previous local model {model_id!r} is not one this version knows"
+        missing = _local_importable(replace(config, local_model=spec.name))
+        if missing is not None:
+            return None, missing
+        if window and not window.isdigit():
+            return None, f"the previous local model id {model_id!r} is not one this version writes"
+        local = LocalEmbedder(spec, batch_size=1, max_tokens=int(window) if window else None,
+                              threads=config.local_threads)
+        if local.model_id != model_id:
+            return None, f"the previous local model {model_id!r} cannot be rebuilt exactly"
+        return local, f"previous local model {model_id}"
+    if provider == "openai":
+        if not config.embeddings_api_key and not config.embeddings_base_url:
+            return None, "no OpenAI-compatible endpoint is configured for the previous model"
+        name, _, width = model_id.rpartition("@") if "@" in model_id else (model_id, "", "")
+        if width and not width.isdigit():
+            name, width = model_id, ""
+        remote = OpenAIEmbedder(api_key=config.embeddings_api_key, base_url=config.embeddings_base_url,
+                                model=name, dimensions=int(width) if width else None,
+                                batch_size=1, timeout_s=config.embeddings_timeout_s)
+        if remote.endpoint_hash != endpoint or remote.model_id != model_id:
+            # Another endpoint: its URL (and key) are no longer configured.
+            return None, "the previous model's endpoint is not the configured one"
+        return remote, f"previous model {model_id} of the configured endpoint"
+    return None, f"an embedder of provider {provider!r} cannot be rebuilt from the configuration"

@@ -62,6 +62,7 @@ __all__ = [
     "Filters",
     "PreparedScan",
     "SignIndex",
+    "detached_partition",
     "index_for",
     "release",
 ]
@@ -228,6 +229,13 @@ class _Partition:
         score = signs @ query.astype(numpy.float32)
         top = numpy.argpartition(-score, pool - 1)[:pool]
         return [int(i) for i in ids[rows[top]]]
+
+
+def detached_partition(ids: npt.NDArray[Any], bits: npt.NDArray[Any], start_ms: npt.NDArray[Any],
+                       end_ms: npt.NDArray[Any]) -> _Partition:
+    """A partition of sign bits that come from elsewhere than ``chunks_vec`` (no change log
+    keeps it fresh): :mod:`memory.retrieval.interim` scans a previous embedder's vectors with it."""
+    return _Partition(bits.shape[1], ids, bits, start_ms, end_ms, _Snapshot(None, 0, 0))
 
 
 def _words(bits: npt.NDArray[Any]) -> npt.NDArray[Any]:

@@ -7,10 +7,15 @@ for texts never seen under this embedder identity; each batch is committed, so a
 index resumes where it stopped.
 
 Embedder change: the identity (provider, model, endpoint hash) is kept in ``meta``. When it
-differs, one transaction drops ``chunks_vec``, marks every chunk pending and sets
-``meta.vector_rebuild``; until the pending count reaches zero the vector leg reports itself
-unavailable (hybrid search falls back to keyword and says why), so no search ever mixes two
-models' vectors. Rebuilding reuses the cache, so switching back costs no embedder calls.
+differs, one transaction drops ``chunks_vec``, marks every chunk pending, sets
+``meta.vector_rebuild`` and records the identity whose vectors were complete as
+``meta.embedder_previous``. Until the pending count reaches zero the new model's vector leg
+reports itself unavailable; meanwhile the previous model's vectors, still in the embedding
+cache (nothing prunes it), serve the vector leg when the service can embed the query with
+that model (:mod:`memory.retrieval.interim`), else hybrid search falls back to keyword and
+says why. Either way no ranking ever mixes two models' vectors. The rebuild's end clears both
+keys in the transaction that stores its last vector. Rebuilding reuses the cache, so
+switching back costs no embedder calls.
 
 Rows changed while sqlite-vec was not loaded set ``meta.vectors_stale``; the next start with
 sqlite-vec rebuilds ``chunks_vec`` the same way.
@@ -44,6 +49,7 @@ from memory.index.quantize import cached_vector_to_int8
 
 __all__ = [
     "EmbedderIdentity",
+    "RebuildState",
     "VectorStore",
     "drop_vector_table",
     "ensure_vector_table",
@@ -73,6 +79,29 @@ class EmbedderIdentity:
 
     def to_json(self) -> str:
         return json.dumps([self.provider, self.model, self.endpoint_hash])
+
+    @classmethod
+    def from_json(cls, text: str | None) -> EmbedderIdentity | None:
+        """The identity :meth:`to_json` wrote, or None for nothing (or something unreadable)."""
+        if not text:
+            return None
+        try:
+            provider, model, endpoint = json.loads(text)
+        except (ValueError, TypeError):
+            return None
+        return cls(str(provider), str(model), str(endpoint))
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildState:
+    """Where vectors stand after an embedder change (:meth:`VectorStore.rebuild_state`)."""
+
+    rebuilding: bool   # the configured identity's vectors are still to be (re)built
+    started: bool      # the old vectors are dropped and chunks pending (else the next sync starts it)
+    previous: EmbedderIdentity | None   # whose complete vectors may serve meanwhile
+
+
+NOT_REBUILDING = RebuildState(False, False, None)
 
 
 def vector_table_dims(db: apsw.Connection) -> int | None:
@@ -168,6 +197,9 @@ class VectorStore:
         if not self.backend.available:
             return
         with self._conn.lock, self.db:
+            # Read before a stale rebuild below clears it: an identity change in the same
+            # start still knows which vectors were complete.
+            previous = self._complete_identity()
             if get_meta(self.db, "vectors_stale") == "1":
                 self._start_rebuild()
                 set_meta(self.db, "vectors_stale", None)
@@ -177,17 +209,32 @@ class VectorStore:
                 return
             stored = get_meta(self.db, "embedder")
             if stored != identity.to_json():
+                if previous == identity:
+                    previous = None  # switching back mid-rebuild: the cache rebuilds it at once
                 if stored is not None:
                     log.warning("memory.embedder.changed", old=stored, new=identity.to_json(),
-                                effect="vectors rebuilt from cache/embedder; hybrid is keyword-only until done")
+                                previous=previous.to_json() if previous else None,
+                                effect="vectors rebuilt from cache/embedder; until done the vector leg is "
+                                       "served by the previous model's vectors when it can embed the query, "
+                                       "else hybrid is keyword-only")
                 self._start_rebuild()
                 set_meta(self.db, "embedder", identity.to_json())
+                set_meta(self.db, "embedder_previous", previous.to_json() if previous else None)
+
+    def _complete_identity(self) -> EmbedderIdentity | None:
+        """The identity whose vectors were all built before the current change (caller's
+        transaction): the stored one unless a rebuild was already running, whose own previous
+        identity then stays the one to serve (the half-built one never does)."""
+        if get_meta(self.db, "vector_rebuild") is not None:
+            return EmbedderIdentity.from_json(get_meta(self.db, "embedder_previous"))
+        return EmbedderIdentity.from_json(get_meta(self.db, "embedder"))
 
     def _start_rebuild(self) -> None:
         """Drop every vector and mark every chunk pending (caller's transaction)."""
         drop_vector_table(self.db)
         self.db.execute("UPDATE chunks SET embedded = 0 WHERE embedded = 1")
         set_meta(self.db, "vector_rebuild", "1")
+        set_meta(self.db, "embedder_previous", None)  # prepare() records it for an identity change
 
     def state(self, identity: EmbedderIdentity | None) -> tuple[bool, str]:
         """Whether the vector leg may run for ``identity`` now, and if not, why."""
@@ -203,6 +250,24 @@ class VectorStore:
             if vector_table_dims(self.db) is None:
                 return False, "no vectors indexed yet"
         return True, ""
+
+    def rebuild_state(self, identity: EmbedderIdentity | None) -> RebuildState:
+        """Whether ``identity``'s vectors are still to be (re)built after an identity change, and
+        the identity whose complete vectors may serve meanwhile."""
+        if identity is None or not self.backend.available:
+            return NOT_REBUILDING
+        with self._conn.lock:
+            stored = get_meta(self.db, "embedder")
+            rebuilding = get_meta(self.db, "vector_rebuild") is not None
+            if stored == identity.to_json():
+                # vectors_stale rebuilds (same identity) record no previous: nothing to serve.
+                previous = EmbedderIdentity.from_json(get_meta(self.db, "embedder_previous")) if rebuilding else None
+                return RebuildState(rebuilding, rebuilding, previous)
+            if stored is None:
+                return NOT_REBUILDING  # a first build, not a rebuild: no earlier vectors exist
+            # Not started yet (the next sync's prepare() starts it): what prepare() will record.
+            previous = self._complete_identity()
+            return RebuildState(True, False, previous if previous != identity else None)
 
     def forget(self, ids: Iterable[int]) -> None:
         """Remove the vectors of chunks about to be deleted (caller holds the lock and a transaction)."""
@@ -280,6 +345,7 @@ class VectorStore:
             _log_changes(self.db, stored)
             if self.db.execute("SELECT 1 FROM chunks WHERE embedded = 0 LIMIT 1").fetchone() is None:
                 set_meta(self.db, "vector_rebuild", None)
+                set_meta(self.db, "embedder_previous", None)
         return len(stored)
 
     def rebuild_done(self) -> None:
@@ -287,3 +353,4 @@ class VectorStore:
         with self._conn.lock, self.db:
             if get_meta(self.db, "vector_rebuild") is not None and self.pending_count() == 0:
                 set_meta(self.db, "vector_rebuild", None)
+                set_meta(self.db, "embedder_previous", None)

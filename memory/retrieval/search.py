@@ -14,7 +14,9 @@ user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
   applied before the pool is cut — :mod:`memory.knn`'s in-memory Hamming scan of the user's
   partition (numpy), or else sqlite-vec's KNN, where ``user`` is the vec0 *partition key* and
   session/time are vec0 *metadata columns* — and the pool is re-ranked by exact cosine over
-  the cached int8 vectors.
+  the cached int8 vectors. While the vectors are rebuilt for a new embedder, the service may
+  pass the *previous* identity's vectors: the leg then runs over that model's cached vectors
+  instead (:mod:`memory.retrieval.interim`, same pre-filter and re-rank), never over a mix.
 
 Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
 whose first message is before it (chunks overlapping the range).
@@ -38,6 +40,7 @@ from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import InvalidSearch
 from memory.retrieval.common_terms import common_terms_for
+from memory.retrieval import interim
 from memory.retrieval.fusion import Fused, fuse, with_recency
 from memory.retrieval.timephrases import TimeWindow, find_time_window, strip_time_phrase
 from memory.index.quantize import quantize_int8, vector_from_blob
@@ -215,11 +218,15 @@ class SearchResponse:
     mode: str                       # the mode actually run
     fallback_reason: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # During a rebuild: the previous model whose vectors ranked the vector leg (its cosines).
+    previous_model: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"results": [h.to_wire() for h in self.results], "mode": self.mode}
         if self.fallback_reason:
             out["fallbackReason"] = self.fallback_reason
+        if self.previous_model:
+            out["previousModel"] = self.previous_model
         return out
 
 
@@ -357,9 +364,13 @@ def build_sql(request: SearchRequest, *, leg: Literal["keyword", "vector"],
 class HybridSearch:
     """Runs a :class:`SearchRequest` on a read connection (blocking; call it off the loop)."""
 
-    def __init__(self, db: apsw.Connection, config: MemoryConfig) -> None:
+    def __init__(self, db: apsw.Connection, config: MemoryConfig, *,
+                 previous: interim.PreviousVectors | None = None) -> None:
+        """``previous``: run the vector leg over a previous identity's cached vectors (a
+        rebuild is under way; the query vector must come from that identity's model)."""
         self.db = db
         self.config = config
+        self.previous = previous
 
     def search(self, request: SearchRequest, *, query_vector: bytes | None, keyword: bool = True) -> list[SearchHit]:
         """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
@@ -406,6 +417,9 @@ class HybridSearch:
     def _start_vector_leg(self, request: SearchRequest,
                           query_vector: bytes) -> Callable[[], list[tuple[int, float]]]:
         """Begin the vector leg; the returned call finishes it (the exact re-rank in SQL)."""
+        if self.previous is not None:
+            previous = self.previous
+            return lambda: self._previous_vector_leg(request, query_vector, previous)
         meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'vector_format')"))
         fmt = meta.get("vector_format") or "bit"
         provider, model, endpoint = json.loads(meta.get("embedder") or '["", "", ""]')
@@ -436,6 +450,25 @@ class HybridSearch:
         return finish
 
     def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple[int, float]]:
+        return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
+
+    def _previous_vector_leg(self, request: SearchRequest, query_vector: bytes,
+                             previous: interim.PreviousVectors) -> list[tuple[int, float]]:
+        """The vector leg over ``previous``'s cached vectors (memory.retrieval.interim): the
+        same Hamming pre-filter and exact re-rank as the normal leg, pending chunks included."""
+        query_int8 = quantize_int8(vector_from_blob(query_vector))
+        filters = knn.Filters(request.after_ms, request.before_ms,
+                              interim.session_ids(self.db, request.user, request.session_key),
+                              interim.session_ids(self.db, request.user, request.exclude_session_key))
+        pool = previous.nearest(
+            self.db, request.user, query_int8, filters,
+            scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
+        active = [name for name in _FILTERS if getattr(request, name) is not None]
+        params: dict[str, Any] = {"user": request.user, "candidates": self.config.candidates,
+                                  "query_int8": query_int8, "pool": json.dumps(pool),
+                                  **interim.identity_params(previous.identity)}
+        params.update((name, getattr(request, name)) for name in active)
+        sql = interim.RESCORE_SQL.format(filters="".join(_FILTERS[n][0] for n in active))
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
 
     def _hits(self, fused: list[Fused]) -> list[SearchHit]:
