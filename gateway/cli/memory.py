@@ -76,9 +76,16 @@ async def _status(service: MemoryService, args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
         return 0
+    for name, value in status_rows(status):
+        print(f"{name:>15}  {value}")
+    return 0
+
+
+def status_rows(status: dict[str, Any]) -> list[tuple[str, object]]:
+    """``memory status``'s human table: (label, value) rows from ``MemoryService.status()``."""
     vb = status["vectorBackend"]
     vs = status["vectorSearch"]
-    rows = [
+    rows: list[tuple[str, object]] = [
         ("index", status["dbPath"]),
         ("files", status["files"]),
         ("chunks", f"{status['chunks']} ({status['embedded']} embedded, {status['pending']} pending)"),
@@ -88,11 +95,14 @@ async def _status(service: MemoryService, args: argparse.Namespace) -> int:
         ("vector search", "ready" if vs["ready"] else f"not ready: {vs['reason']}"),
         ("database size", f"{status['dbBytes']:,} bytes"),
     ]
+    served, rebuild = vs.get("servedBy"), vs.get("rebuild")
+    if rebuild:
+        by = (f"; meanwhile {served['provider']} {served['model']} (the previous model) serves vector search"
+              if served and not vs["ready"] else "")
+        rows.append(("vector rebuild", f"{rebuild['embedded']:,} of {rebuild['total']:,} chunks embedded{by}"))
     if status.get("rebuiltFromTranscripts"):
         rows.append(("rebuilt", status["rebuiltFromTranscripts"]))
-    for name, value in rows:
-        print(f"{name:>15}  {value}")
-    return 0
+    return rows
 
 
 class _Bar:

@@ -78,3 +78,20 @@ def test_memory_facts_add_list_update_delete(tmp_path: Path) -> None:
     assert "no facts remembered" in recalld(tmp_path, "facts", "list", "--all").stdout
     missing = recalld(tmp_path, "facts", "delete", "999")
     assert missing.returncode == 1 and "not found" in missing.stderr
+
+
+async def test_status_says_which_model_serves_vectors_during_a_rebuild(tmp_path: Path) -> None:
+    """Mid-rebuild, `memory status`'s table shows the progress and names the previous model
+    that serves vector search meanwhile."""
+    from gateway.cli.memory import status_rows
+    from tests.memory.conftest import embedder_down, opened, quiet_config
+    from tests.memory.test_rebuild_serving import factory_of, indexed_with_a, model_a, model_b
+
+    await indexed_with_a(tmp_path)
+    new = model_b()
+    new.fail = embedder_down()  # the rebuild cannot progress
+    async with opened(tmp_path, quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+        rows = dict(status_rows(await svc.status()))
+    assert rows["vector rebuild"] == ("0 of 2 chunks embedded; meanwhile fake model-a (the previous model) "
+                                      "serves vector search")
+    assert str(rows["vector search"]).startswith("not ready")
