@@ -2,7 +2,7 @@
 
 Every call is scoped to the caller: another user's fact id answers -32002 exactly like an
 unknown one. Text length is bounded by the same ``memory.facts_max_chars`` the store
-enforces; page size by ``memory.max_k``'s sibling bound :data:`MAX_PAGE`.
+enforces; page size by :data:`MAX_PAGE`, a fixed wire bound (not a config key).
 """
 
 from __future__ import annotations
