@@ -15,10 +15,9 @@ with each model at its own window (``max_tokens``), the configured ``local_threa
 passage prefix at index time and the query prefix at search time, and writes
 ``DIR/models.<model>.<dataset>.<granularity>.json`` (default DIR: bench/results) (the harness's ``--json``) plus a summary table.
 
-Until ``EmbeddingPipeline.embed_query`` passes ``kind="query"`` to the embedder (the seam the
-query prefixes need), this tool installs that one-line behaviour for its own process; with
-the seam in place the patch is a no-op. Models whose package is missing are skipped with the
-reason (``memory.local_embedder.unavailable_reason``).
+The query prefix reaches the model through ``EmbeddingPipeline.embed_query``, which asks the
+embedder for ``kind="query"``. Models whose package is missing are skipped with the reason
+(``memory.local_embedder.unavailable_reason``).
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from memory.embedders.embeddings import EmbeddingPipeline  # noqa: E402
 from memory.embedders.local_embedder import MODELS, LocalEmbedder, unavailable_reason  # noqa: E402
 
 SAMPLE = _REPO / "bench" / "data" / "sample.json"
@@ -119,21 +117,10 @@ def run_speed(models: list[str], threads: int, rounds: int) -> dict[str, Any]:
     return report
 
 
-def _install_query_seam() -> None:
-    """EmbeddingPipeline.embed_query → embedder.embed([text], kind="query") (see module doc)."""
-    async def embed_query(self: EmbeddingPipeline, text: str) -> list[float]:
-        texts = [self.text_to_send(text)]
-        embed: Any = self.embedder.embed
-        return (await embed(texts, kind="query"))[0]  # type: ignore[no-any-return]
-
-    EmbeddingPipeline.embed_query = embed_query  # type: ignore[method-assign]
-
-
 def run_recall(dataset: Path, models: list[str], granularity: str, out_dir: Path,
                extra: Sequence[str]) -> dict[str, Any]:
     from bench import recall
 
-    _install_query_seam()
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     for name in models:

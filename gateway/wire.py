@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "ChatDelta",
     "ChatEventBase",
     "ErrorObject",
     "MemoryHealth",
@@ -45,6 +46,12 @@ class ChatEventBase(TypedDict):
     sessionKey: str
     runId: str
     seq: int
+
+
+class ChatDelta(ChatEventBase):
+    """``chat.delta``: the next piece of the reply's text."""
+
+    delta: str
 
 
 class MemoryHealth(TypedDict, total=False):

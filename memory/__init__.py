@@ -13,9 +13,9 @@ from .config import EmbedderChoice, MemoryConfig
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
 from .errors import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryStorageError,
                      MemoryUnavailable)
-from .facts import Fact, FactChange, Facts, FactsPage, ScoredFact
+from .facts import Fact, FactChange, FactChangeWire, Facts, FactsPage, FactWire, ScoredFact
 from .forgetting import ForgetRange
-from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, ScoredEpisode
+from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, EpisodeWire, ScoredEpisode
 from .retrieval.timephrases import TimeWindow, find_time_window
 from .index.indexing import SyncProgress
 from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
@@ -31,14 +31,17 @@ __all__ = [
     "EpisodeDraft",
     "EpisodeJob",
     "Episodes",
+    "EpisodeWire",
     "ScoredEpisode",
     "TimeWindow",
     "find_time_window",
     "Fact",
     "FactChange",
+    "FactChangeWire",
     "FactNotFound",
     "Facts",
     "FactsPage",
+    "FactWire",
     "ForgetRange",
     "InvalidFact",
     "ScoredFact",

@@ -5,7 +5,8 @@ The public surface is :class:`SessionStore` with its values (:class:`Session`,
 (:class:`FileIO`) and the error tree rooted at :class:`SessionError`. Readers that follow
 transcripts from outside the store (the memory indexer) use the path layout
 (:func:`sessions_root`, :func:`transcript_relpath`, :func:`parse_transcript_relpath`,
-:func:`scan_transcripts`) and :class:`ForwardReader`, so the format has one owner. See
+:func:`scan_transcripts`), :class:`ForwardReader` and :func:`read_header`, so the format has
+one owner. See
 docs/sessions.md.
 """
 
@@ -25,7 +26,7 @@ from .layout import (
 from .keys import check_user
 from .models import MESSAGE_ROLES, Message, Session, format_ts, now_ts, parse_ts
 from .reader import ForwardReader, TranscriptEntry
-from .transcript import Header, memory_enabled
+from .transcript import Header, memory_enabled, read_header
 from .store import MessagePage, SessionPage, SessionStore
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "now_ts",
     "parse_transcript_relpath",
     "parse_ts",
+    "read_header",
     "scan_transcripts",
     "sessions_root",
     "transcript_file",

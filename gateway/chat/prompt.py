@@ -29,7 +29,7 @@ __all__ = [
     "quote_recalled",
 ]
 
-log = structlog.get_logger("recalld.context")
+log = structlog.get_logger("recalld.prompt")
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 RECALL_OPEN = "<recalled_memories>"

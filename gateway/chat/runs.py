@@ -43,7 +43,7 @@ from gateway.errors import (
     new_error_id,
     wire_error,
 )
-from gateway.wire import ChatEventBase, ErrorObject
+from gateway.wire import ChatDelta, ChatEventBase, ErrorObject
 from memory import MemoryService
 from sessions import Message, SessionStore
 
@@ -79,9 +79,17 @@ class Run:
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once
         per event actually published."""
+        return {"sessionKey": self.session_key, "runId": self.run_id, "seq": self._take_seq()}
+
+    def next_delta(self, text: str) -> ChatDelta:
+        """:meth:`next_event`'s fields and ``text``: the per-delta path, one dict built once."""
+        return {"sessionKey": self.session_key, "runId": self.run_id, "seq": self._take_seq(),
+                "delta": text}
+
+    def _take_seq(self) -> int:
         seq = self.seq
         self.seq += 1
-        return {"sessionKey": self.session_key, "runId": self.run_id, "seq": seq}
+        return seq
 
 
 @dataclass(eq=False)
@@ -377,10 +385,8 @@ class ChatRuns:
         self.hub.publish(run.user, run.session_key, method, {**run.next_event(), **fields})
 
     def _publish_delta(self, run: Run, text: str) -> None:
-        # The per-delta path of _publish: one dict built in place, not two merged.
-        params = run.next_event()
-        params["delta"] = text  # type: ignore[typeddict-unknown-key]
-        self.hub.publish(run.user, run.session_key, "chat.delta", params)
+        # The per-delta path of _publish: one dict built once, not two merged.
+        self.hub.publish(run.user, run.session_key, "chat.delta", run.next_delta(text))
 
     def _log_run(self, run: Run, outcome: str, **fields: Any) -> None:
         log.info("chat.run", outcome=outcome, chars=sum(map(len, run.partial)), events=run.seq,

@@ -155,9 +155,9 @@ async def _search(service: MemoryService, args: argparse.Namespace) -> int:
         print(f"(searched {response.mode}: {response.fallback_reason})", file=sys.stderr)
     if not response.results:
         print("no results")
-    for i, hit in enumerate(response.to_wire()["results"], 1):
-        date = (hit.get("startTs") or "")[:16].replace("T", " ")
-        text = " ".join(hit["content"].split())
-        print(f"{i}. [{date}] session {hit['sessionKey'][:8]} lines {hit['lineStart']}-{hit['lineEnd']} "
-              f"score {hit['score']:.4f}\n   {text[:300]}")
+    for i, hit in enumerate(response.results, 1):
+        date = (hit.start_ts or "")[:16].replace("T", " ")
+        text = " ".join(hit.content.split())
+        print(f"{i}. [{date}] session {hit.session_key[:8]} lines {hit.line_start}-{hit.line_end} "
+              f"score {hit.score:.4f}\n   {text[:300]}")
     return 0

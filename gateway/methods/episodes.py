@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from gateway.methods.facts import MAX_PAGE
 from gateway.rpc import CallContext, Registry, bounded
-from memory import MemoryService
+from memory import EpisodeWire, MemoryService
 
 __all__ = ["EpisodesMethods", "declare_episodes"]
 
@@ -18,14 +18,20 @@ class ListEpisodesParams:
     before: int | None = bounded(None, min=1, doc="cursor: the next of the previous page")
 
 
+class EpisodesPageReply(TypedDict):
+    episodes: list[EpisodeWire]
+    queue: dict[str, int]  # summaries still to write: "pending" and "failed"
+    next: NotRequired[int]  # the cursor for the next page, when there is one
+
+
 class EpisodesMethods:
     def __init__(self, service: MemoryService) -> None:
         self.service = service
 
-    async def list(self, ctx: CallContext, p: ListEpisodesParams) -> dict[str, Any]:
+    async def list(self, ctx: CallContext, p: ListEpisodesParams) -> EpisodesPageReply:
         episodes, nxt = await self.service.episodes.page(ctx.caller, limit=p.limit, before=p.before)
         state = await self.service.episodes.queue_state()
-        out: dict[str, Any] = {"episodes": [e.to_wire() for e in episodes], "queue": state}
+        out: EpisodesPageReply = {"episodes": [e.to_wire() for e in episodes], "queue": state}
         if nxt is not None:
             out["next"] = nxt
         return out

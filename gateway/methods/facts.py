@@ -2,16 +2,16 @@
 
 Every call is scoped to the caller: another user's fact id answers -32002 exactly like an
 unknown one. Text length is bounded by the same ``memory.facts_max_chars`` the store
-enforces; page size by ``memory.max_k``'s sibling bound :data:`MAX_PAGE`.
+enforces; page size by :data:`MAX_PAGE`, a fixed wire bound (not a config key).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from memory import MemoryConfig, MemoryService
+from memory import FactChangeWire, FactWire, MemoryConfig, MemoryService
 
 __all__ = ["MAX_PAGE", "FactsMethods", "declare_facts"]
 
@@ -41,25 +41,35 @@ class FactIdParams:
     id: int = bounded(min=1)
 
 
+class FactsPageReply(TypedDict):
+    facts: list[FactWire]
+    next: NotRequired[int]  # the cursor for the next page, when there is one
+
+
+class FactDeleted(TypedDict):
+    deleted: bool
+    id: int
+
+
 class FactsMethods:
     def __init__(self, service: MemoryService) -> None:
         self.service = service
 
-    async def list(self, ctx: CallContext, p: ListFactsParams) -> dict[str, Any]:
+    async def list(self, ctx: CallContext, p: ListFactsParams) -> FactsPageReply:
         page = await self.service.facts.page(ctx.caller, limit=p.limit, before=p.before,
                                              include_inactive=p.include_inactive)
-        out: dict[str, Any] = {"facts": [f.to_wire() for f in page.facts]}
+        out: FactsPageReply = {"facts": [f.to_wire() for f in page.facts]}
         if page.next is not None:
             out["next"] = page.next
         return out
 
-    async def add(self, ctx: CallContext, p: AddFactParams) -> dict[str, Any]:
+    async def add(self, ctx: CallContext, p: AddFactParams) -> FactChangeWire:
         return (await self.service.facts.add(ctx.caller, p.text, source="user")).to_wire()
 
-    async def update(self, ctx: CallContext, p: UpdateFactParams) -> dict[str, Any]:
+    async def update(self, ctx: CallContext, p: UpdateFactParams) -> FactChangeWire:
         return (await self.service.facts.update(ctx.caller, p.id, p.text)).to_wire()
 
-    async def delete(self, ctx: CallContext, p: FactIdParams) -> dict[str, Any]:
+    async def delete(self, ctx: CallContext, p: FactIdParams) -> FactDeleted:
         change = await self.service.facts.delete(ctx.caller, p.id)
         return {"deleted": True, "id": change.fact.id}
 

@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from gateway.errors import InvalidParams, RateLimited
 from gateway.methods.sessions import MAX_KEY
@@ -100,7 +100,19 @@ class MemoryMethods:
             await asyncio.to_thread(self.store.get, ctx.caller, key)
 
 
-async def episode_results(service: MemoryService, user: str, p: MemorySearchParams) -> list[dict[str, Any]]:
+class EpisodeHit(TypedDict):
+    """An episode among ``memory.search``'s results (``kinds`` with "episode")."""
+
+    kind: Literal["episode"]
+    episodeId: int
+    sessionKey: str
+    content: str
+    score: float
+    date: str
+    week: str
+
+
+async def episode_results(service: MemoryService, user: str, p: MemorySearchParams) -> list[EpisodeHit]:
     """Episodes matching the query (``kinds`` with "episode"): up to k, after the chunk hits."""
     window = None
     if p.after is not None or p.before is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .service import Episodes, ScoredEpisode
-from .store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore, dated
+from .store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore, EpisodeWire, dated
 
-__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "Episodes", "ScoredEpisode", "dated"]
+__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "EpisodeWire", "Episodes", "ScoredEpisode",
+           "dated"]

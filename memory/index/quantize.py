@@ -13,8 +13,10 @@ from collections.abc import Sequence
 
 try:
     import numpy
+
+    _HAVE_NUMPY = True
 except ImportError:  # numpy is an optional dependency (the ``local`` extra)
-    numpy = None  # type: ignore[assignment]
+    _HAVE_NUMPY = False
 
 __all__ = ["cached_vector_to_int8", "quantize_int8", "vector_from_blob", "vector_to_blob"]
 
@@ -34,7 +36,7 @@ def quantize_int8(vector: Sequence[float]) -> bytes:
     vec_int8(b))`` is the float cosine up to rounding (≤ ~0.4% of an element), and the signs —
     all ``bit`` storage keeps — are unchanged. 1 byte per dimension instead of 4.
     """
-    if numpy is not None:
+    if _HAVE_NUMPY:
         # The same float64 arithmetic and round-half-to-even as below, ~30× faster: at index
         # time this ran once per chunk and was a sixth of the vector phase (bench/README.md).
         arr = numpy.asarray(vector, dtype=numpy.float64)

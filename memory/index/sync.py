@@ -20,9 +20,10 @@ indexed. Either is *skipped*: its rows (if any) are removed, it is logged once a
 is fixed or gone. Otherwise a copy of alice's transcript in ``bob/``, or a link to any file
 the daemon can read, would become bob's to search.
 
-Transcripts are read with the sessions package's own :class:`~sessions.ForwardReader` and
-found through its path layout, so the index sees exactly the messages and the files the store
-writes. New and changed chunks are left pending for :mod:`memory.vectors`.
+Transcripts are read with the sessions package's own :class:`~sessions.ForwardReader` (their
+header with :func:`~sessions.read_header`) and found through its path layout, so the index
+sees exactly the messages and the files the store writes. New and changed chunks are left
+pending for :mod:`memory.vectors`.
 
 Every method of :class:`FileSync` blocks; call it from a worker thread.
 """
@@ -37,7 +38,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import orjson
 import structlog
 
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
@@ -47,8 +47,9 @@ from memory.index.db import WriteConnection
 from memory.index.vectors import VectorStore
 from sessions import (
     ForwardReader,
-    memory_enabled,
+    Header,
     parse_transcript_relpath,
+    read_header,
     scan_transcripts,
     transcript_file,
     transcript_relpath,
@@ -60,7 +61,7 @@ log = structlog.get_logger("memory.sync")
 
 _FINGERPRINT_BYTES = 4096
 # A header line longer than this is not one the store wrote (a system prompt is at most 64Ki
-# characters, so its JSON is well below): the file is skipped rather than read whole.
+# characters, so its JSON is well below): line 1 is looked for in this many bytes only.
 _MAX_HEADER_BYTES = 1 << 20
 
 _Owner = tuple[str, str]  # (user, session_key)
@@ -97,8 +98,13 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _untrusted(path: Path, st: os.stat_result, owner: _Owner) -> str | None:
-    """Why ``path`` (lstat ``st``) must not be indexed as ``owner``'s, or None when it may be."""
+def _own_header(path: Path, st: os.stat_result, owner: _Owner) -> Header | str | None:
+    """``path``'s header, read once through the sessions package's reader: a string when the
+    file must not be indexed as ``owner``'s (why), the :class:`~sessions.Header` when it may
+    (its ``memory`` flag says whether to index it), None when there is no whole header to
+    check yet (still being written, or gone) and it may be indexed as far as it is whole.
+
+    ``st`` is the path's lstat."""
     if stat.S_ISLNK(st.st_mode):
         return "symlink"
     if not stat.S_ISREG(st.st_mode):
@@ -110,19 +116,20 @@ def _untrusted(path: Path, st: os.stat_result, owner: _Owner) -> str | None:
         return None  # gone: the caller's next look deletes its rows
     except OSError as exc:
         return f"cannot open: {exc.strerror}"
-    with os.fdopen(fd, "rb") as fh:
-        first = fh.readline(_MAX_HEADER_BYTES)
-    if not first.endswith(b"\n"):
-        return None  # the header is still being written; its user is checked once it is whole
     try:
-        header = orjson.loads(first)
-    except orjson.JSONDecodeError:
+        limit = min(os.fstat(fd).st_size, _MAX_HEADER_BYTES)
+        found = read_header(fd, limit)
+        # Only when line 1 is not a header: a line still being written is checked once whole.
+        if found is None and b"\n" not in os.pread(fd, limit, 0):
+            return None
+    finally:
+        os.close(fd)
+    if found is None:
         return "the first line is not a transcript header"
-    if not isinstance(header, dict) or header.get("type") != "session":
-        return "the first line is not a transcript header"
-    if header.get("user") != owner[0] or header.get("sessionKey") != owner[1]:
+    header = found[0]
+    if (header.user, header.session_key) != owner:
         return "its header names another user or session than its path"
-    return None
+    return header
 
 
 def _prefix_fingerprint(path: Path, length: int) -> str:
@@ -218,14 +225,13 @@ class FileSync:
                 and st.st_size >= row.indexed_offset
                 and _prefix_fingerprint(path, row.indexed_offset) == row.hash
             )
-            # The header was checked when the prefix was indexed, and the fingerprint covers it.
-            reason = None if incremental else _untrusted(path, st, owner)
-            if reason is not None:
-                self._skip(rel, reason, report)
+            # Checked on every change, incremental or not: the same read gives the memory flag.
+            header = _own_header(path, st, owner)
+            if isinstance(header, str):
+                self._skip(rel, header, report)
                 return report
             self.skipped.pop(rel, None)
-            # After the trust check: the header read here must be the file's own, not a link's target.
-            if not memory_enabled(path):
+            if header is not None and not header.memory:
                 # Incognito: the transcript is kept but never indexed; rows from before are dropped.
                 with self.db:
                     report.chunks_deleted = self._delete_path(rel)

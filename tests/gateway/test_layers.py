@@ -63,3 +63,39 @@ def test_libraries_and_bench_never_import_what_stands_on_them(package: str) -> N
     names = {m for ms in _imports(package).values() for m in ms}
     banned = {"sessions": ("gateway", "memory"), "memory": ("gateway",), "bench": ("tests",)}[package]
     assert not {m for m in names if m.split(".")[0] in banned}
+
+
+FIRST_PARTY = ("gateway", "sessions", "memory", "bench", "tests")
+
+
+def test_memory_imports_only_the_top_level_of_sessions() -> None:
+    """Of the project's packages, memory/ imports only `sessions` itself, never an inner
+    module of it (docs/architecture.md: the one arrow is memory → sessions top level)."""
+    outside = {m for ms in _imports("memory").values() for m in ms
+               if m.split(".")[0] in FIRST_PARTY and m.split(".")[0] != "memory"}
+    assert outside <= {"sessions"}, sorted(outside - {"sessions"})
+
+
+def _module_imports(module: str) -> set[str]:
+    """What one module imports: full dotted names, relative imports resolved, and for
+    ``from package import name`` both the package and ``package.name`` (it may be a module)."""
+    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    package = module.rsplit(".", 1)[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            source = ".".join(p for p in (base, node.module or "") if p)
+            names.add(source)
+            names.update(f"{source}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_memory_db_and_migrations_do_not_import_each_other() -> None:
+    """memory/index/db.py and migrations.py are not an import loop: db runs the migrations,
+    and the migrations never reach back into db."""
+    db, migrations = "memory.index.db", "memory.index.migrations"
+    assert migrations in _module_imports(db)
+    assert db not in _module_imports(migrations)

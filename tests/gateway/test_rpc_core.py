@@ -183,6 +183,19 @@ async def test_batch_answers_requests_and_skips_notifications() -> None:
     assert reply[1]["error"]["code"] == -32601 and reply[2]["error"]["code"] == -32600
 
 
+async def test_batch_reply_is_an_error_when_any_entry_is() -> None:
+    """Reply.is_error is True for a batch with one failing entry among good ones (not only the
+    first), and False for a batch whose entries all succeed."""
+    core = make_core()
+    ok = {"method": "test.echo", "params": {"text": "a"}}
+    mixed = [{"id": 1, **ok}, {"id": 2, "method": "test.busy", "params": {"text": "a"}}, {"id": 3, **ok}]
+    reply = await core.handle(orjson.dumps(mixed), Ctx())
+    assert reply is not None and reply.is_error is True
+    assert [("error" in r) for r in orjson.loads(reply.data)] == [False, True, False]
+    clean = await core.handle(orjson.dumps([{"id": 1, **ok}, {"id": 2, **ok}]), Ctx())
+    assert clean is not None and clean.is_error is False
+
+
 async def test_batch_of_only_notifications_gets_nothing() -> None:
     """A batch of notifications is answered with nothing at all."""
     assert await ask(make_core(), [{"method": "test.echo", "params": {"text": "a"}}]) is None

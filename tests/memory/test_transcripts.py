@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from sessions import SessionsConfig, SessionStore
+from structlog.testing import capture_logs
+
+from sessions import SessionsConfig, SessionStore, sessions_root, transcript_file, transcript_relpath
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config
 
 
@@ -40,3 +43,41 @@ async def test_store_written_transcripts_are_indexed_and_searchable(tmp_path: Pa
             await svc.sync_now()
             status = await svc.status()
     assert (status["files"], status["pending"]) == (1, 0)
+
+
+async def test_the_header_the_store_wrote_is_the_one_the_indexer_checks(tmp_path: Path) -> None:
+    """The indexer reads a transcript's header with the sessions package's reader: a
+    SessionStore-written transcript is indexed, an incognito one is not, and the same bytes
+    under another user's directory or another session's file name, or with a header version
+    the store would not read, are skipped with the reason and never searchable."""
+    with SessionStore(tmp_path, SessionsConfig(fsync="never")) as store:
+        plain = store.create("alice", title="plain")
+        store.append_message("alice", plain.session_key, role="user", content="The lighthouse key hangs by the stove.")
+        secret = store.create("alice", title="secret", memory=False)
+        store.append_message("alice", secret.session_key, role="user", content="The lighthouse ghost is a secret.")
+        source = store.transcript_path("alice", plain.session_key)
+    root = sessions_root(tmp_path)
+    other_user = transcript_file(root, "bob", plain.session_key)
+    other_key = transcript_file(root, "alice", "f" * 32)
+    other_version = transcript_file(root, "alice", "e" * 32)
+    other_user.parent.mkdir(mode=0o700)
+    shutil.copy(source, other_user)
+    shutil.copy(source, other_key)
+    other_version.write_bytes(source.read_bytes()
+                              .replace(plain.session_key.encode(), other_version.stem.encode())
+                              .replace(b'"version":1', b'"version":2', 1))
+    with capture_logs() as logs:
+        async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+            alice = [h.session_key for h in (await svc.search("alice", "lighthouse")).results]
+            bob = (await svc.search("bob", "lighthouse")).results
+            status = await svc.status()
+    assert alice == [plain.session_key]
+    assert bob == []
+    reasons = {e["path"]: e["reason"] for e in logs if e["event"] == "memory.file_skipped"}
+    misplaced = "its header names another user or session than its path"
+    assert reasons == {
+        transcript_relpath("bob", plain.session_key): misplaced,
+        transcript_relpath("alice", "f" * 32): misplaced,
+        transcript_relpath("alice", "e" * 32): "the first line is not a transcript header",
+    }
+    assert status["skippedFiles"] == 3
