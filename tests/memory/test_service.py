@@ -58,20 +58,23 @@ async def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
 async def test_search_does_not_wait_for_a_running_sync(tmp_path: Path) -> None:
     """A search answers while a sync is stuck waiting on a slow embedder."""
     write_transcript(tmp_path, "alice", "s1", ["first: the heron fishes"])
-    gate = asyncio.Event()
+    gate, waiting = asyncio.Event(), asyncio.Event()
 
     class SlowEmbedder(FakeEmbedder):
         async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
             if any("second" in t for t in texts):
+                waiting.set()
                 await gate.wait()
             return await super().embed(texts)
 
     async with opened(tmp_path, quiet_config(), SlowEmbedder()) as svc:
         write_transcript(tmp_path, "alice", "s2", ["second: the heron sleeps"])
         syncing = asyncio.create_task(svc.sync_now())
-        await asyncio.sleep(0.1)
+        await waiting.wait()  # the sync holds: its chunks are written, their vectors are not
         assert not syncing.done()
-        async with asyncio.timeout(2):
+        # The sync never finishes while the gate is shut, so any answer proves the search did
+        # not wait for it; the bound only keeps a hang from stalling the suite.
+        async with asyncio.timeout(30):
             hits = (await svc.search("alice", "heron", mode="keyword")).results
         assert {name_of(h.session_key) for h in hits} == {"s1", "s2"}
         gate.set()
