@@ -230,7 +230,7 @@ class IntegrityCheck:
             except apsw.Error as exc:
                 return f"{type(exc).__name__}: {exc}"
         try:
-            rows = [str(r[0]) for r in db.execute("PRAGMA quick_check")]
+            rows = self._quick_check(db)
         except apsw.InterruptError:
             return None
         except (apsw.NotADBError, apsw.CorruptError) as exc:
@@ -240,6 +240,19 @@ class IntegrityCheck:
                 self._db = None
                 db.close()
         return None if rows == ["ok"] else "quick_check: " + "; ".join(rows[:3])
+
+    @staticmethod
+    def _quick_check(db: apsw.Connection) -> list[str]:
+        # The writer may change the schema while the check reads (a vector rebuild drops and
+        # creates chunks_vec): SQLite then answers SQLITE_SCHEMA, which says nothing about the
+        # file's health, so the check starts again on the new schema.
+        for attempt in range(3):
+            try:
+                return [str(r[0]) for r in db.execute("PRAGMA quick_check")]
+            except apsw.SchemaChangeError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def cancel(self) -> None:
         with self._lock:
