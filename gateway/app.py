@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import fcntl
 import os
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -34,6 +35,9 @@ from sessions import FileIO, SessionStore
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
 log = structlog.get_logger("recalld.app")
+
+# A batched flush that fails on every tick (a disk gone bad) is logged at most this often.
+_FLUSH_LOG_INTERVAL_S = 60.0
 
 PLAINTEXT_WARNING = (
     "plain ws:// on a non-loopback address: tokens and every message cross the network "
@@ -87,14 +91,30 @@ class App:
         log.info("app.closed")
 
     async def _flush_loop(self) -> None:
-        # fsync="batch": transcripts reach the disk at least once a second.
+        # fsync="batch": transcripts reach the disk at least once a second. One failed pass
+        # (EIO, EMFILE under a descriptor flood) must not end the loop: later writes would
+        # never be synced. The store keeps what it could not open dirty for the next pass;
+        # a failure that repeats every tick is logged once per _FLUSH_LOG_INTERVAL_S.
         interval = self.config.sessions.fsync_interval_s
+        unlogged = 0  # failures since the last warning
+        last_warning = float("-inf")
+        warned = False  # a warning went out and no pass has succeeded since
         while True:
             await asyncio.sleep(interval)
             try:
                 await asyncio.to_thread(self.store.flush)
-            except OSError as exc:
-                log.warning("sessions.flush_failed", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - any failure of one pass; CancelledError is not one
+                unlogged += 1
+                now = time.monotonic()
+                if now - last_warning >= _FLUSH_LOG_INTERVAL_S:
+                    log.warning("sessions.flush_failed", error=str(exc), error_type=type(exc).__name__,
+                                failures=unlogged)
+                    last_warning, unlogged, warned = now, 0, True
+                continue
+            if warned:
+                log.info("sessions.flush_recovered", unlogged_failures=unlogged)
+                warned = False
+            unlogged = 0
 
 
 class DataDirBusy(OSError):
