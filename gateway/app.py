@@ -222,7 +222,9 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
                    quotas=Quotas(
-                       per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute")},
+                       per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
+                                   "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
+                                   "memory.facts.add": (quotas.updates_per_minute, "quotas.updates_per_minute")},
                        in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
                    ))
     app_version = package_version()

@@ -22,8 +22,9 @@ Keys (defaults in brackets):
     Longest speaker ``name`` on a message, in characters.
 ``min_free_bytes`` [33554432]
     Free-disk floor: while the file system holding the transcripts has less free space than
-    this, creating a session or appending answers :class:`StorageError` ("disk almost full")
-    before anything is written, so the disk never fills up mid-line. 0 disables the check.
+    this, creating a session, updating one or appending answers :class:`StorageError` ("disk
+    almost full") before anything is written, so the disk never fills up mid-line. 0 disables
+    the check.
 ``retention_days`` [0]
     Transcripts not updated for this many days are deleted by the gateway's daily sweep; 0 never.
 

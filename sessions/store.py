@@ -243,6 +243,8 @@ class SessionStore:
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         ident = (user, key)
+        # An update line carries the whole new prompt: it fills a disk as fast as an append.
+        check_free_space(self._root, self._config.min_free_bytes)
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
             now = self._session_row(user, key)

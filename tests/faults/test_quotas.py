@@ -100,3 +100,45 @@ def test_appends_stop_at_the_free_disk_floor(tmp_path: Path) -> None:
         assert "disk almost full" in info.value.message and info.value.errno == 28
     assert path.read_bytes() == before
     assert [orjson.loads(line)["content"] for line in before.splitlines()[1:]] == ["kept"]
+
+
+async def test_session_updates_and_fact_adds_are_rate_limited_per_user(config_factory: Callable[..., Config]) -> None:
+    """Past quotas.updates_per_minute, sessions.update and memory.facts.add each answer -32004
+    with retryAfterMs naming the key and change nothing; another user is not affected."""
+    async with running(two_users(config_factory, quotas={"updates_per_minute": 3})) as app, \
+            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+        key = (await alice.call("sessions.create"))["sessionKey"]
+        size = app.store.transcript_path("alice", key).stat().st_size
+        prompt = "p" * 60_000
+        replies = [await alice.request("sessions.update", {"sessionKey": key, "title": f"t{i}",
+                                                           "systemPrompt": prompt}) for i in range(5)]
+        assert [("result" in r) for r in replies] == [True, True, True, False, False]
+        error = replies[3]["error"]
+        assert error["code"] == -32004 and error["data"]["retryAfterMs"] > 0
+        assert "quotas.updates_per_minute" in error["message"]
+        assert (await alice.call("sessions.get", {"sessionKey": key}))["title"] == "t2"
+        grown = app.store.transcript_path("alice", key).stat().st_size - size
+        assert 3 * 60_000 < grown < 4 * 60_000  # three update lines, not five
+        facts = [await alice.request("memory.facts.add", {"text": f"alice fact number {i}"}) for i in range(4)]
+        assert [("result" in r) for r in facts] == [True, True, True, False]
+        assert facts[3]["error"]["code"] == -32004 and "quotas.updates_per_minute" in facts[3]["error"]["message"]
+        bob_key = (await bob.call("sessions.create"))["sessionKey"]
+        assert "result" in await bob.request("sessions.update", {"sessionKey": bob_key, "title": "bob"})
+        assert "result" in await bob.request("memory.facts.add", {"text": "bob fact"})
+
+
+async def test_session_updates_stop_at_the_free_disk_floor(config_factory: Callable[..., Config]) -> None:
+    """With less free disk than sessions.min_free_bytes, sessions.update answers the retryable
+    "disk almost full" storage error and the transcript and title stay as they were."""
+    cfg = config_factory(sessions={"min_free_bytes": 2**62})
+    with SessionStore(cfg.data_dir) as store:  # made while the disk was not "full"
+        key = store.create("default", title="before").session_key
+        path = store.transcript_path("default", key)
+    before = path.read_bytes()
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        reply = await c.request("sessions.update", {"sessionKey": key, "title": "after",
+                                                    "systemPrompt": "q" * 60_000})
+        assert reply["error"]["code"] == -32603 and reply["error"]["data"] == {"retryable": True}, reply
+        assert "disk almost full" in reply["error"]["message"]
+        assert (await c.call("sessions.get", {"sessionKey": key}))["title"] == "before"
+    assert path.read_bytes() == before
