@@ -30,7 +30,7 @@ from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
-from sessions import FileIO, SessionStore
+from sessions import FileIO, SessionsConfig, SessionStore
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
@@ -117,6 +117,13 @@ class App:
             unlogged = 0
 
 
+def _page_capped(config: Config) -> SessionsConfig:
+    """``[sessions]`` with ``max_page_bytes`` at most a quarter of ``limits.max_reply_bytes``,
+    so that one history page always fits a reply, with room for a few in one batch."""
+    cap = min(config.sessions.max_page_bytes, max(1, config.limits.max_reply_bytes // 4))
+    return dataclasses.replace(config.sessions, max_page_bytes=cap)
+
+
 class DataDirBusy(OSError):
     """Another daemon already serves this data dir."""
 
@@ -197,7 +204,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     try:
         authenticator = _authenticator(config)
         # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-        store = await asyncio.to_thread(SessionStore, config.data_dir, config.sessions, file_io=file_io)
+        store = await asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io)
     except BaseException:
         os.close(lock_fd)
         raise
@@ -221,6 +228,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
+                   batch_reserve=_page_capped(config).max_page_bytes,
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
                                    "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
