@@ -3,6 +3,7 @@ with retryAfterMs (or a storage error before the disk is full), and nothing is h
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 from gateway.client import Client
 from gateway.config import Config
+from gateway.errors import RateLimited
+from gateway.rpc import Quotas
 from sessions import SessionsConfig, SessionStore, StorageError
 from tests.conftest import TOKEN, running
 from tests.fake_openai import FakeOpenAI
@@ -142,3 +145,27 @@ async def test_session_updates_stop_at_the_free_disk_floor(config_factory: Calla
         assert "disk almost full" in reply["error"]["message"]
         assert (await c.call("sessions.get", {"sessionKey": key}))["title"] == "before"
     assert path.read_bytes() == before
+
+
+def test_pruning_buckets_keeps_a_partly_spent_bucket_of_a_faster_method() -> None:
+    """Forgetting refilled buckets (past 10,000 of them) judges each by its own method's rate:
+    a user's half-spent bucket of a 600-a-minute method survives a prune triggered by a
+    60-a-minute method, so the user does not get a fresh burst, and a bucket made once the
+    table is that large limits its user like any other."""
+    quotas = Quotas(per_minute={"slow": (60, "quotas.slow"), "fast": (600, "quotas.fast")}, clock=lambda: 0.0)
+    for _ in range(300):
+        with quotas.admit("alice", "fast"):
+            pass
+    for i in range(10_001):  # a new bucket each: the last one prunes
+        with quotas.admit(f"user{i}", "slow"):
+            pass
+    def burst(user: str, method: str) -> int:
+        admitted = 0
+        with contextlib.suppress(RateLimited):
+            for _ in range(1_000):
+                with quotas.admit(user, method):
+                    admitted += 1
+        return admitted
+
+    assert burst("alice", "fast") == 300
+    assert burst("newcomer", "slow") == 60  # a bucket made past the threshold holds too
