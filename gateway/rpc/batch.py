@@ -12,8 +12,8 @@ is answered, and its bytes count against the budget the transport gives the whol
   -32004 without running (a notification among them is dropped, it is owed nothing);
 - an entry that ran but whose reply does not fit answers the budget error in its place.
 
-So one frame never builds much more than its budget, however many entries it holds, and what
-it did build is never encoded twice.
+So what one frame builds is bounded by its budget plus the few pages in flight, however many
+entries it holds, and what it did build is never encoded twice.
 """
 
 from __future__ import annotations
