@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import fcntl
 import os
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,11 +30,14 @@ from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
-from sessions import FileIO, SessionStore
+from sessions import FileIO, SessionsConfig, SessionStore
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
 log = structlog.get_logger("recalld.app")
+
+# A batched flush that fails on every tick (a disk gone bad) is logged at most this often.
+_FLUSH_LOG_INTERVAL_S = 60.0
 
 PLAINTEXT_WARNING = (
     "plain ws:// on a non-loopback address: tokens and every message cross the network "
@@ -87,14 +91,37 @@ class App:
         log.info("app.closed")
 
     async def _flush_loop(self) -> None:
-        # fsync="batch": transcripts reach the disk at least once a second.
+        # fsync="batch": transcripts reach the disk at least once a second. One failed pass
+        # (EIO, EMFILE under a descriptor flood) must not end the loop: later writes would
+        # never be synced. The store keeps what it could not open dirty for the next pass;
+        # a failure that repeats every tick is logged once per _FLUSH_LOG_INTERVAL_S.
         interval = self.config.sessions.fsync_interval_s
+        unlogged = 0  # failures since the last warning
+        last_warning = float("-inf")
+        warned = False  # a warning went out and no pass has succeeded since
         while True:
             await asyncio.sleep(interval)
             try:
                 await asyncio.to_thread(self.store.flush)
-            except OSError as exc:
-                log.warning("sessions.flush_failed", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - any failure of one pass; CancelledError is not one
+                unlogged += 1
+                now = time.monotonic()
+                if now - last_warning >= _FLUSH_LOG_INTERVAL_S:
+                    log.warning("sessions.flush_failed", error=str(exc), error_type=type(exc).__name__,
+                                failures=unlogged)
+                    last_warning, unlogged, warned = now, 0, True
+                continue
+            if warned:
+                log.info("sessions.flush_recovered", unlogged_failures=unlogged)
+                warned = False
+            unlogged = 0
+
+
+def _page_capped(config: Config) -> SessionsConfig:
+    """``[sessions]`` with ``max_page_bytes`` at most a quarter of ``limits.max_reply_bytes``,
+    so that one history page always fits a reply, with room for a few in one batch."""
+    cap = min(config.sessions.max_page_bytes, max(1, config.limits.max_reply_bytes // 4))
+    return dataclasses.replace(config.sessions, max_page_bytes=cap)
 
 
 class DataDirBusy(OSError):
@@ -177,7 +204,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     try:
         authenticator = _authenticator(config)
         # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-        store = await asyncio.to_thread(SessionStore, config.data_dir, config.sessions, file_io=file_io)
+        store = await asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io)
     except BaseException:
         os.close(lock_fd)
         raise
@@ -201,8 +228,11 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
     registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
+                   batch_reserve=_page_capped(config).max_page_bytes,
                    quotas=Quotas(
-                       per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute")},
+                       per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
+                                   "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
+                                   "memory.facts.add": (quotas.updates_per_minute, "quotas.updates_per_minute")},
                        in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
                    ))
     app_version = package_version()

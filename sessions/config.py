@@ -14,6 +14,11 @@ Keys (defaults in brackets):
     UTF-8 JSON including the newline. Bigger lines are refused before anything is written.
 ``max_page_size`` [200]
     Largest ``limit`` accepted by ``list`` and ``history``.
+``max_page_bytes`` [8388608]
+    Largest ``history`` page, in bytes of its messages' transcript lines: the page stops before
+    the message that would pass it (always holding at least one) and its cursor resumes there,
+    so one page never builds more than this whatever the messages hold. The gateway uses at
+    most a quarter of ``limits.max_reply_bytes``.
 ``max_title_chars`` [200]
     Longest session title, in characters.
 ``max_model_chars`` [200]
@@ -22,8 +27,9 @@ Keys (defaults in brackets):
     Longest speaker ``name`` on a message, in characters.
 ``min_free_bytes`` [33554432]
     Free-disk floor: while the file system holding the transcripts has less free space than
-    this, creating a session or appending answers :class:`StorageError` ("disk almost full")
-    before anything is written, so the disk never fills up mid-line. 0 disables the check.
+    this, creating a session, updating one or appending answers :class:`StorageError` ("disk
+    almost full") before anything is written, so the disk never fills up mid-line. 0 disables
+    the check.
 ``retention_days`` [0]
     Transcripts not updated for this many days are deleted by the gateway's daily sweep; 0 never.
 
@@ -56,6 +62,7 @@ class SessionsConfig:
     fsync_interval_s: float = 1.0
     max_line_bytes: int = 1_048_576
     max_page_size: int = 200
+    max_page_bytes: int = 8 * 1024 * 1024
     max_title_chars: int = 200
     max_model_chars: int = 200
     max_name_chars: int = 128
@@ -77,6 +84,6 @@ class SessionsConfig:
             raise ValueError("sessions.min_free_bytes must be at least 0")
         if self.retention_days < 0:
             raise ValueError("sessions.retention_days must not be negative (0: never)")
-        for key in ("max_page_size", "max_title_chars", "max_model_chars", "max_name_chars"):
+        for key in ("max_page_size", "max_page_bytes", "max_title_chars", "max_model_chars", "max_name_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"sessions.{key} must be at least 1")

@@ -194,6 +194,9 @@ class Durability:
         self._io = io
         self._lock = threading.Lock()
         self._dirty: set[Path] = set()
+        # Paths whose open failure was logged: a flood of EMFILE fails every pass, so each is
+        # logged once until it is synced, not once a tick.
+        self._unopened_logged: set[Path] = set()
 
     @property
     def sync_each_write(self) -> bool:
@@ -232,7 +235,7 @@ class Durability:
 
         Tries them all; if any fails, logs each and raises one StorageError at the end. A path
         that could not even be opened (EMFILE under a descriptor flood, ENFILE) was never
-        synced, so it stays in the set for the next flush. One whose fsync failed does not:
+        synced, so it stays in the set for the next flush (logged once, not on every pass). One whose fsync failed does not:
         after a failed fsync the kernel may already have dropped the pages, so a retry that
         succeeded would only lie.
         """
@@ -247,7 +250,8 @@ class Durability:
             except FileNotFoundError:
                 continue  # deleted meanwhile: nothing left to make durable
             except OSError as err:
-                log.error("transcript.fsync_failed", path=str(path), error=str(err), kept=True)
+                if path not in self._unopened_logged:
+                    log.error("transcript.fsync_failed", path=str(path), error=str(err), kept=True)
                 unopened.add(path)
                 failed = failed or err
                 continue
@@ -258,9 +262,11 @@ class Durability:
                 failed = failed or err
             finally:
                 os.close(fd)
-        if unopened:
-            with self._lock:
-                self._dirty |= unopened
+        with self._lock:
+            self._dirty |= unopened
+            # Every path still unopened has now been logged; one synced (or gone) may be
+            # logged again if it fails later. Two flushes racing cost at most a repeated line.
+            self._unopened_logged = unopened
         if failed is not None:
             raise StorageError(
                 describe_os_error(failed, "syncing transcripts to disk"), errno=failed.errno

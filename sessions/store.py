@@ -186,12 +186,14 @@ class SessionStore:
         """The latest ``limit`` messages before the cursor, oldest first, and the next cursor.
 
         Reads backwards from the end of the transcript: cost grows with the page, not the file.
+        The page also stops before the message that would take its lines past
+        ``max_page_bytes`` (it always holds one), and the cursor then resumes exactly there.
         """
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         limit = inputs.check_limit(limit, self._config)
         offset = decode_history_cursor(before, key) if before is not None else None
-        return self._read_back(user, key, limit, offset)
+        return self._read_back(user, key, limit, offset, self._config.max_page_bytes)
 
     def recent_messages(self, user: str, session_key: str, n: int) -> builtins.list[Message]:
         """The last ``n`` messages in order, for building the model's context (no page cap)."""
@@ -243,6 +245,8 @@ class SessionStore:
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         ident = (user, key)
+        # An update line carries the whole new prompt: it fills a disk as fast as an append.
+        check_free_space(self._root, self._config.min_free_bytes)
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
             now = self._session_row(user, key)
@@ -444,7 +448,8 @@ class SessionStore:
             self._refresh_row(user, key)
         return path, found[1]
 
-    def _read_back(self, user: str, key: str, limit: int, before: int | None) -> MessagePage:
+    def _read_back(self, user: str, key: str, limit: int, before: int | None,
+                   max_bytes: int | None = None) -> MessagePage:
         with self._stripe(key):
             path, header_end = self._ensure_open(user, key)
             try:
@@ -462,7 +467,7 @@ class SessionStore:
                 os.close(fd)
                 raise StorageError(describe_os_error(err, "reading transcript")) from err
         try:
-            page, more = read_page(fd, size, header_end, limit, before, path)
+            page, more = read_page(fd, size, header_end, limit, before, path, max_bytes)
         except OSError as err:
             raise StorageError(describe_os_error(err, "reading transcript")) from err
         finally:

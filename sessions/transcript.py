@@ -368,16 +368,14 @@ def _bad_line(path: Path | None, offset: int) -> None:
     log.warning("transcript.bad_line", path=str(path) if path else None, offset=offset)
 
 
-def read_messages_backward(
-    fd: int, end: int, header_end: int, limit: int, path: Path | None = None
-) -> list[tuple[int, Message]]:
-    """Up to ``limit`` messages ending before offset ``end``, newest first, with their offsets."""
-    found: list[tuple[int, Message]] = []
-    if limit <= 0:
-        return found
+def _messages_backward(
+    fd: int, end: int, header_end: int, path: Path | None
+) -> Iterator[tuple[int, int, Message]]:
+    """``(offset, line bytes, message)`` for each message line ending before ``end``, newest
+    first; other kinds of line are skipped and unreadable ones logged."""
     for offset, raw in iter_lines_backward(fd, end):
         if offset < header_end:
-            break
+            return
         obj = parse_line(raw)
         if obj is not None and obj["type"] != "message":
             continue  # another kind of line (a later version may add some): not a message
@@ -385,6 +383,17 @@ def read_messages_backward(
         if msg is None:
             _bad_line(path, offset)
             continue
+        yield offset, len(raw) + 1, msg
+
+
+def read_messages_backward(
+    fd: int, end: int, header_end: int, limit: int, path: Path | None = None
+) -> list[tuple[int, Message]]:
+    """Up to ``limit`` messages ending before offset ``end``, newest first, with their offsets."""
+    found: list[tuple[int, Message]] = []
+    if limit <= 0:
+        return found
+    for offset, _, msg in _messages_backward(fd, end, header_end, path):
         found.append((offset, msg))
         if len(found) >= limit:
             break
@@ -427,19 +436,31 @@ def summarise(path: Path) -> Summary | None:
 
 
 def read_page(
-    fd: int, size: int, header_end: int, limit: int, before: int | None, path: Path | None = None
+    fd: int, size: int, header_end: int, limit: int, before: int | None, path: Path | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[list[tuple[int, Message]], bool]:
     """The ``limit`` messages just before offset ``before`` (default: the end), oldest first,
     with their offsets, and whether older messages remain.
 
-    ``before`` comes from a client's cursor, so it must be a line start inside the messages.
+    ``max_bytes`` caps the page by the size of its lines as well: the page stops before the
+    message that would take it past the cap (it always holds at least one message, so paging
+    moves on), and older messages then remain. ``before`` comes from a client's cursor, so it
+    must be a line start inside the messages.
     """
     if limit <= 0:
         return [], False
     end = size if before is None else before
     if not header_end <= end <= size or (end > header_end and os.pread(fd, 1, end - 1) != b"\n"):
         raise InvalidSessionInput("before", "is not a cursor returned by this server")
-    found = read_messages_backward(fd, end, header_end, limit + 1, path)
-    page = found[:limit]
+    page: list[tuple[int, Message]] = []
+    used = 0
+    more = False
+    for offset, line_bytes, msg in _messages_backward(fd, end, header_end, path):
+        full = len(page) >= limit or (max_bytes is not None and len(page) > 0 and used + line_bytes > max_bytes)
+        if full:
+            more = True  # this older message is left for the next page
+            break
+        page.append((offset, msg))
+        used += line_bytes
     page.reverse()
-    return page, len(found) > limit
+    return page, more

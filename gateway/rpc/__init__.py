@@ -3,6 +3,7 @@ turns one frame into one reply. Imports nothing of the transport, chat or method
 
 from __future__ import annotations
 
+from gateway.rpc.batch import ReplyBudget, over_budget
 from gateway.rpc.core import Call, CallContext, Notification, Reply, RpcCore
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Bound, Handler, Method, Registry, bounded, parse_params
@@ -17,7 +18,9 @@ __all__ = [
     "Quotas",
     "Reply",
     "Registry",
+    "ReplyBudget",
     "RpcCore",
     "bounded",
+    "over_budget",
     "parse_params",
 ]

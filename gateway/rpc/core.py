@@ -30,6 +30,7 @@ from gateway.errors import (
     new_error_id,
     wire_error,
 )
+from gateway.rpc.batch import ReplyBudget, run_batch
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Registry, parse_params
 from gateway.wire import ErrorObject
@@ -106,6 +107,9 @@ class RpcCore:
     auth_timeout_s: float = 10.0
     # Per-user rate and concurrency limits by method ([quotas]); None: none.
     quotas: Quotas | None = None
+    # Reply bytes a batch entry is assumed to build while it runs (the history page cap): a
+    # batch starts an entry only while its budget has room for it (gateway.rpc.batch).
+    batch_reserve: int = 0
 
     def accept(self, payload: str | bytes, ctx: CallContext) -> Call:
         """Decode one frame; the returned call runs it."""
@@ -124,21 +128,33 @@ class RpcCore:
         req_id = message.get("id") if isinstance(message, dict) else None
         return Reply(orjson.dumps(error_response(req_id, error.to_object())), True)
 
-    async def _message(self, message: Any, ctx: CallContext) -> tuple[Any, bool]:
-        """The JSON reply to a decoded frame (None when nothing is owed), and whether it holds an error."""
+    async def _frame(self, message: Any, ctx: CallContext, budget: ReplyBudget | None) -> Reply | None:
+        """The reply to a decoded frame that is not a single call (None when nothing is owed)."""
         if isinstance(message, list):
             if not message:
-                return error_response(None, InvalidRequest("invalid request: empty batch").to_object()), True
+                return self._encoded(error_response(None, InvalidRequest("invalid request: empty batch").to_object()))
             if len(message) > self.max_batch:
                 err = InvalidRequest(
                     f"invalid request: batch of {len(message)} exceeds the limit of {self.max_batch}"
                 )
-                return error_response(None, err.to_object()), True
-            replies = await asyncio.gather(*(self._one(m, ctx) for m in message))
-            answered = [r for r in replies if r is not None]
-            return answered or None, any("error" in r for r in answered)
+                return self._encoded(error_response(None, err.to_object()))
+            data, is_error = await run_batch(message, lambda m: self._one(m, ctx), self._encode,
+                                             budget, self.batch_reserve)
+            return None if data is None else Reply(data, is_error)
         reply = await self._one(message, ctx)
-        return reply, reply is not None and "error" in reply
+        return None if reply is None else self._encoded(reply)
+
+    def _encode(self, reply: dict[str, Any]) -> tuple[bytes, bool]:
+        """The reply's bytes and whether it is an error."""
+        try:
+            return orjson.dumps(reply), "error" in reply
+        except TypeError as exc:  # a handler returned something orjson cannot encode
+            error_id = new_error_id()
+            self.on_crash(exc, error_id, "<encode>")
+            return orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
+
+    def _encoded(self, reply: dict[str, Any]) -> Reply:
+        return Reply(*self._encode(reply))
 
     async def _one(self, message: Any, ctx: CallContext) -> dict[str, Any] | None:
         if not isinstance(message, dict):
@@ -213,22 +229,15 @@ class Call:
             isinstance(message, dict) and core.registry.is_inline(message.get("method"))
         )
 
-    async def run(self) -> Reply | None:
+    async def run(self, budget: ReplyBudget | None = None) -> Reply | None:
+        """Run the frame. ``budget``: what the reply may take; a batch runs its entries within
+        it (see :mod:`gateway.rpc.batch`), a single reply is measured by the transport."""
         if self._error is not None:
             return Reply(orjson.dumps(error_response(None, self._error.to_object())), True)
         if isinstance(self.message, dict):  # a single call (nearly every frame): one await less
             reply = await self._core._one(self.message, self._ctx)
-            is_error = reply is not None and "error" in reply
-        else:
-            reply, is_error = await self._core._message(self.message, self._ctx)
-        if reply is None:
-            return None
-        try:
-            return Reply(orjson.dumps(reply), is_error)
-        except TypeError as exc:  # a handler returned something orjson cannot encode
-            error_id = new_error_id()
-            self._core.on_crash(exc, error_id, "<encode>")
-            return Reply(orjson.dumps(error_response(None, InternalError(error_id).to_object())), True)
+            return None if reply is None else self._core._encoded(reply)
+        return await self._core._frame(self.message, self._ctx, budget)
 
 
 def _valid_id(value: Any) -> bool:

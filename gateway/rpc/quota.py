@@ -70,9 +70,9 @@ class Quotas:
         per_s = per_minute / 60.0
         bucket = self._buckets.get(key)
         if bucket is None:
+            if len(self._buckets) >= 10_000:
+                self._prune(now)  # before adding: a new bucket is full, so it would go too
             bucket = self._buckets[key] = _Bucket(float(per_minute), now)
-            if len(self._buckets) > 10_000:
-                self._prune(now, per_s, per_minute)
         bucket.tokens = min(float(per_minute), bucket.tokens + (now - bucket.stamp) * per_s)
         bucket.stamp = now
         if bucket.tokens < 1.0:
@@ -81,8 +81,13 @@ class Quotas:
                               wait_ms)
         bucket.tokens -= 1.0
 
-    def _prune(self, now: float, per_s: float, per_minute: int) -> None:
-        # A bucket that has refilled is the same as no bucket: forget it.
-        full = [k for k, b in self._buckets.items() if b.tokens + (now - b.stamp) * per_s >= per_minute]
+    def _prune(self, now: float) -> None:
+        # A bucket that has refilled is the same as no bucket: forget it. Each by its own
+        # method's rate: methods may have different ones.
+        full = []
+        for k, b in self._buckets.items():
+            per_minute = self.per_minute[k[1]][0]
+            if b.tokens + (now - b.stamp) * per_minute / 60.0 >= per_minute:
+                full.append(k)
         for k in full:
             del self._buckets[k]

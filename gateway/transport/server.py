@@ -25,8 +25,8 @@ from websockets.http11 import Request, Response
 
 from gateway.auth import Authenticator
 from gateway.config import Config
-from gateway.errors import GatewayError, InvalidRequest, RateLimited, new_error_id
-from gateway.rpc import Call, CallContext, Reply, RpcCore
+from gateway.errors import InvalidRequest, RateLimited, new_error_id
+from gateway.rpc import Call, CallContext, Reply, ReplyBudget, RpcCore, over_budget
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
 from gateway.web import StaticSite, is_websocket_upgrade
 from gateway.transport.guard import AcceptErrorLog, connection_budget, guarded_connection
@@ -276,7 +276,7 @@ class GatewayServer:
                     if not await self._auth_frame(conn, call.message):
                         return
                     break
-                await self._send(conn, call.message, await call.run())
+                await self._send(conn, call.message, await call.run(self._budget(conn)))
         ws.protocol.max_message_size = self.config.server.max_size
         max_inflight = self.config.limits.max_inflight
         async for data in ws:
@@ -286,7 +286,7 @@ class GatewayServer:
                 continue
             call = self.core.accept(data, conn)
             if call.inline:
-                reply = await call.run()
+                reply = await call.run()  # a single call: the transport measures its reply
                 if reply is not None:
                     await conn.reply(self._within_budget(conn, call.message, reply))
                 continue
@@ -322,13 +322,17 @@ class GatewayServer:
 
     async def _run_call(self, conn: Connection, call: Call, weight: int) -> None:
         try:
-            await self._send(conn, call.message, await call.run())
+            await self._send(conn, call.message, await call.run(self._budget(conn)))
         finally:
             conn.inflight -= weight
 
     async def _send(self, conn: Connection, message: Any, reply: Reply | None) -> None:
         if reply is not None:
             await conn.reply(self._within_budget(conn, message, reply))
+
+    def _budget(self, conn: Connection) -> ReplyBudget:
+        """What a reply may take now: a batch runs its entries within it (gateway.rpc.batch)."""
+        return ReplyBudget(self.config.limits.max_reply_bytes, conn.reply_bytes)
 
     def _within_budget(self, conn: Connection, message: Any, reply: Reply) -> bytes:
         """The frame to send for ``reply``: itself, or the refusal when it would take the
@@ -339,20 +343,10 @@ class GatewayServer:
         if size > limit - conn.reply_bytes:
             # Refused after it was built (its size is known only then), but never held: what a
             # connection keeps waiting for its reader stays under the budget.
-            reply = self.core.refuse(message, _over_budget(size, conn.reply_bytes, limit))
+            reply = self.core.refuse(message, over_budget(size, conn.reply_bytes, limit))
         if reply.is_error:
             conn.errors += 1
         return reply.data
-
-
-def _over_budget(size: int, waiting: int, limit: int) -> GatewayError:
-    if size > limit:
-        return InvalidRequest(
-            f"invalid request: the reply would be {size} bytes, more than limits.max_reply_bytes "
-            f"({limit}); ask for less (a smaller limit, fewer batch entries)")
-    return RateLimited(
-        f"replies not read: {waiting} bytes of earlier replies wait for this client to read them "
-        f"(limits.max_reply_bytes {limit})", 100)
 
 
 _BINARY = InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")

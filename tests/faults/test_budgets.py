@@ -1,5 +1,6 @@
-"""What one connection can make the daemon hold: list pages without prompt bodies, a reply
-budget, batches that count per entry, and control-frame floods closed 1008."""
+"""What one connection can make the daemon hold: list pages without prompt bodies, history
+pages capped by bytes, a reply budget that a batch's entries share, batches that count per
+entry, and control-frame floods closed 1008."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,9 +20,13 @@ from websockets.exceptions import ConnectionClosed
 from gateway.app import App
 from gateway.client import Client
 from gateway.config import Config
+from gateway.rpc import Registry, ReplyBudget, RpcCore, bounded
 from gateway.transport.connection import Connection
+from sessions import SessionsConfig, SessionStore
 from tests.conftest import TOKEN, running
+from tests.faults.helpers import FaultDaemon, daemon_env
 from tests.faults.test_abuse import small_buffer_socket
+from tests.gateway.test_rpc_core import Ctx
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -44,16 +51,23 @@ async def _session_with_big_messages(app: App, c: Client, n: int, size: int) -> 
 
 
 async def test_a_reply_larger_than_the_budget_is_a_clear_error(config_factory: Callable[..., Config]) -> None:
-    """A reply over limits.max_reply_bytes answers -32600 naming the limit (not the reply), and
-    a smaller page of the same history is served on the same connection."""
+    """History pages stop at a quarter of limits.max_reply_bytes (at least one message each), so
+    they fit the budget; a reply that alone is larger (one message bigger than the budget)
+    answers -32600 naming the limit, and the connection goes on serving."""
     async with running(config_factory(limits={"max_reply_bytes": 64 * 1024})) as app, \
             Client.connect(app.url, TOKEN) as c:
-        key = await _session_with_big_messages(app, c, 10, 20_000)
-        big = await c.request("sessions.history", {"sessionKey": key, "limit": 10})
+        key: str = (await c.call("sessions.create"))["sessionKey"]
+        await asyncio.to_thread(app.store.append_message, "default", key, role="user", content="huge" + "h" * 100_000)
+        for i in range(3):
+            await asyncio.to_thread(app.store.append_message, "default", key, role="user",
+                                    content=f"{i:04d}" + "m" * 7_000)
+        page = await c.call("sessions.history", {"sessionKey": key, "limit": 10})
+        assert [m["content"][:4] for m in page["messages"]] == ["0001", "0002"]  # 2 x 7 kB of a 16 KiB cap
+        page = await c.call("sessions.history", {"sessionKey": key, "limit": 10, "before": page["next"]})
+        assert [m["content"][:4] for m in page["messages"]] == ["0000"]
+        big = await c.request("sessions.history", {"sessionKey": key, "limit": 10, "before": page["next"]})
         assert big["error"]["code"] == -32600 and "limits.max_reply_bytes" in big["error"]["message"], big
-        assert "error" in (await c.request("sessions.history", {"sessionKey": key, "limit": 5}))
-        small = await c.call("sessions.history", {"sessionKey": key, "limit": 2})
-        assert [m["content"][:4] for m in small["messages"]] == ["0008", "0009"]
+        assert (await c.call("gateway.health"))["status"] == "ok"
 
 
 def _shrink_server_buffers(app: App, but: set[Connection]) -> None:
@@ -169,3 +183,87 @@ async def test_a_ping_flood_is_closed_1008_and_stays_bounded(app: App, authentic
     assert ws.close_code in (1008, 1006), ws.close_code
     async with Client.connect(app.url, TOKEN) as c:
         assert (await c.call("gateway.health"))["status"] == "ok"
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+async def test_a_batch_of_big_history_pages_shares_one_reply_budget(tmp_path: Path) -> None:
+    """One frame of 20 sessions.history (limit 200) over 20 messages of 250 kB, with a 1 MiB
+    limits.max_reply_bytes: each page stops at its byte cap, the entries share the budget, the
+    ones past it answer -32004 without being built, and the daemon's peak memory grows by far
+    less than the ~100 MB the whole batch would hold."""
+    data = tmp_path / "data"
+    with SessionStore(data, SessionsConfig(fsync="never")) as store:
+        key = store.create("default").session_key
+        for i in range(20):
+            store.append_message("default", key, role="user", content=f"{i:04d}" + "x" * 250_000)
+    d = await FaultDaemon.start(data, env=daemon_env(RECALLD_LIMITS_MAX_REPLY_BYTES=str(1024 * 1024),
+                                                     RECALLD_MEMORY_ENABLED="false"))
+    try:
+        async with Client.connect(d.url, TOKEN) as c:
+            assert (await c.call("gateway.health"))["status"] == "ok"
+            before = _peak_rss_kib(d.proc.pid)
+            await c.ws.send(orjson.dumps([{"jsonrpc": "2.0", "id": i, "method": "sessions.history",
+                                           "params": {"sessionKey": key, "limit": 200}} for i in range(20)]),
+                            text=True)
+            async with asyncio.timeout(60):  # the client hands a batch reply over entry by entry
+                reply = [await c.events.get() for _ in range(20)]
+            grown_mb = (_peak_rss_kib(d.proc.pid) - before) / 1024
+            print(f"daemon peak RSS grew by {grown_mb:.1f} MiB")
+            assert [r.get("id") for r in reply] == list(range(20)), str(reply)[:300]
+            served = [r for r in reply if "result" in r]
+            refused = [r for r in reply if "error" in r]
+            assert served and refused
+            assert all(len(r["result"]["messages"]) == 1 and r["result"]["next"] for r in served)
+            assert all(r["error"]["code"] == -32004 and r["error"]["data"]["retryAfterMs"] > 0
+                       and "limits.max_reply_bytes" in r["error"]["message"] for r in refused)
+            assert len(orjson.dumps(reply)) <= 1024 * 1024
+            assert grown_mb < 25, grown_mb
+            # The cursor pages on: the next page is the message before the one served.
+            page = await c.call("sessions.history", {"sessionKey": key, "limit": 200,
+                                                     "before": served[0]["result"]["next"]})
+            assert [m["content"][:4] for m in page["messages"]] == ["0018"]
+    finally:
+        await d.akill()
+
+
+@dataclass(frozen=True, slots=True)
+class BlobParams:
+    n: int = bounded(1, min=1, max=1_000_000)
+
+
+async def test_the_core_runs_a_batch_within_the_budget_it_is_given() -> None:
+    """Without any socket, a batch of ten 8 kB replies under a 40 kB budget (10 kB reserved per
+    running entry): entries still run concurrently, each reply counts as soon as it is made,
+    and once the next could not fit the rest answer -32004 without their handler running."""
+    running = peak = calls = 0
+
+    async def blob(ctx: Any, p: BlobParams) -> dict[str, Any]:
+        nonlocal running, peak, calls
+        calls += 1
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return {"blob": "x" * p.n}
+
+    reg = Registry()
+    reg.declare("test.blob", BlobParams, "n bytes", blob)
+    core = RpcCore(reg, max_batch=50, batch_reserve=10_000)
+    frame = orjson.dumps([{"jsonrpc": "2.0", "id": i, "method": "test.blob", "params": {"n": 8_000}}
+                          for i in range(10)])
+    reply = await core.accept(frame, Ctx()).run(ReplyBudget(limit=40_000))
+    assert reply is not None and reply.is_error and len(reply.data) <= 40_000
+    answers = orjson.loads(reply.data)
+    assert [a["id"] for a in answers] == list(range(10))
+    served = [a for a in answers if "result" in a]
+    refused = [a for a in answers if "error" in a]
+    assert answers[:len(served)] == served and len(served) == calls == 4
+    assert all(a["error"]["code"] == -32004 and a["error"]["message"].startswith("not run")
+               and a["error"]["data"]["retryAfterMs"] > 0 for a in refused)
+    assert 2 <= peak <= 4
+    unbounded = await core.accept(frame, Ctx()).run()  # no budget: every entry runs
+    assert unbounded is not None and not unbounded.is_error and calls == 14

@@ -1,5 +1,6 @@
-"""Descriptor exhaustion: connections never take the descriptors transcripts need, and a
-batched fsync that could not open a file keeps it dirty until it is synced."""
+"""Descriptor exhaustion: connections never take the descriptors transcripts need, a
+batched fsync that could not open a file keeps it dirty until it is synced, and the daemon's
+flush loop outlives failed passes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ import contextlib
 import errno
 import os
 import resource
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection, connect
 
+import gateway.app
+from gateway.app import start_app
 from gateway.client import Client
+from gateway.config import Config
 from sessions import FileIO, SessionsConfig, SessionStore, StorageError
 from tests.conftest import TOKEN
 from tests.faults.helpers import FaultDaemon, daemon_env, open_fds
@@ -88,3 +95,47 @@ def test_a_flush_that_cannot_open_a_file_keeps_it_dirty(tmp_path: Path, monkeypa
         assert path in synced
     finally:
         store.close()
+
+
+async def test_the_flush_loop_outlives_failed_passes(config_factory: Callable[..., Config],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsync="batch": passes of the daemon's flush loop that fail (EMFILE opening a transcript)
+    do not end the loop: the transcript it could not open is synced once it can be, a session
+    created afterwards is synced too, and the repeated failure is logged once, not per pass."""
+    synced: list[str] = []
+
+    def record(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        os.fsync(fd)
+
+    cfg = config_factory(sessions={"fsync": "batch", "fsync_interval_s": 0.05})
+    app = await start_app(cfg, file_io=FileIO(fsync=record))
+    try:
+        tries: list[str] = []
+        real_open = os.open
+
+        def no_descriptors(p: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            # Only the flush's read-only opens of transcripts fail, as under a descriptor flood.
+            if str(p).endswith(".jsonl") and flags == os.O_RDONLY | os.O_CLOEXEC:
+                tries.append(str(p))
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            return real_open(p, flags, *args, **kwargs)
+
+        with capture_logs() as logs:
+            # A fresh proxy: a logger cached under another configuration would bypass capture.
+            monkeypatch.setattr(gateway.app, "log", structlog.get_logger("recalld.app"))
+            async with Client.connect(app.url, TOKEN) as c:
+                monkeypatch.setattr(os, "open", no_descriptors)
+                first = (await c.call("sessions.create"))["sessionKey"]
+                async with asyncio.timeout(30):
+                    while sum(first in p for p in tries) < 3:  # three passes failed to open it
+                        await asyncio.sleep(0.01)
+                monkeypatch.setattr(os, "open", real_open)
+                assert not any(first in p for p in synced)
+                second = (await c.call("sessions.create"))["sessionKey"]
+                async with asyncio.timeout(30):
+                    while not (any(first in p for p in synced) and any(second in p for p in synced)):
+                        await asyncio.sleep(0.01)
+        assert len([e for e in logs if e["event"] == "sessions.flush_failed"]) == 1, logs
+    finally:
+        await app.close()

@@ -3,6 +3,7 @@ with retryAfterMs (or a storage error before the disk is full), and nothing is h
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 from gateway.client import Client
 from gateway.config import Config
+from gateway.errors import RateLimited
+from gateway.rpc import Quotas
 from sessions import SessionsConfig, SessionStore, StorageError
 from tests.conftest import TOKEN, running
 from tests.fake_openai import FakeOpenAI
@@ -100,3 +103,69 @@ def test_appends_stop_at_the_free_disk_floor(tmp_path: Path) -> None:
         assert "disk almost full" in info.value.message and info.value.errno == 28
     assert path.read_bytes() == before
     assert [orjson.loads(line)["content"] for line in before.splitlines()[1:]] == ["kept"]
+
+
+async def test_session_updates_and_fact_adds_are_rate_limited_per_user(config_factory: Callable[..., Config]) -> None:
+    """Past quotas.updates_per_minute, sessions.update and memory.facts.add each answer -32004
+    with retryAfterMs naming the key and change nothing; another user is not affected."""
+    async with running(two_users(config_factory, quotas={"updates_per_minute": 3})) as app, \
+            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+        key = (await alice.call("sessions.create"))["sessionKey"]
+        size = app.store.transcript_path("alice", key).stat().st_size
+        prompt = "p" * 60_000
+        replies = [await alice.request("sessions.update", {"sessionKey": key, "title": f"t{i}",
+                                                           "systemPrompt": prompt}) for i in range(5)]
+        assert [("result" in r) for r in replies] == [True, True, True, False, False]
+        error = replies[3]["error"]
+        assert error["code"] == -32004 and error["data"]["retryAfterMs"] > 0
+        assert "quotas.updates_per_minute" in error["message"]
+        assert (await alice.call("sessions.get", {"sessionKey": key}))["title"] == "t2"
+        grown = app.store.transcript_path("alice", key).stat().st_size - size
+        assert 3 * 60_000 < grown < 4 * 60_000  # three update lines, not five
+        facts = [await alice.request("memory.facts.add", {"text": f"alice fact number {i}"}) for i in range(4)]
+        assert [("result" in r) for r in facts] == [True, True, True, False]
+        assert facts[3]["error"]["code"] == -32004 and "quotas.updates_per_minute" in facts[3]["error"]["message"]
+        bob_key = (await bob.call("sessions.create"))["sessionKey"]
+        assert "result" in await bob.request("sessions.update", {"sessionKey": bob_key, "title": "bob"})
+        assert "result" in await bob.request("memory.facts.add", {"text": "bob fact"})
+
+
+async def test_session_updates_stop_at_the_free_disk_floor(config_factory: Callable[..., Config]) -> None:
+    """With less free disk than sessions.min_free_bytes, sessions.update answers the retryable
+    "disk almost full" storage error and the transcript and title stay as they were."""
+    cfg = config_factory(sessions={"min_free_bytes": 2**62})
+    with SessionStore(cfg.data_dir) as store:  # made while the disk was not "full"
+        key = store.create("default", title="before").session_key
+        path = store.transcript_path("default", key)
+    before = path.read_bytes()
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        reply = await c.request("sessions.update", {"sessionKey": key, "title": "after",
+                                                    "systemPrompt": "q" * 60_000})
+        assert reply["error"]["code"] == -32603 and reply["error"]["data"] == {"retryable": True}, reply
+        assert "disk almost full" in reply["error"]["message"]
+        assert (await c.call("sessions.get", {"sessionKey": key}))["title"] == "before"
+    assert path.read_bytes() == before
+
+
+def test_pruning_buckets_keeps_a_partly_spent_bucket_of_a_faster_method() -> None:
+    """Forgetting refilled buckets (past 10,000 of them) judges each by its own method's rate:
+    a user's half-spent bucket of a 600-a-minute method survives a prune triggered by a
+    60-a-minute method, so the user does not get a fresh burst, and a bucket made once the
+    table is that large limits its user like any other."""
+    quotas = Quotas(per_minute={"slow": (60, "quotas.slow"), "fast": (600, "quotas.fast")}, clock=lambda: 0.0)
+    for _ in range(300):
+        with quotas.admit("alice", "fast"):
+            pass
+    for i in range(10_001):  # a new bucket each: the last one prunes
+        with quotas.admit(f"user{i}", "slow"):
+            pass
+    def burst(user: str, method: str) -> int:
+        admitted = 0
+        with contextlib.suppress(RateLimited):
+            for _ in range(1_000):
+                with quotas.admit(user, method):
+                    admitted += 1
+        return admitted
+
+    assert burst("alice", "fast") == 300
+    assert burst("newcomer", "slow") == 60  # a bucket made past the threshold holds too

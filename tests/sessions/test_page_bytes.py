@@ -1,0 +1,49 @@
+"""History pages capped by bytes (``sessions.max_page_bytes``) as well as by count: a page
+stops before the message that would pass the cap, and its cursor resumes exactly there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sessions import SessionsConfig, SessionStore
+
+
+def _all_pages(store: SessionStore, key: str, limit: int) -> list[list[str]]:
+    pages: list[list[str]] = []
+    before: str | None = None
+    while True:
+        messages, before = store.history("alice", key, limit=limit, before=before)
+        pages.append([m.content for m in messages])
+        if before is None:
+            return pages
+
+
+def test_pages_stop_at_the_byte_cap_and_resume_where_they_stopped(tmp_path: Path) -> None:
+    """Messages of mixed sizes under a 20 kB cap: every page's lines fit the cap (or it is a
+    single message), and paging back to the start yields every message once, in order."""
+    sizes = [100, 9_000, 3_000, 15_000, 50, 8_000, 8_000, 30_000, 200, 7_000, 12_000, 1]
+    with SessionStore(tmp_path, SessionsConfig(max_page_bytes=20_000)) as store:
+        key = store.create("alice").session_key
+        contents = [f"{i:02d}" + "x" * n for i, n in enumerate(sizes)]
+        for content in contents:
+            store.append_message("alice", key, role="user", content=content)
+        pages = _all_pages(store, key, limit=200)
+        seen = [c for page in reversed(pages) for c in page]
+        assert seen == contents  # none lost, none repeated, oldest first
+        for page in pages:
+            # A line is its content plus about a hundred bytes of JSON: every page of more than
+            # one message fits the cap.
+            assert len(page) == 1 or sum(len(c) + 100 for c in page) <= 20_000, page
+        # Newest first: 1 + 12,000 + 7,000 + 200 fit; 30,000 more would not, and alone it is
+        # still served (one message at least), and so on back to the start.
+        assert [[c[:2] for c in page] for page in pages] == [
+            ["08", "09", "10", "11"], ["07"], ["04", "05", "06"], ["02", "03"], ["00", "01"]]
+
+def test_the_count_limit_still_applies_under_the_byte_cap(tmp_path: Path) -> None:
+    """Small messages under a large cap page by ``limit`` exactly as before."""
+    with SessionStore(tmp_path, SessionsConfig(max_page_bytes=1_000_000)) as store:
+        key = store.create("alice").session_key
+        contents = [f"m{i}" for i in range(7)]
+        for content in contents:
+            store.append_message("alice", key, role="user", content=content)
+        assert _all_pages(store, key, limit=3) == [["m4", "m5", "m6"], ["m1", "m2", "m3"], ["m0"]]
