@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from bench.gw import TOKEN, make_config
 from bench.gw import running_gateway as running
@@ -16,6 +17,11 @@ from gateway.config import Config
 from tests.fake_openai import FakeOpenAI, fake_openai
 
 __all__ = ["TOKEN", "fake_openai", "make_config", "running"]  # fake_openai: a fixture for every module
+
+# Property tests check behaviour, never speed: Hypothesis's per-example deadline (200 ms) and
+# its too-slow health check fail a correct test on a loaded machine, as a CI run once did.
+settings.register_profile("recalld", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("recalld")
 
 
 @pytest.fixture
