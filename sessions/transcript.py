@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,8 @@ class Header:
         title, prompt = obj.get("title", self.title), obj.get("systemPrompt", self.system_prompt)
         if not isinstance(title, str) or not (prompt is None or isinstance(prompt, str)):
             return self
-        return Header(self.session_key, self.user, self.created_at, title, prompt, self.model)
+        # replace(), not a new Header: every other field (the incognito flag among them) stays.
+        return replace(self, title=title, system_prompt=prompt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,3 +69,21 @@ def test_purge_rewrites_atomically_and_a_failed_rewrite_changes_nothing(tmp_path
         assert store.get("alice", key).message_count == 2
     finally:
         store.close()
+
+
+def test_an_incognito_session_stays_incognito_after_an_update_and_a_rebuild(tmp_path: Path) -> None:
+    """A title or prompt update keeps memory=False: the index rebuilt from the transcript
+    (header plus update line) still reports the session as incognito."""
+    store = SessionStore(tmp_path)
+    secret = store.create("alice", title="secret", memory=False)
+    store.update("alice", secret.session_key, title="renamed", system_prompt="be brief")
+    assert store.get("alice", secret.session_key).memory is False
+    store.close()
+    for index_file in tmp_path.glob("sessions.db*"):
+        index_file.unlink()
+    reopened = SessionStore(tmp_path)
+    try:
+        session = reopened.get("alice", secret.session_key)
+        assert session.title == "renamed" and session.memory is False
+    finally:
+        reopened.close()
