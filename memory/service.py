@@ -240,6 +240,12 @@ class MemoryService:
         self._require_index()
         await self._scheduler.wait_idle()
 
+    async def wait_checked(self) -> None:
+        """Return once the integrity check ``start()`` began has finished (benchmarks: steady-state
+        searches are measured without that one-off full read running beside them)."""
+        if self._integrity is not None:
+            await asyncio.gather(self._integrity[1], return_exceptions=True)
+
     async def close(self) -> None:
         """Stop the watcher and loop, wait for a running sync step, close connections. Idempotent."""
         if self._closed:
