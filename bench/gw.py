@@ -42,9 +42,10 @@ def gateway_config(data_dir: Path, *, user: str | None = None, **sections: dict[
 
 
 @asynccontextmanager
-async def running_gateway(config: Config) -> AsyncIterator[App]:
-    """The gateway of ``config``, started in this process and closed on exit."""
-    app = await start_app(config)
+async def running_gateway(config: Config, *, embedder: tuple[Any, str] | None = None) -> AsyncIterator[App]:
+    """The gateway of ``config``, started in this process and closed on exit; ``embedder``
+    (an embedder and the reason status gives) replaces the one the config would pick."""
+    app = await start_app(config, embedder=embedder)
     try:
         yield app
     finally:

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
@@ -22,19 +20,6 @@ from memory.retrieval.search import RERANK_POOL, RERANK_SCAN
 from memory.service import MemoryService
 
 MODES = ("keyword", "vector", "hybrid")
-
-
-@contextlib.contextmanager
-def synthetic_embedder_in_gateway(embedder: SyntheticEmbedder) -> Iterator[None]:
-    """The gateway picks its embedder from config; for the benchmark it gets the synthetic one."""
-    import gateway.app as mm
-
-    original = mm.select_embedder
-    mm.select_embedder = lambda cfg: (embedder, "bench: synthetic clustered vectors")  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        mm.select_embedder = original
 
 
 def storage(db_path: Path, chunks: int) -> dict[str, float]:
@@ -120,17 +105,16 @@ async def run(quick: bool) -> list[Figure]:
         st = storage(corpus.data_dir / "memory.db", corpus.chunks)
         # Through the gateway: client-observed round trips (the synthetic query embedding, ~0.2 ms, included).
         gw: dict[str, list[float]] = {m: [] for m in MODES}
-        with synthetic_embedder_in_gateway(embedder):
-            cfg = gateway_config(corpus.data_dir, user=USER)
-            async with running_gateway(cfg) as app:
-                await app.memory.service.wait_idle()  # type: ignore[union-attr]
-                async with Client.connect(app.url, TOKEN) as c:
-                    for q in qs:
-                        for m in MODES:
-                            t = time.perf_counter()
-                            res = await c.call("memory.search", {"query": q, "k": 6, "mode": m})
-                            gw[m].append(time.perf_counter() - t)
-                            assert res["mode"] == m, res.get("fallbackReason")
+        cfg = gateway_config(corpus.data_dir, user=USER)
+        async with running_gateway(cfg, embedder=(embedder, "bench: synthetic clustered vectors")) as app:
+            await app.memory.service.wait_idle()  # type: ignore[union-attr]
+            async with Client.connect(app.url, TOKEN) as c:
+                for q in qs:
+                    for m in MODES:
+                        t = time.perf_counter()
+                        res = await c.call("memory.search", {"query": q, "k": 6, "mode": m})
+                        gw[m].append(time.perf_counter() - t)
+                        assert res["mode"] == m, res.get("fallbackReason")
         for m in MODES:
             s = summary_ms(lib[m])
             g = summary_ms(gw[m])

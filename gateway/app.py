@@ -29,7 +29,7 @@ from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
-from memory import MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
+from memory import Embedder, MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
 from sessions import FileIO, SessionsConfig, SessionStore
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
@@ -151,17 +151,21 @@ def effective_memory_config(config: Config) -> MemoryConfig:
     )
 
 
-async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True) -> MemoryService:
-    """The started memory service of ``config``, with the embedder ``memory.embedder`` picks.
+async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True,
+                      embedder: tuple[Embedder | None, str] | None = None) -> MemoryService:
+    """The started memory service of ``config``, with the embedder ``memory.embedder`` picks —
+    or ``embedder`` (the embedder and the reason status gives), which benchmarks pass.
 
     Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
     """
     cfg = effective_memory_config(config)
     if not watch:
         cfg = dataclasses.replace(cfg, watch=False)
-    embedder, reason = await asyncio.to_thread(select_embedder, cfg)
-    embedder, reason = await probe_auto_embedder(cfg, embedder, reason)
-    service = MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason)
+    if embedder is None:
+        picked, why = await asyncio.to_thread(select_embedder, cfg)
+        embedder = await probe_auto_embedder(cfg, picked, why)
+    chosen, reason = embedder
+    service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
     await service.start(catch_up=catch_up)
     return service
 
@@ -190,10 +194,12 @@ def _authenticator(config: Config) -> Authenticator:
     return authenticator
 
 
-async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
+async def start_app(config: Config, *, file_io: FileIO | None = None,
+                    embedder: tuple[Embedder | None, str] | None = None) -> App:
     """Build and start everything; the returned app is listening on ``app.url``.
 
-    ``file_io`` replaces the transcript write/fsync calls (fault-injection tests).
+    ``file_io`` replaces the transcript write/fsync calls (fault-injection tests); ``embedder``
+    the embedder that ``memory.embedder`` would pick (benchmarks, see :func:`open_memory`).
     """
     # First, before any file is opened: everything the daemon creates is 0600/0700, the
     # SQLite WAL and SHM files included (gateway.private).
@@ -209,7 +215,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None) -> App:
         os.close(lock_fd)
         raise
     try:
-        service = await open_memory(config) if config.memory.enabled else None
+        service = await open_memory(config, embedder=embedder) if config.memory.enabled else None
     except BaseException:
         await asyncio.to_thread(store.close)
         os.close(lock_fd)
