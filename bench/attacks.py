@@ -12,6 +12,9 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
    as TCP takes them (a child process), while a well-behaved client times ``gateway.health``;
 4. *descriptors*: under a 1024 open-file limit, 1,500 unauthenticated connections, then
    ``sessions.create`` from a client connected before.
+5. *big history pages*: one session of 200 messages of 250 kB, then one batch frame of 20
+   ``sessions.history`` (limit 200) — a page is capped by bytes and a batch shares one reply
+   budget, where before the daemon built all 20 pages (1 GB) before refusing the reply.
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -243,6 +246,42 @@ async def descriptor_flood(root: Path | None, n: int) -> None:
             d.stop()
 
 
+async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
+    from sessions import SessionStore, SessionsConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        d = Daemon(data, root, None, {})
+        async with Client.connect(d.url, TOKEN) as c:
+            key = (await c.call("sessions.create"))["sessionKey"]
+        d.stop()  # the store's directory lock: messages are written while no daemon runs
+        with SessionStore(data, SessionsConfig(fsync="never")) as store:
+            for _ in range(messages):
+                store.append_message("default", key, role="user", content="x" * message_chars)
+        d = Daemon(data, root, None, {})
+        try:
+            start = d.rss_mib
+            async with Client.connect(d.url, TOKEN) as c:
+                with Sampler(d.proc.pid) as s:
+                    await c.ws.send(orjson.dumps([{"id": i, "method": "sessions.history",
+                                                   "params": {"sessionKey": key, "limit": 200}}
+                                                  for i in range(batch)]), text=True)
+                    # The client hands a batch reply's entries to ``events`` one by one; a
+                    # daemon that refuses the whole reply answers once.
+                    answers = [await asyncio.wait_for(c.events.get(), 120)]
+                    with contextlib.suppress(TimeoutError):
+                        while len(answers) < batch:
+                            answers.append(await asyncio.wait_for(c.events.get(), 5))
+            pages = [a["result"] for a in answers if "result" in a]
+            codes = Counter(a["error"]["code"] for a in answers if "error" in a)
+            _report(f"big history pages: batch of {batch} sessions.history over {messages} x "
+                    f"{message_chars // 1000} kB (daemon at {start:.0f} MiB before)", d, s,
+                    pages=len(pages), messages_served=sum(len(p["messages"]) for p in pages),
+                    errors=dict(codes), reply_bytes=len(orjson.dumps(answers)))
+        finally:
+            d.stop()
+
+
 async def main(args: argparse.Namespace) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
@@ -261,6 +300,7 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             d.stop()
     await descriptor_flood(root, args.connections)
+    await big_history(root)
 
 
 if __name__ == "__main__":
