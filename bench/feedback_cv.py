@@ -18,7 +18,6 @@ results), a ceiling no ranking of ten drawn from those lists passes.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -30,7 +29,7 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from bench.fusion_cv import CACHE, DUMPS, dump  # noqa: E402
+from bench.fusion_cv import dump, dump_args  # noqa: E402
 from bench.recall import ndcg_at, recall_at  # noqa: E402
 from memory import MemoryConfig  # noqa: E402
 from memory.retrieval.fusion import fuse  # noqa: E402
@@ -104,13 +103,7 @@ def union_bound(d: dict[str, Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.feedback_cv", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
-    parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
-    parser.add_argument("--embedding-cache", type=Path, default=CACHE)
-    parser.add_argument("--dumps", type=Path, default=DUMPS)
-    args = parser.parse_args(argv)
-    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+    args, subsets = dump_args("python -m bench.feedback_cv", __doc__.split("\n\n")[0], argv)
     loaded = [load(run, subsets, args.embedding_cache, args.dumps) for run in args.runs]
     names = [n for n, _, _ in loaded]
     settings = {"default (no feedback)": (0, 0.0), **{f"m {m}, beta {b}": (m, b) for m, b in GRID}}

@@ -235,14 +235,19 @@ def recency_scores(d: dict[str, Any], weight: float, half_life: float, as_of: bo
     return r10 / n, nd / n
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fusion_cv", description=__doc__.split("\n\n")[0])
+def dump_args(prog: str, description: str, argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, list[str]]]:
+    """The arguments this module and bench.feedback_cv share, and the conversation subsets by stem."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
     parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
     parser.add_argument("--embedding-cache", type=Path, default=CACHE)
     parser.add_argument("--dumps", type=Path, default=DUMPS)
     args = parser.parse_args(argv)
-    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+    return args, {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, subsets = dump_args("python -m bench.fusion_cv", __doc__.split("\n\n")[0], argv)
     dumps: dict[str, dict[str, Any]] = {}
     for run in args.runs:
         path_text, _, granularity = run.rpartition(":")

@@ -400,12 +400,7 @@ class SignIndex:
             snapshot = _snapshot(db)
             if snapshot.generation is None:
                 return 0, 0
-            # The distinct users by skipping along the (user, session_key) index: one lookup
-            # per user, not a scan of every chunk.
-            users = [str(u) for (u,) in db.execute(
-                "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
-                "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS NOT NULL) "
-                "SELECT name FROM u WHERE name IS NOT NULL")]
+            users = distinct_users(db)
             chunks = 0
             for user in users:
                 with self._lock:
@@ -438,6 +433,15 @@ class SignIndex:
             return _empty(width, snapshot)
         arrays = _load_shadow(db, user, width) or _load_public(db, user, width)
         return _Partition(width, *arrays, snapshot)
+
+
+def distinct_users(db: apsw.Connection) -> list[str]:
+    """The users who own chunks, by skipping along the (user, session_key) index: one lookup
+    per user, not a scan of every chunk."""
+    return [str(u) for (u,) in db.execute(
+        "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
+        "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS NOT NULL) "
+        "SELECT name FROM u WHERE name IS NOT NULL")]
 
 
 _registry: dict[str, SignIndex] = {}

@@ -145,11 +145,7 @@ class PreviousVectors:
             dims = cached_dims(db, self.identity)
             if dims is None:
                 return 0, 0
-            # The distinct users by skipping along the (user, session_key) index.
-            users = [str(u) for (u,) in db.execute(
-                "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
-                "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS NOT NULL) "
-                "SELECT name FROM u WHERE name IS NOT NULL")]
+            users = knn.distinct_users(db)
             chunks = 0
             for user in users:
                 with self._lock:
