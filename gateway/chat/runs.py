@@ -238,6 +238,20 @@ class ChatRuns:
                 return True
         return False
 
+    def live_runs(self, user: str, session_key: str) -> list[dict[str, Any]]:
+        """The session's run that is streaming now, as ``{runId, seq, text}``: ``text`` is
+        every delta published so far and ``seq`` the last event's (-1 before the first).
+
+        Read-only and synchronous: ``sessions.subscribe`` attaches the connection and calls
+        this with no await between, so every event the connection then receives has a higher
+        seq. A run whose task is done has published its terminal event, so it is left out.
+        """
+        lane = self._lanes.get((user, session_key))
+        run = lane.current if lane is not None else None
+        if run is None or run.task is None or run.task.done():
+            return []
+        return [{"runId": run.run_id, "seq": run.seq - 1, "text": "".join(run.partial)}]
+
     async def drain(self, grace_s: float) -> None:
         """Shutdown: refuse new sends, let runs finish within ``grace_s``, abort the rest."""
         self._closing = True

@@ -132,8 +132,11 @@ class SessionsMethods:
 
     async def subscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
         await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)  # not-found check
+        # Attach and snapshot with no await between: every event this connection then
+        # receives continues the snapshot (its seq is higher), so a client that reconnects
+        # mid-reply shows the text so far and keeps streaming, with no gap and no repeat.
         self.hub.attach(ctx, ctx.caller, p.session_key)
-        return {"subscribed": True}
+        return {"subscribed": True, "runs": self.runs.live_runs(ctx.caller, p.session_key)}
 
     async def unsubscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
         return {"unsubscribed": self.hub.detach(ctx, ctx.caller, p.session_key)}

@@ -118,21 +118,32 @@ async def test_dropped_connection_reconnects_without_loss_or_duplicates(
     assert bodies == [m["content"] for m in history["messages"]]
 
 
-# Every text the last assistant reply's body and notes show, recorded in the page on each DOM change.
+# Every text the last assistant reply's body and notes show, with the connection's state then,
+# recorded in the page on each change of the messages or of the connection state.
 RECORD_REPLY = """() => {
   window.__seen = [];
-  new MutationObserver(() => {
+  const observer = new MutationObserver(() => {
     const reply = [...document.querySelectorAll(".msg.assistant")].pop();
-    if (reply) window.__seen.push([reply.querySelector(".body").textContent, reply.querySelector(".extras").textContent]);
-  }).observe(document.getElementById("messages"), { subtree: true, childList: true, characterData: true });
+    const state = document.getElementById("conn-state").dataset.state;
+    if (reply) window.__seen.push([reply.querySelector(".body").textContent, reply.querySelector(".extras").textContent, state]);
+  });
+  observer.observe(document.getElementById("messages"), { subtree: true, childList: true, characterData: true });
+  observer.observe(document.getElementById("conn-state"), { attributes: true });
 }"""
+
+
+def resumed_texts(bodies: list[str], before: str, final: str) -> list[str]:
+    """The texts that prove a reply resumed: longer than it was before the drop, not yet final."""
+    return [body for body in bodies if len(before) < len(body) < len(final)]
 
 
 async def test_reconnect_mid_stream_never_shows_a_gap(
     browser: Browser, web_app: App, fake_openai: FakeOpenAI
 ) -> None:
-    """A reply that keeps streaming while the page is offline never shows text with a hole in it
-    after the reconnect: every state of it is a prefix of the final reply, which ends shown once."""
+    """A reply that keeps streaming while the page is offline resumes after the reconnect from
+    the subscription's snapshot and keeps growing: every state of it is a prefix of the final
+    reply (never a hole), some are between the text before the drop and the final one, and it
+    ends shown once."""
     words = " ".join(f"w{i}" for i in range(150))
     fake_openai.configure(reply=words, delta_delay_s=0.03)
     page = await open_signed_in(browser, web_app)
@@ -157,9 +168,16 @@ async def test_reconnect_mid_stream_never_shows_a_gap(
     assert sockets and any("chat.delta" in f for f in sockets[-1]), "no delta came after the reconnect"
     seen: list[list[str]] = await page.evaluate("window.__seen")
     assert seen
-    gaps = [body for body, _ in seen if not words.startswith(body.strip())]
+    gaps = [body for body, _, _ in seen if not words.startswith(body.strip())]
     assert gaps == [], gaps[:1]
-    assert any("Reconnected" in notes for _, notes in seen)
+    states = [state for _, _, state in seen]
+    dropped = next(i for i, state in enumerate(states) if state != "open")
+    back = next(i for i in range(dropped, len(states)) if states[i] == "open")
+    before = max((body.strip() for body, _, _ in seen[:dropped]), key=len)
+    assert before.startswith("w0 w1 w2 w3")
+    after = [body.strip() for body, _, _ in seen[back:]]
+    assert resumed_texts(after, before, words), "the reply waited for its end instead of resuming"
+    assert not any("Reconnected" in notes for _, notes, _ in seen)
     assert await page.locator(".msg .body").all_inner_texts() == ["tell me a long story", words]
     await expect(reply.locator(".note")).to_have_count(0)
 
@@ -167,23 +185,30 @@ async def test_reconnect_mid_stream_never_shows_a_gap(
 async def test_reload_mid_stream_never_shows_a_gap(
     browser: Browser, web_app: App, fake_openai: FakeOpenAI
 ) -> None:
-    """A page reloaded while a reply streams, which hears the run only from the middle on, never
-    shows the reply's tail as if it were all of it: every state is a prefix of the final reply."""
+    """A page reloaded while a reply streams shows the reply so far as soon as it appears and
+    keeps streaming it: every state is a prefix of the final reply (never its tail alone), some
+    are between the text before the reload and the final one."""
     words = " ".join(f"w{i}" for i in range(100))
     fake_openai.configure(reply=words, delta_delay_s=0.03)
     page = await open_signed_in(browser, web_app)
     await new_session(page)
     await send(page, "tell me a long story")
     await expect(page.locator(".msg.assistant .body")).to_contain_text("w3")
+    before = (await page.locator(".msg.assistant .body").inner_text()).strip()
     await page.reload()
     await page.wait_for_selector("#messages .msg.user")
     await page.evaluate(RECORD_REPLY)
     reply = page.locator(".msg.assistant").last
+    # The reply appears with its text so far (the snapshot), not empty until its end.
+    first = (await reply.locator(".body").inner_text()).strip()
+    assert words.startswith(first) and len(first) >= len(before), (first, before)
     await expect(reply).to_have_attribute("data-state", "done", timeout=20000)
     seen: list[list[str]] = await page.evaluate("window.__seen")
     assert seen
-    gaps = [body for body, _ in seen if not words.startswith(body.strip())]
+    gaps = [body for body, _, _ in seen if not words.startswith(body.strip())]
     assert gaps == [], gaps[:1]
+    bodies = [body.strip() for body, _, _ in seen]
+    assert resumed_texts(bodies, before, words), "the reply waited for its end instead of resuming"
     assert await page.locator(".msg .body").all_inner_texts() == ["tell me a long story", words]
 
 

@@ -20,6 +20,8 @@ export class ChatView {
     this.loadingOlder = false;
     this.activeRun = null;
     this.renderQueued = new Set();
+    this.subscribing = 0; // sessions.subscribe calls out; chat events wait in `held` meanwhile
+    this.held = [];
 
     this.list = $("messages");
     this.scroller = $("scroller");
@@ -37,8 +39,9 @@ export class ChatView {
       if (ev.key === "Escape" && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
     });
     this.stopBtn.addEventListener("click", () => this.stop());
-    // Events sent while the socket was down are lost: a reply still streaming must prove, by
-    // seq, that it missed nothing before it may grow again (see #onDelta).
+    // Events sent while the socket was down are lost: a reply still streaming grows again only
+    // from the resubscription's snapshot of it, or once it proves by seq that it missed nothing
+    // (see #subscribe and #onDelta).
     rpc.addEventListener("state", (ev) => {
       if (ev.detail.state !== "retrying") return;
       for (const m of this.items) if (m.state === "streaming") m.verify = true;
@@ -64,7 +67,7 @@ export class ChatView {
     this.#showTitle();
     $("empty-hint").hidden = true;
     for (const id of ["message-input", "send", "rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
-    await this.rpc.call("sessions.subscribe", { sessionKey: session.sessionKey });
+    await this.#subscribe(session.sessionKey);
     const page = await this.rpc.call("sessions.history", { sessionKey: session.sessionKey, limit: PAGE });
     this.older = page.next || null;
     this.#merge(page.messages);
@@ -90,13 +93,14 @@ export class ChatView {
     }
   }
 
-  // After a reconnect: resubscribe, then merge the newest page, which holds anything said while
-  // we were away (including a run that finished meanwhile: its final text replaces our partial).
-  // Subscribing first means a run that ends in between is in the page or sends its chat.final.
+  // After a reconnect: resubscribe (which resumes a reply still streaming from its snapshot),
+  // then merge the newest page, which holds anything said while we were away (including a run
+  // that finished meanwhile: its final text replaces our partial). Subscribing first means a
+  // run that ends in between is in the page or sends its chat.final.
   async resync() {
     if (!this.session) return;
     const key = this.session.sessionKey;
-    await this.rpc.call("sessions.subscribe", { sessionKey: key });
+    await this.#subscribe(key);
     const page = await this.rpc.call("sessions.history", { sessionKey: key, limit: PAGE });
     if (!this.session || this.session.sessionKey !== key) return;
     this.#merge(page.messages);
@@ -104,6 +108,42 @@ export class ChatView {
     if (live && !this.activeRun) this.activeRun = live.runId;
     this.#setBusy(Boolean(live));
     this.#scrollToEnd();
+  }
+
+  // sessions.subscribe answers with the session's live runs, each {runId, seq, text}: the text
+  // it has streamed up to and including event seq, read in the same server step that attached
+  // this connection, so every event we then get continues it. The reply can overtake events or
+  // be overtaken by them (replies and events leave the server by different paths), so chat
+  // events that arrive while a subscribe is out are held and replayed after the snapshot.
+  async #subscribe(key) {
+    this.subscribing += 1;
+    let res = null;
+    try {
+      res = await this.rpc.call("sessions.subscribe", { sessionKey: key });
+    } finally {
+      this.subscribing -= 1;
+      // A daemon that sends no `runs` leaves replies to the seq check in #onDelta.
+      if (res && Array.isArray(res.runs) && this.session && this.session.sessionKey === key) {
+        for (const run of res.runs) this.#resume(run);
+      }
+      if (!this.subscribing) {
+        const held = this.held;
+        this.held = [];
+        for (const [method, p] of held) this.onEvent(method, p);
+      }
+    }
+  }
+
+  // Show a live run's snapshot: its text so far, and seq as the last one seen, so the deltas
+  // that follow (seq > snapshot) extend it exactly. A reply already streaming with every delta
+  // on this connection keeps what it has: its in-flight deltas may straddle the snapshot.
+  #resume(run) {
+    const known = this.items.find((m) => m.runId === run.runId && m.role === "assistant");
+    if (known && (known.state !== "streaming" || !(known.verify || known.stale))) return;
+    if (known && !known.stale && run.seq < known.lastSeq) return;
+    const reply = known || this.#liveReply(run.runId);
+    Object.assign(reply, { content: run.text, lastSeq: run.seq, verify: true, stale: false, note: "" });
+    this.#render(reply);
   }
 
   async loadOlder() {
@@ -183,6 +223,10 @@ export class ChatView {
     if (!this.session || p.sessionKey !== this.session.sessionKey) return;
     if (method === "sessions.updated") return this.setSession(p.session);
     if (!method.startsWith("chat.")) return;
+    if (this.subscribing) {
+      this.held.push([method, p]);
+      return;
+    }
     let reply = this.items.find((m) => m.runId === p.runId && m.role === "assistant");
     if (!reply) {
       reply = this.#liveReply(p.runId);
@@ -213,12 +257,15 @@ export class ChatView {
 
   // A reply grows only while it is known to hold every delta so far. On one connection events
   // arrive in order and none is dropped, but waiting deltas are merged under their first seq,
-  // so a jump in seq there loses nothing. Across a reconnect, or for a run first heard of
-  // mid-stream, only seq = last + 1 (or 0 for the first) proves nothing was missed; anything
-  // else freezes the partial, which stays correct as far as it goes, until the terminal event
-  // (chat.final, chat.aborted, chat.error) brings the whole text.
+  // so a jump in seq there loses nothing. A delta at or below the last seq is already in the
+  // text (a subscribe snapshot covered it). Across a reconnect, after a snapshot, or for a run
+  // first heard of mid-stream, only seq = last + 1 (or 0 for the first) proves nothing was
+  // missed; anything else (a daemon that sends no snapshot) freezes the partial, which stays
+  // correct as far as it goes, until the terminal event (chat.final, chat.aborted,
+  // chat.error) brings the whole text.
   #onDelta(reply, p) {
     if (reply.state !== "streaming" || reply.stale) return;
+    if (p.seq <= reply.lastSeq) return;
     if (reply.verify && p.seq !== reply.lastSeq + 1) {
       reply.stale = true;
       reply.note = reply.lastSeq < 0
