@@ -1,4 +1,4 @@
-"""``python -m bench.chatprofile [--rounds N] [-- WRAPPER…]``: the CPU a ``recalld serve``
+"""``python -m bench.chatprofile [--rounds N] [--steps [--fake-process]] [-- WRAPPER…]``: the CPU a ``recalld serve``
 process spends per 500-delta chat run, the figure behind ``bench --only chat``'s ratio.
 
 The chat section's wall-clock ratio moves by ±0.2 on a shared 2-core machine (the gateway,
@@ -14,12 +14,19 @@ Everything after ``--`` wraps the gateway command, e.g. a sampling profiler::
         .venv/bin/py-spy record -r 500 -f raw -o /tmp/chat.txt --
 
 (py-spy is not a dependency: ``pip install py-spy`` into the venv to use it). Linux only.
+
+``--steps`` times the first delta's path instead: each step of a run (``chat.send`` arriving,
+the user message's append, the prompt, the facts and episodes lookups, the model request
+leaving and its answer, the first ``chat.delta`` published, sent, received) and of the direct
+SDK's request, as p50 over the runs (bench/README.md, "Chat overhead"). ``--fake-process``
+runs the fake model server in a process of its own rather than on this process's loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
 import runpy
@@ -28,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +139,7 @@ def _install_gateway_trace(path: str) -> None:
 
     import gateway.chat.runs as runs
     import gateway.methods.chat as chat_methods
+    import memory.episodes.service as episodes_service
     import memory.facts.service as facts_service
     from gateway.chat.llm import OpenAIChatModel
     from sessions import SessionStore
@@ -140,6 +148,7 @@ def _install_gateway_trace(path: str) -> None:
     _wrap_async(runs.ChatRuns, "_execute", "execute")
     _wrap_async(runs, "build_prompt", "prompt")
     _wrap_async(facts_service.Facts, "relevant", "facts")
+    _wrap_async(episodes_service.Episodes, "search", "episodes")
     _wrap_async(OpenAIChatModel, "_open", "open")
     _wrap_async(httpx.AsyncClient, "send", "http")
 
@@ -213,7 +222,30 @@ def _table(title: str, runs: list[dict[str, int]], order: Sequence[str]) -> None
         prev = name if gaps else prev
 
 
-async def _steps(rounds: int) -> None:
+@contextlib.asynccontextmanager
+async def _model_server(own_process: bool) -> AsyncIterator[str]:
+    """The fake model server's base URL: on this process's loop, as ``bench --only chat`` runs
+    it, or (``own_process``) in a process of its own, so that streaming the 500 chunks does not
+    hold up this process reading the gateway's first delta."""
+    reply = " ".join(f"w{i}" for i in range(500))
+    if not own_process:
+        async with FakeOpenAI() as fake:
+            fake.configure(reply=reply, deltas=500)
+            yield fake.base_url
+        return
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.fake_openai", "--port", "0", "--reply", reply, "--deltas", "500",
+        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        yield line.rsplit(" ", 1)[1].strip()
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def _steps(rounds: int, fake_process: bool) -> None:
     from openai import AsyncOpenAI
 
     trace = Path(tempfile.mkdtemp()) / "gateway.trace"
@@ -236,11 +268,10 @@ async def _steps(rounds: int) -> None:
             _mark("fake.end")
 
     fake_module._Conn.write = traced_write  # type: ignore[method-assign]
-    async with FakeOpenAI() as fake:
-        fake.configure(reply=" ".join(f"w{i}" for i in range(500)), deltas=500)
-        sdk = AsyncOpenAI(base_url=fake.base_url, api_key="sk-bench", max_retries=0)
+    async with _model_server(fake_process) as base_url:
+        sdk = AsyncOpenAI(base_url=base_url, api_key="sk-bench", max_retries=0)
         with tempfile.TemporaryDirectory() as tmp:
-            env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "sk-bench",
+            env = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "sk-bench",
                    "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0",
                    "RECALLD_CHAT_RECALL": "false",
                    # A fresh session per run, as the chat section: more than its default a minute.
@@ -293,11 +324,13 @@ async def _steps(rounds: int) -> None:
             own.setdefault(name, ns)
     direct_runs = _runs([e for e in client if not e[0].startswith("client.")], "direct.start")
     for r in direct_runs:
-        r["direct.fake.head"], r["direct.fake.end"] = r.pop("fake.head", 0), r.pop("fake.end", 0)
+        for name in ("fake.head", "fake.end"):
+            if name in r:
+                r[f"direct.{name}"] = r.pop(name)
     print(f"{rounds} runs; p50 of each step and of its end since the start")
     _table("gateway (client → gateway process → client):", gw_runs, [
         "client.send", "send.in", "append_user.in", "append_user.out", "send.out", "ws.reply",
-        "execute.in", "prompt.in", "prompt.out", "facts.in", "facts.out", "open.in", "http.in",
+        "execute.in", "prompt.in", "prompt.out", "facts.in", "facts.out", "episodes.in", "episodes.out", "open.in", "http.in",
         "fake.head", "http.out", "open.out", "delta.publish", "ws.delta", "fake.end", "client.delta"])
     _table("direct (this process, the SDK alone):", direct_runs, [
         "direct.start", "http.in", "direct.fake.head", "direct.fake.end", "http.out", "direct.open",
@@ -314,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--steps", action="store_true",
                         help="time each step of the first delta's path (gateway and direct SDK) instead")
+    parser.add_argument("--fake-process", action="store_true",
+                        help="with --steps: the fake model server in a process of its own")
     parser.add_argument("--trace-gateway", metavar="FILE", help=argparse.SUPPRESS)  # --steps' wrapper
     args = parser.parse_args(argv)
     if args.trace_gateway:
@@ -322,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.argv = ["recalld", *wrapper[3:]]
         runpy.run_module("gateway", run_name="__main__", alter_sys=True)
         return 0
-    asyncio.run(_steps(args.rounds) if args.steps else _run(args.rounds, wrapper))
+    asyncio.run(_steps(args.rounds, args.fake_process) if args.steps else _run(args.rounds, wrapper))
     return 0
 
 
