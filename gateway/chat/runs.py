@@ -184,7 +184,9 @@ class ChatRuns:
                 # A run queued into an idle session starts at once, and nothing else appends
                 # to its transcript before it does (a later send's message comes after its own,
                 # where its history stops), so the prompt's read joins this thread hop: one
-                # hop fewer before the model's first byte.
+                # hop fewer before the model's first byte. (A sessions.update or memory.forget
+                # landing in between is ordered after the run's read, as it would be a moment
+                # later had the run read it itself.)
                 idle = lane.current is None and not lane.queue
                 run.prefetched = await asyncio.to_thread(self._append_user, run, idle)
                 lane.queue.append(run)
