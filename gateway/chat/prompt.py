@@ -26,7 +26,7 @@ from sessions import Message, Session, SessionStore
 
 __all__ = [
     "MESSAGE_OVERHEAD_TOKENS", "RECALL_QUERY_CHARS", "Prompt", "build_prompt", "format_recall_block",
-    "quote_recalled",
+    "quote_recalled", "read_session",
 ]
 
 log = structlog.get_logger("recalld.prompt")
@@ -84,25 +84,32 @@ def format_recall_block(hits: Sequence[SearchHit]) -> str:
     return "\n".join(lines)
 
 
+def read_session(config: ChatConfig, store: SessionStore, user: str, session_key: str
+                 ) -> tuple[Session, list[Message]]:
+    """The session and the recent messages a prompt is built from (blocking: call it off the
+    loop). Enough messages are read to cover the runs that may be queued behind this one."""
+    return store.get(user, session_key), store.recent_messages(
+        user, session_key, config.history_limit + config.max_queued_runs
+    )
+
+
 async def build_prompt(
     config: ChatConfig, store: SessionStore, memory: MemoryService | None,
     user: str, session_key: str, message: str, run_id: str,
+    read: tuple[Session, list[Message]] | None = None,
 ) -> Prompt:
     """The prompt of the run ``run_id`` whose user message is ``message``.
 
     History stops at this run's own user message: messages queued behind it arrived later
     and must not leak into an earlier reply. The session and its history are read in one
-    worker-thread hop (it sits between the user's message and the model's first byte); recall
-    follows only when the session is not incognito (``memory: false``), so nothing is recalled
-    before that flag is known.
+    worker-thread hop (it sits between the user's message and the model's first byte), or
+    given as ``read`` (:func:`read_session`'s answer, taken when the run was queued into an
+    idle session, see ``ChatRuns.submit``); recall follows only when the session is not
+    incognito (``memory: false``), so nothing is recalled before that flag is known.
     """
-
-    def read() -> tuple[Session, list[Message]]:
-        return store.get(user, session_key), store.recent_messages(
-            user, session_key, config.history_limit + config.max_queued_runs
-        )
-
-    session, recent = await asyncio.to_thread(read)
+    if read is None:
+        read = await asyncio.to_thread(read_session, config, store, user, session_key)
+    session, recent = read
     recall = memory if config.recall and session.memory else None
     hits = await _recall(recall, config.recall_k, user, session_key, message)
     system_parts: list[str] = []

@@ -32,7 +32,7 @@ from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.episodes import EpisodeWriter
 from gateway.chat.memory_tools import MemoryTools
-from gateway.chat.prompt import build_prompt
+from gateway.chat.prompt import build_prompt, read_session
 from gateway.config import ChatConfig
 from gateway.errors import (
     Conflict,
@@ -45,7 +45,7 @@ from gateway.errors import (
 )
 from gateway.wire import ChatDelta, ChatEventBase, ErrorObject
 from memory import MemoryService
-from sessions import Message, SessionStore
+from sessions import Message, Session, SessionStore
 
 __all__ = ["ChatRuns", "Run"]
 
@@ -75,6 +75,9 @@ class Run:
     final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
     recall: bool = True  # chat.send {recall:false} turns recall off for this run
     memory_on: bool = False  # the session is not incognito (known once the run starts)
+    # The session and its recent messages, read right after the user message was appended
+    # when the run went into an idle session (ChatRuns.submit); None: the run reads them.
+    prefetched: tuple[Session, list[Message]] | None = None
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once
@@ -178,10 +181,14 @@ class ChatRuns:
         lane.submitters += 1
         try:
             async with lane.append_lock:
-                await asyncio.to_thread(
-                    self.store.append_message, user, session_key,
-                    role="user", content=message, run_id=run.run_id,
-                )
+                # A run queued into an idle session starts at once, and nothing else appends
+                # to its transcript before it does (a later send's message comes after its own,
+                # where its history stops), so the prompt's read joins this thread hop: one
+                # hop fewer before the model's first byte. (A sessions.update or memory.forget
+                # landing in between is ordered after the run's read, as it would be a moment
+                # later had the run read it itself.)
+                idle = lane.current is None and not lane.queue
+                run.prefetched = await asyncio.to_thread(self._append_user, run, idle)
                 lane.queue.append(run)
         except BaseException:
             if idem is not None and attempt is not None:
@@ -197,6 +204,20 @@ class ChatRuns:
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._work(user, session_key, lane))
         return run.run_id, False
+
+    def _append_user(self, run: Run, read: bool) -> tuple[Session, list[Message]] | None:
+        """Append the run's user message; with ``read``, then read what its prompt needs.
+        Runs in a worker thread."""
+        self.store.append_message(run.user, run.session_key, role="user", content=run.message,
+                                  run_id=run.run_id)
+        if not read:
+            return None
+        try:
+            return read_session(self.config, self.store, run.user, run.session_key)
+        except Exception:
+            # The message is written and its run must be queued: the run reads again when it
+            # starts and reports what fails then, as it would have without this read.
+            return None
 
     def _check_run_quota(self, user: str) -> None:
         if self.max_runs is not None and len(self._lanes) >= self.max_runs:
@@ -306,8 +327,9 @@ class ChatRuns:
                 # An incognito session (memory:false) uses no memory at all; recall:false only
                 # skips recall. build_prompt reads the session before it recalls anything.
                 chat_config = self.config if run.recall else self._no_recall
+                read, run.prefetched = run.prefetched, None
                 prompt = await build_prompt(chat_config, self.store, self.memory, run.user,
-                                            run.session_key, run.message, run.run_id)
+                                            run.session_key, run.message, run.run_id, read)
                 memory_on = run.memory_on = self.memory is not None and prompt.session.memory
                 recalled = prompt.recalled
                 model_name = prompt.session.model or model_name
