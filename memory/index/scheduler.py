@@ -108,10 +108,18 @@ class SyncScheduler:
                         break
                     self._wake.clear()
             self._immediate = False
-            paths = None if self._dirty_all else sorted(self._dirty)
+            named = self._dirty
+            paths = None if self._dirty_all else sorted(named)
             self._dirty_all = False
             self._dirty = set()
             await self._run_sync(paths)
+            if paths is None and named:
+                # A sync of everything scans for regular files only, so a named path that is
+                # not one (a symlink planted in a user's folder) was not looked at: it gets its
+                # own look next, which records it as skipped. Regular ones cost a stat each.
+                self._dirty |= named
+                self._idle.clear()
+                self._wake.set()
 
     async def _watch(self, root: Path) -> None:
         import watchfiles
