@@ -322,7 +322,9 @@ class GatewayServer:
 
     async def _run_call(self, conn: Connection, call: Call, weight: int) -> None:
         try:
-            await self._send(conn, call.message, await call.run(self._budget(conn)))
+            # Only a batch runs within a budget; a single reply is measured when it is sent.
+            budget = self._budget(conn) if isinstance(call.message, list) else None
+            await self._send(conn, call.message, await call.run(budget))
         finally:
             conn.inflight -= weight
 
