@@ -294,8 +294,8 @@ class GatewayServer:
                 if reply is None:
                     continue
                 frame = self._within_budget(conn, call.message, reply)
-                if held is None:
-                    await conn.reply(frame)
+                if held is None or not held.in_burst():
+                    await conn.reply(frame)  # a lone request (ping-pong): written at once
                     continue
                 held.hold_writes = True
                 try:

@@ -58,6 +58,11 @@ class HeldWrites(ServerConnection):
         reply leaves in its own write, as without a hold)."""
         return self._received is not None
 
+    def in_burst(self) -> bool:
+        """Whether the reply about to be sent has company: frames are held, or another
+        request was received and waits to be read. A lone reply is sent without a hold."""
+        return bool(self._held) or (self._received is not None and len(self._received) > 0)
+
     def send_data(self) -> None:
         # websockets calls this after every change to the protocol's output.
         for data in self.protocol.data_to_send():
