@@ -294,14 +294,8 @@ class GatewayServer:
                 if reply is None:
                     continue
                 frame = self._within_budget(conn, call.message, reply)
-                if held is None or not held.in_burst():
-                    await conn.reply(frame)  # a lone request (ping-pong): written at once
-                    continue
-                held.hold_writes = True
-                try:
-                    await conn.reply(frame)
-                finally:
-                    held.end_hold()
+                if held is None or not held.send_reply(frame):
+                    await conn.reply(frame)  # waits for a slow reader, or the connection closed
                 continue
             # A batch runs its entries at once, so it holds a slot per entry (up to the whole
             # limit: a batch larger than the limit may run on an otherwise idle connection).

@@ -25,6 +25,7 @@ from collections.abc import Sized
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
+from websockets.protocol import State
 
 __all__ = ["HOLD_BYTES", "HeldWrites"]
 
@@ -45,18 +46,40 @@ class HeldWrites(ServerConnection):
         self._held_bytes = 0
         self._flush_due = False
         self._received: Sized | None = None
+        self._direct = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         # The queue of frames received and not yet read (websockets' Assembler): where it is
         # not found, every hold ends with a write, as if no request followed.
         self._received = getattr(getattr(self, "recv_messages", None), "frames", None)
+        # What send_reply() reads of websockets' Connection; without it, replies use send().
+        self._direct = self._received is not None and all(
+            hasattr(self, name) for name in ("paused", "send_in_progress"))
 
     @property
     def can_hold_bursts(self) -> bool:
         """Whether this connection found websockets' queue of received frames (else every
         reply leaves in its own write, as without a hold)."""
-        return self._received is not None
+        return self._direct
+
+    def send_reply(self, frame: bytes) -> bool:
+        """Send a reply's text frame at once when nothing could make websockets' ``send()``
+        wait: the connection is open, no fragmented message is being sent and the socket is
+        not paused for a slow reader. Held when another reply keeps it company
+        (:meth:`in_burst`). False when it was not sent: the caller uses ``send()``, which
+        waits, or raises on a closed connection. Skips ``send()``'s context manager, which
+        costs more per frame than everything else about a cheap call's reply."""
+        if not self._direct or self.protocol.state is not State.OPEN or self.paused \
+                or self.send_in_progress is not None:
+            return False
+        self.hold_writes = self.in_burst()
+        try:
+            self.protocol.send_text(frame)
+            self.send_data()
+        finally:
+            self.end_hold()
+        return True
 
     def in_burst(self) -> bool:
         """Whether the reply about to be sent has company: frames are held, or another
