@@ -4,14 +4,18 @@ writes (gateway.transport.writes), and every request is still answered, in order
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from websockets.asyncio.client import connect
 
 from gateway.app import App
-from gateway.transport.writes import HeldWrites
-from tests.conftest import TOKEN
+from gateway.config import Config
+from gateway.transport.writes import HOLD_BYTES, HeldWrites
+from tests.conftest import TOKEN, running
+from tests.faults.test_abuse import small_buffer_socket
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -36,7 +40,7 @@ def _count_writes(ws: HeldWrites) -> list[int]:
 
 
 async def _replies(ws: Any, n: int) -> list[dict[str, Any]]:
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         return [orjson.loads(await ws.recv()) for _ in range(n)]
 
 
@@ -88,3 +92,36 @@ async def test_a_burst_mixing_inline_calls_tasks_notifications_and_errors(app: A
     assert inline == sorted(inline) and len(inline) == 15
     assert all("result" in r for r in replies if r["id"] is not None)
     assert sum(r["error"]["code"] == -32700 for r in replies if r["id"] is None) == 15
+
+
+async def test_a_client_that_never_reads_stops_the_inline_replies_at_the_socket(
+    config_factory: Callable[..., Config]
+) -> None:
+    """3,000 gateway.health requests from a client that reads nothing: the replies written
+    without send() still stop at a full socket (what the server holds for the connection stays
+    within write_limit plus one burst), and once the client reads, each is answered in order."""
+    cfg = config_factory(server={"write_limit": 4096})
+    async with running(cfg) as app:
+        ws = await connect(app.url, additional_headers=AUTH, max_size=None,
+                           sock=small_buffer_socket(app.server.port))
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}), text=True)
+        await _replies(ws, 1)
+        server_ws = _server_ws(app)
+        server_ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        ws.transport.pause_reading()
+
+        async def flood() -> None:
+            for i in range(3000):
+                await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "gateway.health"}), text=True)
+
+        sender = asyncio.create_task(flood())
+        peak = 0
+        for _ in range(100):
+            peak = max(peak, server_ws.transport.get_write_buffer_size() + server_ws._held_bytes)
+            await asyncio.sleep(0.01)
+        assert peak <= 4096 + HOLD_BYTES + 1024, peak
+        ws.transport.resume_reading()
+        replies = await _replies(ws, 3000)
+        await sender
+        await ws.close()
+    assert [r["id"] for r in replies] == list(range(3000))
