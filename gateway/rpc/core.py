@@ -14,7 +14,7 @@ that the ``on_crash`` hook logs with the traceback.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,7 +32,7 @@ from gateway.errors import (
 )
 from gateway.rpc.batch import ReplyBudget, run_batch
 from gateway.rpc.quota import Quotas
-from gateway.rpc.registry import Registry, parse_params
+from gateway.rpc.registry import Handler, Method, Registry, parse_params
 from gateway.wire import ErrorObject
 
 __all__ = ["Call", "CallContext", "Notification", "Reply", "RpcCore", "error_response"]
@@ -148,42 +148,71 @@ class RpcCore:
         """The reply's bytes and whether it is an error."""
         try:
             return orjson.dumps(reply), "error" in reply
-        except TypeError as exc:  # a handler returned something orjson cannot encode
-            error_id = new_error_id()
-            self.on_crash(exc, error_id, "<encode>")
-            return orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
+        except TypeError as exc:
+            return self._unencodable(exc, reply), True
 
     def _encoded(self, reply: dict[str, Any]) -> Reply:
-        return Reply(*self._encode(reply))
+        try:  # _encode without the tuple: this runs once per frame
+            return Reply(orjson.dumps(reply), "error" in reply)
+        except TypeError as exc:
+            return Reply(self._unencodable(exc, reply), True)
+
+    def _unencodable(self, exc: TypeError, reply: dict[str, Any]) -> bytes:
+        """The -32603 that replaces a reply holding something orjson cannot encode (a
+        handler's bug)."""
+        error_id = new_error_id()
+        self.on_crash(exc, error_id, "<encode>")
+        return orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object()))
 
     async def _one(self, message: Any, ctx: CallContext) -> dict[str, Any] | None:
+        """A batch entry's reply, not yet encoded (the batch encodes it within its budget)."""
         if not isinstance(message, dict):
             return error_response(None, InvalidRequest("invalid request: expected an object").to_object())
         req_id = message.get("id", _NO_ID)
-        is_notification = req_id is _NO_ID
-        reply_id = None if is_notification else req_id
         try:
-            method = self._validate(message, req_id)
-            result = await self._dispatch(method, message.get("params"), ctx)
+            self._validate(message, req_id)
+            result = await self._invoke(self.registry.find(message["method"]), message, ctx)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            error = wire_error(exc)
-            if error is None:
-                error_id = new_error_id()
-                self.on_crash(exc, error_id, str(message.get("method")))
-                error = InternalError(error_id)
-            if is_notification and not isinstance(error, InvalidRequest):
-                return None
-            return error_response(reply_id if _valid_id(req_id) else None, error.to_object())
-        if is_notification:
+            return self._failure(exc, message, req_id)
+        if req_id is _NO_ID:
             return None
         return {"jsonrpc": "2.0", "id": req_id, "result": result}
+
+    async def _single(self, message: dict[str, Any], ctx: CallContext, method: Method | None) -> Reply | None:
+        """A single call's encoded reply: :meth:`_one` for a frame that is one object, with
+        the method looked up when the frame was decoded, and no coroutine between this one
+        and the handler's (nearly every frame comes here; each layer costs on every one)."""
+        req_id = message.get("id", _NO_ID)
+        try:
+            self._validate(message, req_id)
+            result = await self._invoke(method, message, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = self._failure(exc, message, req_id)
+            return None if error is None else self._encoded(error)
+        if req_id is _NO_ID:
+            return None
+        return self._encoded({"jsonrpc": "2.0", "id": req_id, "result": result})
+
+    def _failure(self, exc: Exception, message: dict[str, Any], req_id: Any) -> dict[str, Any] | None:
+        """The error reply for a call that raised ``exc`` (None for a notification, unless
+        the frame itself was invalid)."""
+        error = wire_error(exc)
+        if error is None:
+            error_id = new_error_id()
+            self.on_crash(exc, error_id, str(message.get("method")))
+            error = InternalError(error_id)
+        if req_id is _NO_ID and not isinstance(error, InvalidRequest):
+            return None
+        return error_response(req_id if _valid_id(req_id) else None, error.to_object())
 
     def _validate(self, message: dict[str, Any], req_id: Any) -> str:
         if "jsonrpc" in message and message["jsonrpc"] != "2.0":
             raise InvalidRequest('invalid request: "jsonrpc" must be "2.0"')
-        if req_id is not _NO_ID and not _valid_id(req_id):
+        if req_id is not _NO_ID and type(req_id) is not int and not _valid_id(req_id):
             raise InvalidRequest('invalid request: "id" must be a string, a number or null')
         method = message.get("method")
         if not isinstance(method, str) or not method:
@@ -196,8 +225,12 @@ class RpcCore:
             raise InvalidRequest(f"invalid request: unexpected members {sorted(extra)}")
         return method
 
-    async def _dispatch(self, name: str, raw_params: Any, ctx: CallContext) -> Any:
-        method = self.registry.get(name)
+    def _invoke(self, method: Method | None, message: dict[str, Any], ctx: CallContext) -> Awaitable[Any]:
+        """The handler's coroutine for a validated call, its params checked: not itself a
+        coroutine, so the caller awaits the handler directly. Raises what the caller maps."""
+        name: str = message["method"]
+        if method is None:
+            raise MethodNotFound(f"method not found: {name}")
         if method.requires_auth and not ctx.authenticated:
             raise Unauthorized(
                 f"unauthorized: authenticate first, within {self.auth_timeout_s:g} s of connecting "
@@ -206,38 +239,47 @@ class RpcCore:
             )
         if method.handler is None:
             raise MethodNotFound(f"method not implemented yet: {name}")
-        params = parse_params(method, raw_params)
+        params = parse_params(method, message.get("params"))
         if self.quotas is None or not ctx.authenticated or not self.quotas.limits(name):
-            return await method.handler(ctx, params)
+            return method.handler(ctx, params)
+        return self._admitted(method.handler, ctx, params, name)
+
+    async def _admitted(self, handler: Handler, ctx: CallContext, params: Any, name: str) -> Any:
+        assert self.quotas is not None
         with self.quotas.admit(ctx.caller, name):
-            return await method.handler(ctx, params)
+            return await handler(ctx, params)
 
 
 class Call:
     """One decoded frame, ready to run; made by :meth:`RpcCore.accept`."""
 
-    __slots__ = ("_core", "_ctx", "_error", "inline", "message")
+    __slots__ = ("_core", "_ctx", "_error", "_method", "inline", "message")
 
     def __init__(self, core: RpcCore, ctx: CallContext, message: Any, *, error: GatewayError | None = None) -> None:
         self._core = core
         self._ctx = ctx
         self._error = error
         self.message = message
+        # Looked up once here, for both the inline decision and the dispatch.
+        self._method = core.registry.find(message.get("method")) if isinstance(message, dict) else None
         # A parse error is answered at once; a single call of an inline method finishes
         # without suspending, so the server runs it in its read loop instead of paying for a task.
-        self.inline = error is not None or (
-            isinstance(message, dict) and core.registry.is_inline(message.get("method"))
-        )
+        self.inline = error is not None or (self._method is not None and self._method.inline)
 
-    async def run(self, budget: ReplyBudget | None = None) -> Reply | None:
-        """Run the frame. ``budget``: what the reply may take; a batch runs its entries within
-        it (see :mod:`gateway.rpc.batch`), a single reply is measured by the transport."""
+    def run(self, budget: ReplyBudget | None = None) -> Awaitable[Reply | None]:
+        """Run the frame (await the result). ``budget``: what the reply may take; a batch runs
+        its entries within it (see :mod:`gateway.rpc.batch`), a single reply is measured by
+        the transport. Not a coroutine itself: a single call awaits :meth:`RpcCore._single`
+        directly, one coroutine less per frame."""
         if self._error is not None:
-            return Reply(orjson.dumps(error_response(None, self._error.to_object())), True)
-        if isinstance(self.message, dict):  # a single call (nearly every frame): one await less
-            reply = await self._core._one(self.message, self._ctx)
-            return None if reply is None else self._core._encoded(reply)
-        return await self._core._frame(self.message, self._ctx, budget)
+            return _ready(Reply(orjson.dumps(error_response(None, self._error.to_object())), True))
+        if isinstance(self.message, dict):  # a single call: nearly every frame
+            return self._core._single(self.message, self._ctx, self._method)
+        return self._core._frame(self.message, self._ctx, budget)
+
+
+async def _ready(reply: Reply) -> Reply:
+    return reply
 
 
 def _valid_id(value: Any) -> bool:

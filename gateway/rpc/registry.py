@@ -120,8 +120,13 @@ class Registry:
         )
 
     def is_inline(self, name: Any) -> bool:
-        method = self._methods.get(name) if isinstance(name, str) else None
+        method = self.find(name)
         return method is not None and method.inline
+
+    def find(self, name: Any) -> Method | None:
+        """The method called ``name`` (any JSON value a frame carries), or None: the core
+        looks a call's method up once, when the frame is decoded."""
+        return self._methods.get(name) if isinstance(name, str) else None
 
     def get(self, name: str) -> Method:
         try:

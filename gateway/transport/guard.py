@@ -20,9 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event
+
+from gateway.transport.writes import HeldWrites
 
 __all__ = ["AcceptErrorLog", "connection_budget", "guarded_connection"]
 
@@ -39,11 +40,11 @@ def connection_budget(configured: int, reserved_fds: int) -> int:
 
 
 def guarded_connection(*, max_control_per_s: int, max_sockets: int,
-                       on_refused: Callable[[], None]) -> type[ServerConnection]:
+                       on_refused: Callable[[], None]) -> type[HeldWrites]:
     """A ``ServerConnection`` class enforcing these limits (one class per server: the count
-    of open sockets is shared by its connections)."""
+    of open sockets is shared by its connections), with :class:`HeldWrites`' burst writes."""
 
-    class GuardedConnection(ServerConnection):
+    class GuardedConnection(HeldWrites):
         open_sockets = 0
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -3,7 +3,8 @@
 Each connection task is wrapped once: a crash is logged once with an error id, and the
 connection is always deregistered in ``finally``. Requests run as tasks so a slow method
 never blocks the reading of the next frame; a call of a method that never waits on I/O is
-answered in the read loop. Replies go out from the request's task
+answered in the read loop, and the replies to a burst of such calls leave in one socket write
+(gateway.transport.writes). Replies go out from the request's task
 (:meth:`Connection.reply`); events through the connection's outbox and one writer task.
 """
 
@@ -30,6 +31,7 @@ from gateway.rpc import Call, CallContext, Reply, ReplyBudget, RpcCore, over_bud
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
 from gateway.web import StaticSite, is_websocket_upgrade
 from gateway.transport.guard import AcceptErrorLog, connection_budget, guarded_connection
+from gateway.transport.writes import HeldWrites
 from gateway.wire import server_info
 
 __all__ = ["GatewayServer"]
@@ -279,6 +281,8 @@ class GatewayServer:
                 await self._send(conn, call.message, await call.run(self._budget(conn)))
         ws.protocol.max_message_size = self.config.server.max_size
         max_inflight = self.config.limits.max_inflight
+        # The server's connections hold the replies of a burst for one write (HeldWrites).
+        held = ws if isinstance(ws, HeldWrites) else None
         async for data in ws:
             conn.requests += 1
             if isinstance(data, bytes):
@@ -287,8 +291,11 @@ class GatewayServer:
             call = self.core.accept(data, conn)
             if call.inline:
                 reply = await call.run()  # a single call: the transport measures its reply
-                if reply is not None:
-                    await conn.reply(self._within_budget(conn, call.message, reply))
+                if reply is None:
+                    continue
+                frame = self._within_budget(conn, call.message, reply)
+                if held is None or not held.send_reply(frame):
+                    await conn.reply(frame)  # waits for a slow reader, or the connection closed
                 continue
             # A batch runs its entries at once, so it holds a slot per entry (up to the whole
             # limit: a batch larger than the limit may run on an otherwise idle connection).
@@ -322,7 +329,9 @@ class GatewayServer:
 
     async def _run_call(self, conn: Connection, call: Call, weight: int) -> None:
         try:
-            await self._send(conn, call.message, await call.run(self._budget(conn)))
+            # Only a batch runs within a budget; a single reply is measured when it is sent.
+            budget = self._budget(conn) if isinstance(call.message, list) else None
+            await self._send(conn, call.message, await call.run(budget))
         finally:
             conn.inflight -= weight
 
