@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
 
-from playwright.async_api import Browser, expect  # noqa: E402
+from playwright.async_api import Browser, Locator, Page, expect  # noqa: E402
 
 from gateway.app import App
 from gateway.client import Client
@@ -101,11 +101,7 @@ async def test_dropped_connection_reconnects_without_loss_or_duplicates(
     page = await open_signed_in(browser, web_app)
     key = await new_session(page)
     await send(page, "tell me a long story")
-    reply = page.locator(".msg.assistant").last
-    await expect(reply.locator(".body")).to_contain_text("w3")
-    for conn in list(web_app.server.connections):
-        conn.ws.transport.abort()  # the TCP connection dies; no close frame
-    await expect(page.locator("#conn-state")).to_have_attribute("data-state", "retrying")
+    reply = await drop_mid_reply(page, web_app)
     async with Client.connect(web_app.url, TOKEN) as other:
         run = await other.call("chat.send", {"sessionKey": key, "message": "sent while away"})
         assert run["runId"]
@@ -116,6 +112,17 @@ async def test_dropped_connection_reconnects_without_loss_or_duplicates(
     async with Client.connect(web_app.url, TOKEN) as other:
         history = await other.call("sessions.history", {"sessionKey": key})
     assert bodies == [m["content"] for m in history["messages"]]
+
+
+async def drop_mid_reply(page: Page, web_app: App) -> Locator:
+    """Once the last reply shows its first words, kill every TCP connection of the server (no
+    close frame) and wait for the page to notice; returns the reply's locator."""
+    reply = page.locator(".msg.assistant").last
+    await expect(reply.locator(".body")).to_contain_text("w3")
+    for conn in list(web_app.server.connections):
+        conn.ws.transport.abort()
+    await expect(page.locator("#conn-state")).to_have_attribute("data-state", "retrying")
+    return reply
 
 
 # Every text the last assistant reply's body and notes show, with the connection's state then,
@@ -158,11 +165,7 @@ async def test_reconnect_mid_stream_never_shows_a_gap(
     await new_session(page)
     await page.evaluate(RECORD_REPLY)
     await send(page, "tell me a long story")
-    reply = page.locator(".msg.assistant").last
-    await expect(reply.locator(".body")).to_contain_text("w3")
-    for conn in list(web_app.server.connections):
-        conn.ws.transport.abort()  # the TCP connection dies; no close frame
-    await expect(page.locator("#conn-state")).to_have_attribute("data-state", "retrying")
+    reply = await drop_mid_reply(page, web_app)
     await expect(page.locator("#conn-state")).to_have_attribute("data-state", "open", timeout=20000)
     await expect(reply).to_have_attribute("data-state", "done", timeout=20000)
     assert sockets and any("chat.delta" in f for f in sockets[-1]), "no delta came after the reconnect"
