@@ -121,9 +121,11 @@ async def test_stop_aborts_mid_stream(browser: Browser, web_app: App, fake_opena
     fake_openai.configure(reply=" ".join(f"word{i}" for i in range(200)), delta_delay_s=0.05)
     page = await open_signed_in(browser, web_app)
     key = await new_session(page)
-    for how in ("button", "escape"):
+    for n, how in enumerate(("button", "escape")):
         await send(page, f"go on and on ({how})")
-        reply = page.locator(".msg.assistant").last
+        # This send's own reply: the one before it (aborted) also holds "word2".
+        await expect(page.locator(".msg.assistant")).to_have_count(n + 1)
+        reply = page.locator(".msg.assistant").nth(n)
         await expect(reply.locator(".body")).to_contain_text("word2")
         if how == "button":
             await page.get_by_role("button", name="Stop").click()
