@@ -53,7 +53,7 @@ from bench.recall import (  # noqa: E402
 from memory import MemoryConfig, MemoryService  # noqa: E402
 from memory.config import FusionMethod  # noqa: E402
 from memory.retrieval.fusion import fuse, with_recency  # noqa: E402
-from memory.retrieval.search import fts_query  # noqa: E402
+from memory.retrieval.request import fts_query  # noqa: E402
 
 CACHE = _REPO / "bench" / ".cache" / "recall-embeddings.sqlite"
 DUMPS = _REPO / "bench" / ".cache" / "fusion"

@@ -18,7 +18,7 @@ from .forgetting import ForgetRange
 from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, EpisodeWire, ScoredEpisode
 from .retrieval.timephrases import TimeWindow, find_time_window
 from .index.indexing import SyncProgress
-from .retrieval.search import MAX_QUERY_CHARS, SearchHit, SearchResponse
+from .retrieval.request import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .service import MemoryService
 from .index.sync import SyncReport
 

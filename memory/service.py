@@ -54,7 +54,8 @@ from memory.retrieval.interim import PreviousVectors
 from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
 from memory.retrieval.recall import for_prompt
 from memory.embedders.rerank import CrossEncoder
-from memory.retrieval.search import HybridSearch, SearchHit, SearchRequest, SearchResponse
+from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
+from memory.retrieval.search import HybridSearch
 from memory.index.sync import SyncReport
 from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from sessions import scan_transcripts, sessions_root

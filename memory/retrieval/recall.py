@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from memory.chunking import approx_tokens
-from memory.retrieval.search import SearchHit
+from memory.retrieval.request import SearchHit
 
 __all__ = ["for_prompt", "merge_overlapping", "trim_to_tokens"]
 

@@ -38,22 +38,10 @@ from memory.config import MemoryConfig
 from memory.retrieval.common_terms import common_terms_for
 from memory.retrieval import interim
 from memory.retrieval.fusion import Fused, fuse, with_recency
-from memory.retrieval.request import (MAX_QUERY_CHARS, MODES, STOPWORDS, SearchHit, SearchMode, SearchRequest,
-                                      SearchResponse, fts_query, fts_terms)
+from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
 from memory.index.quantize import quantize_int8, vector_from_blob
 
-__all__ = [
-    "MAX_QUERY_CHARS",
-    "MODES",
-    "STOPWORDS",
-    "HybridSearch",
-    "SearchHit",
-    "SearchMode",
-    "SearchRequest",
-    "SearchResponse",
-    "fts_query",
-    "fts_terms",
-]
+__all__ = ["HybridSearch", "build_sql"]
 
 _KEYWORD_SQL = """
 SELECT chunks.id, -bm25(chunks_fts)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memory.errors import InvalidSearch
-from memory.retrieval.search import fts_query
+from memory.retrieval.request import fts_query
 from memory.service import MemoryService
 from tests.memory.conftest import BASE_TIME, FakeEmbedder, name_of, opened, quiet_config, session_key, ts, write_transcript
 
