@@ -74,6 +74,11 @@ class MemoryConfig:
     # on its own thread while the keyword leg runs its SQL (memory.retrieval.search); below it
     # the hand-over costs more than the overlap saves. 0 runs the legs one after the other.
     overlap_min_chunks: int = 50_000
+    # Read connections map up to this many MiB of memory.db (PRAGMA mmap_size): row reads become
+    # memory accesses instead of read() calls, but every page touched stays in the daemon's RSS
+    # — at a million chunks gigabytes of file pages for a millisecond or two per search
+    # (docs/scaling.md). 0: off, reads go through SQLite's page cache.
+    read_mmap_mb: int = 0
 
     # Recall into a prompt (memory.recall): excerpts within this many approximate tokens, and
     # only those whose cosine to the message reaches the floor (None: the embedder's own
@@ -196,6 +201,8 @@ class MemoryConfig:
             problems.append("keyword_common_share must be from 0 (off) to below 1")
         if self.keyword_common_min_chunks < 0:
             problems.append("keyword_common_min_chunks must not be negative")
+        if self.read_mmap_mb < 0:
+            problems.append("read_mmap_mb must not be negative (0: no mapping)")
         if self.overlap_min_chunks < 0:
             problems.append("overlap_min_chunks must not be negative (0: legs one after the other)")
         if self.embeddings_dimensions is not None and self.embeddings_dimensions < 1:

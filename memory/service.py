@@ -192,7 +192,8 @@ class MemoryService:
         conn = WriteConnection(opened.db)
         indexer = Indexer.on(conn, opened.vectors, self.sessions_dir, self.config,
                              window=self.embedder.max_tokens if self.embedder else None)
-        readers = ReaderPool(self.db_path, self._vec_extension if opened.vectors.available else None)
+        readers = ReaderPool(self.db_path, self._vec_extension if opened.vectors.available else None,
+                             mmap_bytes=self.config.read_mmap_mb << 20)
         return _Index(conn, indexer, readers)
 
     async def _check_integrity(self, check: IntegrityCheck) -> None:

@@ -53,11 +53,6 @@ __all__ = [
 log = structlog.get_logger("memory.db")
 
 BUSY_TIMEOUT_MS = 5000
-# Read-only connections map the file (address space, not memory: the pages are the OS's file
-# cache, shared by every reader). The vector leg's exact re-rank reads ~500 random chunk and
-# cache rows per search; through the default 2 MB page cache each is a read() (~10 µs),
-# mapped it is a memory access (bench/README.md, "Vector storage").
-READ_MMAP_BYTES = 1 << 40
 # Sentinel: "load the extension shipped by the sqlite-vec package".
 DEFAULT_VEC_EXTENSION = "default"
 
@@ -134,15 +129,15 @@ def _check_length(db: apsw.Connection, path: Path) -> None:
         raise apsw.CorruptError(f"{path.name} holds {size} bytes, its header says {pages * page_size}")
 
 
-def _prepare(db: apsw.Connection, readonly: bool, path: Path) -> None:
+def _prepare(db: apsw.Connection, readonly: bool, path: Path, mmap_bytes: int = 0) -> None:
     # The first statement that reads the file is where "not a database" shows up.
     db.execute("SELECT count(*) FROM sqlite_schema").fetchone()
     if not readonly:
         _check_length(db, path)
         db.execute("PRAGMA journal_mode=WAL").fetchone()
         migrate(db)
-    if readonly:
-        db.execute(f"PRAGMA mmap_size={READ_MMAP_BYTES}").fetchone()
+    if readonly and mmap_bytes:
+        db.execute(f"PRAGMA mmap_size={int(mmap_bytes)}").fetchone()
     db.execute("PRAGMA synchronous=NORMAL")  # the index is rebuildable from transcripts
     db.execute("PRAGMA foreign_keys=OFF")
 
@@ -164,16 +159,18 @@ def open_index(
     *,
     vec_extension: str | None = DEFAULT_VEC_EXTENSION,
     readonly: bool = False,
+    mmap_bytes: int = 0,
 ) -> OpenedIndex:
     """Open (creating and migrating unless ``readonly``) the index at ``path``.
 
     ``vec_extension``: a loadable path, :data:`DEFAULT_VEC_EXTENSION`, or ``None`` to run
-    keyword-only; tests pass a bad path to prove the fallback.
+    keyword-only; tests pass a bad path to prove the fallback. ``mmap_bytes``: how much of the
+    file a read-only connection maps (``memory.read_mmap_mb``; 0 maps nothing).
     """
     db, vectors = _connect(path, vec_extension, readonly=readonly)
     rebuilt = ""
     try:
-        _prepare(db, readonly, path)
+        _prepare(db, readonly, path, mmap_bytes)
     except (apsw.NotADBError, apsw.CorruptError) as exc:
         db.close()
         if readonly:
@@ -285,9 +282,10 @@ _T = TypeVar("_T")
 class ReaderPool:
     """Read-only connections, opened on demand and reused; each used by one thread at a time."""
 
-    def __init__(self, path: Path, vec_extension: str | None) -> None:
+    def __init__(self, path: Path, vec_extension: str | None, *, mmap_bytes: int = 0) -> None:
         self._path = path
         self._vec_extension = vec_extension
+        self._mmap_bytes = mmap_bytes
         self._idle: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
         # Held while a reader is handed back and while close() drains the pool, so a search
         # finishing during close() cannot put its connection back after the drain (a leak).
@@ -299,7 +297,8 @@ class ReaderPool:
         try:
             db = self._idle.get_nowait()
         except queue.Empty:
-            db = open_index(self._path, vec_extension=self._vec_extension, readonly=True).db
+            db = open_index(self._path, vec_extension=self._vec_extension, readonly=True,
+                            mmap_bytes=self._mmap_bytes).db
         try:
             return fn(db)
         finally:

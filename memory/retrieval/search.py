@@ -9,7 +9,10 @@ one leg and fuses it alone, so every mode reports ranks the same way.
 Filters are fixed SQL fragments with named parameters, chosen by which filters are set; no
 user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
 
-* keyword leg: ``chunks.user = :user`` (+ session / time) joined to the FTS rows;
+* keyword leg: ``chunks.user = :user`` (+ session / time) joined to the FTS rows; when every
+  chunk is the searching user's and no session or time filter narrows the search, the FTS
+  rows are ranked alone and only the best are looked up (an excluded session is checked on
+  those, with the join as the fallback when it leaves too few);
 * vector leg: a pre-filter over the sign bits finds a pool of candidates with every filter
   applied before the pool is cut — :mod:`memory.knn`'s in-memory Hamming scan of the user's
   partition (numpy), or else sqlite-vec's KNN, where ``user`` is the vec0 *partition key* and
@@ -42,6 +45,26 @@ from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
 from memory.index.quantize import quantize_int8, vector_from_blob
 
 __all__ = ["HybridSearch", "build_sql"]
+
+# Every chunk of the database is one user's (a personal daemon): the FTS rows are ranked alone
+# and only the best few are looked up in ``chunks``. The join above reads the ``chunks`` row of
+# every match to check its owner — tens of thousands of rows for a common word at 1M chunks,
+# most of the leg's time and, through the read mapping, gigabytes of resident file pages.
+_OWNERS_SQL = "SELECT (SELECT min(user) FROM chunks), (SELECT max(user) FROM chunks)"
+_KEYWORD_RANKED_SQL = """
+SELECT rowid, -bm25(chunks_fts)
+FROM chunks_fts
+WHERE chunks_fts MATCH :fts_query
+ORDER BY bm25(chunks_fts), rowid
+LIMIT :ranked
+"""
+_KEYWORD_EXCLUDED_SQL = """
+SELECT chunks.id FROM json_each(:ids) AS ids CROSS JOIN chunks ON chunks.id = ids.value
+WHERE chunks.session_key = :exclude_session_key
+"""
+# Filters the ranked path cannot apply after the cut without risking a short list: a session or
+# a time window may hold few of the best matches, so those searches take the join.
+_NARROWING = ("session_key", "after_ms", "before_ms")
 
 _KEYWORD_SQL = """
 SELECT chunks.id, -bm25(chunks_fts)
@@ -220,10 +243,35 @@ class HybridSearch:
         return with_recency(fused, said, request.now_ms, self.config)
 
     def _keyword_leg(self, request: SearchRequest, match: str) -> list[tuple[int, float]]:
+        if not any(getattr(request, name) is not None for name in _NARROWING):
+            first, last = self.db.execute(_OWNERS_SQL).fetchone() or (None, None)
+            if first == last:  # one owner, or none
+                return self._ranked_keyword_leg(request, match) if first == request.user else []
+        return self._joined_keyword_leg(request, match)
+
+    def _joined_keyword_leg(self, request: SearchRequest, match: str) -> list[tuple[int, float]]:
         sql, active = build_sql(request, leg="keyword")
         params: dict[str, Any] = {"user": request.user, "candidates": self.config.candidates, "fts_query": match}
         params.update((name, getattr(request, name)) for name in active)
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
+
+    def _ranked_keyword_leg(self, request: SearchRequest, match: str) -> list[tuple[int, float]]:
+        """The keyword leg when the database holds only this user's chunks: the same list as the
+        join, from the FTS ranking alone. An excluded session (the chat's own) can hold many of
+        the best matches, so twice the candidates are ranked; if the exclusion leaves fewer than
+        ``candidates`` of a full ranking, the join computes the list instead."""
+        candidates = self.config.candidates
+        ranked = 2 * candidates if request.exclude_session_key is not None else candidates
+        rows = [(int(cid), float(score)) for cid, score in self.db.execute(
+            _KEYWORD_RANKED_SQL, {"fts_query": match, "ranked": ranked})]
+        if request.exclude_session_key is None:
+            return rows
+        excluded = {int(cid) for (cid,) in self.db.execute(_KEYWORD_EXCLUDED_SQL, {
+            "ids": json.dumps([cid for cid, _ in rows]), "exclude_session_key": request.exclude_session_key})}
+        kept = [row for row in rows if row[0] not in excluded]
+        if len(kept) >= candidates or len(rows) < ranked:
+            return kept[:candidates]
+        return self._joined_keyword_leg(request, match)
 
     def _start_vector_leg(self, request: SearchRequest,
                           query_vector: bytes) -> Callable[[], list[tuple[int, float]]]:
