@@ -136,7 +136,8 @@ class MemoryService:
         """Open the index, schedule the catch-up sync, start the watcher and debounce loop.
 
         ``catch_up=False`` leaves the first sync to the caller (the CLI runs it with a
-        progress bar through :meth:`sync_now`).
+        progress bar through :meth:`sync_now`; the gateway schedules it with :meth:`catch_up`
+        once the sessions store has reconciled the transcripts).
         """
         if self._index is not None:
             return
@@ -308,6 +309,11 @@ class MemoryService:
         return self._index
 
     # --- syncing -------------------------------------------------------------------------
+
+    def catch_up(self) -> None:
+        """Schedule the full catch-up sync that ``start(catch_up=False)`` left out; returns at once."""
+        if not self._closed:
+            self._scheduler.run_soon()
 
     def nudge(self, path: Path | None = None) -> None:
         """Ask for a sync of ``path`` (or of everything) soon; returns at once, coalesces."""
