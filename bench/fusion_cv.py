@@ -235,6 +235,47 @@ def recency_scores(d: dict[str, Any], weight: float, half_life: float, as_of: bo
     return r10 / n, nd / n
 
 
+NEIGHBOURS = tuple((mode, gamma) for mode in ("max", "mean") for gamma in (0.1, 0.2, 0.3, 0.5))
+NEIGHBOUR_WINDOW_MS = 10 * 60_000
+
+
+def neighbours(said: dict[int, int], mode: str, gamma: float) -> Callable[[Leg, Leg], list[int]]:
+    """The default fusion plus ``gamma`` times the best (``max``) or the mean (``mean``, with
+    the chunk itself counted as a zero) fused score of the other candidates said within
+    NEIGHBOUR_WINDOW_MS of it: a conversation's strong hit lifting the turns around it
+    (tried in round 2, not adopted: docs/memory.md)."""
+    config = MemoryConfig()
+
+    def rank(kw: Leg, vec: Leg) -> list[int]:
+        base = {f.chunk_id: f.score for f in fuse(kw[:50], vec[:50], config)}
+        score = {}
+        for c, s in base.items():
+            t = said.get(c)
+            near = [] if t is None else [
+                base[o] for o in base if o != c and (u := said.get(o)) is not None and abs(u - t) <= NEIGHBOUR_WINDOW_MS]
+            lift = max(near, default=0.0) if mode == "max" else sum(near) / (1 + len(near))
+            score[c] = s + gamma * lift
+        return sorted(score, key=lambda c: (-score[c], c))
+    return rank
+
+
+def neighbour_table(dumps: dict[str, dict[str, Any]]) -> None:
+    """The time-neighbour lift against the default, R@10 / nDCG@10, and its leave-one-out."""
+    names = list(dumps)
+    rows: dict[str, dict[str, tuple[float, float]]] = {"default": {n: score(d, fused("convex", 0.4))
+                                                                  for n, d in dumps.items()}}
+    for mode, gamma in NEIGHBOURS:
+        rows[f"{mode} {gamma}"] = {n: score(d, neighbours({int(k): v for k, v in d["said"].items()}, mode, gamma))
+                                   for n, d in dumps.items()}
+    print(f"\ntime neighbours (within {NEIGHBOUR_WINDOW_MS // 60_000} min), R@10 / nDCG@10")
+    for label, row in rows.items():
+        print(label.ljust(20) + "".join(f"{row[n][0]:.3f} / {row[n][1]:.3f}".rjust(26) for n in names))
+    for held in names:
+        best = max(rows, key=lambda k: sum(rows[k][n][0] for n in names if n != held))
+        print(f"  leave one out, {held:<28} {best}: R@10 {rows[best][held][0]:.3f} "
+              f"(default {rows['default'][held][0]:.3f}, {rows[best][held][0] - rows['default'][held][0]:+.3f})")
+
+
 def dump_args(prog: str, description: str, argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, list[str]]]:
     """The arguments this module and bench.feedback_cv share, and the conversation subsets by stem."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
@@ -275,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             r10 = table[held][f"convex {best}"][0]
             legs = max(table[held]["keyword"][0], table[held]["vector"][0])
             print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, {r10 - legs:+.3f})")
+    if len(names) > 1:
+        neighbour_table(dumps)
     dated = [n for n in names if any(q.get("now") is not None for q in dumps[n]["questions"])]
     if dated:
         print("\nrecency (recall into a prompt), R@10 / nDCG@10 of convex 0.4 + the term, dated questions only")
