@@ -20,6 +20,10 @@ Where questions carry a moment (RealMem), a second table scores the recency term
 into a prompt adds (``recency_weight``, ``recency_half_life_days``) in two views: the whole
 history, and "as of" each question (each leg's list cut to what was said before it, as a live
 assistant meets the question).
+
+A third table scores a lift from time neighbours — each fused score plus a share of the best
+(or mean) fused score of the candidates said within ten minutes of it — with its own
+leave-one-out (tried, not adopted: docs/memory.md).
 """
 
 from __future__ import annotations
@@ -316,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
             r10 = table[held][f"convex {best}"][0]
             legs = max(table[held]["keyword"][0], table[held]["vector"][0])
             print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, {r10 - legs:+.3f})")
-    if len(names) > 1:
-        neighbour_table(dumps)
     dated = [n for n in names if any(q.get("now") is not None for q in dumps[n]["questions"])]
     if dated:
         print("\nrecency (recall into a prompt), R@10 / nDCG@10 of convex 0.4 + the term, dated questions only")
@@ -325,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         for weight, half_life in RECENCY:
             cells = [recency_scores(dumps[n], weight, half_life, as_of) for n in dated for as_of in (False, True)]
             print(f"{weight}, {half_life:g} d".ljust(20) + "".join(f"{r:.3f} / {g:.3f}".rjust(30) for r, g in cells))
+    if len(names) > 1:
+        neighbour_table(dumps)
     return 0 if all(math.isfinite(v[0]) for t in table.values() for v in t.values()) else 1
 
 

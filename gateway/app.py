@@ -166,7 +166,11 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
         embedder = await probe_auto_embedder(cfg, picked, why)
     chosen, reason = embedder
     service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
-    await service.start(catch_up=catch_up)
+    try:
+        await service.start(catch_up=catch_up)
+    except BaseException:
+        await asyncio.shield(close_memory(service))  # what start() opened before it failed
+        raise
     return service
 
 
@@ -211,25 +215,32 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     # index with the transcripts. At a million chunks in 82k transcripts one after the other
     # they took 2.1 s before the first search could run (docs/scaling.md).
     audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, config.data_dir))
-    service: MemoryService | None = None
     try:
         lock_fd = _lock_data_dir(config.data_dir)
     except BaseException:
         await asyncio.gather(audit, return_exceptions=True)
         raise
+    # Each opening is a future awaited through a shield: a cancelled start still learns what
+    # was opened (a thread cannot be stopped half-way) and closes it.
+    opening_memory: asyncio.Future[MemoryService] | None = None
+    opening_store: asyncio.Future[SessionStore] | None = None
     try:
         authenticator = _authenticator(config)
         if config.memory.enabled:
-            service = await open_memory(config, embedder=embedder, catch_up=False)
+            opening_memory = asyncio.ensure_future(open_memory(config, embedder=embedder, catch_up=False))
+            await asyncio.shield(opening_memory)
         # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-        store = await asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io)
+        opening_store = asyncio.ensure_future(
+            asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io))
+        store = await asyncio.shield(opening_store)
         await audit
     except BaseException:
-        await asyncio.gather(audit, return_exceptions=True)
-        if service is not None:
-            await close_memory(service)
-        os.close(lock_fd)
+        try:
+            await asyncio.shield(_undo_start(audit, opening_memory, opening_store))
+        finally:
+            os.close(lock_fd)
         raise
+    service = opening_memory.result() if opening_memory is not None else None
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
     else:
@@ -289,6 +300,18 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
         await app.close()
         raise
     return app
+
+
+async def _undo_start(audit: asyncio.Future[None], memory: asyncio.Future[MemoryService] | None,
+                      store: asyncio.Future[SessionStore] | None) -> None:
+    """Wait for whatever a failed start began, and close what it opened (a memory service that
+    failed half-way through its own start cleans up after itself)."""
+    pending = [f for f in (audit, memory, store) if f is not None]
+    await asyncio.gather(*pending, return_exceptions=True)
+    if store is not None and not store.cancelled() and store.exception() is None:
+        await asyncio.to_thread(store.result().close)
+    if memory is not None and not memory.cancelled() and memory.exception() is None:
+        await close_memory(memory.result())
 
 
 def _memory_admin(config: Config) -> str | None:

@@ -254,17 +254,21 @@ class MemoryService:
         if self._closed:
             return
         self._closed = True
-        if self._integrity is not None:
-            check, task = self._integrity
-            check.cancel()  # interrupts a running quick_check, so close() never waits for one
-            await asyncio.gather(task, return_exceptions=True)
-        await self._scheduler.close()
-        await self._previous.close()  # before the connections: its warm-up may be reading
-        index, self._index = self._index, None
-        if index is not None:
-            await asyncio.to_thread(self._close_connections, index)
-        knn.release(self.db_path)  # the searches' in-memory sign bits; a restart reloads them
-        common_terms.release(self.db_path)
+        try:
+            if self._integrity is not None:
+                check, task = self._integrity
+                check.cancel()  # interrupts a running quick_check, so close() never waits for one
+                await asyncio.gather(task, return_exceptions=True)
+            await self._scheduler.close()
+            await self._previous.close()  # before the connections: its warm-up may be reading
+        finally:
+            # Also when the steps above are cancelled: a second close() returns at once, so
+            # this one is the only chance to close the files.
+            index, self._index = self._index, None
+            if index is not None:
+                await asyncio.to_thread(self._close_connections, index)
+            knn.release(self.db_path)  # the searches' in-memory sign bits; a restart reloads them
+            common_terms.release(self.db_path)
 
     @staticmethod
     def _close_connections(index: _Index) -> None:

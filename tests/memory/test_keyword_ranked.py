@@ -22,37 +22,54 @@ def _write_many(data_dir: Path, user: str, sessions: int, per_session: int) -> N
             for i in range(per_session)], start_minute=s * 100)
 
 
-def _legs(data_dir: Path, user: str, query: str, **filters: object) -> tuple[list[tuple[int, float]], ...]:
+def _legs(data_dir: Path, user: str, query: str,
+          **filters: object) -> tuple[list[tuple[int, float]], list[tuple[int, float]], int]:
+    """The keyword leg, the joined statement's list, and how often the leg fell back to the join."""
     config = quiet_config(chunk_tokens=16, overlap_tokens=0, candidates=12, max_k=12, default_k=6)
     db = open_index(data_dir / "memory.db", readonly=True).db
     try:
         search = HybridSearch(db, config)
         request = SearchRequest.build(config, user, query, mode="keyword", **filters)  # type: ignore[arg-type]
         match = " OR ".join(fts_terms(query, config.max_query_terms))
+        joined = search._joined_keyword_leg
+        calls = []
+
+        def counted(*args: object) -> list[tuple[int, float]]:
+            calls.append(args)
+            return joined(*args)  # type: ignore[arg-type]
+
+        search._joined_keyword_leg = counted  # type: ignore[method-assign]
         with db:
-            return search._keyword_leg(request, match), search._joined_keyword_leg(request, match)
+            leg = search._keyword_leg(request, match)
+            return leg, joined(request, match), len(calls)
     finally:
         db.close()
 
 
-@pytest.mark.parametrize("filters", [
-    {},
-    {"exclude_session_key": "s0"},   # a small share of the matches: the ranked list is enough
-    {"exclude_session_key": "s9"},   # most of the best matches: falls back to the join
-    {"session_key": "s3"},
-    {"after": ts(400)},
+@pytest.mark.parametrize(("filters", "joins"), [
+    ({}, 0),
+    ({"exclude_session_key": "s0"}, 0),   # a small share of the best matches: the ranked list is enough
+    ({"exclude_session_key": "s9"}, 0),   # 9 of the 24 ranked: the 15 left are enough
+    ({"exclude_session_key": "mid"}, 1),  # the best 15 of the 24 ranked: 9 left is short of 12
+    ({"session_key": "s3"}, 1),           # narrowing filters always take the join
+    ({"after": ts(400)}, 1),
 ])
-async def test_one_owner_keyword_leg_equals_the_join(tmp_path: Path, filters: dict[str, str]) -> None:
-    """With every chunk one user's, the keyword leg returns exactly the joined statement's list."""
+async def test_one_owner_keyword_leg_equals_the_join(tmp_path: Path, filters: dict[str, str], joins: int) -> None:
+    """With every chunk one user's, the keyword leg returns exactly the joined statement's list,
+    from the FTS ranking alone unless a filter or an exclusion leaving too few needs the join."""
     _write_many(tmp_path, "alice", sessions=10, per_session=6)
     write_transcript(tmp_path, "alice", "s9", [f"lynx lynx lynx ibis {i}" for i in range(40)], start_minute=2000)
+    write_transcript(tmp_path, "alice", "mid", [f"lynx lynx lynx lynx ibis ibis otter {i}" for i in range(15)],
+                     start_minute=3000)
+    write_transcript(tmp_path, "alice", "twins", ["otter"] * 30, start_minute=4000)  # equal BM25: ties by id
     config = quiet_config(chunk_tokens=16, overlap_tokens=0, candidates=12, max_k=12, default_k=6)
     async with opened(tmp_path, config, FakeEmbedder()):
         pass
     resolved = {k: (session_key(v) if k.endswith("session_key") else v) for k, v in filters.items()}
-    ranked, joined = _legs(tmp_path, "alice", "lynx ibis otter", **resolved)
+    ranked, joined, used_join = _legs(tmp_path, "alice", "lynx ibis otter", **resolved)
     assert len(joined) == (11 if filters.get("session_key") else 12)
     assert ranked == joined
+    assert used_join == joins
 
 
 async def test_a_second_owner_keeps_the_join_and_the_scope(tmp_path: Path) -> None:
@@ -62,7 +79,7 @@ async def test_a_second_owner_keeps_the_join_and_the_scope(tmp_path: Path) -> No
     config = quiet_config(chunk_tokens=16, overlap_tokens=0, candidates=12, max_k=12, default_k=6)
     async with opened(tmp_path, config, FakeEmbedder()):
         pass
-    assert _legs(tmp_path, "carol", "lynx")[0] == []
+    assert _legs(tmp_path, "carol", "lynx")[:1] == ([],)
     write_transcript(tmp_path, "bob", "b1", ["lynx lynx lynx lynx"])
     async with opened(tmp_path, config, FakeEmbedder()) as svc:
         hits = (await svc.search("alice", "lynx", mode="keyword")).results
