@@ -78,7 +78,7 @@ def exact_truth(data_dir: Path, embedder: Any, qs: list[str], k: int = 10) -> li
 
 
 async def _measure(data_dir: Path, n_queries: int, gateway: bool,
-                   common_share: float | None = None) -> dict[str, Any]:
+                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """In the child: the figures of one corpus (see the module doc)."""
     from bench.scalecorpus import embedder as make_embedder
     from memory.index import knn
@@ -89,8 +89,7 @@ async def _measure(data_dir: Path, n_queries: int, gateway: bool,
     out: dict[str, Any] = {"rssBeforeKiB": _proc_status()}
     started = time.perf_counter()
     config = bench_memory_config()
-    if common_share is not None:
-        config = replace(config, keyword_common_share=common_share)
+    config = replace(config, **(overrides or {}))
     svc = MemoryService(data_dir, config, emb)  # type: ignore[arg-type]
     await svc.start()
     opened = time.perf_counter()
@@ -180,14 +179,14 @@ def storage(data_dir: Path, chunks: int) -> dict[str, float]:
     return out
 
 
-def _child(size: int, n_queries: int, gateway: bool, common_share: float | None) -> dict[str, Any]:
+def _child(size: int, n_queries: int, gateway: bool, overrides: dict[str, Any]) -> dict[str, Any]:
     from bench.scalecorpus import corpus_dir
 
     cmd = [sys.executable, "-m", "bench.scale", "--child", str(corpus_dir(size)), "--queries", str(n_queries)]
     if not gateway:
         cmd.append("--no-gateway")
-    if common_share is not None:
-        cmd += ["--keyword-common-share", str(common_share)]
+    if overrides:
+        cmd += ["--overrides", json.dumps(overrides)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring {size:,} failed:\n{proc.stderr[-3000:]}")
@@ -289,13 +288,18 @@ def main() -> int:
     parser.add_argument("--keyword-common-share", type=float, default=None, metavar="SHARE",
                         help="memory.keyword_common_share for the searches (default: the memory default; "
                              "0 keeps every query word)")
+    parser.add_argument("--read-mmap-mb", type=int, default=None, metavar="MIB",
+                        help="memory.read_mmap_mb for the searches (default: the memory default, 0: "
+                             "no mapped reads)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--overrides", type=json.loads, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     structlog_quiet()
     if args.child is not None:
-        print(json.dumps(asyncio.run(_measure(args.child, args.queries, not args.no_gateway,
-                                              args.keyword_common_share))))
+        print(json.dumps(asyncio.run(_measure(args.child, args.queries, not args.no_gateway, args.overrides))))
         return 0
+    overrides = {key: value for key, value in (("keyword_common_share", args.keyword_common_share),
+                                               ("read_mmap_mb", args.read_mmap_mb)) if value is not None}
     from bench.scalecorpus import build
 
     started = time.perf_counter()
@@ -304,7 +308,7 @@ def main() -> int:
     for size in (int(s) for s in args.sizes.split(",")):
         print(f"· {size:,} chunks …", flush=True)
         corpus = build(size, log=lambda line: print(line, flush=True))
-        measured = _child(size, args.queries, not args.no_gateway, args.keyword_common_share)
+        measured = _child(size, args.queries, not args.no_gateway, overrides)
         st = storage(corpus.data_dir, corpus.chunks)
         results.append({"size": size, "chunks": corpus.chunks, "build": corpus.build, "builtNow": corpus.fresh,
                         "measured": measured, "storage": st})
@@ -322,6 +326,11 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     out = {"at": datetime.now(UTC).isoformat(), "machine": info, "seconds": round(took, 1),
            "loadAverage": os.getloadavg(), "results": results, "figures": [f.to_json() for f in figures]}
+    if overrides or sorted(r["size"] for r in results) != sorted(SIZES) or args.no_gateway:
+        # A partial run (other sizes, settings or no gateway) leaves the full curve and its plot alone.
+        (RESULTS / "scale-partial.json").write_text(json.dumps(out, indent=2, default=str))
+        print(f"wrote {RESULTS / 'scale-partial.json'} (not the full run: scale.json and scale.png left as they were)")
+        return 0 if all(f.ok is not False for f in figures) else 1
     (RESULTS / "scale.json").write_text(json.dumps(out, indent=2, default=str))
     print(f"wrote {RESULTS / 'scale.json'}" + (f" and {RESULTS / 'scale.png'}" if plot(results, RESULTS / "scale.png")
                                               else " (no plot: pip install -e '.[bench]' for matplotlib)"))
