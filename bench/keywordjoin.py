@@ -23,14 +23,14 @@ import apsw
 
 from bench.scale import USER, queries
 from memory.config import MemoryConfig
-from memory.retrieval.common_terms import common_terms_for
-from memory.retrieval.request import fts_terms
+from memory.retrieval.request import SearchRequest
+from memory.retrieval.search import _KEYWORD_RANKED_SQL, build_sql, keyword_match
 
+# The search's own statements: the joined one as a search without filters builds it, and the
+# one-owner ranking (both bind :fts_query; the first :user and :candidates, the second :ranked).
 STATEMENTS = {
-    "joined": """SELECT chunks.id, -bm25(chunks_fts) FROM chunks_fts JOIN chunks ON chunks.id = chunks_fts.rowid
-                 WHERE chunks_fts MATCH :q AND chunks.user = :user ORDER BY bm25(chunks_fts), chunks.id LIMIT :n""",
-    "ranked": """SELECT rowid, -bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH :q
-                 ORDER BY bm25(chunks_fts), rowid LIMIT :n""",
+    "joined": build_sql(SearchRequest.build(MemoryConfig(), USER, "x", mode="keyword"), leg="keyword")[0],
+    "ranked": _KEYWORD_RANKED_SQL,
 }
 
 
@@ -45,17 +45,14 @@ def measure(size: int, n_queries: int, statement: str) -> dict[str, float]:
     db = apsw.Connection(str(corpus_dir(size) / "memory.db"), flags=apsw.SQLITE_OPEN_READONLY)
     db.execute("PRAGMA mmap_size=1099511627776")
     config = MemoryConfig()
-    matches = []
-    for q in queries(n_queries):  # the words the search would keep (common words pruned)
-        terms = common_terms_for(db.filename).keep(db, fts_terms(q, config.max_query_terms),
-                                                   config.keyword_common_share, config.keyword_common_min_chunks)
-        matches.append(" OR ".join(terms))
+    matches = [keyword_match(db, q, config) for q in queries(n_queries)]  # as the search builds them
     before = _rss_file_kib()
     for _ in range(2):
         ms = []
         for match in matches:
             t = time.perf_counter()
-            db.execute(STATEMENTS[statement], {"q": match, "user": USER, "n": config.candidates}).fetchall()
+            db.execute(STATEMENTS[statement], {"fts_query": match, "user": USER, "candidates": config.candidates,
+                                               "ranked": config.candidates}).fetchall()
             ms.append((time.perf_counter() - t) * 1000)
     touched = (_rss_file_kib() - before) / 1024  # before close(), which unmaps the file
     db.close()

@@ -44,10 +44,10 @@ from memory.retrieval.fusion import Fused, fuse, with_recency
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
 from memory.index.quantize import quantize_int8, vector_from_blob
 
-__all__ = ["HybridSearch", "build_sql"]
+__all__ = ["HybridSearch", "build_sql", "keyword_match"]
 
 # Every chunk of the database is one user's (a personal daemon): the FTS rows are ranked alone
-# and only the best few are looked up in ``chunks``. The join above reads the ``chunks`` row of
+# and only the best few are looked up in ``chunks``. The join below reads the ``chunks`` row of
 # every match to check its owner — tens of thousands of rows for a common word at 1M chunks,
 # most of the leg's time and, through the read mapping, gigabytes of resident file pages.
 _OWNERS_SQL = "SELECT (SELECT min(user) FROM chunks), (SELECT max(user) FROM chunks)"
@@ -195,6 +195,16 @@ def build_sql(request: SearchRequest, *, leg: Literal["keyword", "vector"],
                                knn_query=_KNN_QUERY[vector_format]), active)
 
 
+def keyword_match(db: apsw.Connection, query: str, config: MemoryConfig) -> str:
+    """The keyword leg's ``MATCH`` expression for ``query``: its quoted terms OR-ed, words
+    common at this database's size left out (``""`` when no term is left)."""
+    terms = fts_terms(query, config.max_query_terms)
+    if terms:
+        terms = common_terms_for(db.filename).keep(
+            db, terms, config.keyword_common_share, config.keyword_common_min_chunks)
+    return " OR ".join(terms)
+
+
 class HybridSearch:
     """Runs a :class:`SearchRequest` on a read connection (blocking; call it off the loop)."""
 
@@ -228,11 +238,8 @@ class HybridSearch:
         # while this one runs the keyword leg's SQL, and the two meet before the fusion.
         finish_vector = self._start_vector_leg(request, query_vector) if query_vector is not None else None
         try:
-            terms = fts_terms(request.query, self.config.max_query_terms) if keyword else []
-            if terms:
-                terms = common_terms_for(self.db.filename).keep(
-                    self.db, terms, self.config.keyword_common_share, self.config.keyword_common_min_chunks)
-            keyword_leg = self._keyword_leg(request, " OR ".join(terms)) if terms else []
+            match = keyword_match(self.db, request.query, self.config) if keyword else ""
+            keyword_leg = self._keyword_leg(request, match) if match else []
         finally:
             vector_leg = finish_vector() if finish_vector is not None else []
         fused = fuse(keyword_leg, vector_leg, self.config)
