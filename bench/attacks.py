@@ -247,7 +247,7 @@ async def descriptor_flood(root: Path | None, n: int) -> None:
 
 
 async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
-    from sessions import SessionStore, SessionsConfig
+    from sessions import SessionsConfig, SessionStore
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"

@@ -46,12 +46,12 @@ if str(_REPO) not in sys.path:
 from bench.recall import (  # noqa: E402
     hits_to_turns,
     load_corpus,
-    question_moments,
     load_dataset,
     longest_turn_tokens,
     memory_config,
     ndcg_at,
     only_conversations,
+    question_moments,
     recall_at,
 )
 from memory import MemoryConfig, MemoryService  # noqa: E402

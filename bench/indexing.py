@@ -8,11 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.corpus import bench_memory_config, USER, write_transcripts
+from bench.corpus import USER, bench_memory_config, write_transcripts
 from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
-from memory import MemoryConfig
 from memory.index.db import WriteConnection, open_index
 from memory.index.indexing import Indexer
 from sessions import SessionsConfig, SessionStore, sessions_root

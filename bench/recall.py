@@ -37,10 +37,10 @@ if str(_REPO) not in sys.path:  # run as `python bench/recall.py` from anywhere
 
 import orjson  # noqa: E402
 
+from memory import SyncProgress  # noqa: E402
 from memory.chunking import approx_tokens  # noqa: E402
 from memory.config import MemoryConfig  # noqa: E402
 from memory.embedders.embeddings import Embedder, select_embedder  # noqa: E402
-from memory import SyncProgress  # noqa: E402
 from memory.retrieval.request import SearchHit  # noqa: E402
 from memory.service import MemoryService  # noqa: E402
 from sessions import ForwardReader, SessionsConfig, SessionStore  # noqa: E402

@@ -13,10 +13,10 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
+from bench.fake_openai import FakeOpenAI
 from bench.gw import TOKEN, gateway_config, gateway_process, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
-from bench.fake_openai import FakeOpenAI
 
 CONNECTIONS = 16
 

@@ -56,9 +56,8 @@ def write_sessions(data_dir: Path, *, messages: int, per_session: int = 50, seed
     import orjson
 
     from sessions import SessionsConfig, SessionStore, sessions_root
-    from sessions.models import Message
     from sessions.layout import transcript_file
-    from sessions.models import format_ts
+    from sessions.models import Message, format_ts
     from sessions.transcript import Header
 
     vocab = Vocabulary.make()

@@ -10,12 +10,18 @@ from pathlib import Path
 import apsw
 import numpy as np
 
-from bench.corpus import bench_memory_config, USER, SyntheticEmbedder, Vocabulary, build_corpus, queries
+from bench.corpus import (
+    USER,
+    SyntheticEmbedder,
+    Vocabulary,
+    bench_memory_config,
+    build_corpus,
+    queries,
+)
 from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
 from memory.index import knn
-from memory.config import MemoryConfig
 from memory.retrieval.search import RERANK_POOL, RERANK_SCAN
 from memory.service import MemoryService
 

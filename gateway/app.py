@@ -19,11 +19,25 @@ from pathlib import Path
 
 import structlog
 
-from gateway.auth import DEFAULT_USER, STRONG_TOKEN_CHARS, Authenticator, load_or_create_token, token_path
+from gateway.auth import (
+    DEFAULT_USER,
+    STRONG_TOKEN_CHARS,
+    Authenticator,
+    load_or_create_token,
+    token_path,
+)
 from gateway.chat import ChatRuns, Hub, create_chat_model
 from gateway.config import Config, is_loopback
-from gateway.methods import (ChatMethods, EpisodesMethods, FactsMethods, ForgetMethods, GatewayMethods, MemoryMethods,
-                             SessionsMethods, declare_methods)
+from gateway.methods import (
+    ChatMethods,
+    EpisodesMethods,
+    FactsMethods,
+    ForgetMethods,
+    GatewayMethods,
+    MemoryMethods,
+    SessionsMethods,
+    declare_methods,
+)
 from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore

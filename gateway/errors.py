@@ -29,8 +29,15 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from memory import EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryUnavailable
 from gateway.wire import ErrorObject
+from memory import (
+    EmbedderError,
+    FactNotFound,
+    InvalidFact,
+    InvalidSearch,
+    MemoryIndexError,
+    MemoryUnavailable,
+)
 from sessions import InvalidSessionInput, SessionNotFound, StorageError
 
 __all__ = [

@@ -11,16 +11,23 @@ from __future__ import annotations
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
-from .errors import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryStorageError,
-                     MemoryUnavailable)
+from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, EpisodeWire, ScoredEpisode
+from .errors import (
+                     EmbedderError,
+                     FactNotFound,
+                     InvalidFact,
+                     InvalidSearch,
+                     MemoryIndexError,
+                     MemoryStorageError,
+                     MemoryUnavailable,
+)
 from .facts import Fact, FactChange, FactChangeWire, Facts, FactsPage, FactWire, ScoredFact
 from .forgetting import ForgetRange
-from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, EpisodeWire, ScoredEpisode
-from .retrieval.timephrases import TimeWindow, find_time_window
 from .index.indexing import SyncProgress
-from .retrieval.request import MAX_QUERY_CHARS, SearchHit, SearchResponse
-from .service import MemoryService
 from .index.sync import SyncReport
+from .retrieval.request import MAX_QUERY_CHARS, SearchHit, SearchResponse
+from .retrieval.timephrases import TimeWindow, find_time_window
+from .service import MemoryService
 
 __all__ = [
     "MAX_QUERY_CHARS",

@@ -27,7 +27,15 @@ from typing import Any, TypeVar
 import apsw
 import structlog
 
+from memory import forgetting
 from memory.config import MemoryConfig
+from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.embedders.local_embedder import default_threads
+from memory.embedders.rerank import CrossEncoder
+from memory.episodes import Episodes
+from memory.errors import EmbedderError, MemoryUnavailable
+from memory.facts import Facts, FactStore
+from memory.index import knn
 from memory.index.db import (
     DEFAULT_VEC_EXTENSION,
     IntegrityCheck,
@@ -39,25 +47,17 @@ from memory.index.db import (
     move_aside,
     open_index,
 )
-from memory.embedders.embeddings import Embedder, EmbeddingPipeline
-from memory import forgetting
-from memory.errors import EmbedderError, MemoryUnavailable
-from memory.episodes import Episodes
-from memory.facts import Facts, FactStore
-from memory.index import knn
 from memory.index.indexing import Indexer, ProgressCallback
 from memory.index.quantize import vector_to_blob
 from memory.index.scheduler import SyncScheduler
-from memory.embedders.local_embedder import default_threads
+from memory.index.sync import SyncReport
+from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from memory.retrieval import common_terms
 from memory.retrieval.interim import PreviousVectors
 from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
 from memory.retrieval.recall import for_prompt
-from memory.embedders.rerank import CrossEncoder
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
 from memory.retrieval.search import HybridSearch
-from memory.index.sync import SyncReport
-from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from sessions import scan_transcripts, sessions_root
 
 __all__ = ["MemoryService"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .config import FsyncPolicy, SessionsConfig
 from .errors import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
 from .fileio import FileIO
+from .keys import check_user
 from .layout import (
     TRANSCRIPT_SUFFIX,
     parse_transcript_relpath,
@@ -23,11 +24,10 @@ from .layout import (
     transcript_file,
     transcript_relpath,
 )
-from .keys import check_user
 from .models import MESSAGE_ROLES, Message, Session, format_ts, now_ts, parse_ts
 from .reader import ForwardReader, TranscriptEntry
-from .transcript import Header, memory_enabled, read_header
 from .store import MessagePage, SessionPage, SessionStore
+from .transcript import Header, memory_enabled, read_header
 
 __all__ = [
     "MESSAGE_ROLES",

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 import apsw
-import orjson
 import structlog
 
 from . import inputs

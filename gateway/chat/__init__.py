@@ -8,7 +8,14 @@ packages; never the transport or the method handlers.
 from __future__ import annotations
 
 from gateway.chat.hub import Hub
-from gateway.chat.llm import ChatEvent, ChatModel, Completion, OpenAIChatModel, TextDelta, create_chat_model
+from gateway.chat.llm import (
+    ChatEvent,
+    ChatModel,
+    Completion,
+    OpenAIChatModel,
+    TextDelta,
+    create_chat_model,
+)
 from gateway.chat.prompt import Prompt, build_prompt, format_recall_block
 from gateway.chat.runs import ChatRuns, Run
 

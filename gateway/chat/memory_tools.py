@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import re
 import zoneinfo
-from datetime import datetime
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -35,8 +35,15 @@ import structlog
 from gateway.chat.factblock import BLOCK_CLOSE, BLOCK_OPEN, BlockFilter, MalformedBlock, parse_block
 from gateway.chat.llm import ChatEvent, ChatModel, Completion, Messages, TextDelta, ToolCall
 from gateway.chat.prompt import RECALL_QUERY_CHARS, format_recall_block, quote_recalled
-from memory import (MAX_QUERY_CHARS, FactChange, MemoryIndexError, MemoryService, ScoredEpisode, ScoredFact,
-                    find_time_window)
+from memory import (
+    MAX_QUERY_CHARS,
+    FactChange,
+    MemoryIndexError,
+    MemoryService,
+    ScoredEpisode,
+    ScoredFact,
+    find_time_window,
+)
 
 __all__ = ["FACTS_CLOSE", "FACTS_OPEN", "MemoryTools", "MemoryToolRun", "format_facts_block", "tool_specs"]
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import structlog
 
+from gateway.chat.episodes import EpisodeWriter
 from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
-from gateway.chat.episodes import EpisodeWriter
 from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import build_prompt, read_session
 from gateway.config import ChatConfig

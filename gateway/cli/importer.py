@@ -29,8 +29,7 @@ from typing import Any
 from gateway.cli.importer_formats import Conversation, Format, ImportFormatError, detect, parse
 from gateway.config import Config
 from memory import MemoryIndexError
-from sessions import SessionsConfig, SessionStore
-from sessions import SessionError, check_user
+from sessions import SessionError, SessionsConfig, SessionStore, check_user
 
 __all__ = ["ImportReport", "add_import_parser", "import_conversations", "session_key_for"]
 

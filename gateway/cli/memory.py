@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from gateway.config import Config
 from gateway.cli.facts import add_facts_parser, run_facts
+from gateway.config import Config
 from memory import MemoryIndexError, MemoryService, SyncProgress
 
 __all__ = ["add_memory_parser"]

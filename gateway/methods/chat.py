@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
 from gateway.chat import ChatRuns, Hub
 from gateway.config import ChatConfig
 from gateway.errors import InvalidParams

@@ -148,7 +148,7 @@ async def run_batch(
                 left = budget.left
                 async with changed:
                     # Wait while a running entry might still make room by finishing.
-                    await changed.wait_for(lambda: running == 0 or room(left))
+                    await changed.wait_for(lambda: running == 0 or room(left))  # noqa: B023 (awaited here)
                 if running == 0 and not room(left):
                     for rest in range(i, len(entries)):
                         refuse(rest, _batch_full(used, budget.waiting, budget.limit, False))

@@ -29,9 +29,9 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest, RateLimited, new_error_id
 from gateway.rpc import Call, CallContext, Reply, ReplyBudget, RpcCore, over_budget
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
-from gateway.web import StaticSite, is_websocket_upgrade
 from gateway.transport.guard import AcceptErrorLog, connection_budget, guarded_connection
 from gateway.transport.writes import HeldWrites
+from gateway.web import StaticSite, is_websocket_upgrade
 from gateway.wire import server_info
 
 __all__ = ["GatewayServer"]

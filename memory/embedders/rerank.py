@@ -20,8 +20,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from memory.errors import EmbedderError
 from memory.embedders.local_embedder import onnx_session, package_dir
+from memory.errors import EmbedderError
 
 __all__ = ["RERANKER_SHA256", "CrossEncoder"]
 

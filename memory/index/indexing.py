@@ -24,9 +24,9 @@ import structlog
 
 from memory.chunking import sha256_text
 from memory.config import MemoryConfig
-from memory.index.db import VectorBackend, WriteConnection
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import EmbedderError
+from memory.index.db import VectorBackend, WriteConnection
 from memory.index.quantize import quantize_int8
 from memory.index.sync import FileSync, SyncReport
 from memory.index.vectors import EmbedderIdentity, VectorStore

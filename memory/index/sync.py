@@ -40,8 +40,8 @@ from pathlib import Path
 
 import structlog
 
-from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
 from memory import forgetting
+from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
 from memory.config import MemoryConfig, SizedConfig
 from memory.index.db import WriteConnection
 from memory.index.vectors import VectorStore

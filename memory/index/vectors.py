@@ -41,9 +41,9 @@ from typing import Any
 import apsw
 import structlog
 
-from memory.index.db import VectorBackend, WriteConnection, get_meta, set_meta
 from memory.embedders.embeddings import Embedder
 from memory.errors import EmbedderError
+from memory.index.db import VectorBackend, WriteConnection, get_meta, set_meta
 from memory.index.knn import CHANGES_TABLE
 from memory.index.quantize import cached_vector_to_int8
 

@@ -36,13 +36,13 @@ from typing import Any, Literal
 
 import apsw
 
-from memory.index import knn
 from memory.config import MemoryConfig
-from memory.retrieval.common_terms import common_terms_for
+from memory.index import knn
+from memory.index.quantize import quantize_int8, vector_from_blob
 from memory.retrieval import interim
+from memory.retrieval.common_terms import common_terms_for
 from memory.retrieval.fusion import Fused, fuse, with_recency
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
-from memory.index.quantize import quantize_int8, vector_from_blob
 
 __all__ = ["HybridSearch", "build_sql", "keyword_match"]
 

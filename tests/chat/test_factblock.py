@@ -6,8 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chat.factblock import (BLOCK_CLOSE, BLOCK_OPEN, BlockFilter, FactBlock, MalformedBlock, RememberItem,
-                                    parse_block)
+from gateway.chat.factblock import (
+    BLOCK_CLOSE,
+    BLOCK_OPEN,
+    BlockFilter,
+    FactBlock,
+    MalformedBlock,
+    RememberItem,
+    parse_block,
+)
 
 BLOCK = f'\n\n{BLOCK_OPEN}\n{{"remember": [{{"text": "My cat is called Luna"}}]}}\n{BLOCK_CLOSE}\n'
 

@@ -21,7 +21,13 @@ from gateway.client import Client
 from memory.chunking import chunk_messages
 from memory.config import MemoryConfig
 from memory.index.db import open_index
-from sessions import ForwardReader, scan_transcripts, sessions_root, transcript_file, transcript_relpath
+from sessions import (
+    ForwardReader,
+    scan_transcripts,
+    sessions_root,
+    transcript_file,
+    transcript_relpath,
+)
 from tests.conftest import TOKEN
 from tests.daemon import Daemon
 from tests.fake_openai import FakeOpenAI

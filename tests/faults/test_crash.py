@@ -26,7 +26,14 @@ from sessions.config import SessionsConfig
 from sessions.store import SessionStore
 from tests.conftest import TOKEN
 from tests.fake_openai import FakeOpenAI
-from tests.faults.helpers import Acked, FaultDaemon, check_index, check_transcripts, daemon_env, wait_synced
+from tests.faults.helpers import (
+    Acked,
+    FaultDaemon,
+    check_index,
+    check_transcripts,
+    daemon_env,
+    wait_synced,
+)
 
 ROUNDS = 8
 _WORDS = ("river lantern copper orbit velvet quartz meadow signal harbor cipher ember willow "

@@ -10,8 +10,8 @@ import pytest
 
 from gateway.client import Client
 from tests.conftest import TOKEN
-from tests.faults.helpers import FaultDaemon, daemon_env
 from tests.fake_openai import FakeOpenAI
+from tests.faults.helpers import FaultDaemon, daemon_env
 
 
 def _local_installed() -> bool:

@@ -15,7 +15,13 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    rule,
+    run_state_machine_as_test,
+)
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import TOKEN

@@ -95,7 +95,7 @@ async def test_model_endpoint_faults_keep_messages_and_serve_others(
             acked.add(key, again, "and now?")
             assert (await run_end(c, again))["method"] == "chat.final", name
         lines = check_transcripts(app.config.data_dir, acked)
-        for (_, key), transcript in lines.items():
+        for _key, transcript in lines.items():
             title = transcript[0]["title"]
             if title == "bystander":
                 continue

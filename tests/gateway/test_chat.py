@@ -12,13 +12,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from gateway.app import App
+from gateway.app import App, start_app
 from gateway.client import Client, RpcError
 from gateway.config import Config
-from gateway.app import start_app
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
-
 
 _seen: weakref.WeakKeyDictionary[Client, list[dict[str, Any]]] = weakref.WeakKeyDictionary()
 TERMINAL = ("chat.final", "chat.error", "chat.aborted")

@@ -22,8 +22,15 @@ from gateway.errors import (
     wire_error,
 )
 from gateway.rpc import Registry, RpcCore, bounded
-from memory import (EmbedderError, FactNotFound, InvalidFact, InvalidSearch, MemoryIndexError, MemoryStorageError,
-                    MemoryUnavailable)
+from memory import (
+    EmbedderError,
+    FactNotFound,
+    InvalidFact,
+    InvalidSearch,
+    MemoryIndexError,
+    MemoryStorageError,
+    MemoryUnavailable,
+)
 from sessions import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
 from tests.conftest import TOKEN
 from tests.gateway.test_chat import run_to_end

@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 
+from gateway.chat.llm import (
+    PLACEHOLDER_API_KEY,
+    Completion,
+    OpenAIChatModel,
+    TextDelta,
+    ToolCall,
+    create_chat_model,
+)
 from gateway.errors import UpstreamError
-from gateway.chat.llm import PLACEHOLDER_API_KEY, Completion, OpenAIChatModel, TextDelta, ToolCall, create_chat_model
 from tests.fake_openai import Behaviour, FakeOpenAI, fake_openai
 
 __all__ = ["fake_openai"]  # the fixture is imported to be used here

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
-
-import json
 
 import orjson
 import pytest

@@ -10,7 +10,14 @@ from memory.index.db import open_index
 from memory.retrieval.request import SearchRequest, fts_terms
 from memory.retrieval.search import HybridSearch
 from memory.service import MemoryService
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config, session_key, ts, write_transcript
+from tests.memory.conftest import (
+    FakeEmbedder,
+    opened,
+    quiet_config,
+    session_key,
+    ts,
+    write_transcript,
+)
 
 WORDS = "otter heron marmot badger lynx ibis"
 

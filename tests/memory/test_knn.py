@@ -14,8 +14,8 @@ import numpy
 import pytest
 
 import memory.retrieval.search as search_module
-from memory.index import knn, vectors
 from memory.chunking import iso_to_ms
+from memory.index import knn, vectors
 from memory.index.db import open_index
 from memory.index.quantize import quantize_int8
 from memory.service import MemoryService

@@ -10,7 +10,7 @@ from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, select_embedder
 from memory.index.vectors import EmbedderIdentity
 from memory.service import MemoryService
-from tests.fake_openai import Behaviour, FakeOpenAI
+from tests.fake_openai import FakeOpenAI
 from tests.memory.conftest import (
     FakeEmbedder,
     embedder_down,
@@ -67,7 +67,7 @@ async def indexed_with_a(tmp_path: Path) -> None:
 
 def content_of(hit: object) -> str:
     """LYNX or BREAD for the chunk holding that message, else the chunk's text."""
-    text = str(getattr(hit, "content"))
+    text = str(hit.content)
     return next((m for m in (LYNX, BREAD) if m in text), text)
 
 

@@ -8,7 +8,14 @@ from pathlib import Path
 from memory.chunking import approx_tokens
 from memory.retrieval.recall import for_prompt, merge_overlapping, trim_to_tokens
 from memory.retrieval.request import SearchHit
-from tests.memory.conftest import BASE_TIME, FakeEmbedder, opened, quiet_config, ts, write_transcript
+from tests.memory.conftest import (
+    BASE_TIME,
+    FakeEmbedder,
+    opened,
+    quiet_config,
+    ts,
+    write_transcript,
+)
 
 
 def hit(cid: int, lines: tuple[int, int], content: str, similarity: float | None = 0.9,

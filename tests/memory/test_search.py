@@ -10,7 +10,16 @@ import pytest
 from memory.errors import InvalidSearch
 from memory.retrieval.request import fts_query
 from memory.service import MemoryService
-from tests.memory.conftest import BASE_TIME, FakeEmbedder, name_of, opened, quiet_config, session_key, ts, write_transcript
+from tests.memory.conftest import (
+    BASE_TIME,
+    FakeEmbedder,
+    name_of,
+    opened,
+    quiet_config,
+    session_key,
+    ts,
+    write_transcript,
+)
 
 INJECTIONS = ['"', '""', "*", "rust*", "NEAR(", "NEAR(rust language, 2)", "AND OR NOT", "col:", "body:rust",
               "(((", ")", "rust)", "^rust", "-rust", "+", "'; DROP TABLE chunks; --", '"rust" OR "x', "\\", "{body}"]
@@ -166,7 +175,7 @@ async def test_filters_session_exclude_and_time(tmp_path: Path, service: MemoryS
     for mode in ("hybrid", "keyword", "vector"):
         async def keys(**kw: str) -> list[str]:
             return sorted(name_of(h.session_key)
-                          for h in (await service.search("alice", "marmot", mode=mode, **kw)).results)
+                          for h in (await service.search("alice", "marmot", mode=mode, **kw)).results)  # noqa: B023
         assert await keys(session_key=session_key("s2")) == ["s2"]
         assert await keys(exclude_session_key=session_key("s2")) == ["s1", "s3"]
         assert await keys(after=ts(150)) == ["s3"]

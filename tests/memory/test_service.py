@@ -7,7 +7,14 @@ from pathlib import Path
 
 from memory.errors import MemoryUnavailable
 from memory.service import MemoryService
-from tests.memory.conftest import FakeEmbedder, append_messages, name_of, opened, quiet_config, write_transcript
+from tests.memory.conftest import (
+    FakeEmbedder,
+    append_messages,
+    name_of,
+    opened,
+    quiet_config,
+    write_transcript,
+)
 
 
 async def test_many_nudges_coalesce_into_one_sync(tmp_path: Path) -> None:

@@ -7,7 +7,13 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from sessions import SessionsConfig, SessionStore, sessions_root, transcript_file, transcript_relpath
+from sessions import (
+    SessionsConfig,
+    SessionStore,
+    sessions_root,
+    transcript_file,
+    transcript_relpath,
+)
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config
 
 

@@ -66,7 +66,7 @@ async def test_m001_database_upgrades_from_cache_without_embedder_calls(tmp_path
         pass
     db = apsw.Connection(str(tmp_path / "memory.db"))
     with db:  # turn it back into an m001 database
-        for provider, model, endpoint, chash in list(db.execute(
+        for _provider, _model, _endpoint, chash in list(db.execute(
                 "SELECT provider, model, endpoint_hash, content_hash FROM embedding_cache")):
             (content,) = db.execute("SELECT content FROM chunks WHERE content_hash = ? LIMIT 1", (chash,)).fetchone()
             db.execute("UPDATE embedding_cache SET vector = ? WHERE content_hash = ?",

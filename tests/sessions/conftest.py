@@ -11,13 +11,12 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from sessions import SessionsConfig, SessionStore
 import sessions.fileio
 import sessions.index
 import sessions.reconcile
 import sessions.store
 import sessions.transcript
-
+from sessions import SessionsConfig, SessionStore
 
 # What structlog.testing.capture_logs collects: one mapping per event.
 LogList = list[MutableMapping[str, Any]]

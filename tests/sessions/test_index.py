@@ -6,7 +6,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import apsw
 import orjson
@@ -166,7 +165,7 @@ def test_listing_newest_page_of_10000_sessions(tmp_path: Path) -> None:
     store = SessionStore(data_dir, SessionsConfig(fsync="never"))
     started = time.perf_counter()
     keys = [
-        store.create("alice", created_at=f"2024-01-01T00:00:00.000Z").session_key
+        store.create("alice", created_at="2024-01-01T00:00:00.000Z").session_key
         for _ in range(10_000)
     ]
     created_s = time.perf_counter() - started

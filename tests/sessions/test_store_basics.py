@@ -184,11 +184,11 @@ def test_another_users_key_is_not_found_like_an_unknown_key(store: SessionStore)
     unknown = "f" * 32
     for key in (s.session_key, unknown):
         calls: list[Callable[[], object]] = [
-            lambda: store.get("bob", key),
-            lambda: store.history("bob", key),
-            lambda: store.recent_messages("bob", key, 5),
-            lambda: store.append_message("bob", key, role="user", content="x"),
-            lambda: store.delete("bob", key),
+            lambda key=key: store.get("bob", key),
+            lambda key=key: store.history("bob", key),
+            lambda key=key: store.recent_messages("bob", key, 5),
+            lambda key=key: store.append_message("bob", key, role="user", content="x"),
+            lambda key=key: store.delete("bob", key),
         ]
         for call in calls:
             with pytest.raises(SessionNotFound) as info:

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from sessions import InvalidSessionInput, LineTooLarge, SessionNotFound, SessionsConfig, SessionStore
+from sessions import (
+    InvalidSessionInput,
+    LineTooLarge,
+    SessionNotFound,
+    SessionsConfig,
+    SessionStore,
+)
 
 from .conftest import fill, read_lines
 

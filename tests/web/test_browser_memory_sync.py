@@ -101,7 +101,7 @@ async def test_dropped_connection_reconnects_without_loss_or_duplicates(
     page = await open_signed_in(browser, web_app)
     key = await new_session(page)
     await send(page, "tell me a long story")
-    reply = await drop_mid_reply(page, web_app)
+    await drop_mid_reply(page, web_app)
     async with Client.connect(web_app.url, TOKEN) as other:
         run = await other.call("chat.send", {"sessionKey": key, "message": "sent while away"})
         assert run["runId"]
