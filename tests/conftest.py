@@ -16,6 +16,8 @@ from gateway.client import Client
 from gateway.config import Config
 from tests.fake_openai import FakeOpenAI, fake_openai
 
+pytest_plugins = ["tests.pgfixtures"]  # postgres_server, pg_dsn
+
 __all__ = ["TOKEN", "fake_openai", "make_config", "running"]  # fake_openai: a fixture for every module
 
 # Property tests check behaviour, never speed: Hypothesis's per-example deadline (200 ms) and
