@@ -558,7 +558,7 @@ async def run_benchmark(
     return results[0]
 
 
-_CACHE_COLUMNS = "provider, model, endpoint_hash, content_hash, dims, vector, created_at"
+_CACHE_COLUMNS = "provider, model, endpoint_hash, content_hash, dims, vector"
 
 
 def _share_cache(index_db: Path, cache_file: Path, direction: str) -> int:

@@ -200,12 +200,34 @@ def m005_episodes(db: apsw.Connection) -> None:
     )
 
 
+def m006_compact_cache(db: apsw.Connection) -> None:
+    """A cache row keeps only what serves (docs/memory.md, "Embedding cache"): its key, the
+    width and the int8 vector. ``created_at`` (32 bytes of ISO text a row, never read) goes.
+
+    ``DROP COLUMN`` rewrites each row where it stands, so the file does not grow by a copy of
+    the table; the space freed inside the pages takes later rows. A float32 row still present
+    (copied in from a cache written before ``m002``) is converted to int8. The vectors do not
+    change, so ``chunks_vec`` stays as it is.
+    """
+    db.execute("ALTER TABLE embedding_cache DROP COLUMN created_at")
+    rows = list(db.execute(
+        "SELECT provider, model, endpoint_hash, content_hash, dims, vector FROM embedding_cache "
+        "WHERE length(vector) = 4 * dims"))
+    for provider, model, endpoint, content_hash, dims, blob in rows:
+        db.execute(
+            "UPDATE embedding_cache SET vector = ? WHERE provider = ? AND model = ? "
+            "AND endpoint_hash = ? AND content_hash = ?",
+            (cached_vector_to_int8(bytes(blob), int(dims)), provider, model, endpoint, content_hash),
+        )
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_quantized_vectors", m002_quantized_vectors),
     ("m003_facts", m003_facts),
     ("m004_forgotten", m004_forgotten),
     ("m005_episodes", m005_episodes),
+    ("m006_compact_cache", m006_compact_cache),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -35,7 +35,6 @@ import json
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import apsw
@@ -177,10 +176,6 @@ def _log_changes(db: apsw.Connection, ids: Iterable[int]) -> None:
         set_meta(db, "vector_changes_floor", str(floor))
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
 PendingRow = tuple[Any, ...]  # (id, content, user, session_key, start_ms, end_ms, content_hash)
 
 
@@ -313,13 +308,12 @@ class VectorStore:
               vectors: dict[str, tuple[int, bytes]], fresh: set[str]) -> int:
         """Cache the ``fresh`` vectors and store one per row (one transaction); returns the rows stored."""
         with self._conn.lock, self.db:
-            now = _now()
             for h in fresh:
                 dims, blob = vectors[h]
                 self.db.execute(
                     "INSERT OR IGNORE INTO embedding_cache(provider, model, endpoint_hash, content_hash, "
-                    "dims, vector, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (identity.provider, identity.model, identity.endpoint_hash, h, dims, blob, now),
+                    "dims, vector) VALUES (?, ?, ?, ?, ?, ?)",
+                    (identity.provider, identity.model, identity.endpoint_hash, h, dims, blob),
                 )
             dims_seen = {vectors[h][0] for h in hashes}
             if len(dims_seen) != 1:
