@@ -133,8 +133,8 @@ async def _measure(data_dir: Path, n_queries: int, gateway: bool,
 
 
 async def _through_gateway(data_dir: Path, emb: Any, qs: list[str]) -> dict[str, Any]:
-    from bench.gw import TOKEN, gateway_config, running_gateway
     from gateway.client import Client
+    from testkit.gateway import TOKEN, gateway_config, running_gateway
 
     gw: dict[str, list[float]] = {m: [] for m in MODES}
     started = time.perf_counter()

@@ -18,12 +18,12 @@ from bench.corpus import (
     build_corpus,
     queries,
 )
-from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
 from memory.index import knn
 from memory.retrieval.search import RERANK_POOL, RERANK_SCAN
 from memory.service import MemoryService
+from testkit.gateway import TOKEN, gateway_config, running_gateway
 
 MODES = ("keyword", "vector", "hybrid")
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from bench.fake_openai import Behaviour, FakeOpenAI, hashed_embedding
+from testkit.fake_openai import Behaviour, FakeOpenAI, hashed_embedding
 from tests.fake_openai import fake_openai
 
 __all__ = ["fake_openai"]  # the fixture is imported to be used here

@@ -1,4 +1,4 @@
-"""``python -m bench.interim [--size 100000] [--queries 200]``: the vector leg during a rebuild.
+"""``python -m research.interim [--size 100000] [--queries 200]``: the vector leg during a rebuild.
 
 What a search costs while the previous model serves the vector leg (docs/memory.md, "Rebuild on
 identity or chunking change"). A copy of the ``make bench-scale`` corpus of SIZE chunks (built
@@ -119,7 +119,7 @@ async def measure(data: Path, n: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.interim", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.interim", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=100_000, help="corpus size (a make bench-scale corpus)")
     parser.add_argument("--queries", type=int, default=200)
     args = parser.parse_args()
