@@ -6,7 +6,7 @@ sentence embeddings are not: bge-small's vectors share a large common direction 
 variance sits in few dimensions, the worst case for a sign-bit pre-filter. So the scale bench
 *fits* the real embedder once and draws from the fit:
 
-1. Real chat text (RealMem's turns when ``../shared/data/realmem_bench.json`` is present, else
+1. Real chat text (RealMem's turns, ``bench/data/realmem_bench.json``, else
    ``bench/data/sample.json``) is embedded by the real :class:`LocalEmbedder` — passages as
    chunk-like windows of consecutive turns of one session, questions with the query prefix.
 2. The fit is the passages' mean μ, the covariance of per-session means (between, Σb) and of
@@ -36,7 +36,7 @@ from bench.corpus import CACHE_DIR, DIMS, TOPICS, Vocabulary
 __all__ = ["Fit", "RealDistEmbedder", "load_fit"]
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = (REPO.parent / "shared" / "data" / "realmem_bench.json", REPO / "bench" / "data" / "sample.json")
+SOURCES = (REPO / "bench" / "data" / "realmem_bench.json", REPO / "bench" / "data" / "sample.json")
 WINDOW_TURNS = 4       # consecutive turns per passage: roughly one 400-token chunk of chat
 MAX_PASSAGE_CHARS = 1600
 
