@@ -144,7 +144,8 @@ class SyntheticEmbedder:
         seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
         noise = np.random.default_rng(seed).normal(size=DIMS).astype(np.float32)
         v = (counts / max(1.0, counts.sum())) @ self.centroids * 1.0 + noise * self.noise
-        return v / np.linalg.norm(v)
+        unit: np.ndarray = v / np.linalg.norm(v)
+        return unit
 
     async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.calls += 1

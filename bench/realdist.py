@@ -52,7 +52,8 @@ class Fit:
 
 def _sqrtm(cov: np.ndarray) -> np.ndarray:
     values, vectors = np.linalg.eigh((cov + cov.T) / 2)
-    return (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+    root: np.ndarray = (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+    return root
 
 
 def _texts(source: Path, sessions: int, questions: int, seed: int) -> tuple[list[str], list[int], list[str]]:
@@ -89,7 +90,7 @@ def _run(coro: Any) -> np.ndarray:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)  # type: ignore[no-any-return]
+        return asyncio.run(coro)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
@@ -184,10 +185,12 @@ class RealDistEmbedder:
         e = np.stack([p[1] for p in pairs]).astype(np.float32)
         base = self.fit.query_mean if kind == "query" else self.fit.mean
         v = base.astype(np.float32) + z @ self.between_t + e @ self.within_t
-        return v / np.linalg.norm(v, axis=1, keepdims=True)
+        units: np.ndarray = v / np.linalg.norm(v, axis=1, keepdims=True)
+        return units
 
     def vector(self, text: str, kind: str = "passage") -> np.ndarray:
-        return self.vectors([text], kind)[0]
+        one: np.ndarray = self.vectors([text], kind)[0]
+        return one
 
     async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.calls += 1

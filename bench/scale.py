@@ -177,7 +177,9 @@ def storage(data_dir: Path, chunks: int) -> dict[str, float]:
     total = sum(p.stat().st_size for p in data_dir.glob("memory.db*") if ".corrupt-" not in p.name)
     db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     by_table = dict(db.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
-    (text,) = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    row = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    assert row is not None  # an aggregate always answers one row
+    (text,) = row
     db.close()
     group = {"fts": "chunks_fts", "vec0": "chunks_vec", "cache": "embedding_cache"}
     out = {"totalPerChunk": total / chunks, "textPerChunk": text / chunks}

@@ -33,7 +33,9 @@ MODES = ("keyword", "vector", "hybrid")
 def storage(db_path: Path, chunks: int) -> dict[str, float]:
     db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     total = sum(p.stat().st_size for p in db_path.parent.glob(db_path.name + "*"))
-    (text,) = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    row = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    assert row is not None  # an aggregate always answers one row
+    (text,) = row
     by_table = dict(db.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
     fts = sum(v for k, v in by_table.items() if k.startswith("chunks_fts"))
     vec = sum(v for k, v in by_table.items() if k.startswith("chunks_vec"))
