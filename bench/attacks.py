@@ -39,8 +39,8 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.gw import TOKEN
 from gateway.client import Client
+from testkit.gateway import TOKEN
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -28,13 +28,13 @@ from typing import Any
 
 import orjson
 
-from bench.fake_openai import FakeOpenAI
-from bench.gw import TOKEN, make_config, running_gateway
 from gateway.client import Client
 from gateway.logs import configure_logging
 from memory import MemoryConfig, MemoryService, select_embedder
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.facts.store import cosine, text_hash
+from testkit.fake_openai import FakeOpenAI
+from testkit.gateway import TOKEN, make_config, running_gateway
 
 DATA = Path(__file__).parent / "data" / "fact_pairs.json"
 

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 from bench.corpus import USER, bench_memory_config, write_transcripts
-from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
 from memory.index.db import WriteConnection, open_index
 from memory.index.indexing import Indexer
 from sessions import SessionsConfig, SessionStore, sessions_root
+from testkit.gateway import TOKEN, gateway_config, running_gateway
 
 
 async def run_appends(quick: bool) -> list[Figure]:

@@ -6,7 +6,7 @@ sentence embeddings are not: bge-small's vectors share a large common direction 
 variance sits in few dimensions, the worst case for a sign-bit pre-filter. So the scale bench
 *fits* the real embedder once and draws from the fit:
 
-1. Real chat text (RealMem's turns when ``../shared/data/realmem_bench.json`` is present, else
+1. Real chat text (RealMem's turns, ``bench/data/realmem_bench.json``, else
    ``bench/data/sample.json``) is embedded by the real :class:`LocalEmbedder` — passages as
    chunk-like windows of consecutive turns of one session, questions with the query prefix.
 2. The fit is the passages' mean μ, the covariance of per-session means (between, Σb) and of
@@ -36,7 +36,7 @@ from bench.corpus import CACHE_DIR, DIMS, TOPICS, Vocabulary
 __all__ = ["Fit", "RealDistEmbedder", "load_fit"]
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = (REPO.parent / "shared" / "data" / "realmem_bench.json", REPO / "bench" / "data" / "sample.json")
+SOURCES = (REPO / "bench" / "data" / "realmem_bench.json", REPO / "bench" / "data" / "sample.json")
 WINDOW_TURNS = 4       # consecutive turns per passage: roughly one 400-token chunk of chat
 MAX_PASSAGE_CHARS = 1600
 
@@ -52,7 +52,8 @@ class Fit:
 
 def _sqrtm(cov: np.ndarray) -> np.ndarray:
     values, vectors = np.linalg.eigh((cov + cov.T) / 2)
-    return (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+    root: np.ndarray = (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+    return root
 
 
 def _texts(source: Path, sessions: int, questions: int, seed: int) -> tuple[list[str], list[int], list[str]]:
@@ -89,7 +90,7 @@ def _run(coro: Any) -> np.ndarray:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)  # type: ignore[no-any-return]
+        return asyncio.run(coro)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
@@ -184,10 +185,12 @@ class RealDistEmbedder:
         e = np.stack([p[1] for p in pairs]).astype(np.float32)
         base = self.fit.query_mean if kind == "query" else self.fit.mean
         v = base.astype(np.float32) + z @ self.between_t + e @ self.within_t
-        return v / np.linalg.norm(v, axis=1, keepdims=True)
+        units: np.ndarray = v / np.linalg.norm(v, axis=1, keepdims=True)
+        return units
 
     def vector(self, text: str, kind: str = "passage") -> np.ndarray:
-        return self.vectors([text], kind)[0]
+        one: np.ndarray = self.vectors([text], kind)[0]
+        return one
 
     async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.calls += 1

@@ -2,9 +2,8 @@
 
     python -m bench.recall_all [--embedder auto|local|openai|none] [--only NAME ...] [--out FILE]
 
-Datasets are every ``*.json`` in ``bench/data/`` and in ``../shared/data/`` (next to the
-repository, when present) that loads as a ``bench/recall.py`` dataset. Each runs at ``turn``
-and ``chunk`` granularity through ``bench.recall.run_benchmark`` — the real store, indexer and
+Datasets are every ``*.json`` in ``bench/data/`` that loads as a ``bench/recall.py`` dataset.
+Each runs at ``turn`` and ``chunk`` granularity through ``bench.recall.run_benchmark`` — the real store, indexer and
 search with the default :class:`memory.MemoryConfig` — and, when its questions carry a moment
 (a ``date`` or ``asked_before_turn``), is asked a second time ``--as-of`` on the same index.
 Each table is printed as it finishes (per category); all figures go to
@@ -37,7 +36,7 @@ from bench.recall import (  # noqa: E402
 )
 from memory import MemoryConfig  # noqa: E402
 
-DATA_DIRS = (_REPO / "bench" / "data", _REPO.parent / "shared" / "data")
+DATA_DIRS = (_REPO / "bench" / "data",)
 OUT = _REPO / "bench" / "results" / "recall.json"
 CACHE = _REPO / "bench" / ".cache" / "recall-embeddings.sqlite"
 GRANULARITIES = ("turn", "chunk")

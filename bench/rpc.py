@@ -13,10 +13,10 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from bench.fake_openai import FakeOpenAI
-from bench.gw import TOKEN, gateway_config, gateway_process, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
+from testkit.fake_openai import FakeOpenAI
+from testkit.gateway import TOKEN, gateway_config, gateway_process, running_gateway
 
 CONNECTIONS = 16
 

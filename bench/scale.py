@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.corpus import CHUNK_TOKENS, OVERLAP_TOKENS, USER, bench_memory_config, queries
+from bench.corpus import (
+    USER,
+    bench_memory_config,
+    bench_memory_section,
+    corpus_fingerprint,
+    queries,
+)
 from bench.stats import Figure, machine_info, print_table, summary_ms
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,12 +55,15 @@ def _proc_status() -> dict[str, int]:
 
 def exact_truth(data_dir: Path, embedder: Any, qs: list[str], k: int = 10) -> list[list[int]]:
     """Exact float cosine top-k of every query over every chunk, streamed in batches (a 1M x 384
-    float matrix would not fit the RSS being measured); cached beside the corpus."""
+    float matrix would not fit the RSS being measured); cached beside the corpus for as long as
+    the corpus has the chunks it was computed from."""
     import apsw
 
     cache = data_dir / f"truth-{len(qs)}.json"
-    if cache.exists():
-        return [list(map(int, row)) for row in json.loads(cache.read_text())]
+    fingerprint = corpus_fingerprint(data_dir / "memory.db")
+    saved = json.loads(cache.read_text()) if cache.exists() else None
+    if isinstance(saved, dict) and saved.get("fingerprint") == fingerprint:
+        return [list(map(int, row)) for row in saved["truth"]]
     q = embedder.vectors(qs, "query").T  # (dims, queries)
     best_ids = np.full((len(qs), 0), -1, dtype=np.int64)
     best_scores = np.full((len(qs), 0), -np.inf, dtype=np.float32)
@@ -73,7 +82,7 @@ def exact_truth(data_dir: Path, embedder: Any, qs: list[str], k: int = 10) -> li
         best_ids = np.take_along_axis(all_ids, keep, axis=1)
     db.close()
     truth = best_ids.tolist()
-    cache.write_text(json.dumps(truth))
+    cache.write_text(json.dumps({"fingerprint": fingerprint, "truth": truth}))
     return truth
 
 
@@ -133,16 +142,13 @@ async def _measure(data_dir: Path, n_queries: int, gateway: bool,
 
 
 async def _through_gateway(data_dir: Path, emb: Any, qs: list[str]) -> dict[str, Any]:
-    from bench.gw import TOKEN, gateway_config, running_gateway
     from gateway.client import Client
+    from testkit.gateway import TOKEN, gateway_config, running_gateway
 
     gw: dict[str, list[float]] = {m: [] for m in MODES}
     started = time.perf_counter()
-    # The library's chunk sizes: with the config's defaults the gateway's catch-up sync
-    # re-chunked the whole corpus (a million chunks: longer than the bench) and its
-    # figures were taken during that rebuild.
-    sizes = {"chunk_tokens": CHUNK_TOKENS, "overlap_tokens": OVERLAP_TOKENS}
-    async with running_gateway(gateway_config(data_dir, user=USER, memory=sizes),
+    # The library's chunk sizes, or the gateway's catch-up sync re-chunks the whole corpus.
+    async with running_gateway(gateway_config(data_dir, user=USER, memory=bench_memory_section()),
                                embedder=(emb, "bench: synthetic clustered vectors")) as app:
         async with Client.connect(app.url, TOKEN) as c:
             await c.call("memory.search", {"query": qs[0], "k": 6, "mode": "hybrid"})
@@ -163,19 +169,23 @@ def storage(data_dir: Path, chunks: int) -> dict[str, float]:
     import apsw
 
     cache = data_dir / "storage.json"
-    if cache.exists():
-        return dict(json.loads(cache.read_text()))
     db_path = data_dir / "memory.db"
+    fingerprint = corpus_fingerprint(db_path)
+    saved = json.loads(cache.read_text()) if cache.exists() else None
+    if isinstance(saved, dict) and saved.pop("fingerprint", None) == fingerprint:
+        return {k: float(v) for k, v in saved.items()}
     total = sum(p.stat().st_size for p in data_dir.glob("memory.db*") if ".corrupt-" not in p.name)
     db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     by_table = dict(db.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
-    (text,) = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    row = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    assert row is not None  # an aggregate always answers one row
+    (text,) = row
     db.close()
     group = {"fts": "chunks_fts", "vec0": "chunks_vec", "cache": "embedding_cache"}
     out = {"totalPerChunk": total / chunks, "textPerChunk": text / chunks}
     for label, prefix in group.items():
         out[f"{label}PerChunk"] = sum(v for k, v in by_table.items() if k.startswith(prefix)) / chunks
-    cache.write_text(json.dumps(out))
+    cache.write_text(json.dumps({**out, "fingerprint": fingerprint}))
     return out
 
 

@@ -15,15 +15,17 @@ from bench.corpus import (
     SyntheticEmbedder,
     Vocabulary,
     bench_memory_config,
+    bench_memory_section,
     build_corpus,
+    corpus_fingerprint,
     queries,
 )
-from bench.gw import TOKEN, gateway_config, running_gateway
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
 from memory.index import knn
 from memory.retrieval.search import RERANK_POOL, RERANK_SCAN
 from memory.service import MemoryService
+from testkit.gateway import TOKEN, gateway_config, running_gateway
 
 MODES = ("keyword", "vector", "hybrid")
 
@@ -31,7 +33,9 @@ MODES = ("keyword", "vector", "hybrid")
 def storage(db_path: Path, chunks: int) -> dict[str, float]:
     db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     total = sum(p.stat().st_size for p in db_path.parent.glob(db_path.name + "*"))
-    (text,) = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    row = db.execute("SELECT sum(length(CAST(content AS BLOB))) FROM chunks").fetchone()
+    assert row is not None  # an aggregate always answers one row
+    (text,) = row
     by_table = dict(db.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
     fts = sum(v for k, v in by_table.items() if k.startswith("chunks_fts"))
     vec = sum(v for k, v in by_table.items() if k.startswith("chunks_vec"))
@@ -48,18 +52,20 @@ def storage(db_path: Path, chunks: int) -> dict[str, float]:
 
 
 def exact_top(db_path: Path, embedder: SyntheticEmbedder, qs: list[str], k: int = 10) -> list[list[int]]:
-    """Exact float cosine top-k over every chunk (the vectors recomputed in float32)."""
+    """Exact float cosine top-k over every chunk (the vectors recomputed in float32), cached
+    beside the corpus and recomputed when the corpus's chunks are no longer the cached ones."""
     cache = db_path.parent / "float-vectors.npz"
-    db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
-    if cache.exists():
-        saved = np.load(cache)
+    fingerprint = corpus_fingerprint(db_path)
+    saved = np.load(cache) if cache.exists() else None
+    if saved is not None and "fingerprint" in saved and str(saved["fingerprint"]) == fingerprint:
         ids, mat = saved["ids"], saved["mat"]
     else:
+        db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
         rows = list(db.execute("SELECT id, content FROM chunks WHERE user = ? ORDER BY id", (USER,)))
+        db.close()
         ids = np.array([r[0] for r in rows])
         mat = np.stack([embedder.vector(r[1]) for r in rows]).astype(np.float32)
-        np.savez(cache, ids=ids, mat=mat)
-    db.close()
+        np.savez(cache, ids=ids, mat=mat, fingerprint=np.array(fingerprint))
     out = []
     for q in qs:
         scores = mat @ embedder.vector(q)
@@ -103,6 +109,7 @@ async def run(quick: bool) -> list[Figure]:
                     assert r.mode == m, (m, r.fallback_reason)
                     lib[m].append(r.timings_ms["searchMs"] / 1000)
         # Vector-leg recall@10 against an exact float scan.
+        fingerprint = corpus_fingerprint(corpus.data_dir / "memory.db")
         truth = exact_top(corpus.data_dir / "memory.db", embedder, qs)
         got = [[h.chunk_id for h in (await svc.search(USER, q, k=10, mode="vector")).results] for q in qs]
         recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, truth)]))
@@ -111,7 +118,7 @@ async def run(quick: bool) -> list[Figure]:
         st = storage(corpus.data_dir / "memory.db", corpus.chunks)
         # Through the gateway: client-observed round trips (the synthetic query embedding, ~0.2 ms, included).
         gw: dict[str, list[float]] = {m: [] for m in MODES}
-        cfg = gateway_config(corpus.data_dir, user=USER)
+        cfg = gateway_config(corpus.data_dir, user=USER, memory=bench_memory_section())
         async with running_gateway(cfg, embedder=(embedder, "bench: synthetic clustered vectors")) as app:
             await app.memory.service.wait_idle()  # type: ignore[union-attr]
             async with Client.connect(app.url, TOKEN) as c:
@@ -121,6 +128,9 @@ async def run(quick: bool) -> list[Figure]:
                         res = await c.call("memory.search", {"query": q, "k": 6, "mode": m})
                         gw[m].append(time.perf_counter() - t)
                         assert res["mode"] == m, res.get("fallbackReason")
+        if corpus_fingerprint(corpus.data_dir / "memory.db") != fingerprint:
+            raise RuntimeError(f"the gateway pass changed the {label} corpus's chunks: its figures "
+                               "would be of another corpus; delete bench/.cache and run again")
         for m in MODES:
             s = summary_ms(lib[m])
             g = summary_ms(gw[m])

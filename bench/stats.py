@@ -74,7 +74,7 @@ def print_table(figures: Sequence[Figure]) -> None:
 
 
 def machine_info() -> dict[str, Any]:
-    packages = {}
+    packages: dict[str, str | None] = {}
     for name in ("websockets", "orjson", "apsw", "sqlite-vec", "openai", "structlog", "onnxruntime",
                  "numpy", "tokenizers"):
         try:

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from bench.gw import TOKEN, make_config
-from bench.gw import running_gateway as running
 from gateway.app import App
 from gateway.client import Client
 from gateway.config import Config
+from testkit.gateway import TOKEN, make_config
+from testkit.gateway import running_gateway as running
 from tests.fake_openai import FakeOpenAI, fake_openai
 
 pytest_plugins = ["tests.pgfixtures"]  # postgres_server, pg_dsn

@@ -43,7 +43,7 @@ class Daemon:
             if not line:
                 raise RuntimeError(f"daemon exited ({self.proc.poll()}) before {event}: {self.lines}")
             try:
-                record = json.loads(line)
+                record: dict[str, Any] = json.loads(line)
             except ValueError:
                 continue
             self.lines.append(record)

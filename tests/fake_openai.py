@@ -1,7 +1,6 @@
-"""The ``fake_openai`` fixture: a started :class:`bench.fake_openai.FakeOpenAI` per test.
+"""The ``fake_openai`` fixture: a started :class:`testkit.fake_openai.FakeOpenAI` per test.
 
-The server itself lives in ``bench/`` (the chat benchmark streams from it too), so the arrow
-goes tests → bench, never back.
+The server itself lives in ``testkit/``, which the tests and the benchmarks both import.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bench.fake_openai import Behaviour, FakeOpenAI
+from testkit.fake_openai import Behaviour, FakeOpenAI
 
 __all__ = ["Behaviour", "FakeOpenAI", "fake_openai"]
 

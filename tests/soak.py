@@ -1,6 +1,6 @@
 """The soak run (``make soak``, five minutes; ``--duration 30`` for a quick try).
 
-A real ``recalld serve`` subprocess and the loopback fake model (``bench.fake_openai``, also a
+A real ``recalld serve`` subprocess and the loopback fake model (``testkit.fake_openai``, also a
 subprocess, serving chat and embeddings); 50 clients each create sessions and chat at a steady
 rate while memory searches, history reads and health checks run. Every 10 s the daemon's RSS
 and open file descriptors are sampled. The report: requests served, errors (target 0), p50/p99
@@ -109,7 +109,7 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
     # One exit stack so that neither child outlives the soak, however it ends (the daemon
     # failing to start, an exception, Ctrl+C); unwound daemon first, then the data, then the model.
     async with contextlib.AsyncExitStack() as cleanup:
-        model = subprocess.Popen([sys.executable, "-m", "bench.fake_openai", "--port", str(port),
+        model = subprocess.Popen([sys.executable, "-m", "testkit.fake_openai", "--port", str(port),
                                   "--delta-delay", "0.005"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                  text=True)
         cleanup.callback(model.wait, timeout=10)

@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from bench.fake_openai import Behaviour, FakeOpenAI, hashed_embedding
+from testkit.fake_openai import Behaviour, FakeOpenAI, hashed_embedding
 from tests.fake_openai import fake_openai
 
 __all__ = ["fake_openai"]  # the fixture is imported to be used here
@@ -269,9 +269,9 @@ async def test_tool_calls_stream_in_the_api_shape(fake_openai: FakeOpenAI, clien
     assert chunks[0].choices[0].delta.content is None
     pieces = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     heads = [p for p in pieces if p.id is not None]
-    assert [(h.index, h.type, h.function.name, h.function.arguments) for h in heads] == [
+    assert [(h.index, h.type, h.function.name, h.function.arguments) for h in heads] == [  # type: ignore[union-attr]
         (0, "function", "remember", ""), (1, "function", "remember", "")]
-    joined = {i: "".join(p.function.arguments or "" for p in pieces if p.index == i) for i in (0, 1)}
+    joined = {i: "".join(p.function.arguments or "" for p in pieces if p.index == i) for i in (0, 1)}  # type: ignore[union-attr]
     assert json.loads(joined[0]) == {"text": "I own a red bicycle"} and joined[1] == "{not json"
     assert sum(1 for p in pieces if p.index == 0 and p.id is None) > 1  # fragments, not one blob
     assert chunks[-1].choices[0].finish_reason == "tool_calls"

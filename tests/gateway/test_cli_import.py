@@ -35,7 +35,7 @@ def _node(node_id: str, parent: str | None, children: list[str], role: str | Non
 def chatgpt_export() -> list[dict[str, Any]]:
     """Two conversations shaped like ChatGPT's conversations.json; the first has an edited
     branch (b1 was regenerated as b2, and b2 is the current one) and a hidden system node."""
-    first = {
+    first: dict[str, Any] = {
         "title": "Sourdough", "create_time": 1_700_000_000.0, "conversation_id": "c-1", "current_node": "b2",
         "mapping": {
             "root": _node("root", None, ["sys"], None, None),

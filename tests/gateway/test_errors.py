@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +65,7 @@ STORAGE = {"code": -32603, "data": {"retryable": True}}
 def test_library_errors_map_to_their_wire_error(exc: Exception, expected: dict[str, Any]) -> None:
     """Each row of the map: not-found, invalid params with the field, storage (retryable, no
     errorId), embedder failures as upstream errors keeping status and retryability."""
-    obj = to_error_object(exc)
+    obj: Mapping[str, Any] = to_error_object(exc)
     assert {k: obj[k] for k in expected if k != "data"} == {k: v for k, v in expected.items() if k != "data"}
     if "data" in expected:
         assert {k: obj["data"][k] for k in expected["data"]} == expected["data"]
@@ -127,7 +127,7 @@ class _CrashingModel:
 async def test_a_crashed_run_does_not_put_its_exception_text_on_the_wire(chat_app: App) -> None:
     """A bug inside a run ends it with chat.error -32603 and an errorId; the text stays in the log,
     and the transcript's failed line says only "internal error"."""
-    chat_app.runs.model = _CrashingModel()
+    chat_app.runs.model = _CrashingModel()  # type: ignore[assignment]  # only stream() is reached
     async with Client.connect(chat_app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         run_id = (await c.call("chat.send", {"sessionKey": key, "message": "hi"}))["runId"]

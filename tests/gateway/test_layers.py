@@ -57,15 +57,32 @@ def test_gateway_reaches_sessions_and_memory_only_through_their_top_level() -> N
     assert inner == []
 
 
-@pytest.mark.parametrize("package", ["sessions", "memory", "bench"])
+@pytest.mark.parametrize("package", ["sessions", "memory", "testkit", "bench"])
 def test_libraries_and_bench_never_import_what_stands_on_them(package: str) -> None:
-    """sessions/ and memory/ never import gateway/ (nor each other's code); bench/ never imports tests/."""
+    """sessions/ and memory/ never import gateway/ (nor each other's code); testkit/ imports none
+    of its users; bench/ never imports tests/ or research/."""
     names = {m for ms in _imports(package).values() for m in ms}
-    banned = {"sessions": ("gateway", "memory"), "memory": ("gateway",), "bench": ("tests",)}[package]
+    banned = {"sessions": ("gateway", "memory"), "memory": ("gateway",),
+              "testkit": ("tests", "bench", "research"), "bench": ("tests", "research")}[package]
     assert not {m for m in names if m.split(".")[0] in banned}
 
 
-FIRST_PARTY = ("gateway", "sessions", "memory", "bench", "tests")
+def test_tests_import_bench_only_from_tests_bench() -> None:
+    """The tests stand on testkit/ and the packages; only tests/bench/, which tests the
+    benchmarks, imports bench/, and no test imports research/."""
+    found = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        inside_bench = path.relative_to(ROOT / "tests").parts[0] == "bench"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            top = {n.split(".")[0] for n in names}
+            if "research" in top or ("bench" in top and not inside_bench):
+                found.append(f"{path.relative_to(ROOT)}: {', '.join(sorted(names))}")
+    assert found == []
+
+
+FIRST_PARTY = ("gateway", "sessions", "memory", "testkit", "bench", "research", "tests")
 
 
 def test_memory_imports_only_the_top_level_of_sessions() -> None:

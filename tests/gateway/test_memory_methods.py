@@ -31,7 +31,7 @@ async def search_until(c: Client, params: dict[str, Any], timeout: float = 10.0)
     """memory.search, retried until the debounced indexer has caught up."""
     async with asyncio.timeout(timeout):
         while True:
-            result = await c.call("memory.search", params)
+            result: dict[str, Any] = await c.call("memory.search", params)
             if result["results"]:
                 return result
             await asyncio.sleep(0.05)
@@ -125,8 +125,9 @@ async def test_delete_removes_index_rows(config_factory: Callable[..., Config], 
 
 async def test_search_params_are_validated(client: Client) -> None:
     """Bad k, mode or dates are -32602 naming the field."""
-    for params, field in [({"query": "x", "k": 0}, "k"), ({"query": "x", "mode": "fuzzy"}, "mode"),
-                          ({"query": "x", "after": "yesterday"}, "after")]:
+    cases: list[tuple[dict[str, Any], str]] = [({"query": "x", "k": 0}, "k"), ({"query": "x", "mode": "fuzzy"}, "mode"),
+                                               ({"query": "x", "after": "yesterday"}, "after")]
+    for params, field in cases:
         with pytest.raises(RpcError) as info:
             await client.call("memory.search", params)
         assert info.value.code == -32602 and info.value.data["field"] == field

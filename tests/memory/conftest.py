@@ -56,7 +56,7 @@ class FakeEmbedder:
     """Deterministic embedder that records every call; ``fail`` makes calls raise."""
 
     provider = "fake"
-    max_tokens = None
+    max_tokens: int | None = None
     endpoint_hash = "none"
     remote = False
 

@@ -244,7 +244,7 @@ async def test_automatic_chunks_fit_the_embedders_window(tmp_path: Path) -> None
     from memory.chunking import approx_tokens
 
     embedder = FakeEmbedder()
-    embedder.max_tokens = 40   # type: ignore[assignment]
+    embedder.max_tokens = 40
     write_transcript(tmp_path, "alice", "s1", [" ".join(f"word{i}" for i in range(30)) for _ in range(6)])
     async with opened(tmp_path, quiet_config(), embedder) as svc:
         await svc.sync_now()

@@ -29,7 +29,7 @@ def _write_many(data_dir: Path, user: str, sessions: int, per_session: int) -> N
             for i in range(per_session)], start_minute=s * 100)
 
 
-def _legs(data_dir: Path, user: str, query: str,
+def _legs(data_dir: Path, user: str, query: str,  # type: ignore[return]  # apsw's `with db` may swallow
           **filters: object) -> tuple[list[tuple[int, float]], list[tuple[int, float]], int]:
     """The keyword leg, the joined statement's list, and how often the leg fell back to the join."""
     config = quiet_config(chunk_tokens=16, overlap_tokens=0, candidates=12, max_k=12, default_k=6)
@@ -45,7 +45,7 @@ def _legs(data_dir: Path, user: str, query: str,
             calls.append(args)
             return joined(*args)  # type: ignore[arg-type]
 
-        search._joined_keyword_leg = counted  # type: ignore[method-assign]
+        search._joined_keyword_leg = counted  # type: ignore[method-assign,assignment]
         with db:
             leg = search._keyword_leg(request, match)
             return leg, joined(request, match), len(calls)
@@ -99,7 +99,7 @@ async def test_readers_map_the_file_only_when_configured(tmp_path: Path) -> None
     """memory.read_mmap_mb sets the read connections' mapping; the default maps nothing (RSS)."""
     def mapped(svc: MemoryService) -> int:
         assert svc._index is not None
-        return int(svc._index.readers.run(lambda db: db.execute("PRAGMA mmap_size").fetchone()[0]))
+        return int(svc._index.readers.run(lambda db: db.execute("PRAGMA mmap_size").fetchone()[0]))  # type: ignore[index]
 
     async with opened(tmp_path, quiet_config(), None) as svc:
         assert mapped(svc) == 0

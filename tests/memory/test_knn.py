@@ -8,6 +8,7 @@ import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import apsw
 import numpy
@@ -76,7 +77,7 @@ def tiny_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-async def vector_ids(svc: MemoryService, user: str, query: str, k: int = 10, **kw: str) -> list[int]:
+async def vector_ids(svc: MemoryService, user: str, query: str, k: int = 10, **kw: Any) -> list[int]:
     response = await svc.search(user, query, k=k, mode="vector", **kw)
     assert response.mode == "vector", response.fallback_reason
     return [h.chunk_id for h in response.results]
@@ -219,7 +220,7 @@ async def test_shadow_load_matches_the_public_interface(tmp_path: Path) -> None:
     with db:
         shadow = knn._load_shadow(db, "alice", DIMS // 8)
         public = knn._load_public(db, "alice", DIMS // 8)
-        (live,) = db.execute("SELECT count(*) FROM chunks WHERE user = 'alice' AND embedded = 1").fetchone()
+        (live,) = db.execute("SELECT count(*) FROM chunks WHERE user = 'alice' AND embedded = 1").fetchone()  # type: ignore[misc]
     assert shadow is not None
     order_s, order_p = numpy.argsort(shadow[0]), numpy.argsort(public[0])
     for a, b in zip(shadow, public):
@@ -231,7 +232,7 @@ def test_query_sign_bits_match_sqlite_vec() -> None:
     """The scan's query bits are what vec_quantize_binary stores for the same int8 vector."""
     db = open_index(Path(":memory:")).db
     q = quantize_int8(fake_vector("sign bits of a query", DIMS))
-    (stored,) = db.execute("SELECT vec_quantize_binary(vec_int8(?))", (q,)).fetchone()
+    (stored,) = db.execute("SELECT vec_quantize_binary(vec_int8(?))", (q,)).fetchone()  # type: ignore[misc]
     ours = numpy.packbits(numpy.frombuffer(q, numpy.int8) > 0, bitorder="little").tobytes()
     assert ours == bytes(stored)
 
@@ -268,7 +269,7 @@ async def test_overlapped_legs_rank_as_the_legs_in_turn_do(tmp_path: Path, tiny_
         return run(self)
 
     monkeypatch.setattr(knn.PreparedScan, "run", recorded)
-    queries = [("sourdough starter tide", {}), ("violin rosin", {"session_key": session_key("alice2")}),
+    queries: list[tuple[str, dict[str, Any]]] = [("sourdough starter tide", {}), ("violin rosin", {"session_key": session_key("alice2")}),
                ("tax deadline", {"after": ts(205), "before": ts(405)})]
     results: dict[int, list[list[int]]] = {}
     for threshold in (0, 1):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import apsw
 
+from memory import SearchHit
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, select_embedder
 from memory.index.vectors import EmbedderIdentity
@@ -65,7 +66,7 @@ async def indexed_with_a(tmp_path: Path) -> None:
         assert (await svc.status())["pending"] == 0
 
 
-def content_of(hit: object) -> str:
+def content_of(hit: SearchHit) -> str:
     """LYNX or BREAD for the chunk holding that message, else the chunk's text."""
     text = str(hit.content)
     return next((m for m in (LYNX, BREAD) if m in text), text)
@@ -237,7 +238,7 @@ async def test_openai_model_change_embeds_queries_with_the_previous_model(
         await embedder.aclose()  # type: ignore[union-attr]
     asked = [r.json for r in fake_openai.requests if r.path == "/v1/embeddings"]
     assert during.previous_model == "embed-a@64" and during.results[0].vector_rank == 1
-    assert [(a["model"], a["dimensions"]) for a in asked] == [("embed-a", 64)]  # type: ignore[index]
+    assert [(a["model"], a["dimensions"]) for a in asked] == [("embed-a", 64)]
     assert status["vectorSearch"]["servedBy"] == {"provider": "openai", "model": "embed-a@64"}
 
 

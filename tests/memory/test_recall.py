@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -62,7 +63,7 @@ async def test_service_recall_leaves_out_an_unrelated_memory(tmp_path: Path) -> 
     """A gardening question does not pull in the bank PIN, though search ranks it first."""
     embedder = FakeEmbedder()
     embedder.relevance_floor = 0.5  # type: ignore[attr-defined]
-    axis = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
     embedder.vectors = {
         f"user [{ts(0)}]: my bank PIN is 4711": axis(0),
         f"user [{ts(0)}]: tomatoes need sun and water in the garden": axis(1),
@@ -93,7 +94,7 @@ async def test_rerank_reorders_by_the_cross_encoder(tmp_path: Path) -> None:
              "b": "My passport number expires in March, I must renew it.",
              "c": "We talked about the weather and about nothing much."}
     query = "until when is my travel document valid"   # no word in common with any text
-    axis = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
     embedder.vectors = {query: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3)}  # nearest a, then c, then b
     for i, (name, text) in enumerate(texts.items()):
         write_transcript(tmp_path, "alice", name, [text])
@@ -115,4 +116,4 @@ async def test_service_recall_puts_what_was_said_lately_first(tmp_path: Path) ->
     write_transcript(tmp_path, "alice", "new", ["the quokka ate grass"], start_minute=364 * day)
     async with opened(tmp_path, quiet_config(), embedder) as svc:
         recalled = await svc.recall("alice", "quokka", k=2, now=BASE_TIME + timedelta(days=365))
-    assert [h.start_ts[:10] for h in recalled] == [ts(364 * day)[:10], ts(0)[:10]]
+    assert [h.start_ts[:10] for h in recalled] == [ts(364 * day)[:10], ts(0)[:10]]  # type: ignore[index]

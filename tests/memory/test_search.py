@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,8 +105,8 @@ async def test_cjk_query_finds_cjk_text(tmp_path: Path, service: MemoryService) 
 def _hand_built(tmp_path: Path, embedder: FakeEmbedder) -> None:
     """Three chunks whose keyword and vector ranks disagree (see the comments)."""
     docs = {"a": "apple banana", "b": "apple cherry", "c": "durian"}
-    one_hot = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
-    near = lambda w: [w, (1 - w * w) ** 0.5] + [0.0] * (embedder.dims - 2)  # noqa: E731
+    one_hot: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    near: Callable[[float], list[float]] = lambda w: [w, (1 - w * w) ** 0.5] + [0.0] * (embedder.dims - 2)  # noqa: E731
     embedder.vectors = {
         "apple banana": one_hot(0),
         f"user [{ts(0)}]: apple banana": near(0.1),   # vector rank 3, keyword rank 1
@@ -173,7 +175,7 @@ async def test_filters_session_exclude_and_time(tmp_path: Path, service: MemoryS
         write_transcript(tmp_path, "alice", key, [f"marmot sighting {key}"], start_minute=i * 100)
     await service.sync_now()
     for mode in ("hybrid", "keyword", "vector"):
-        async def keys(**kw: str) -> list[str]:
+        async def keys(**kw: Any) -> list[str]:
             return sorted(name_of(h.session_key)
                           for h in (await service.search("alice", "marmot", mode=mode, **kw)).results)  # noqa: B023
         assert await keys(session_key=session_key("s2")) == ["s2"]

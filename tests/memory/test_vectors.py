@@ -31,7 +31,7 @@ def test_quantize_int8_keeps_signs_and_cosine() -> None:
     w = fake_vector("other words to embed", 64)
     q = array.array("b", quantize_int8(v)).tolist()
     assert all((x > 0) == (y > 0) for x, y in zip(v, q) if abs(x) > 0.01)
-    assert abs(cosine(q, array.array("b", quantize_int8(w)).tolist()) - cosine(v, w)) < 0.02
+    assert abs(cosine(q, array.array("b", quantize_int8(w)).tolist()) - cosine(v, w)) < 0.02  # type: ignore[arg-type]  # int8 values as floats
 
 
 async def test_vectors_are_stored_once_as_int8_and_bits(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ async def test_m001_database_upgrades_from_cache_without_embedder_calls(tmp_path
     with db:  # turn it back into an m001 database
         for _provider, _model, _endpoint, chash in list(db.execute(
                 "SELECT provider, model, endpoint_hash, content_hash FROM embedding_cache")):
-            (content,) = db.execute("SELECT content FROM chunks WHERE content_hash = ? LIMIT 1", (chash,)).fetchone()
+            (content,) = db.execute("SELECT content FROM chunks WHERE content_hash = ? LIMIT 1", (chash,)).fetchone()  # type: ignore[misc]
             db.execute("UPDATE embedding_cache SET vector = ? WHERE content_hash = ?",
                        (vector_to_blob(fake_vector(content, 64)), chash))
         db.execute("DELETE FROM migrations WHERE name = 'm002_quantized_vectors'")

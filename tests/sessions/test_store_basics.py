@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -184,11 +185,11 @@ def test_another_users_key_is_not_found_like_an_unknown_key(store: SessionStore)
     unknown = "f" * 32
     for key in (s.session_key, unknown):
         calls: list[Callable[[], object]] = [
-            lambda key=key: store.get("bob", key),
-            lambda key=key: store.history("bob", key),
-            lambda key=key: store.recent_messages("bob", key, 5),
-            lambda key=key: store.append_message("bob", key, role="user", content="x"),
-            lambda key=key: store.delete("bob", key),
+            partial(store.get, "bob", key),
+            partial(store.history, "bob", key),
+            partial(store.recent_messages, "bob", key, 5),
+            partial(store.append_message, "bob", key, role="user", content="x"),
+            partial(store.delete, "bob", key),
         ]
         for call in calls:
             with pytest.raises(SessionNotFound) as info:

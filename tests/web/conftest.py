@@ -23,7 +23,7 @@ from tests.fake_openai import FakeOpenAI
 try:
     from playwright.async_api import Browser, Page, async_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
-    async_playwright = None
+    async_playwright = None  # type: ignore[assignment]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.fake_openai import FakeOpenAI
-from bench.gw import TOKEN, make_config, running_gateway
 from gateway.client import Client
+from testkit.fake_openai import FakeOpenAI
+from testkit.gateway import TOKEN, make_config, running_gateway
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "img"
 

@@ -2,7 +2,7 @@
 match's row read to check its owner) against the FTS ranking alone (what a one-owner database
 now runs, memory/retrieval/search.py), and the file pages each touches.
 
-    python -m bench.keywordjoin [--size 1000000] [--queries 100]
+    python -m research.keywordjoin [--size 1000000] [--queries 100]
 
 Each statement runs in its own child process over the cached corpus (``bench.scalecorpus``;
 built on first use), through a read connection that maps the file, so the pages a statement
@@ -21,7 +21,7 @@ import time
 
 import apsw
 
-from bench.scale import USER, queries
+from bench.corpus import USER, queries
 from memory.config import MemoryConfig
 from memory.retrieval.request import SearchRequest
 from memory.retrieval.search import _KEYWORD_RANKED_SQL, build_sql, keyword_match
@@ -60,7 +60,7 @@ def measure(size: int, n_queries: int, statement: str) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.keywordjoin", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.keywordjoin", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--statement", choices=sorted(STATEMENTS), help=argparse.SUPPRESS)
@@ -72,7 +72,7 @@ def main() -> int:
 
     build(args.size, log=lambda line: print(line, flush=True))
     for name in STATEMENTS:
-        out = subprocess.run([sys.executable, "-m", "bench.keywordjoin", "--size", str(args.size), "--queries",
+        out = subprocess.run([sys.executable, "-m", "research.keywordjoin", "--size", str(args.size), "--queries",
                               str(args.queries), "--statement", name], capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{name:7} p50 {r['p50']:6.1f} ms  p99 {r['p99']:6.1f} ms  file pages touched {r['touchedMiB']:,.0f} MiB")

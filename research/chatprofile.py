@@ -1,4 +1,4 @@
-"""``python -m bench.chatprofile [--rounds N] [--steps [--fake-process]] [-- WRAPPER…]``: the CPU a ``recalld serve``
+"""``python -m research.chatprofile [--rounds N] [--steps [--fake-process]] [-- WRAPPER…]``: the CPU a ``recalld serve``
 process spends per 500-delta chat run, the figure behind ``bench --only chat``'s ratio.
 
 The chat section's wall-clock ratio moves by ±0.2 on a shared 2-core machine (the gateway,
@@ -10,7 +10,7 @@ in a connection's outbox leave merged, docs/protocol.md).
 
 Everything after ``--`` wraps the gateway command, e.g. a sampling profiler::
 
-    .venv/bin/python -m bench.chatprofile --rounds 60 -- \\
+    .venv/bin/python -m research.chatprofile --rounds 60 -- \\
         .venv/bin/py-spy record -r 500 -f raw -o /tmp/chat.txt --
 
 (py-spy is not a dependency: ``pip install py-spy`` into the venv to use it). Linux only.
@@ -39,9 +39,9 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.fake_openai import FakeOpenAI
-from bench.gw import TOKEN, gateway_child
 from gateway.client import Client
+from testkit.fake_openai import FakeOpenAI
+from testkit.gateway import TOKEN, gateway_child
 
 
 def _cpu_s(pid: int) -> float:
@@ -234,7 +234,7 @@ async def _model_server(own_process: bool) -> AsyncIterator[str]:
             yield fake.base_url
         return
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.fake_openai", "--port", "0", "--reply", reply, "--deltas", "500",
+        sys.executable, "-m", "testkit.fake_openai", "--port", "0", "--reply", reply, "--deltas", "500",
         stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
     try:
         assert proc.stdout is not None
@@ -254,7 +254,7 @@ async def _steps(rounds: int, fake_process: bool) -> None:
     _TRACE_FD = os.open(client_trace, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     import httpx2 as httpx
 
-    import bench.fake_openai as fake_module
+    import testkit.fake_openai as fake_module
     _wrap_async(httpx.AsyncClient, "send", "http")
     fake_write = fake_module._Conn.write
 
@@ -276,7 +276,7 @@ async def _steps(rounds: int, fake_process: bool) -> None:
                    "RECALLD_CHAT_RECALL": "false",
                    # A fresh session per run, as the chat section: more than its default a minute.
                    "RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "100000"}
-            wrapper = [sys.executable, "-m", "bench.chatprofile", "--trace-gateway", str(trace), "--"]
+            wrapper = [sys.executable, "-m", "research.chatprofile", "--trace-gateway", str(trace), "--"]
             async with gateway_child(Path(tmp), env, wrapper) as (url, _), Client.connect(url, TOKEN) as c:
 
                 async def via_gateway() -> None:
@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, wrapper = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="python -m bench.chatprofile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.chatprofile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--steps", action="store_true",
                         help="time each step of the first delta's path (gateway and direct SDK) instead")

@@ -1,4 +1,4 @@
-"""``python -m bench.rpcprofile [--per-conn N] [--mode pipelined|ping-pong] [-- WRAPPER…]``: the CPU
+"""``python -m research.rpcprofile [--per-conn N] [--mode pipelined|ping-pong] [-- WRAPPER…]``: the CPU
 a ``recalld serve`` process spends per ``gateway.health`` request, the figure behind
 ``bench --only rpc``'s ratios.
 
@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.gw import TOKEN, gateway_child
 from bench.rpc import CONNECTIONS, _drive
+from testkit.gateway import TOKEN, gateway_child
 
 MODES = {"pipelined": 32, "ping-pong": 1}
 
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     wrapper: list[str] = []
     if "--" in args:
         wrapper, args = args[args.index("--") + 1:], args[: args.index("--")]
-    p = argparse.ArgumentParser(prog="python -m bench.rpcprofile")
+    p = argparse.ArgumentParser(prog="python -m research.rpcprofile")
     p.add_argument("--per-conn", type=int, default=2000, help="requests per connection and mode")
     p.add_argument("--mode", choices=sorted(MODES), action="append", help="default: both")
     ns = p.parse_args(args)

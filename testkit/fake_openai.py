@@ -18,9 +18,9 @@ Usage::
     assert server.requests[-1].json["messages"][0]["role"] == "system"
     await server.close()
 
-It lives in ``bench/`` because the chat benchmark streams from it too; the tests' pytest
-fixture is ``tests/fake_openai.py``. Run by hand (or for the soak):
-``python -m bench.fake_openai --port 8901``.
+It lives in ``testkit/`` because the tests and the chat benchmark both stream from it; the tests'
+pytest fixture is ``tests/fake_openai.py``. Run by hand (or for the soak):
+``python -m testkit.fake_openai --port 8901``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Starting the real gateway with a fixed token on port 0: in-process, or as its own
 ``recalld serve`` process when the client's view of latency must not share an event loop
-with the gateway. The tests' fixtures are built on the same helpers (tests → bench)."""
+with the gateway. The tests' fixtures and the benchmarks are built on the same helpers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Choosing the fusion by cross-validation: each leg's ranking dumped once, fusions scored offline.
 
-    python -m bench.fusion_cv DATASET:GRANULARITY [...] [--conversations STEM:ID,ID ...]
+    python -m research.fusion_cv DATASET:GRANULARITY [...] [--conversations STEM:ID,ID ...]
                               [--embedding-cache FILE] [--dumps DIR]
 
 For every dataset × granularity the corpus is loaded and indexed like ``bench/recall.py`` does
@@ -92,7 +92,7 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
 
     ``vectors``, when given, receives the unit chunk vectors (``matrix``, rows in chunk-id
     order, ids in ``ids``, users in ``users``) and query vectors (``queries``) for scorers that
-    need more than the two legs (bench.feedback_cv)."""
+    need more than the two legs (research.feedback_cv)."""
     import apsw
     import numpy as np
 
@@ -281,7 +281,7 @@ def neighbour_table(dumps: dict[str, dict[str, Any]]) -> None:
 
 
 def dump_args(prog: str, description: str, argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, list[str]]]:
-    """The arguments this module and bench.feedback_cv share, and the conversation subsets by stem."""
+    """The arguments this module and research.feedback_cv share, and the conversation subsets by stem."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
     parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
@@ -292,7 +292,7 @@ def dump_args(prog: str, description: str, argv: list[str] | None) -> tuple[argp
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, subsets = dump_args("python -m bench.fusion_cv", __doc__.split("\n\n")[0], argv)
+    args, subsets = dump_args("python -m research.fusion_cv", __doc__.split("\n\n")[0], argv)
     dumps: dict[str, dict[str, Any]] = {}
     for run in args.runs:
         path_text, _, granularity = run.rpartition(":")

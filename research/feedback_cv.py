@@ -1,9 +1,9 @@
 """Pseudo-relevance feedback for the vector leg, scored offline — an alternative that was tried.
 
-    python -m bench.feedback_cv DATASET:GRANULARITY [...] [--conversations STEM:ID,ID ...]
+    python -m research.feedback_cv DATASET:GRANULARITY [...] [--conversations STEM:ID,ID ...]
                                 [--embedding-cache FILE] [--dumps DIR]
 
-Same datasets, dumps and conversation subsets as ``bench.fusion_cv`` (whose dump it reuses, and
+Same datasets, dumps and conversation subsets as ``research.fusion_cv`` (whose dump it reuses, and
 whose cached vectors it keeps beside the dump as ``…-vectors.npz``). For every question the
 default fusion's top ``m`` chunks are averaged into the query vector (``q + β·mean``,
 renormalised, Rocchio's feedback), every candidate of either leg is scored again by cosine to
@@ -29,10 +29,10 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from bench.fusion_cv import dump, dump_args  # noqa: E402
 from bench.recall import ndcg_at, recall_at  # noqa: E402
 from memory import MemoryConfig  # noqa: E402
 from memory.retrieval.fusion import fuse  # noqa: E402
+from research.fusion_cv import dump, dump_args  # noqa: E402
 
 GRID = tuple((m, beta) for m in (1, 2, 3, 5) for beta in (0.3, 0.5, 0.7, 1.0))
 CANDIDATES = 50
@@ -103,7 +103,7 @@ def union_bound(d: dict[str, Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, subsets = dump_args("python -m bench.feedback_cv", __doc__.split("\n\n")[0], argv)
+    args, subsets = dump_args("python -m research.feedback_cv", __doc__.split("\n\n")[0], argv)
     loaded = [load(run, subsets, args.embedding_cache, args.dumps) for run in args.runs]
     names = [n for n, _, _ in loaded]
     settings = {"default (no feedback)": (0, 0.0), **{f"m {m}, beta {b}": (m, b) for m, b in GRID}}

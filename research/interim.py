@@ -1,4 +1,4 @@
-"""``python -m bench.interim [--size 100000] [--queries 200]``: the vector leg during a rebuild.
+"""``python -m research.interim [--size 100000] [--queries 200]``: the vector leg during a rebuild.
 
 What a search costs while the previous model serves the vector leg (docs/memory.md, "Rebuild on
 identity or chunking change"). A copy of the ``make bench-scale`` corpus of SIZE chunks (built
@@ -41,7 +41,8 @@ from memory.service import MemoryService  # noqa: E402
 class CachedVectors:
     """The previous model, standing in: a query maps to a stored vector plus a little noise."""
 
-    batch_size, max_tokens, remote = 8, None, False
+    batch_size, remote = 8, False
+    max_tokens: int | None = None
 
     def __init__(self, identity: EmbedderIdentity, matrix: Any, model_id: str | None = None) -> None:
         self.provider, self.endpoint_hash = identity.provider, identity.endpoint_hash
@@ -62,8 +63,10 @@ def cached(db_path: Path) -> tuple[EmbedderIdentity, Any, Any]:
     """The stored identity, and every chunk id of USER with its cached vector (unit rows)."""
     db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        (stored,) = db.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
-        identity = EmbedderIdentity.from_json(stored)
+        row = db.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
+        identity = EmbedderIdentity.from_json(row[0]) if row else None
+        if identity is None:
+            raise RuntimeError(f"{db_path} has no embedder identity: build it with vectors first")
         rows = list(db.execute(
             "SELECT c.id, e.vector FROM chunks c JOIN embedding_cache e ON e.provider = ? AND e.model = ? "
             "AND e.endpoint_hash = ? AND e.content_hash = coalesce(c.vector_hash, c.content_hash) WHERE c.user = ?",
@@ -119,7 +122,7 @@ async def measure(data: Path, n: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.interim", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.interim", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=100_000, help="corpus size (a make bench-scale corpus)")
     parser.add_argument("--queries", type=int, default=200)
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """Compare the offline models of ``memory.local_embedder.MODELS``: speed and retrieval quality.
 
-    python -m bench.models speed [--models A,B] [--threads 2] [--rounds 5]
-    python -m bench.models recall DATASET [--models A,B] [--granularity turn|chunk]
+    python -m research.models speed [--models A,B] [--threads 2] [--rounds 5]
+    python -m research.models recall DATASET [--models A,B] [--granularity turn|chunk]
                                   [--out-dir DIR] [-- <more bench/recall.py options>]
 
 ``speed`` embeds 32 passages of ~250 WordPiece tokens (batches of 16) and 32 short questions
@@ -126,7 +126,7 @@ def run_recall(dataset: Path, models: list[str], granularity: str, out_dir: Path
     for name in models:
         def select(config: Any, _name: str = name) -> tuple[LocalEmbedder, str]:
             return (LocalEmbedder(_name, batch_size=config.local_batch_size, threads=config.local_threads),
-                    f"bench.models: {_name}")
+                    f"research.models: {_name}")
 
         setattr(recall, "select_embedder", select)  # noqa: B010 (the harness looks it up by name)
         out = out_dir / f"models.{name}.{dataset.stem}.{granularity}.json"
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.models", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sp = sub.add_parser("speed")
     sp.add_argument("--models")

@@ -1,7 +1,7 @@
-"""``python -m bench.importrate [--messages 10000] [--embedders none,local]``: import + index rate.
+"""``python -m research.importrate [--messages 10000] [--embedders none,local]``: import + index rate.
 
-Writes a ChatGPT-shaped ``conversations.json`` of real chat text (RealMem's sessions when
-``../shared/data/realmem_bench.json`` is present, else ``bench/data/sample.json`` repeated),
+Writes a ChatGPT-shaped ``conversations.json`` of real chat text (RealMem's sessions,
+``bench/data/realmem_bench.json``, else ``bench/data/sample.json`` repeated),
 then runs ``recalld import`` on it in a fresh data dir per embedder, as a user would (its own
 process), timing the whole command and reading its two summary lines. Prints a table and
 writes ``bench/results/import.json``.
@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.realdist import SOURCES
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
 def chatgpt_export(messages: int) -> tuple[list[dict[str, Any]], str]:
@@ -78,7 +78,7 @@ def run_import(export: Path, embedder: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.importrate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m research.importrate", description=__doc__)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--embedders", default="none,local")
     args = parser.parse_args()
