@@ -7,7 +7,8 @@ from typing import NotRequired, TypedDict
 
 from gateway.methods.facts import MAX_PAGE
 from gateway.rpc import CallContext, Registry, bounded
-from memory import EpisodeWire, MemoryService
+from gateway.wire import EpisodeWire, episode_wire
+from memory import MemoryService
 
 __all__ = ["EpisodesMethods", "declare_episodes"]
 
@@ -31,7 +32,7 @@ class EpisodesMethods:
     async def list(self, ctx: CallContext, p: ListEpisodesParams) -> EpisodesPageReply:
         episodes, nxt = await self.service.episodes.page(ctx.caller, limit=p.limit, before=p.before)
         state = await self.service.episodes.queue_state()
-        out: EpisodesPageReply = {"episodes": [e.to_wire() for e in episodes], "queue": state}
+        out: EpisodesPageReply = {"episodes": [episode_wire(e) for e in episodes], "queue": state}
         if nxt is not None:
             out["next"] = nxt
         return out

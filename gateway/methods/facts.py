@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from memory import FactChangeWire, FactWire, MemoryConfig, MemoryService
+from gateway.wire import FactChangeWire, FactWire, fact_change_wire, fact_wire
+from memory import MemoryConfig, MemoryService
 
 __all__ = ["MAX_PAGE", "FactsMethods", "declare_facts"]
 
@@ -58,16 +59,16 @@ class FactsMethods:
     async def list(self, ctx: CallContext, p: ListFactsParams) -> FactsPageReply:
         page = await self.service.facts.page(ctx.caller, limit=p.limit, before=p.before,
                                              include_inactive=p.include_inactive)
-        out: FactsPageReply = {"facts": [f.to_wire() for f in page.facts]}
+        out: FactsPageReply = {"facts": [fact_wire(f) for f in page.facts]}
         if page.next is not None:
             out["next"] = page.next
         return out
 
     async def add(self, ctx: CallContext, p: AddFactParams) -> FactChangeWire:
-        return (await self.service.facts.add(ctx.caller, p.text, source="user")).to_wire()
+        return fact_change_wire(await self.service.facts.add(ctx.caller, p.text, source="user"))
 
     async def update(self, ctx: CallContext, p: UpdateFactParams) -> FactChangeWire:
-        return (await self.service.facts.update(ctx.caller, p.id, p.text)).to_wire()
+        return fact_change_wire(await self.service.facts.update(ctx.caller, p.id, p.text))
 
     async def delete(self, ctx: CallContext, p: FactIdParams) -> FactDeleted:
         change = await self.service.facts.delete(ctx.caller, p.id)

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict
 from gateway.errors import InvalidParams, RateLimited
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
+from gateway.wire import search_wire
 from memory import MAX_QUERY_CHARS, MemoryConfig, MemoryService
 from sessions import SessionStore, parse_ts
 
@@ -71,7 +72,7 @@ class MemoryMethods:
                 ctx.caller, p.query, k=p.k, mode=p.mode, session_key=p.session_key,
                 exclude_session_key=p.exclude_session_key, after=p.after, before=p.before,
             )
-            out = response.to_wire()
+            out: dict[str, Any] = dict(search_wire(response))
         else:
             out = {"results": [], "mode": p.mode}
         if "episode" in p.kinds:

@@ -17,6 +17,7 @@ from typing import Any
 
 from gateway.chat import ChatRuns, Hub
 from gateway.rpc import Bound, CallContext, Registry, bounded
+from gateway.wire import SessionWire, message_wire, session_wire
 from memory import MemoryService
 from sessions import SessionsConfig, SessionStore
 
@@ -78,38 +79,38 @@ class SessionsMethods:
             memory=p.memory,
         )
         self.hub.attach(ctx, ctx.caller, session.session_key)
-        wire = session.to_wire()
+        wire = session_wire(session)
         self._announce(ctx.caller, session.session_key, "sessions.created", {"session": wire})
-        out = {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
+        out: dict[str, Any] = {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
         if not session.memory:
             out["memory"] = False
         return out
 
     async def list(self, ctx: CallContext, p: ListSessionsParams) -> dict[str, Any]:
         sessions, nxt = await asyncio.to_thread(self.store.list, ctx.caller, limit=p.limit, before=p.before)
-        out: dict[str, Any] = {"sessions": [s.to_wire() for s in sessions]}
+        out: dict[str, Any] = {"sessions": [session_wire(s) for s in sessions]}
         if nxt:
             out["next"] = nxt
         return out
 
-    async def get(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+    async def get(self, ctx: CallContext, p: SessionKeyParams) -> SessionWire:
         session = await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)
-        return session.to_wire()
+        return session_wire(session)
 
     async def history(self, ctx: CallContext, p: HistoryParams) -> dict[str, Any]:
         messages, nxt = await asyncio.to_thread(
             self.store.history, ctx.caller, p.session_key, limit=p.limit, before=p.before
         )
-        out: dict[str, Any] = {"messages": [m.to_wire() for m in messages]}
+        out: dict[str, Any] = {"messages": [message_wire(m) for m in messages]}
         if nxt:
             out["next"] = nxt
         return out
 
-    async def update(self, ctx: CallContext, p: UpdateSessionParams) -> dict[str, Any]:
+    async def update(self, ctx: CallContext, p: UpdateSessionParams) -> SessionWire:
         session = await asyncio.to_thread(
             self.store.update, ctx.caller, p.session_key, title=p.title, system_prompt=p.system_prompt
         )
-        wire = session.to_wire()
+        wire = session_wire(session)
         self._announce(ctx.caller, p.session_key, "sessions.updated", {"session": wire})
         return wire
 
