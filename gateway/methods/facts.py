@@ -8,7 +8,7 @@ enforces; page size by :data:`MAX_PAGE`, a fixed wire bound (not a config key).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import FactChangeWire, FactWire, fact_change_wire, fact_wire
@@ -48,7 +48,7 @@ class FactsPageReply(TypedDict):
 
 
 class FactDeleted(TypedDict):
-    deleted: bool
+    deleted: Literal[True]
     id: int
 
 
@@ -78,10 +78,10 @@ class FactsMethods:
 def declare_facts(reg: Registry, config: MemoryConfig, h: FactsMethods | None) -> None:
     text = {"text": Bound(max_len=config.facts_max_chars)}
     reg.declare("memory.facts.list", ListFactsParams, "Your remembered facts, newest first (paginated).",
-                h.list if h else None)
+                h.list if h else None, result=FactsPageReply)
     reg.declare("memory.facts.add", AddFactParams, "Remember a fact (de-duplicated against your facts).",
-                h.add if h else None, bounds=text)
+                h.add if h else None, result=FactChangeWire, bounds=text)
     reg.declare("memory.facts.update", UpdateFactParams, "Correct a fact; the old version is kept inactive.",
-                h.update if h else None, bounds=text)
+                h.update if h else None, result=FactChangeWire, bounds=text)
     reg.declare("memory.facts.delete", FactIdParams, "Forget a fact and every earlier version of it.",
-                h.delete if h else None)
+                h.delete if h else None, result=FactDeleted)
