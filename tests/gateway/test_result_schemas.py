@@ -3,13 +3,15 @@ and real replies match what it publishes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NotRequired, TypedDict
 
-from gateway.app import App
 from gateway.client import Client
+from gateway.config import Config
 from gateway.rpc.registry import result_schema
-from tests.conftest import TOKEN
+from tests.conftest import TOKEN, running
 from tests.fake_openai import FakeOpenAI
+from tests.gateway.test_memory_methods import chat_config, search_until
 
 _TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
@@ -66,10 +68,13 @@ async def test_every_method_publishes_an_object_result_with_properties(client: C
     assert problems(doc, schemas["rpc.discover"]) == []
 
 
-async def test_replies_validate_against_their_published_schema(chat_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_replies_validate_against_their_published_schema(
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+) -> None:
     """Replies of every kind of method, built the way clients get them, fit the published schema."""
     fake_openai.configure(reply="Rust is a fine choice.")
-    async with Client.connect(chat_app.url, TOKEN) as c:
+    cfg = chat_config(config_factory, fake_openai, embedder="openai")
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         schemas = await _schemas(c)
         replies: list[tuple[str, Any]] = []
 
@@ -103,7 +108,9 @@ async def test_replies_validate_against_their_published_schema(chat_app: App, fa
         await call("memory.facts.delete", {"id": fact["id"] + 1})
         await call("memory.episodes.list")
         await call("memory.reindex")
-        await call("memory.search", {"query": "Rust", "kinds": ["chunk", "episode"]})
+        found = await search_until(c, {"query": "Rust", "kinds": ["chunk", "episode"]})
+        assert "vectorRank" in found["results"][0]
+        replies.append(("memory.search", found))
         await call("memory.status")
         await call("memory.forget", {"sessionKey": key})
         await call("sessions.delete", {"sessionKey": key})
