@@ -11,7 +11,7 @@ from __future__ import annotations
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
-from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, EpisodeWire, ScoredEpisode
+from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, ScoredEpisode
 from .errors import (
                      EmbedderError,
                      FactNotFound,
@@ -21,7 +21,8 @@ from .errors import (
                      MemoryStorageError,
                      MemoryUnavailable,
 )
-from .facts import Fact, FactChange, FactChangeWire, Facts, FactsPage, FactWire, ScoredFact
+from .facts import Action as FactAction
+from .facts import Fact, FactChange, Facts, FactsPage, ScoredFact
 from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
@@ -38,17 +39,15 @@ __all__ = [
     "EpisodeDraft",
     "EpisodeJob",
     "Episodes",
-    "EpisodeWire",
     "ScoredEpisode",
     "TimeWindow",
     "find_time_window",
     "Fact",
+    "FactAction",
     "FactChange",
-    "FactChangeWire",
     "FactNotFound",
     "Facts",
     "FactsPage",
-    "FactWire",
     "ForgetRange",
     "InvalidFact",
     "ScoredFact",

@@ -86,23 +86,6 @@ class Session:
     model: str | None = None
     memory: bool = True  # False: incognito (the transcript's header says so)
 
-    def to_wire(self) -> dict[str, Any]:
-        """The camelCase wire shape of a session (docs/protocol.md); ``user`` stays server-side."""
-        wire: dict[str, Any] = {
-            "sessionKey": self.session_key,
-            "title": self.title,
-            "createdAt": self.created_at,
-            "updatedAt": self.updated_at,
-            "messageCount": self.message_count,
-        }
-        if self.system_prompt is not None:
-            wire["systemPrompt"] = self.system_prompt
-        if self.model is not None:
-            wire["model"] = self.model
-        if not self.memory:
-            wire["memory"] = False
-        return wire
-
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -135,21 +118,6 @@ class Message:
             line["name"] = self.name
         line.update(self.extra)
         return line
-
-    def to_wire(self) -> dict[str, Any]:
-        """``{id, role, content, ts, runId?, name?, …extra}`` for ``sessions.history``."""
-        wire: dict[str, Any] = {
-            "id": self.id,
-            "role": self.role,
-            "content": self.content,
-            "ts": self.ts,
-        }
-        if self.run_id is not None:
-            wire["runId"] = self.run_id
-        if self.name is not None:
-            wire["name"] = self.name
-        wire.update(self.extra)
-        return wire
 
     @classmethod
     def from_line(cls, obj: Mapping[str, Any]) -> Message | None:

@@ -35,6 +35,7 @@ import structlog
 from gateway.chat.factblock import BLOCK_CLOSE, BLOCK_OPEN, BlockFilter, MalformedBlock, parse_block
 from gateway.chat.llm import ChatEvent, ChatModel, Completion, Messages, TextDelta, ToolCall
 from gateway.chat.prompt import RECALL_QUERY_CHARS, format_recall_block, quote_recalled
+from gateway.wire import fact_change_wire
 from memory import (
     MAX_QUERY_CHARS,
     FactChange,
@@ -169,7 +170,7 @@ class MemoryToolRun:
         """What ``chat.final`` adds: facts saved or changed, and search_memory's finds."""
         out: dict[str, Any] = {}
         if self.changes:
-            out["facts"] = [c.to_wire() for c in self.changes]
+            out["facts"] = [fact_change_wire(c) for c in self.changes]
         if self.searched:
             out["searched"] = self.searched
         if self.episodes:

@@ -43,7 +43,7 @@ from gateway.errors import (
     new_error_id,
     wire_error,
 )
-from gateway.wire import ChatDelta, ChatEventBase, ErrorObject
+from gateway.wire import ChatDelta, ChatEventBase, ErrorObject, LiveRun, message_wire
 from memory import MemoryService
 from sessions import Message, Session, SessionStore
 
@@ -259,7 +259,7 @@ class ChatRuns:
                 return True
         return False
 
-    def live_runs(self, user: str, session_key: str) -> list[dict[str, Any]]:
+    def live_runs(self, user: str, session_key: str) -> list[LiveRun]:
         """The session's run that is streaming now, as ``{runId, seq, text}``: ``text`` is
         every delta published so far and ``seq`` the last event's (-1 before the first).
 
@@ -377,7 +377,7 @@ class ChatRuns:
             self._publish(run, "chat.error", {"error": _event_error(error), "partial": "".join(run.partial)})
             log.warning("chat.run", outcome="storage_error", error=error.message)
             return
-        params: dict[str, Any] = {"message": msg.to_wire(), "recalled": recalled, **run.final_extra}
+        params: dict[str, Any] = {"message": message_wire(msg), "recalled": recalled, **run.final_extra}
         if usage:
             params["usage"] = usage
         self._publish(run, "chat.final", params)

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from gateway.wire import fact_change_wire, fact_wire
 from memory import Fact, MemoryService
 
 __all__ = ["add_facts_parser", "run_facts"]
@@ -44,10 +45,10 @@ async def run_facts(service: MemoryService, args: argparse.Namespace) -> int:
         page = await facts.page(args.user, limit=max(1, getattr(args, "limit", 100)),
                                 include_inactive=getattr(args, "all", False))
         shown = page.facts
-        out = {"facts": [f.to_wire() for f in shown]}
+        out = {"facts": [fact_wire(f) for f in shown]}
     elif command == "history":
         shown = await facts.history(args.user, args.id)
-        out = {"facts": [f.to_wire() for f in shown]}
+        out = {"facts": [fact_wire(f) for f in shown]}
     else:
         if command == "add":
             change = await facts.add(args.user, args.text, source="user")
@@ -55,7 +56,7 @@ async def run_facts(service: MemoryService, args: argparse.Namespace) -> int:
             change = await facts.update(args.user, args.id, args.text)
         else:
             change = await facts.delete(args.user, args.id)
-        out = change.to_wire()
+        out = fact_change_wire(change)
         shown = [change.fact]
         if not args.json:
             print(f"{change.action}: #{change.fact.id} {change.fact.text}")

@@ -18,6 +18,7 @@ import orjson
 
 from gateway.cli.facts import add_facts_parser, run_facts
 from gateway.config import Config
+from gateway.wire import search_wire
 from memory import MemoryIndexError, MemoryService, SyncProgress
 
 __all__ = ["add_memory_parser"]
@@ -149,7 +150,7 @@ async def _index(service: MemoryService, args: argparse.Namespace) -> int:
 async def _search(service: MemoryService, args: argparse.Namespace) -> int:
     response = await service.search(args.user, args.query, k=args.k, mode=args.mode)
     if args.json:
-        print(orjson.dumps(response.to_wire(), option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps(search_wire(response), option=orjson.OPT_INDENT_2).decode())
         return 0
     if response.fallback_reason:
         print(f"(searched {response.mode}: {response.fallback_reason})", file=sys.stderr)

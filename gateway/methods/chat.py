@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 import orjson
 
@@ -32,6 +32,16 @@ class ChatAbortParams:
     run_id: str | None = bounded(None, max_len=MAX_KEY)
 
 
+class SendReply(TypedDict):
+    runId: str
+    status: Literal["started"]
+    duplicate: NotRequired[Literal[True]]  # a repeated idempotencyKey: the first run's id
+
+
+class AbortReply(TypedDict):
+    aborted: bool
+
+
 class ChatMethods:
     def __init__(self, config: ChatConfig, store: SessionStore, hub: Hub, runs: ChatRuns) -> None:
         self.config = config
@@ -39,7 +49,7 @@ class ChatMethods:
         self.hub = hub
         self.runs = runs
 
-    async def send(self, ctx: CallContext, p: ChatSendParams) -> dict[str, Any]:
+    async def send(self, ctx: CallContext, p: ChatSendParams) -> SendReply:
         user = ctx.caller
         # Measured as it will be written: JSON escaping makes a control character six bytes, so
         # the raw length could pass here and the transcript line still be refused later.
@@ -60,7 +70,7 @@ class ChatMethods:
             return {"runId": run_id, "status": "started", "duplicate": True}
         return {"runId": run_id, "status": "started"}
 
-    async def abort(self, ctx: CallContext, p: ChatAbortParams) -> dict[str, Any]:
+    async def abort(self, ctx: CallContext, p: ChatAbortParams) -> AbortReply:
         user = ctx.caller
         await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
         return {"aborted": self.runs.abort(user, p.session_key, p.run_id)}
@@ -69,5 +79,6 @@ class ChatMethods:
 def declare_chat(reg: Registry, config: ChatConfig, h: ChatMethods | None) -> None:
     # A message has at most as many characters as bytes, so the byte limit bounds its length.
     reg.declare("chat.send", ChatSendParams, "Send a message; the reply streams as chat.* events.",
-                h.send if h else None, bounds={"message": Bound(max_len=config.max_message_bytes)})
-    reg.declare("chat.abort", ChatAbortParams, "Abort the running reply of a session.", h.abort if h else None)
+                h.send if h else None, result=SendReply, bounds={"message": Bound(max_len=config.max_message_bytes)})
+    reg.declare("chat.abort", ChatAbortParams, "Abort the running reply of a session.", h.abort if h else None,
+                result=AbortReply)

@@ -7,7 +7,8 @@ from typing import NotRequired, TypedDict
 
 from gateway.methods.facts import MAX_PAGE
 from gateway.rpc import CallContext, Registry, bounded
-from memory import EpisodeWire, MemoryService
+from gateway.wire import EpisodeWire, episode_wire
+from memory import MemoryService
 
 __all__ = ["EpisodesMethods", "declare_episodes"]
 
@@ -18,9 +19,16 @@ class ListEpisodesParams:
     before: int | None = bounded(None, min=1, doc="cursor: the next of the previous page")
 
 
+class EpisodeQueue(TypedDict):
+    """Summaries still to write."""
+
+    pending: int
+    failed: int  # failed at least once, waiting for their next try
+
+
 class EpisodesPageReply(TypedDict):
     episodes: list[EpisodeWire]
-    queue: dict[str, int]  # summaries still to write: "pending" and "failed"
+    queue: EpisodeQueue
     next: NotRequired[int]  # the cursor for the next page, when there is one
 
 
@@ -31,7 +39,8 @@ class EpisodesMethods:
     async def list(self, ctx: CallContext, p: ListEpisodesParams) -> EpisodesPageReply:
         episodes, nxt = await self.service.episodes.page(ctx.caller, limit=p.limit, before=p.before)
         state = await self.service.episodes.queue_state()
-        out: EpisodesPageReply = {"episodes": [e.to_wire() for e in episodes], "queue": state}
+        out: EpisodesPageReply = {"episodes": [episode_wire(e) for e in episodes],
+                                  "queue": {"pending": state["pending"], "failed": state["failed"]}}
         if nxt is not None:
             out["next"] = nxt
         return out
@@ -39,4 +48,4 @@ class EpisodesMethods:
 
 def declare_episodes(reg: Registry, h: EpisodesMethods | None) -> None:
     reg.declare("memory.episodes.list", ListEpisodesParams, "Your episodes: dated summaries of earlier "
-                "conversations, newest first (paginated).", h.list if h else None)
+                "conversations, newest first (paginated).", h.list if h else None, result=EpisodesPageReply)

@@ -8,10 +8,11 @@ enforces; page size by :data:`MAX_PAGE`, a fixed wire bound (not a config key).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from memory import FactChangeWire, FactWire, MemoryConfig, MemoryService
+from gateway.wire import FactChangeWire, FactWire, fact_change_wire, fact_wire
+from memory import MemoryConfig, MemoryService
 
 __all__ = ["MAX_PAGE", "FactsMethods", "declare_facts"]
 
@@ -47,7 +48,7 @@ class FactsPageReply(TypedDict):
 
 
 class FactDeleted(TypedDict):
-    deleted: bool
+    deleted: Literal[True]
     id: int
 
 
@@ -58,16 +59,16 @@ class FactsMethods:
     async def list(self, ctx: CallContext, p: ListFactsParams) -> FactsPageReply:
         page = await self.service.facts.page(ctx.caller, limit=p.limit, before=p.before,
                                              include_inactive=p.include_inactive)
-        out: FactsPageReply = {"facts": [f.to_wire() for f in page.facts]}
+        out: FactsPageReply = {"facts": [fact_wire(f) for f in page.facts]}
         if page.next is not None:
             out["next"] = page.next
         return out
 
     async def add(self, ctx: CallContext, p: AddFactParams) -> FactChangeWire:
-        return (await self.service.facts.add(ctx.caller, p.text, source="user")).to_wire()
+        return fact_change_wire(await self.service.facts.add(ctx.caller, p.text, source="user"))
 
     async def update(self, ctx: CallContext, p: UpdateFactParams) -> FactChangeWire:
-        return (await self.service.facts.update(ctx.caller, p.id, p.text)).to_wire()
+        return fact_change_wire(await self.service.facts.update(ctx.caller, p.id, p.text))
 
     async def delete(self, ctx: CallContext, p: FactIdParams) -> FactDeleted:
         change = await self.service.facts.delete(ctx.caller, p.id)
@@ -77,10 +78,10 @@ class FactsMethods:
 def declare_facts(reg: Registry, config: MemoryConfig, h: FactsMethods | None) -> None:
     text = {"text": Bound(max_len=config.facts_max_chars)}
     reg.declare("memory.facts.list", ListFactsParams, "Your remembered facts, newest first (paginated).",
-                h.list if h else None)
+                h.list if h else None, result=FactsPageReply)
     reg.declare("memory.facts.add", AddFactParams, "Remember a fact (de-duplicated against your facts).",
-                h.add if h else None, bounds=text)
+                h.add if h else None, result=FactChangeWire, bounds=text)
     reg.declare("memory.facts.update", UpdateFactParams, "Correct a fact; the old version is kept inactive.",
-                h.update if h else None, bounds=text)
+                h.update if h else None, result=FactChangeWire, bounds=text)
     reg.declare("memory.facts.delete", FactIdParams, "Forget a fact and every earlier version of it.",
-                h.delete if h else None)
+                h.delete if h else None, result=FactDeleted)

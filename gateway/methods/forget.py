@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TypedDict
 
 from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
@@ -36,12 +36,20 @@ class ForgetParams:
     purge_transcript: bool = False
 
 
+class ForgetReply(TypedDict):
+    """What was removed: index chunks, facts saved from those conversations, transcript messages."""
+
+    chunks: int
+    facts: int
+    messages: int  # 0 without purgeTranscript
+
+
 class ForgetMethods:
     def __init__(self, service: MemoryService, store: SessionStore) -> None:
         self.service = service
         self.store = store
 
-    async def forget(self, ctx: CallContext, p: ForgetParams) -> dict[str, Any]:
+    async def forget(self, ctx: CallContext, p: ForgetParams) -> ForgetReply:
         user = ctx.caller
         if p.session_key is None and p.after is None and p.before is None:
             raise InvalidParams("sessionKey", "name a sessionKey, after or before (all three absent would "
@@ -83,4 +91,4 @@ def _ms(moment: datetime | None) -> int | None:
 def declare_forget(reg: Registry, h: ForgetMethods | None) -> None:
     reg.declare("memory.forget", ForgetParams,
                 "Forget messages (of a session, in a time window) from memory; purgeTranscript also "
-                "removes them from the transcript.", h.forget if h else None)
+                "removes them from the transcript.", h.forget if h else None, result=ForgetReply)

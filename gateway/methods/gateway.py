@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Literal, Protocol, TypedDict
 
 from gateway.auth import Authenticator
 from gateway.errors import RateLimited, Unauthorized
-from gateway.rpc import CallContext, Registry, bounded
-from gateway.wire import MemoryHealth, server_info
+from gateway.rpc import CallContext, OpenRpcDocument, Registry, bounded
+from gateway.wire import MemoryHealth, ServerInfo, server_info
 from memory import MemoryService
 
 __all__ = ["GatewayMethods", "declare_gateway"]
@@ -39,6 +39,20 @@ class AuthParams:
     token: str = bounded(max_len=4096, doc="a configured or generated token")
 
 
+class AuthReply(TypedDict):
+    user: str
+    server: ServerInfo
+    protocol: int
+
+
+class HealthReply(TypedDict):
+    status: Literal["ok"]
+    version: str
+    uptimeS: float
+    connections: int
+    memory: MemoryHealth
+
+
 class GatewayMethods:
     def __init__(self, authenticator: Authenticator, registry: Registry, server: ServerState,
                  version: str, memory: MemoryService | None) -> None:
@@ -48,7 +62,7 @@ class GatewayMethods:
         self.version = version
         self.memory = memory
 
-    async def auth(self, ctx: CallContext, p: AuthParams) -> dict[str, Any]:
+    async def auth(self, ctx: CallContext, p: AuthParams) -> AuthReply:
         verdict = self.authenticator.check(p.token, ctx.address)
         if verdict.user is None:
             if verdict.retry_after_s:
@@ -58,7 +72,7 @@ class GatewayMethods:
         info = server_info(self.version)
         return {"user": verdict.user, "server": info, "protocol": info["protocol"]}
 
-    async def health(self, ctx: CallContext, p: Empty) -> dict[str, Any]:
+    async def health(self, ctx: CallContext, p: Empty) -> HealthReply:
         return {
             "status": "ok",
             "version": self.version,
@@ -67,7 +81,7 @@ class GatewayMethods:
             "memory": self._memory_health(),
         }
 
-    async def discover(self, ctx: CallContext, p: Empty) -> dict[str, Any]:
+    async def discover(self, ctx: CallContext, p: Empty) -> OpenRpcDocument:
         return self.registry.openrpc(self.version)
 
     def _memory_health(self) -> MemoryHealth:
@@ -86,7 +100,8 @@ class GatewayMethods:
 
 def declare_gateway(reg: Registry, h: GatewayMethods | None) -> None:
     reg.declare("auth", AuthParams, "Authenticate this connection with a token.", h.auth if h else None,
-                requires_auth=False, inline=True)
+                result=AuthReply, requires_auth=False, inline=True)
     reg.declare("gateway.health", Empty, "Liveness, version, uptime, connections and memory summary.",
-                h.health if h else None, inline=True)
-    reg.declare("rpc.discover", Empty, "This OpenRPC document.", h.discover if h else None, inline=True)
+                h.health if h else None, result=HealthReply, inline=True)
+    reg.declare("rpc.discover", Empty, "This OpenRPC document.", h.discover if h else None,
+                result=OpenRpcDocument, inline=True)

@@ -10,11 +10,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict, cast
 
 from gateway.errors import InvalidParams, RateLimited
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
+from gateway.wire import SearchHitWire, search_wire
 from memory import MAX_QUERY_CHARS, MemoryConfig, MemoryService
 from sessions import SessionStore, parse_ts
 
@@ -48,6 +49,97 @@ class ReindexParams:
     full: bool = False
 
 
+class EpisodeHit(TypedDict):
+    """An episode among ``memory.search``'s results (``kinds`` with "episode")."""
+
+    kind: Literal["episode"]
+    episodeId: int
+    sessionKey: str
+    content: str
+    score: float
+    date: str
+    week: str
+
+
+class SearchReply(TypedDict):
+    results: list[SearchHitWire | EpisodeHit]  # the chunk hits, then the episode hits
+    mode: str  # the mode actually run
+    fallbackReason: NotRequired[str]
+    previousModel: NotRequired[str]  # during a rebuild: the model whose vectors ranked the vector leg
+
+
+class EmbedderName(TypedDict):
+    provider: str
+    model: str
+
+
+class VectorBackendState(TypedDict):
+    available: bool
+    reason: str
+
+
+class RebuildState(TypedDict):
+    embedded: int
+    total: int
+    previous: EmbedderName | None
+    previousUnavailable: str | None
+
+
+class VectorSearchState(TypedDict):
+    ready: bool
+    reason: str | None
+    servedBy: EmbedderName | None  # whose vectors answer the vector leg now
+    rebuild: RebuildState | None  # only while an embedder change is being rebuilt
+
+
+class RemovedCounts(TypedDict):
+    sessions: int
+    chunks: int
+    facts: int
+
+
+class RetentionState(TypedDict):
+    days: int
+    # Set by the retention sweep when a retention setting is on (docs/memory.md, "Retention").
+    sessionsDays: NotRequired[int]
+    nextSweep: NotRequired[str]
+    lastSweep: NotRequired[str]
+    lastRemoved: NotRequired[RemovedCounts]
+    lastError: NotRequired[str | None]
+
+
+class StatusReply(TypedDict):
+    """``memory.status``: the caller's rows (``scope: "user"``) or the whole index (``"all"``)."""
+
+    files: int
+    chunks: int
+    embedded: int
+    pending: int
+    provider: str
+    model: str | None
+    dims: int | None
+    embedderReason: str
+    vectorBackend: VectorBackendState
+    vectorSearch: VectorSearchState
+    syncing: bool
+    syncCount: int
+    lastSync: str | None
+    lastSyncMs: float | None
+    lastError: str | None
+    rebuiltFromTranscripts: str | None
+    scope: Literal["all", "user"]
+    retention: RetentionState
+    # The whole index only:
+    cacheEntries: NotRequired[int]
+    skippedFiles: NotRequired[int]
+    dbBytes: NotRequired[int]
+    dbPath: NotRequired[str]
+
+
+class QueuedReply(TypedDict):
+    queued: Literal[True]
+
+
 class MemoryMethods:
     """``admin`` sees the whole index and reindexes everyone's: the configured ``auth.admin``,
     or the only user of a daemon without ``[[auth.users]]`` (everything is theirs anyway).
@@ -63,7 +155,7 @@ class MemoryMethods:
         # User -> when their last full reindex was accepted (one entry per configured user).
         self._last_full: dict[str, float] = {}
 
-    async def search(self, ctx: CallContext, p: MemorySearchParams) -> dict[str, Any]:
+    async def search(self, ctx: CallContext, p: MemorySearchParams) -> SearchReply:
         await self._own_session(ctx, p.session_key)
         await self._own_session(ctx, p.exclude_session_key)
         if "chunk" in p.kinds:
@@ -71,17 +163,18 @@ class MemoryMethods:
                 ctx.caller, p.query, k=p.k, mode=p.mode, session_key=p.session_key,
                 exclude_session_key=p.exclude_session_key, after=p.after, before=p.before,
             )
-            out = response.to_wire()
+            out = cast(SearchReply, search_wire(response))  # the same keys, its results widened
         else:
             out = {"results": [], "mode": p.mode}
         if "episode" in p.kinds:
-            out["results"] = out["results"] + await episode_results(self.service, ctx.caller, p)
+            out["results"] = [*out["results"], *await episode_results(self.service, ctx.caller, p)]
         return out
 
-    async def status(self, ctx: CallContext, p: Empty) -> dict[str, Any]:
-        return await self.service.status(None if ctx.caller == self.admin else ctx.caller)
+    async def status(self, ctx: CallContext, p: Empty) -> StatusReply:
+        # The memory service still builds this dict itself (its counts and state, camelCase).
+        return cast(StatusReply, await self.service.status(None if ctx.caller == self.admin else ctx.caller))
 
-    async def reindex(self, ctx: CallContext, p: ReindexParams) -> dict[str, Any]:
+    async def reindex(self, ctx: CallContext, p: ReindexParams) -> QueuedReply:
         if p.full:
             # A full reindex re-reads and re-chunks every transcript in scope: rate-limited.
             now = self._clock()
@@ -98,18 +191,6 @@ class MemoryMethods:
         # A key that is not the caller's answers -32002, exactly like sessions.get.
         if key is not None:
             await asyncio.to_thread(self.store.get, ctx.caller, key)
-
-
-class EpisodeHit(TypedDict):
-    """An episode among ``memory.search``'s results (``kinds`` with "episode")."""
-
-    kind: Literal["episode"]
-    episodeId: int
-    sessionKey: str
-    content: str
-    score: float
-    date: str
-    week: str
 
 
 async def episode_results(service: MemoryService, user: str, p: MemorySearchParams) -> list[EpisodeHit]:
@@ -132,9 +213,9 @@ async def episode_results(service: MemoryService, user: str, p: MemorySearchPara
 
 def declare_memory(reg: Registry, config: MemoryConfig, h: MemoryMethods | None) -> None:
     reg.declare("memory.search", MemorySearchParams, "Hybrid keyword + vector search of your past conversations.",
-                h.search if h else None, bounds={"k": Bound(max=config.max_k)})
+                h.search if h else None, result=SearchReply, bounds={"k": Bound(max=config.max_k)})
     reg.declare("memory.status", Empty, "Index and embedder state (your own rows; the whole index for the admin).",
-                h.status if h else None)
+                h.status if h else None, result=StatusReply)
     reg.declare("memory.reindex", ReindexParams,
                 "Queue an index sync (full=true re-reads your transcripts; rate-limited).",
-                h.reindex if h else None)
+                h.reindex if h else None, result=QueuedReply)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from gateway.chat import ChatRuns, Hub
 from gateway.rpc import Bound, CallContext, Registry, bounded
+from gateway.wire import LiveRun, MessageWire, SessionWire, message_wire, session_wire
 from memory import MemoryService
 from sessions import SessionsConfig, SessionStore
 
@@ -65,6 +66,40 @@ class HistoryParams:
     before: str | None = bounded(None, max_len=512)
 
 
+class CreatedReply(TypedDict):
+    sessionKey: str
+    title: str
+    createdAt: str
+    memory: NotRequired[Literal[False]]  # only for an incognito session
+
+
+class SessionsPageReply(TypedDict):
+    sessions: list[SessionWire]  # without systemPrompt (sessions.get has it)
+    next: NotRequired[str]  # the cursor for the next page, when there is one
+
+
+class HistoryReply(TypedDict):
+    messages: list[MessageWire]
+    next: NotRequired[str]
+
+
+class DeletedReply(TypedDict):
+    deleted: Literal[True]
+
+
+class WatchingReply(TypedDict):
+    watching: Literal[True]
+
+
+class SubscribedReply(TypedDict):
+    subscribed: Literal[True]
+    runs: list[LiveRun]  # the reply being streamed now, if any
+
+
+class UnsubscribedReply(TypedDict):
+    unsubscribed: bool
+
+
 class SessionsMethods:
     def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: MemoryService | None) -> None:
         self.store = store
@@ -72,48 +107,48 @@ class SessionsMethods:
         self.runs = runs  # a deleted session's runs are aborted first
         self.memory = memory  # and its index rows go with it
 
-    async def create(self, ctx: CallContext, p: CreateSessionParams) -> dict[str, Any]:
+    async def create(self, ctx: CallContext, p: CreateSessionParams) -> CreatedReply:
         session = await asyncio.to_thread(
             self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model,
             memory=p.memory,
         )
         self.hub.attach(ctx, ctx.caller, session.session_key)
-        wire = session.to_wire()
+        wire = session_wire(session)
         self._announce(ctx.caller, session.session_key, "sessions.created", {"session": wire})
-        out = {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
+        out: CreatedReply = {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
         if not session.memory:
             out["memory"] = False
         return out
 
-    async def list(self, ctx: CallContext, p: ListSessionsParams) -> dict[str, Any]:
+    async def list(self, ctx: CallContext, p: ListSessionsParams) -> SessionsPageReply:
         sessions, nxt = await asyncio.to_thread(self.store.list, ctx.caller, limit=p.limit, before=p.before)
-        out: dict[str, Any] = {"sessions": [s.to_wire() for s in sessions]}
+        out: SessionsPageReply = {"sessions": [session_wire(s) for s in sessions]}
         if nxt:
             out["next"] = nxt
         return out
 
-    async def get(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+    async def get(self, ctx: CallContext, p: SessionKeyParams) -> SessionWire:
         session = await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)
-        return session.to_wire()
+        return session_wire(session)
 
-    async def history(self, ctx: CallContext, p: HistoryParams) -> dict[str, Any]:
+    async def history(self, ctx: CallContext, p: HistoryParams) -> HistoryReply:
         messages, nxt = await asyncio.to_thread(
             self.store.history, ctx.caller, p.session_key, limit=p.limit, before=p.before
         )
-        out: dict[str, Any] = {"messages": [m.to_wire() for m in messages]}
+        out: HistoryReply = {"messages": [message_wire(m) for m in messages]}
         if nxt:
             out["next"] = nxt
         return out
 
-    async def update(self, ctx: CallContext, p: UpdateSessionParams) -> dict[str, Any]:
+    async def update(self, ctx: CallContext, p: UpdateSessionParams) -> SessionWire:
         session = await asyncio.to_thread(
             self.store.update, ctx.caller, p.session_key, title=p.title, system_prompt=p.system_prompt
         )
-        wire = session.to_wire()
+        wire = session_wire(session)
         self._announce(ctx.caller, p.session_key, "sessions.updated", {"session": wire})
         return wire
 
-    async def delete(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+    async def delete(self, ctx: CallContext, p: SessionKeyParams) -> DeletedReply:
         user = ctx.caller
         await self.runs.abort_session(user, p.session_key)
         await asyncio.to_thread(self.store.delete, user, p.session_key)
@@ -122,7 +157,7 @@ class SessionsMethods:
         self._announce(user, p.session_key, "sessions.deleted", {})
         return {"deleted": True}
 
-    async def watch(self, ctx: CallContext, p: WatchParams) -> dict[str, Any]:
+    async def watch(self, ctx: CallContext, p: WatchParams) -> WatchingReply:
         self.hub.attach(ctx, ctx.caller, _ALL_SESSIONS)
         return {"watching": True}
 
@@ -130,7 +165,7 @@ class SessionsMethods:
         """Tell every connection of the user that called sessions.watch."""
         self.hub.publish(user, _ALL_SESSIONS, method, {"sessionKey": session_key, **fields})
 
-    async def subscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+    async def subscribe(self, ctx: CallContext, p: SessionKeyParams) -> SubscribedReply:
         await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)  # not-found check
         # Attach and snapshot with no await between: every event this connection then
         # receives continues the snapshot (its seq is higher), so a client that reconnects
@@ -138,26 +173,28 @@ class SessionsMethods:
         self.hub.attach(ctx, ctx.caller, p.session_key)
         return {"subscribed": True, "runs": self.runs.live_runs(ctx.caller, p.session_key)}
 
-    async def unsubscribe(self, ctx: CallContext, p: SessionKeyParams) -> dict[str, Any]:
+    async def unsubscribe(self, ctx: CallContext, p: SessionKeyParams) -> UnsubscribedReply:
         return {"unsubscribed": self.hub.detach(ctx, ctx.caller, p.session_key)}
 
 
 def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods | None) -> None:
     page = {"limit": Bound(max=config.max_page_size)}
     d = reg.declare
-    d("sessions.create", CreateSessionParams, "Create a session.", h.create if h else None,
+    d("sessions.create", CreateSessionParams, "Create a session.", h.create if h else None, result=CreatedReply,
       bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars)})
-    d("sessions.list", ListSessionsParams, "List your sessions, newest first.", h.list if h else None, bounds=page)
-    d("sessions.get", SessionKeyParams, "One session's metadata.", h.get if h else None)
+    d("sessions.list", ListSessionsParams, "List your sessions, newest first.", h.list if h else None,
+      result=SessionsPageReply, bounds=page)
+    d("sessions.get", SessionKeyParams, "One session's metadata.", h.get if h else None, result=SessionWire)
     d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.",
-      h.history if h else None, bounds=page)
+      h.history if h else None, result=HistoryReply, bounds=page)
     d("sessions.update", UpdateSessionParams, "Change a session's title and/or system prompt.",
-      h.update if h else None, bounds={"title": Bound(max_len=config.max_title_chars)})
+      h.update if h else None, result=SessionWire, bounds={"title": Bound(max_len=config.max_title_chars)})
     d("sessions.watch", WatchParams, "Receive sessions.created/updated/deleted for all your sessions.",
-      h.watch if h else None, inline=True)
+      h.watch if h else None, result=WatchingReply, inline=True)
     d("sessions.delete", SessionKeyParams, "Delete a session, its transcript and index rows.",
-      h.delete if h else None)
-    d("sessions.subscribe", SessionKeyParams, "Receive chat events of a session.", h.subscribe if h else None)
+      h.delete if h else None, result=DeletedReply)
+    d("sessions.subscribe", SessionKeyParams, "Receive chat events of a session.", h.subscribe if h else None,
+      result=SubscribedReply)
     # inline: never waits on I/O, so the server answers it in the read loop (RpcCore.accept).
     d("sessions.unsubscribe", SessionKeyParams, "Stop receiving a session's chat events.",
-      h.unsubscribe if h else None, inline=True)
+      h.unsubscribe if h else None, result=UnsubscribedReply, inline=True)

@@ -6,7 +6,15 @@ from __future__ import annotations
 from gateway.rpc.batch import ReplyBudget, over_budget
 from gateway.rpc.core import Call, CallContext, Notification, Reply, RpcCore
 from gateway.rpc.quota import Quotas
-from gateway.rpc.registry import Bound, Handler, Method, Registry, bounded, parse_params
+from gateway.rpc.registry import (
+    Bound,
+    Handler,
+    Method,
+    OpenRpcDocument,
+    Registry,
+    bounded,
+    parse_params,
+)
 
 __all__ = [
     "Bound",
@@ -15,6 +23,7 @@ __all__ = [
     "Handler",
     "Method",
     "Notification",
+    "OpenRpcDocument",
     "Quotas",
     "Reply",
     "Registry",

@@ -8,6 +8,10 @@ on configuration (``sessions.max_page_size``, ``memory.max_k``) passed as ``boun
 namespace that declares the method, read from the same config object the store or service
 enforces. Validation and ``rpc.discover`` both read the merged spec, so the published schema
 and the code cannot disagree.
+
+A method's result is a TypedDict (``result=``); its JSON schema is generated from the type
+when the method is declared (:func:`result_schema`), and mypy checks that the handler returns
+that type, so ``rpc.discover`` publishes the shape the handler builds.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, Required, TypedDict, TypeVar
 
 from gateway.errors import InvalidParams, MethodNotFound
 
@@ -28,12 +32,16 @@ __all__ = [
     "Bound",
     "Handler",
     "Method",
+    "OpenRpcDocument",
     "Registry",
     "bounded",
     "parse_params",
+    "result_schema",
 ]
 
 Handler = Callable[["CallContext", Any], Awaitable[Any]]
+P = TypeVar("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +96,15 @@ class Method:
     # hints costs more than a whole call.
     fields: typing.Mapping[str, _FieldSpec]
     accepted: str  # the wire names, listed when an unknown parameter is refused
+    result: typing.Mapping[str, Any]  # the result's JSON schema, generated once from its type
+
+
+class OpenRpcDocument(TypedDict):
+    """``rpc.discover``'s result: an OpenRPC 1.2 document."""
+
+    openrpc: str
+    info: dict[str, Any]
+    methods: list[dict[str, Any]]
 
 
 class Registry:
@@ -104,19 +121,23 @@ class Registry:
     def declare(
         self,
         name: str,
-        params: type[Any],
+        params: type[P],
         summary: str,
-        handler: Handler | None = None,
+        handler: Callable[[CallContext, P], Awaitable[R]] | None = None,
         *,
+        result: type[R] | None = None,
         bounds: typing.Mapping[str, Bound] | None = None,
         requires_auth: bool = True,
         inline: bool = False,
     ) -> None:
+        """Declare a method; ``result`` is the TypedDict its handler returns (a method declared
+        without one is published as a bare ``object``)."""
         if name in self._methods:
             raise ValueError(f"method {name} declared twice")
         fields = _field_specs(params, bounds or {})
+        schema = {"type": "object"} if result is None else result_schema(result)
         self._methods[name] = Method(
-            name, params, summary, handler, requires_auth, inline, fields, ", ".join(fields) or "none"
+            name, params, summary, handler, requires_auth, inline, fields, ", ".join(fields) or "none", schema
         )
 
     def is_inline(self, name: Any) -> bool:
@@ -137,7 +158,7 @@ class Registry:
     def __iter__(self) -> typing.Iterator[Method]:
         return iter(sorted(self._methods.values(), key=lambda m: m.name))
 
-    def openrpc(self, version: str) -> dict[str, Any]:
+    def openrpc(self, version: str) -> OpenRpcDocument:
         """An OpenRPC 1.2 document generated from the declared methods."""
         return {
             "openrpc": "1.2.6",
@@ -148,7 +169,7 @@ class Registry:
                     "summary": m.summary,
                     "paramStructure": "by-name",
                     "params": [_param_schema(f) for f in m.fields.values()],
-                    "result": {"name": "result", "schema": {"type": "object"}},
+                    "result": {"name": "result", "schema": m.result},
                     **({} if m.handler else {"x-implemented": False}),
                 }
                 for m in self
@@ -211,6 +232,44 @@ def _json_schema(tp: Any) -> dict[str, Any]:
     if tp is str:
         return {"type": "string"}
     return {}
+
+
+def result_schema(tp: Any) -> dict[str, Any]:
+    """The JSON schema of a result type: TypedDicts become objects with ``properties`` and
+    ``required`` (``NotRequired`` keys and ``total=False`` ones left out of it), nested ones
+    inline; lists, string-keyed dicts, unions, ``None``, literals and scalars as JSON has them."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if typing.is_typeddict(tp):
+        hints = typing.get_type_hints(tp, include_extras=True)
+        # __required_keys__ misses Required/NotRequired written as strings (postponed
+        # annotations) on Python 3.11, so the wrappers in the resolved hints decide.
+        required = set(tp.__required_keys__)
+        properties: dict[str, Any] = {}
+        for key, hint in hints.items():
+            wrapper = typing.get_origin(hint)
+            if wrapper is NotRequired:
+                required.discard(key)
+            elif wrapper is Required:
+                required.add(key)
+            properties[key] = result_schema(typing.get_args(hint)[0] if wrapper in (NotRequired, Required) else hint)
+        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        if required:
+            schema["required"] = [k for k in hints if k in required]
+        return schema
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in args if a is not type(None)]
+        options = [result_schema(a) for a in members]
+        if len(members) < len(args):
+            options.append({"type": "null"})
+        return {"oneOf": options} if len(members) == 1 else {"anyOf": options}
+    if tp is type(None):
+        return {"type": "null"}
+    if origin is list:
+        return {"type": "array", "items": result_schema(args[0])}
+    if origin is dict or tp is dict:
+        value = args[1] if args else Any
+        return {"type": "object"} if value is Any else {"type": "object", "additionalProperties": result_schema(value)}
+    return _json_schema(tp)
 
 
 def parse_params(method: Method, params: Any) -> Any:

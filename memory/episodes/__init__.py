@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .service import Episodes, ScoredEpisode
-from .store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore, EpisodeWire, dated
+from .store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore, dated
 
-__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "EpisodeWire", "Episodes", "ScoredEpisode",
+__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "Episodes", "ScoredEpisode",
            "dated"]

@@ -13,26 +13,13 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any
 
 import apsw
 
-__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "EpisodeWire", "dated"]
+__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "dated"]
 
 _COLUMNS = "id, user, session_key, text, theme, day, week, year, created_ms, updated_ms, covered_ms, merges"
-
-
-class EpisodeWire(TypedDict):
-    """An episode on the wire (``memory.episodes.list``)."""
-
-    id: int
-    sessionKey: str
-    text: str
-    theme: str
-    date: str
-    week: str
-    year: int
-    merges: int
 
 
 def dated(moment: datetime) -> tuple[str, str, int]:
@@ -60,10 +47,6 @@ class Episode:
     def from_row(cls, row: Sequence[Any]) -> Episode:
         return cls(int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
                    int(row[7]), int(row[8]), int(row[9]), int(row[10]), int(row[11]))
-
-    def to_wire(self) -> EpisodeWire:
-        return {"id": self.id, "sessionKey": self.session_key, "text": self.text, "theme": self.theme,
-                "date": self.day, "week": self.week, "year": self.year, "merges": self.merges}
 
 
 @dataclass(frozen=True, slots=True)

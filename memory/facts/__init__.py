@@ -4,7 +4,7 @@ de-duplicated exactly and semantically, versioned, and picked for a prompt (docs
 from __future__ import annotations
 
 from .service import Facts, FactsPage, ScoredFact
-from .store import Fact, FactChange, FactChangeWire, FactStore, FactWire, normalise, text_hash
+from .store import Action, Fact, FactChange, FactStore, normalise, text_hash
 
-__all__ = ["Fact", "FactChange", "FactChangeWire", "FactStore", "FactWire", "Facts", "FactsPage", "ScoredFact",
+__all__ = ["Action", "Fact", "FactChange", "FactStore", "Facts", "FactsPage", "ScoredFact",
            "normalise", "text_hash"]

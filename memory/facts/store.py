@@ -20,36 +20,17 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal
 
 import apsw
 
 from memory.errors import FactNotFound, InvalidFact
 
-__all__ = ["Fact", "FactChange", "FactChangeWire", "FactDraft", "FactStore", "FactWire", "normalise", "text_hash"]
+__all__ = ["Action", "Fact", "FactChange", "FactDraft", "FactStore", "normalise", "text_hash"]
 
+# What a save or delete did to a fact (docs/protocol.md, chat.final's facts).
 Action = Literal["added", "updated", "replaced", "unchanged", "deleted"]
 
-
-
-class FactWire(TypedDict):
-    """A fact on the wire (``memory.facts.*``, ``chat.final``'s ``facts``, ``recalld facts --json``)."""
-
-    id: int
-    text: str
-    active: bool
-    source: str
-    createdAt: str
-    updatedAt: str
-    replaces: NotRequired[int]  # the version this one replaced
-    sessionKey: NotRequired[str]  # the session it was saved from
-
-
-class FactChangeWire(TypedDict):
-    action: Action
-    fact: FactWire
-    previousId: NotRequired[int]
-    similarity: NotRequired[float]
 
 
 _SPACE = re.compile(r"\s+")
@@ -97,15 +78,6 @@ class Fact:
                    None if row[4] is None else int(row[4]), int(row[5] if row[5] is not None else row[0]),
                    str(row[6]), row[7], row[8], str(row[9]), str(row[10]))
 
-    def to_wire(self) -> FactWire:
-        out: FactWire = {"id": self.id, "text": self.text, "active": self.active, "source": self.source,
-                         "createdAt": self.created_at, "updatedAt": self.updated_at}
-        if self.previous_id is not None:
-            out["replaces"] = self.previous_id
-        if self.session_key:
-            out["sessionKey"] = self.session_key
-        return out
-
 
 @dataclass(frozen=True, slots=True)
 class FactChange:
@@ -115,14 +87,6 @@ class FactChange:
     fact: Fact
     previous_id: int | None = None
     similarity: float | None = None  # for a semantic merge: the cosine that decided it
-
-    def to_wire(self) -> FactChangeWire:
-        out: FactChangeWire = {"action": self.action, "fact": self.fact.to_wire()}
-        if self.previous_id is not None:
-            out["previousId"] = self.previous_id
-        if self.similarity is not None:
-            out["similarity"] = round(self.similarity, 4)
-        return out
 
 
 @dataclass(frozen=True, slots=True)

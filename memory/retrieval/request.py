@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from memory.chunking import CJK_CHARS, iso_to_ms
 from memory.config import MemoryConfig
@@ -169,20 +169,6 @@ class SearchHit:
     vector_rank: int | None
     similarity: float | None = None   # cosine to the query, when the vector leg found it
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "chunkId": self.chunk_id, "sessionKey": self.session_key, "content": self.content,
-            "score": self.score, "lineStart": self.line_start, "lineEnd": self.line_end,
-            "startTs": self.start_ts, "endTs": self.end_ts,
-        }
-        if self.keyword_rank is not None:
-            out["keywordRank"] = self.keyword_rank
-        if self.vector_rank is not None:
-            out["vectorRank"] = self.vector_rank
-        if self.similarity is not None:
-            out["similarity"] = round(self.similarity, 4)
-        return out
-
 
 @dataclass(frozen=True, slots=True)
 class SearchResponse:
@@ -192,14 +178,6 @@ class SearchResponse:
     timings_ms: dict[str, float] = field(default_factory=dict)
     # During a rebuild: the previous model whose vectors ranked the vector leg (its cosines).
     previous_model: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"results": [h.to_wire() for h in self.results], "mode": self.mode}
-        if self.fallback_reason:
-            out["fallbackReason"] = self.fallback_reason
-        if self.previous_model:
-            out["previousModel"] = self.previous_model
-        return out
 
 
 # The keyword leg: BM25 over the user's chunks (FTS5's bm25() is lower-is-better; the leg

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import apsw
 
+from gateway.wire import search_wire
 from memory import SearchHit
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, select_embedder
@@ -94,7 +95,7 @@ async def test_previous_model_serves_the_vector_leg_until_the_rebuild_ends(tmp_p
     assert "previous model" in (during.fallback_reason or "") and "model-a" in (during.fallback_reason or "")
     assert [content_of(h) for h in during.results][:2] == [LYNX, BREAD]   # model-a's order
     assert during.results[0].vector_rank == 1 and during.results[0].keyword_rank is None
-    assert during.to_wire()["previousModel"] == "model-a"
+    assert search_wire(during)["previousModel"] == "model-a"
     vs = status["vectorSearch"]
     assert vs["ready"] is False and vs["servedBy"] == {"provider": "fake", "model": "model-a"}
     assert vs["rebuild"] == {"embedded": 0, "total": 2, "previous": {"provider": "fake", "model": "model-a"},
@@ -123,7 +124,7 @@ async def test_new_vectors_take_over_once_the_rebuild_is_done(tmp_path: Path) ->
     assert status["vectorSearch"] == {"ready": True, "reason": None, "rebuild": None,
                                       "servedBy": {"provider": "fake", "model": "model-b"}}
     assert held is None and meta(tmp_path, "embedder_previous") is None
-    assert "previousModel" not in after.to_wire()
+    assert "previousModel" not in search_wire(after)
 
 
 async def test_keyword_fallback_when_the_previous_model_cannot_be_built(tmp_path: Path) -> None:

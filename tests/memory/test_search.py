@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gateway.wire import search_wire
 from memory.errors import InvalidSearch
 from memory.retrieval.request import fts_query
 from memory.service import MemoryService
@@ -209,7 +210,7 @@ async def test_no_embedder_falls_back_to_keyword(tmp_path: Path) -> None:
     """With no embedder, hybrid runs keyword-only and says why in the wire result."""
     write_transcript(tmp_path, "alice", "s1", ["quokka smiles"])
     async with opened(tmp_path, quiet_config(), None, embedder_reason="embedder 'none' configured") as svc:
-        wire = (await svc.search("alice", "quokka")).to_wire()
+        wire = search_wire(await svc.search("alice", "quokka"))
         status = await svc.status()
     assert wire["mode"] == "keyword" and "none" in wire["fallbackReason"]
     assert wire["results"][0]["keywordRank"] == 1 and "vectorRank" not in wire["results"][0]

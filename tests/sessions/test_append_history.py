@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gateway.wire import message_wire
 from sessions import (
     InvalidSessionInput,
     LineTooLarge,
@@ -48,14 +49,14 @@ def test_append_without_run_id_or_name(store: SessionStore) -> None:
 
 
 def test_message_wire_shape(store: SessionStore) -> None:
-    """Message.to_wire() is {id,role,content,ts} plus runId, name and extra keys when present."""
+    """message_wire() is {id,role,content,ts} plus runId, name and extra keys when present."""
     s = store.create("alice")
     m = store.append_message("alice", s.session_key, role="assistant", content="par",
                              run_id="r9", extra={"aborted": True})
-    assert m.to_wire() == {"id": m.id, "role": "assistant", "content": "par", "ts": m.ts,
+    assert message_wire(m) == {"id": m.id, "role": "assistant", "content": "par", "ts": m.ts,
                            "runId": "r9", "aborted": True}
     plain = store.append_message("alice", s.session_key, role="user", content="q")
-    assert plain.to_wire() == {"id": plain.id, "role": "user", "content": "q", "ts": plain.ts}
+    assert message_wire(plain) == {"id": plain.id, "role": "user", "content": "q", "ts": plain.ts}
 
 
 def test_append_updates_metadata(store: SessionStore) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from gateway.wire import session_wire
 from sessions import SessionStore, memory_enabled, transcript_file
 from sessions.layout import sessions_root
 
@@ -29,7 +30,7 @@ def test_memory_false_is_in_the_header_and_survives_a_rebuild(tmp_path: Path) ->
     reopened = SessionStore(tmp_path)
     try:
         assert reopened.get("alice", secret.session_key).memory is False
-        assert reopened.get("alice", plain.session_key).to_wire().get("memory") is None
+        assert session_wire(reopened.get("alice", plain.session_key)).get("memory") is None
     finally:
         reopened.close()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.wire import session_wire
 from sessions import (
     InvalidSessionInput,
     SessionNotFound,
@@ -64,10 +65,10 @@ def test_transcripts_are_private_files(store: SessionStore) -> None:
 
 
 def test_get_and_wire_shape(store: SessionStore) -> None:
-    """get() returns what create() returned, and to_wire() is the camelCase wire shape (docs/protocol.md)."""
+    """get() returns what create() returned, and session_wire() is the camelCase wire shape (docs/protocol.md)."""
     s = store.create("alice", title="T", model="m1")
     assert store.get("alice", s.session_key) == s
-    assert s.to_wire() == {
+    assert session_wire(s) == {
         "sessionKey": s.session_key,
         "title": "T",
         "createdAt": s.created_at,

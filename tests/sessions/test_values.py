@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from gateway.wire import session_wire
 from sessions import Message, Session, SessionsConfig, format_ts, parse_ts
 from sessions.keys import (
     check_user,
@@ -38,9 +39,9 @@ def test_timestamps_sort_in_time_order() -> None:
 
 
 def test_session_wire_leaves_out_absent_optionals() -> None:
-    """Session.to_wire omits systemPrompt and model when unset, and never includes the user."""
+    """session_wire omits systemPrompt and model when unset, and never includes the user."""
     s = Session("a" * 32, "alice", "T", "2024-01-01T00:00:00.000Z", "2024-01-01T00:00:00.000Z", 0)
-    assert set(s.to_wire()) == {"sessionKey", "title", "createdAt", "updatedAt", "messageCount"}
+    assert set(session_wire(s)) == {"sessionKey", "title", "createdAt", "updatedAt", "messageCount"}
 
 
 @pytest.mark.parametrize(
