@@ -14,6 +14,7 @@ backend (the ``postgres`` extra), so the default install never needs the driver.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -79,18 +80,21 @@ def open_session_store(
     sessions: SessionsConfig,
     *,
     file_io: FileIO | None = None,
+    key_factory: Callable[[], str] | None = None,
 ) -> SessionStore | PgSessionStore:
     """The configured store, open. For postgres it connects at once and applies pending
     migrations; a server it cannot reach is :class:`StorageUnavailable` naming
-    ``storage.dsn`` with the server's reason. Blocking: call it off the event loop."""
+    ``storage.dsn`` with the server's reason. Blocking: call it off the event loop.
+    ``key_factory`` names new sessions (the importer keeps keys stable); default random."""
+    keys = {} if key_factory is None else {"key_factory": key_factory}
     if storage.backend == "sqlite":
-        return SessionStore(data_dir, sessions, file_io=file_io)
+        return SessionStore(data_dir, sessions, file_io=file_io, **keys)
     assert storage.dsn is not None  # StorageConfig refuses postgres without one
     from sessions import PgSessionStore
 
     try:
         return PgSessionStore(storage.dsn, sessions, pool_size=storage.pool_size,
-                              connect_timeout_s=storage.connect_timeout_s)
+                              connect_timeout_s=storage.connect_timeout_s, **keys)
     except StorageError as err:
         raise StorageUnavailable(
             f"storage.dsn (RECALLD_STORAGE_DSN): {err.message}; is the PostgreSQL server "
