@@ -97,8 +97,15 @@ class EventBus:
         server cannot be reached."""
         self._conn = await self._connect("publish")
         await migrate(self._conn)
-        self._listener = asyncio.create_task(self._listen_forever(), name=f"event-bus-{self.node_id[:8]}")
-        await self.wait_listening(1)
+        # The first LISTEN happens here, so a server that refuses it fails the start.
+        first = await self._connect("listen")
+        try:
+            await self._listen_on(first)
+        except BaseException:
+            await first.close()
+            raise
+        self._listener = asyncio.create_task(self._listen_forever(first),
+                                             name=f"event-bus-{self.node_id[:8]}")
 
     async def close(self) -> None:
         """Stop listening and close both connections; safe to call twice."""
@@ -170,22 +177,29 @@ class EventBus:
                 await self._conn.close()
             self._conn = None
 
-    async def _listen_forever(self) -> None:
+    async def _listen_on(self, conn: _Conn) -> None:
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        async with self._listening:
+            self._listens += 1
+            self._listening.notify_all()
+
+    async def _listen_forever(self, first: _Conn) -> None:
+        conn: _Conn | None = first
         while True:
             try:
-                conn = await self._connect("listen")
-                try:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                    async with self._listening:
-                        self._listens += 1
-                        self._listening.notify_all()
-                    async for note in conn.notifies():
-                        await self._deliver(note.payload)
-                finally:
-                    await conn.close()
+                if conn is None:
+                    conn = await self._connect("listen")
+                    await self._listen_on(conn)
+                async for note in conn.notifies():
+                    await self._deliver(note.payload)
             except (psycopg.Error, OSError) as err:
                 log.warning("cluster.listen_lost", error=str(err).strip(),
                             retry_in_s=self._reconnect_delay_s)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.close()
+                    conn = None
             await asyncio.sleep(self._reconnect_delay_s)
 
     async def _deliver(self, payload: str) -> None:

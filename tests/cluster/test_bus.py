@@ -82,3 +82,14 @@ async def test_the_listener_comes_back_after_its_connection_is_killed(
     event: Event = ("alice", "c" * 32, "chat.delta", {"seq": 7, "delta": "after"})
     assert await a.publish(*event)
     assert await hub_b.wait_for(1) == [event]
+
+
+async def test_a_bus_that_cannot_reach_the_server_fails_to_start() -> None:
+    """start() against a closed port raises the driver's error instead of waiting forever."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(psycopg.OperationalError):
+        await EventBus(f"postgresql://u@127.0.0.1:{port}/db", RecordingHub(), connect_timeout_s=2).start()
