@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gateway.storage import StorageConfig
 from memory import MemoryConfig
 from sessions import SessionsConfig
 
@@ -187,6 +188,7 @@ class Config:
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     quotas: QuotasConfig = field(default_factory=QuotasConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     config_path: Path | None = None
 
 

@@ -6,11 +6,14 @@ The public surface is :class:`SessionStore` with its values (:class:`Session`,
 transcripts from outside the store (the memory indexer) use the path layout
 (:func:`sessions_root`, :func:`transcript_relpath`, :func:`parse_transcript_relpath`,
 :func:`scan_transcripts`), :class:`ForwardReader` and :func:`read_header`, so the format has
-one owner. See
+one owner. :class:`PgSessionStore` (``sessions.pg``, the same API on PostgreSQL) is imported
+on first use only, since it needs psycopg (the ``postgres`` extra). See
 docs/sessions.md.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .config import FsyncPolicy, SessionsConfig
 from .errors import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
@@ -28,6 +31,9 @@ from .models import MESSAGE_ROLES, Message, Session, format_ts, now_ts, parse_ts
 from .reader import ForwardReader, TranscriptEntry
 from .store import MessagePage, SessionPage, SessionStore
 from .transcript import Header, memory_enabled, read_header
+
+if TYPE_CHECKING:
+    from .pg import PgSessionStore as PgSessionStore
 
 __all__ = [
     "MESSAGE_ROLES",
@@ -60,3 +66,12 @@ __all__ = [
     "transcript_file",
     "transcript_relpath",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Not in __all__: a star import must not pull in psycopg.
+    if name == "PgSessionStore":
+        from .pg import PgSessionStore
+
+        return PgSessionStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

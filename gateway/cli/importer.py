@@ -1,4 +1,6 @@
-"""``recalld import FILE``: bring an existing chat history into transcripts, then index it.
+"""``recalld import FILE``: bring an existing chat history into the configured store (JSONL
+transcripts, or PostgreSQL under ``[storage] backend = "postgres"``), then index it.
+``recalld import --from DIR`` moves a data dir's sessions instead (:mod:`.importer_move`).
 
 Works on the data directory directly, like ``recalld memory`` (the sessions index and the
 memory index are SQLite in WAL mode, so a running daemon and this command take turns).
@@ -27,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.importer_formats import Conversation, Format, ImportFormatError, detect, parse
+from gateway.cli.importer_move import MoveError, move_data_dir
 from gateway.config import Config
+from gateway.storage import StorageConfig, StorageUnavailable, open_session_store
 from memory import MemoryIndexError
-from sessions import SessionError, SessionsConfig, SessionStore, check_user
+from sessions import SessionError, SessionNotFound, SessionsConfig, check_user
 
 __all__ = ["ImportReport", "add_import_parser", "import_conversations", "session_key_for"]
 
@@ -56,23 +60,25 @@ Progress = Callable[[int, int, int, int], None]  # conversations done/total, mes
 
 
 def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt: str,
-                         conversations: Sequence[Conversation], progress: Progress | None = None) -> ImportReport:
-    """Write ``conversations`` as ``user``'s transcripts under ``data_dir`` (blocking)."""
+                         conversations: Sequence[Conversation], progress: Progress | None = None,
+                         *, storage: StorageConfig = StorageConfig()) -> ImportReport:  # noqa: B008 - frozen
+    """Write ``conversations`` as ``user``'s sessions in the store ``storage`` names (by
+    default the transcripts under ``data_dir``); blocking."""
     user = check_user(user)
     started = time.perf_counter()
     total_messages = sum(len(c.turns) for c in conversations)
     next_key: list[str] = []
     created = resumed = unchanged = empty = written = seen = 0
-    with SessionStore(data_dir, config, key_factory=lambda: next_key.pop()) as store:
+    with open_session_store(storage, data_dir, config, key_factory=lambda: next_key.pop()) as store:
         for done, conv in enumerate(conversations, 1):
             seen += len(conv.turns)
             if not conv.turns:
                 empty += 1
                 continue
             key = session_key_for(user, fmt, conv.source_id)
-            if store.transcript_path(user, key).exists():
+            try:
                 have = store.get(user, key).message_count
-            else:
+            except SessionNotFound:
                 next_key.append(key)
                 store.create(user, title=conv.title, system_prompt=conv.system_prompt, model=conv.model,
                              created_at=conv.created_at or conv.turns[0].ts)
@@ -98,7 +104,11 @@ def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt:
 def add_import_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("import", help="import a chat history (ChatGPT export, recalld JSONL) into transcripts")
     command_flags(p)  # --config / --data-dir after the command too
-    p.add_argument("file", type=Path, help="conversations.json from a ChatGPT export, or recalld JSONL")
+    p.add_argument("file", type=Path, nargs="?",
+                   help="conversations.json from a ChatGPT export, or recalld JSONL")
+    p.add_argument("--from", dest="source", type=Path, metavar="DATA_DIR",
+                   help="instead of FILE: move every session of this single-node data dir into the "
+                        "configured store ([storage]), idempotently")
     p.add_argument("--user", default=DEFAULT_USER, help=f"whose sessions they become (default {DEFAULT_USER})")
     p.add_argument("--format", choices=("auto", "chatgpt", "jsonl"), default="auto",
                    help="file format (default: detected from the first byte)")
@@ -134,6 +144,11 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     from gateway.logs import configure_logging
 
     configure_logging("warning", config.log.format)
+    if (args.file is None) == (args.source is None):
+        print("recalld: import needs FILE or --from DATA_DIR (one of them)", file=sys.stderr)
+        return 2
+    if args.source is not None:
+        return _move(config, args.source)
     try:
         data = args.file.read_bytes()
     except OSError as exc:
@@ -152,7 +167,12 @@ def _run(config: Config, args: argparse.Namespace) -> int:
         return 2
     bar = _Bar()
     try:
-        report = import_conversations(config.data_dir, config.sessions, args.user, fmt, conversations, bar)
+        report = import_conversations(config.data_dir, config.sessions, args.user, fmt, conversations, bar,
+                                      storage=config.storage)
+    except StorageUnavailable as exc:
+        bar.end()
+        print(f"recalld: {exc}", file=sys.stderr)
+        return 2
     except SessionError as exc:
         bar.end()
         print(f"recalld: import stopped: {exc}; what was written stays, and the same command resumes",
@@ -165,12 +185,38 @@ def _run(config: Config, args: argparse.Namespace) -> int:
           f"{report.messages} messages written in {report.seconds:.1f} s ({rate:,.0f}/s)")
     if args.no_index:
         return 0
+    if config.storage.backend != "sqlite":
+        print("not indexed here: the daemons' indexer reads new sessions from the database")
+        return 0
     try:
         return asyncio.run(_index_with(config))
     except MemoryIndexError as exc:
         print(f"recalld: indexing failed: {exc}; the transcripts are written, `recalld memory index` "
               "finishes the index", file=sys.stderr)
         return 1
+
+
+def _move(config: Config, source: Path) -> int:
+    if config.storage.backend == "sqlite" and source.resolve() == config.data_dir.resolve():
+        print("recalld: --from names the data dir this command writes to; set [storage] "
+              "backend = \"postgres\" (RECALLD_STORAGE_BACKEND) to move it into PostgreSQL", file=sys.stderr)
+        return 2
+    if not (source / "sessions").is_dir():
+        print(f"recalld: {source} holds no sessions/ directory: not a recalld data dir", file=sys.stderr)
+        return 2
+    try:
+        report = move_data_dir(source, config.storage, config.data_dir, config.sessions)
+    except StorageUnavailable as exc:
+        print(f"recalld: {exc}", file=sys.stderr)
+        return 2
+    except (MoveError, SessionError) as exc:
+        print(f"recalld: move stopped: {exc}; what was written stays, and the same command resumes",
+              file=sys.stderr)
+        return 1
+    print(f"moved {report.sessions} sessions from {source} into {config.storage.backend}: "
+          f"{report.created} new, {report.resumed} resumed, {report.unchanged} already complete, "
+          f"{report.unreadable} unreadable; {report.messages} messages written in {report.seconds:.1f} s")
+    return 0
 
 
 async def _index_with(config: Config) -> int:

@@ -20,6 +20,7 @@ from sessions import (
 from .conftest import fill, read_lines
 
 
+@pytest.mark.jsonl_only
 def test_append_line_format_is_design_3(store: SessionStore) -> None:
     """A message line is {type,id,role,content,ts,runId,name?,...extra} in that order, one line."""
     s = store.create("alice")
@@ -40,6 +41,7 @@ def test_append_line_format_is_design_3(store: SessionStore) -> None:
     }
 
 
+@pytest.mark.jsonl_only
 def test_append_without_run_id_or_name(store: SessionStore) -> None:
     """runId is always present (null when unset) and name only when given."""
     s = store.create("alice")
@@ -77,6 +79,7 @@ def test_append_updates_metadata(store: SessionStore) -> None:
         (datetime(2023, 5, 20, 2, 21, 0, 999999), "2023-05-20T02:21:00.999Z"),
     ],
 )
+@pytest.mark.jsonl_only
 def test_ts_is_normalised_to_utc_millis(store: SessionStore, given: object, stored: str) -> None:
     """A given ts (string or datetime; naive means UTC) is stored as UTC with milliseconds and Z."""
     s = store.create("alice")
@@ -104,6 +107,7 @@ def test_ts_is_normalised_to_utc_millis(store: SessionStore, given: object, stor
         ({"extra": ["x"]}, "extra"),
     ],
 )
+@pytest.mark.jsonl_only
 def test_bad_message_input_writes_nothing(
     store: SessionStore, kwargs: dict[str, object], field: str
 ) -> None:
@@ -238,6 +242,7 @@ def test_recent_messages_for_model_context(store: SessionStore) -> None:
         store.recent_messages("alice", s.session_key, -1)
 
 
+@pytest.mark.jsonl_only
 def test_history_reads_lines_written_by_the_store_only_once_each(store: SessionStore) -> None:
     """Every message id in the transcript appears exactly once across all history pages."""
     s = store.create("alice")

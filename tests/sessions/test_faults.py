@@ -21,6 +21,9 @@ from sessions import (
 
 from .conftest import fill, read_lines
 
+# Transcript files, their recovery and the index cache: the file store alone.
+pytestmark = pytest.mark.jsonl_only
+
 
 class FlakyDisk:
     """A real disk that fails on demand: ``fail`` is an errno to raise, or "short" to write

@@ -16,6 +16,9 @@ from sessions.index import SCHEMA_VERSION
 
 from .conftest import LogList, fill
 
+# Transcript files, their recovery and the index cache: the file store alone.
+pytestmark = pytest.mark.jsonl_only
+
 
 def _populate(data_dir: Path) -> list[Session]:
     """Three sessions with different message counts and dates; returns list() as stored."""

@@ -3,7 +3,7 @@ stops before the message that would pass the cap, and its cursor resumes exactly
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 from sessions import SessionsConfig, SessionStore
 
@@ -18,11 +18,11 @@ def _all_pages(store: SessionStore, key: str, limit: int) -> list[list[str]]:
             return pages
 
 
-def test_pages_stop_at_the_byte_cap_and_resume_where_they_stopped(tmp_path: Path) -> None:
+def test_pages_stop_at_the_byte_cap_and_resume_where_they_stopped(make_store: Callable[..., SessionStore]) -> None:
     """Messages of mixed sizes under a 20 kB cap: every page's lines fit the cap (or it is a
     single message), and paging back to the start yields every message once, in order."""
     sizes = [100, 9_000, 3_000, 15_000, 50, 8_000, 8_000, 30_000, 200, 7_000, 12_000, 1]
-    with SessionStore(tmp_path, SessionsConfig(max_page_bytes=20_000)) as store:
+    with make_store(SessionsConfig(max_page_bytes=20_000)) as store:
         key = store.create("alice").session_key
         contents = [f"{i:02d}" + "x" * n for i, n in enumerate(sizes)]
         for content in contents:
@@ -39,9 +39,9 @@ def test_pages_stop_at_the_byte_cap_and_resume_where_they_stopped(tmp_path: Path
         assert [[c[:2] for c in page] for page in pages] == [
             ["08", "09", "10", "11"], ["07"], ["04", "05", "06"], ["02", "03"], ["00", "01"]]
 
-def test_the_count_limit_still_applies_under_the_byte_cap(tmp_path: Path) -> None:
+def test_the_count_limit_still_applies_under_the_byte_cap(make_store: Callable[..., SessionStore]) -> None:
     """Small messages under a large cap page by ``limit`` exactly as before."""
-    with SessionStore(tmp_path, SessionsConfig(max_page_bytes=1_000_000)) as store:
+    with make_store(SessionsConfig(max_page_bytes=1_000_000)) as store:
         key = store.create("alice").session_key
         contents = [f"m{i}" for i in range(7)]
         for content in contents:

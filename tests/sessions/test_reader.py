@@ -22,6 +22,9 @@ from sessions import (
 
 KEY = "0123456789abcdef0123456789abcdef"
 
+# Transcript files, their recovery and the index cache: the file store alone.
+pytestmark = pytest.mark.jsonl_only
+
 
 def test_forward_reader_returns_the_stores_messages_with_lines_and_offsets(store: SessionStore) -> None:
     """Read from the start, the reader yields exactly what history() returns, each with its

@@ -27,6 +27,9 @@ TAILS: dict[str, bytes] = {
     "huge_line_without_newline": b'{"type":"message","content":"' + b"x" * 3_000_000,
 }
 
+# Transcript files, their recovery and the index cache: the file store alone.
+pytestmark = pytest.mark.jsonl_only
+
 
 def _session_with_messages(data_dir: Path, n: int = 3) -> tuple[str, Path, bytes]:
     with SessionStore(data_dir) as s:

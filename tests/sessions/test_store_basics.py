@@ -22,6 +22,7 @@ from sessions import (
 from .conftest import fill, read_lines
 
 
+@pytest.mark.jsonl_only
 def test_create_writes_exactly_the_header_line(store: SessionStore) -> None:
     """create() makes a transcript whose only line is the header, keys in the documented order (docs/sessions.md)."""
     s = store.create("alice", title="Trip", system_prompt="Be brief.", model="gpt-x")
@@ -46,6 +47,7 @@ def test_create_writes_exactly_the_header_line(store: SessionStore) -> None:
     assert path.parent.parent.name == "sessions"
 
 
+@pytest.mark.jsonl_only
 def test_create_defaults_and_unguessable_keys(store: SessionStore) -> None:
     """Without arguments a session gets the default title, no prompt or model, and a fresh
     32-hex-digit key."""
@@ -56,6 +58,7 @@ def test_create_defaults_and_unguessable_keys(store: SessionStore) -> None:
     assert "systemPrompt" not in read_lines(store.transcript_path("alice", a.session_key))[0]
 
 
+@pytest.mark.jsonl_only
 def test_transcripts_are_private_files(store: SessionStore) -> None:
     """Transcripts are created mode 0600 inside a 0700 user directory."""
     s = store.create("alice")
@@ -96,6 +99,7 @@ def test_create_with_dataset_date(store: SessionStore) -> None:
         ({"created_at": "yesterday"}, "createdAt"),
     ],
 )
+@pytest.mark.jsonl_only
 def test_create_rejects_bad_input(store: SessionStore, kwargs: dict[str, object], field: str) -> None:
     """Each bad create() argument is refused with the wire name of its field and no file made."""
     with pytest.raises(InvalidSessionInput) as info:
@@ -246,6 +250,7 @@ def test_path_like_keys_are_not_found_and_touch_nothing(
     assert outside.read_bytes() == b"keep\n"
 
 
+@pytest.mark.jsonl_only
 def test_delete_removes_file_row_and_saved_tails(store: SessionStore, data_dir: Path) -> None:
     """delete() removes the transcript, its .corrupt-* files and its index row; then it is gone."""
     s = store.create("alice")
@@ -266,9 +271,9 @@ def test_delete_removes_file_row_and_saved_tails(store: SessionStore, data_dir: 
     reopened.close()
 
 
-def test_close_twice_is_safe_and_later_calls_fail_cleanly(data_dir: Path) -> None:
+def test_close_twice_is_safe_and_later_calls_fail_cleanly(make_store: Callable[..., SessionStore]) -> None:
     """close() may be called twice; a call after close raises StorageError, not an apsw error."""
-    s = SessionStore(data_dir, SessionsConfig(fsync="batch"))
+    s = make_store(SessionsConfig(fsync="batch"))
     session = s.create("alice")
     s.close()
     s.close()
@@ -285,6 +290,7 @@ def test_context_manager_closes(data_dir: Path) -> None:
     assert os.listdir(data_dir / "sessions" / "alice")
 
 
+@pytest.mark.jsonl_only
 def test_no_file_descriptors_are_kept_per_session(store: SessionStore) -> None:
     """Using a thousand sessions leaves the process holding no more descriptors than before."""
     fd_dir = Path("/proc/self/fd")

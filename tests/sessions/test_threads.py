@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,9 +48,9 @@ def test_concurrent_appends_keep_every_line(data_dir: Path) -> None:
     store.close()
 
 
-def test_concurrent_creates_and_lists(data_dir: Path) -> None:
+def test_concurrent_creates_and_lists(make_store: Callable[..., SessionStore]) -> None:
     """Sessions created from many threads all get distinct keys and all appear in the list."""
-    store = SessionStore(data_dir)
+    store = make_store()
 
     def make(_: int) -> str:
         key = store.create("alice").session_key

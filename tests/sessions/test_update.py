@@ -3,6 +3,7 @@ after the index is rebuilt from the transcripts, without touching messages or th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from sessions import (
 from .conftest import fill, read_lines
 
 
+@pytest.mark.jsonl_only
 def test_update_appends_a_line_and_changes_the_row(store: SessionStore) -> None:
     """update() writes one update line, keeps the header, and get/list show the new values."""
     s = store.create("alice", title="Old", system_prompt="Be brief.")
@@ -65,6 +67,7 @@ def test_rebuilt_index_applies_updates_in_order(data_dir: Path) -> None:
     ({"title": "x" * 201}, "title"),
     ({"system_prompt": 5}, "systemPrompt"),
 ])
+@pytest.mark.jsonl_only
 def test_bad_updates_are_refused_and_write_nothing(store: SessionStore, fields: dict[str, object], field: str) -> None:
     """A missing, blank, too long or mistyped value raises InvalidSessionInput naming it; the file is unchanged."""
     s = store.create("alice")
@@ -75,9 +78,9 @@ def test_bad_updates_are_refused_and_write_nothing(store: SessionStore, fields: 
     assert info.value.field == field and path.stat().st_size == size
 
 
-def test_oversized_system_prompt_is_line_too_large(data_dir: Path) -> None:
+def test_oversized_system_prompt_is_line_too_large(make_store: Callable[..., SessionStore]) -> None:
     """A system prompt that would make the line exceed max_line_bytes is refused before writing."""
-    with SessionStore(data_dir, SessionsConfig(max_line_bytes=1024)) as store:
+    with make_store(SessionsConfig(max_line_bytes=1024)) as store:
         s = store.create("alice")
         with pytest.raises(LineTooLarge):
             store.update("alice", s.session_key, system_prompt="x" * 2000)

@@ -1,0 +1,74 @@
+"""The tables the cross-node primitives share, and their recorded migrations.
+
+The same scheme as ``sessions.pg.schema``: named migrations recorded in
+``recalld_cluster_migrations``, all pending ones applied in one transaction holding
+``pg_advisory_xact_lock(MIGRATION_LOCK)``, so nodes starting together do not race.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "connect", "migrate"]
+
+# "recldclu" as a big-endian int64: this package's own constant, apart from sessions' and memory's.
+MIGRATION_LOCK = int.from_bytes(b"recldclu", "big")
+
+_M001 = """
+CREATE TABLE recalld_events (
+    id         bigserial PRIMARY KEY,
+    node       text NOT NULL,
+    payload    jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX recalld_events_created ON recalld_events (created_at);
+CREATE TABLE recalld_idempotency (
+    user_id     text NOT NULL,
+    session_key text NOT NULL,
+    key         text NOT NULL,
+    run_id      text NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (user_id, session_key, key)
+);
+CREATE INDEX recalld_idempotency_expires ON recalld_idempotency (expires_at);
+"""
+
+#: ``(name, sql)`` in the order they apply; an applied one is never edited.
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    ("m001_events_and_idempotency", _M001),
+)
+
+
+async def migrate(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> list[str]:
+    """Apply the pending migrations under the advisory lock; returns the names applied now."""
+    applied_now: list[str] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS recalld_cluster_migrations ("
+            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cur = await conn.execute("SELECT name FROM recalld_cluster_migrations")
+        done = {str(row[0]) for row in await cur.fetchall()}
+        for name, sql in MIGRATIONS:
+            if name not in done:
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO recalld_cluster_migrations (name) VALUES (%s)", (name,))
+                applied_now.append(name)
+    return applied_now
+
+
+async def connect(dsn: str, *, connect_timeout_s: float, application_name: str,
+                  ) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    """An autocommit connection that the server drops within about 25 s of the node
+    vanishing (server-side TCP keepalives), so locks and listens of a dead node go with it."""
+    conn = await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout_s)),
+        application_name=application_name,
+    )
+    await conn.execute(
+        "SELECT set_config('tcp_keepalives_idle', '10', false),"
+        " set_config('tcp_keepalives_interval', '5', false),"
+        " set_config('tcp_keepalives_count', '3', false)"
+    )
+    return conn

@@ -1,0 +1,102 @@
+"""Where sessions are kept: the ``[storage]`` settings and the one function that opens the
+configured store.
+
+``backend = "sqlite"`` (the default) keeps JSONL transcripts and a SQLite index in the data
+dir; ``"postgres"`` keeps them in the PostgreSQL database at ``dsn``, which several gateway
+nodes may share (docs/scaling.md). Mistakes are refused where the configuration is loaded,
+naming the setting; an unreachable server is refused when the store opens, naming
+``storage.dsn`` — never a silent fallback to the other backend. No message repeats the DSN,
+which may hold a password.
+
+A leaf: it imports the standard library and ``sessions``, and psycopg only for the postgres
+backend (the ``postgres`` extra), so the default install never needs the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from sessions import FileIO, SessionsConfig, SessionStore, StorageError
+
+if TYPE_CHECKING:
+    from sessions import PgSessionStore
+
+__all__ = ["StorageConfig", "StorageUnavailable", "open_session_store"]
+
+_DSN_FORMS = (
+    "a URI such as postgresql://user@host:5432/recalld, or key=value pairs such as "
+    "'host=db dbname=recalld'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """The ``[storage]`` settings (``RECALLD_STORAGE_<KEY>``); config.example.toml has each."""
+
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    dsn: str | None = None
+    pool_size: int = field(default=10, metadata={"min": 1, "max": 1000})
+    connect_timeout_s: float = field(default=10.0, metadata={"min": 1, "max": 300})
+
+    def __post_init__(self) -> None:
+        if self.backend != "postgres":
+            return
+        if not self.dsn:
+            raise ValueError(
+                'storage.backend = "postgres" needs storage.dsn (RECALLD_STORAGE_DSN): ' + _DSN_FORMS
+            )
+        problem = dsn_problem(self.dsn)
+        if problem is not None:
+            raise ValueError(problem)
+
+
+class StorageUnavailable(Exception):
+    """The configured store could not be opened; the message names the setting to look at."""
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why ``dsn`` is not a PostgreSQL connection string (None when it is one), by libpq's
+    own parser; the reason names ``storage.dsn`` and never repeats the value."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return 'storage.backend = "postgres" needs the driver: pip install "recalld[postgres]"'
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:
+        return f"storage.dsn (RECALLD_STORAGE_DSN) is not a PostgreSQL connection string; expected {_DSN_FORMS}"
+    ports = str(params.get("port") or "5432").split(",")
+    if not all(port.strip().isdigit() for port in ports):
+        return "storage.dsn (RECALLD_STORAGE_DSN) has a port that is not a number"
+    return None
+
+
+def open_session_store(
+    storage: StorageConfig,
+    data_dir: Path,
+    sessions: SessionsConfig,
+    *,
+    file_io: FileIO | None = None,
+    key_factory: Callable[[], str] | None = None,
+) -> SessionStore | PgSessionStore:
+    """The configured store, open. For postgres it connects at once and applies pending
+    migrations; a server it cannot reach is :class:`StorageUnavailable` naming
+    ``storage.dsn`` with the server's reason. Blocking: call it off the event loop.
+    ``key_factory`` names new sessions (the importer keeps keys stable); default random."""
+    keys = {} if key_factory is None else {"key_factory": key_factory}
+    if storage.backend == "sqlite":
+        return SessionStore(data_dir, sessions, file_io=file_io, **keys)
+    assert storage.dsn is not None  # StorageConfig refuses postgres without one
+    from sessions import PgSessionStore
+
+    try:
+        return PgSessionStore(storage.dsn, sessions, pool_size=storage.pool_size,
+                              connect_timeout_s=storage.connect_timeout_s, **keys)
+    except StorageError as err:
+        raise StorageUnavailable(
+            f"storage.dsn (RECALLD_STORAGE_DSN): {err.message}; is the PostgreSQL server "
+            "running and reachable, and may this user create tables in the database?"
+        ) from err

@@ -1,0 +1,79 @@
+"""The PostgreSQL schema of the sessions store and its recorded migrations.
+
+Migrations are ordered and named (``m001_…``); an applied one is never edited, the next is
+added. :func:`migrate` runs every pending one in ONE transaction that first takes
+``pg_advisory_xact_lock(MIGRATION_LOCK)``: nodes starting together on an empty database queue
+on the lock, and each later one finds the work recorded in ``recalld_sessions_migrations``.
+
+The two tables are a contract with the memory indexer, which reads them (docs/sessions.md,
+"PostgreSQL"): columns may be added, never renamed or dropped. Keys and timestamps are
+``COLLATE "C"`` so that they sort byte by byte, as the fixed-width timestamp format and the
+list cursor expect, whatever the database's default collation is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "migrate"]
+
+# One constant per package ("recldses" as a big-endian int64); the memory package has its own.
+MIGRATION_LOCK = int.from_bytes(b"recldses", "big")
+
+_M001 = """
+CREATE TABLE recalld_sessions (
+    session_key   text COLLATE "C" PRIMARY KEY,
+    user_id       text NOT NULL,
+    title         text NOT NULL,
+    system_prompt text,
+    model         text,
+    memory        boolean NOT NULL DEFAULT true,
+    created_at    text COLLATE "C" NOT NULL,
+    updated_at    text COLLATE "C" NOT NULL,
+    message_count integer NOT NULL DEFAULT 0,
+    bytes         bigint NOT NULL DEFAULT 0,
+    next_seq      bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX recalld_sessions_newest
+    ON recalld_sessions (user_id, updated_at DESC, session_key DESC);
+CREATE TABLE recalld_messages (
+    session_key text COLLATE "C" NOT NULL REFERENCES recalld_sessions ON DELETE CASCADE,
+    seq         bigint NOT NULL,
+    id          text NOT NULL,
+    role        text NOT NULL,
+    content     text NOT NULL,
+    ts          text NOT NULL,
+    run_id      text,
+    name        text,
+    extra       jsonb NOT NULL DEFAULT '{}',
+    line_bytes  integer NOT NULL,
+    PRIMARY KEY (session_key, seq)
+);
+"""
+
+#: ``(name, sql)`` in the order they apply.
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    ("m001_sessions_and_messages", _M001),
+)
+
+
+def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
+    """Apply the pending migrations under the advisory lock; returns the names applied now."""
+    applied_now: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS recalld_sessions_migrations ("
+            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {str(row[0]) for row in conn.execute("SELECT name FROM recalld_sessions_migrations")}
+        for name, sql in MIGRATIONS:
+            if name in done:
+                continue
+            conn.execute(sql)
+            conn.execute("INSERT INTO recalld_sessions_migrations (name) VALUES (%s)", (name,))
+            applied_now.append(name)
+    return applied_now

@@ -1,0 +1,423 @@
+"""PgSessionStore: the public API of :class:`sessions.SessionStore` on PostgreSQL.
+
+Synchronous and thread-safe like the file store (the gateway calls it through
+``asyncio.to_thread``): each call borrows a connection from a ``psycopg_pool.ConnectionPool``
+and runs in one transaction. Values are checked by the same :mod:`sessions.inputs` as the file
+store, so both refuse the same input with the same errors, and a message's ``line_bytes`` is
+the size of the transcript line it would be, so ``max_line_bytes`` and ``max_page_bytes`` mean
+the same on both.
+
+An append is ONE ``INSERT`` whose ``seq`` comes from the session row, bumped in the same
+transaction (``UPDATE … RETURNING``): the row lock orders appends to one session across every
+node, and the ``NOTIFY recalld_messages, '<sessionKey>'`` sent in that transaction reaches
+listeners only once the message is committed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, NoReturn, TypeAlias
+
+import psycopg
+import structlog
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from .. import inputs
+from ..config import SessionsConfig
+from ..errors import InvalidSessionInput, SessionNotFound, StorageError
+from ..keys import (
+    check_session_key,
+    check_user,
+    decode_history_cursor,
+    decode_list_cursor,
+    encode_history_cursor,
+    encode_list_cursor,
+    is_session_key,
+    new_session_key,
+)
+from ..models import Message, Session
+from ..transcript import Header
+from .schema import migrate
+
+__all__ = ["NOTIFY_CHANNEL", "PgSessionStore"]
+
+log = structlog.get_logger(__name__)
+
+SessionPage: TypeAlias = "tuple[builtins.list[Session], str | None]"
+MessagePage: TypeAlias = "tuple[builtins.list[Message], str | None]"
+_Conn: TypeAlias = "psycopg.Connection[tuple[Any, ...]]"
+
+#: The channel an append notifies, with the session key as payload (the indexer listens).
+NOTIFY_CHANNEL = "recalld_messages"
+
+_SESSION_COLUMNS = (
+    "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model, memory"
+)
+# Pages leave the system prompt out, as the file store's index does: get() has it.
+_LIST_COLUMNS = _SESSION_COLUMNS.replace("system_prompt", "NULL")
+_MESSAGE_COLUMNS = "id, role, content, ts, run_id, name, extra"
+
+_FIRST_PAGE_SQL = f"""
+SELECT {_LIST_COLUMNS} FROM recalld_sessions WHERE user_id = %s
+ORDER BY updated_at DESC, session_key DESC LIMIT %s"""
+# The row comparison lets the planner seek into recalld_sessions_newest at the cursor.
+_PAGE_SQL = f"""
+SELECT {_LIST_COLUMNS} FROM recalld_sessions
+WHERE user_id = %s AND (updated_at, session_key) < (%s, %s)
+ORDER BY updated_at DESC, session_key DESC LIMIT %s"""
+_APPEND_SQL = """
+UPDATE recalld_sessions
+SET message_count = message_count + 1, bytes = bytes + %s, next_seq = next_seq + 1, updated_at = %s
+WHERE session_key = %s AND user_id = %s
+RETURNING next_seq - 1"""
+_INSERT_MESSAGE_SQL = """
+INSERT INTO recalld_messages (session_key, seq, id, role, content, ts, run_id, name, extra, line_bytes)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"""
+# After a purge the row is re-derived from what is left, as the file store re-derives its index.
+_RECOUNT_SQL = """
+UPDATE recalld_sessions s
+SET message_count = m.n, bytes = m.b, updated_at = COALESCE(m.last_ts, s.created_at)
+FROM (SELECT count(*) AS n, COALESCE(sum(line_bytes), 0) AS b,
+             (SELECT ts FROM recalld_messages WHERE session_key = %s ORDER BY seq DESC LIMIT 1) AS last_ts
+      FROM recalld_messages WHERE session_key = %s) m
+WHERE s.session_key = %s"""
+
+
+class PgSessionStore:
+    """Every user's sessions and messages in ``recalld_sessions`` / ``recalld_messages``."""
+
+    def __init__(
+        self,
+        dsn: str,
+        config: SessionsConfig = SessionsConfig(),  # noqa: B008 - frozen, so sharing is safe
+        *,
+        key_factory: Callable[[], str] = new_session_key,
+        pool_size: int = 10,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        """Connect at once (StorageError naming the server's answer when it cannot), apply the
+        pending migrations, then open the pool. ``key_factory`` is as for the file store."""
+        self._config = config
+        self._key_factory = key_factory
+        self._closed = False
+        timeout = max(1, round(connect_timeout_s))
+        try:
+            with psycopg.connect(dsn, connect_timeout=timeout) as conn:
+                migrate(conn)
+        except psycopg.Error as err:
+            raise StorageError(f"could not open the session database: {_reason(err)}") from err
+        self._pool: ConnectionPool[_Conn] = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"connect_timeout": timeout},
+            # A connection the server dropped (a restart, a failover) is replaced, not handed out.
+            check=ConnectionPool.check_connection,
+            timeout=connect_timeout_s,
+            open=False,
+            name="recalld-sessions",
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+        except Exception as err:
+            self._pool.close()
+            raise StorageError(f"could not open the session database: {err}") from err
+
+    # ----------------------------------------------------------------- public API
+
+    def create(
+        self,
+        user: str,
+        *,
+        title: str | None = None,
+        system_prompt: str | None = None,
+        model: str | None = None,
+        created_at: datetime | str | None = None,
+        memory: bool = True,
+    ) -> Session:
+        """Start a session (one row). ``memory=False``: incognito, never indexed."""
+        self._check_open()
+        user = check_user(user)
+        header, _ = inputs.build_header(
+            user, session_key=self._new_key(), title=title, system_prompt=system_prompt,
+            model=model, created_at=created_at, config=self._config, memory=memory,
+        )
+        _refuse_nul(("title", header.title), ("systemPrompt", header.system_prompt), ("model", header.model))
+        with self._tx("creating a session") as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt, model,"
+                    " memory, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (header.session_key, user, header.title, header.system_prompt, header.model,
+                     header.memory, header.created_at, header.created_at),
+                )
+            except psycopg.errors.UniqueViolation:
+                raise StorageError("a session with this key already exists") from None
+        return Session(header.session_key, user, header.title, header.created_at, header.created_at,
+                       0, header.system_prompt, header.model, header.memory)
+
+    def get(self, user: str, session_key: str) -> Session:
+        """The session's metadata; SessionNotFound for unknown, foreign or malformed keys."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        with self._tx("reading a session") as conn:
+            return self._session_row(conn, user, key)
+
+    def list(self, user: str, *, limit: int = 50, before: str | None = None) -> SessionPage:
+        """One page of ``user``'s sessions, newest ``updatedAt`` first (ties: key descending),
+        and the cursor of the next page (None at the end); keyset paging as in the file store."""
+        self._check_open()
+        user = check_user(user)
+        limit = inputs.check_limit(limit, self._config)
+        after = decode_list_cursor(before) if before is not None else None
+        with self._tx("listing sessions") as conn:
+            if after is None:
+                rows = conn.execute(_FIRST_PAGE_SQL, (user, limit + 1)).fetchall()
+            else:
+                rows = conn.execute(_PAGE_SQL, (user, after[0], after[1], limit + 1)).fetchall()
+        sessions = [_session(row) for row in rows]
+        if len(sessions) <= limit:
+            return sessions, None
+        last = sessions[limit - 1]
+        return sessions[:limit], encode_list_cursor(last.updated_at, last.session_key)
+
+    def history(
+        self, user: str, session_key: str, *, limit: int = 50, before: str | None = None
+    ) -> MessagePage:
+        """The latest ``limit`` messages before the cursor, oldest first, and the next cursor;
+        the page also stops before the message that would take its lines past
+        ``max_page_bytes`` (it always holds one). The cursor is the ``seq`` of the oldest
+        message on the page, so it stays valid while messages are appended."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        limit = inputs.check_limit(limit, self._config)
+        end = decode_history_cursor(before, key) if before is not None else None
+        return self._read_back(user, key, limit, end, self._config.max_page_bytes)
+
+    def recent_messages(self, user: str, session_key: str, n: int) -> builtins.list[Message]:
+        """The last ``n`` messages in order, for building the model's context (no page cap)."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidSessionInput("n", "must be a non-negative integer")
+        return self._read_back(user, key, n, None, None)[0]
+
+    def append_message(
+        self,
+        user: str,
+        session_key: str,
+        *,
+        role: str,
+        content: str,
+        run_id: str | None = None,
+        name: str | None = None,
+        ts: datetime | str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Message:
+        """Append one message: the next ``seq`` of the session and the ``INSERT`` commit
+        together, with the notify; nothing is written if anything is wrong."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        message, line = inputs.build_message(
+            role=role, content=content, run_id=run_id, name=name, ts=ts, extra=extra,
+            config=self._config,
+        )
+        _refuse_nul(("content", message.content), ("name", message.name), ("runId", message.run_id))
+        if _holds_nul(message.extra):
+            raise InvalidSessionInput("extra", "must not contain NUL characters")
+        with self._tx("appending a message") as conn:
+            row = conn.execute(_APPEND_SQL, (len(line), message.ts, key, user)).fetchone()
+            if row is None:
+                raise SessionNotFound()
+            conn.execute(_INSERT_MESSAGE_SQL, (
+                key, row[0], message.id, message.role, message.content, message.ts,
+                message.run_id, message.name, Jsonb(message.extra), len(line),
+            ))
+            conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, key))
+        return message
+
+    def update(
+        self, user: str, session_key: str, *, title: str | None = None,
+        system_prompt: str | None = None,
+    ) -> Session:
+        """Change the title and/or system prompt; ``updatedAt`` and the count do not move."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        with self._tx("updating a session") as conn:
+            now = self._session_row(conn, user, key, lock=True)
+            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model)
+            # The same check as the file store's update line, so the same values are refused.
+            new, _ = inputs.build_update(header, title=title, system_prompt=system_prompt,
+                                         config=self._config)
+            _refuse_nul(("title", new.title), ("systemPrompt", new.system_prompt))
+            conn.execute(
+                "UPDATE recalld_sessions SET title = %s, system_prompt = %s WHERE session_key = %s",
+                (new.title, new.system_prompt, key),
+            )
+        return replace(now, title=new.title, system_prompt=new.system_prompt)
+
+    def delete(self, user: str, session_key: str) -> None:
+        """Remove the session and (by cascade) its messages."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        with self._tx("deleting a session") as conn:
+            cur = conn.execute(
+                "DELETE FROM recalld_sessions WHERE session_key = %s AND user_id = %s", (key, user)
+            )
+            if cur.rowcount == 0:
+                raise SessionNotFound()
+
+    def purge_messages(self, user: str, session_key: str, *, after: datetime | None = None,
+                       before: datetime | None = None) -> int:
+        """Delete the messages timed in ``[after, before)`` (every message when neither is
+        given) and re-derive the session row; returns how many were removed. The kept
+        messages keep their ``seq``, so cursors handed out before stay valid."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        with self._tx("purging messages") as conn:
+            self._session_row(conn, user, key, lock=True)
+            cur = conn.execute(
+                "DELETE FROM recalld_messages WHERE session_key = %s"
+                " AND (%s::timestamptz IS NULL OR ts::timestamptz >= %s::timestamptz)"
+                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz)",
+                (key, after, after, before, before),
+            )
+            removed = cur.rowcount
+            if removed:
+                conn.execute(_RECOUNT_SQL, (key, key, key))
+        log.info("transcript.purged", session=key, messages=removed)
+        return removed
+
+    def transcript_path(self, user: str, session_key: str) -> NoReturn:
+        """There is no transcript file: a malformed key is SessionNotFound as in the file store,
+        any other call StorageError. JSONL is the export format (``recalld import``), not the
+        storage, on this backend."""
+        check_user(user)
+        check_session_key(session_key)
+        raise StorageError("sessions stored in PostgreSQL have no transcript file")
+
+    def flush(self) -> None:
+        """Nothing to do: every call commits before it returns (durability is the server's)."""
+
+    def close(self) -> None:
+        """Close the pool. Safe to call twice; later calls to the store fail."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.close()
+
+    def __enter__(self) -> PgSessionStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- internals
+
+    def _new_key(self) -> str:
+        key = self._key_factory()
+        if not is_session_key(key):
+            raise ValueError(f"key_factory returned {key!r}, which is not a session key")
+        return key
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the session store is closed")
+
+    @contextlib.contextmanager
+    def _tx(self, action: str) -> Iterator[_Conn]:
+        """One pooled connection and one transaction; a database failure becomes StorageError."""
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield conn
+        except psycopg.Error as err:
+            log.error("sessions.db_failed", action=action, error=_reason(err))
+            raise StorageError(f"session database failed while {action}") from err
+        except Exception as err:
+            if type(err).__module__.startswith("psycopg_pool"):  # PoolTimeout, PoolClosed
+                log.error("sessions.db_failed", action=action, error=str(err))
+                raise StorageError(f"session database unavailable while {action}") from err
+            raise
+
+    def _session_row(self, conn: _Conn, user: str, key: str, *, lock: bool = False) -> Session:
+        row = conn.execute(
+            f"SELECT {_SESSION_COLUMNS} FROM recalld_sessions WHERE session_key = %s AND user_id = %s"
+            + (" FOR UPDATE" if lock else ""),
+            (key, user),
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound()
+        return _session(row)
+
+    def _read_back(self, user: str, key: str, limit: int, end: int | None,
+                   max_bytes: int | None) -> MessagePage:
+        """Up to ``limit`` messages with ``seq < end`` (default: all), oldest first, capped by
+        the bytes of their lines; sizes are read first so a page never loads what it leaves."""
+        with self._tx("reading messages") as conn:
+            next_seq = conn.execute(
+                "SELECT next_seq FROM recalld_sessions WHERE session_key = %s AND user_id = %s",
+                (key, user),
+            ).fetchone()
+            if next_seq is None:
+                raise SessionNotFound()
+            if end is not None and not 0 <= end <= next_seq[0]:
+                raise InvalidSessionInput("before", "is not a cursor returned by this server")
+            if limit <= 0:
+                return [], None
+            bound = next_seq[0] if end is None else end
+            sizes = conn.execute(
+                "SELECT seq, line_bytes FROM recalld_messages WHERE session_key = %s AND seq < %s"
+                " ORDER BY seq DESC LIMIT %s",
+                (key, bound, limit + 1),
+            ).fetchall()
+            taken, used = 0, 0
+            for _, line_bytes in sizes[:limit]:
+                if max_bytes is not None and taken > 0 and used + line_bytes > max_bytes:
+                    break
+                taken += 1
+                used += line_bytes
+            if taken == 0:
+                return [], None
+            oldest = sizes[taken - 1][0]
+            rows = conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM recalld_messages"
+                " WHERE session_key = %s AND seq >= %s AND seq < %s ORDER BY seq",
+                (key, oldest, bound),
+            ).fetchall()
+        messages = [Message(r[0], r[1], r[2], r[3], r[4], r[5], dict(r[6])) for r in rows]
+        more = len(sizes) > taken
+        return messages, (encode_history_cursor(key, oldest) if more else None)
+
+
+def _session(row: tuple[Any, ...]) -> Session:
+    key, user, title, created, updated, count, prompt, model, memory = row
+    return Session(key, user, title, created, updated, count, prompt, model, bool(memory))
+
+
+def _refuse_nul(*fields: tuple[str, str | None]) -> None:
+    # PostgreSQL text cannot hold U+0000 (a transcript line can): refuse it as bad input
+    # before the server does, so the caller learns which field it was.
+    for field, value in fields:
+        if value is not None and "\x00" in value:
+            raise InvalidSessionInput(field, "must not contain NUL characters")
+
+
+def _holds_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
+def _reason(err: psycopg.Error) -> str:
+    """The server's or libpq's one-line reason (never the DSN, which may hold a password)."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
