@@ -10,18 +10,43 @@ from __future__ import annotations
 
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
+from .context import RECALL_QUERY_CHARS, MemoryContext, RunMemory
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
-from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, EpisodeWire, ScoredEpisode
-from .errors import (
-                     EmbedderError,
-                     FactNotFound,
-                     InvalidFact,
-                     InvalidSearch,
-                     MemoryIndexError,
-                     MemoryStorageError,
-                     MemoryUnavailable,
+from .episodes import (
+    SUMMARY_INSTRUCTIONS,
+    Episode,
+    EpisodeDraft,
+    EpisodeJob,
+    Episodes,
+    EpisodeWire,
+    EpisodeWriter,
+    ScoredEpisode,
+    Summarizer,
 )
-from .facts import Fact, FactChange, FactChangeWire, Facts, FactsPage, FactWire, ScoredFact
+from .errors import (
+    EmbedderError,
+    FactNotFound,
+    InvalidFact,
+    InvalidSearch,
+    MemoryIndexError,
+    MemoryStorageError,
+    MemoryUnavailable,
+    SummarizerError,
+)
+from .facts import (
+    BLOCK_CLOSE,
+    BLOCK_OPEN,
+    BlockFilter,
+    Fact,
+    FactChange,
+    FactChangeWire,
+    Facts,
+    FactsPage,
+    FactWire,
+    MalformedBlock,
+    ScoredFact,
+    parse_block,
+)
 from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
@@ -30,7 +55,15 @@ from .retrieval.timephrases import TimeWindow, find_time_window
 from .service import MemoryService
 
 __all__ = [
+    "BLOCK_CLOSE",
+    "BLOCK_OPEN",
+    "BlockFilter",
+    "MalformedBlock",
+    "parse_block",
     "MAX_QUERY_CHARS",
+    "RECALL_QUERY_CHARS",
+    "MemoryContext",
+    "RunMemory",
     "Embedder",
     "EmbedderChoice",
     "EmbedderError",
@@ -38,6 +71,10 @@ __all__ = [
     "EpisodeDraft",
     "EpisodeJob",
     "Episodes",
+    "EpisodeWriter",
+    "SUMMARY_INSTRUCTIONS",
+    "Summarizer",
+    "SummarizerError",
     "EpisodeWire",
     "ScoredEpisode",
     "TimeWindow",

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ import structlog
 
 from memory import forgetting
 from memory.config import MemoryConfig
+from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.embedders.local_embedder import default_threads
 from memory.embedders.rerank import CrossEncoder
@@ -533,6 +534,14 @@ class MemoryService:
                 floor = self._previous.relevance_floor  # the cosines are the previous model's
         return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
                           budget_tokens=self.config.recall_budget_tokens)
+
+    async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
+                      tz: tzinfo) -> MemoryContext:
+        """What a prompt answering ``message`` gets from memory: recalled chunks of the user's other
+        sessions, the facts most related, and episodes, as far as ``run`` turns each on."""
+        return await gather_context(
+            self.config, run, message, user=user, tz=tz, facts=lambda: self.facts, episodes=lambda: self.episodes,
+            recall=lambda query: self.recall(user, query, k=k, exclude_session_key=exclude_session_key))
 
     async def status(self, user: str | None = None) -> dict[str, Any]:
         """Counts and state, camelCase, ready for the wire.

@@ -3,8 +3,10 @@ de-duplicated exactly and semantically, versioned, and picked for a prompt (docs
 
 from __future__ import annotations
 
+from .block import BLOCK_CLOSE, BLOCK_OPEN, BlockFilter, FactBlock, MalformedBlock, parse_block
 from .service import Facts, FactsPage, ScoredFact
 from .store import Fact, FactChange, FactChangeWire, FactStore, FactWire, normalise, text_hash
 
-__all__ = ["Fact", "FactChange", "FactChangeWire", "FactStore", "FactWire", "Facts", "FactsPage", "ScoredFact",
+__all__ = ["BLOCK_CLOSE", "BLOCK_OPEN", "BlockFilter", "FactBlock", "MalformedBlock", "parse_block",
+           "Fact", "FactChange", "FactChangeWire", "FactStore", "FactWire", "Facts", "FactsPage", "ScoredFact",
            "normalise", "text_hash"]

@@ -12,10 +12,9 @@ import orjson
 
 from bench.fake_openai import echo_reply
 from gateway.app import App
-from gateway.chat.episodes import SUMMARY_INSTRUCTIONS
 from gateway.client import Client
 from gateway.config import Config
-from memory import EpisodeDraft
+from memory import SUMMARY_INSTRUCTIONS, EpisodeDraft
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.gateway.test_memory_methods import say
