@@ -21,7 +21,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,11 +39,7 @@ from memory.index import knn
 from memory.index.db import (
     DEFAULT_VEC_EXTENSION,
     IntegrityCheck,
-    OpenedIndex,
-    VectorBackend,
     in_thread,
-    move_aside,
-    open_index,
 )
 from memory.index.indexing import ProgressCallback
 from memory.index.scheduler import SyncScheduler
@@ -53,13 +49,13 @@ from memory.pipeline import SearchPipeline
 from memory.retrieval.previous import PreviousFactory
 from memory.retrieval.recall import for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
-from sessions import scan_transcripts, sessions_root
+from memory.status import DB_NAME, SyncLog, count_rows, db_bytes
+from sessions import sessions_root
 
 __all__ = ["MemoryService"]
 
 log = structlog.get_logger("memory.service")
 
-DB_NAME = "memory.db"
 
 _T = TypeVar("_T")
 
@@ -85,21 +81,16 @@ class MemoryService:
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self._vec_extension = vec_extension
+        self._window = embedder.max_tokens if embedder else None  # the token window chunks fit
         self._search = SearchPipeline(config, embedder, embedder_reason, self.db_path, previous_embedder)
         self._index: LiveIndex | None = None
-        self._vectors = VectorBackend(False, "not started")
-        self._rebuilt_reason = ""
         self._sync_lock = asyncio.Lock()
         self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
         self._closed = False
         self._integrity: tuple[IntegrityCheck, asyncio.Task[None]] | None = None
         self._warmed = asyncio.Event()  # set once the start's sign-bit load is over (or skipped)
         self._swapping = False  # between closing a corrupt file and opening its replacement
-        self._syncing = False
-        self.sync_count = 0
-        self._last_sync: str | None = None
-        self._last_report: SyncReport | None = None
-        self._last_error: str | None = None
+        self._syncs = SyncLog()
         # Set by whoever schedules the retention sweep (the gateway); shown by status().
         self.retention_status: dict[str, Any] = {}
 
@@ -117,18 +108,11 @@ class MemoryService:
         if self._closed:
             raise MemoryUnavailable("memory service is closed")
         self.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        missing = not await asyncio.to_thread(self.db_path.exists)
-        opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
-        self._vectors = opened.vectors
-        self._rebuilt_reason = opened.rebuilt_reason
-        if missing and await asyncio.to_thread(self._has_transcripts):
-            # A deleted index is rebuilt like a corrupt one, and is reported like one.
-            self._rebuilt_reason = f"{DB_NAME} was missing; rebuilt from transcripts"
-            log.warning("memory.db.missing", path=str(self.db_path), effect="index rebuilt from transcripts")
-        self._index = self._wire(opened)
+        self._index = index = await LiveIndex.open(self.db_path, self.sessions_dir, self.config, window=self._window,
+                                                   vec_extension=self._vec_extension)
         await self._refresh_vector_state()
         log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
-                 vector_backend=self._vectors.reason, embedder_reason=self.embedder_reason)
+                 vector_backend=index.backend.reason, embedder_reason=self.embedder_reason)
         self._scheduler.start(self.sessions_dir if self.config.watch else None)
         if catch_up:
             self._scheduler.run_soon()
@@ -162,10 +146,6 @@ class MemoryService:
         log.info("memory.sign_index.warmed", users=users, chunks=chunks,
                  ms=round((time.perf_counter() - started) * 1000, 1))
 
-    def _wire(self, opened: OpenedIndex) -> LiveIndex:
-        return LiveIndex.wire(opened, self.db_path, self.sessions_dir, self.config, vec_extension=self._vec_extension,
-                              window=self.embedder.max_tokens if self.embedder else None)
-
     async def _check_integrity(self, check: IntegrityCheck) -> None:
         """The O(size) check, off the start path; a failure rebuilds the index while serving."""
         try:
@@ -187,23 +167,13 @@ class MemoryService:
                 return
             self._swapping = True
             try:
-                await self._replace(index, problem)
+                await self._search.previous.close()  # first: its warm-up may be reading on a connection
+                self._index = await index.replace(problem, self.db_path, self.sessions_dir, self.config,
+                                                  window=self._window, vec_extension=self._vec_extension)
+                await self._refresh_vector_state()
             finally:
                 self._swapping = False
         self._scheduler.run_soon()
-
-    async def _replace(self, index: LiveIndex, problem: str) -> None:
-        await self._search.previous.close()  # first: its warm-up may be reading on a connection
-        await asyncio.to_thread(index.close)
-        moved = await asyncio.to_thread(move_aside, self.db_path)
-        log.error("memory.db.corrupt", path=str(self.db_path), moved_to=str(moved), error=problem,
-                  effect="index rebuilt from transcripts")
-        opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
-        self._vectors = opened.vectors
-        self._rebuilt_reason = (f"{DB_NAME} failed its integrity check ({problem[:80]}); "
-                                f"moved to {moved.name}, rebuilt from transcripts")
-        self._index = self._wire(opened)
-        await self._refresh_vector_state()
 
     async def wait_idle(self) -> None:
         """Return once no sync is queued or running (tests, the CLI after ``start``)."""
@@ -237,17 +207,14 @@ class MemoryService:
                 await asyncio.to_thread(index.close)
 
     @property
+    def sync_count(self) -> int:
+        """Syncs finished since start."""
+        return self._syncs.count
+
+    @property
     def sign_index_bytes(self) -> int:
         """Memory the vector pre-filter's sign bits hold now (0 when closed)."""
         return self._index.signs.nbytes if self._index is not None else 0
-
-    def _db_bytes(self) -> int:
-        """memory.db with its -wal and -shm (files moved aside as corrupt are not counted)."""
-        return sum(p.stat().st_size for p in self.data_dir.glob(DB_NAME + "*") if p.is_file()
-                   and ".corrupt-" not in p.name)
-
-    def _has_transcripts(self) -> bool:
-        return bool(scan_transcripts(self.sessions_dir))
 
     @property
     def facts(self) -> Facts:
@@ -296,29 +263,21 @@ class MemoryService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the loop must survive a bad sync; the next nudge retries
-            self._last_error = f"sync failed: {type(exc).__name__}: {exc}"
+            self._syncs.last_error = f"sync failed: {type(exc).__name__}: {exc}"
             log.exception("memory.sync.failed")
 
     async def _run_sync(self, paths: list[Path] | None,
                         progress: ProgressCallback | None = None) -> SyncReport:
         async with self._sync_lock:
             index = self._require_index()
-            self._syncing = True
+            self._syncs.syncing = True
             try:
                 report = await index.indexer.sync(self._search.embeddings, paths=paths, progress=progress)
             finally:
-                self._syncing = False
+                self._syncs.syncing = False
                 if self._index is not None:
                     await self._refresh_vector_state()
-            self.sync_count += 1
-            self._last_sync = datetime.now(UTC).isoformat()
-            self._last_report = report
-            self._last_error = report.error
-            if report.files_changed or report.files_deleted or report.embedded or report.error:
-                log.info("memory.sync", files=report.files_scanned, changed=report.files_changed,
-                         deleted=report.files_deleted, chunks=report.chunks_written,
-                         embedded=report.embedded, cache_hits=report.cache_hits, pending=report.pending,
-                         ms=round(report.duration_ms, 1), error=report.error)
+            self._syncs.record(report)
             return report
 
     async def sync_now(self, progress: ProgressCallback | None = None, *,
@@ -441,43 +400,17 @@ class MemoryService:
         (its path and size, the shared embedding cache, skipped files) is left out.
         """
         index = self._require_index()
-
-        def counts(db: apsw.Connection) -> dict[str, int]:
-            def q(sql: str, *args: str) -> int:
-                row = db.execute(sql, args).fetchone()
-                return int(row[0]) if row is not None else 0
-
-            if user is not None:
-                return {
-                    "files": q("SELECT count(*) FROM files WHERE user = ?", user),
-                    "chunks": q("SELECT count(*) FROM chunks WHERE user = ?", user),
-                    "embedded": q("SELECT count(*) FROM chunks WHERE user = ? AND embedded = 1", user),
-                    "pending": q("SELECT count(*) FROM chunks WHERE user = ? AND embedded = 0", user),
-                }
-            return {
-                "files": q("SELECT count(*) FROM files"),
-                "chunks": q("SELECT count(*) FROM chunks"),
-                "embedded": q("SELECT count(*) FROM chunks WHERE embedded = 1"),
-                "pending": q("SELECT count(*) FROM chunks WHERE embedded = 0"),
-                "cacheEntries": q("SELECT count(*) FROM embedding_cache"),
-            }
-
-        numbers = await self._in_thread("counting", index.readers.run, counts)
-        report = self._last_report
+        numbers = await self._in_thread("counting", index.readers.run, lambda db: count_rows(db, user))
         state: dict[str, Any] = {
             **numbers,
             "provider": self.embedder.provider if self.embedder else "none",
             "model": self.embedder.model_id if self.embedder else None,
             "dims": (self.embedder.dims or None) if self.embedder else None,
             "embedderReason": self.embedder_reason,
-            "vectorBackend": {"available": self._vectors.available, "reason": self._vectors.reason},
+            "vectorBackend": {"available": index.backend.available, "reason": index.backend.reason},
             "vectorSearch": self._search.vector_status(numbers["embedded"], numbers["chunks"]),
-            "syncing": self._syncing,
-            "syncCount": self.sync_count,
-            "lastSync": self._last_sync,
-            "lastSyncMs": round(report.duration_ms, 1) if report else None,
-            "lastError": self._last_error,
-            "rebuiltFromTranscripts": self._rebuilt_reason or None,
+            **self._syncs.wire(),
+            "rebuiltFromTranscripts": index.rebuilt_reason or None,
             "scope": "all" if user is None else "user",
             "retention": {"days": self.config.retention_days, **self.retention_status},
         }
@@ -486,7 +419,7 @@ class MemoryService:
                 # Transcripts not indexed because they are symlinks or their header names another
                 # user or session (memory.index.sync); each is logged as memory.file_skipped.
                 "skippedFiles": len(index.indexer.files.skipped),
-                "dbBytes": await asyncio.to_thread(self._db_bytes),
+                "dbBytes": await asyncio.to_thread(db_bytes, self.data_dir),
                 "dbPath": os.fspath(self.db_path),
             })
         return state
