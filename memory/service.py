@@ -28,13 +28,13 @@ from typing import Any, TypeVar
 import apsw
 import structlog
 
-from memory import forgetting
 from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder
 from memory.episodes import Episodes
 from memory.errors import MemoryUnavailable
 from memory.facts import Facts, FactStore
+from memory.forgetting import ForgetRange, retention_cutoff_ms
 from memory.index import knn
 from memory.index.db import (
     DEFAULT_VEC_EXTENSION,
@@ -314,7 +314,7 @@ class MemoryService:
 
     async def sweep_retention(self, now_ms: int | None = None) -> dict[str, int]:
         """Remove chunks and facts older than ``retention_days`` (nothing when it is 0)."""
-        cutoff = forgetting.retention_cutoff_ms(self.config.retention_days, now_ms)
+        cutoff = retention_cutoff_ms(self.config.retention_days, now_ms)
         if cutoff is None:
             return {"chunks": 0, "facts": 0, "episodes": 0}
         index = self._require_index()
@@ -323,7 +323,7 @@ class MemoryService:
         episodes = await self.episodes.prune_older_than(cutoff)
         return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
-    async def forget(self, r: forgetting.ForgetRange, *, record: bool) -> dict[str, int]:
+    async def forget(self, r: ForgetRange, *, record: bool) -> dict[str, int]:
         """``memory.forget``: drop the matching chunks and the facts the model saved from that
         conversation; ``record`` keeps the range so no later sync indexes it again (use it
         when the transcript keeps the messages)."""

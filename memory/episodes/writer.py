@@ -25,17 +25,16 @@ import re
 import time
 import zoneinfo
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import orjson
 import structlog
 
+from memory.config import MemoryConfig
+from memory.episodes.service import Episodes
 from memory.episodes.store import EpisodeDraft, EpisodeJob
 from memory.errors import MemoryIndexError, SummarizerError
 from sessions import Message, SessionError, SessionStore, parse_ts
-
-if TYPE_CHECKING:
-    from memory.service import MemoryService
 
 __all__ = ["SUMMARY_INSTRUCTIONS", "EpisodeWriter", "Summarizer"]
 
@@ -65,8 +64,18 @@ class Summarizer(Protocol):
         ...
 
 
+class EpisodeMemory(Protocol):
+    """What the writer uses of the memory service: its settings and its episodes."""
+
+    @property
+    def config(self) -> MemoryConfig: ...
+
+    @property
+    def episodes(self) -> Episodes: ...
+
+
 class EpisodeWriter:
-    def __init__(self, memory: MemoryService | None, model: Summarizer | None, store: SessionStore,
+    def __init__(self, memory: EpisodeMemory | None, model: Summarizer | None, store: SessionStore,
                  timezone: str) -> None:
         self.memory = memory
         self.model = model
@@ -120,7 +129,7 @@ class EpisodeWriter:
         except (MemoryIndexError, SessionError) as exc:
             log.warning("episode.check_failed", session=session_key, error=str(exc))
 
-    async def _eligible(self, memory: MemoryService, user: str, session_key: str) -> bool:
+    async def _eligible(self, memory: EpisodeMemory, user: str, session_key: str) -> bool:
         cfg = memory.config
         last = await memory.episodes.last_of_session(user, session_key)
         new = await self._since(user, session_key, last.covered_ms if last else None)
@@ -152,7 +161,7 @@ class EpisodeWriter:
             for job in await memory.episodes.due():
                 await self._work(memory, job)
 
-    async def _work(self, memory: MemoryService, job: EpisodeJob) -> None:
+    async def _work(self, memory: EpisodeMemory, job: EpisodeJob) -> None:
         cfg = memory.config
         bound = structlog.contextvars.bound_contextvars(session=job.session_key)
         with bound:
@@ -172,7 +181,7 @@ class EpisodeWriter:
             await memory.episodes.job_done(job.id)
             log.info("episode.done", outcome=outcome)
 
-    async def _summarise(self, memory: MemoryService, job: EpisodeJob) -> str:
+    async def _summarise(self, memory: EpisodeMemory, job: EpisodeJob) -> str:
         cfg = memory.config
         model = self.model
         assert model is not None
