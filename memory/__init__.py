@@ -13,16 +13,14 @@ from .config import EmbedderChoice, MemoryConfig
 from .context import RECALL_QUERY_CHARS, MemoryContext, RunMemory
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
 from .episodes import (
-    SUMMARY_INSTRUCTIONS,
     Episode,
     EpisodeDraft,
     EpisodeJob,
     Episodes,
     EpisodeWire,
-    EpisodeWriter,
     ScoredEpisode,
-    Summarizer,
 )
+from .episodes.writer import SUMMARY_INSTRUCTIONS, EpisodeWriter, Summarizer
 from .errors import (
     EmbedderError,
     FactNotFound,
@@ -50,6 +48,7 @@ from .facts import (
 from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
+from .protocols import EpisodesMemory, FactsMemory, Memory
 from .retrieval.request import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .retrieval.timephrases import TimeWindow, find_time_window
 from .service import MemoryService
@@ -92,7 +91,10 @@ __all__ = [
     "InvalidSearch",
     "MemoryConfig",
     "MemoryIndexError",
+    "Memory",
     "MemoryService",
+    "FactsMemory",
+    "EpisodesMemory",
     "MemoryStorageError",
     "MemoryUnavailable",
     "SearchHit",

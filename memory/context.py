@@ -14,20 +14,15 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
-from typing import TYPE_CHECKING
 
 import structlog
 
 from memory.config import FactsMode, MemoryConfig
-from memory.episodes import ScoredEpisode
+from memory.episodes.service import ScoredEpisode
 from memory.errors import MemoryIndexError
-from memory.facts import ScoredFact
+from memory.facts.service import ScoredFact
 from memory.retrieval.request import MAX_QUERY_CHARS, SearchHit
 from memory.retrieval.timephrases import find_time_window
-
-if TYPE_CHECKING:
-    from memory.episodes import Episodes
-    from memory.facts import Facts
 
 __all__ = ["RECALL_INTENT", "RECALL_QUERY_CHARS", "MemoryContext", "RunMemory", "gather_context"]
 
@@ -85,12 +80,15 @@ class MemoryContext:
     episodes: tuple[ScoredEpisode, ...] = ()
 
 
+# Each part of the context, bound to the user by the service: recall(query); facts(query,
+# limit, budget_tokens); episodes(query, limit, window, recency).
 Recall = Callable[[str], Awaitable[list[SearchHit]]]
+FactsFor = Callable[[str, int, int], Awaitable[list[ScoredFact]]]
+EpisodesFor = Callable[[str, int, tuple[int, int] | None, float], Awaitable[list[ScoredEpisode]]]
 
 
 async def gather_context(config: MemoryConfig, run: RunMemory, message: str, *, recall: Recall,
-                         facts: Callable[[], Facts], episodes: Callable[[], Episodes], user: str,
-                         tz: tzinfo) -> MemoryContext:
+                         facts: FactsFor, episodes: EpisodesFor, tz: tzinfo) -> MemoryContext:
     """The chunks, facts and episodes of ``run`` for ``message``; each part that fails is logged
     and left empty (memory is a help, never a reason to fail the reply)."""
     query = message[:RECALL_QUERY_CHARS][:MAX_QUERY_CHARS]
@@ -105,8 +103,7 @@ async def gather_context(config: MemoryConfig, run: RunMemory, message: str, *, 
     picked: list[ScoredFact] = []
     if run.facts != "off":
         try:
-            picked = await facts().relevant(user, query, limit=config.facts_prompt_max,
-                                            budget_tokens=config.facts_prompt_budget_tokens)
+            picked = await facts(query, config.facts_prompt_max, config.facts_prompt_budget_tokens)
         except MemoryIndexError as exc:
             log.warning("chat.facts_failed", error=str(exc))
     found: list[ScoredEpisode] = []
@@ -117,9 +114,8 @@ async def gather_context(config: MemoryConfig, run: RunMemory, message: str, *, 
             phrase = find_time_window(query, datetime.now(tz))
             window = (phrase.start_ms, phrase.end_ms) if phrase is not None else None
         try:
-            found = await episodes().search(
-                user, query, limit=config.episode_intent_k if intent else config.episode_recall_k,
-                window=window, recency=0.5 if intent else 0.2)
+            found = await episodes(query, config.episode_intent_k if intent else config.episode_recall_k,
+                                   window, 0.5 if intent else 0.2)
         except MemoryIndexError as exc:
             log.warning("chat.episodes_failed", error=str(exc))
     return MemoryContext(tuple(chunks), tuple(picked), tuple(found))

@@ -390,8 +390,11 @@ class MemoryService:
         """What a prompt answering ``message`` gets from memory: recalled chunks of the user's other
         sessions, the facts most related, and episodes, as far as ``run`` turns each on."""
         return await gather_context(
-            self.config, run, message, user=user, tz=tz, facts=lambda: self.facts, episodes=lambda: self.episodes,
-            recall=lambda query: self.recall(user, query, k=k, exclude_session_key=exclude_session_key))
+            self.config, run, message, tz=tz,
+            recall=lambda query: self.recall(user, query, k=k, exclude_session_key=exclude_session_key),
+            facts=lambda query, limit, budget: self.facts.relevant(user, query, limit=limit, budget_tokens=budget),
+            episodes=lambda query, limit, window, recency: self.episodes.search(
+                user, query, limit=limit, window=window, recency=recency))
 
     async def status(self, user: str | None = None) -> dict[str, Any]:
         """Counts and state, camelCase, ready for the wire.

@@ -39,9 +39,9 @@ from memory import (
     BlockFilter,
     FactChange,
     MalformedBlock,
+    Memory,
     MemoryContext,
     MemoryIndexError,
-    MemoryService,
     RunMemory,
     parse_block,
 )
@@ -156,7 +156,7 @@ def memory_toolbox(max_chars: int) -> ToolBox:
 class MemoryTools:
     """Per-gateway settings; :meth:`begin` makes the state of one run."""
 
-    def __init__(self, memory: MemoryService | None, recall_k: int, max_rounds: int) -> None:
+    def __init__(self, memory: Memory | None, recall_k: int, max_rounds: int) -> None:
         self.memory = memory
         self.recall_k = recall_k
         self.max_rounds = max_rounds
@@ -179,7 +179,7 @@ class MemoryToolRun:
     searched: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def memory(self) -> MemoryService:
+    def memory(self) -> Memory:
         assert self.tools.memory is not None  # a run with facts on has a memory service
         return self.tools.memory
 

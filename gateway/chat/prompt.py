@@ -1,5 +1,5 @@
 """Building the prompt of one run: system prompt, recalled memories, recent history. The one
-place that renders what memory gives a run (:meth:`MemoryService.context`) into the prompt.
+place that renders what memory gives a run (:meth:`Memory.context`) into the prompt.
 
 Order (docs/protocol.md, "The model's context"): the session's system prompt; then a
 delimited block of memories recalled from the user's *other* sessions; then how to save facts
@@ -26,8 +26,8 @@ from memory import (
     BLOCK_CLOSE,
     BLOCK_OPEN,
     RECALL_QUERY_CHARS,
+    Memory,
     MemoryContext,
-    MemoryService,
     RunMemory,
     ScoredEpisode,
     ScoredFact,
@@ -112,7 +112,7 @@ def read_session(config: ChatConfig, store: SessionStore, user: str, session_key
 
 
 async def build_prompt(
-    config: ChatConfig, store: SessionStore, memory: MemoryService | None,
+    config: ChatConfig, store: SessionStore, memory: Memory | None,
     user: str, session_key: str, message: str, run_id: str,
     read: tuple[Session, list[Message]] | None = None, *, recall: bool = True, tools: bool = True,
 ) -> Prompt:

@@ -43,20 +43,16 @@ from gateway.errors import (
     wire_error,
 )
 from gateway.wire import ChatDelta, ChatEventBase, ErrorObject
-from memory import EpisodeWriter, MemoryService, RunMemory
+from memory import EpisodeWriter, Memory, RunMemory
 from sessions import Message, Session, SessionStore
 
 __all__ = ["ChatRuns", "Run"]
 
 log = structlog.get_logger("recalld.chat")
 
-# While streaming, give connection writers a turn at least this often. Deltas published
-# between two turns wait in each outbox and leave as one merged chat.delta (docs/protocol.md
-# allows it: the merged event keeps the first seq). Every turn costs a websocket frame and a
-# send() per connection; at 2 ms those were ~20% of the gateway's CPU for a 500-delta burst
-# (py-spy, bench/README.md), at 8 ms ~10%. 8 ms is still half a 60 Hz screen frame, and an
-# upstream slower than that (every real model) awaits its socket between deltas anyway, so
-# each of its deltas still leaves at once.
+# While streaming, give connection writers a turn at least this often: the deltas published in
+# between leave as one merged chat.delta (docs/protocol.md), a frame and a send() per connection
+# saved each, and 8 ms is half a 60 Hz screen frame. A real model's deltas each await its socket.
 _YIELD_EVERY_S = 0.008
 
 
@@ -122,7 +118,7 @@ class ChatRuns:
     """Every session's run queue; what ``chat.send``/``chat.abort`` and shutdown drive."""
 
     def __init__(self, config: ChatConfig, default_model: str, store: SessionStore, hub: Hub,
-                 model: ChatModel | None, memory: MemoryService | None, *,
+                 model: ChatModel | None, memory: Memory | None, *,
                  max_runs: int | None = None, max_runs_per_user: int | None = None) -> None:
         self.config = config
         # Busy sessions (a run streaming or queued), all users / one user ([quotas]): each is
@@ -345,8 +341,7 @@ class ChatRuns:
                                 run.partial.append(text)
                                 self._publish_delta(run, text)
                                 # A stream already buffered in full never awaits the socket, so
-                                # the outbox writers would send nothing until the run ends
-                                # (first delta ≈ whole run, bench/README.md); let them run.
+                                # the outbox writers would send nothing until the run ends.
                                 now = time.monotonic()
                                 if now - yielded_at >= _YIELD_EVERY_S:
                                     yielded_at = now

@@ -7,7 +7,7 @@ from typing import NotRequired, TypedDict
 
 from gateway.methods.facts import MAX_PAGE
 from gateway.rpc import CallContext, Registry, bounded
-from memory import EpisodeWire, MemoryService
+from memory import EpisodeWire, Memory
 
 __all__ = ["EpisodesMethods", "declare_episodes"]
 
@@ -25,7 +25,7 @@ class EpisodesPageReply(TypedDict):
 
 
 class EpisodesMethods:
-    def __init__(self, service: MemoryService) -> None:
+    def __init__(self, service: Memory) -> None:
         self.service = service
 
     async def list(self, ctx: CallContext, p: ListEpisodesParams) -> EpisodesPageReply:

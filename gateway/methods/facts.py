@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from memory import FactChangeWire, FactWire, MemoryConfig, MemoryService
+from memory import FactChangeWire, FactWire, Memory, MemoryConfig
 
 __all__ = ["MAX_PAGE", "FactsMethods", "declare_facts"]
 
@@ -52,7 +52,7 @@ class FactDeleted(TypedDict):
 
 
 class FactsMethods:
-    def __init__(self, service: MemoryService) -> None:
+    def __init__(self, service: Memory) -> None:
         self.service = service
 
     async def list(self, ctx: CallContext, p: ListFactsParams) -> FactsPageReply:

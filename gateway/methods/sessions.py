@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.chat import ChatRuns, Hub
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from memory import MemoryService
+from memory import Memory
 from sessions import SessionsConfig, SessionStore
 
 __all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
@@ -66,7 +66,7 @@ class HistoryParams:
 
 
 class SessionsMethods:
-    def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: MemoryService | None) -> None:
+    def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: Memory | None) -> None:
         self.store = store
         self.hub = hub
         self.runs = runs  # a deleted session's runs are aborted first

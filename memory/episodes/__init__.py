@@ -1,10 +1,12 @@
-"""Episodic memory: dated summaries of what conversations discussed, decided or did (docs/memory.md)."""
+"""Episodic memory: dated summaries of what conversations discussed, decided or did (docs/memory.md).
+
+The writer (``writer.py``) stands above the Protocols of ``memory.protocols``, which name this
+package's values, so it is imported from its module, not from here."""
 
 from __future__ import annotations
 
 from .service import Episodes, ScoredEpisode
 from .store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore, EpisodeWire, dated
-from .writer import SUMMARY_INSTRUCTIONS, EpisodeWriter, Summarizer
 
-__all__ = ["SUMMARY_INSTRUCTIONS", "Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "EpisodeWire",
-           "EpisodeWriter", "Episodes", "ScoredEpisode", "Summarizer", "dated"]
+__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "EpisodeWire",
+           "Episodes", "ScoredEpisode", "dated"]

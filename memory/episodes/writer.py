@@ -31,9 +31,9 @@ import orjson
 import structlog
 
 from memory.config import MemoryConfig
-from memory.episodes.service import Episodes
 from memory.episodes.store import EpisodeDraft, EpisodeJob
 from memory.errors import MemoryIndexError, SummarizerError
+from memory.protocols import EpisodesMemory
 from sessions import Message, SessionError, SessionStore, parse_ts
 
 __all__ = ["SUMMARY_INSTRUCTIONS", "EpisodeWriter", "Summarizer"]
@@ -71,7 +71,7 @@ class EpisodeMemory(Protocol):
     def config(self) -> MemoryConfig: ...
 
     @property
-    def episodes(self) -> Episodes: ...
+    def episodes(self) -> EpisodesMemory: ...
 
 
 class EpisodeWriter:
