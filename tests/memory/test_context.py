@@ -4,8 +4,11 @@ incognito flag, chat.send's recall flag and whether the model takes tool calls."
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
 
-from memory import MemoryConfig, RunMemory
+from memory import EpisodeDraft, MemoryConfig, RunMemory
+from tests.memory.conftest import FakeEmbedder, opened, quiet_config, session_key, write_transcript
 
 DEFAULTS = MemoryConfig()
 
@@ -43,3 +46,24 @@ def test_a_model_without_tools_gets_the_block_and_settings_turn_parts_off() -> N
     off = decide(dataclasses.replace(config, episodes=False))
     assert not off.episodes and not off.write_episodes
     assert not decide(dataclasses.replace(config, episode_recall_k=0)).episodes
+
+
+async def test_one_context_call_embeds_the_message_once(tmp_path: Path) -> None:
+    """MemoryService.context recalls chunks, facts and episodes for a message with one query
+    embedding, and each part answers from the user's rows."""
+    write_transcript(tmp_path, "alice", "garden", ["tomatoes in the garden need water daily", "noted"])
+    embedder = FakeEmbedder()
+    async with opened(tmp_path, quiet_config(), embedder) as svc:
+        await svc.sync_now()
+        await svc.facts.add("alice", "My garden has twelve tomato plants", source="user")
+        summary = "The user asked how often to water the garden tomatoes"
+        await svc.episodes.write(EpisodeDraft("alice", session_key("garden"), summary, "garden care",
+                                              datetime.now(UTC), 0, await svc.episodes.embed(summary)), None)
+        message = "how often should I water my garden tomatoes?"
+        before = len(embedder.calls)
+        context = await svc.context("alice", message, decide(), k=3, exclude_session_key=session_key("other"),
+                                    tz=UTC)
+    assert [c for c in embedder.calls[before:] if message in c] == [[message]]
+    assert context.chunks and context.facts and context.episodes
+    assert context.facts[0].fact.text == "My garden has twelve tomato plants"
+    assert context.episodes[0].episode.text == summary
