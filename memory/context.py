@@ -26,7 +26,7 @@ from memory.retrieval.timephrases import find_time_window
 
 __all__ = ["RECALL_INTENT", "RECALL_QUERY_CHARS", "MemoryContext", "RunMemory", "gather_context"]
 
-log = structlog.get_logger("recalld.chat")
+log = structlog.get_logger("memory.context")
 
 # Recall searches with the start of the message: enough words to find related talk, and a
 # bound on the work a huge paste can cause.

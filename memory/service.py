@@ -77,7 +77,7 @@ class MemoryService:
         self.data_dir = Path(data_dir)
         self.sessions_dir = sessions_root(self.data_dir)
         self.db_path = self.data_dir / DB_NAME
-        self.config = config
+        self._config = config
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self._vec_extension = vec_extension
@@ -205,6 +205,16 @@ class MemoryService:
             index, self._index = self._index, None
             if index is not None:
                 await asyncio.to_thread(index.close)
+
+    @property
+    def config(self) -> MemoryConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: MemoryConfig) -> None:
+        """Searches read the new settings from their next call on (benchmarks compare two)."""
+        self._config = config
+        self._search.config = config
 
     @property
     def sync_count(self) -> int:
