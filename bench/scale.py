@@ -90,7 +90,6 @@ async def _measure(data_dir: Path, n_queries: int, gateway: bool,
                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """In the child: the figures of one corpus (see the module doc)."""
     from bench.scalecorpus import embedder as make_embedder
-    from memory.index import knn
     from memory.service import MemoryService
 
     qs = queries(n_queries)
@@ -130,7 +129,7 @@ async def _measure(data_dir: Path, n_queries: int, gateway: bool,
     out["library"] = {m: summary_ms(v) for m, v in lib.items()}
     out["hybridLegsInTurn"] = summary_ms(in_turn)
     got = [[h.chunk_id for h in (await svc.search(USER, q, k=10, mode="vector")).results] for q in qs]
-    out["signIndexBytes"] = knn.index_for(data_dir / "memory.db").nbytes
+    out["signIndexBytes"] = svc.sign_index_bytes
     out["rssServingKiB"] = _proc_status()
     await svc.close()
     truth = exact_truth(data_dir, emb, qs)

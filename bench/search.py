@@ -113,7 +113,7 @@ async def run(quick: bool) -> list[Figure]:
         truth = exact_top(corpus.data_dir / "memory.db", embedder, qs)
         got = [[h.chunk_id for h in (await svc.search(USER, q, k=10, mode="vector")).results] for q in qs]
         recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, truth)]))
-        held = knn.index_for(corpus.data_dir / "memory.db").nbytes  # before close() releases it
+        held = svc.sign_index_bytes  # before close() releases it
         await svc.close()
         st = storage(corpus.data_dir / "memory.db", corpus.chunks)
         # Through the gateway: client-observed round trips (the synthetic query embedding, ~0.2 ms, included).

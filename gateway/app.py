@@ -43,7 +43,14 @@ from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
-from memory import Embedder, MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
+from memory import (
+    Embedder,
+    Memory,
+    MemoryConfig,
+    MemoryService,
+    probe_auto_embedder,
+    select_embedder,
+)
 from sessions import FileIO, SessionsConfig, SessionStore
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
@@ -188,7 +195,7 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
     return service
 
 
-async def close_memory(service: MemoryService) -> None:
+async def close_memory(service: Memory) -> None:
     await service.close()
     # The embedder was made by open_memory, not by the service, so it is closed here.
     aclose = getattr(service.embedder, "aclose", None)

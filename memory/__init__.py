@@ -10,28 +10,51 @@ from __future__ import annotations
 
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
+from .context import RECALL_QUERY_CHARS, MemoryContext, RunMemory
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
 from .episodes import Episode, EpisodeDraft, EpisodeJob, Episodes, ScoredEpisode
+from .episodes.writer import SUMMARY_INSTRUCTIONS, EpisodeWriter, Summarizer
 from .errors import (
-                     EmbedderError,
-                     FactNotFound,
-                     InvalidFact,
-                     InvalidSearch,
-                     MemoryIndexError,
-                     MemoryStorageError,
-                     MemoryUnavailable,
+    EmbedderError,
+    FactNotFound,
+    InvalidFact,
+    InvalidSearch,
+    MemoryIndexError,
+    MemoryStorageError,
+    MemoryUnavailable,
+    SummarizerError,
+)
+from .facts import (
+    BLOCK_CLOSE,
+    BLOCK_OPEN,
+    BlockFilter,
+    Fact,
+    FactChange,
+    Facts,
+    FactsPage,
+    MalformedBlock,
+    ScoredFact,
+    parse_block,
 )
 from .facts import Action as FactAction
-from .facts import Fact, FactChange, Facts, FactsPage, ScoredFact
 from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
+from .protocols import EpisodesMemory, FactsMemory, Memory
 from .retrieval.request import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .retrieval.timephrases import TimeWindow, find_time_window
 from .service import MemoryService
 
 __all__ = [
+    "BLOCK_CLOSE",
+    "BLOCK_OPEN",
+    "BlockFilter",
+    "MalformedBlock",
+    "parse_block",
     "MAX_QUERY_CHARS",
+    "RECALL_QUERY_CHARS",
+    "MemoryContext",
+    "RunMemory",
     "Embedder",
     "EmbedderChoice",
     "EmbedderError",
@@ -39,6 +62,10 @@ __all__ = [
     "EpisodeDraft",
     "EpisodeJob",
     "Episodes",
+    "EpisodeWriter",
+    "SUMMARY_INSTRUCTIONS",
+    "Summarizer",
+    "SummarizerError",
     "ScoredEpisode",
     "TimeWindow",
     "find_time_window",
@@ -54,7 +81,10 @@ __all__ = [
     "InvalidSearch",
     "MemoryConfig",
     "MemoryIndexError",
+    "Memory",
     "MemoryService",
+    "FactsMemory",
+    "EpisodesMemory",
     "MemoryStorageError",
     "MemoryUnavailable",
     "SearchHit",

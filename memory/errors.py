@@ -8,7 +8,8 @@ Tree::
     ├── MemoryStorageError           SQLite failed (disk full, I/O, locked)
     ├── EmbedderError                the embedder failed; ``retryable``, ``status``
     ├── InvalidFact                  a fact is empty, too long, or names a retired fact; ``field``
-    └── FactNotFound                 no such fact for this user
+    ├── FactNotFound                 no such fact for this user
+    └── SummarizerError              the model writing an episode's summary failed (never on the wire)
 
 The package knows nothing of JSON-RPC: ``gateway.errors`` maps each class to a code in one
 place. Messages are short, safe for the wire, and never contain chunk text or API keys.
@@ -24,6 +25,7 @@ __all__ = [
     "MemoryIndexError",
     "MemoryStorageError",
     "MemoryUnavailable",
+    "SummarizerError",
 ]
 
 
@@ -73,3 +75,7 @@ class InvalidFact(MemoryIndexError):
 
 class FactNotFound(MemoryIndexError):
     """No fact with that id belongs to the user (another user's fact reads the same)."""
+
+
+class SummarizerError(MemoryIndexError):
+    """The summarizer the gateway handed memory could not answer; the episode job is retried."""

@@ -1,11 +1,14 @@
-"""``MemoryService``: the async facade the gateway and the CLI use.
+"""``MemoryService``: the async facade the gateway and the CLI use (the surface is the
+:class:`~memory.protocols.Memory` Protocol).
 
-It wires the parts and owns their life: one :class:`~memory.db.WriteConnection` shared by
-:class:`~memory.sync.FileSync` and :class:`~memory.vectors.VectorStore`, driven by an
-:class:`~memory.indexing.Indexer` that the :class:`~memory.scheduler.SyncScheduler` runs (one
-sync at a time, never overlapping); searches and status on a
-:class:`~memory.db.ReaderPool` in worker threads (WAL lets them read while the writer writes),
-so neither a search nor a sync ever blocks the event loop, and a search never waits for a sync.
+It owns the life of the parts of an open index (:class:`~memory.live.LiveIndex`): one
+:class:`~memory.index.db.WriteConnection` shared by :class:`~memory.index.sync.FileSync` and
+:class:`~memory.index.vectors.VectorStore`, driven by an :class:`~memory.index.indexing.Indexer`
+that the :class:`~memory.index.scheduler.SyncScheduler` runs (one sync at a time, never
+overlapping); searches (:class:`~memory.pipeline.SearchPipeline`) and status on a
+:class:`~memory.index.db.ReaderPool` in worker threads (WAL lets them read while the writer
+writes), so neither a search nor a sync ever blocks the event loop, and a search never waits
+for a sync.
 
 The full integrity check (``PRAGMA quick_check``, O(size)) runs after ``start()`` returns, in a
 worker thread (:class:`~memory.index.db.IntegrityCheck`); a corrupt file found there is moved
@@ -17,68 +20,44 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, TypeVar
 
 import apsw
 import structlog
 
-from memory import forgetting
 from memory.config import MemoryConfig
-from memory.embedders.embeddings import Embedder, EmbeddingPipeline
-from memory.embedders.local_embedder import default_threads
-from memory.embedders.rerank import CrossEncoder
+from memory.context import MemoryContext, RunMemory, gather_context
+from memory.embedders.embeddings import Embedder
 from memory.episodes import Episodes
-from memory.errors import EmbedderError, MemoryUnavailable
+from memory.errors import MemoryUnavailable
 from memory.facts import Facts, FactStore
+from memory.forgetting import ForgetRange, retention_cutoff_ms
 from memory.index import knn
 from memory.index.db import (
     DEFAULT_VEC_EXTENSION,
     IntegrityCheck,
-    OpenedIndex,
-    ReaderPool,
-    VectorBackend,
-    WriteConnection,
     in_thread,
-    move_aside,
-    open_index,
 )
-from memory.index.indexing import Indexer, ProgressCallback
-from memory.index.quantize import vector_to_blob
+from memory.index.indexing import ProgressCallback
 from memory.index.scheduler import SyncScheduler
 from memory.index.sync import SyncReport
-from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
-from memory.retrieval import common_terms
-from memory.retrieval.interim import PreviousVectors
-from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
+from memory.live import LiveIndex
+from memory.pipeline import SearchPipeline
+from memory.retrieval.previous import PreviousFactory
 from memory.retrieval.recall import for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
-from memory.retrieval.search import HybridSearch
-from sessions import scan_transcripts, sessions_root
+from memory.status import DB_NAME, SyncLog, count_rows, db_bytes
+from sessions import sessions_root
 
 __all__ = ["MemoryService"]
 
 log = structlog.get_logger("memory.service")
 
-DB_NAME = "memory.db"
 
 _T = TypeVar("_T")
-_QUERY_CACHE = 16
-
-
-@dataclass(slots=True)
-class _Index:
-    """The parts that exist between ``start()`` and ``close()``."""
-
-    conn: WriteConnection
-    indexer: Indexer
-    readers: ReaderPool
-    facts: Facts | None = None
-    episodes: Episodes | None = None
 
 
 class MemoryService:
@@ -98,35 +77,20 @@ class MemoryService:
         self.data_dir = Path(data_dir)
         self.sessions_dir = sessions_root(self.data_dir)
         self.db_path = self.data_dir / DB_NAME
-        self.config = config
+        self._config = config
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self._vec_extension = vec_extension
-        self._pipeline = EmbeddingPipeline.from_config(embedder, config) if embedder else None
-        self._reranker = CrossEncoder(threads=config.local_threads or default_threads()) if config.rerank else None
-        self._identity = EmbedderIdentity.of(embedder) if embedder else None
-        self._index: _Index | None = None
-        self._vectors = VectorBackend(False, "not started")
-        self._rebuilt_reason = ""
-        self._vector_state: tuple[bool, str] = (False, "not started")
-        # After an embedder change: whether this identity's vectors are being (re)built, and
-        # the identity whose complete vectors may serve meanwhile (memory.retrieval.interim).
-        self._rebuild: RebuildState = NOT_REBUILDING
-        self._previous = PreviousModel(config, self.db_path, previous_embedder or default_factory(config))
+        self._window = embedder.max_tokens if embedder else None  # the token window chunks fit
+        self._search = SearchPipeline(config, embedder, embedder_reason, self.db_path, previous_embedder)
+        self._index: LiveIndex | None = None
         self._sync_lock = asyncio.Lock()
         self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
         self._closed = False
         self._integrity: tuple[IntegrityCheck, asyncio.Task[None]] | None = None
         self._warmed = asyncio.Event()  # set once the start's sign-bit load is over (or skipped)
         self._swapping = False  # between closing a corrupt file and opening its replacement
-        self._syncing = False
-        self.sync_count = 0
-        self._last_sync: str | None = None
-        self._last_report: SyncReport | None = None
-        self._last_error: str | None = None
-        # The last few query vectors: a run's recall and its facts section embed the same
-        # message, and a local model spends tens of milliseconds per query (bench/facts.py).
-        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+        self._syncs = SyncLog()
         # Set by whoever schedules the retention sweep (the gateway); shown by status().
         self.retention_status: dict[str, Any] = {}
 
@@ -144,18 +108,11 @@ class MemoryService:
         if self._closed:
             raise MemoryUnavailable("memory service is closed")
         self.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        missing = not await asyncio.to_thread(self.db_path.exists)
-        opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
-        self._vectors = opened.vectors
-        self._rebuilt_reason = opened.rebuilt_reason
-        if missing and await asyncio.to_thread(self._has_transcripts):
-            # A deleted index is rebuilt like a corrupt one, and is reported like one.
-            self._rebuilt_reason = f"{DB_NAME} was missing; rebuilt from transcripts"
-            log.warning("memory.db.missing", path=str(self.db_path), effect="index rebuilt from transcripts")
-        self._index = self._wire(opened)
+        self._index = index = await LiveIndex.open(self.db_path, self.sessions_dir, self.config, window=self._window,
+                                                   vec_extension=self._vec_extension)
         await self._refresh_vector_state()
         log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
-                 vector_backend=self._vectors.reason, embedder_reason=self.embedder_reason)
+                 vector_backend=index.backend.reason, embedder_reason=self.embedder_reason)
         self._scheduler.start(self.sessions_dir if self.config.watch else None)
         if catch_up:
             self._scheduler.run_soon()
@@ -182,20 +139,12 @@ class MemoryService:
         for the load on the index's lock, or loads the partition itself if it gets there first.
         """
         index = self._index
-        if index is None or not knn.HAVE_NUMPY or not self._vector_state[0]:
+        if index is None or not knn.HAVE_NUMPY or not self._search.vector_state[0]:
             return
         started = time.perf_counter()
-        users, chunks = await asyncio.to_thread(index.readers.run, knn.index_for(self.db_path).warm)
+        users, chunks = await asyncio.to_thread(index.readers.run, index.signs.warm)
         log.info("memory.sign_index.warmed", users=users, chunks=chunks,
                  ms=round((time.perf_counter() - started) * 1000, 1))
-
-    def _wire(self, opened: OpenedIndex) -> _Index:
-        conn = WriteConnection(opened.db)
-        indexer = Indexer.on(conn, opened.vectors, self.sessions_dir, self.config,
-                             window=self.embedder.max_tokens if self.embedder else None)
-        readers = ReaderPool(self.db_path, self._vec_extension if opened.vectors.available else None,
-                             mmap_bytes=self.config.read_mmap_mb << 20)
-        return _Index(conn, indexer, readers)
 
     async def _check_integrity(self, check: IntegrityCheck) -> None:
         """The O(size) check, off the start path; a failure rebuilds the index while serving."""
@@ -218,25 +167,13 @@ class MemoryService:
                 return
             self._swapping = True
             try:
-                await self._replace(index, problem)
+                await self._search.previous.close()  # first: its warm-up may be reading on a connection
+                self._index = await index.replace(problem, self.db_path, self.sessions_dir, self.config,
+                                                  window=self._window, vec_extension=self._vec_extension)
+                await self._refresh_vector_state()
             finally:
                 self._swapping = False
         self._scheduler.run_soon()
-
-    async def _replace(self, index: _Index, problem: str) -> None:
-        await self._previous.close()  # first: its warm-up may be reading on a connection
-        await asyncio.to_thread(self._close_connections, index)
-        knn.release(self.db_path)
-        common_terms.release(self.db_path)
-        moved = await asyncio.to_thread(move_aside, self.db_path)
-        log.error("memory.db.corrupt", path=str(self.db_path), moved_to=str(moved), error=problem,
-                  effect="index rebuilt from transcripts")
-        opened = await asyncio.to_thread(open_index, self.db_path, vec_extension=self._vec_extension)
-        self._vectors = opened.vectors
-        self._rebuilt_reason = (f"{DB_NAME} failed its integrity check ({problem[:80]}); "
-                                f"moved to {moved.name}, rebuilt from transcripts")
-        self._index = self._wire(opened)
-        await self._refresh_vector_state()
 
     async def wait_idle(self) -> None:
         """Return once no sync is queued or running (tests, the CLI after ``start``)."""
@@ -260,30 +197,34 @@ class MemoryService:
                 check.cancel()  # interrupts a running quick_check, so close() never waits for one
                 await asyncio.gather(task, return_exceptions=True)
             await self._scheduler.close()
-            await self._previous.close()  # before the connections: its warm-up may be reading
+            await self._search.previous.close()  # before the connections: its warm-up may be reading
         finally:
             # Also when the steps above are cancelled: a second close() returns at once, so
             # this one is the only chance to close the files.
+            # The searches' in-memory sign bits go with the index; a restart reloads them.
             index, self._index = self._index, None
             if index is not None:
-                await asyncio.to_thread(self._close_connections, index)
-            knn.release(self.db_path)  # the searches' in-memory sign bits; a restart reloads them
-            common_terms.release(self.db_path)
+                await asyncio.to_thread(index.close)
 
-    @staticmethod
-    def _close_connections(index: _Index) -> None:
-        # Readers first: only a read-write connection closing last checkpoints the WAL into
-        # memory.db and removes it, leaving one self-contained file after a clean stop.
-        index.readers.close()
-        index.conn.close()
+    @property
+    def config(self) -> MemoryConfig:
+        return self._config
 
-    def _db_bytes(self) -> int:
-        """memory.db with its -wal and -shm (files moved aside as corrupt are not counted)."""
-        return sum(p.stat().st_size for p in self.data_dir.glob(DB_NAME + "*") if p.is_file()
-                   and ".corrupt-" not in p.name)
+    @config.setter
+    def config(self, config: MemoryConfig) -> None:
+        """Searches read the new settings from their next call on (benchmarks compare two)."""
+        self._config = config
+        self._search.config = config
 
-    def _has_transcripts(self) -> bool:
-        return bool(scan_transcripts(self.sessions_dir))
+    @property
+    def sync_count(self) -> int:
+        """Syncs finished since start."""
+        return self._syncs.count
+
+    @property
+    def sign_index_bytes(self) -> int:
+        """Memory the vector pre-filter's sign bits hold now (0 when closed)."""
+        return self._index.signs.nbytes if self._index is not None else 0
 
     @property
     def facts(self) -> Facts:
@@ -293,7 +234,7 @@ class MemoryService:
             c = self.config
             index.facts = Facts(index.conn, index.readers,
                                 FactStore(c.facts_dedup_threshold, c.facts_max_chars, c.facts_max_per_user),
-                                self._pipeline, self.embed_query, c.keyword_weight)
+                                self._search.embeddings, self.embed_query, c.keyword_weight)
         return index.facts
 
     @property
@@ -301,11 +242,11 @@ class MemoryService:
         """Episodic memory (docs/memory.md, "Episodes"), on this index's connections."""
         index = self._require_index()
         if index.episodes is None:
-            index.episodes = Episodes(index.conn, index.readers, self._pipeline, self.embed_query,
+            index.episodes = Episodes(index.conn, index.readers, self._search.embeddings, self.embed_query,
                                       self.config.keyword_weight)
         return index.episodes
 
-    def _require_index(self) -> _Index:
+    def _require_index(self) -> LiveIndex:
         if self._index is None:
             if self._swapping:
                 raise MemoryUnavailable("memory index is being replaced after a failed integrity check")
@@ -332,29 +273,21 @@ class MemoryService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the loop must survive a bad sync; the next nudge retries
-            self._last_error = f"sync failed: {type(exc).__name__}: {exc}"
+            self._syncs.last_error = f"sync failed: {type(exc).__name__}: {exc}"
             log.exception("memory.sync.failed")
 
     async def _run_sync(self, paths: list[Path] | None,
                         progress: ProgressCallback | None = None) -> SyncReport:
         async with self._sync_lock:
             index = self._require_index()
-            self._syncing = True
+            self._syncs.syncing = True
             try:
-                report = await index.indexer.sync(self._pipeline, paths=paths, progress=progress)
+                report = await index.indexer.sync(self._search.embeddings, paths=paths, progress=progress)
             finally:
-                self._syncing = False
+                self._syncs.syncing = False
                 if self._index is not None:
                     await self._refresh_vector_state()
-            self.sync_count += 1
-            self._last_sync = datetime.now(UTC).isoformat()
-            self._last_report = report
-            self._last_error = report.error
-            if report.files_changed or report.files_deleted or report.embedded or report.error:
-                log.info("memory.sync", files=report.files_scanned, changed=report.files_changed,
-                         deleted=report.files_deleted, chunks=report.chunks_written,
-                         embedded=report.embedded, cache_hits=report.cache_hits, pending=report.pending,
-                         ms=round(report.duration_ms, 1), error=report.error)
+            self._syncs.record(report)
             return report
 
     async def sync_now(self, progress: ProgressCallback | None = None, *,
@@ -391,7 +324,7 @@ class MemoryService:
 
     async def sweep_retention(self, now_ms: int | None = None) -> dict[str, int]:
         """Remove chunks and facts older than ``retention_days`` (nothing when it is 0)."""
-        cutoff = forgetting.retention_cutoff_ms(self.config.retention_days, now_ms)
+        cutoff = retention_cutoff_ms(self.config.retention_days, now_ms)
         if cutoff is None:
             return {"chunks": 0, "facts": 0, "episodes": 0}
         index = self._require_index()
@@ -400,7 +333,7 @@ class MemoryService:
         episodes = await self.episodes.prune_older_than(cutoff)
         return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
-    async def forget(self, r: forgetting.ForgetRange, *, record: bool) -> dict[str, int]:
+    async def forget(self, r: ForgetRange, *, record: bool) -> dict[str, int]:
         """``memory.forget``: drop the matching chunks and the facts the model saved from that
         conversation; ``record`` keeps the range so no later sync indexes it again (use it
         when the transcript keeps the messages)."""
@@ -417,29 +350,11 @@ class MemoryService:
 
     async def _refresh_vector_state(self) -> None:
         """Recompute whether the vector leg may run, and who serves it during a rebuild."""
-        self._vector_state, self._rebuild = await asyncio.to_thread(
-            lambda: (self._compute_vector_state(), self._compute_rebuild()))
-        rebuild = self._rebuild
-        serve = rebuild.previous if rebuild.rebuilding and not self._vector_state[0] and self._pipeline else None
-        await self._previous.update(serve, self._read)
+        await self._search.refresh(self._index, self._read)
 
     async def _read(self, fn: Callable[[apsw.Connection], _T]) -> _T:
         index = self._require_index()
         return await self._in_thread("reading the previous vectors", index.readers.run, fn)
-
-    def _compute_rebuild(self) -> RebuildState:
-        index = self._index
-        if index is None:
-            return NOT_REBUILDING
-        return index.indexer.vectors.rebuild_state(self._identity)
-
-    def _compute_vector_state(self) -> tuple[bool, str]:
-        index = self._index
-        if index is None:
-            return False, "not started"
-        if self._identity is None:
-            return False, f"no embedder ({self.embedder_reason})" if self.embedder_reason else "no embedder"
-        return index.indexer.vectors.state(self._identity)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -463,59 +378,11 @@ class MemoryService:
         request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
                                       exclude_session_key=exclude_session_key, after=after, before=before,
                                       now=now, recency=recency)
-        index = self._require_index()
-        started = time.perf_counter()
-        actual = request.mode
-        fallback: str | None = None
-        blob: bytes | None = None
-        previous: PreviousVectors | None = None
-        if request.mode != "keyword":
-            ready, why = self._vector_state
-            if ready and self._pipeline is not None:
-                try:
-                    blob = vector_to_blob(await self.embed_query(request.query))
-                except EmbedderError as exc:
-                    ready, why = False, f"query embedding failed: {exc}"
-            elif self._rebuild.rebuilding:
-                # A rebuild: the previous model's complete vectors serve the vector leg.
-                served = await self._previous.query(request.query, why)
-                blob, previous, why = served.blob, served.vectors, served.reason
-                fallback = why if blob is not None else None
-            if blob is None:
-                actual, fallback = "keyword", why
-        embedded_at = time.perf_counter()
-        reranker = self._reranker if actual != "keyword" else None
-        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if reranker else request
-        searcher = lambda db: HybridSearch(db, self.config, previous=previous).search(  # noqa: E731
-            fetch, query_vector=blob, keyword=actual != "vector")
-        hits = await self._in_thread("searching", index.readers.run, searcher)
-        done = time.perf_counter()
-        timings = {"embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)}
-        if reranker is not None and hits:
-            try:
-                scores = await reranker.score(request.query, [h.content for h in hits])
-                order = sorted(range(len(hits)), key=lambda i: -scores[i])
-                hits = [replace(hits[i], score=scores[i]) for i in order]
-            except EmbedderError as exc:
-                # The fused order stands: a re-ranker that cannot run never fails a search.
-                fallback = fallback or f"re-ranker unavailable: {exc}"
-            timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
-        return SearchResponse(hits[:request.k], actual, fallback, timings,
-                              previous_model=previous.identity.model if previous else None)
+        return await self._search.search(request, self._require_index())
 
     async def embed_query(self, text: str) -> list[float]:
         """The query vector of ``text``, from a small cache of recent queries when it is there."""
-        if self._pipeline is None:
-            raise EmbedderError("no embedder is active", retryable=False)
-        cached = self._query_vectors.get(text)
-        if cached is not None:
-            self._query_vectors.move_to_end(text)
-            return cached
-        vector = await self._pipeline.embed_query(text)
-        self._query_vectors[text] = vector
-        while len(self._query_vectors) > _QUERY_CACHE:
-            self._query_vectors.popitem(last=False)
-        return vector
+        return await self._search.embed_query(text)
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
                      now: datetime | None = None) -> list[SearchHit]:
@@ -524,15 +391,20 @@ class MemoryService:
         the relevance floor, merging and the token budget of :func:`memory.recall.for_prompt`."""
         response = await self.search(user, message, k=k, mode="hybrid",
                                      exclude_session_key=exclude_session_key, now=now, recency=True)
-        floor = self.config.recall_min_similarity
-        if floor is None:
-            # Calibrated per model (a cosine means different things to different models);
-            # embedders without one (remote, test fakes) get no floor.
-            floor = getattr(self.embedder, "relevance_floor", None)
-            if response.previous_model is not None:
-                floor = self._previous.relevance_floor  # the cosines are the previous model's
-        return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
+        return for_prompt(response.results, vector_ran=response.mode != "keyword",
+                          floor=self._search.relevance_floor(response),
                           budget_tokens=self.config.recall_budget_tokens)
+
+    async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
+                      tz: tzinfo) -> MemoryContext:
+        """What a prompt answering ``message`` gets from memory: recalled chunks of the user's other
+        sessions, the facts most related, and episodes, as far as ``run`` turns each on."""
+        return await gather_context(
+            self.config, run, message, tz=tz,
+            recall=lambda query: self.recall(user, query, k=k, exclude_session_key=exclude_session_key),
+            facts=lambda query, limit, budget: self.facts.relevant(user, query, limit=limit, budget_tokens=budget),
+            episodes=lambda query, limit, window, recency: self.episodes.search(
+                user, query, limit=limit, window=window, recency=recency))
 
     async def status(self, user: str | None = None) -> dict[str, Any]:
         """Counts and state, camelCase, ready for the wire.
@@ -541,56 +413,17 @@ class MemoryService:
         (its path and size, the shared embedding cache, skipped files) is left out.
         """
         index = self._require_index()
-
-        def counts(db: apsw.Connection) -> dict[str, int]:
-            def q(sql: str, *args: str) -> int:
-                row = db.execute(sql, args).fetchone()
-                return int(row[0]) if row is not None else 0
-
-            if user is not None:
-                return {
-                    "files": q("SELECT count(*) FROM files WHERE user = ?", user),
-                    "chunks": q("SELECT count(*) FROM chunks WHERE user = ?", user),
-                    "embedded": q("SELECT count(*) FROM chunks WHERE user = ? AND embedded = 1", user),
-                    "pending": q("SELECT count(*) FROM chunks WHERE user = ? AND embedded = 0", user),
-                }
-            return {
-                "files": q("SELECT count(*) FROM files"),
-                "chunks": q("SELECT count(*) FROM chunks"),
-                "embedded": q("SELECT count(*) FROM chunks WHERE embedded = 1"),
-                "pending": q("SELECT count(*) FROM chunks WHERE embedded = 0"),
-                "cacheEntries": q("SELECT count(*) FROM embedding_cache"),
-            }
-
-        numbers = await self._in_thread("counting", index.readers.run, counts)
-        ready, why = self._vector_state
-        rebuild, previous = self._rebuild, self._rebuild.previous
-        serving = self._identity if ready else self._previous.serving
-        report = self._last_report
+        numbers = await self._in_thread("counting", index.readers.run, lambda db: count_rows(db, user))
         state: dict[str, Any] = {
             **numbers,
             "provider": self.embedder.provider if self.embedder else "none",
             "model": self.embedder.model_id if self.embedder else None,
             "dims": (self.embedder.dims or None) if self.embedder else None,
             "embedderReason": self.embedder_reason,
-            "vectorBackend": {"available": self._vectors.available, "reason": self._vectors.reason},
-            "vectorSearch": {
-                "ready": ready, "reason": why or None,
-                # Whose vectors answer the vector leg now (the previous model's during a rebuild).
-                "servedBy": {"provider": serving.provider, "model": serving.model} if serving else None,
-                "rebuild": {
-                    # Until the next sync starts the rebuild, "embedded" chunks have old vectors.
-                    "embedded": numbers["embedded"] if rebuild.started else 0, "total": numbers["chunks"],
-                    "previous": {"provider": previous.provider, "model": previous.model} if previous else None,
-                    "previousUnavailable": (self._previous.reason or None) if serving is None else None,
-                } if rebuild.rebuilding else None,
-            },
-            "syncing": self._syncing,
-            "syncCount": self.sync_count,
-            "lastSync": self._last_sync,
-            "lastSyncMs": round(report.duration_ms, 1) if report else None,
-            "lastError": self._last_error,
-            "rebuiltFromTranscripts": self._rebuilt_reason or None,
+            "vectorBackend": {"available": index.backend.available, "reason": index.backend.reason},
+            "vectorSearch": self._search.vector_status(numbers["embedded"], numbers["chunks"]),
+            **self._syncs.wire(),
+            "rebuiltFromTranscripts": index.rebuilt_reason or None,
             "scope": "all" if user is None else "user",
             "retention": {"days": self.config.retention_days, **self.retention_status},
         }
@@ -599,7 +432,7 @@ class MemoryService:
                 # Transcripts not indexed because they are symlinks or their header names another
                 # user or session (memory.index.sync); each is logged as memory.file_skipped.
                 "skippedFiles": len(index.indexer.files.skipped),
-                "dbBytes": await asyncio.to_thread(self._db_bytes),
+                "dbBytes": await asyncio.to_thread(db_bytes, self.data_dir),
                 "dbPath": os.fspath(self.db_path),
             })
         return state

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import secrets
 import time
 from collections import deque
@@ -28,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from gateway.chat.episodes import EpisodeWriter
+from gateway.chat.episodes import ModelSummarizer
 from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.memory_tools import MemoryTools
@@ -44,20 +43,16 @@ from gateway.errors import (
     wire_error,
 )
 from gateway.wire import ChatDelta, ChatEventBase, ErrorObject, LiveRun, message_wire
-from memory import MemoryService
+from memory import EpisodeWriter, Memory, RunMemory
 from sessions import Message, Session, SessionStore
 
 __all__ = ["ChatRuns", "Run"]
 
 log = structlog.get_logger("recalld.chat")
 
-# While streaming, give connection writers a turn at least this often. Deltas published
-# between two turns wait in each outbox and leave as one merged chat.delta (docs/protocol.md
-# allows it: the merged event keeps the first seq). Every turn costs a websocket frame and a
-# send() per connection; at 2 ms those were ~20% of the gateway's CPU for a 500-delta burst
-# (py-spy, bench/README.md), at 8 ms ~10%. 8 ms is still half a 60 Hz screen frame, and an
-# upstream slower than that (every real model) awaits its socket between deltas anyway, so
-# each of its deltas still leaves at once.
+# While streaming, give connection writers a turn at least this often: the deltas published in
+# between leave as one merged chat.delta (docs/protocol.md), a frame and a send() per connection
+# saved each, and 8 ms is half a 60 Hz screen frame. A real model's deltas each await its socket.
 _YIELD_EVERY_S = 0.008
 
 
@@ -74,7 +69,7 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
     recall: bool = True  # chat.send {recall:false} turns recall off for this run
-    memory_on: bool = False  # the session is not incognito (known once the run starts)
+    memory: RunMemory = RunMemory()  # what memory does for the run, decided once it starts
     # The session and its recent messages, read right after the user message was appended
     # when the run went into an idle session (ChatRuns.submit); None: the run reads them.
     prefetched: tuple[Session, list[Message]] | None = None
@@ -123,7 +118,7 @@ class ChatRuns:
     """Every session's run queue; what ``chat.send``/``chat.abort`` and shutdown drive."""
 
     def __init__(self, config: ChatConfig, default_model: str, store: SessionStore, hub: Hub,
-                 model: ChatModel | None, memory: MemoryService | None, *,
+                 model: ChatModel | None, memory: Memory | None, *,
                  max_runs: int | None = None, max_runs_per_user: int | None = None) -> None:
         self.config = config
         # Busy sessions (a run streaming or queued), all users / one user ([quotas]): each is
@@ -135,9 +130,10 @@ class ChatRuns:
         self.hub = hub
         self.model = model
         self.memory = memory
-        self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds, config.timezone)
-        self._no_recall = dataclasses.replace(config, recall=False)
-        self.episodes = EpisodeWriter(memory, model, store, default_model, config.timezone)
+        self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds)
+        summarizer = (ModelSummarizer(model, memory.config.summary_model or default_model)
+                      if model is not None and memory is not None else None)
+        self.episodes = EpisodeWriter(memory, summarizer, store, config.timezone)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], _Attempt] = {}
         self._closing = False
@@ -324,19 +320,19 @@ class ChatRuns:
             finish: str | None = None
             model_name = self.default_model
             try:
-                # An incognito session (memory:false) uses no memory at all; recall:false only
-                # skips recall. build_prompt reads the session before it recalls anything.
-                chat_config = self.config if run.recall else self._no_recall
+                # What memory does for the run is decided once, when build_prompt has read the
+                # session (RunMemory); the tools and the episode writer read that decision.
                 read, run.prefetched = run.prefetched, None
-                prompt = await build_prompt(chat_config, self.store, self.memory, run.user,
-                                            run.session_key, run.message, run.run_id, read)
-                memory_on = run.memory_on = self.memory is not None and prompt.session.memory
+                prompt = await build_prompt(self.config, self.store, self.memory, run.user, run.session_key,
+                                            run.message, run.run_id, read, recall=run.recall,
+                                            tools=model.supports_tools)
+                run.memory = prompt.memory
                 recalled = prompt.recalled
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
-                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, run.message,
-                                                memory_on=memory_on, recall=run.recall)
+                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, prompt.memory,
+                                                prompt.context)
                 async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
@@ -345,8 +341,7 @@ class ChatRuns:
                                 run.partial.append(text)
                                 self._publish_delta(run, text)
                                 # A stream already buffered in full never awaits the socket, so
-                                # the outbox writers would send nothing until the run ends
-                                # (first delta ≈ whole run, bench/README.md); let them run.
+                                # the outbox writers would send nothing until the run ends.
                                 now = time.monotonic()
                                 if now - yielded_at >= _YIELD_EVERY_S:
                                     yielded_at = now
@@ -382,7 +377,7 @@ class ChatRuns:
             params["usage"] = usage
         self._publish(run, "chat.final", params)
         self._log_run(run, "final", recalled=recalled)
-        self.episodes.after_run(run.user, run.session_key, run.memory_on)
+        self.episodes.after_run(run.user, run.session_key, run.memory.write_episodes)
         if self.memory is not None:
             self.memory.nudge()
 

@@ -8,7 +8,7 @@ from typing import NotRequired, TypedDict
 from gateway.methods.facts import MAX_PAGE
 from gateway.rpc import CallContext, Registry, bounded
 from gateway.wire import EpisodeWire, episode_wire
-from memory import MemoryService
+from memory import Memory
 
 __all__ = ["EpisodesMethods", "declare_episodes"]
 
@@ -33,7 +33,7 @@ class EpisodesPageReply(TypedDict):
 
 
 class EpisodesMethods:
-    def __init__(self, service: MemoryService) -> None:
+    def __init__(self, service: Memory) -> None:
         self.service = service
 
     async def list(self, ctx: CallContext, p: ListEpisodesParams) -> EpisodesPageReply:

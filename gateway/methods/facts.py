@@ -12,7 +12,7 @@ from typing import Literal, NotRequired, TypedDict
 
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import FactChangeWire, FactWire, fact_change_wire, fact_wire
-from memory import MemoryConfig, MemoryService
+from memory import Memory, MemoryConfig
 
 __all__ = ["MAX_PAGE", "FactsMethods", "declare_facts"]
 
@@ -53,7 +53,7 @@ class FactDeleted(TypedDict):
 
 
 class FactsMethods:
-    def __init__(self, service: MemoryService) -> None:
+    def __init__(self, service: Memory) -> None:
         self.service = service
 
     async def list(self, ctx: CallContext, p: ListFactsParams) -> FactsPageReply:

@@ -14,7 +14,7 @@ from gateway.auth import Authenticator
 from gateway.errors import RateLimited, Unauthorized
 from gateway.rpc import CallContext, OpenRpcDocument, Registry, bounded
 from gateway.wire import MemoryHealth, ServerInfo, server_info
-from memory import MemoryService
+from memory import Memory
 
 __all__ = ["GatewayMethods", "declare_gateway"]
 
@@ -55,7 +55,7 @@ class HealthReply(TypedDict):
 
 class GatewayMethods:
     def __init__(self, authenticator: Authenticator, registry: Registry, server: ServerState,
-                 version: str, memory: MemoryService | None) -> None:
+                 version: str, memory: Memory | None) -> None:
         self.authenticator = authenticator
         self.registry = registry  # rpc.discover describes it
         self.server = server

@@ -16,7 +16,7 @@ from gateway.errors import InvalidParams, RateLimited
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import SearchHitWire, search_wire
-from memory import MAX_QUERY_CHARS, MemoryConfig, MemoryService
+from memory import MAX_QUERY_CHARS, Memory, MemoryConfig
 from sessions import SessionStore, parse_ts
 
 __all__ = ["SEARCH_QUERY_MAX_CHARS", "MemoryMethods", "declare_memory"]
@@ -145,7 +145,7 @@ class MemoryMethods:
     or the only user of a daemon without ``[[auth.users]]`` (everything is theirs anyway).
     Anyone else sees and rebuilds only their own rows."""
 
-    def __init__(self, service: MemoryService, store: SessionStore, *, admin: str | None = None,
+    def __init__(self, service: Memory, store: SessionStore, *, admin: str | None = None,
                  full_reindex_interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
         self.store = store  # to check that a session filter names one of the caller's sessions
@@ -193,7 +193,7 @@ class MemoryMethods:
             await asyncio.to_thread(self.store.get, ctx.caller, key)
 
 
-async def episode_results(service: MemoryService, user: str, p: MemorySearchParams) -> list[EpisodeHit]:
+async def episode_results(service: Memory, user: str, p: MemorySearchParams) -> list[EpisodeHit]:
     """Episodes matching the query (``kinds`` with "episode"): up to k, after the chunk hits."""
     window = None
     if p.after is not None or p.before is not None:

@@ -18,7 +18,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from gateway.chat import ChatRuns, Hub
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import LiveRun, MessageWire, SessionWire, message_wire, session_wire
-from memory import MemoryService
+from memory import Memory
 from sessions import SessionsConfig, SessionStore
 
 __all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
@@ -101,7 +101,7 @@ class UnsubscribedReply(TypedDict):
 
 
 class SessionsMethods:
-    def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: MemoryService | None) -> None:
+    def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: Memory | None) -> None:
         self.store = store
         self.hub = hub
         self.runs = runs  # a deleted session's runs are aborted first

@@ -1,6 +1,6 @@
-"""Embedders: one small Protocol, the OpenAI-compatible one, selection, and the code around them.
+"""Embedders: the OpenAI-compatible one, selection, and the code around the Protocol.
 
-An :class:`Embedder` is ``provider``, ``model_id``, ``dims``, ``batch_size``,
+An :class:`Embedder` (``memory.embedders.base``) is ``provider``, ``model_id``, ``dims``, ``batch_size``,
 ``endpoint_hash``, ``remote`` and one ``async embed(texts) -> list[list[float]]`` (plain float
 lists, one per text, in order). Implementations only call their model. Around them, once:
 
@@ -22,11 +22,11 @@ import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Literal, Protocol, runtime_checkable
 
 import structlog
 
 from memory.config import MemoryConfig
+from memory.embedders.base import Embedder, EmbedKind
 from memory.errors import EmbedderError
 
 __all__ = [
@@ -42,26 +42,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger("memory.embeddings")
-
-
-EmbedKind = Literal["query", "passage"]
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    provider: str
-    model_id: str
-    dims: int
-    batch_size: int
-    endpoint_hash: str
-    remote: bool
-
-    max_tokens: int | None  # the model's input window in its own tokens; None when unknown
-
-    async def embed(self, texts: list[str], kind: EmbedKind = "passage") -> list[list[float]]:
-        """One vector per text. ``kind="query"`` for a search's query, ``"passage"`` for stored
-        text: retrieval-tuned models are trained with a different prefix for each."""
-        ...
 
 
 def endpoint_hash(base_url: str | None) -> str:

@@ -42,7 +42,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from memory.embedders.embeddings import EmbedKind
+from memory.embedders.base import EmbedKind
 from memory.errors import EmbedderError
 
 __all__ = [

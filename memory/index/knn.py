@@ -7,8 +7,9 @@ bench/README.md). A numpy XOR + popcount over one user's packed sign bits costs 
 same as that k = 100 KNN and returns the best few thousand by Hamming distance; the caller
 re-ranks them by exact int8 cosine in SQL (``memory.search``).
 
-**What is held** (one :class:`SignIndex` per database file, one partition per user, loaded by
-:meth:`SignIndex.warm` when the service starts, or else on the user's first vector search):
+**What is held** (one :class:`SignIndex` per open index, state of the service's
+:class:`~memory.live.LiveIndex`; one partition per user, loaded by :meth:`SignIndex.warm` when
+the service starts, or else on the user's first vector search):
 per chunk its id (8 bytes), sign bits (``dims / 8``, 48 at 384 dims), ``start_ms``/``end_ms``
 (16) and a live flag (1): 73 bytes a chunk at 384 dims, plus up to :data:`GROWTH` slack —
 7.3 MB per 100k chunks. Session filters are not held: they
@@ -37,7 +38,6 @@ thread while the search's keyword leg runs its SQL.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -63,8 +63,6 @@ __all__ = [
     "PreparedScan",
     "SignIndex",
     "detached_partition",
-    "index_for",
-    "release",
 ]
 
 # Written by memory.vectors, read here; its own table so that dropping chunks_vec (a vec0
@@ -442,27 +440,3 @@ def distinct_users(db: apsw.Connection) -> list[str]:
         "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
         "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS NOT NULL) "
         "SELECT name FROM u WHERE name IS NOT NULL")]
-
-
-_registry: dict[str, SignIndex] = {}
-_registry_lock = threading.Lock()
-
-
-def _key(path: str | os.PathLike[str]) -> str:
-    return os.path.realpath(os.fspath(path))
-
-
-def index_for(path: str | os.PathLike[str]) -> SignIndex:
-    """The process's :class:`SignIndex` for the database file at ``path`` (made on first use)."""
-    key = _key(path)
-    with _registry_lock:
-        index = _registry.get(key)
-        if index is None:
-            index = _registry[key] = SignIndex()
-        return index
-
-
-def release(path: str | os.PathLike[str]) -> None:
-    """Forget the index of ``path`` (its service closed); the next search there reloads."""
-    with _registry_lock:
-        _registry.pop(_key(path), None)

@@ -40,9 +40,16 @@ from pathlib import Path
 
 import structlog
 
-from memory import forgetting
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
 from memory.config import MemoryConfig, SizedConfig
+from memory.forgetting import (
+    ForgetRange,
+    chunk_ids_for_file,
+    matching_chunk_ids,
+    old_chunk_ids,
+    record_forgotten,
+    retention_cutoff_ms,
+)
 from memory.index.db import WriteConnection
 from memory.index.vectors import VectorStore
 from sessions import (
@@ -257,9 +264,9 @@ class FileSync:
                      _prefix_fingerprint(path, end_offset), end_offset, end_line, self.chunking, _now()),
                 )
                 # Expired or forgotten text goes in the same transaction it was written in.
-                deleted += self._delete_ids(forgetting.chunk_ids_for_file(
+                deleted += self._delete_ids(chunk_ids_for_file(
                     self.db, rel, owner[0], owner[1],
-                    forgetting.retention_cutoff_ms(self.config.retention_days)))
+                    retention_cutoff_ms(self.config.retention_days)))
         report.files_changed = 1 if (written or deleted or row is None or not incremental) else 0
         report.chunks_written, report.chunks_deleted = written, deleted
         return report
@@ -379,16 +386,16 @@ class FileSync:
     def prune_expired(self, cutoff_ms: int) -> int:
         """Retention: drop every chunk whose newest message is older than ``cutoff_ms``."""
         with self._conn.lock, self.db:
-            removed = self._delete_ids(forgetting.old_chunk_ids(self.db, cutoff_ms))
+            removed = self._delete_ids(old_chunk_ids(self.db, cutoff_ms))
         return removed
 
-    def forget(self, r: forgetting.ForgetRange, *, record: bool) -> int:
+    def forget(self, r: ForgetRange, *, record: bool) -> int:
         """memory.forget: drop the matching chunks, and with ``record`` keep the range so later
         syncs drop them again (the transcript still holds the text)."""
         with self._conn.lock, self.db:
             if record:
-                forgetting.record_forgotten(self.db, r)
-            removed = self._delete_ids(forgetting.matching_chunk_ids(self.db, r))
+                record_forgotten(self.db, r)
+            removed = self._delete_ids(matching_chunk_ids(self.db, r))
         return removed
 
     def delete_session(self, user: str, session_key: str) -> int:

@@ -11,13 +11,13 @@ A term is *common* when it matches at least ``max(keyword_common_share · N,
 keyword_common_min_chunks)`` of the database's N chunks (every user's: FTS5 keeps no per-user
 counts). An index no larger than that floor looks nothing up and keeps every term. The count
 for a term stops at the threshold (a ``LIMIT`` inside the count), so asking costs at most that
-many row visits, once: answers are kept per database file for ``ttl_s``, and N with them. A
+many row visits, once: answers are kept per open index (state of the service's
+:class:`~memory.live.LiveIndex`) for ``ttl_s``, and N with them. A
 query made only of common terms keeps them all.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import apsw
 
-__all__ = ["CommonTerms", "common_terms_for", "release"]
+__all__ = ["CommonTerms"]
 
 _COUNT_SQL = "SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT ?)"
 # FTS5 keeps its row count as the first varint of its "averages" record (rowid 1 of the _data
@@ -98,23 +98,3 @@ def _chunk_count(db: apsw.Connection) -> int:
                 return value
     ((n,),) = db.execute(_CHUNKS_SQL).fetchall()
     return n if isinstance(n, int) else 0
-
-
-_registry: dict[str, CommonTerms] = {}
-_registry_lock = threading.Lock()
-
-
-def common_terms_for(path: str | os.PathLike[str]) -> CommonTerms:
-    """The process's :class:`CommonTerms` for the database file at ``path`` (made on first use)."""
-    key = os.path.realpath(os.fspath(path))
-    with _registry_lock:
-        found = _registry.get(key)
-        if found is None:
-            found = _registry[key] = CommonTerms()
-        return found
-
-
-def release(path: str | os.PathLike[str]) -> None:
-    """Forget what was counted for ``path`` (its service closed)."""
-    with _registry_lock:
-        _registry.pop(os.path.realpath(os.fspath(path)), None)

@@ -40,7 +40,7 @@ from memory.config import MemoryConfig
 from memory.index import knn
 from memory.index.quantize import quantize_int8, vector_from_blob
 from memory.retrieval import interim
-from memory.retrieval.common_terms import common_terms_for
+from memory.retrieval.common_terms import CommonTerms
 from memory.retrieval.fusion import Fused, fuse, with_recency
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
 
@@ -195,12 +195,13 @@ def build_sql(request: SearchRequest, *, leg: Literal["keyword", "vector"],
                                knn_query=_KNN_QUERY[vector_format]), active)
 
 
-def keyword_match(db: apsw.Connection, query: str, config: MemoryConfig) -> str:
+def keyword_match(db: apsw.Connection, query: str, config: MemoryConfig, common: CommonTerms | None = None) -> str:
     """The keyword leg's ``MATCH`` expression for ``query``: its quoted terms OR-ed, words
-    common at this database's size left out (``""`` when no term is left)."""
+    common at this database's size left out (``""`` when no term is left). ``common``: the
+    index's counts of common words (None: counted afresh)."""
     terms = fts_terms(query, config.max_query_terms)
     if terms:
-        terms = common_terms_for(db.filename).keep(
+        terms = (common or CommonTerms()).keep(
             db, terms, config.keyword_common_share, config.keyword_common_min_chunks)
     return " OR ".join(terms)
 
@@ -209,12 +210,17 @@ class HybridSearch:
     """Runs a :class:`SearchRequest` on a read connection (blocking; call it off the loop)."""
 
     def __init__(self, db: apsw.Connection, config: MemoryConfig, *,
-                 previous: interim.PreviousVectors | None = None) -> None:
+                 previous: interim.PreviousVectors | None = None, signs: knn.SignIndex | None = None,
+                 common: CommonTerms | None = None) -> None:
         """``previous``: run the vector leg over a previous identity's cached vectors (a
-        rebuild is under way; the query vector must come from that identity's model)."""
+        rebuild is under way; the query vector must come from that identity's model).
+        ``signs`` and ``common``: the index's in-memory sign bits and common-word counts (the
+        service's :class:`~memory.live.LiveIndex`); None loads them for this search alone."""
         self.db = db
         self.config = config
         self.previous = previous
+        self.signs = signs if signs is not None else knn.SignIndex()
+        self.common = common if common is not None else CommonTerms()
 
     def search(self, request: SearchRequest, *, query_vector: bytes | None, keyword: bool = True) -> list[SearchHit]:
         """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
@@ -238,7 +244,7 @@ class HybridSearch:
         # while this one runs the keyword leg's SQL, and the two meet before the fusion.
         finish_vector = self._start_vector_leg(request, query_vector) if query_vector is not None else None
         try:
-            match = keyword_match(self.db, request.query, self.config) if keyword else ""
+            match = keyword_match(self.db, request.query, self.config, self.common) if keyword else ""
             keyword_leg = self._keyword_leg(request, match) if match else []
         finally:
             vector_leg = finish_vector() if finish_vector is not None else []
@@ -303,7 +309,7 @@ class HybridSearch:
         filters = knn.Filters(request.after_ms, request.before_ms,
                               _session_chunk_ids(self.db, request.user, request.session_key),
                               _session_chunk_ids(self.db, request.user, request.exclude_session_key))
-        scan = knn.index_for(self.db.filename).prepare(
+        scan = self.signs.prepare(
             self.db, request.user, params["query_int8"], filters,
             scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
         sql = _RERANK_SQL.format(filters="".join(_FILTERS[n][0] for n in active))

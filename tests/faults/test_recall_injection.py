@@ -7,8 +7,7 @@ import json
 import re
 from collections.abc import Callable
 
-from gateway.chat.memory_tools import FACTS_CLOSE, FACTS_OPEN
-from gateway.chat.prompt import RECALL_CLOSE, RECALL_OPEN
+from gateway.chat.prompt import FACTS_CLOSE, FACTS_OPEN, RECALL_CLOSE, RECALL_OPEN
 from gateway.client import Client
 from gateway.config import Config
 from tests.conftest import TOKEN, running

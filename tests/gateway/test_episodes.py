@@ -11,10 +11,9 @@ from typing import Any
 import orjson
 
 from gateway.app import App
-from gateway.chat.episodes import SUMMARY_INSTRUCTIONS
 from gateway.client import Client
 from gateway.config import Config
-from memory import EpisodeDraft
+from memory import SUMMARY_INSTRUCTIONS, EpisodeDraft
 from testkit.fake_openai import echo_reply
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI

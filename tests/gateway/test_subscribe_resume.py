@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.app import App
-from gateway.chat.factblock import BLOCK_CLOSE, BLOCK_OPEN
 from gateway.client import Client
 from gateway.config import Config
+from memory import BLOCK_CLOSE, BLOCK_OPEN
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.gateway.test_chat import run_to_end

@@ -179,12 +179,12 @@ async def test_restart_loads_sign_bits_before_the_first_search(tmp_path: Path) -
     queries = ("garden tomato", "violin rosin", "tax deadline")
     async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=DIMS)) as svc:
         before = {(u, q): await vector_ids(svc, u, q) for u in ("alice", "bob") for q in queries}
-    assert knn.index_for(tmp_path / "memory.db").nbytes == 0  # released at close
+    assert svc.sign_index_bytes == 0  # released at close
     async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=DIMS)) as svc:
-        warmed = knn.index_for(tmp_path / "memory.db").nbytes
+        warmed = svc.sign_index_bytes
         assert warmed > 0
         after = {(u, q): await vector_ids(svc, u, q) for u in ("alice", "bob") for q in queries}
-        assert knn.index_for(tmp_path / "memory.db").nbytes == warmed  # nothing loaded by a search
+        assert svc.sign_index_bytes == warmed  # nothing loaded by a search
     assert after == before
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chat.factblock import (
+from memory.facts.block import (
     BLOCK_CLOSE,
     BLOCK_OPEN,
     BlockFilter,

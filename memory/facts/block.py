@@ -19,7 +19,8 @@ more than ``max_chars`` held). Ordinary text therefore streams with no delay, an
 chunking of a reply the text sent on plus the stripped block is the reply itself.
 
 No I/O here: :func:`parse_block` turns the block's body into a :class:`FactBlock` or raises
-:class:`MalformedBlock`; the caller (``memory_tools``) applies it and logs.
+:class:`MalformedBlock`; the gateway's chat run (``gateway/chat/memory_tools.py``) applies it
+through the same ``remember``/``forget`` code as the tools' calls, and logs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,184 @@
+"""A search from request to response, and what searches keep between them.
+
+:class:`SearchPipeline` runs a :class:`~memory.retrieval.request.SearchRequest` in three timed
+steps: the query vector (:meth:`SearchPipeline.query_vector`: this embedder's, from a small
+cache of recent queries; or, while the vectors are rebuilt for a new embedder, the previous
+model's, :mod:`memory.retrieval.previous`; or none and why, and the search runs keyword-only);
+the fused search on a read connection (:class:`~memory.retrieval.search.HybridSearch`, with
+the index's in-memory sign bits and common-word counts); and the optional cross-encoder
+re-rank. It also knows whether the vector leg may run (:meth:`refresh`, after each sync) and
+what recall's relevance floor is for the vectors that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import apsw
+
+from memory.config import MemoryConfig
+from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.embedders.local_embedder import default_threads
+from memory.embedders.rerank import CrossEncoder
+from memory.errors import EmbedderError
+from memory.index.db import in_thread
+from memory.index.quantize import vector_to_blob
+from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
+from memory.live import LiveIndex
+from memory.retrieval.interim import PreviousVectors
+from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
+from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
+from memory.retrieval.search import HybridSearch
+
+__all__ = ["QueryVector", "SearchPipeline"]
+
+# A run's recall, its facts and its episodes embed the same message; a local model spends tens
+# of milliseconds per query (bench/facts.py).
+_QUERY_CACHE = 16
+
+ReadFn = Callable[[Callable[[apsw.Connection], Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueryVector:
+    """What a search's vector leg runs with: the query vector (None: keyword only), the previous
+    identity's vectors when they serve, the mode that runs, and why it differs from the asked one."""
+
+    blob: bytes | None
+    previous: PreviousVectors | None
+    mode: str
+    fallback: str | None
+
+
+class SearchPipeline:
+    def __init__(self, config: MemoryConfig, embedder: Embedder | None, embedder_reason: str,
+                 db_path: os.PathLike[str], previous_embedder: PreviousFactory | None) -> None:
+        self.config = config
+        self.embedder = embedder
+        self.embedder_reason = embedder_reason
+        self.embeddings = EmbeddingPipeline.from_config(embedder, config) if embedder else None
+        self.identity = EmbedderIdentity.of(embedder) if embedder else None
+        self._reranker = CrossEncoder(threads=config.local_threads or default_threads()) if config.rerank else None
+        self.vector_state: tuple[bool, str] = (False, "not started")
+        # After an embedder change: whether this identity's vectors are being (re)built, and
+        # the identity whose complete vectors may serve meanwhile (memory.retrieval.interim).
+        self.rebuild: RebuildState = NOT_REBUILDING
+        self.previous = PreviousModel(config, db_path, previous_embedder or default_factory(config))
+        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+
+    async def refresh(self, index: LiveIndex | None, read: ReadFn) -> None:
+        """Recompute whether the vector leg may run, and who serves it during a rebuild."""
+        self.vector_state, self.rebuild = await asyncio.to_thread(self._vector_state, index)
+        rebuild = self.rebuild
+        serve = rebuild.previous if rebuild.rebuilding and not self.vector_state[0] and self.embeddings else None
+        await self.previous.update(serve, read)
+
+    def _vector_state(self, index: LiveIndex | None) -> tuple[tuple[bool, str], RebuildState]:
+        if index is None:
+            return (False, "not started"), NOT_REBUILDING
+        vectors = index.indexer.vectors
+        rebuild = vectors.rebuild_state(self.identity)
+        if self.identity is None:
+            reason = self.embedder_reason
+            return (False, f"no embedder ({reason})" if reason else "no embedder"), rebuild
+        return vectors.state(self.identity), rebuild
+
+    async def embed_query(self, text: str) -> list[float]:
+        """The query vector of ``text``, from a small cache of recent queries when it is there."""
+        if self.embeddings is None:
+            raise EmbedderError("no embedder is active", retryable=False)
+        cached = self._query_vectors.get(text)
+        if cached is not None:
+            self._query_vectors.move_to_end(text)
+            return cached
+        vector = await self.embeddings.embed_query(text)
+        self._query_vectors[text] = vector
+        while len(self._query_vectors) > _QUERY_CACHE:
+            self._query_vectors.popitem(last=False)
+        return vector
+
+    async def query_vector(self, request: SearchRequest) -> QueryVector:
+        if request.mode == "keyword":
+            return QueryVector(None, None, "keyword", None)
+        ready, why = self.vector_state
+        if ready and self.embeddings is not None:
+            try:
+                return QueryVector(vector_to_blob(await self.embed_query(request.query)), None, request.mode, None)
+            except EmbedderError as exc:
+                why = f"query embedding failed: {exc}"
+        elif self.rebuild.rebuilding:
+            # A rebuild: the previous model's complete vectors serve the vector leg.
+            served = await self.previous.query(request.query, why)
+            if served.blob is not None:
+                return QueryVector(served.blob, served.vectors, request.mode, served.reason)
+            why = served.reason
+        return QueryVector(None, None, "keyword", why)
+
+    async def search(self, request: SearchRequest, index: LiveIndex) -> SearchResponse:
+        started = time.perf_counter()
+        query = await self.query_vector(request)
+        embedded_at = time.perf_counter()
+        reranker = self._reranker if query.mode != "keyword" else None
+        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if reranker else request
+
+        def fused(db: apsw.Connection) -> list[SearchHit]:
+            search = HybridSearch(db, self.config, previous=query.previous, signs=index.signs, common=index.common)
+            return search.search(fetch, query_vector=query.blob, keyword=query.mode != "vector")
+
+        hits = await in_thread("searching", index.readers.run, fused)
+        done = time.perf_counter()
+        timings = {"embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)}
+        fallback = query.fallback
+        if reranker is not None and hits:
+            hits, failed = await _rerank(reranker, request.query, hits)
+            fallback = fallback or failed
+            timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
+        return SearchResponse(hits[:request.k], query.mode, fallback, timings,
+                              previous_model=query.previous.identity.model if query.previous else None)
+
+    def relevance_floor(self, response: SearchResponse) -> float | None:
+        """Recall's floor on the cosine of what ``response`` found."""
+        floor = self.config.recall_min_similarity
+        if floor is not None:
+            return floor
+        if response.previous_model is not None:
+            return self.previous.relevance_floor  # the cosines are the previous model's
+        # Calibrated per model (a cosine means different things to different models);
+        # embedders without one (remote, test fakes) get no floor.
+        found: float | None = getattr(self.embedder, "relevance_floor", None)
+        return found
+
+    def vector_status(self, embedded: int, total: int) -> dict[str, Any]:
+        """``memory.status``'s ``vectorSearch``: whether the leg runs, whose vectors answer it,
+        and a rebuild's progress."""
+        ready, why = self.vector_state
+        rebuild, previous = self.rebuild, self.rebuild.previous
+        serving = self.identity if ready else self.previous.serving
+        return {
+            "ready": ready, "reason": why or None,
+            # Whose vectors answer the vector leg now (the previous model's during a rebuild).
+            "servedBy": {"provider": serving.provider, "model": serving.model} if serving else None,
+            "rebuild": {
+                # Until the next sync starts the rebuild, "embedded" chunks have old vectors.
+                "embedded": embedded if rebuild.started else 0, "total": total,
+                "previous": {"provider": previous.provider, "model": previous.model} if previous else None,
+                "previousUnavailable": (self.previous.reason or None) if serving is None else None,
+            } if rebuild.rebuilding else None,
+        }
+
+
+async def _rerank(reranker: CrossEncoder, query: str, hits: list[SearchHit]) -> tuple[list[SearchHit], str | None]:
+    """``hits`` in the cross-encoder's order with its scores; the fused order stands, with the
+    reason, when the re-ranker cannot run (it never fails a search)."""
+    try:
+        scores = await reranker.score(query, [h.content for h in hits])
+    except EmbedderError as exc:
+        return hits, f"re-ranker unavailable: {exc}"
+    order = sorted(range(len(hits)), key=lambda i: -scores[i])
+    return [replace(hits[i], score=scores[i]) for i in order], None
