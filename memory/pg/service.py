@@ -1,0 +1,149 @@
+"""``PgMemory``: the memory surface the gateway uses, over the PostgreSQL index.
+
+Thin on purpose: it validates a search as :class:`memory.MemoryService` does
+(:meth:`SearchRequest.build`), embeds the query through the same pipeline, and hands the work
+to :class:`memory.pg.search.PgSearch` and :class:`memory.pg.indexer.PgIndexer`. Phase 2 fits
+it to the memory Protocol the gateway depends on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from memory.config import MemoryConfig
+from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.errors import EmbedderError, MemoryStorageError
+from memory.forgetting import ForgetRange
+from memory.pg.indexer import IndexReport, PgIndexer
+from memory.pg.migrations import migrate
+from memory.pg.search import PgSearch
+from memory.pg.vectors import VectorLeg
+from memory.retrieval.request import SearchRequest, SearchResponse
+
+__all__ = ["PgMemory"]
+
+
+class PgMemory:
+    """Search, status, reindex, forget and indexing passes over one PostgreSQL database."""
+
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig,
+                 embedder: Embedder | None, *, embedder_reason: str = "", vector_leg: VectorLeg = "hnsw") -> None:
+        self.pool = pool
+        self.config = config
+        self.embedder = embedder
+        self.embedder_reason = embedder_reason
+        self.pipeline = EmbeddingPipeline.from_config(embedder, config) if embedder is not None else None
+        self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
+        self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
+        self.last_report: IndexReport | None = None
+
+    @classmethod
+    async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *,
+                   embedder_reason: str = "", vector_leg: VectorLeg = "hnsw", max_size: int = 8) -> PgMemory:
+        """Migrate (under the advisory lock) and open a pool; raises MemoryStorageError."""
+        try:
+            await asyncio.to_thread(_migrate, dsn)
+            pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
+                dsn, min_size=1, max_size=max_size, open=False)
+            await pool.open(wait=True)
+        except (psycopg.Error, TimeoutError) as exc:
+            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+        return cls(pool, config, embedder, embedder_reason=embedder_reason, vector_leg=vector_leg)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def sync_now(self) -> IndexReport:
+        """One indexing pass of this node (what it can claim, then what is pending)."""
+        self.last_report = await self.indexer.run_once()
+        return self.last_report
+
+    async def search(self, user: str, query: str, *, k: int | None = None, mode: str = "hybrid",
+                     session_key: str | None = None, exclude_session_key: str | None = None,
+                     after: str | None = None, before: str | None = None, now: datetime | None = None,
+                     recency: bool = False) -> SearchResponse:
+        request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
+                                      exclude_session_key=exclude_session_key, after=after, before=before,
+                                      now=now, recency=recency)
+        started = time.perf_counter()
+        actual, fallback, vector = request.mode, None, None
+        if request.mode != "keyword":
+            if self.pipeline is None:
+                why = self.embedder_reason or "no embedder"
+                actual, fallback = "keyword", f"no embedder ({why})"
+            else:
+                try:
+                    vector = await self.pipeline.embed_query(request.query)
+                except EmbedderError as exc:
+                    actual, fallback = "keyword", f"query embedding failed: {exc}"
+        embedded_at = time.perf_counter()
+        try:
+            hits = await self.searcher.search(request, query_vector=vector, keyword=actual != "vector")
+        except psycopg.Error as exc:
+            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+        done = time.perf_counter()
+        timings = {"embedMs": round((embedded_at - started) * 1000, 2),
+                   "searchMs": round((done - embedded_at) * 1000, 2)}
+        return SearchResponse(hits, actual, fallback, timings)
+
+    async def status(self, user: str | None = None) -> dict[str, Any]:
+        where, args = ("WHERE user_id = %s", (user,)) if user is not None else ("", ())
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                f"SELECT count(DISTINCT session_key), count(*), count(embedding), count(*) - count(embedding) "
+                f"FROM recalld_memory_chunks {where}", args)).fetchone()
+            cache = await (await conn.execute("SELECT count(*) FROM recalld_memory_embedding_cache")).fetchone()
+        sessions, chunks, embedded, pending = (int(v) for v in row) if row else (0, 0, 0, 0)
+        state: dict[str, Any] = {
+            "sessions": sessions, "chunks": chunks, "embedded": embedded, "pending": pending,
+            "provider": self.embedder.provider if self.embedder else "none",
+            "model": self.embedder.model_id if self.embedder else None,
+            "embedderReason": self.embedder_reason,
+            "scope": "all" if user is None else "user",
+        }
+        if user is None:
+            state["cacheEntries"] = int(cache[0]) if cache else 0
+        return state
+
+    async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
+        """``full``: forget how far each session (of ``user``) was chunked; the next pass
+        re-chunks them (identical chunks stay, and every text is still in the cache)."""
+        if not full:
+            return
+        async with self.pool.connection() as conn:
+            await conn.execute("UPDATE recalld_memory_progress SET chunking = 'reset' "
+                               "WHERE %(user)s::text IS NULL OR user_id = %(user)s", {"user": user})
+
+    async def delete_session(self, user: str, session_key: str) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE user_id = %s AND session_key = %s",
+                                     (user, session_key))
+            return cur.rowcount
+
+    async def forget(self, r: ForgetRange, *, record: bool) -> dict[str, int]:
+        """Chunks overlapping the range go now; ``record`` keeps the range so re-chunking
+        never brings them back (the indexer drops matches whenever it writes)."""
+        params = {"user": r.user, "session_key": r.session_key, "after_ms": r.after_ms, "before_ms": r.before_ms}
+        async with self.pool.connection() as conn, conn.transaction():
+            if record:
+                await conn.execute("INSERT INTO recalld_memory_forgotten (user_id, session_key, after_ms, before_ms) "
+                                   "VALUES (%(user)s, %(session_key)s, %(after_ms)s, %(before_ms)s)", params)
+            cur = await conn.execute(
+                "DELETE FROM recalld_memory_chunks WHERE user_id = %(user)s "
+                "AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s) "
+                "AND (%(after_ms)s::bigint IS NULL OR coalesce(end_ms, start_ms) >= %(after_ms)s) "
+                "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s)", params)
+        return {"chunks": cur.rowcount}
+
+
+def _migrate(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn)
