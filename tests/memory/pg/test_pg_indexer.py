@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import apsw
 import psycopg
@@ -33,7 +34,7 @@ FIRST = ["I keep bees in the garden.", LONG, "How many hives?", "Three hives, si
 MORE = ["The queen of the second hive is new.", "Did she come from a breeder?", LONG + " and more"]
 
 
-def indexer(pool: Pool, embedder: FakeEmbedder | None = None) -> PgIndexer:
+def indexer(pool: Pool, embedder: Any = None) -> PgIndexer:
     return PgIndexer(pool, CONFIG, EmbeddingPipeline(embedder) if embedder is not None else None)
 
 
