@@ -2,18 +2,25 @@
 
 Thin on purpose: it validates a search as :class:`memory.MemoryService` does
 (:meth:`SearchRequest.build`), embeds the query through the same pipeline, and hands the work
-to :class:`memory.pg.search.PgSearch` and :class:`memory.pg.indexer.PgIndexer`. Phase 2 fits
-it to the memory Protocol the gateway depends on.
+to :class:`memory.pg.search.PgSearch`, :class:`memory.pg.indexer.PgIndexer` and the facts and
+episodes stores. Phase 2 fits it to the memory Protocol the gateway depends on.
+
+``start()`` runs this node's indexing loop: it ``LISTEN``s on ``recalld_messages`` (the
+sessions store notifies after each committed append), waits ``debounce_ms`` after a wake-up so
+a burst of appends is one pass, and also runs a pass every ``poll_s`` without one — a
+notification sent while the listening connection was down is never waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import datetime
 from typing import Any
 
 import psycopg
+import structlog
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
@@ -22,6 +29,8 @@ from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError
 from memory.forgetting import ForgetRange
+from memory.pg.episodes import PgEpisodeStore
+from memory.pg.facts import PgFactStore
 from memory.pg.indexer import IndexReport, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch
@@ -30,24 +39,35 @@ from memory.retrieval.request import SearchRequest, SearchResponse
 
 __all__ = ["PgMemory"]
 
+log = structlog.get_logger("memory.pg")
+
 
 class PgMemory:
     """Search, status, reindex, forget and indexing passes over one PostgreSQL database."""
 
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig,
-                 embedder: Embedder | None, *, embedder_reason: str = "", vector_leg: VectorLeg = "hnsw") -> None:
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], dsn: str, config: MemoryConfig,
+                 embedder: Embedder | None, *, embedder_reason: str = "", vector_leg: VectorLeg = "hnsw",
+                 poll_s: float = 30.0) -> None:
         self.pool = pool
+        self.dsn = dsn   # the indexing loop's LISTEN connection is its own, outside the pool
+        self.poll_s = poll_s
         self.config = config
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self.pipeline = EmbeddingPipeline.from_config(embedder, config) if embedder is not None else None
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
+        self.facts = PgFactStore(config.facts_dedup_threshold, config.facts_max_chars, config.facts_max_per_user)
+        self.episodes = PgEpisodeStore()
         self.last_report: IndexReport | None = None
+        self.last_error: str | None = None
+        self.loop_passes = 0   # passes the indexing loop has finished (status, tests)
+        self._loop: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *,
-                   embedder_reason: str = "", vector_leg: VectorLeg = "hnsw", max_size: int = 8) -> PgMemory:
+                   embedder_reason: str = "", vector_leg: VectorLeg = "hnsw", max_size: int = 8,
+                   poll_s: float = 30.0) -> PgMemory:
         """Migrate (under the advisory lock) and open a pool; raises MemoryStorageError."""
         try:
             await asyncio.to_thread(_migrate, dsn)
@@ -56,10 +76,50 @@ class PgMemory:
             await pool.open(wait=True)
         except (psycopg.Error, TimeoutError) as exc:
             raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
-        return cls(pool, config, embedder, embedder_reason=embedder_reason, vector_leg=vector_leg)
+        return cls(pool, dsn, config, embedder, embedder_reason=embedder_reason, vector_leg=vector_leg, poll_s=poll_s)
+
+    def start(self) -> None:
+        """Start this node's indexing loop (a catch-up pass first)."""
+        if self._loop is None:
+            self._loop = asyncio.create_task(self._index_loop(), name="recalld-pg-indexer")
 
     async def close(self) -> None:
+        """Stop the loop, then the pool; safe twice."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
         await self.pool.close()
+
+    async def _index_loop(self) -> None:
+        while True:
+            try:
+                listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                async with listener:
+                    await listener.execute("LISTEN recalld_messages")
+                    while True:
+                        await self._pass()
+                        woke = False
+                        async for _ in listener.notifies(timeout=self.poll_s, stop_after=1):
+                            woke = True
+                        if woke:
+                            await asyncio.sleep(self.config.debounce_ms / 1000)
+            except psycopg.Error as exc:
+                self.last_error = f"storage error: {type(exc).__name__}"
+                log.warning("memory.pg.listen_failed", error=self.last_error)
+                await asyncio.sleep(self.poll_s)
+
+    async def _pass(self) -> None:
+        try:
+            await self.sync_now()
+            self.last_error = None
+        except (psycopg.Error, EmbedderError) as exc:
+            # Chunks stay pending (keyword-searchable); the next pass retries.
+            self.last_error = str(exc) if isinstance(exc, EmbedderError) else f"storage error: {type(exc).__name__}"
+            log.warning("memory.pg.index_failed", error=self.last_error)
+        finally:
+            self.loop_passes += 1
 
     async def sync_now(self) -> IndexReport:
         """One indexing pass of this node (what it can claim, then what is pending)."""
@@ -107,6 +167,7 @@ class PgMemory:
             "provider": self.embedder.provider if self.embedder else "none",
             "model": self.embedder.model_id if self.embedder else None,
             "embedderReason": self.embedder_reason,
+            "lastError": self.last_error,
             "scope": "all" if user is None else "user",
         }
         if user is None:
