@@ -753,7 +753,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
                 dataset, dsn=args.dsn, dataset_name=str(args.dataset), embedder_name=args.embedder,
                 granularity=args.granularity, k=args.k, rrf_k=args.rrf_k, candidates=args.candidates,
                 base_config=base, embedding_cache=args.embedding_cache, as_of=args.as_of,
-                vector_leg=args.vector_leg, progress=_Progress(err)))
+                vector_leg=args.vector_leg, progress_stream=err))
         else:
             result = asyncio.run(run_benchmark(
                 dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TextIO
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -98,9 +98,10 @@ async def run_postgres_benchmark(dataset: Dataset, *, dsn: str, dataset_name: st
                                  granularity: str, k: int, rrf_k: int, candidates: int,
                                  base_config: MemoryConfig | None, embedder: Embedder | None = None,
                                  embedding_cache: Path | None = None, as_of: bool = False,
-                                 vector_leg: VectorLeg = "hnsw", progress: Any = None) -> RunResult:
-    from bench.recall import _ask, longest_turn_tokens, memory_config
+                                 vector_leg: VectorLeg = "hnsw", progress_stream: TextIO | None = None) -> RunResult:
+    from bench.recall import _ask, _Progress, longest_turn_tokens, memory_config
 
+    progress = _Progress(progress_stream)
     config = memory_config(granularity, embedder=embedder_name, k=k, rrf_k=rrf_k, candidates=candidates,
                            max_turn_tokens=longest_turn_tokens(dataset), base=base_config)
     reason = "embedder passed in by the caller"
