@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +42,8 @@ __all__ = ["PgMemory"]
 
 log = structlog.get_logger("memory.pg")
 
+_QUERY_CACHE = 16
+
 
 class PgMemory:
     """Search, status, reindex, forget and indexing passes over one PostgreSQL database."""
@@ -63,6 +66,7 @@ class PgMemory:
         self.last_error: str | None = None
         self.loop_passes = 0   # passes the indexing loop has finished (status, tests)
         self._loop: asyncio.Task[None] | None = None
+        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
 
     @classmethod
     async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *,
@@ -141,7 +145,7 @@ class PgMemory:
                 actual, fallback = "keyword", f"no embedder ({why})"
             else:
                 try:
-                    vector = await self.pipeline.embed_query(request.query)
+                    vector = await self._query_vector(request.query)
                 except EmbedderError as exc:
                     actual, fallback = "keyword", f"query embedding failed: {exc}"
         embedded_at = time.perf_counter()
@@ -153,6 +157,20 @@ class PgMemory:
         timings = {"embedMs": round((embedded_at - started) * 1000, 2),
                    "searchMs": round((done - embedded_at) * 1000, 2)}
         return SearchResponse(hits, actual, fallback, timings)
+
+    async def _query_vector(self, text: str) -> list[float]:
+        """A few recent queries' vectors: a recall and its search, or one question asked in
+        several modes, embed once (as MemoryService does)."""
+        assert self.pipeline is not None
+        cached = self._query_vectors.get(text)
+        if cached is not None:
+            self._query_vectors.move_to_end(text)
+            return cached
+        vector = await self.pipeline.embed_query(text)
+        self._query_vectors[text] = vector
+        while len(self._query_vectors) > _QUERY_CACHE:
+            self._query_vectors.popitem(last=False)
+        return vector
 
     async def status(self, user: str | None = None) -> dict[str, Any]:
         where, args = ("WHERE user_id = %s", (user,)) if user is not None else ("", ())
