@@ -4,14 +4,15 @@ One pass (:meth:`PgIndexer.run_once`) does three things, each in short transacti
 
 1. **Claim and chunk.** Every session with ``memory`` on gets a row in
    ``recalld_memory_progress``. Rows whose session changed since it was chunked (its
-   ``updated_at`` or ``message_count`` moved, or the chunk settings did) are locked with
+   ``updated_at`` or ``message_count`` moved from what the last claim saw, or the chunk
+   settings did) are locked with
    ``FOR UPDATE SKIP LOCKED``, so each is indexed by whichever node takes it first and never by
    two at once. The session's messages from its last chunk's first message are re-packed with
    :func:`memory.chunking.chunk_messages` — the same chunks the SQLite path makes from the
    same messages (a message's line is its ``seq + 2``, as in a transcript whose line 1 is the
    header) — and compared by ``chunk_idx``: identical chunks stay, changed or new ones are
-   written, surplus ones deleted. Fewer messages than were indexed (a purge) re-chunks the
-   session whole.
+   written, surplus ones deleted. Fewer message rows up to the indexed ``seq`` than were
+   indexed (a purge) re-chunks the session whole.
 2. **Sweep.** Progress rows of sessions that were deleted or are incognito go, with their chunks.
 3. **Embed.** Each distinct pending text is embedded once across every node: a node takes
    ``pg_try_advisory_xact_lock(EMBED_LOCK, hashtext(hash))`` for the texts it will embed, looks
@@ -84,11 +85,11 @@ RETURNING p.session_key
 """
 
 _CLAIM_SQL = """
-SELECT p.session_key, p.user_id, p.indexed_seq, p.indexed_count, p.chunking, s.updated_at
+SELECT p.session_key, p.user_id, p.indexed_seq, p.indexed_count, p.chunking, s.updated_at, s.message_count
 FROM recalld_memory_progress p
 JOIN recalld_sessions s ON s.session_key = p.session_key
 WHERE s.memory
-  AND (p.seen_updated <> s.updated_at OR p.indexed_count <> s.message_count OR p.chunking <> %(chunking)s)
+  AND (p.seen_updated <> s.updated_at OR p.seen_count <> s.message_count OR p.chunking <> %(chunking)s)
 ORDER BY p.session_key
 LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED
@@ -123,7 +124,7 @@ WHERE c.session_key = %(session_key)s AND f.user_id = c.user_id
 
 _PROGRESS_SQL = """
 UPDATE recalld_memory_progress SET indexed_seq = %(seq)s, indexed_count = %(count)s,
-  seen_updated = %(updated)s, chunking = %(chunking)s, indexed_at = now()
+  seen_updated = %(updated)s, seen_count = %(seen_count)s, chunking = %(chunking)s, indexed_at = now()
 WHERE session_key = %(session_key)s
 """
 
@@ -210,13 +211,16 @@ class PgIndexer:
         async with conn.transaction():
             claimed = await (await conn.execute(
                 _CLAIM_SQL, {"chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
-            for key, user, indexed_seq, indexed_count, chunking, updated in claimed:
+            for key, user, indexed_seq, indexed_count, chunking, updated, seen_count in claimed:
                 await self._chunk_session(conn, str(key), str(user), int(indexed_seq), int(indexed_count),
-                                          str(chunking), str(updated), report)
+                                          str(chunking), (str(updated), int(seen_count)), report)
         return bool(claimed)
 
     async def _chunk_session(self, conn: AsyncConnection[TupleRow], key: str, user: str, indexed_seq: int,
-                             indexed_count: int, chunking: str, updated: str, report: IndexReport) -> None:
+                             indexed_count: int, chunking: str, seen: tuple[str, int], report: IndexReport) -> None:
+        """Re-chunk one claimed session; ``seen`` is its (updated_at, message_count) at the
+        claim, recorded so the session is claimed again only when they move (never in a loop
+        when a count disagrees with the rows)."""
         still = await (await conn.execute(
             "SELECT count(*) FROM recalld_messages WHERE session_key = %s AND seq <= %s",
             (key, indexed_seq))).fetchone()
@@ -238,8 +242,8 @@ class PgIndexer:
         top = int(rows[-1][0]) if rows else indexed_seq
         count = await (await conn.execute(
             "SELECT count(*) FROM recalld_messages WHERE session_key = %s AND seq <= %s", (key, top))).fetchone()
-        await conn.execute(_PROGRESS_SQL, {"seq": top, "count": int(count[0]) if count else 0, "updated": updated,
-                                           "chunking": self.chunking, "session_key": key})
+        await conn.execute(_PROGRESS_SQL, {"seq": top, "count": int(count[0]) if count else 0, "updated": seen[0],
+                                           "seen_count": seen[1], "chunking": self.chunking, "session_key": key})
         report.sessions += 1
 
     async def _write_chunks(self, conn: AsyncConnection[TupleRow], key: str, user: str, first_idx: int,

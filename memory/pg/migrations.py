@@ -77,6 +77,7 @@ CREATE TABLE recalld_memory_progress (
   user_id        text NOT NULL,
   indexed_seq    bigint NOT NULL DEFAULT -1,
   indexed_count  integer NOT NULL DEFAULT 0,
+  seen_count     integer NOT NULL DEFAULT -1,
   seen_updated   text NOT NULL DEFAULT '',
   chunking       text NOT NULL DEFAULT '',
   indexed_at     timestamptz);

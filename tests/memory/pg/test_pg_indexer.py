@@ -121,3 +121,17 @@ async def test_deleted_incognito_and_purged_leave_no_chunks(pg_index: str, pool:
     assert {k for k, *_ in rows} == {"purged"}
     assert all("purge this line" not in content for _, _, content, _, _ in rows)
     assert any("and keep this" in content for _, _, content, _, _ in rows)
+
+
+async def test_a_session_is_claimed_again_only_when_it_changes(pg_index: str, pool: Pool) -> None:
+    """A pass that finds nothing new claims nothing, even when the session's counter disagrees
+    with its rows; the next append is claimed once."""
+    add_session(pg_index, "alice", "k1", ["first words"])
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute("UPDATE recalld_sessions SET message_count = 7 WHERE session_key = 'k1'")
+    assert (await indexer(pool).run_once()).sessions == 1
+    assert (await indexer(pool).run_once()).sessions == 0
+    add_session(pg_index, "alice", "k1", ["more words"], start_minute=1, create=False)
+    assert (await indexer(pool).run_once()).sessions == 1
+    assert [c for _, _, c, _, _ in chunk_rows(pg_index)] == [
+        "user [2026-11-22T10:00:00.000Z]: first words\nuser [2026-11-22T10:01:00.000Z]: more words"]
