@@ -43,7 +43,7 @@ from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
 from sessions import Message, TranscriptEntry
 
-__all__ = ["EMBED_LOCK", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
+__all__ = ["EMBED_LOCK", "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
 
 # The first key of the two-key advisory lock a node holds on a text while it embeds it.
 EMBED_LOCK = 0x72636C64
@@ -126,6 +126,13 @@ _PROGRESS_SQL = """
 UPDATE recalld_memory_progress SET indexed_seq = %(seq)s, indexed_count = %(count)s,
   seen_updated = %(updated)s, seen_count = %(seen_count)s, chunking = %(chunking)s, indexed_at = now()
 WHERE session_key = %(session_key)s
+"""
+
+# The session's share of BM25's corpus statistics, after any change to its chunks.
+SESSION_STATS_SQL = """
+UPDATE recalld_memory_progress p SET (n_chunks, total_len) = (
+  SELECT count(*), coalesce(sum(c.doc_len), 0) FROM recalld_memory_chunks c WHERE c.session_key = p.session_key)
+WHERE p.session_key = ANY(%s)
 """
 
 # Each node walks the pending texts in its own (salted) order, so two nodes start on different
@@ -244,6 +251,7 @@ class PgIndexer:
             "SELECT count(*) FROM recalld_messages WHERE session_key = %s AND seq <= %s", (key, top))).fetchone()
         await conn.execute(_PROGRESS_SQL, {"seq": top, "count": int(count[0]) if count else 0, "updated": seen[0],
                                            "seen_count": seen[1], "chunking": self.chunking, "session_key": key})
+        await conn.execute(SESSION_STATS_SQL, ([key],))
         report.sessions += 1
 
     async def _write_chunks(self, conn: AsyncConnection[TupleRow], key: str, user: str, first_idx: int,

@@ -14,7 +14,9 @@ Tables (prefix ``recalld_memory_``; the sessions package owns ``recalld_sessions
   ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The vector
   index is created by :mod:`memory.pg.index` once the embedder's width is known.
 * ``progress`` — per session, how far its messages are chunked (the claim row, locked with
-  ``FOR UPDATE SKIP LOCKED`` by whichever node indexes it).
+  ``FOR UPDATE SKIP LOCKED`` by whichever node indexes it), and its chunks' count and total
+  length: summed, BM25's N and average length without scanning the chunks, and without one
+  hot row every node would update.
 * ``embedding_cache`` — (provider, model, endpoint_hash, content_hash) → int8 vector and its
   width, shared by every node.
 * ``meta`` — key/value: the embedder identity whose vectors fill ``chunks.embedding``, and
@@ -80,6 +82,8 @@ CREATE TABLE recalld_memory_progress (
   seen_count     integer NOT NULL DEFAULT -1,
   seen_updated   text NOT NULL DEFAULT '',
   chunking       text NOT NULL DEFAULT '',
+  n_chunks       bigint NOT NULL DEFAULT 0,
+  total_len      bigint NOT NULL DEFAULT 0,
   indexed_at     timestamptz);
 
 CREATE TABLE recalld_memory_embedding_cache (

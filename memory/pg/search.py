@@ -6,7 +6,8 @@ score, higher better, exactly as :mod:`memory.retrieval.search` hands them to
 
 * **keyword** — BM25 as FTS5 computes it (k1 1.2, b 0.75; ``idf = ln((N − df + ½)/(df + ½))``,
   at least 1e-6; N, df and the average length over every user's chunks, as FTS5's are over the
-  whole table), from the ``tsvector``'s positions (tf) and ``doc_len`` (the chunk's tokens).
+  whole table; N and the length from the per-session sums in ``recalld_memory_progress``), from
+  the ``tsvector``'s positions (tf) and ``doc_len`` (the chunk's tokens).
   The GIN index finds the matches; ``ts_rank_cd`` is not used: it is not BM25 and ranked the
   sample worse (memory/pg/__init__.py).
 * **vector** — cosine similarity over the int8 vectors (:mod:`memory.pg.vectors` for the two
@@ -54,7 +55,9 @@ terms AS (
   FROM unnest(%(words)s::text[]) AS w
   CROSS JOIN LATERAL unnest(to_tsvector('{TS_CONFIG}', w)) AS l),
 corpus AS (
-  SELECT count(*)::float8 AS n, coalesce(avg(doc_len), 1)::float8 AS avgdl FROM recalld_memory_chunks),
+  SELECT coalesce(sum(n_chunks), 0)::float8 AS n,
+         CASE WHEN sum(n_chunks) > 0 THEN sum(total_len)::float8 / sum(n_chunks) ELSE 1.0 END AS avgdl
+  FROM recalld_memory_progress),
 idf AS (
   SELECT t.lexeme,
          greatest(ln((corpus.n - d.df + 0.5) / (d.df + 0.5)), 1e-6) AS idf

@@ -32,7 +32,7 @@ from memory.errors import EmbedderError, MemoryStorageError
 from memory.forgetting import ForgetRange
 from memory.pg.episodes import PgEpisodeStore
 from memory.pg.facts import PgFactStore
-from memory.pg.indexer import IndexReport, PgIndexer
+from memory.pg.indexer import SESSION_STATS_SQL, IndexReport, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch
 from memory.pg.vectors import VectorLeg
@@ -205,6 +205,7 @@ class PgMemory:
         async with self.pool.connection() as conn:
             cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE user_id = %s AND session_key = %s",
                                      (user, session_key))
+            await conn.execute(SESSION_STATS_SQL, ([session_key],))
             return cur.rowcount
 
     async def forget(self, r: ForgetRange, *, record: bool) -> dict[str, int]:
@@ -219,7 +220,9 @@ class PgMemory:
                 "DELETE FROM recalld_memory_chunks WHERE user_id = %(user)s "
                 "AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s) "
                 "AND (%(after_ms)s::bigint IS NULL OR coalesce(end_ms, start_ms) >= %(after_ms)s) "
-                "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s)", params)
+                "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s) RETURNING session_key", params)
+            touched = sorted({str(k) for (k,) in await cur.fetchall()})
+            await conn.execute(SESSION_STATS_SQL, (touched,))
         return {"chunks": cur.rowcount}
 
 
