@@ -49,6 +49,9 @@ _FILTERS = {
     "before_ms": "\n    AND c.start_ms < %(before_ms)s",
 }
 
+# Common words at scale (memory.retrieval.common_terms, same rule and settings): a term found
+# in at least max(keyword_common_share · N, keyword_common_min_chunks) chunks is left out of the
+# match while a rarer one remains, when N is above that floor; its count stops at the threshold.
 _KEYWORD_LEG = f"""
 terms AS (
   SELECT DISTINCT l.lexeme
@@ -58,13 +61,28 @@ corpus AS (
   SELECT coalesce(sum(n_chunks), 0)::float8 AS n,
          CASE WHEN sum(n_chunks) > 0 THEN sum(total_len)::float8 / sum(n_chunks) ELSE 1.0 END AS avgdl
   FROM recalld_memory_progress),
-idf AS (
+common AS (
+  SELECT CASE WHEN %(common_share)s > 0 AND (SELECT count(*) FROM terms) >= 2
+               AND corpus.n > greatest(%(common_min)s, floor(%(common_share)s * corpus.n))
+              THEN greatest(%(common_min)s, floor(%(common_share)s * corpus.n))::bigint END AS threshold
+  FROM corpus),
+judged AS (
   SELECT t.lexeme,
+         common.threshold IS NOT NULL AND (
+           SELECT count(*) FROM (SELECT 1 FROM recalld_memory_chunks c
+                                 WHERE c.tsv @@ quote_literal(t.lexeme)::tsquery
+                                 LIMIT common.threshold) AS hits) >= common.threshold AS is_common
+  FROM terms t CROSS JOIN common),
+kept AS (
+  SELECT lexeme FROM judged
+  WHERE NOT is_common OR NOT EXISTS (SELECT 1 FROM judged WHERE NOT is_common)),
+idf AS (
+  SELECT k.lexeme,
          greatest(ln((corpus.n - d.df + 0.5) / (d.df + 0.5)), 1e-6) AS idf
-  FROM terms t
+  FROM kept k
   CROSS JOIN corpus
   CROSS JOIN LATERAL (SELECT count(*)::float8 AS df FROM recalld_memory_chunks c
-                      WHERE c.tsv @@ quote_literal(t.lexeme)::tsquery) AS d),
+                      WHERE c.tsv @@ quote_literal(k.lexeme)::tsquery) AS d),
 kw AS (
   SELECT c.id, sum(idf.idf * (u.tf * 2.2) / (u.tf + 1.2 * (0.25 + 0.75 * c.doc_len / corpus.avgdl))) AS score
   FROM recalld_memory_chunks c
@@ -72,7 +90,7 @@ kw AS (
   CROSS JOIN LATERAL (SELECT lexeme, coalesce(array_length(positions, 1), 1)::float8 AS tf
                       FROM unnest(c.tsv)) AS u
   JOIN idf ON idf.lexeme = u.lexeme
-  WHERE c.tsv @@ (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM terms)
+  WHERE c.tsv @@ (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM kept)
     AND c.user_id = %(user)s{{filters}}
   GROUP BY c.id
   ORDER BY score DESC, c.id
@@ -191,6 +209,7 @@ class PgSearch:
             "user": request.user, "words": words, "query": query, "candidates": self.config.candidates,
             "pool": max(BIT_POOL, self.config.candidates), "keyword_weight": self.config.keyword_weight,
             "rrf": self.config.fusion == "rrf", "rrf_k": self.config.rrf_k,
+            "common_share": self.config.keyword_common_share, "common_min": self.config.keyword_common_min_chunks,
         }
         params.update((n, getattr(request, n)) for n in _FILTERS if getattr(request, n) is not None)
         rows = [tuple(r) for r in await (await conn.execute(sql.encode(), params)).fetchall()]

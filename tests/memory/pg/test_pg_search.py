@@ -57,19 +57,28 @@ async def run(pool: Pool, query: str, mode: str, config: MemoryConfig = CONFIG, 
                                                                keyword=mode != "vector")
 
 
-async def test_keyword_leg_ranks_as_fts5_bm25(tmp_path: Path, pg_index: str, pool: Pool) -> None:
+@pytest.mark.parametrize("common", [None, (0.3, 1)])
+async def test_keyword_leg_ranks_as_fts5_bm25(tmp_path: Path, pg_index: str, pool: Pool,
+                                             common: tuple[float, int] | None) -> None:
     """On the same messages, the keyword leg returns the chunks the SQLite index returns, in the
-    same order and with the same normalised scores (BM25 with FTS5's constants and statistics)."""
-    await indexed(pg_index, pool)
+    same order and with the same normalised scores (BM25 with FTS5's constants and statistics),
+    also when words common in the index are left out (a share and floor small enough to act here)."""
+    config = CONFIG if common is None else replace(CONFIG, keyword_common_share=common[0],
+                                                    keyword_common_min_chunks=common[1])
+    await indexed(pg_index, pool, config)
     for name, messages, minute in (("garden", GARDEN, 0), ("travel", TRAVEL, 600), ("work", WORK, 1200)):
         write_transcript(tmp_path, "alice", name, messages, start_minute=minute)
     write_transcript(tmp_path, "bob", "bob", ["tomatoes and basil and the coast"])
-    async with opened(tmp_path, CONFIG, None) as svc:
-        for query in ("tomatoes basil", "the report friday morning", "coast cabin garden", "water"):
+    changed = False
+    async with opened(tmp_path, config, None) as svc:
+        for query in ("tomatoes basil", "the report friday morning", "coast cabin garden", "water",
+                      "tomatoes water", "tomatoes coast basil"):
             expected = (await svc.search("alice", query, mode="keyword", k=10)).results
-            got = await run(pool, query, "keyword")
+            got = await run(pool, query, "keyword", config)
+            changed |= [h.score for h in got] != [h.score for h in await run(pool, query, "keyword")]
             assert [h.content for h in got] == [h.content for h in expected], query
             assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-9), query
+    assert changed == (common is not None)  # the small share did leave words out
 
 
 @pytest.mark.parametrize("fusion", ["convex", "rrf"])
