@@ -4,6 +4,7 @@ in every mode), with the tests' deterministic embedder so that it runs in second
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ async def test_recall_at_10_matches_sqlite_in_every_mode(pg_dsn: str, granularit
     """Both backends index the sample through their own indexer and answer every question in
     every mode; R@10 differs by at most 0.01 per mode, and no mode falls back."""
     dataset = load_dataset(SAMPLE)
-    common = {"dataset_name": "sample", "embedder_name": "fake", "granularity": granularity, "k": 10,
+    common: dict[str, Any] = {"dataset_name": "sample", "embedder_name": "fake", "granularity": granularity, "k": 10,
               "rrf_k": 60, "candidates": 50, "base_config": None}
     sqlite = await run_benchmark(dataset, embedder=FakeEmbedder(), **common)  # type: ignore[arg-type]
     postgres = await run_postgres_benchmark(dataset, dsn=pg_dsn, embedder=FakeEmbedder(),  # type: ignore[arg-type]
