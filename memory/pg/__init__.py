@@ -29,4 +29,9 @@ Choices, as measured (shared 2-core machine; commands in the phase-1 report):
   scan 1.000, p50 12.2 ms, p90 23.8 ms, build 52 s; sign bits + Hamming (a scan, pool 1,000)
   then exact cosine, SQLite's two steps, recall@10 1.000, p50 132–144 ms, p90 166–184 ms.
   The bit leg stays selectable (``vector_leg="bit"``).
+* **Keyword leg from postings, not from each match's tsvector.** 100,000 generated chunks of 60
+  words (power-law ranks), 20 three-word queries each, load average ~9: BM25 unpacking the
+  ``tsvector`` of every GIN match took p50 49 / 244 / 812 ms for rare / mid / common words;
+  read from ``recalld_memory_postings`` 41 / 73 / 147 ms (``keyword_common_share`` 0: 76 / 94 /
+  276). The trigger that keeps the postings made that build 183 s instead of 58 s.
 """

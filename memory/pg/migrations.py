@@ -9,10 +9,12 @@ add the next one.
 Tables (prefix ``recalld_memory_``; the sessions package owns ``recalld_sessions`` and
 ``recalld_messages``, which the indexer only reads):
 
-* ``chunks`` — one row per chunk, as :mod:`memory.chunking` makes it; ``tsv`` (the keyword
-  leg, GIN), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized vector as a
+* ``chunks`` — one row per chunk, as :mod:`memory.chunking` makes it; ``tsv`` (its
+  lexemes and positions), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized vector as a
   ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The vector
   index is created by :mod:`memory.pg.index` once the embedder's width is known.
+* ``postings`` — the keyword leg's inverted index (lexeme, user, chunk → tf), kept from
+  ``chunks.tsv`` by a trigger on every insert, update and delete of a chunk.
 * ``progress`` — per session, how far its messages are chunked (the claim row, locked with
   ``FOR UPDATE SKIP LOCKED`` by whichever node indexes it), and its chunks' count and total
   length: summed, BM25's N and average length without scanning the chunks, and without one
@@ -71,8 +73,34 @@ CREATE TABLE recalld_memory_chunks (
   embedding    halfvec,
   UNIQUE (session_key, chunk_idx));
 CREATE INDEX recalld_memory_chunks_user ON recalld_memory_chunks (user_id, session_key);
-CREATE INDEX recalld_memory_chunks_tsv ON recalld_memory_chunks USING gin (tsv);
 CREATE INDEX recalld_memory_chunks_pending ON recalld_memory_chunks (vector_hash) WHERE embedding IS NULL;
+
+-- The keyword leg's inverted index: one row per (lexeme, chunk) with its term frequency, kept
+-- from chunks.tsv by a trigger, so BM25 reads postings instead of unpacking every matching
+-- chunk's tsvector (user_id and doc_len copied so the leg needs no chunk row without a filter).
+CREATE TABLE recalld_memory_postings (
+  lexeme   text    NOT NULL,
+  user_id  text    NOT NULL,
+  chunk_id bigint  NOT NULL,
+  tf       integer NOT NULL,
+  doc_len  integer NOT NULL,
+  PRIMARY KEY (lexeme, user_id, chunk_id));
+CREATE INDEX recalld_memory_postings_chunk ON recalld_memory_postings (chunk_id);
+CREATE FUNCTION recalld_memory_postings_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    DELETE FROM recalld_memory_postings WHERE chunk_id = OLD.id;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    INSERT INTO recalld_memory_postings (lexeme, user_id, chunk_id, tf, doc_len)
+    SELECT u.lexeme, NEW.user_id, NEW.id, coalesce(array_length(u.positions, 1), 1), NEW.doc_len
+    FROM unnest(NEW.tsv) AS u;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER recalld_memory_postings_sync
+  AFTER INSERT OR DELETE OR UPDATE OF tsv, doc_len, user_id ON recalld_memory_chunks
+  FOR EACH ROW EXECUTE FUNCTION recalld_memory_postings_sync();
 
 CREATE TABLE recalld_memory_progress (
   session_key    text PRIMARY KEY,

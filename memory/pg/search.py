@@ -6,10 +6,10 @@ score, higher better, exactly as :mod:`memory.retrieval.search` hands them to
 
 * **keyword** — BM25 as FTS5 computes it (k1 1.2, b 0.75; ``idf = ln((N − df + ½)/(df + ½))``,
   at least 1e-6; N, df and the average length over every user's chunks, as FTS5's are over the
-  whole table; N and the length from the per-session sums in ``recalld_memory_progress``), from
-  the ``tsvector``'s positions (tf) and ``doc_len`` (the chunk's tokens).
-  The GIN index finds the matches; ``ts_rank_cd`` is not used: it is not BM25 and ranked the
-  sample worse (memory/pg/__init__.py).
+  whole table; N and the length from the per-session sums in ``recalld_memory_progress``), read
+  from ``recalld_memory_postings`` (lexeme, user, chunk → tf and the chunk's token count), an
+  inverted index kept from each chunk's ``tsvector`` by a trigger. ``ts_rank_cd`` is not used:
+  it is not BM25, and it moved the sample's R@10 outside the bar (memory/pg/__init__.py).
 * **vector** — cosine similarity over the int8 vectors (:mod:`memory.pg.vectors` for the two
   shapes of the leg).
 * **fusion** — :func:`fuse`'s rule in SQL: each leg min-max normalised within the query (all 1
@@ -69,8 +69,7 @@ common AS (
 judged AS (
   SELECT t.lexeme,
          common.threshold IS NOT NULL AND (
-           SELECT count(*) FROM (SELECT 1 FROM recalld_memory_chunks c
-                                 WHERE c.tsv @@ quote_literal(t.lexeme)::tsquery
+           SELECT count(*) FROM (SELECT 1 FROM recalld_memory_postings p WHERE p.lexeme = t.lexeme
                                  LIMIT common.threshold) AS hits) >= common.threshold AS is_common
   FROM terms t CROSS JOIN common),
 kept AS (
@@ -81,20 +80,21 @@ idf AS (
          greatest(ln((corpus.n - d.df + 0.5) / (d.df + 0.5)), 1e-6) AS idf
   FROM kept k
   CROSS JOIN corpus
-  CROSS JOIN LATERAL (SELECT count(*)::float8 AS df FROM recalld_memory_chunks c
-                      WHERE c.tsv @@ quote_literal(k.lexeme)::tsquery) AS d),
+  CROSS JOIN LATERAL (SELECT count(*)::float8 AS df FROM recalld_memory_postings p
+                      WHERE p.lexeme = k.lexeme) AS d),
 kw AS (
-  SELECT c.id, sum(idf.idf * (u.tf * 2.2) / (u.tf + 1.2 * (0.25 + 0.75 * c.doc_len / corpus.avgdl))) AS score
-  FROM recalld_memory_chunks c
+  SELECT p.chunk_id AS id,
+         sum(idf.idf * (p.tf * 2.2) / (p.tf + 1.2 * (0.25 + 0.75 * p.doc_len / corpus.avgdl))) AS score
+  FROM idf
+  JOIN recalld_memory_postings p ON p.lexeme = idf.lexeme AND p.user_id = %(user)s{{chunk_join}}
   CROSS JOIN corpus
-  CROSS JOIN LATERAL (SELECT lexeme, coalesce(array_length(positions, 1), 1)::float8 AS tf
-                      FROM unnest(c.tsv)) AS u
-  JOIN idf ON idf.lexeme = u.lexeme
-  WHERE c.tsv @@ (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM kept)
-    AND c.user_id = %(user)s{{filters}}
-  GROUP BY c.id
-  ORDER BY score DESC, c.id
+  WHERE true{{filters}}
+  GROUP BY p.chunk_id
+  ORDER BY score DESC, p.chunk_id
   LIMIT %(candidates)s)"""
+
+# Only a session or time filter needs the chunk row of each posting.
+_CHUNK_JOIN = "\n  JOIN recalld_memory_chunks c ON c.id = p.chunk_id"
 
 _NO_KEYWORD_LEG = "kw AS (SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false)"
 _NO_VECTOR_LEG = "vec AS (SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false)"
@@ -156,7 +156,7 @@ BIT_POOL = 1000
 def build_statement(request: SearchRequest, *, keyword: bool, dims: int | None, leg: VectorLeg) -> str:
     """The one statement for these filters and legs (a fixed text per combination)."""
     filters = "".join(_FILTERS[n] for n in _FILTERS if getattr(request, n) is not None)
-    kw = _KEYWORD_LEG.format(filters=filters) if keyword else _NO_KEYWORD_LEG
+    kw = _KEYWORD_LEG.format(filters=filters, chunk_join=_CHUNK_JOIN if filters else "") if keyword else _NO_KEYWORD_LEG
     if dims is None:
         vec = _NO_VECTOR_LEG
     else:
