@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import psycopg
 
-from sessions import format_ts
-
 __all__ = ["SESSIONS_DDL", "append_message", "create_session", "create_session_tables"]
 
 SESSIONS_DDL = """
@@ -72,8 +70,3 @@ def append_message(conn: psycopg.Connection[object], session_key: str, *, messag
         conn.execute("SELECT pg_notify('recalld_messages', %s)", (session_key,))
     return seq
 
-
-def now_ts() -> str:
-    from datetime import UTC, datetime
-
-    return format_ts(datetime.now(UTC))
