@@ -701,6 +701,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only these conversations and their questions (a quicker run)")
     parser.add_argument("--embedding-cache", type=Path, default=None, metavar="FILE",
                         help="keep vectors in FILE across runs (a rerun embeds only new texts)")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the index to measure (default sqlite; postgres needs --dsn and the postgres extra)")
+    parser.add_argument("--dsn", default=None,
+                        help="postgres: a server DSN; the run creates and drops a scratch database on it")
+    parser.add_argument("--vector-leg", choices=("hnsw", "bit"), default="hnsw",
+                        help="postgres: the vector leg (HNSW, or sign bits + Hamming then exact cosine)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
     parser.add_argument("--details", type=Path, default=None, metavar="OUT",
                         help="write every question's ranked turn ids and scores as JSON")
@@ -737,10 +743,22 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             embeddings_base_url=os.environ.get("OPENAI_BASE_URL"),
             local_threads=os.cpu_count() or 1,
         )
-        result = asyncio.run(run_benchmark(
-            dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
-            k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err,
-            as_of=args.as_of, embedding_cache=args.embedding_cache))
+        if args.backend == "postgres":
+            if not args.dsn:
+                err.write("--backend postgres needs --dsn\n")
+                return 2
+            from bench.recall_pg import run_postgres_benchmark
+
+            result = asyncio.run(run_postgres_benchmark(
+                dataset, dsn=args.dsn, dataset_name=str(args.dataset), embedder_name=args.embedder,
+                granularity=args.granularity, k=args.k, rrf_k=args.rrf_k, candidates=args.candidates,
+                base_config=base, embedding_cache=args.embedding_cache, as_of=args.as_of,
+                vector_leg=args.vector_leg, progress_stream=err))
+        else:
+            result = asyncio.run(run_benchmark(
+                dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
+                k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err,
+                as_of=args.as_of, embedding_cache=args.embedding_cache))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2

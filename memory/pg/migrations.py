@@ -1,0 +1,221 @@
+"""The memory index's PostgreSQL schema: ordered, named migrations, recorded and run once.
+
+Every start calls :func:`migrate`. It runs in one transaction that first takes
+``pg_advisory_xact_lock(MIGRATION_LOCK)``, so nodes starting together on an empty database
+queue behind each other: the first applies what is missing, the others find every migration
+recorded in ``recalld_memory_migrations`` and apply nothing. Never edit an applied migration;
+add the next one.
+
+Tables (prefix ``recalld_memory_``; the sessions package owns ``recalld_sessions`` and
+``recalld_messages``, which the indexer only reads):
+
+* ``chunks`` — one row per chunk, as :mod:`memory.chunking` makes it; ``tsv`` (its
+  lexemes and positions), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized vector as a
+  ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The vector
+  index is created by :mod:`memory.pg.index` once the embedder's width is known.
+* ``postings`` — the keyword leg's inverted index (lexeme, user, chunk → tf), kept from
+  ``chunks.tsv`` by a trigger on every insert, update and delete of a chunk.
+* ``progress`` — per session, how far its messages are chunked (the claim row, locked with
+  ``FOR UPDATE SKIP LOCKED`` by whichever node indexes it), and its chunks' count and total
+  length: summed, BM25's N and average length without scanning the chunks, and without one
+  hot row every node would update.
+* ``embedding_cache`` — (provider, model, endpoint_hash, content_hash) → int8 vector and its
+  width, shared by every node.
+* ``meta`` — key/value: the embedder identity whose vectors fill ``chunks.embedding``, and
+  the width of the vector index once one exists (:mod:`memory.pg.vectors`).
+* ``facts``, ``episodes``, ``episode_jobs``, ``forgotten`` — as the SQLite index holds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "TS_CONFIG", "migrate"]
+
+# A constant per package (the sessions package has its own): ASCII "rcldmem" folded into 63 bits.
+MIGRATION_LOCK = 0x72636C646D656D
+
+# English stemming without a stopword list: FTS5's ``porter unicode61`` keeps every word and
+# counts it in a chunk's length, and BM25 here must see the same words (the query side drops
+# function words itself, memory.retrieval.request.STOPWORDS).
+TS_CONFIG = "recalld_memory_fts"
+
+_M001 = f"""
+CREATE TEXT SEARCH DICTIONARY recalld_memory_stem (TEMPLATE = snowball, Language = english);
+CREATE TEXT SEARCH CONFIGURATION {TS_CONFIG} (COPY = simple);
+ALTER TEXT SEARCH CONFIGURATION {TS_CONFIG}
+  ALTER MAPPING FOR asciiword, word, hword_part, hword_asciipart, asciihword, hword, numword,
+                    hword_numpart, numhword
+  WITH recalld_memory_stem;
+
+CREATE TABLE recalld_memory_meta (key text PRIMARY KEY, value text NOT NULL);
+
+CREATE TABLE recalld_memory_chunks (
+  id           bigserial PRIMARY KEY,
+  user_id      text    NOT NULL,
+  session_key  text    NOT NULL,
+  chunk_idx    integer NOT NULL,
+  content      text    NOT NULL,
+  line_start   integer NOT NULL,
+  line_end     integer NOT NULL,
+  seq_start    bigint  NOT NULL,
+  seg_start    integer NOT NULL,
+  start_ts     text,
+  end_ts       text,
+  start_ms     bigint,
+  end_ms       bigint,
+  content_hash text    NOT NULL,
+  vector_hash  text    NOT NULL,
+  tsv          tsvector NOT NULL,
+  doc_len      integer NOT NULL,
+  embedding    halfvec,
+  UNIQUE (session_key, chunk_idx));
+CREATE INDEX recalld_memory_chunks_user ON recalld_memory_chunks (user_id, session_key);
+CREATE INDEX recalld_memory_chunks_pending ON recalld_memory_chunks (vector_hash) WHERE embedding IS NULL;
+
+-- The keyword leg's inverted index: one row per (lexeme, chunk) with its term frequency, kept
+-- from chunks.tsv by a trigger, so BM25 reads postings instead of unpacking every matching
+-- chunk's tsvector (user_id and doc_len copied so the leg needs no chunk row without a filter).
+CREATE TABLE recalld_memory_postings (
+  lexeme   text    NOT NULL,
+  user_id  text    NOT NULL,
+  chunk_id bigint  NOT NULL,
+  tf       integer NOT NULL,
+  doc_len  integer NOT NULL,
+  PRIMARY KEY (lexeme, user_id, chunk_id));
+CREATE INDEX recalld_memory_postings_chunk ON recalld_memory_postings (chunk_id);
+CREATE FUNCTION recalld_memory_postings_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    DELETE FROM recalld_memory_postings WHERE chunk_id = OLD.id;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    INSERT INTO recalld_memory_postings (lexeme, user_id, chunk_id, tf, doc_len)
+    SELECT u.lexeme, NEW.user_id, NEW.id, coalesce(array_length(u.positions, 1), 1), NEW.doc_len
+    FROM unnest(NEW.tsv) AS u;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER recalld_memory_postings_sync
+  AFTER INSERT OR DELETE OR UPDATE OF tsv, doc_len, user_id ON recalld_memory_chunks
+  FOR EACH ROW EXECUTE FUNCTION recalld_memory_postings_sync();
+
+CREATE TABLE recalld_memory_progress (
+  session_key    text PRIMARY KEY,
+  user_id        text NOT NULL,
+  indexed_seq    bigint NOT NULL DEFAULT -1,
+  indexed_count  integer NOT NULL DEFAULT 0,
+  seen_count     integer NOT NULL DEFAULT -1,
+  seen_updated   text NOT NULL DEFAULT '',
+  chunking       text NOT NULL DEFAULT '',
+  n_chunks       bigint NOT NULL DEFAULT 0,
+  total_len      bigint NOT NULL DEFAULT 0,
+  indexed_at     timestamptz);
+
+CREATE TABLE recalld_memory_embedding_cache (
+  provider      text NOT NULL,
+  model         text NOT NULL,
+  endpoint_hash text NOT NULL,
+  content_hash  text NOT NULL,
+  dims          integer NOT NULL,
+  vector        bytea NOT NULL,
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (provider, model, endpoint_hash, content_hash));
+
+-- An int8 cache vector as a halfvec of the same integers (exact in half precision).
+CREATE FUNCTION recalld_memory_int8_halfvec(v bytea) RETURNS halfvec
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+  SELECT array_agg(((get_byte(v, i) + 128) % 256 - 128)::real ORDER BY i)::halfvec
+  FROM generate_series(0, length(v) - 1) AS i
+$$;
+"""
+
+_M002 = """
+CREATE TABLE recalld_memory_facts (
+  id           bigserial PRIMARY KEY,
+  user_id      text NOT NULL,
+  text         text NOT NULL,
+  text_hash    text NOT NULL,
+  active       boolean NOT NULL DEFAULT true,
+  previous_id  bigint,
+  origin_id    bigint,
+  source       text NOT NULL,
+  session_key  text,
+  run_id       text,
+  created_at   text NOT NULL,
+  updated_at   text NOT NULL,
+  said_ms      bigint NOT NULL,
+  vector       bytea,
+  vector_model text);
+CREATE INDEX recalld_memory_facts_user ON recalld_memory_facts (user_id, active, text_hash);
+CREATE INDEX recalld_memory_facts_origin ON recalld_memory_facts (origin_id);
+
+CREATE TABLE recalld_memory_episodes (
+  id            bigserial PRIMARY KEY,
+  user_id       text NOT NULL,
+  session_key   text NOT NULL,
+  text          text NOT NULL,
+  theme         text NOT NULL,
+  day           text NOT NULL,
+  week          text NOT NULL,
+  year          integer NOT NULL,
+  created_ms    bigint NOT NULL,
+  updated_ms    bigint NOT NULL,
+  covered_ms    bigint NOT NULL,
+  merges        integer NOT NULL DEFAULT 0,
+  vector        bytea,
+  vector_model  text);
+CREATE INDEX recalld_memory_episodes_user ON recalld_memory_episodes (user_id, updated_ms);
+CREATE INDEX recalld_memory_episodes_session ON recalld_memory_episodes (user_id, session_key, covered_ms);
+
+CREATE TABLE recalld_memory_episode_jobs (
+  id           bigserial PRIMARY KEY,
+  user_id      text NOT NULL,
+  session_key  text NOT NULL,
+  created_ms   bigint NOT NULL,
+  attempts     integer NOT NULL DEFAULT 0,
+  next_ms      bigint NOT NULL,
+  last_error   text,
+  failed       boolean NOT NULL DEFAULT false,
+  UNIQUE (user_id, session_key));
+
+CREATE TABLE recalld_memory_forgotten (
+  id          bigserial PRIMARY KEY,
+  user_id     text NOT NULL,
+  session_key text,
+  after_ms    bigint,
+  before_ms   bigint,
+  created_at  timestamptz NOT NULL DEFAULT now());
+"""
+
+MIGRATIONS: Sequence[tuple[str, str]] = (
+    ("m001_chunks_cache_progress", _M001),
+    ("m002_facts_episodes_forgotten", _M002),
+)
+
+_LEDGER = """
+CREATE TABLE IF NOT EXISTS recalld_memory_migrations (
+  name       text PRIMARY KEY,
+  applied_at timestamptz NOT NULL DEFAULT now())
+"""
+
+
+def migrate(conn: psycopg.Connection[object]) -> list[str]:
+    """Apply every migration not yet recorded, in order, in one transaction under the lock;
+    return the names applied here (empty when another node, or an earlier start, did it)."""
+    applied_here: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        # CREATE EXTENSION takes its own lock; IF NOT EXISTS under ours keeps two nodes from racing it.
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(_LEDGER)
+        done = {str(row[0]) for row in conn.execute("SELECT name FROM recalld_memory_migrations").fetchall()}  # type: ignore[index]
+        for name, sql in MIGRATIONS:
+            if name in done:
+                continue
+            conn.execute(sql.encode())
+            conn.execute("INSERT INTO recalld_memory_migrations(name) VALUES (%s)", (name,))
+            applied_here.append(name)
+    return applied_here

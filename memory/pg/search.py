@@ -1,0 +1,234 @@
+"""Hybrid search on PostgreSQL: both legs and their fusion in one statement.
+
+The statement is three CTEs and a join, each leg returning its best ``candidates`` with its own
+score, higher better, exactly as :mod:`memory.retrieval.search` hands them to
+:func:`memory.retrieval.fusion.fuse`:
+
+* **keyword** — BM25 as FTS5 computes it (k1 1.2, b 0.75; ``idf = ln((N − df + ½)/(df + ½))``,
+  at least 1e-6; N, df and the average length over every user's chunks, as FTS5's are over the
+  whole table; N and the length from the per-session sums in ``recalld_memory_progress``), read
+  from ``recalld_memory_postings`` (lexeme, user, chunk → tf and the chunk's token count), an
+  inverted index kept from each chunk's ``tsvector`` by a trigger. ``ts_rank_cd`` is not used:
+  it is not BM25, and it moved the sample's R@10 outside the bar (memory/pg/__init__.py).
+* **vector** — cosine similarity over the int8 vectors (:mod:`memory.pg.vectors` for the two
+  shapes of the leg).
+* **fusion** — :func:`fuse`'s rule in SQL: each leg min-max normalised within the query (all 1
+  when its scores are equal), weighted ``keyword_weight`` / ``1 − keyword_weight`` when both legs
+  returned something and 1 otherwise, or ``Σ w/(rrf_k + rank)`` when ``fusion = "rrf"``; every
+  chunk either leg found is kept; ties by the better leg rank, then chunk id.
+
+Time phrases and recency are applied as :class:`memory.retrieval.search.HybridSearch` does,
+over the statement's fused rows, in one ``REPEATABLE READ`` transaction (one snapshot).
+Filters are fixed fragments with named parameters; no user value is formatted into SQL (the
+only formatted values are the vector width, read from the database, and fragments chosen here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from psycopg import AsyncConnection, IsolationLevel
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from memory.config import MemoryConfig
+from memory.index.quantize import quantize_int8
+from memory.pg.migrations import TS_CONFIG
+from memory.pg.vectors import VectorLeg, vector_dims
+from memory.retrieval.fusion import Fused, with_recency
+from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
+
+__all__ = ["PgSearch"]
+
+_FILTERS = {
+    "session_key": "\n    AND c.session_key = %(session_key)s",
+    "exclude_session_key": "\n    AND c.session_key <> %(exclude_session_key)s",
+    "after_ms": "\n    AND c.end_ms >= %(after_ms)s",
+    "before_ms": "\n    AND c.start_ms < %(before_ms)s",
+}
+
+# Common words at scale (memory.retrieval.common_terms, same rule and settings): a term found
+# in at least max(keyword_common_share · N, keyword_common_min_chunks) chunks is left out of the
+# match while a rarer one remains, when N is above that floor; its count stops at the threshold.
+_KEYWORD_LEG = f"""
+terms AS (
+  SELECT DISTINCT l.lexeme
+  FROM unnest(%(words)s::text[]) AS w
+  CROSS JOIN LATERAL unnest(to_tsvector('{TS_CONFIG}', w)) AS l),
+corpus AS (
+  SELECT coalesce(sum(n_chunks), 0)::float8 AS n,
+         CASE WHEN sum(n_chunks) > 0 THEN sum(total_len)::float8 / sum(n_chunks) ELSE 1.0 END AS avgdl
+  FROM recalld_memory_progress),
+common AS (
+  SELECT CASE WHEN %(common_share)s > 0 AND (SELECT count(*) FROM terms) >= 2
+               AND corpus.n > greatest(%(common_min)s, floor(%(common_share)s * corpus.n))
+              THEN greatest(%(common_min)s, floor(%(common_share)s * corpus.n))::bigint END AS threshold
+  FROM corpus),
+judged AS (
+  SELECT t.lexeme,
+         common.threshold IS NOT NULL AND (
+           SELECT count(*) FROM (SELECT 1 FROM recalld_memory_postings p WHERE p.lexeme = t.lexeme
+                                 LIMIT common.threshold) AS hits) >= common.threshold AS is_common
+  FROM terms t CROSS JOIN common),
+kept AS (
+  SELECT lexeme FROM judged
+  WHERE NOT is_common OR NOT EXISTS (SELECT 1 FROM judged WHERE NOT is_common)),
+idf AS (
+  SELECT k.lexeme,
+         greatest(ln((corpus.n - d.df + 0.5) / (d.df + 0.5)), 1e-6) AS idf
+  FROM kept k
+  CROSS JOIN corpus
+  CROSS JOIN LATERAL (SELECT count(*)::float8 AS df FROM recalld_memory_postings p
+                      WHERE p.lexeme = k.lexeme) AS d),
+kw AS (
+  SELECT p.chunk_id AS id,
+         sum(idf.idf * (p.tf * 2.2) / (p.tf + 1.2 * (0.25 + 0.75 * p.doc_len / corpus.avgdl))) AS score
+  FROM idf
+  JOIN recalld_memory_postings p ON p.lexeme = idf.lexeme AND p.user_id = %(user)s{{chunk_join}}
+  CROSS JOIN corpus
+  WHERE true{{filters}}
+  GROUP BY p.chunk_id
+  ORDER BY score DESC, p.chunk_id
+  LIMIT %(candidates)s)"""
+
+# Only a session or time filter needs the chunk row of each posting.
+_CHUNK_JOIN = "\n  JOIN recalld_memory_chunks c ON c.id = p.chunk_id"
+
+_NO_KEYWORD_LEG = "kw AS (SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false)"
+_NO_VECTOR_LEG = "vec AS (SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false)"
+
+# HNSW: one ordered index scan (its order may be relaxed by the iterative scan; the leg re-sorts).
+_VECTOR_HNSW = """
+vec AS (
+  SELECT id, score FROM (
+    SELECT c.id, 1 - ((c.embedding::halfvec({dims})) <=> %(query)s::halfvec({dims})) AS score
+    FROM recalld_memory_chunks c
+    WHERE c.user_id = %(user)s AND c.embedding IS NOT NULL{filters}
+    ORDER BY (c.embedding::halfvec({dims})) <=> %(query)s::halfvec({dims})
+    LIMIT %(candidates)s) AS nearest
+  ORDER BY score DESC, id)"""
+
+# SQLite's two steps: the nearest pool by Hamming distance over the sign bits, then exact cosine.
+_VECTOR_BIT = """
+vec AS (
+  SELECT id, 1 - ((embedding::halfvec({dims})) <=> %(query)s::halfvec({dims})) AS score FROM (
+    SELECT c.id, c.embedding
+    FROM recalld_memory_chunks c
+    WHERE c.user_id = %(user)s AND c.embedding IS NOT NULL{filters}
+    ORDER BY binary_quantize(c.embedding)::bit({dims}) <~> binary_quantize(%(query)s::halfvec({dims}))::bit({dims})
+    LIMIT %(pool)s) AS hamming
+  ORDER BY score DESC, id
+  LIMIT %(candidates)s)"""
+
+_FUSE = """
+kw_n AS (
+  SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank,
+         CASE WHEN max(score) OVER () > min(score) OVER ()
+              THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1.0 END AS norm
+  FROM kw),
+vec_n AS (
+  SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank,
+         CASE WHEN max(score) OVER () > min(score) OVER ()
+              THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1.0 END AS norm
+  FROM vec),
+weights AS (
+  SELECT CASE WHEN both_legs THEN %(keyword_weight)s ELSE 1.0 END AS kw,
+         CASE WHEN both_legs THEN 1.0 - %(keyword_weight)s ELSE 1.0 END AS vec
+  FROM (SELECT EXISTS (SELECT 1 FROM kw) AND EXISTS (SELECT 1 FROM vec) AS both_legs) AS legs),
+fused AS (
+  SELECT coalesce(k.id, v.id) AS id,
+         weights.kw * coalesce(CASE WHEN %(rrf)s THEN 1.0 / (%(rrf_k)s + k.rank) ELSE k.norm END, 0)
+         + weights.vec * coalesce(CASE WHEN %(rrf)s THEN 1.0 / (%(rrf_k)s + v.rank) ELSE v.norm END, 0) AS score,
+         k.rank AS kw_rank, v.rank AS vec_rank, v.score AS similarity
+  FROM kw_n k FULL OUTER JOIN vec_n v ON k.id = v.id CROSS JOIN weights)
+SELECT f.id, c.session_key, c.content, f.score::float8, c.line_start, c.line_end, c.start_ts, c.end_ts,
+       f.kw_rank, f.vec_rank, f.similarity::float8, coalesce(c.end_ms, c.start_ms)
+FROM fused f JOIN recalld_memory_chunks c ON c.id = f.id
+ORDER BY f.score DESC, least(f.kw_rank, f.vec_rank), f.id"""
+
+# The Hamming pool of the "bit" leg: SQLite's pre-filter keeps 1,000 by Hamming distance
+# (memory.retrieval.search.RERANK_SCAN); here all of them go to the exact cosine.
+BIT_POOL = 1000
+
+
+def build_statement(request: SearchRequest, *, keyword: bool, dims: int | None, leg: VectorLeg) -> str:
+    """The one statement for these filters and legs (a fixed text per combination)."""
+    filters = "".join(_FILTERS[n] for n in _FILTERS if getattr(request, n) is not None)
+    kw = _KEYWORD_LEG.format(filters=filters, chunk_join=_CHUNK_JOIN if filters else "") if keyword else _NO_KEYWORD_LEG
+    if dims is None:
+        vec = _NO_VECTOR_LEG
+    else:
+        vec = (_VECTOR_HNSW if leg == "hnsw" else _VECTOR_BIT).format(dims=int(dims), filters=filters)
+    return f"WITH {kw},\n{vec},\n{_FUSE}"
+
+
+class PgSearch:
+    """Runs a :class:`SearchRequest` against the PostgreSQL index."""
+
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig, *,
+                 vector_leg: VectorLeg = "hnsw") -> None:
+        self.pool = pool
+        self.config = config
+        self.vector_leg: VectorLeg = vector_leg
+
+    async def search(self, request: SearchRequest, *, query_vector: Sequence[float] | None,
+                     keyword: bool = True) -> list[SearchHit]:
+        """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
+        async with self.pool.connection() as conn:
+            await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
+            try:
+                async with conn.transaction():
+                    await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)",
+                                       (str(max(100, 2 * self.config.candidates)),))
+                    await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                    dims = await vector_dims(conn) if query_vector is not None else None
+                    query = _halfvec(query_vector) if query_vector is not None and dims == len(query_vector) else None
+                    windowed = request.within_window()
+                    if windowed is None:
+                        rows = await self._fused(conn, request, query, dims, keyword)
+                    else:
+                        inside = await self._fused(conn, windowed, query, dims, keyword)
+                        seen = {r[0] for r in inside}
+                        rest = await self._fused(conn, replace(request, query=windowed.query), query, dims, keyword)
+                        rows = inside + [r for r in rest if r[0] not in seen]
+            finally:
+                await conn.set_isolation_level(None)
+        return [_hit(r) for r in rows[:request.k]]
+
+    async def _fused(self, conn: AsyncConnection[TupleRow], request: SearchRequest, query: str | None,
+                     dims: int | None, keyword: bool) -> list[tuple[Any, ...]]:
+        words = [t[1:-1].replace('""', '"') for t in fts_terms(request.query, self.config.max_query_terms)]
+        use_keyword = keyword and bool(words)
+        if not use_keyword and query is None:
+            return []
+        sql = build_statement(request, keyword=use_keyword, dims=dims if query is not None else None,
+                              leg=self.vector_leg)
+        params: dict[str, Any] = {
+            "user": request.user, "words": words, "query": query, "candidates": self.config.candidates,
+            "pool": max(BIT_POOL, self.config.candidates), "keyword_weight": self.config.keyword_weight,
+            "rrf": self.config.fusion == "rrf", "rrf_k": self.config.rrf_k,
+            "common_share": self.config.keyword_common_share, "common_min": self.config.keyword_common_min_chunks,
+        }
+        params.update((n, getattr(request, n)) for n in _FILTERS if getattr(request, n) is not None)
+        rows = [tuple(r) for r in await (await conn.execute(sql.encode(), params)).fetchall()]
+        if not request.recency or request.mode != "hybrid" or request.now_ms is None or not rows:
+            return rows
+        by_id = {r[0]: r for r in rows}
+        fused = [Fused(int(r[0]), float(r[3]), r[8], r[9], r[10]) for r in rows]
+        said = {int(r[0]): (int(r[11]) if r[11] is not None else None) for r in rows}
+        return [(*by_id[f.chunk_id][:3], f.score, *by_id[f.chunk_id][4:])
+                for f in with_recency(fused, said, request.now_ms, self.config)]
+
+
+def _halfvec(vector: Sequence[float]) -> str:
+    """The query as the int8 integers the stored vectors hold (SQLite's re-rank quantizes it too)."""
+    ints = memoryview(quantize_int8(vector)).cast("b").tolist()
+    return "[" + ",".join(str(i) for i in ints) + "]"
+
+
+def _hit(r: Sequence[Any]) -> SearchHit:
+    return SearchHit(int(r[0]), str(r[1]), str(r[2]), float(r[3]), int(r[4]), int(r[5]), r[6], r[7],
+                     int(r[8]) if r[8] is not None else None, int(r[9]) if r[9] is not None else None,
+                     float(r[10]) if r[10] is not None else None)

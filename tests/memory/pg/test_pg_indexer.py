@@ -1,0 +1,137 @@
+"""Indexing ``recalld_messages`` into the PostgreSQL index: the SQLite path's chunks, shared
+work across nodes, each text embedded once, nothing left of deleted or incognito sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import apsw
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from memory.embedders.embeddings import EmbeddingPipeline
+from memory.pg.indexer import PgIndexer
+from tests.memory.conftest import (
+    FakeEmbedder,
+    append_messages,
+    opened,
+    quiet_config,
+    session_key,
+    write_transcript,
+)
+from tests.memory.pg.conftest import add_session, chunk_rows
+
+Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
+
+# Small chunks, so that a few messages make several chunks and a long one is cut into segments.
+CONFIG = quiet_config(chunk_tokens=40, overlap_tokens=10)
+LONG = " ".join(f"word{i} of a long message about sailing boats" for i in range(12))
+FIRST = ["I keep bees in the garden.", LONG, "How many hives?", "Three hives, since last spring."]
+MORE = ["The queen of the second hive is new.", "Did she come from a breeder?", LONG + " and more"]
+
+
+def indexer(pool: Pool, embedder: Any = None) -> PgIndexer:
+    return PgIndexer(pool, CONFIG, EmbeddingPipeline(embedder) if embedder is not None else None)
+
+
+async def sqlite_chunks(tmp_path: Path, messages: list[list[str]]) -> list[tuple[int, str, int, int]]:
+    """The chunks the SQLite path makes of the same messages, appended in the same steps."""
+    path = write_transcript(tmp_path, "alice", "s1", messages[0])
+    async with opened(tmp_path, CONFIG, None) as svc:
+        for i, step in enumerate(messages[1:], start=1):
+            append_messages(path, step, start_minute=sum(len(m) for m in messages[:i]))
+            await svc.sync_now()
+    db = apsw.Connection(str(tmp_path / "memory.db"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = list(db.execute("SELECT chunk_idx, content, line_start, line_end FROM chunks ORDER BY chunk_idx"))
+    finally:
+        db.close()
+    return [(int(a), str(b), int(c), int(d)) for a, b, c, d in rows]
+
+
+async def test_chunks_equal_the_sqlite_paths_for_the_same_messages(
+        tmp_path: Path, pg_index: str, pool: Pool) -> None:
+    """Whole and incremental, the PostgreSQL index holds exactly the chunks (text and line
+    ranges) the transcript indexer makes of the same messages."""
+    key = session_key("s1")
+    add_session(pg_index, "alice", key, FIRST)
+    await indexer(pool).run_once()
+    add_session(pg_index, "alice", key, MORE, start_minute=len(FIRST), create=False)
+    report = await indexer(pool).run_once()
+    assert report.sessions == 1
+    expected = await sqlite_chunks(tmp_path, [FIRST, MORE])
+    assert len(expected) > 3
+    assert [(idx, content, a, b) for _, idx, content, a, b in chunk_rows(pg_index)] == expected
+
+
+async def test_two_nodes_share_the_work_and_embed_each_text_once(pg_index: str) -> None:
+    """Two indexers over one database, run together: every session is chunked by one of them,
+    and every distinct chunk text — including one said in two sessions — is embedded once."""
+    for i in range(12):
+        add_session(pg_index, f"user{i % 3}", f"key{i:02d}", [f"session {i} talks about topic {i}",
+                                                                "the same reply everywhere"])
+    add_session(pg_index, "user0", "twin-a", ["an identical conversation"])
+    add_session(pg_index, "user1", "twin-b", ["an identical conversation"])
+    a, b = FakeEmbedder(), FakeEmbedder()
+    async with AsyncConnectionPool(pg_index, min_size=1, max_size=2, open=False) as pa, \
+            AsyncConnectionPool(pg_index, min_size=1, max_size=2, open=False) as pb:
+        first, second = await asyncio.gather(indexer(pa, a).run_once(), indexer(pb, b).run_once())
+        assert first.sessions + second.sessions == 14
+        assert await indexer(pa, a).pending() == 0
+    texts = a.texts + b.texts
+    assert len(texts) == len(set(texts))
+    with psycopg.connect(pg_index) as conn:
+        distinct = conn.execute("SELECT count(DISTINCT content) FROM recalld_memory_chunks").fetchone()
+        cache = conn.execute("SELECT count(*) FROM recalld_memory_embedding_cache").fetchone()
+    assert distinct is not None and cache is not None
+    assert len(texts) == distinct[0] == cache[0] == 13
+
+
+async def test_a_new_node_reuses_the_shared_cache(pg_index: str, pool: Pool) -> None:
+    """After a full re-chunk, every vector comes from the cache: nothing is embedded again."""
+    add_session(pg_index, "alice", "k1", FIRST)
+    await indexer(pool, FakeEmbedder()).run_once()
+    again = FakeEmbedder()
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute("UPDATE recalld_memory_progress SET chunking = 'reset'")
+        conn.execute("UPDATE recalld_memory_chunks SET embedding = NULL")
+    report = await indexer(pool, again).run_once()
+    assert again.calls == [] and report.filled == len(chunk_rows(pg_index)) > 0
+
+
+async def test_deleted_incognito_and_purged_leave_no_chunks(pg_index: str, pool: Pool) -> None:
+    """A deleted session's chunks go, an incognito session is never indexed, and purged messages
+    leave nothing behind (the session is re-chunked whole)."""
+    add_session(pg_index, "alice", "gone", ["delete me later"])
+    add_session(pg_index, "alice", "secret", ["never index this"], memory=False)
+    add_session(pg_index, "alice", "purged", ["keep this line", "purge this line", "and keep this"])
+    await indexer(pool).run_once()
+    assert {k for k, *_ in chunk_rows(pg_index)} == {"gone", "purged"}
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute("DELETE FROM recalld_sessions WHERE session_key = 'gone'")
+        conn.execute("DELETE FROM recalld_messages WHERE session_key = 'purged' AND seq = 1")
+        conn.execute("UPDATE recalld_sessions SET message_count = message_count - 1, updated_at = 'later' "
+                     "WHERE session_key = 'purged'")
+    await indexer(pool).run_once()
+    rows = chunk_rows(pg_index)
+    assert {k for k, *_ in rows} == {"purged"}
+    assert all("purge this line" not in content for _, _, content, _, _ in rows)
+    assert any("and keep this" in content for _, _, content, _, _ in rows)
+
+
+async def test_a_session_is_claimed_again_only_when_it_changes(pg_index: str, pool: Pool) -> None:
+    """A pass that finds nothing new claims nothing, even when the session's counter disagrees
+    with its rows; the next append is claimed once."""
+    add_session(pg_index, "alice", "k1", ["first words"])
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute("UPDATE recalld_sessions SET message_count = 7 WHERE session_key = 'k1'")
+    assert (await indexer(pool).run_once()).sessions == 1
+    assert (await indexer(pool).run_once()).sessions == 0
+    add_session(pg_index, "alice", "k1", ["more words"], start_minute=1, create=False)
+    assert (await indexer(pool).run_once()).sessions == 1
+    assert [c for _, _, c, _, _ in chunk_rows(pg_index)] == [
+        "user [2026-11-22T10:00:00.000Z]: first words\nuser [2026-11-22T10:01:00.000Z]: more words"]

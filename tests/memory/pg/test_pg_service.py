@@ -1,0 +1,61 @@
+"""``PgMemory``: a node's indexing loop wakes on the sessions store's notifications, and the
+thin surface answers search, status, forget and reindex."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from memory.forgetting import ForgetRange
+from memory.pg.service import PgMemory
+from tests.memory.conftest import FakeEmbedder, quiet_config
+from tests.memory.pg.conftest import add_session, chunk_rows
+
+
+async def found(node: PgMemory, query: str, **kwargs: Any) -> list[str]:
+    """The sessions ``query`` finds, waiting (boundedly) for the node's loop to index them."""
+    for _ in range(200):
+        hits = (await node.search("alice", query, mode="hybrid", **kwargs)).results
+        if hits:
+            return [h.session_key for h in hits]
+        await asyncio.sleep(0.05)
+    return []
+
+
+async def test_appends_through_another_node_are_indexed_without_a_call(pg_index: str) -> None:
+    """A message committed anywhere wakes this node's loop (NOTIFY), which indexes it: the
+    search finds it with no sync call; status counts it."""
+    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), FakeEmbedder(), poll_s=60)  # type: ignore[arg-type]
+    node.start()
+    try:
+        for _ in range(200):  # the catch-up pass is over: what follows is found through NOTIFY
+            if node.loop_passes:
+                break
+            await asyncio.sleep(0.05)
+        assert node.loop_passes == 1
+        add_session(pg_index, "alice", "k1", ["my favourite language is rust"])
+        assert await found(node, "favourite language") == ["k1"]
+        status = await node.status()
+        assert (status["chunks"], status["pending"], status["lastError"]) == (1, 0, None)
+    finally:
+        await node.close()
+        await node.close()
+
+
+async def test_forget_and_full_reindex(pg_index: str) -> None:
+    """Forgotten chunks go now and stay gone after a full reindex; the reindex re-embeds nothing."""
+    embedder = FakeEmbedder()
+    node = await PgMemory.open(pg_index, quiet_config(), embedder)  # type: ignore[arg-type]
+    try:
+        add_session(pg_index, "alice", "k1", ["the garden gate is green"])
+        add_session(pg_index, "alice", "k2", ["the kitchen door is red"])
+        await node.sync_now()
+        assert await node.forget(ForgetRange("alice", session_key="k1"), record=True) == {"chunks": 1}
+        embedded = len(embedder.texts)
+        await node.reindex(full=True)
+        await node.sync_now()
+        assert {k for k, *_ in chunk_rows(pg_index)} == {"k2"}
+        assert len(embedder.texts) == embedded
+        assert (await node.search("alice", "garden gate", mode="keyword")).results == []
+    finally:
+        await node.close()
