@@ -22,8 +22,8 @@ async def test_recall_at_10_matches_sqlite_in_every_mode(pg_dsn: str, granularit
     dataset = load_dataset(SAMPLE)
     common: dict[str, Any] = {"dataset_name": "sample", "embedder_name": "fake", "granularity": granularity, "k": 10,
               "rrf_k": 60, "candidates": 50, "base_config": None}
-    sqlite = await run_benchmark(dataset, embedder=FakeEmbedder(), **common)  # type: ignore[arg-type]
-    postgres = await run_postgres_benchmark(dataset, dsn=pg_dsn, embedder=FakeEmbedder(),  # type: ignore[arg-type]
+    sqlite = await run_benchmark(dataset, embedder=FakeEmbedder(), **common)
+    postgres = await run_postgres_benchmark(dataset, dsn=pg_dsn, embedder=FakeEmbedder(),
                                             **common)
     for mode in MODES:
         assert postgres.ran_as[mode] == {mode: len(dataset.questions)}

@@ -44,7 +44,7 @@ async def indexed(pg_index: str, pool: Pool, config: MemoryConfig = CONFIG) -> F
         add_session(pg_index, "alice", session_key(name), messages, start_minute=minute)
     add_session(pg_index, "bob", session_key("bob"), ["tomatoes and basil and the coast"], start_minute=0)
     embedder = FakeEmbedder()
-    await PgIndexer(pool, config, EmbeddingPipeline(embedder)).run_once()  # type: ignore[arg-type]
+    await PgIndexer(pool, config, EmbeddingPipeline(embedder)).run_once()
     return embedder
 
 

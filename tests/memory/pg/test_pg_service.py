@@ -25,7 +25,7 @@ async def found(node: PgMemory, query: str, **kwargs: Any) -> list[str]:
 async def test_appends_through_another_node_are_indexed_without_a_call(pg_index: str) -> None:
     """A message committed anywhere wakes this node's loop (NOTIFY), which indexes it: the
     search finds it with no sync call; status counts it."""
-    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), FakeEmbedder(), poll_s=60)  # type: ignore[arg-type]
+    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), FakeEmbedder(), poll_s=60)
     node.start()
     try:
         for _ in range(200):  # the catch-up pass is over: what follows is found through NOTIFY
@@ -45,7 +45,7 @@ async def test_appends_through_another_node_are_indexed_without_a_call(pg_index:
 async def test_forget_and_full_reindex(pg_index: str) -> None:
     """Forgotten chunks go now and stay gone after a full reindex; the reindex re-embeds nothing."""
     embedder = FakeEmbedder()
-    node = await PgMemory.open(pg_index, quiet_config(), embedder)  # type: ignore[arg-type]
+    node = await PgMemory.open(pg_index, quiet_config(), embedder)
     try:
         add_session(pg_index, "alice", "k1", ["the garden gate is green"])
         add_session(pg_index, "alice", "k2", ["the kitchen door is red"])
