@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import fcntl
 import os
+import ssl
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -271,7 +272,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
-                   batch_reserve=_page_capped(config).max_page_bytes,
+                   reply_reserve=_page_capped(config).max_page_bytes,
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
                                    "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
@@ -279,7 +280,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
                        in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
                    ))
     app_version = package_version()
-    server = GatewayServer(config, core, authenticator, version=app_version, on_disconnect=hub.drop)
+    server = _server(config, core, authenticator, app_version, hub)
     sessions = SessionsMethods(store, hub, runs, service)
     chat = ChatMethods(config.chat, store, hub, runs)
     memory = MemoryMethods(
@@ -314,6 +315,26 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
         await app.close()
         raise
     return app
+
+
+def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str, hub: Hub) -> GatewayServer:
+    s, limits = config.server, config.limits
+    ssl_context = None
+    if config.tls.cert and config.tls.key:
+        ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ssl_context.load_cert_chain(config.tls.cert, config.tls.key)
+    return GatewayServer(
+        core, authenticator, version=app_version, on_disconnect=hub.drop,
+        host=s.host, port=s.port, ssl_context=ssl_context,
+        allowed_hosts=s.allowed_hosts, allowed_origins=s.allowed_origins,
+        max_connections=s.max_connections, reserved_fds=s.reserved_fds,
+        max_size=s.max_size, max_queue=s.max_queue, write_limit=s.write_limit,
+        open_timeout_s=s.open_timeout_s, ping_interval_s=s.ping_interval_s, ping_timeout_s=s.ping_timeout_s,
+        close_timeout_s=s.close_timeout_s,
+        auth_timeout_s=config.auth.timeout_s, preauth_max_size=config.auth.preauth_max_size,
+        max_inflight=limits.max_inflight, max_reply_bytes=limits.max_reply_bytes,
+        max_outbox_bytes=limits.max_outbox_bytes, max_control_frames_per_s=limits.max_control_frames_per_s,
+    )
 
 
 async def _undo_start(audit: asyncio.Future[None], memory: asyncio.Future[MemoryService] | None,

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from gateway.errors import InvalidParams, MethodNotFound
 
 if typing.TYPE_CHECKING:
-    from gateway.rpc.core import CallContext
+    from gateway.rpc.context import CallContext
 
 __all__ = [
     "Bound",
