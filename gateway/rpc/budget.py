@@ -74,7 +74,8 @@ class ReplyBudget:
     def release(self, size: int) -> None:
         """The socket took ``size`` bytes of held replies (or they were given up)."""
         self.held -= size
-        self._wake()
+        if self._waiters:  # released once per reply: nearly always nobody waits
+            self._wake()
 
     def _wake(self) -> None:
         # Every waiter checks its own condition again: room depends on its reserve.

@@ -139,12 +139,12 @@ class RpcCore:
             data, is_error = orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
         if budget is None:
             return Reply(data, is_error)
-        if not budget.fits(len(data)):
+        if budget.held + len(data) > budget.limit:  # budget.fits, without a call per reply
             # Refused after it was built (its size is known only then), but never held: what a
             # connection keeps waiting for its reader stays under the budget.
             error = over_budget(len(data), budget.held, budget.limit)
             data, is_error = orjson.dumps(error_response(reply.get("id"), error.to_object())), True
-        budget.hold(len(data))
+        budget.held += len(data)
         return Reply(data, is_error)
 
     def _failure(self, exc: Exception, message: dict[str, Any], req_id: Any) -> dict[str, Any] | None:
