@@ -1,9 +1,11 @@
 """The composition root: build every part from one :class:`Config`, start them, stop them in order.
 
 Each part is constructed here with exactly what it uses, so this is the one module that
-knows them all; nothing else imports it but the CLI. Shutdown order: stop accepting → close
-connections 1001 → let runs finish within ``server.shutdown_grace_s`` → cancel the rest →
-flush transcripts → close the index. ``App.close()`` is safe to call twice.
+knows them all; nothing else imports it but the CLI. Each part that must be stopped is pushed
+on one ``AsyncExitStack`` as it starts, so stop is start reversed, and a start that fails or is
+cancelled part-way stops exactly what had started: stop accepting → close connections 1001 →
+let runs finish within ``server.shutdown_grace_s`` → cancel the background tasks → flush
+transcripts → close the index → release the data dir. ``App.close()`` is safe to call twice.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ import asyncio
 import dataclasses
 import fcntl
 import os
+import ssl
 import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any, TypeVar
 
 import structlog
 
@@ -57,6 +63,8 @@ __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "ope
 
 log = structlog.get_logger("recalld.app")
 
+T = TypeVar("T")
+
 # A batched flush that fails on every tick (a disk gone bad) is logged at most this often.
 _FLUSH_LOG_INTERVAL_S = 60.0
 
@@ -75,7 +83,10 @@ def package_version() -> str:
 
 @dataclass(eq=False)
 class App:
-    """The running daemon: its server, its store, and one handler object per namespace."""
+    """The running daemon: its server, its store, and one handler object per namespace.
+
+    Everything it started is on ``_stack`` in start order, so :meth:`close` stops them in
+    exactly the reverse order (gateway.app's docstring)."""
 
     config: Config
     server: GatewayServer
@@ -84,9 +95,8 @@ class App:
     sessions: SessionsMethods
     chat: ChatMethods
     memory: MemoryMethods | None
-    lock_fd: int | None
-    retention: RetentionSweeper | None = None  # the daily sweep, when a retention setting is on
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    retention: RetentionSweeper | None  # the daily sweep, when a retention setting is on
+    _stack: AsyncExitStack
     _closed: bool = False
 
     @property
@@ -97,45 +107,34 @@ class App:
         if self._closed:
             return
         self._closed = True
-        await self.server.close()
-        await self.runs.drain(self.config.server.shutdown_grace_s)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.to_thread(self.store.close)
-        if self.memory is not None:
-            await close_memory(self.memory.service)
-        if self.lock_fd is not None:
-            remove_runtime_file(self.config.data_dir)
-            os.close(self.lock_fd)  # releases the data dir lock
-            self.lock_fd = None
+        await self._stack.aclose()
         log.info("app.closed")
 
-    async def _flush_loop(self) -> None:
-        # fsync="batch": transcripts reach the disk at least once a second. One failed pass
-        # (EIO, EMFILE under a descriptor flood) must not end the loop: later writes would
-        # never be synced. The store keeps what it could not open dirty for the next pass;
-        # a failure that repeats every tick is logged once per _FLUSH_LOG_INTERVAL_S.
-        interval = self.config.sessions.fsync_interval_s
-        unlogged = 0  # failures since the last warning
-        last_warning = float("-inf")
-        warned = False  # a warning went out and no pass has succeeded since
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await asyncio.to_thread(self.store.flush)
-            except Exception as exc:  # noqa: BLE001 - any failure of one pass; CancelledError is not one
-                unlogged += 1
-                now = time.monotonic()
-                if now - last_warning >= _FLUSH_LOG_INTERVAL_S:
-                    log.warning("sessions.flush_failed", error=str(exc), error_type=type(exc).__name__,
-                                failures=unlogged)
-                    last_warning, unlogged, warned = now, 0, True
-                continue
-            if warned:
-                log.info("sessions.flush_recovered", unlogged_failures=unlogged)
-                warned = False
-            unlogged = 0
+
+async def _flush_loop(store: SessionStore, interval_s: float) -> None:
+    # fsync="batch": transcripts reach the disk at least once a second. One failed pass
+    # (EIO, EMFILE under a descriptor flood) must not end the loop: later writes would
+    # never be synced. The store keeps what it could not open dirty for the next pass;
+    # a failure that repeats every tick is logged once per _FLUSH_LOG_INTERVAL_S.
+    unlogged = 0  # failures since the last warning
+    last_warning = float("-inf")
+    warned = False  # a warning went out and no pass has succeeded since
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(store.flush)
+        except Exception as exc:  # noqa: BLE001 - any failure of one pass; CancelledError is not one
+            unlogged += 1
+            now = time.monotonic()
+            if now - last_warning >= _FLUSH_LOG_INTERVAL_S:
+                log.warning("sessions.flush_failed", error=str(exc), error_type=type(exc).__name__,
+                            failures=unlogged)
+                last_warning, unlogged, warned = now, 0, True
+            continue
+        if warned:
+            log.info("sessions.flush_recovered", unlogged_failures=unlogged)
+            warned = False
+        unlogged = 0
 
 
 def _page_capped(config: Config) -> SessionsConfig:
@@ -225,7 +224,19 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
 
     ``file_io`` replaces the transcript write/fsync calls (fault-injection tests); ``embedder``
     the embedder that ``memory.embedder`` would pick (benchmarks, see :func:`open_memory`).
+    A start that fails or is cancelled closes whatever it had started, in reverse order.
     """
+    stack = AsyncExitStack()
+    try:
+        return await _start(stack, config, file_io, embedder)
+    except BaseException:
+        await asyncio.shield(stack.aclose())
+        raise
+
+
+async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
+                 embedder: tuple[Embedder | None, str] | None) -> App:
+    """Start each part onto ``stack``; what is pushed last is stopped first."""
     # First, before any file is opened: everything the daemon creates is 0600/0700, the
     # SQLite WAL and SHM files included (gateway.private).
     set_private_umask()
@@ -233,35 +244,20 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     # Start-up disk work runs side by side (each a walk or a read of its own): the mode audit
     # of every file, the memory index's own start work (its sign bits, its integrity check;
     # started first, without its catch-up sync), and the sessions store's reconcile of its
-    # index with the transcripts. At a million chunks in 82k transcripts one after the other
-    # they took 2.1 s before the first search could run (docs/scaling.md).
+    # index with the transcripts (docs/scaling.md).
     audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, config.data_dir))
-    try:
-        lock_fd = _lock_data_dir(config.data_dir)
-    except BaseException:
-        await asyncio.gather(audit, return_exceptions=True)
-        raise
-    # Each opening is a future awaited through a shield: a cancelled start still learns what
-    # was opened (a thread cannot be stopped half-way) and closes it.
-    opening_memory: asyncio.Future[MemoryService] | None = None
-    opening_store: asyncio.Future[SessionStore] | None = None
-    try:
-        authenticator = _authenticator(config)
-        if config.memory.enabled:
-            opening_memory = asyncio.ensure_future(open_memory(config, embedder=embedder, catch_up=False))
-            await asyncio.shield(opening_memory)
-        # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-        opening_store = asyncio.ensure_future(
-            asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io))
-        store = await asyncio.shield(opening_store)
-        await audit
-    except BaseException:
-        try:
-            await asyncio.shield(_undo_start(audit, opening_memory, opening_store))
-        finally:
-            os.close(lock_fd)
-        raise
-    service = opening_memory.result() if opening_memory is not None else None
+    stack.push_async_callback(_settle, audit)
+    lock_fd = _lock_data_dir(config.data_dir)
+    stack.callback(os.close, lock_fd)  # releases the data dir lock
+    stack.callback(remove_runtime_file, config.data_dir)  # written once listening
+    authenticator = _authenticator(config)
+    service = None
+    if config.memory.enabled:
+        service = await _opened(stack, open_memory(config, embedder=embedder, catch_up=False), close_memory)
+    # Opening the store reconciles its index with the transcripts: disk work, off the loop.
+    store = await _opened(stack, asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config),
+                                                   file_io=file_io), _close_store)
+    await audit
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
     else:
@@ -275,10 +271,20 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     quotas = config.quotas
     runs = ChatRuns(config.chat, llm.model, store, hub, model, service,
                     max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user)
+    if config.sessions.fsync == "batch":
+        _background(stack, _flush_loop(store, config.sessions.fsync_interval_s))
+    if runs.episodes.enabled:
+        _background(stack, runs.episodes.run())
+    sweeper = RetentionSweeper(config.data_dir, store, runs, service, sessions_days=config.sessions.retention_days,
+                               memory_days=config.memory.retention_days)
+    if sweeper.enabled:
+        _background(stack, sweeper.run())
+    # Runs finish (within the grace period) before the background tasks and the store stop.
+    stack.push_async_callback(runs.drain, config.server.shutdown_grace_s)
     registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
-                   batch_reserve=_page_capped(config).max_page_bytes,
+                   reply_reserve=_page_capped(config).max_page_bytes,
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
                                    "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
@@ -286,7 +292,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
                        in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
                    ))
     app_version = package_version()
-    server = GatewayServer(config, core, authenticator, version=app_version, on_disconnect=hub.drop)
+    server = _server(config, core, authenticator, app_version, hub)
     sessions = SessionsMethods(store, hub, runs, service)
     chat = ChatMethods(config.chat, store, hub, runs)
     memory = MemoryMethods(
@@ -299,40 +305,71 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     episodes = EpisodesMethods(service) if service is not None else None
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
                     forget=forget, episodes=episodes)
-    app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
-    if config.sessions.fsync == "batch":
-        app._tasks.append(asyncio.create_task(app._flush_loop()))
-    if runs.episodes.enabled:
-        app._tasks.append(asyncio.create_task(runs.episodes.run()))
-    sweeper = RetentionSweeper(config.data_dir, store, runs, service, sessions_days=config.sessions.retention_days,
-                               memory_days=config.memory.retention_days)
-    if sweeper.enabled:
-        app.retention = sweeper
-        app._tasks.append(asyncio.create_task(sweeper.run()))
-    try:
-        await server.start()
-        # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
-        write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port))
-        if server.scheme == "ws" and not is_loopback(config.server.host):
-            log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
-                        fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
-                            "tunnel or a TLS reverse proxy (docs/remote.md)")
-    except BaseException:
-        await app.close()
-        raise
-    return app
+    # Stopped first: no new connection, the open ones closed 1001.
+    stack.push_async_callback(server.close)
+    await server.start()
+    # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
+    write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port))
+    if server.scheme == "ws" and not is_loopback(config.server.host):
+        log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
+                    fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
+                        "tunnel or a TLS reverse proxy (docs/remote.md)")
+    return App(config, server, store, runs, sessions, chat, memory, sweeper if sweeper.enabled else None,
+               stack.pop_all())
 
 
-async def _undo_start(audit: asyncio.Future[None], memory: asyncio.Future[MemoryService] | None,
-                      store: asyncio.Future[SessionStore] | None) -> None:
-    """Wait for whatever a failed start began, and close what it opened (a memory service that
-    failed half-way through its own start cleans up after itself)."""
-    pending = [f for f in (audit, memory, store) if f is not None]
-    await asyncio.gather(*pending, return_exceptions=True)
-    if store is not None and not store.cancelled() and store.exception() is None:
-        await asyncio.to_thread(store.result().close)
-    if memory is not None and not memory.cancelled() and memory.exception() is None:
-        await close_memory(memory.result())
+def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str, hub: Hub) -> GatewayServer:
+    s, limits = config.server, config.limits
+    ssl_context = None
+    if config.tls.cert and config.tls.key:
+        ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ssl_context.load_cert_chain(config.tls.cert, config.tls.key)
+    return GatewayServer(
+        core, authenticator, version=app_version, on_disconnect=hub.drop,
+        host=s.host, port=s.port, ssl_context=ssl_context,
+        allowed_hosts=s.allowed_hosts, allowed_origins=s.allowed_origins,
+        max_connections=s.max_connections, reserved_fds=s.reserved_fds,
+        max_size=s.max_size, max_queue=s.max_queue, write_limit=s.write_limit,
+        open_timeout_s=s.open_timeout_s, ping_interval_s=s.ping_interval_s, ping_timeout_s=s.ping_timeout_s,
+        close_timeout_s=s.close_timeout_s,
+        auth_timeout_s=config.auth.timeout_s, preauth_max_size=config.auth.preauth_max_size,
+        max_inflight=limits.max_inflight, max_reply_bytes=limits.max_reply_bytes,
+        max_outbox_bytes=limits.max_outbox_bytes, max_control_frames_per_s=limits.max_control_frames_per_s,
+    )
+
+
+async def _opened(stack: AsyncExitStack, opening: Awaitable[T], close: Callable[[T], Awaitable[None]]) -> T:
+    """What ``opening`` opens, with its ``close`` on ``stack``. Awaited through a shield: a
+    cancelled start still learns what was opened (a thread cannot be stopped half-way) and
+    closes it."""
+    future = asyncio.ensure_future(opening)
+    stack.push_async_callback(_close_opened, future, close)
+    return await asyncio.shield(future)
+
+
+async def _close_opened(future: asyncio.Future[T], close: Callable[[T], Awaitable[None]]) -> None:
+    await _settle(future)
+    if not future.cancelled() and future.exception() is None:
+        await close(future.result())
+
+
+async def _settle(future: asyncio.Future[Any]) -> None:
+    """Wait for ``future`` to finish however it does (its failure is another's to report)."""
+    await asyncio.gather(future, return_exceptions=True)
+
+
+def _background(stack: AsyncExitStack, work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` as a task that the stack cancels and waits for."""
+    stack.push_async_callback(_cancelled, asyncio.create_task(work))
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await _settle(task)
+
+
+async def _close_store(store: SessionStore) -> None:
+    await asyncio.to_thread(store.close)
 
 
 def _memory_admin(config: Config) -> str | None:

@@ -1,10 +1,12 @@
-"""JSON-RPC 2.0 without I/O: the method registry (params, bounds, OpenRPC) and the core that
-turns one frame into one reply. Imports nothing of the transport, chat or methods."""
+"""JSON-RPC 2.0 without I/O: the method registry (params, bounds, OpenRPC), the core that
+turns one frame into one reply, and the reply budget both single calls and batches run within.
+Imports nothing of the transport, chat or methods."""
 
 from __future__ import annotations
 
-from gateway.rpc.batch import ReplyBudget, over_budget
-from gateway.rpc.core import Call, CallContext, Notification, Reply, RpcCore
+from gateway.rpc.budget import ReplyBudget, over_budget
+from gateway.rpc.context import CallContext, Notification, Reply
+from gateway.rpc.core import Call, RpcCore
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import (
     Bound,

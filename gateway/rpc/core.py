@@ -14,9 +14,9 @@ that the ``on_crash`` hook logs with the traceback.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -30,7 +30,9 @@ from gateway.errors import (
     new_error_id,
     wire_error,
 )
-from gateway.rpc.batch import ReplyBudget, run_batch
+from gateway.rpc.batch import run_batch
+from gateway.rpc.budget import ReplyBudget, over_budget
+from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Handler, Method, Registry, parse_params
 from gateway.wire import ErrorObject
@@ -39,58 +41,6 @@ __all__ = ["Call", "CallContext", "Notification", "Reply", "RpcCore", "error_res
 
 _NO_ID = object()
 _MEMBERS = frozenset({"jsonrpc", "id", "method", "params"})
-
-
-class Notification:
-    """A server → client notification, encoded at most once however many callers get it."""
-
-    __slots__ = ("_frame", "method", "params")
-
-    def __init__(self, method: str, params: Mapping[str, Any]) -> None:
-        self.method = method
-        self.params = params
-        self._frame: bytes | None = None
-
-    def encode(self) -> bytes:
-        if self._frame is None:
-            self._frame = orjson.dumps({"jsonrpc": "2.0", "method": self.method, "params": self.params})
-        return self._frame
-
-
-class CallContext(Protocol):
-    """What a handler may know about its caller and do to it; the transport's connection
-    satisfies it."""
-
-    @property
-    def user(self) -> str | None: ...
-
-    @property
-    def authenticated(self) -> bool: ...
-
-    @property
-    def caller(self) -> str:
-        """The authenticated user; the core refuses unauthenticated calls to every method
-        that requires auth before a handler runs."""
-        ...
-
-    @property
-    def address(self) -> str:
-        """The client's IP address (the auth failure limiter counts per address)."""
-        ...
-
-    def authenticate(self, user: str) -> None: ...
-
-    def notify(self, note: Notification) -> None:
-        """Queue a notification for this caller behind its pending events."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    data: bytes
-    # True when the reply, or any entry of a batch reply, is an error (for the connection's
-    # error counter; nobody has to search the bytes).
-    is_error: bool
 
 
 def error_response(req_id: Any, error: ErrorObject) -> dict[str, Any]:
@@ -107,9 +57,9 @@ class RpcCore:
     auth_timeout_s: float = 10.0
     # Per-user rate and concurrency limits by method ([quotas]); None: none.
     quotas: Quotas | None = None
-    # Reply bytes a batch entry is assumed to build while it runs (the history page cap): a
-    # batch starts an entry only while its budget has room for it (gateway.rpc.batch).
-    batch_reserve: int = 0
+    # Reply bytes a call that may wait on I/O is assumed to build while it runs (the history
+    # page cap): it starts only while the reply budget has room for it (gateway.rpc.budget).
+    reply_reserve: int = 0
 
     def accept(self, payload: str | bytes, ctx: CallContext) -> Call:
         """Decode one frame; the returned call runs it."""
@@ -123,68 +73,46 @@ class RpcCore:
         """Answer one frame at once: ``accept`` then ``run``."""
         return await self.accept(payload, ctx).run()
 
-    def refuse(self, message: Any, error: GatewayError) -> Reply:
-        """The reply refusing a frame before it runs (binary frame, too many in flight)."""
+    def refuse(self, message: Any, error: GatewayError, budget: ReplyBudget | None = None) -> Reply:
+        """The reply refusing a frame before it runs (binary frame, too many in flight), held
+        in ``budget`` when one is given."""
         req_id = message.get("id") if isinstance(message, dict) else None
-        return Reply(orjson.dumps(error_response(req_id, error.to_object())), True)
+        data = orjson.dumps(error_response(req_id, error.to_object()))
+        if budget is not None:
+            budget.hold(len(data))
+        return Reply(data, True)
 
-    async def _frame(self, message: Any, ctx: CallContext, budget: ReplyBudget | None) -> Reply | None:
-        """The reply to a decoded frame that is not a single call (None when nothing is owed)."""
-        if isinstance(message, list):
-            if not message:
-                return self._encoded(error_response(None, InvalidRequest("invalid request: empty batch").to_object()))
-            if len(message) > self.max_batch:
-                err = InvalidRequest(
-                    f"invalid request: batch of {len(message)} exceeds the limit of {self.max_batch}"
-                )
-                return self._encoded(error_response(None, err.to_object()))
-            data, is_error = await run_batch(message, lambda m: self._one(m, ctx), self._encode,
-                                             budget, self.batch_reserve)
-            return None if data is None else Reply(data, is_error)
-        reply = await self._one(message, ctx)
-        return None if reply is None else self._encoded(reply)
+    async def batch(self, entries: list[Any], ctx: CallContext, budget: ReplyBudget | None) -> Reply | None:
+        """The reply to a batch frame (None when nothing is owed), its entries run within
+        ``budget`` (gateway.rpc.batch)."""
+        if not entries:
+            return self._encode(error_response(None, InvalidRequest("invalid request: empty batch").to_object()),
+                                budget)
+        if len(entries) > self.max_batch:
+            err = InvalidRequest(f"invalid request: batch of {len(entries)} exceeds the limit of {self.max_batch}")
+            return self._encode(error_response(None, err.to_object()), budget)
+        find = self.registry.find
+        return await run_batch(
+            entries,
+            lambda m: self.answer(m, ctx, find(m.get("method")) if isinstance(m, dict) else None),
+            budget, self.reply_reserve)
 
-    def _encode(self, reply: dict[str, Any]) -> tuple[bytes, bool]:
-        """The reply's bytes and whether it is an error."""
-        try:
-            return orjson.dumps(reply), "error" in reply
-        except TypeError as exc:
-            return self._unencodable(exc, reply), True
-
-    def _encoded(self, reply: dict[str, Any]) -> Reply:
-        try:  # _encode without the tuple: this runs once per frame
-            return Reply(orjson.dumps(reply), "error" in reply)
-        except TypeError as exc:
-            return Reply(self._unencodable(exc, reply), True)
-
-    def _unencodable(self, exc: TypeError, reply: dict[str, Any]) -> bytes:
-        """The -32603 that replaces a reply holding something orjson cannot encode (a
-        handler's bug)."""
-        error_id = new_error_id()
-        self.on_crash(exc, error_id, "<encode>")
-        return orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object()))
-
-    async def _one(self, message: Any, ctx: CallContext) -> dict[str, Any] | None:
-        """A batch entry's reply, not yet encoded (the batch encodes it within its budget)."""
+    async def answer(self, message: Any, ctx: CallContext, method: Method | None,
+                     budget: ReplyBudget | None = None) -> Reply | None:
+        """The encoded reply to one call (None for a notification): a frame that is one
+        object, or a batch entry. ``method`` is the one its name finds, looked up by the
+        caller. With ``budget``, a call that may build a big reply first waits for room for
+        :attr:`reply_reserve` bytes, and the reply is held in it, or refused if it does not
+        fit. No coroutine between this one and the handler's: nearly every frame comes here."""
         if not isinstance(message, dict):
-            return error_response(None, InvalidRequest("invalid request: expected an object").to_object())
+            return self._encode(error_response(None, InvalidRequest("invalid request: expected an object").to_object()),
+                                budget)
         req_id = message.get("id", _NO_ID)
-        try:
-            self._validate(message, req_id)
-            result = await self._invoke(self.registry.find(message["method"]), message, ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return self._failure(exc, message, req_id)
-        if req_id is _NO_ID:
-            return None
-        return {"jsonrpc": "2.0", "id": req_id, "result": result}
-
-    async def _single(self, message: dict[str, Any], ctx: CallContext, method: Method | None) -> Reply | None:
-        """A single call's encoded reply: :meth:`_one` for a frame that is one object, with
-        the method looked up when the frame was decoded, and no coroutine between this one
-        and the handler's (nearly every frame comes here; each layer costs on every one)."""
-        req_id = message.get("id", _NO_ID)
+        # An inline method never waits, so it builds one small reply at a time: no reservation.
+        reserving = budget if budget is not None and self.reply_reserve and method is not None \
+            and not method.inline else None
+        if reserving is not None:
+            await reserving.start(self.reply_reserve)
         try:
             self._validate(message, req_id)
             result = await self._invoke(method, message, ctx)
@@ -192,10 +120,32 @@ class RpcCore:
             raise
         except Exception as exc:
             error = self._failure(exc, message, req_id)
-            return None if error is None else self._encoded(error)
+            return None if error is None else self._encode(error, budget)
+        finally:
+            if reserving is not None:  # after the reply is held: no other call slips in between
+                reserving.finish(self.reply_reserve)
         if req_id is _NO_ID:
             return None
-        return self._encoded({"jsonrpc": "2.0", "id": req_id, "result": result})
+        return self._encode({"jsonrpc": "2.0", "id": req_id, "result": result}, budget)
+
+    def _encode(self, reply: dict[str, Any], budget: ReplyBudget | None) -> Reply:
+        """The reply's bytes, held in ``budget``: the budget error in its place when it does
+        not fit, -32603 when it holds something orjson cannot encode (a handler's bug)."""
+        try:
+            data, is_error = orjson.dumps(reply), "error" in reply
+        except TypeError as exc:
+            error_id = new_error_id()
+            self.on_crash(exc, error_id, "<encode>")
+            data, is_error = orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
+        if budget is None:
+            return Reply(data, is_error)
+        if budget.held + len(data) > budget.limit:  # budget.fits, without a call per reply
+            # Refused after it was built (its size is known only then), but never held: what a
+            # connection keeps waiting for its reader stays under the budget.
+            error = over_budget(len(data), budget.held, budget.limit)
+            data, is_error = orjson.dumps(error_response(reply.get("id"), error.to_object())), True
+        budget.held += len(data)
+        return Reply(data, is_error)
 
     def _failure(self, exc: Exception, message: dict[str, Any], req_id: Any) -> dict[str, Any] | None:
         """The error reply for a call that raised ``exc`` (None for a notification, unless
@@ -267,15 +217,15 @@ class Call:
         self.inline = error is not None or (self._method is not None and self._method.inline)
 
     def run(self, budget: ReplyBudget | None = None) -> Awaitable[Reply | None]:
-        """Run the frame (await the result). ``budget``: what the reply may take; a batch runs
-        its entries within it (see :mod:`gateway.rpc.batch`), a single reply is measured by
-        the transport. Not a coroutine itself: a single call awaits :meth:`RpcCore._single`
-        directly, one coroutine less per frame."""
+        """Run the frame (await the result). ``budget``: the connection's reply budget, which
+        single calls and batch entries alike reserve room in and hold their replies in
+        (:mod:`gateway.rpc.budget`); None: no limit. Not a coroutine itself: a single call
+        awaits :meth:`RpcCore.answer` directly, one coroutine less per frame."""
         if self._error is not None:
-            return _ready(Reply(orjson.dumps(error_response(None, self._error.to_object())), True))
-        if isinstance(self.message, dict):  # a single call: nearly every frame
-            return self._core._single(self.message, self._ctx, self._method)
-        return self._core._frame(self.message, self._ctx, budget)
+            return _ready(self._core.refuse(None, self._error, budget))
+        if isinstance(self.message, list):
+            return self._core.batch(self.message, self._ctx, budget)
+        return self._core.answer(self.message, self._ctx, self._method, budget)
 
 
 async def _ready(reply: Reply) -> Reply:

@@ -26,7 +26,7 @@ from typing import Any, Literal, NotRequired, Required, TypedDict, TypeVar
 from gateway.errors import InvalidParams, MethodNotFound
 
 if typing.TYPE_CHECKING:
-    from gateway.rpc.core import CallContext
+    from gateway.rpc.context import CallContext
 
 __all__ = [
     "Bound",

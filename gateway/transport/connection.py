@@ -17,7 +17,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from gateway.errors import Conflict
-from gateway.rpc import Notification
+from gateway.rpc import Notification, ReplyBudget
 from gateway.transport.outbox import Outbox
 
 __all__ = ["CLOSE_POLICY", "Connection", "peer_address"]
@@ -37,7 +37,7 @@ class Connection:
     """One client; handlers see it as their :class:`~gateway.rpc.CallContext`."""
 
     def __init__(self, ws: ServerConnection, user: str | None, *, max_outbox_bytes: int,
-                 close_timeout_s: float) -> None:
+                 max_reply_bytes: int, close_timeout_s: float) -> None:
         self.id = next(_conn_ids)
         self.ws = ws
         self.user = user
@@ -45,8 +45,8 @@ class Connection:
         self.outbox = Outbox(max_outbox_bytes)
         self.close_timeout_s = close_timeout_s
         self.inflight = 0
-        # Bytes of replies handed to the socket and not yet written (limits.max_reply_bytes).
-        self.reply_bytes = 0
+        # Replies built and not yet written, and the calls building them (limits.max_reply_bytes).
+        self.budget = ReplyBudget(max_reply_bytes)
         self.requests = 0
         self.errors = 0
         self.opened = time.monotonic()
@@ -104,16 +104,16 @@ class Connection:
             self.ws.transport.abort()
 
     async def reply(self, frame: bytes) -> None:
-        """Send an RPC reply now, from the request's own task.
+        """Send an RPC reply held in :attr:`budget` now, from the request's own task, and
+        release it once the socket took it.
 
         Replies skip the outbox: a client that stops reading then blocks its own requests
         here, each holding an in-flight slot, so ``limits.max_inflight`` bounds them, and a
         fast client saves a task switch per request.
         """
-        self.reply_bytes += len(frame)
         try:
             await self.ws.send(frame, text=True)
         except ConnectionClosed:
             pass
         finally:
-            self.reply_bytes -= len(frame)
+            self.budget.release(len(frame))

@@ -15,6 +15,7 @@ import http
 import ipaddress
 import ssl
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +26,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from gateway.auth import Authenticator
-from gateway.config import Config
 from gateway.errors import InvalidRequest, RateLimited, new_error_id
-from gateway.rpc import Call, CallContext, Reply, ReplyBudget, RpcCore, over_budget
+from gateway.rpc import Call, CallContext, Reply, RpcCore
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
 from gateway.transport.guard import AcceptErrorLog, connection_budget, guarded_connection
 from gateway.transport.writes import HeldWrites
@@ -45,76 +45,116 @@ _ACCEPT_LOG_INTERVAL_S = 10.0
 
 
 class GatewayServer:
-    """Owns the listening socket and every connection; ``close()`` is safe to call twice."""
+    """Owns the listening socket and every connection; ``close()`` is safe to call twice.
+
+    Takes the limits it enforces as keyword arguments, named as their settings are
+    (``[server]``, ``[auth]``, ``[limits]``), the way ``websockets.serve(max_size=…)`` does.
+    """
 
     def __init__(
         self,
-        config: Config,
         core: RpcCore,
         auth: Authenticator,
         *,
         version: str,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        allowed_hosts: tuple[str, ...],
+        allowed_origins: tuple[str, ...],
+        max_connections: int,
+        reserved_fds: int,
+        max_size: int,
+        max_queue: int,
+        write_limit: int,
+        open_timeout_s: float,
+        ping_interval_s: float,
+        ping_timeout_s: float,
+        close_timeout_s: float,
+        auth_timeout_s: float,
+        preauth_max_size: int,
+        max_inflight: int,
+        max_reply_bytes: int,
+        max_outbox_bytes: int,
+        max_control_frames_per_s: int,
         on_disconnect: Callable[[CallContext], None] = lambda conn: None,
     ) -> None:
-        self.config = config
         self.core = core
         self.auth = auth
         self.version = version
+        self.host = host
+        self._port = port
+        self._ssl = ssl_context
+        self._allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
+        self._allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self._configured_connections = max_connections
+        self._reserved_fds = reserved_fds
+        self.max_size = max_size
+        self._max_queue = max_queue
+        self._write_limit = write_limit
+        self._open_timeout_s = open_timeout_s
+        self._ping_interval_s = ping_interval_s
+        self._ping_timeout_s = ping_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self.auth_timeout_s = auth_timeout_s
+        self.preauth_max_size = preauth_max_size
+        self.max_inflight = max_inflight
+        self.max_reply_bytes = max_reply_bytes
+        self.max_outbox_bytes = max_outbox_bytes
+        self.max_control_frames_per_s = max_control_frames_per_s
         self.started = time.monotonic()
         self.connections: set[Connection] = set()
         self._server: Server | None = None
         # Called once per closed connection (the hub forgets its subscriptions).
         self._on_disconnect = on_disconnect
+        # The user an Authorization header authenticated, from the handshake to the handler.
+        self._header_users: weakref.WeakKeyDictionary[ServerConnection, str] = weakref.WeakKeyDictionary()
         self._closed = False
         self.port = 0
         self.scheme = "ws"
         # The web client's files (gateway/web), answered for plain GETs on this same port.
         self.site = StaticSite.from_package()
-        self.max_connections = config.server.max_connections
+        self.max_connections = max_connections
         self.refused_sockets = 0
         self._accept_log = AcceptErrorLog(_ACCEPT_LOG_INTERVAL_S)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        s = self.config.server
-        ssl_ctx = None
-        if self.config.tls.cert and self.config.tls.key:
-            ssl_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ssl_ctx.load_cert_chain(self.config.tls.cert, self.config.tls.key)
-        self.max_connections = connection_budget(s.max_connections, s.reserved_fds + _HANDSHAKE_SLACK)
-        if self.max_connections < s.max_connections:
-            log.warning("server.max_connections_lowered", configured=s.max_connections,
-                        effective=self.max_connections, reserved_fds=s.reserved_fds)
+        configured = self._configured_connections
+        self.max_connections = connection_budget(configured, self._reserved_fds + _HANDSHAKE_SLACK)
+        if self.max_connections < configured:
+            log.warning("server.max_connections_lowered", configured=configured,
+                        effective=self.max_connections, reserved_fds=self._reserved_fds)
         self._accept_log.install(asyncio.get_running_loop())
         self._server = await serve(
             self._handle,
-            s.host,
-            s.port,
-            ssl=ssl_ctx,
+            self.host,
+            self._port,
+            ssl=self._ssl,
             process_request=self._process_request,
             compression=None,
-            max_size=s.max_size,
-            max_queue=s.max_queue,
-            write_limit=s.write_limit,
-            open_timeout=s.open_timeout_s,
-            ping_interval=s.ping_interval_s or None,
-            ping_timeout=s.ping_timeout_s or None,
-            close_timeout=s.close_timeout_s,
+            max_size=self.max_size,
+            max_queue=self._max_queue,
+            write_limit=self._write_limit,
+            open_timeout=self._open_timeout_s,
+            ping_interval=self._ping_interval_s or None,
+            ping_timeout=self._ping_timeout_s or None,
+            close_timeout=self.close_timeout_s,
             server_header=None,
             create_connection=guarded_connection(
-                max_control_per_s=self.config.limits.max_control_frames_per_s,
+                max_control_per_s=self.max_control_frames_per_s,
                 max_sockets=self.max_connections + _HANDSHAKE_SLACK,
                 on_refused=self._count_refused,
             ),
         )
         self.port = next(iter(self._server.sockets)).getsockname()[1]
-        self.scheme = "wss" if ssl_ctx else "ws"
-        log.info("gateway.listening", url=f"{self.scheme}://{s.host}:{self.port}/", port=self.port)
+        self.scheme = "wss" if self._ssl else "ws"
+        log.info("gateway.listening", url=f"{self.scheme}://{self.host}:{self.port}/", port=self.port)
 
     @property
     def url(self) -> str:
-        host = self.config.server.host
+        host = self.host
         if ":" in host:
             host = f"[{host}]"
         return f"{self.scheme}://{host}:{self.port}/"
@@ -171,9 +211,9 @@ class GatewayServer:
                 resp = _respond(ws, http.HTTPStatus.UNAUTHORIZED, "invalid token\n")
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="recalld"'
                 return resp
-            ws.recalld_user = verdict.user  # type: ignore[attr-defined]
+            self._header_users[ws] = verdict.user or "default"
         elif self.auth.mode == "none":
-            ws.recalld_user = "default"  # type: ignore[attr-defined]
+            self._header_users[ws] = "default"
         return None
 
     def _host_allowed(self, host_header: str) -> bool:
@@ -184,8 +224,7 @@ class GatewayServer:
             host = host.rsplit(":", 1)[0]
         if not host:
             return False
-        bound = self.config.server.host.lower()
-        if host in ("localhost", bound) or host in (h.lower() for h in self.config.server.allowed_hosts):
+        if host in ("localhost", self.host.lower()) or host in self._allowed_hosts:
             return True
         try:
             # An IP literal cannot be a DNS-rebinding name: only names are refused.
@@ -195,7 +234,7 @@ class GatewayServer:
             return False
 
     def _origin_allowed(self, origin: str, host_header: str) -> bool:
-        allowed = {o.rstrip("/").lower() for o in self.config.server.allowed_origins}
+        allowed = set(self._allowed_origins)
         for scheme in ("http", "https"):
             for name in ("localhost", "127.0.0.1", "[::1]"):
                 allowed.add(f"{scheme}://{name}:{self.port}")
@@ -209,9 +248,8 @@ class GatewayServer:
     # -- connections ---------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
-        conn = Connection(ws, getattr(ws, "recalld_user", None),
-                          max_outbox_bytes=self.config.limits.max_outbox_bytes,
-                          close_timeout_s=self.config.server.close_timeout_s)
+        conn = Connection(ws, self._header_users.pop(ws, None), max_outbox_bytes=self.max_outbox_bytes,
+                          max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s)
         self.connections.add(conn)
         structlog.contextvars.bind_contextvars(conn=conn.id, user=conn.user)
         log.info("connection.open", address=conn.address, authenticated=conn.authenticated)
@@ -254,108 +292,105 @@ class GatewayServer:
             pass
 
     async def _read_loop(self, conn: Connection, tasks: set[asyncio.Task[None]]) -> None:
+        """The connection's one read loop. Until the connection is authenticated (by its
+        Authorization header, an auth frame or the ``auth`` method: each sets ``conn.user``)
+        frames are smaller and run one at a time, and ``auth.timeout_s`` bounds the wait."""
         ws = conn.ws
-        auth_cfg = self.config.auth
-        if not conn.authenticated:
-            ws.protocol.max_message_size = auth_cfg.preauth_max_size
-            deadline = asyncio.get_running_loop().time() + auth_cfg.timeout_s
-            while not conn.authenticated:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        data = await ws.recv()
-                except TimeoutError:
-                    log.info("auth.timeout")
-                    await ws.close(CLOSE_POLICY, "authentication timeout")
-                    return
-                conn.requests += 1
-                if isinstance(data, bytes):
-                    await self._send(conn, None, self.core.refuse(None, _BINARY))
-                    continue
-                call = self.core.accept(data, conn)
-                # Honoured at any time before authentication, not only as the first frame:
-                # a client may well have tried a request first and been told to authenticate.
-                if _is_auth_frame(call.message):
-                    if not await self._auth_frame(conn, call.message):
-                        return
-                    break
-                await self._send(conn, call.message, await call.run(self._budget(conn)))
-        ws.protocol.max_message_size = self.config.server.max_size
-        max_inflight = self.config.limits.max_inflight
         # The server's connections hold the replies of a burst for one write (HeldWrites).
         held = ws if isinstance(ws, HeldWrites) else None
-        async for data in ws:
-            conn.requests += 1
-            if isinstance(data, bytes):
-                await self._send(conn, None, self.core.refuse(None, _BINARY))
-                continue
-            call = self.core.accept(data, conn)
-            if call.inline:
-                reply = await call.run()  # a single call: the transport measures its reply
-                if reply is None:
-                    continue
-                frame = self._within_budget(conn, call.message, reply)
-                if held is None or not held.send_reply(frame):
-                    await conn.reply(frame)  # waits for a slow reader, or the connection closed
-                continue
-            # A batch runs its entries at once, so it holds a slot per entry (up to the whole
-            # limit: a batch larger than the limit may run on an otherwise idle connection).
-            weight = min(len(call.message), max_inflight) if isinstance(call.message, list) and call.message else 1
-            if conn.inflight + weight > max_inflight:
-                busy = RateLimited(f"too many requests in flight (limit {max_inflight})", 50)
-                conn.errors += 1
-                # Queued behind events, not sent from here: the read loop must not block on
-                # a client that is not reading.
-                conn.send_frame(self.core.refuse(call.message, busy).data)
-                continue
-            conn.inflight += weight
-            task = asyncio.create_task(self._run_call(conn, call, weight))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+        budget = conn.budget
+        pending_auth = not conn.authenticated
+        deadline = asyncio.get_running_loop().time() + self.auth_timeout_s if pending_auth else None
+        if pending_auth:
+            ws.protocol.max_message_size = self.preauth_max_size
+        try:
+            async with asyncio.timeout_at(deadline) as auth_deadline:
+                async for data in ws:
+                    conn.requests += 1
+                    if isinstance(data, bytes):
+                        await self._send(conn, self.core.refuse(None, _BINARY, budget))
+                        continue
+                    call = self.core.accept(data, conn)
+                    if pending_auth:
+                        # Honoured at any time before authentication, not only as the first
+                        # frame: a client may well have tried a request first and been told to.
+                        if _is_auth_frame(call.message):
+                            if not await self._auth_frame(conn, call.message):
+                                return
+                        else:
+                            await self._send(conn, await call.run(budget))
+                        if conn.authenticated:
+                            pending_auth = False
+                            auth_deadline.reschedule(None)
+                            ws.protocol.max_message_size = self.max_size
+                        continue
+                    if call.inline:
+                        reply = await call.run(budget)
+                        if reply is None:
+                            continue
+                        if reply.is_error:
+                            conn.errors += 1
+                        if held is not None and held.send_reply(reply.data):
+                            budget.release(len(reply.data))
+                        else:
+                            await conn.reply(reply.data)  # waits for a slow reader, or the connection closed
+                        continue
+                    self._start_call(conn, call, tasks)
+        except TimeoutError:
+            if not auth_deadline.expired():
+                raise
+            log.info("auth.timeout")
+            await ws.close(CLOSE_POLICY, "authentication timeout")
+
+    def _start_call(self, conn: Connection, call: Call, tasks: set[asyncio.Task[None]]) -> None:
+        # A batch runs its entries at once, so it holds a slot per entry (up to the whole
+        # limit: a batch larger than the limit may run on an otherwise idle connection).
+        max_inflight = self.max_inflight
+        weight = min(len(call.message), max_inflight) if isinstance(call.message, list) and call.message else 1
+        if conn.inflight + weight > max_inflight:
+            busy = RateLimited(f"too many requests in flight (limit {max_inflight})", 50)
+            conn.errors += 1
+            # Queued behind events, not sent from here: the read loop must not block on
+            # a client that is not reading.
+            conn.send_frame(self.core.refuse(call.message, busy).data)
+            return
+        conn.inflight += weight
+        task = asyncio.create_task(self._run_call(conn, call, weight))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def _auth_frame(self, conn: Connection, msg: dict[str, Any]) -> bool:
-        """Answer a first frame ``{"type":"auth","token":…}``; False when it failed (closed)."""
+        """Answer a frame ``{"type":"auth","token":…}``; False when it failed (closed)."""
         token = msg.get("token")
         verdict = self.auth.check(token if isinstance(token, str) else None, conn.address)
         if verdict.ok:
             conn.authenticate(verdict.user or "default")
-            await conn.reply(orjson.dumps({"type": "auth", "ok": True, "user": conn.user,
-                                           "server": server_info(self.version)}))
+            await self._send_own(conn, orjson.dumps({"type": "auth", "ok": True, "user": conn.user,
+                                                     "server": server_info(self.version)}))
             return True
         error = "too many failed attempts; retry later" if verdict.retry_after_s else "invalid token"
         log.info("auth.failed", via="frame", locked=bool(verdict.retry_after_s))
-        await conn.reply(orjson.dumps({"type": "auth", "ok": False, "error": error}))
+        await self._send_own(conn, orjson.dumps({"type": "auth", "ok": False, "error": error}))
         await conn.ws.close(CLOSE_POLICY, "authentication failed")
         return False
 
     async def _run_call(self, conn: Connection, call: Call, weight: int) -> None:
         try:
-            # Only a batch runs within a budget; a single reply is measured when it is sent.
-            budget = self._budget(conn) if isinstance(call.message, list) else None
-            await self._send(conn, call.message, await call.run(budget))
+            await self._send(conn, await call.run(conn.budget))
         finally:
             conn.inflight -= weight
 
-    async def _send(self, conn: Connection, message: Any, reply: Reply | None) -> None:
+    async def _send(self, conn: Connection, reply: Reply | None) -> None:
+        """Send a reply the core built and held in the connection's budget."""
         if reply is not None:
-            await conn.reply(self._within_budget(conn, message, reply))
+            if reply.is_error:
+                conn.errors += 1
+            await conn.reply(reply.data)
 
-    def _budget(self, conn: Connection) -> ReplyBudget:
-        """What a reply may take now: a batch runs its entries within it (gateway.rpc.batch)."""
-        return ReplyBudget(self.config.limits.max_reply_bytes, conn.reply_bytes)
-
-    def _within_budget(self, conn: Connection, message: Any, reply: Reply) -> bytes:
-        """The frame to send for ``reply``: itself, or the refusal when it would take the
-        connection past ``limits.max_reply_bytes``. Not a coroutine: the read loop calls it for
-        every inline call, and a coroutine frame per reply is a measurable part of a cheap call."""
-        limit = self.config.limits.max_reply_bytes
-        size = len(reply.data)
-        if size > limit - conn.reply_bytes:
-            # Refused after it was built (its size is known only then), but never held: what a
-            # connection keeps waiting for its reader stays under the budget.
-            reply = self.core.refuse(message, over_budget(size, conn.reply_bytes, limit))
-        if reply.is_error:
-            conn.errors += 1
-        return reply.data
+    async def _send_own(self, conn: Connection, frame: bytes) -> None:
+        """Send a frame of the transport's own (an auth frame's answer) like a reply."""
+        conn.budget.hold(len(frame))
+        await conn.reply(frame)
 
 
 _BINARY = InvalidRequest("invalid request: binary frames are not supported; send UTF-8 text")

@@ -23,6 +23,12 @@ already received, and its first wait lets the callback run. Flow control holds: 
 written directly only while the transport is below ``write_limit``, held bytes are at most
 :data:`HOLD_BYTES`, and once the transport pauses for a slow reader the next reply takes
 ``send()``, whose ``drain()`` stops the read loop there.
+
+It overrides ``ServerConnection.send_data`` and reads ``recv_messages.frames``, ``paused`` and
+``send_in_progress``, none of them websockets' public API: pyproject.toml pins websockets to the
+releases where they have the shape used here (16.0 up to 17.x; on 14 and 15 the queue of received
+frames is not found and every reply takes ``send()``), and
+``tests/gateway/test_held_writes.py`` fails on a release that changes them.
 """
 
 from __future__ import annotations

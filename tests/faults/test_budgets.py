@@ -252,7 +252,7 @@ async def test_the_core_runs_a_batch_within_the_budget_it_is_given() -> None:
 
     reg = Registry()
     reg.declare("test.blob", BlobParams, "n bytes", blob)
-    core = RpcCore(reg, max_batch=50, batch_reserve=10_000)
+    core = RpcCore(reg, max_batch=50, reply_reserve=10_000)
     frame = orjson.dumps([{"jsonrpc": "2.0", "id": i, "method": "test.blob", "params": {"n": 8_000}}
                           for i in range(10)])
     reply = await core.accept(frame, Ctx()).run(ReplyBudget(limit=40_000))
@@ -267,3 +267,84 @@ async def test_the_core_runs_a_batch_within_the_budget_it_is_given() -> None:
     assert 2 <= peak <= 4
     unbounded = await core.accept(frame, Ctx()).run()  # no budget: every entry runs
     assert unbounded is not None and not unbounded.is_error and calls == 14
+
+
+async def test_pipelined_single_calls_share_the_reply_budget() -> None:
+    """Without any socket, twenty single calls of 8 kB replies started together on one
+    connection whose 40 kB budget is never read (10 kB reserved per running call): at most four
+    build at once, the others queue, each is answered once, the replies held stay within the
+    budget and those past it answer -32004 naming it."""
+    running = peak = 0
+
+    async def blob(ctx: Any, p: BlobParams) -> dict[str, Any]:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return {"blob": "x" * p.n}
+
+    reg = Registry()
+    reg.declare("test.blob", BlobParams, "n bytes", blob)
+    core = RpcCore(reg, max_batch=50, reply_reserve=10_000)
+    budget = ReplyBudget(limit=40_000)
+    ctx = Ctx()
+    replies = await asyncio.gather(*(
+        core.accept(orjson.dumps({"id": i, "method": "test.blob", "params": {"n": 8_000}}), ctx).run(budget)
+        for i in range(20)))
+    answers = [orjson.loads(r.data) for r in replies if r is not None]
+    assert [a["id"] for a in answers] == list(range(20))
+    served = [a for a in answers if "result" in a]
+    refused = [a for a in answers if "error" in a]
+    assert 2 <= peak <= 4 and len(served) == 4
+    assert sum(len(orjson.dumps(a)) for a in served) <= 40_000
+    assert all(a["error"]["code"] == -32004 and "limits.max_reply_bytes" in a["error"]["message"]
+               for a in refused)
+    assert budget.running == budget.reserved == 0
+
+
+async def test_pipelined_big_history_pages_never_read_stay_within_the_budget(tmp_path: Path) -> None:
+    """32 sessions.history calls of a 2 MiB page each, pipelined on one connection that never
+    reads (limits.max_reply_bytes 8 MiB): the calls past the budget queue instead of building
+    their pages side by side, those whose reply would not fit answer -32004 naming the budget,
+    every call is answered once, and the daemon's peak memory grows by far less than the
+    ~200 MB the 32 pages built at once would take (finding N2)."""
+    data = tmp_path / "data"
+    with SessionStore(data, SessionsConfig(fsync="never")) as store:
+        key = store.create("default").session_key
+        for i in range(16):
+            store.append_message("default", key, role="user", content=f"{i:04d}" + "x" * 250_000)
+    d = await FaultDaemon.start(data, env=daemon_env(RECALLD_LIMITS_MAX_REPLY_BYTES=str(8 * 1024 * 1024),
+                                                     RECALLD_MEMORY_ENABLED="false"))
+    try:
+        async with Client.connect(d.url, TOKEN) as c:
+            assert (await c.call("gateway.health"))["status"] == "ok"
+            before = _peak_rss_kib(d.proc.pid)
+            ws = await connect(d.url, additional_headers=AUTH, max_size=None,
+                               sock=small_buffer_socket(d.port))
+            ws.transport.pause_reading()
+            for i in range(32):
+                await ws.send(orjson.dumps({"id": i, "method": "sessions.history",
+                                            "params": {"sessionKey": key, "limit": 200}}).decode())
+            # Until the daemon is done with what it can do while nothing is read: its peak
+            # stops growing (the assertions below hold however long this takes).
+            last, stable = -1, 0
+            async with asyncio.timeout(60):
+                while stable < 10:
+                    await asyncio.sleep(0.1)
+                    now = _peak_rss_kib(d.proc.pid)
+                    stable = stable + 1 if now == last else 0
+                    last = now
+            grown_mb = (_peak_rss_kib(d.proc.pid) - before) / 1024
+            print(f"daemon peak RSS grew by {grown_mb:.1f} MiB while nothing was read")
+            replies = await _read_all(ws, 32)
+            await ws.close()
+            assert sorted(r["id"] for r in replies) == list(range(32))
+            refused = [r for r in replies if "error" in r]
+            assert refused and all(r["error"]["code"] == -32004 and "max_reply_bytes" in r["error"]["message"]
+                                   for r in refused)
+            assert any("result" in r for r in replies)
+            assert grown_mb < 80, grown_mb
+            assert (await c.call("gateway.health"))["status"] == "ok"
+    finally:
+        await d.akill()

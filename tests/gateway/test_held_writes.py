@@ -4,12 +4,14 @@ writes (gateway.transport.writes), and every request is still answered, in order
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 import orjson
 from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection
 
 from gateway.app import App
 from gateway.config import Config
@@ -125,3 +127,27 @@ async def test_a_client_that_never_reads_stops_the_inline_replies_at_the_socket(
         await sender
         await ws.close()
     assert [r["id"] for r in replies] == list(range(3000))
+
+
+async def test_the_websockets_internals_held_writes_relies_on_are_there(app: App) -> None:
+    """HeldWrites overrides websockets' internal ServerConnection.send_data and reads
+    recv_messages.frames, paused and send_in_progress (websockets is pinned to the range this
+    passes on, pyproject.toml): each exists with the shape it expects, and a frame websockets'
+    own send() writes goes through the override (held while a hold is on, written at its end)."""
+    assert list(inspect.signature(ServerConnection.send_data).parameters) == ["self"]
+    async with connect(app.url, additional_headers=AUTH) as ws:
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}), text=True)
+        await _replies(ws, 1)
+        server_ws = _server_ws(app)
+        assert server_ws.can_hold_bursts
+        frames = server_ws.recv_messages.frames
+        assert isinstance(frames, Sized) and len(frames) == 0  # nothing received and unread
+        assert server_ws.paused is False and server_ws.send_in_progress is None
+        writes = _count_writes(server_ws)
+        server_ws.hold_writes = True
+        await server_ws.send('{"jsonrpc":"2.0","method":"test.held"}')
+        assert writes == [] and server_ws._held  # websockets' send() went through send_data
+        server_ws.end_hold()
+        assert len(writes) == 1 and not server_ws._held
+        async with asyncio.timeout(10):
+            assert orjson.loads(await ws.recv()) == {"jsonrpc": "2.0", "method": "test.held"}
