@@ -6,7 +6,7 @@ import { clearToken, isRemembered, loadToken, saveToken, takeTokenFromFragment }
 import { ChatView } from "./chat.js";
 import { $ } from "./dom.js";
 import { FactsPanel } from "./facts.js";
-import { Rpc } from "./rpc.js";
+import { Rpc, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
 import { Sidebar } from "./sessions.js";
 import { StatusFooter } from "./status.js";
@@ -38,6 +38,7 @@ function signIn(token) {
     const { state } = ev.detail;
     if (state === "open" && !opened) {
       opened = true;
+      showUser(rpc.user);
       startApp(rpc).catch((err) => showSignIn(`Could not load: ${err.message}`));
     } else if (state === "retrying" && !opened) {
       // Never got in: most likely no daemon there, or this page's origin was refused.
@@ -130,6 +131,7 @@ async function startApp(conn) {
     conn.stop();
     window.location.reload();
   });
+  $("account").addEventListener("click", () => toggleMenu("account", "account-menu"));
   $("toggle-sidebar").addEventListener("click", () => toggleSidebar());
   // A narrow window shows the chat, with the sessions as an overlay on demand.
   const narrow = window.matchMedia("(max-width: 720px)");
@@ -194,8 +196,81 @@ $("signin-form").addEventListener("submit", (ev) => {
   signIn(token);
 });
 
-const fromLink = takeTokenFromFragment();
-if (fromLink) saveToken(fromLink, isRemembered());
-const token = fromLink || loadToken();
-if (token) signIn(token);
-else showSignIn();
+// A #token= link is taken at once, but it replaces the token this browser holds only when it
+// signs in as the same user, or when the stored one no longer works: a link for another user
+// (a login CSRF: someone else's account, where this user's next words would land) asks first,
+// naming both users, and changes nothing until confirmed.
+async function takeLink(link, stored, running) {
+  const [current, next] = await Promise.all([whoIs(stored), whoIs(link)]);
+  const adopt = () => {
+    saveToken(link, isRemembered());
+    if (running) window.location.reload();
+    else signIn(link);
+  };
+  if (next.ok && ((current.ok && current.user === next.user) || (!current.ok && current.refused))) return adopt();
+  if (!next.ok || !current.ok) {
+    if (!running) signIn(stored);
+    banner(next.refused ? "The link's token was not accepted; nothing changed."
+      : "Could not check whose link that was; nothing changed.");
+    return;
+  }
+  $("app").hidden = true;
+  $("signin").hidden = true;
+  $("switch").hidden = false;
+  $("switch-new").textContent = next.user;
+  $("switch-current").textContent = current.user;
+  $("switch-confirm").textContent = `Switch to ${next.user}`;
+  $("switch-stay").textContent = `Stay signed in as ${current.user}`;
+  $("switch-stay").focus();
+  $("switch-confirm").onclick = () => {
+    $("switch").hidden = true;
+    adopt();
+  };
+  $("switch-stay").onclick = () => {
+    $("switch").hidden = true;
+    if (running) $("app").hidden = false;
+    else signIn(stored);
+  };
+}
+
+function showUser(user) {
+  $("account-name").textContent = user || "";
+  $("account-user").textContent = user || "";
+}
+
+// A small disclosure menu: its button toggles it; a click elsewhere or Esc closes it.
+function toggleMenu(buttonId, menuId, show) {
+  const menu = $(menuId);
+  const open = show ?? menu.hidden;
+  menu.hidden = !open;
+  $(buttonId).setAttribute("aria-expanded", String(open));
+  if (open) menu.querySelector("button")?.focus();
+}
+
+function boot() {
+  const fromLink = takeTokenFromFragment();
+  const stored = loadToken();
+  if (fromLink && stored && fromLink !== stored) {
+    takeLink(fromLink, stored, false);
+    return;
+  }
+  if (fromLink) saveToken(fromLink, isRemembered());
+  const token = fromLink || stored;
+  if (token) signIn(token);
+  else showSignIn();
+}
+
+// A link opened in a tab already showing the page changes only its fragment: no reload.
+window.addEventListener("hashchange", () => {
+  const link = takeTokenFromFragment();
+  const stored = loadToken();
+  if (!link || link === stored) return;
+  if (!stored || !rpc) {
+    saveToken(link, isRemembered());
+    window.location.reload();
+    return;
+  }
+  takeLink(link, stored, true);
+});
+
+boot();
