@@ -1,18 +1,33 @@
-// The chat view: one session's history (paged upward), the streaming reply, Stop, Retry, and the
-// chips of what was remembered. Messages are keyed by their transcript id once stored, and by
+// The chat view: one session's history (paged upward), the streaming reply, Stop, Retry, and
+// what was remembered. "New chat" opens a draft: the session is created by its first send, so
+// chats never sent leave nothing behind. Messages are keyed by their transcript id once stored, and by
 // (runId, role) while a run is live, so the same message arriving from history and from events
 // (after a reconnect, or in a second tab) is merged, never shown twice.
 
-import { $, chunkText, formatDate, formatTime, h, snippet } from "./dom.js";
-import { renderMarkdown } from "./markdown.js";
+import { $, h, plainText, timeEl } from "./dom.js";
+import { copyButton, renderMarkdown } from "./markdown.js";
+import { recalledBlock } from "./recalled.js";
 
 const PAGE = 50;
+// The composer grows with its text up to this many pixels, then scrolls.
+const COMPOSER_MAX_PX = 240;
+const TITLE_CHARS = 48;
+
+// A new session's title: the first line of its first message, as plain text, cut at a word.
+export function titleFrom(text) {
+  const line = (plainText(text).trim().split("\n")[0] || "").replace(/\s+/g, " ").trim();
+  if (line.length <= TITLE_CHARS) return line || "New chat";
+  const cut = line.slice(0, TITLE_CHARS);
+  return `${cut.slice(0, cut.lastIndexOf(" ") > 20 ? cut.lastIndexOf(" ") : TITLE_CHARS).trimEnd()}…`;
+}
 
 export class ChatView {
-  constructor(rpc, { onOpenSource, onTitle }) {
+  constructor(rpc, { onOpenSource, onTitle, onCreated, sessionTitle }) {
     this.rpc = rpc;
     this.onOpenSource = onOpenSource; // (sessionKey, ts) => open another session at a message
     this.onTitle = onTitle;
+    this.onCreated = onCreated; // (session) => a draft's first send created it
+    this.sessionTitle = sessionTitle; // (sessionKey) => its title, if known
     this.session = null;
     this.items = []; // {key, id, role, content, ts, runId, state, error, recalled}
     this.nodes = new Map();
@@ -36,9 +51,17 @@ export class ChatView {
       }
     });
     document.addEventListener("keydown", (ev) => {
-      if (ev.key === "Escape" && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
+      if (ev.key === "Escape" && !ev.defaultPrevented && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
     });
     this.stopBtn.addEventListener("click", () => this.stop());
+    this.input.addEventListener("input", () => this.#fitComposer());
+    for (const b of document.querySelectorAll("#welcome .starter")) {
+      b.addEventListener("click", () => {
+        this.input.value = b.textContent;
+        this.#fitComposer();
+        this.input.focus();
+      });
+    }
     // Events sent while the socket was down are lost: a reply still streaming grows again only
     // from the resubscription's snapshot of it, or once it proves by seq that it missed nothing
     // (see #subscribe and #onDelta).
@@ -65,8 +88,8 @@ export class ChatView {
     this.activeRun = null;
     this.#setBusy(false);
     this.#showTitle();
-    $("empty-hint").hidden = true;
-    for (const id of ["message-input", "send", "rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
+    $("welcome").hidden = true;
+    for (const id of ["rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
     await this.#subscribe(session.sessionKey);
     const page = await this.rpc.call("sessions.history", { sessionKey: session.sessionKey, limit: PAGE });
     this.older = page.next || null;
@@ -76,14 +99,24 @@ export class ChatView {
     this.input.focus();
   }
 
-  close() {
+  // An empty chat with the welcome and the composer ready; no session exists until it is sent.
+  startDraft() {
+    if (this.session) this.rpc.call("sessions.unsubscribe", { sessionKey: this.session.sessionKey }).catch(() => {});
     this.session = null;
     this.items = [];
     this.nodes.clear();
     this.list.replaceChildren();
-    $("chat-title").textContent = "No session open";
-    $("empty-hint").hidden = false;
-    for (const id of ["message-input", "send", "rename-session", "edit-prompt", "delete-session"]) $(id).disabled = true;
+    this.older = null;
+    this.activeRun = null;
+    this.#setBusy(false);
+    this.#showTitle();
+    $("welcome").hidden = false;
+    for (const id of ["rename-session", "edit-prompt", "delete-session"]) $(id).disabled = true;
+    this.input.focus();
+  }
+
+  close() {
+    this.startDraft();
   }
 
   setSession(session) {
@@ -178,13 +211,18 @@ export class ChatView {
   // -- sending ----------------------------------------------------------------------------
 
   async send(text = this.input.value) {
-    if (!this.session || !text.trim()) return;
-    const key = this.session.sessionKey;
+    if (!text.trim() || this.creating) return;
     const local = { key: `local:${crypto.randomUUID()}`, role: "user", content: text, state: "pending" };
+    $("welcome").hidden = true;
     this.#upsert(local);
-    if (text === this.input.value) this.input.value = "";
+    if (text === this.input.value) {
+      this.input.value = "";
+      this.#fitComposer();
+    }
     this.#scrollToEnd();
     try {
+      if (!this.session) await this.#create(text);
+      const key = this.session.sessionKey;
       // The idempotency key makes a retried send (after a dropped reply) start one run, not two.
       const res = await this.rpc.call("chat.send", { sessionKey: key, message: text, idempotencyKey: local.key });
       local.runId = res.runId;
@@ -198,6 +236,28 @@ export class ChatView {
       local.retry = () => { this.#remove(local); this.send(text); };
       this.#render(local);
     }
+  }
+
+  // A draft's first send creates its session, titled from the message (a rename replaces it).
+  async #create(text) {
+    this.creating = true;
+    try {
+      const created = await this.rpc.call("sessions.create", { title: titleFrom(text) });
+      this.session = { ...created, updatedAt: created.createdAt, messageCount: 0 };
+      this.#showTitle();
+      for (const id of ["rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
+      this.onCreated?.(this.session);
+      await this.#subscribe(created.sessionKey);
+    } finally {
+      this.creating = false;
+    }
+  }
+
+  #fitComposer() {
+    const box = this.input;
+    box.style.height = "auto";
+    box.style.height = `${Math.min(box.scrollHeight + 2, COMPOSER_MAX_PX)}px`;
+    box.style.overflowY = box.scrollHeight + 2 > COMPOSER_MAX_PX ? "auto" : "hidden";
   }
 
   // chat.send has appended the user line before answering, but no event carries it: its id
@@ -361,7 +421,8 @@ export class ChatView {
 
   #node(item) {
     const li = h("li", { class: `msg ${item.role}`, tabindex: "-1" },
-      h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }));
+      h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }),
+      h("div", { class: "msg-actions" }, copyButton(() => item.content, "Copy message")));
     this.nodes.set(item.key, li);
     return li;
   }
@@ -386,7 +447,7 @@ export class ChatView {
     if (item.id) li.dataset.id = item.id;
     if (item.runId) li.dataset.runId = item.runId;
     const [meta, body, extras] = li.children;
-    meta.textContent = `${item.role === "user" ? "You" : "Assistant"}${item.ts ? ` · ${formatTime(item.ts)}` : ""}`;
+    meta.replaceChildren(item.role === "user" ? "You" : "Assistant", ...(item.ts ? [" · ", timeEl(item.ts)] : []));
     if (item.role === "assistant") {
       // The live reply is announced once it is complete, not token by token.
       body.setAttribute("aria-live", "polite");
@@ -403,26 +464,14 @@ export class ChatView {
       extras.append(h("p", { class: "error", role: "alert" }, `Error: ${item.error}`));
       if (item.retry) extras.append(h("button", { type: "button", class: "retry", onclick: item.retry }, "Retry"));
     }
-    if (item.recalled && item.recalled.length) extras.append(this.#chips(item.recalled));
-  }
-
-  #chips(recalled) {
-    const list = h("ul", { class: "chips", "aria-label": "What was remembered" });
-    for (const hit of recalled) {
-      const text = hit.content ? chunkText(hit.content) : "";
-      const label = text ? `${formatDate(hit.startTs)} · ${snippet(text, 60)}` : "a memory";
-      const chip = h("button", {
-        type: "button", class: "chip", disabled: !hit.sessionKey,
-        title: text ? snippet(text, 400) : "This memory is no longer found",
-        onclick: () => hit.sessionKey && this.onOpenSource(hit.sessionKey, hit.startTs),
-      }, label);
-      list.append(h("li", {}, chip));
+    if (item.recalled && item.recalled.length) {
+      extras.append(recalledBlock(item.recalled, { sessionTitle: (key) => this.sessionTitle?.(key),
+        onOpen: (key, ts) => this.onOpenSource(key, ts) }));
     }
-    return list;
   }
 
   #showTitle() {
-    $("chat-title").textContent = this.session ? this.session.title : "No session open";
+    $("chat-title").textContent = this.session ? this.session.title : "New chat";
     this.onTitle?.(this.session);
   }
 

@@ -44,21 +44,26 @@ const PURIFY = {
   FORBID_ATTR: ["style", "class", "id"],
 };
 
+// A Copy button for `text()` (read when clicked, so a streaming message copies what it is then).
+export function copyButton(text, label) {
+  const button = h("button", { type: "button", class: "copy", "aria-label": label }, "Copy");
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text());
+      button.textContent = "Copied";
+    } catch {
+      button.textContent = "Copy failed";
+    }
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  });
+  return button;
+}
+
 // Fill `el` with the rendered markdown of `text`, code blocks getting a copy button.
 export function renderMarkdown(el, text) {
   el.innerHTML = DOMPurify.sanitize(marked.parse(text), PURIFY);
   for (const pre of el.querySelectorAll("pre")) {
     const code = pre.textContent;
-    const button = h("button", { type: "button", class: "copy", "aria-label": "Copy code" }, "Copy");
-    button.addEventListener("click", async () => {
-      try {
-        await navigator.clipboard.writeText(code);
-        button.textContent = "Copied";
-      } catch {
-        button.textContent = "Copy failed";
-      }
-      setTimeout(() => { button.textContent = "Copy"; }, 1500);
-    });
-    pre.prepend(button);
+    pre.prepend(copyButton(() => code, "Copy code"));
   }
 }
