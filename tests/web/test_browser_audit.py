@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -49,7 +49,7 @@ async def serious(page: Page, view: str) -> list[str]:
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-async def test_axe_finds_no_serious_violation(browser: Browser, web_app: App, scheme: str) -> None:
+async def test_axe_finds_no_serious_violation(browser: Browser, web_app: App, scheme: Literal["light", "dark"]) -> None:
     """Five views, in both colour schemes, pass axe-core's rules at serious and critical impact."""
     # The audit script is injected as a tag: the page's CSP (rightly) admits no inline script
     # and its Trusted Types would refuse axe's own DOM writes; the page's behaviour is unchanged.
