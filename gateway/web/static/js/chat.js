@@ -4,23 +4,12 @@
 // (runId, role) while a run is live, so the same message arriving from history and from events
 // (after a reconnect, or in a second tab) is merged, never shown twice.
 
-import { $, h, plainText, timeEl } from "./dom.js";
+import { Composer, titleFrom } from "./composer.js";
+import { $, h, timeEl } from "./dom.js";
 import { copyButton, renderMarkdown } from "./markdown.js";
-import { recalledBlock } from "./recalled.js";
+import { recalledBlock, resolveRecalled } from "./recalled.js";
 
 const PAGE = 50;
-// The composer grows with its text up to this many pixels, then scrolls.
-const COMPOSER_MAX_PX = 240;
-const TITLE_CHARS = 48;
-
-// A new session's title: the first line of its first message, as plain text, cut at a word.
-export function titleFrom(text) {
-  const line = (plainText(text).trim().split("\n")[0] || "").replace(/\s+/g, " ").trim();
-  if (line.length <= TITLE_CHARS) return line || "New chat";
-  const cut = line.slice(0, TITLE_CHARS);
-  return `${cut.slice(0, cut.lastIndexOf(" ") > 20 ? cut.lastIndexOf(" ") : TITLE_CHARS).trimEnd()}…`;
-}
-
 export class ChatView {
   constructor(rpc, { onOpenSource, onTitle, onCreated, sessionTitle }) {
     this.rpc = rpc;
@@ -40,28 +29,13 @@ export class ChatView {
 
     this.list = $("messages");
     this.scroller = $("scroller");
-    this.input = $("message-input");
+    this.input = new Composer({ onSend: () => this.send() });
     this.sendBtn = $("send");
     this.stopBtn = $("stop");
-    $("composer").addEventListener("submit", (ev) => { ev.preventDefault(); this.send(); });
-    this.input.addEventListener("keydown", (ev) => {
-      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
-        ev.preventDefault();
-        this.send();
-      }
-    });
     document.addEventListener("keydown", (ev) => {
       if (ev.key === "Escape" && !ev.defaultPrevented && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
     });
     this.stopBtn.addEventListener("click", () => this.stop());
-    this.input.addEventListener("input", () => this.#fitComposer());
-    for (const b of document.querySelectorAll("#welcome .starter")) {
-      b.addEventListener("click", () => {
-        this.input.value = b.textContent;
-        this.#fitComposer();
-        this.input.focus();
-      });
-    }
     // Events sent while the socket was down are lost: a reply still streaming grows again only
     // from the resubscription's snapshot of it, or once it proves by seq that it missed nothing
     // (see #subscribe and #onDelta).
@@ -215,10 +189,7 @@ export class ChatView {
     const local = { key: `local:${crypto.randomUUID()}`, role: "user", content: text, state: "pending" };
     $("welcome").hidden = true;
     this.#upsert(local);
-    if (text === this.input.value) {
-      this.input.value = "";
-      this.#fitComposer();
-    }
+    if (text === this.input.value) this.input.clear();
     this.#scrollToEnd();
     try {
       if (!this.session) await this.#create(text);
@@ -251,13 +222,6 @@ export class ChatView {
     } finally {
       this.creating = false;
     }
-  }
-
-  #fitComposer() {
-    const box = this.input;
-    box.style.height = "auto";
-    box.style.height = `${Math.min(box.scrollHeight + 2, COMPOSER_MAX_PX)}px`;
-    box.style.overflowY = box.scrollHeight + 2 > COMPOSER_MAX_PX ? "auto" : "hidden";
   }
 
   // chat.send has appended the user line before answering, but no event carries it: its id
@@ -362,20 +326,9 @@ export class ChatView {
     }
   }
 
-  // The final event names recalled chunks by id; their text and date come from a search with
-  // the same message (what recall ran), matched by id. A chunk the search no longer returns
-  // still gets a chip, just without its excerpt.
   async #loadChips(reply, ids) {
     const user = this.items.find((m) => m.runId === reply.runId && m.role === "user");
-    let hits = [];
-    if (user) {
-      try {
-        const res = await this.rpc.call("memory.search",
-          { query: user.content.slice(0, 2000), k: 50, excludeSessionKey: this.session.sessionKey });
-        hits = res.results;
-      } catch { /* chips without excerpts */ }
-    }
-    reply.recalled = ids.map((id) => hits.find((hit) => String(hit.chunkId) === String(id)) || { chunkId: id });
+    reply.recalled = await resolveRecalled(this.rpc, ids, user?.content, this.session.sessionKey);
     this.#render(reply);
   }
 

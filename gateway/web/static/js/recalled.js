@@ -34,6 +34,20 @@ export function recalledBlock(recalled, { sessionTitle, onOpen }) {
   return h("div", { class: "recalled" }, h("h2", { class: "recalled-head" }, "Recalled"), list);
 }
 
+// The final event names recalled chunks by id; their text and date come from a search with
+// the same message (what recall ran), matched by id. A chunk the search no longer returns still
+// gets an entry, just without its excerpt.
+export async function resolveRecalled(rpc, ids, message, excludeSessionKey) {
+  let hits = [];
+  if (message) {
+    try {
+      const res = await rpc.call("memory.search", { query: message.slice(0, 2000), k: 50, excludeSessionKey });
+      hits = res.results;
+    } catch { /* entries without excerpts */ }
+  }
+  return ids.map((id) => hits.find((hit) => String(hit.chunkId) === String(id)) || { chunkId: id });
+}
+
 // One search result: the same meta and excerpt, the query's words highlighted.
 export function searchResult(hit, { query, title, onOpen }) {
   return h("li", { class: "result" },
