@@ -1,7 +1,8 @@
 """The web client's finish in a real Chromium (issue 23): new chats that leave nothing behind
 until sent, a one-line rename, the welcome, a growing composer, relative times, recalled
 memories as readable plain text, the sidebar's groups and filter, the account menu, plain
-footer words, per-message Copy, and the 390 px layout with its drawer and sheets."""
+footer words, per-message Copy, code blocks' language labels, and the 390 px layout with its
+drawer and sheets."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from playwright.async_api import Browser, expect  # noqa: E402
 from gateway.app import App
 from gateway.client import Client
 from tests.conftest import TOKEN
+from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.web.conftest import (
     PageErrors,
     new_session,
@@ -201,3 +203,19 @@ async def test_narrow_window_layout(browser: Browser, web_app: App) -> None:
     await page.get_by_role("button", name="Search memory").click()
     await page.get_by_role("button", name="Close search").click()
     await expect(sheet).to_be_hidden()
+
+
+async def test_code_blocks_name_their_language(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+    """A fenced block shows its language's name and its code as text; a fence whose info string
+    carries markup gets no label from it and runs nothing."""
+    fake_openai.script(Behaviour(reply='```python\nprint("<b>hi</b>")\n```\n\n```"><img src=x onerror="window.__pwned=1">\nx\n```\n'))
+    page = await open_signed_in(browser, web_app)
+    await send(page, "code please")
+    reply = page.locator(".msg.assistant[data-state=done]")
+    await expect(reply).to_have_count(1)
+    blocks = reply.locator("pre")
+    await expect(blocks).to_have_count(2)
+    await expect(blocks.first.locator(".lang")).to_have_text("python")
+    await expect(blocks.first.locator("code")).to_have_text('print("<b>hi</b>")\n')
+    await expect(blocks.nth(1).locator(".lang")).to_have_count(0)
+    assert await reply.locator("img, b").count() == 0 and await page.evaluate("window.__pwned") is None
