@@ -1,14 +1,16 @@
 """The web client's finish in a real Chromium (issue 23): new chats that leave nothing behind
 until sent, a one-line rename, the welcome, a growing composer, relative times, recalled
 memories as readable plain text, the sidebar's groups and filter, the account menu, plain
-footer words, per-message Copy, code blocks' language labels, and the 390 px layout with its
+footer words, per-message Copy, code blocks' language labels, export, and the 390 px layout with its
 drawer and sheets."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +221,26 @@ async def test_code_blocks_name_their_language(browser: Browser, web_app: App, f
     await expect(blocks.first.locator("code")).to_have_text('print("<b>hi</b>")\n')
     await expect(blocks.nth(1).locator(".lang")).to_have_count(0)
     assert await reply.locator("img, b").count() == 0 and await page.evaluate("window.__pwned") is None
+
+
+async def test_export_a_session(browser: Browser, web_app: App, tmp_path: Path) -> None:
+    """Export saves the open session's whole transcript as Markdown or JSON, named after its title."""
+    page = await open_signed_in(browser, web_app)
+    await send(page, "Remember the blue door")
+    await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
+    await page.get_by_role("button", name="Export", exact=True).click()
+    async with page.expect_download() as md_download:
+        await page.get_by_role("button", name="Export as Markdown").click()
+    md = await md_download.value
+    assert md.suggested_filename == "Remember-the-blue-door.md"
+    await md.save_as(tmp_path / "s.md")
+    text = (tmp_path / "s.md").read_text("utf-8")
+    assert text.startswith("# Remember the blue door\n")
+    assert "Remember the blue door" in text and "Echo: Remember the blue door" in text
+    await page.get_by_role("button", name="Export", exact=True).click()
+    async with page.expect_download() as json_download:
+        await page.get_by_role("button", name="Export as JSON").click()
+    await (await json_download.value).save_as(tmp_path / "s.json")
+    data = json.loads((tmp_path / "s.json").read_text("utf-8"))
+    assert data["session"]["title"] == "Remember the blue door"
+    assert [m["content"] for m in data["messages"]] == ["Remember the blue door", "Echo: Remember the blue door"]

@@ -63,7 +63,7 @@ export class ChatView {
     this.#setBusy(false);
     this.#showTitle();
     $("welcome").hidden = true;
-    for (const id of ["rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
+    for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = false;
     await this.#subscribe(session.sessionKey);
     const page = await this.rpc.call("sessions.history", { sessionKey: session.sessionKey, limit: PAGE });
     this.older = page.next || null;
@@ -85,7 +85,7 @@ export class ChatView {
     this.#setBusy(false);
     this.#showTitle();
     $("welcome").hidden = false;
-    for (const id of ["rename-session", "edit-prompt", "delete-session"]) $(id).disabled = true;
+    for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = true;
     this.input.focus();
   }
 
@@ -216,7 +216,7 @@ export class ChatView {
       const created = await this.rpc.call("sessions.create", { title: titleFrom(text) });
       this.session = { ...created, updatedAt: created.createdAt, messageCount: 0 };
       this.#showTitle();
-      for (const id of ["rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
+      for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = false;
       this.onCreated?.(this.session);
       await this.#subscribe(created.sessionKey);
     } finally {

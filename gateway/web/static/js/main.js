@@ -6,6 +6,7 @@
 import { clearToken, isRemembered, loadToken, saveToken, takeTokenFromFragment } from "./auth.js";
 import { ChatView } from "./chat.js";
 import { $, refreshTimes } from "./dom.js";
+import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
 import { Rpc, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
@@ -135,6 +136,19 @@ async function startApp(conn) {
     window.location.reload();
   });
   $("account").addEventListener("click", () => toggleMenu("account", "account-menu"));
+  $("export-session").addEventListener("click", () => toggleMenu("export-session", "export-menu"));
+  for (const format of ["md", "json"]) {
+    $(`export-${format}`).addEventListener("click", async () => {
+      toggleMenu("export-session", "export-menu", false);
+      toggleMenu("more-actions", "session-actions", false);
+      if (!chat.session) return;
+      try {
+        await exportSession(conn, chat.session, format);
+      } catch (err) {
+        banner(`Could not export: ${err.message}`);
+      }
+    });
+  }
   $("toggle-sidebar").addEventListener("click", () => toggleSidebar());
   $("close-sidebar").addEventListener("click", () => toggleSidebar(false));
   $("backdrop").addEventListener("click", () => toggleSidebar(false));
@@ -151,6 +165,8 @@ async function startApp(conn) {
 }
 
 const NARROW = window.matchMedia("(max-width: 720px)");
+// Innermost first: Esc closes the export menu before the session-actions menu holding it.
+const MENUS = [["export-session", "export-menu"], ["account", "account-menu"], ["more-actions", "session-actions"]];
 const TIMES_REFRESH_MS = 30000;
 let panels = null; // {search, facts} once signed in
 
@@ -173,7 +189,7 @@ function closeDrawer() {
 // is open does it reach the chat view, where it stops a running reply.
 document.addEventListener("keydown", (ev) => {
   if (ev.key !== "Escape" || ev.defaultPrevented || document.querySelector("dialog[open]")) return;
-  for (const [button, menu] of [["account", "account-menu"], ["more-actions", "session-actions"]]) {
+  for (const [button, menu] of MENUS) {
     if ($(button).getAttribute("aria-expanded") === "true") {
       toggleMenu(button, menu, false);
       $(button).focus();
@@ -195,7 +211,7 @@ document.addEventListener("keydown", (ev) => {
 
 // A click outside an open menu closes it.
 document.addEventListener("click", (ev) => {
-  for (const [button, menu] of [["account", "account-menu"], ["more-actions", "session-actions"]]) {
+  for (const [button, menu] of MENUS) {
     if ($(button).getAttribute("aria-expanded") === "true" && !ev.target.closest(`#${button}, #${menu}`)) {
       toggleMenu(button, menu, false);
     }
