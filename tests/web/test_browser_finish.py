@@ -184,6 +184,7 @@ async def test_narrow_window_layout(browser: Browser, web_app: App) -> None:
     await page.get_by_role("button", name="Show or hide sessions").click()
     await expect(page.locator("#sidebar")).to_be_visible()
     await expect(page.locator("#backdrop")).to_be_visible()
+    assert await page.locator("#chat").evaluate("el => el.inert")  # Tab stays in the drawer
     await page.get_by_role("button", name="Close sessions").click()
     await expect(page.locator("#sidebar")).to_be_hidden()
     await page.get_by_role("button", name="Show or hide sessions").click()
@@ -199,8 +200,10 @@ async def test_narrow_window_layout(browser: Browser, web_app: App) -> None:
     await expect(page.locator("#sidebar")).to_be_hidden()
     box = await sheet.bounding_box()
     assert box and box["height"] >= 844 - 1 and box["width"] >= 390 - 1, box
+    assert await page.locator("#chat").evaluate("el => el.inert")
     await page.keyboard.press("Escape")
     await expect(sheet).to_be_hidden()
+    assert not await page.locator("#chat").evaluate("el => el.inert")
     await page.get_by_role("button", name="Show or hide sessions").click()
     await page.get_by_role("button", name="Search memory").click()
     await page.get_by_role("button", name="Close search").click()

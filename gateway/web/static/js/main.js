@@ -155,6 +155,8 @@ async function startApp(conn) {
   $("more-actions").addEventListener("click", () => toggleMenu("more-actions", "session-actions"));
   // A narrow window shows the chat, with the sessions as a drawer on demand.
   NARROW.addEventListener("change", () => toggleSidebar(!NARROW.matches));
+  new MutationObserver(updateInert).observe($("search-panel"), { attributeFilter: ["hidden"] });
+  new MutationObserver(updateInert).observe($("facts-panel"), { attributeFilter: ["hidden"] });
   if (NARROW.matches) toggleSidebar(false);
   setInterval(() => refreshTimes(), TIMES_REFRESH_MS);
 
@@ -177,8 +179,20 @@ function toggleSidebar(show) {
   $("toggle-sidebar").setAttribute("aria-expanded", String(visible));
   const drawer = NARROW.matches;
   $("backdrop").hidden = !(drawer && visible);
+  updateInert();
   if (drawer && visible) $("close-sidebar").focus();
   else if (drawer && document.activeElement?.closest("#sidebar")) $("toggle-sidebar").focus();
+}
+
+// Below 720 px the drawer and the sheets cover the page: what they cover is made inert, so Tab
+// and a screen reader stay in the part that is open.
+function updateInert() {
+  const narrow = NARROW.matches;
+  const drawer = narrow && !$("app").classList.contains("sidebar-hidden");
+  const sheet = narrow && !($("search-panel").hidden && $("facts-panel").hidden);
+  $("chat").inert = drawer || sheet;
+  $("status").inert = drawer || sheet;
+  $("sidebar").inert = sheet;
 }
 
 function closeDrawer() {
