@@ -1,5 +1,5 @@
 // Start-up and wiring: sign-in, then the sidebar, chat view, search and facts panels and footer, all
-// sharing one Rpc connection. Session actions (new, rename, system prompt, delete) live here
+// sharing one Rpc connection. Session actions (new, rename, system prompt, delete, export) live here
 // because they touch both the sidebar and the chat view, and so do the panels' layout rules:
 // below 720 px the sidebar is a drawer, the side panels are sheets, and Esc closes any of them.
 
