@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -45,6 +46,9 @@ from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import Embedder, MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
 from sessions import FileIO, SessionsConfig, SessionStore
+
+if TYPE_CHECKING:
+    from gateway.mcp.http import McpHttpServer
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
@@ -79,6 +83,7 @@ class App:
     memory: MemoryMethods | None
     lock_fd: int | None
     retention: RetentionSweeper | None = None  # the daily sweep, when a retention setting is on
+    mcp: McpHttpServer | None = None  # /mcp on [mcp] port, when set
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _closed: bool = False
 
@@ -90,6 +95,8 @@ class App:
         if self._closed:
             return
         self._closed = True
+        if self.mcp is not None:
+            await self.mcp.close()  # its tools are clients of the server below
         await self.server.close()
         await self.runs.drain(self.config.server.shutdown_grace_s)
         for task in self._tasks:
@@ -310,6 +317,11 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
             log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
                         fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
                             "tunnel or a TLS reverse proxy (docs/remote.md)")
+        if config.mcp.port:
+            from gateway.mcp import start_http  # the optional `mcp` extra: imported only when on
+
+            app.mcp = await start_http(config, authenticator, version=app_version,
+                                       daemon_url=client_url(server.scheme, config.server.host, server.port))
     except BaseException:
         await app.close()
         raise

@@ -22,6 +22,7 @@ from .errors import (
                      MemoryUnavailable,
 )
 from .facts import Fact, FactChange, FactChangeWire, Facts, FactsPage, FactWire, ScoredFact
+from .facts import normalise as normalise_fact
 from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
@@ -63,6 +64,7 @@ __all__ = [
     "SyncProgress",
     "SyncReport",
     "approx_tokens",
+    "normalise_fact",
     "probe_auto_embedder",
     "select_embedder",
 ]
