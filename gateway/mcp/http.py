@@ -214,11 +214,15 @@ def _unauthorized(text: str) -> PlainTextResponse:
 
 
 def _loopback_ssl(config: Config) -> ssl.SSLContext | None:
-    """TLS trust for this process's own connections to the gateway: its own certificate only.
-    The name is not checked: the peer is this daemon on loopback, pinned by that certificate."""
+    """TLS trust for this process's own connections to the gateway: its own certificate, which
+    is what the peer must present (a partial chain: the leaf itself is the anchor, CA-signed or
+    not). The name is not checked: the peer is this daemon on loopback, whatever name the
+    certificate was issued for."""
     if not config.tls.cert:
         return None
-    ctx = ssl.create_default_context(cafile=config.tls.cert)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(cafile=config.tls.cert)
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     ctx.check_hostname = False
     return ctx
 
