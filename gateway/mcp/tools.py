@@ -194,7 +194,7 @@ class MemoryTools:
 
     async def list_facts(
         self,
-        limit: Annotated[int, Field(ge=1, le=_FACT_PAGE, description="facts per page")] = 50,
+        limit: Annotated[int, Field(ge=1, description="facts per page")] = 50,
         before: Annotated[int | None, Field(description="the `next` of the previous page")] = None,
     ) -> FactList:
         """The facts remembered about the user, newest first, with their ids."""
@@ -204,7 +204,7 @@ class MemoryTools:
 
     async def recent_sessions(
         self,
-        limit: Annotated[int, Field(ge=1, le=_FACT_PAGE, description="sessions per page")] = 20,
+        limit: Annotated[int, Field(ge=1, description="sessions per page")] = 20,
         before: Annotated[str | None, Field(description="the `next` of the previous page")] = None,
     ) -> SessionList:
         """The user's conversations with their assistant, most recently active first: title,
@@ -310,16 +310,18 @@ def build_server(link: DaemonLink, *, version: str) -> MCPServer:
     tools = MemoryTools(link)
     server: MCPServer = MCPServer("recalld", version=version, instructions=INSTRUCTIONS)
     reading = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-    server.add_tool(tools.search_memory, title="Search memory", annotations=reading)
-    server.add_tool(tools.remember, title="Remember a fact",
-                    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
-                                                idempotent_hint=True, open_world_hint=False))
-    server.add_tool(tools.forget, title="Forget a fact",
-                    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True,
-                                                idempotent_hint=True, open_world_hint=False))
-    server.add_tool(tools.list_facts, title="List remembered facts", annotations=reading)
-    server.add_tool(tools.recent_sessions, title="Recent conversations", annotations=reading)
-    server.add_tool(tools.read_session, title="Read a conversation", annotations=reading)
+    writing = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                              open_world_hint=False)
+    deleting = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                               open_world_hint=False)
+    for fn, title, hints in ((tools.search_memory, "Search memory", reading),
+                             (tools.remember, "Remember a fact", writing),
+                             (tools.forget, "Forget a fact", deleting),
+                             (tools.list_facts, "List remembered facts", reading),
+                             (tools.recent_sessions, "Recent conversations", reading),
+                             (tools.read_session, "Read a conversation", reading)):
+        # The docstring as one paragraph: its source indentation means nothing to a model.
+        server.add_tool(fn, title=title, annotations=hints, description=" ".join((fn.__doc__ or "").split()))
 
     @server.resource(FACTS_URI, name="facts", title="Remembered facts", mime_type="text/markdown",
                      description="Every fact recalld remembers about the user, with ids.")

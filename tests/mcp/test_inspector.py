@@ -30,7 +30,13 @@ async def _inspector(tmp_path: Path, app: App, *method: str) -> object:
         sys.executable, "-m", "gateway", "--data-dir", str(tmp_path / "elsewhere"), "mcp",
         "--url", app.url, "--token-file", str(token_file), *method,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
-    out, err = await proc.communicate()
+    try:
+        async with asyncio.timeout(600):  # a hang guard (a first run downloads the Inspector), not a timing
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
     if proc.returncode != 0 and any(word in err.decode() for word in _OFFLINE):
         pytest.skip(f"npx could not fetch {INSPECTOR}: {err.decode().strip().splitlines()[-1]}")
     assert proc.returncode == 0, err.decode()
