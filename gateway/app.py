@@ -21,7 +21,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -58,6 +58,9 @@ from memory import (
     select_embedder,
 )
 from sessions import FileIO, SessionsConfig, SessionStore
+
+if TYPE_CHECKING:
+    from gateway.mcp.http import McpHttpServer
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
@@ -97,6 +100,7 @@ class App:
     memory: MemoryMethods | None
     retention: RetentionSweeper | None  # the daily sweep, when a retention setting is on
     _stack: AsyncExitStack
+    mcp: McpHttpServer | None = None  # /mcp on [mcp] port, when set
     _closed: bool = False
 
     @property
@@ -314,8 +318,15 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
         log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
                     fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
                         "tunnel or a TLS reverse proxy (docs/remote.md)")
+    mcp = None
+    if config.mcp.port:
+        from gateway.mcp import start_http  # the optional `mcp` extra: imported only when on
+
+        mcp = await start_http(config, authenticator, version=app_version,
+                               daemon_url=client_url(server.scheme, config.server.host, server.port))
+        stack.push_async_callback(mcp.close)  # stopped first: its tools are clients of the server
     return App(config, server, store, runs, sessions, chat, memory, sweeper if sweeper.enabled else None,
-               stack.pop_all())
+               stack.pop_all(), mcp)
 
 
 def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str, hub: Hub) -> GatewayServer:

@@ -37,6 +37,7 @@ from .facts import (
     parse_block,
 )
 from .facts import Action as FactAction
+from .facts import normalise as normalise_fact
 from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
@@ -92,6 +93,7 @@ __all__ = [
     "SyncProgress",
     "SyncReport",
     "approx_tokens",
+    "normalise_fact",
     "probe_auto_embedder",
     "select_embedder",
 ]

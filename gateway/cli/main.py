@@ -18,6 +18,7 @@ import orjson
 
 from gateway.cli.chat import add_chat_parser
 from gateway.cli.importer import add_import_parser
+from gateway.cli.mcp import add_mcp_parser
 from gateway.cli.memory import add_memory_parser
 from gateway.cli.target import TargetError, add_connection_flags, connection_target
 from gateway.cli.web import add_open_parser
@@ -69,6 +70,7 @@ def _base_parser() -> argparse.ArgumentParser:
     add_memory_parser(sub, command_flags)
     add_open_parser(sub, chat_flags)
     add_import_parser(sub, command_flags)
+    add_mcp_parser(sub, chat_flags)
     return parser
 
 

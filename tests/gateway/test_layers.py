@@ -18,9 +18,11 @@ ALLOWED = {
     "gateway.web": set(),
     "gateway.chat": {"gateway.rpc"},
     "gateway.methods": {"gateway.rpc", "gateway.chat"},
-    "gateway.cli": {"gateway.app"},
+    "gateway.cli": {"gateway.app", "gateway.mcp"},
+    "gateway.mcp": set(),  # an MCP server whose tools are clients of the daemon (gateway/client.py)
     "gateway.retention": set(),
-    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention"},
+    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention",
+                    "gateway.mcp"},
 }
 
 
