@@ -38,7 +38,13 @@ from gateway.methods import (
     SessionsMethods,
     declare_methods,
 )
-from gateway.private import find_exposed, make_private_dir, set_private_umask
+from gateway.private import (
+    find_exposed,
+    make_private_dir,
+    mark_clean_stop,
+    set_private_umask,
+    take_clean_stop,
+)
 from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
@@ -79,6 +85,7 @@ class App:
     memory: MemoryMethods | None
     lock_fd: int | None
     retention: RetentionSweeper | None = None  # the daily sweep, when a retention setting is on
+    modes_private: bool = False  # the start's mode audit found nothing: a clean stop may say so
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _closed: bool = False
 
@@ -100,6 +107,8 @@ class App:
             await close_memory(self.memory.service)
         if self.lock_fd is not None:
             remove_runtime_file(self.config.data_dir)
+            if self.modes_private:
+                await asyncio.to_thread(mark_clean_stop, self.config.data_dir)
             os.close(self.lock_fd)  # releases the data dir lock
             self.lock_fd = None
         log.info("app.closed")
@@ -245,7 +254,8 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
             await asyncio.shield(opening_memory)
         # Opening the store reconciles its index with the transcripts: disk work, off the loop.
         opening_store = asyncio.ensure_future(
-            asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io))
+            asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io,
+                              trust_clean_stop=True))
         store = await asyncio.shield(opening_store)
         await audit
     except BaseException:
@@ -292,7 +302,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     episodes = EpisodesMethods(service) if service is not None else None
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
                     forget=forget, episodes=episodes)
-    app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
+    app = App(config, server, store, runs, sessions, chat, memory, lock_fd, modes_private=audit.result())
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))
     if runs.episodes.enabled:
@@ -316,7 +326,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     return app
 
 
-async def _undo_start(audit: asyncio.Future[None], memory: asyncio.Future[MemoryService] | None,
+async def _undo_start(audit: asyncio.Future[bool], memory: asyncio.Future[MemoryService] | None,
                       store: asyncio.Future[SessionStore] | None) -> None:
     """Wait for whatever a failed start began, and close what it opened (a memory service that
     failed half-way through its own start cleans up after itself)."""
@@ -335,13 +345,14 @@ def _memory_admin(config: Config) -> str | None:
     return DEFAULT_USER
 
 
-def _warn_if_exposed(data_dir: Path) -> None:
-    exposed = find_exposed(data_dir)
+def _warn_if_exposed(data_dir: Path) -> bool:
+    exposed = find_exposed(data_dir, take_clean_stop(data_dir))
     if exposed.count:
         log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
                     fix=exposed.hint(data_dir),
                     detail="other local users can read or write these; transcripts and the "
                            "index hold private conversations")
+    return not exposed.count
 
 
 def _log_crash(exc: BaseException, error_id: str, method: str) -> None:
