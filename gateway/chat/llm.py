@@ -180,8 +180,9 @@ class OpenAIChatModel:
         reported_model = chosen
         calls: dict[int, list[str]] = {}  # index → [id, name, arguments so far]
         body = response.aiter_bytes()
+        events = _sse_data(body)
         try:
-            async for data in _sse_data(body):
+            async for data in events:
                 if data.startswith(b"[DONE]"):
                     await _drain(body)
                     break
@@ -219,7 +220,7 @@ class OpenAIChatModel:
                 None,
                 True,
             ) from None
-        except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+        except (ValueError, AttributeError, TypeError) as exc:  # not JSON, or not the shape of a chunk
             raise UpstreamError(
                 f"model stream ended early after {received} characters: malformed event "
                 f"({self._scrub(str(exc))})",
@@ -228,6 +229,7 @@ class OpenAIChatModel:
             ) from None
         finally:
             # Closing at once (also on aclose() or cancellation) tells the endpoint the client left.
+            await events.aclose()
             await body.aclose()
             await response.aclose()
         if finish is None:
@@ -375,7 +377,7 @@ def create_chat_model(
     )
 
 
-async def _sse_data(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _sse_data(body: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
     """Each server-sent event's data (its ``data:`` lines joined by newlines), as bytes.
 
     The SSE framing of the spec as the SDK's decoder reads it: lines end in LF, CRLF or CR; an
