@@ -60,7 +60,8 @@ def test_entries_new_since_the_stop_are_audited(tmp_path: Path) -> None:
     restored.mkdir(parents=True, mode=0o755)
     (restored / "b.jsonl").write_text("{}\n")
     os.chmod(restored / "b.jsonl", 0o640)
-    os.chmod(data / "sessions" / "bob", 0o755)
+    for made in (data / "sessions" / "bob", restored):
+        os.chmod(made, 0o755)  # whatever umask an earlier test left the process with
     since = take_clean_stop(data)
     exposed = find_exposed(data, since)
     assert exposed.count == find_exposed(data, None).count == 4
