@@ -44,7 +44,13 @@ from gateway.methods import (
     SessionsMethods,
     declare_methods,
 )
-from gateway.private import find_exposed, make_private_dir, set_private_umask
+from gateway.private import (
+    find_exposed,
+    make_private_dir,
+    mark_clean_stop,
+    set_private_umask,
+    take_clean_stop,
+)
 from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
@@ -253,6 +259,8 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     stack.push_async_callback(_settle, audit)
     lock_fd = _lock_data_dir(config.data_dir)
     stack.callback(os.close, lock_fd)  # releases the data dir lock
+    # Stopped just before the lock is released: the next start may then skip the per-file audit.
+    stack.push_async_callback(_mark_clean_stop, audit, config.data_dir)
     stack.callback(remove_runtime_file, config.data_dir)  # written once listening
     authenticator = _authenticator(config)
     service = None
@@ -260,7 +268,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
         service = await _opened(stack, open_memory(config, embedder=embedder, catch_up=False), close_memory)
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
     store = await _opened(stack, asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config),
-                                                   file_io=file_io), _close_store)
+                                                   file_io=file_io, trust_clean_stop=True), _close_store)
     await audit
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
@@ -379,6 +387,13 @@ async def _cancelled(task: asyncio.Task[None]) -> None:
     await _settle(task)
 
 
+async def _mark_clean_stop(audit: asyncio.Future[bool], data_dir: Path) -> None:
+    """Leave the mode audit's clean-stop marker when this start's audit found nothing exposed."""
+    await _settle(audit)
+    if not audit.cancelled() and audit.exception() is None and audit.result():
+        await asyncio.to_thread(mark_clean_stop, data_dir)
+
+
 async def _close_store(store: SessionStore) -> None:
     await asyncio.to_thread(store.close)
 
@@ -390,13 +405,14 @@ def _memory_admin(config: Config) -> str | None:
     return DEFAULT_USER
 
 
-def _warn_if_exposed(data_dir: Path) -> None:
-    exposed = find_exposed(data_dir)
+def _warn_if_exposed(data_dir: Path) -> bool:
+    exposed = find_exposed(data_dir, take_clean_stop(data_dir))
     if exposed.count:
         log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
                     fix=exposed.hint(data_dir),
                     detail="other local users can read or write these; transcripts and the "
                            "index hold private conversations")
+    return not exposed.count
 
 
 def _log_crash(exc: BaseException, error_id: str, method: str) -> None:
