@@ -170,3 +170,10 @@ def test_no_import_loops_in_the_packages() -> None:
         if name not in state:
             visit(name)
     assert loops == []
+
+
+def test_no_module_of_the_packages_is_over_450_lines() -> None:
+    """Modules stay small enough to read in one sitting (STYLE: 100-400 lines, 450 at most)."""
+    long = {str(p.relative_to(ROOT)): n for package in ("gateway", "sessions", "memory")
+            for p in (ROOT / package).rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}
