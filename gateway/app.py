@@ -214,7 +214,8 @@ async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | Non
     assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
     try:
         return await PgMemory.open(config.storage.dsn, cfg, embedder, data_dir=config.data_dir,
-                                   embedder_reason=reason, max_size=config.storage.pool_size)
+                                   embedder_reason=reason, max_size=config.storage.pool_size,
+                                   connect_timeout_s=config.storage.connect_timeout_s)
     except MemoryStorageError as err:
         raise StorageUnavailable(f"storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not be opened "
                                  f"({err})") from err

@@ -20,6 +20,7 @@ import orjson
 
 from gateway.cli.facts import add_facts_parser, run_facts
 from gateway.config import Config
+from gateway.storage import StorageUnavailable
 from gateway.wire import search_wire
 from memory import Memory, MemoryIndexError, SyncProgress
 
@@ -57,7 +58,7 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     }
     try:
         return int(asyncio.run(_with_service(config, args, handler[args.memory_command])))
-    except MemoryIndexError as exc:
+    except (MemoryIndexError, StorageUnavailable) as exc:
         print(f"recalld: {exc}", file=sys.stderr)
         return 1
 

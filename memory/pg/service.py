@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import structlog
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
@@ -95,14 +96,20 @@ class PgMemory:
     @classmethod
     async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *, data_dir: Path,
                    embedder_reason: str = "", vector_leg: VectorLeg = "hnsw", max_size: int = 8,
-                   poll_s: float = 30.0) -> PgMemory:
-        """Migrate (under the advisory lock) and open a pool; raises MemoryStorageError."""
+                   poll_s: float = 30.0, connect_timeout_s: float = 10.0) -> PgMemory:
+        """Migrate (under the advisory lock) and open a pool, each connection attempt bounded by
+        ``connect_timeout_s``; raises MemoryStorageError with the server's reason (never the DSN)."""
+        timeout = max(1, round(connect_timeout_s))
         try:
-            await asyncio.to_thread(_migrate, dsn)
+            await asyncio.to_thread(_migrate, dsn, timeout)
             pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
-                dsn, min_size=1, max_size=max_size, open=False)
-            await pool.open(wait=True)
-        except (psycopg.Error, TimeoutError) as exc:
+                dsn, min_size=1, max_size=max_size, kwargs={"connect_timeout": timeout}, open=False)
+            try:
+                await pool.open(wait=True, timeout=connect_timeout_s)
+            except BaseException:
+                await pool.close()
+                raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
         return cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
                    vector_leg=vector_leg, poll_s=poll_s)
@@ -361,6 +368,6 @@ async def _one(conn: AsyncConnection[TupleRow], sql: str, args: dict[str, Any]) 
     return int(row[0]) if row else 0
 
 
-def _migrate(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+def _migrate(dsn: str, connect_timeout: int) -> None:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
         migrate(conn)

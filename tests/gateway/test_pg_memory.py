@@ -10,8 +10,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from gateway.app import start_app
 from gateway.client import Client
 from gateway.config import Config
+from gateway.storage import StorageUnavailable
 from memory import PgMemory
 from sessions import PgSessionStore
 from tests.conftest import TOKEN, running
@@ -60,3 +64,16 @@ def test_cli_indexes_and_searches_the_shared_index(tmp_path: Path, pg_dsn: str) 
     assert status.returncode == 0, status.stderr
     assert "PostgreSQL (storage.dsn)" in status.stdout and "pgvector" in status.stdout
     assert not (tmp_path / "memory.db").exists()
+
+
+async def test_an_unreachable_server_is_a_start_error_naming_the_setting(
+    config_factory: Callable[..., Config],
+) -> None:
+    """A server that refuses the connection stops the start with StorageUnavailable naming
+    storage.dsn; nothing falls back to SQLite and the DSN is not repeated."""
+    dsn = "postgresql://recalld:secret-password@127.0.0.1:1/recalld"
+    cfg = config_factory(storage={"backend": "postgres", "dsn": dsn, "connect_timeout_s": 1})
+    with pytest.raises(StorageUnavailable) as info:
+        await start_app(cfg)
+    assert "storage.dsn" in str(info.value) and "secret-password" not in str(info.value)
+    assert not (cfg.data_dir / "memory.db").exists()
