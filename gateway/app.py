@@ -21,7 +21,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import structlog
 
@@ -54,12 +54,14 @@ from gateway.private import (
 from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
+from gateway.storage import StorageUnavailable, open_session_store
 from gateway.transport import GatewayServer
 from memory import (
     Embedder,
     Memory,
     MemoryConfig,
     MemoryService,
+    MemoryStorageError,
     probe_auto_embedder,
     select_embedder,
 )
@@ -182,9 +184,11 @@ def effective_memory_config(config: Config) -> MemoryConfig:
 
 
 async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True,
-                      embedder: tuple[Embedder | None, str] | None = None) -> MemoryService:
+                      embedder: tuple[Embedder | None, str] | None = None) -> Memory:
     """The started memory service of ``config``, with the embedder ``memory.embedder`` picks —
-    or ``embedder`` (the embedder and the reason status gives), which benchmarks pass.
+    or ``embedder`` (the embedder and the reason status gives), which benchmarks pass. On
+    ``storage.backend = "postgres"`` it is :class:`memory.PgMemory` on ``storage.dsn`` (no
+    memory.db in the data dir); otherwise :class:`MemoryService`.
 
     Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
     """
@@ -195,13 +199,36 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
         picked, why = await asyncio.to_thread(select_embedder, cfg)
         embedder = await probe_auto_embedder(cfg, picked, why)
     chosen, reason = embedder
-    service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
+    service: Memory
+    try:
+        if config.storage.backend == "postgres":
+            service = await _pg_memory(config, cfg, chosen, reason)
+        else:
+            service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
+    except BaseException:
+        aclose = getattr(chosen, "aclose", None)  # open_memory made it; nothing else will close it
+        if aclose is not None:
+            await asyncio.shield(aclose())
+        raise
     try:
         await service.start(catch_up=catch_up)
     except BaseException:
         await asyncio.shield(close_memory(service))  # what start() opened before it failed
         raise
     return service
+
+
+async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None, reason: str) -> Memory:
+    from memory import PgMemory  # psycopg: the postgres extra, loaded only for that backend
+
+    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
+    try:
+        return await PgMemory.open(config.storage.dsn, cfg, embedder, data_dir=config.data_dir,
+                                   embedder_reason=reason, max_size=config.storage.pool_size,
+                                   connect_timeout_s=config.storage.connect_timeout_s)
+    except MemoryStorageError as err:
+        raise StorageUnavailable(f"storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not be opened "
+                                 f"({err})") from err
 
 
 async def close_memory(service: Memory) -> None:
@@ -267,8 +294,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     if config.memory.enabled:
         service = await _opened(stack, open_memory(config, embedder=embedder, catch_up=False), close_memory)
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-    store = await _opened(stack, asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config),
-                                                   file_io=file_io, trust_clean_stop=True), _close_store)
+    store = await _opened(stack, asyncio.to_thread(_open_store, config, file_io), _close_store)
     await audit
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
@@ -392,6 +418,13 @@ async def _mark_clean_stop(audit: asyncio.Future[bool], data_dir: Path) -> None:
     await _settle(audit)
     if not audit.cancelled() and audit.exception() is None and audit.result():
         await asyncio.to_thread(mark_clean_stop, data_dir)
+
+
+def _open_store(config: Config, file_io: FileIO | None) -> SessionStore:
+    opened = open_session_store(config.storage, config.data_dir, _page_capped(config), file_io=file_io,
+                                trust_clean_stop=True)
+    # PgSessionStore has SessionStore's public API; typed as it until the store Protocol lands.
+    return cast(SessionStore, opened)
 
 
 async def _close_store(store: SessionStore) -> None:
