@@ -26,7 +26,8 @@ async def _inspector(tmp_path: Path, app: App, *method: str) -> object:
     env = {**os.environ, "npm_config_yes": "true", "npm_config_update_notifier": "false"}
     proc = await asyncio.create_subprocess_exec(
         "npx", "-y", INSPECTOR, "--cli",
-        "-e", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
+        # The server it spawns imports this checkout (a worktree may differ from the install).
+        "-e", f"PYTHONPATH={os.environ.get('PYTHONPATH') or Path(__file__).resolve().parents[2]}",
         sys.executable, "-m", "gateway", "--data-dir", str(tmp_path / "elsewhere"), "mcp",
         "--url", app.url, "--token-file", str(token_file), *method,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
