@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
@@ -42,9 +43,13 @@ from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
+from gateway.storage import StorageUnavailable, open_session_store
 from gateway.transport import GatewayServer
 from memory import Embedder, MemoryConfig, MemoryService, probe_auto_embedder, select_embedder
 from sessions import FileIO, SessionsConfig, SessionStore
+
+if TYPE_CHECKING:
+    from gateway.cluster import ClusterNode
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
@@ -79,6 +84,7 @@ class App:
     memory: MemoryMethods | None
     lock_fd: int | None
     retention: RetentionSweeper | None = None  # the daily sweep, when a retention setting is on
+    cluster: ClusterNode | None = None  # the other nodes on one database (storage.backend = "postgres")
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _closed: bool = False
 
@@ -95,6 +101,8 @@ class App:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.cluster is not None:
+            await self.cluster.close()
         await asyncio.to_thread(self.store.close)
         if self.memory is not None:
             await close_memory(self.memory.service)
@@ -243,11 +251,12 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
         if config.memory.enabled:
             opening_memory = asyncio.ensure_future(open_memory(config, embedder=embedder, catch_up=False))
             await asyncio.shield(opening_memory)
-        # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-        opening_store = asyncio.ensure_future(
-            asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config), file_io=file_io))
+        # Opening the store reconciles its index with the transcripts (or connects to
+        # PostgreSQL and migrates): blocking work, off the loop.
+        opening_store = asyncio.ensure_future(asyncio.to_thread(_open_store, config, file_io))
         store = await asyncio.shield(opening_store)
         await audit
+        cluster = await _join_cluster(config, store) if config.storage.backend == "postgres" else None
     except BaseException:
         try:
             await asyncio.shield(_undo_start(audit, opening_memory, opening_store))
@@ -264,10 +273,11 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
         base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
         timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
     )
-    hub = Hub()
+    hub = Hub() if cluster is None else cluster.hub
     quotas = config.quotas
     runs = ChatRuns(config.chat, llm.model, store, hub, model, service,
-                    max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user)
+                    max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user,
+                    gate=None if cluster is None else cluster.runs)
     registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
@@ -292,7 +302,7 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
     episodes = EpisodesMethods(service) if service is not None else None
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
                     forget=forget, episodes=episodes)
-    app = App(config, server, store, runs, sessions, chat, memory, lock_fd)
+    app = App(config, server, store, runs, sessions, chat, memory, lock_fd, cluster=cluster)
     if config.sessions.fsync == "batch":
         app._tasks.append(asyncio.create_task(app._flush_loop()))
     if runs.episodes.enabled:
@@ -326,6 +336,31 @@ async def _undo_start(audit: asyncio.Future[None], memory: asyncio.Future[Memory
         await asyncio.to_thread(store.result().close)
     if memory is not None and not memory.cancelled() and memory.exception() is None:
         await close_memory(memory.result())
+
+
+def _open_store(config: Config, file_io: FileIO | None) -> SessionStore:
+    opened = open_session_store(config.storage, config.data_dir, _page_capped(config), file_io=file_io)
+    # PgSessionStore has SessionStore's public API; typed as it until the store Protocol lands.
+    return cast(SessionStore, opened)
+
+
+async def _join_cluster(config: Config, store: SessionStore) -> ClusterNode:
+    """Start this node's bus, idempotency keys and run leases on the store's database; a
+    server that refuses is StorageUnavailable naming storage.dsn."""
+    import psycopg
+
+    from gateway.cluster import ClusterHub, ClusterNode
+
+    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
+    node = ClusterNode(config.storage.dsn, ClusterHub(), cast(Any, store),
+                       connect_timeout_s=config.storage.connect_timeout_s)
+    try:
+        await node.start()
+    except psycopg.Error as err:
+        raise StorageUnavailable(
+            f"storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: {str(err).strip()}"
+        ) from err
+    return node
 
 
 def _memory_admin(config: Config) -> str | None:

@@ -1,0 +1,112 @@
+"""This node's place among the others on one database: what ``gateway.app`` starts when
+``storage.backend = "postgres"``.
+
+:class:`ClusterHub` is the local ``Hub`` that also hands each event to the :class:`EventBus`
+(through one queue and one sender task, so the events of a run leave in the order they were
+published) and receives the other nodes' events for its own subscribers only.
+:class:`ClusterNode` owns the bus, the idempotency pool and :class:`ClusterRuns`; ``start()``
+raises ``psycopg.Error`` when the server cannot be reached, ``close()`` is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg_pool import AsyncConnectionPool
+
+from gateway.chat import Hub
+
+from .bus import EventBus
+from .runs import ClusterRuns, RunStore
+
+__all__ = ["MAX_OUTBOUND_EVENTS", "ClusterHub", "ClusterNode"]
+
+log = structlog.get_logger(__name__)
+
+# Events waiting for the bus beyond this many are dropped (logged): a database that stalls
+# must not grow the node's memory without bound. Events carry seq, so a client on another
+# node sees the gap and reads sessions.history (docs/protocol.md).
+MAX_OUTBOUND_EVENTS = 10_000
+
+_Event = tuple[str, str, str, Mapping[str, Any]]
+
+
+class _LocalOnly:
+    """The bus's delivery target: this node's subscribers, never back onto the bus."""
+
+    def __init__(self, hub: ClusterHub) -> None:
+        self._hub = hub
+
+    def publish(self, user: str, session_key: str, method: str, params: Mapping[str, Any]) -> int:
+        return Hub.publish(self._hub, user, session_key, method, params)
+
+
+class ClusterHub(Hub):
+    """A ``Hub`` whose events also go to the other nodes."""
+
+    def __init__(self, max_outbound: int = MAX_OUTBOUND_EVENTS) -> None:
+        super().__init__()
+        self._outbound: asyncio.Queue[_Event] = asyncio.Queue(max_outbound)
+        self._dropped = 0
+        self.local = _LocalOnly(self)
+
+    def publish(self, user: str, session_key: str, method: str, params: Mapping[str, Any]) -> int:
+        try:
+            self._outbound.put_nowait((user, session_key, method, params))
+        except asyncio.QueueFull:
+            self._dropped += 1
+            if self._dropped == 1 or self._dropped % 1000 == 0:
+                log.warning("cluster.events_dropped", dropped=self._dropped, method=method,
+                            limit=MAX_OUTBOUND_EVENTS)
+        return super().publish(user, session_key, method, params)
+
+    async def forward(self, bus: EventBus) -> None:
+        """Send queued events to the bus one after another, until cancelled."""
+        while True:
+            user, session_key, method, params = await self._outbound.get()
+            await bus.publish(user, session_key, method, params)
+
+
+class ClusterNode:
+    """The bus, the shared idempotency keys and the run tickets of one node."""
+
+    def __init__(self, dsn: str, hub: ClusterHub, store: RunStore, *, connect_timeout_s: float = 10.0,
+                 pool_size: int = 4) -> None:
+        self.node_id = uuid.uuid4().hex
+        self.hub = hub
+        self.bus = EventBus(dsn, hub.local, node_id=self.node_id, connect_timeout_s=connect_timeout_s)
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] = AsyncConnectionPool(
+            dsn, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
+            kwargs={"connect_timeout": max(1, round(connect_timeout_s))}, name="recalld-cluster",
+            check=AsyncConnectionPool.check_connection)
+        self.runs = ClusterRuns(dsn, store, self._pool, connect_timeout_s=connect_timeout_s)
+        self._connect_timeout_s = connect_timeout_s
+        self._forwarder: asyncio.Task[None] | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Listen, migrate, open the pool and start forwarding; on failure, close what opened."""
+        try:
+            await self.bus.start()
+            await self._pool.open(wait=True, timeout=self._connect_timeout_s)
+        except BaseException:
+            await asyncio.shield(self.close())
+            raise
+        self._started = True
+        self._forwarder = asyncio.create_task(self.hub.forward(self.bus), name="cluster-forward")
+        log.info("cluster.joined", node=self.node_id)
+
+    async def close(self) -> None:
+        if self._forwarder is not None:
+            self._forwarder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._forwarder
+            self._forwarder = None
+        await self.bus.close()
+        await self._pool.close()
