@@ -34,6 +34,7 @@ log = structlog.get_logger(__name__)
 # node sees the gap and reads sessions.history (docs/protocol.md).
 MAX_OUTBOUND_EVENTS = 10_000
 
+_TERMINAL = frozenset({"chat.final", "chat.error", "chat.aborted"})
 _Event = tuple[str, str, str, Mapping[str, Any]]
 
 
@@ -44,6 +45,7 @@ class _LocalOnly:
         self._hub = hub
 
     def publish(self, user: str, session_key: str, method: str, params: Mapping[str, Any]) -> int:
+        self._hub.track(session_key, method, params)
         return Hub.publish(self._hub, user, session_key, method, params)
 
 
@@ -55,8 +57,27 @@ class ClusterHub(Hub):
         self._outbound: asyncio.Queue[_Event] = asyncio.Queue(max_outbound)
         self._dropped = 0
         self.local = _LocalOnly(self)
+        # (session, run) -> the last seq seen of a run not yet ended, from any node: a run
+        # whose node died is ended with the seq after it (run_ended_elsewhere).
+        self._last_seq: dict[tuple[str, str], int] = {}
+
+    def track(self, session_key: str, method: str, params: Mapping[str, Any]) -> None:
+        run_id, seq = params.get("runId"), params.get("seq")
+        if not method.startswith("chat.") or not isinstance(run_id, str) or not isinstance(seq, int):
+            return
+        if method in _TERMINAL:
+            self._last_seq.pop((session_key, run_id), None)
+        else:
+            self._last_seq[(session_key, run_id)] = seq
+
+    def run_ended_elsewhere(self, user: str, session_key: str, run_id: str) -> None:
+        """Tell every node's subscribers that a run whose node died ended (aborted)."""
+        seq = self._last_seq.get((session_key, run_id), -1) + 1
+        self.publish(user, session_key, "chat.aborted",
+                     {"sessionKey": session_key, "runId": run_id, "seq": seq, "partial": ""})
 
     def publish(self, user: str, session_key: str, method: str, params: Mapping[str, Any]) -> int:
+        self.track(session_key, method, params)
         try:
             self._outbound.put_nowait((user, session_key, method, params))
         except asyncio.QueueFull:
@@ -85,7 +106,8 @@ class ClusterNode:
             dsn, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
             kwargs={"connect_timeout": max(1, round(connect_timeout_s))}, name="recalld-cluster",
             check=AsyncConnectionPool.check_connection)
-        self.runs = ClusterRuns(dsn, store, self._pool, connect_timeout_s=connect_timeout_s)
+        self.runs = ClusterRuns(dsn, store, self._pool, connect_timeout_s=connect_timeout_s,
+                                on_recovered=hub.run_ended_elsewhere)
         self._connect_timeout_s = connect_timeout_s
         self._forwarder: asyncio.Task[None] | None = None
         self._started = False

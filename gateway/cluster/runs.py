@@ -10,13 +10,15 @@ connections, its leases and its runs' liveness with it. ``hold()`` takes the ses
   let go and asked for again, so runs execute in the order their messages were appended;
 * an earlier one whose run is live nowhere (its node died mid-run, or it was dropped from a
   queue) gets an empty assistant message marked ``aborted`` — the user message stays, and
-  whoever reads the history sees how that run ended.
+  whoever reads the history sees how that run ended — and a ``chat.aborted`` event goes to
+  every node's subscribers (``on_recovered``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import psycopg
@@ -42,6 +44,8 @@ SETTLE_WINDOW = 400
 YIELD_DELAY_S = 0.05
 
 _Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+# Called with (user, session_key, run_id) for each run ended here for a node that died.
+Recovered = Callable[[str, str, str], None]
 
 
 class RunStore(Protocol):
@@ -71,8 +75,10 @@ def unanswered_before(messages: list[Message], run_id: str) -> list[str]:
 class LeaseTicket:
     """One run's connection: its liveness while open, its session's lease once held."""
 
-    def __init__(self, conn: _Conn, store: RunStore, user: str, session_key: str, run_id: str) -> None:
+    def __init__(self, conn: _Conn, store: RunStore, user: str, session_key: str, run_id: str,
+                 on_recovered: Recovered) -> None:
         self._conn = conn
+        self._on_recovered = on_recovered
         self._store = store
         self._user = user
         self._session_key = session_key
@@ -109,6 +115,7 @@ class LeaseTicket:
                 return True
             await asyncio.to_thread(self._store.append_message, self._user, self._session_key,
                                     role="assistant", content="", run_id=run_id, extra={"aborted": True})
+            self._on_recovered(self._user, self._session_key, run_id)
             log.warning("cluster.run_recovered", session=self._session_key, run=run_id,
                         outcome="aborted", reason="its node stopped before the reply was written")
         return False
@@ -124,8 +131,10 @@ class ClusterRuns:
     per-run lease tickets."""
 
     def __init__(self, dsn: str, store: RunStore, pool: AsyncConnectionPool[_Conn], *,
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0, on_recovered: Recovered = lambda user, key, run: None,
+                 ) -> None:
         self._dsn = dsn
+        self._on_recovered = on_recovered
         self._store = store
         self._keys = IdempotencyKeys(pool)
         self._connect_timeout_s = connect_timeout_s
@@ -139,4 +148,4 @@ class ClusterRuns:
     async def ticket(self, user: str, session_key: str, run_id: str) -> LeaseTicket:
         conn = await connect(self._dsn, connect_timeout_s=self._connect_timeout_s,
                              application_name=RUN_APP_PREFIX + run_id)
-        return LeaseTicket(conn, self._store, user, session_key, run_id)
+        return LeaseTicket(conn, self._store, user, session_key, run_id, self._on_recovered)
