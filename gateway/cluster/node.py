@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 # must not grow the node's memory without bound. Events carry seq, so a client on another
 # node sees the gap and reads sessions.history (docs/protocol.md).
 MAX_OUTBOUND_EVENTS = 10_000
+# At close, the events of runs that just ended (the shutdown drain) still go out within this.
+CLOSE_FLUSH_S = 2.0
 
 _TERMINAL = frozenset({"chat.final", "chat.error", "chat.aborted"})
 _Event = tuple[str, str, str, Mapping[str, Any]]
@@ -91,7 +93,14 @@ class ClusterHub(Hub):
         """Send queued events to the bus one after another, until cancelled."""
         while True:
             user, session_key, method, params = await self._outbound.get()
-            await bus.publish(user, session_key, method, params)
+            try:
+                await bus.publish(user, session_key, method, params)
+            finally:
+                self._outbound.task_done()
+
+    async def sent(self) -> None:
+        """Wait until every event queued so far has been handed to the bus."""
+        await self._outbound.join()
 
 
 class ClusterNode:
@@ -110,7 +119,6 @@ class ClusterNode:
                                 on_recovered=hub.run_ended_elsewhere)
         self._connect_timeout_s = connect_timeout_s
         self._forwarder: asyncio.Task[None] | None = None
-        self._started = False
 
     async def start(self) -> None:
         """Listen, migrate, open the pool and start forwarding; on failure, close what opened."""
@@ -120,11 +128,14 @@ class ClusterNode:
         except BaseException:
             await asyncio.shield(self.close())
             raise
-        self._started = True
         self._forwarder = asyncio.create_task(self.hub.forward(self.bus), name="cluster-forward")
         log.info("cluster.joined", node=self.node_id)
 
     async def close(self) -> None:
+        if self._forwarder is not None and not self._forwarder.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_FLUSH_S):
+                    await self.hub.sent()
         if self._forwarder is not None:
             self._forwarder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
