@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from gateway.chat import Hub
 
 from .bus import EventBus
-from .runs import ClusterRuns, RunStore
+from .runs import ClusterRuns, RunHooks, RunStore
 
 __all__ = ["MAX_OUTBOUND_EVENTS", "ClusterHub", "ClusterNode"]
 
@@ -62,6 +64,10 @@ class ClusterHub(Hub):
         # (session, run) -> the last seq seen of a run not yet ended, from any node: a run
         # whose node died is ended with the seq after it (run_ended_elsewhere).
         self._last_seq: dict[tuple[str, str], int] = {}
+        self._queued = self._forwarded = 0  # events put on / taken off the outbound queue
+        # A heap by target count (the middle number keeps futures from being compared).
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._tiebreak = itertools.count()
 
     def track(self, session_key: str, method: str, params: Mapping[str, Any]) -> None:
         run_id, seq = params.get("runId"), params.get("seq")
@@ -82,6 +88,7 @@ class ClusterHub(Hub):
         self.track(session_key, method, params)
         try:
             self._outbound.put_nowait((user, session_key, method, params))
+            self._queued += 1
         except asyncio.QueueFull:
             self._dropped += 1
             if self._dropped == 1 or self._dropped % 1000 == 0:
@@ -96,11 +103,21 @@ class ClusterHub(Hub):
             try:
                 await bus.publish(user, session_key, method, params)
             finally:
-                self._outbound.task_done()
+                self._forwarded += 1
+                while self._waiters and self._waiters[0][0] <= self._forwarded:
+                    *_, done = heapq.heappop(self._waiters)
+                    if not done.done():
+                        done.set_result(None)
 
     async def sent(self) -> None:
-        """Wait until every event queued so far has been handed to the bus."""
-        await self._outbound.join()
+        """Wait until every event queued so far has been handed to the bus (not the ones
+        queued after: under load the queue is never empty)."""
+        target = self._queued
+        if self._forwarded >= target:
+            return
+        done = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (target, next(self._tiebreak), done))
+        await done
 
 
 class ClusterNode:
@@ -115,8 +132,8 @@ class ClusterNode:
             dsn, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
             kwargs={"connect_timeout": max(1, round(connect_timeout_s))}, name="recalld-cluster",
             check=AsyncConnectionPool.check_connection)
-        self.runs = ClusterRuns(dsn, store, self._pool, connect_timeout_s=connect_timeout_s,
-                                on_recovered=hub.run_ended_elsewhere)
+        hooks = RunHooks(recovered=hub.run_ended_elsewhere, caught_up=self.bus.barrier, sent=hub.sent)
+        self.runs = ClusterRuns(dsn, store, self._pool, hooks, connect_timeout_s=connect_timeout_s)
         self._connect_timeout_s = connect_timeout_s
         self._forwarder: asyncio.Task[None] | None = None
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
@@ -31,7 +32,7 @@ from .idempotency import IdempotencyKeys
 from .leases import lease_key
 from .schema import connect
 
-__all__ = ["RUN_APP_PREFIX", "ClusterRuns", "LeaseTicket", "unanswered_before"]
+__all__ = ["RUN_APP_PREFIX", "ClusterRuns", "LeaseTicket", "RunHooks", "unanswered_before"]
 
 log = structlog.get_logger(__name__)
 
@@ -44,8 +45,26 @@ SETTLE_WINDOW = 400
 YIELD_DELAY_S = 0.05
 
 _Conn = psycopg.AsyncConnection[tuple[Any, ...]]
-# Called with (user, session_key, run_id) for each run ended here for a node that died.
-Recovered = Callable[[str, str, str], None]
+# Waiting for the event bus (hold's catch-up, close's send) never holds a run longer than this:
+# events lost meanwhile are what a client's seq gap and sessions.history are for.
+BUS_WAIT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunHooks:
+    """What tickets need of the node's event path (``ClusterNode`` builds them)."""
+
+    recovered: Callable[[str, str, str], None]  # (user, session, run) ended here for a dead node
+    caught_up: Callable[[], Awaitable[object]]  # every other node's earlier events received
+    sent: Callable[[], Awaitable[None]]  # every event this node queued handed to the bus
+
+
+async def _bounded(wait: Awaitable[object], event: str, session_key: str) -> None:
+    try:
+        async with asyncio.timeout(BUS_WAIT_S):
+            await wait
+    except TimeoutError:
+        log.warning(event, session=session_key, waited_s=BUS_WAIT_S)
 
 
 class RunStore(Protocol):
@@ -76,9 +95,9 @@ class LeaseTicket:
     """One run's connection: its liveness while open, its session's lease once held."""
 
     def __init__(self, conn: _Conn, store: RunStore, user: str, session_key: str, run_id: str,
-                 on_recovered: Recovered) -> None:
+                 hooks: RunHooks) -> None:
         self._conn = conn
-        self._on_recovered = on_recovered
+        self._hooks = hooks
         self._store = store
         self._user = user
         self._session_key = session_key
@@ -95,9 +114,12 @@ class LeaseTicket:
                     await self._conn.cancel_safe()
                 raise
             if not await self._earlier_live_run():
-                return
+                break
             await self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
             await asyncio.sleep(YIELD_DELAY_S)
+        # The previous holder's last events were sent before it let go; receive them before
+        # this run's first one, so every node's subscribers see the runs one after the other.
+        await _bounded(self._hooks.caught_up(), "cluster.catch_up_timeout", self._session_key)
 
     async def _earlier_live_run(self) -> bool:
         """Under the lease: end the earlier runs that are live nowhere; True when one is live."""
@@ -115,13 +137,17 @@ class LeaseTicket:
                 return True
             await asyncio.to_thread(self._store.append_message, self._user, self._session_key,
                                     role="assistant", content="", run_id=run_id, extra={"aborted": True})
-            self._on_recovered(self._user, self._session_key, run_id)
+            self._hooks.recovered(self._user, self._session_key, run_id)
             log.warning("cluster.run_recovered", session=self._session_key, run=run_id,
                         outcome="aborted", reason="its node stopped before the reply was written")
         return False
 
     async def close(self) -> None:
-        # Closing the connection releases the lease, whatever state the run left it in.
+        if self._conn.closed:
+            return
+        # This run's events leave before the lease does (see hold); closing the connection
+        # releases the lease, whatever state the run left it in.
+        await _bounded(self._hooks.sent(), "cluster.send_timeout", self._session_key)
         with contextlib.suppress(psycopg.Error):
             await self._conn.close()
 
@@ -130,11 +156,10 @@ class ClusterRuns:
     """The postgres backend's ``gateway.chat.gate.RunGate``: shared idempotency keys and
     per-run lease tickets."""
 
-    def __init__(self, dsn: str, store: RunStore, pool: AsyncConnectionPool[_Conn], *,
-                 connect_timeout_s: float = 10.0, on_recovered: Recovered = lambda user, key, run: None,
-                 ) -> None:
+    def __init__(self, dsn: str, store: RunStore, pool: AsyncConnectionPool[_Conn], hooks: RunHooks, *,
+                 connect_timeout_s: float = 10.0) -> None:
         self._dsn = dsn
-        self._on_recovered = on_recovered
+        self._hooks = hooks
         self._store = store
         self._keys = IdempotencyKeys(pool)
         self._connect_timeout_s = connect_timeout_s
@@ -148,4 +173,4 @@ class ClusterRuns:
     async def ticket(self, user: str, session_key: str, run_id: str) -> LeaseTicket:
         conn = await connect(self._dsn, connect_timeout_s=self._connect_timeout_s,
                              application_name=RUN_APP_PREFIX + run_id)
-        return LeaseTicket(conn, self._store, user, session_key, run_id, self._on_recovered)
+        return LeaseTicket(conn, self._store, user, session_key, run_id, self._hooks)

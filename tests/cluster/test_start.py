@@ -15,11 +15,11 @@ import pytest
 from gateway.app import start_app
 from gateway.chat.gate import RunGate
 from gateway.client import Client
-from gateway.cluster import ClusterHub
+from gateway.cluster import ClusterHub, ClusterNode
 from gateway.cluster.runs import unanswered_before
 from gateway.config import Config
 from gateway.storage import StorageUnavailable
-from sessions import Message
+from sessions import Message, PgSessionStore
 from tests.conftest import TOKEN
 from tests.fake_openai import FakeOpenAI
 from tests.faults.helpers import free_port
@@ -96,3 +96,23 @@ def test_serve_prints_the_storage_error_and_exits_1(tmp_path: Path) -> None:
                            "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "recalld: cannot start: storage.dsn (RECALLD_STORAGE_DSN)" in done.stderr
+
+
+async def test_a_run_start_on_one_node_follows_the_events_another_node_sent(pg_dsn: str) -> None:
+    """What a lease hand-over relies on: once the sender's hub says its queued events left
+    (sent) and the receiver's bus has caught up (barrier), the receiver has every one of them."""
+    store = PgSessionStore(pg_dsn)
+    a, b = ClusterNode(pg_dsn, ClusterHub(), store), ClusterNode(pg_dsn, ClusterHub(), store)
+    await a.start()
+    await b.start()
+    try:
+        for seq in range(50):
+            a.hub.publish("u", "s", "chat.delta", {"sessionKey": "s", "runId": "r", "seq": seq, "delta": "x"})
+        a.hub.publish("u", "s", "chat.final", {"sessionKey": "s", "runId": "r", "seq": 50, "message": {}})
+        await a.hub.sent()
+        assert await b.bus.barrier()
+        assert b.bus.delivered == 51
+    finally:
+        await a.close()
+        await b.close()
+        store.close()
