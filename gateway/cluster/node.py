@@ -15,6 +15,7 @@ import contextlib
 import heapq
 import itertools
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ MAX_OUTBOUND_EVENTS = 10_000
 # At close, the events of runs that just ended (the shutdown drain) still go out within this.
 CLOSE_FLUSH_S = 2.0
 
+_ENDED_KEPT = 10_000
 _TERMINAL = frozenset({"chat.final", "chat.error", "chat.aborted"})
 _Event = tuple[str, str, str, Mapping[str, Any]]
 
@@ -64,6 +66,7 @@ class ClusterHub(Hub):
         # (session, run) -> the last seq seen of a run not yet ended, from any node: a run
         # whose node died is ended with the seq after it (run_ended_elsewhere).
         self._last_seq: dict[tuple[str, str], int] = {}
+        self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()  # recent terminal events
         self._queued = self._forwarded = 0  # events put on / taken off the outbound queue
         # A heap by target count (the middle number keeps futures from being compared).
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
@@ -75,11 +78,17 @@ class ClusterHub(Hub):
             return
         if method in _TERMINAL:
             self._last_seq.pop((session_key, run_id), None)
+            self._ended[(session_key, run_id)] = None
+            if len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
         else:
             self._last_seq[(session_key, run_id)] = seq
 
     def run_ended_elsewhere(self, user: str, session_key: str, run_id: str) -> None:
-        """Tell every node's subscribers that a run whose node died ended (aborted)."""
+        """Tell every node's subscribers that a run whose node died ended (aborted); a run whose
+        end they were already told (one dropped from its queue) is not announced twice."""
+        if (session_key, run_id) in self._ended:
+            return
         seq = self._last_seq.get((session_key, run_id), -1) + 1
         self.publish(user, session_key, "chat.aborted",
                      {"sessionKey": session_key, "runId": run_id, "seq": seq, "partial": ""})

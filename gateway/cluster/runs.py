@@ -11,7 +11,7 @@ connections, its leases and its runs' liveness with it. ``hold()`` takes the ses
 * an earlier one whose run is live nowhere (its node died mid-run, or it was dropped from a
   queue) gets an empty assistant message marked ``aborted`` — the user message stays, and
   whoever reads the history sees how that run ended — and a ``chat.aborted`` event goes to
-  every node's subscribers (``on_recovered``).
+  every node's subscribers (``RunHooks.recovered``), unless its end was already announced.
 """
 
 from __future__ import annotations
