@@ -68,6 +68,7 @@ from memory import (
 from sessions import FileIO, SessionsConfig, SessionStore
 
 if TYPE_CHECKING:
+    from gateway.cluster import ClusterNode
     from gateway.mcp.http import McpHttpServer
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
@@ -109,6 +110,7 @@ class App:
     retention: RetentionSweeper | None  # the daily sweep, when a retention setting is on
     _stack: AsyncExitStack
     mcp: McpHttpServer | None = None  # /mcp on [mcp] port, when set
+    cluster: ClusterNode | None = None  # the other nodes on one database (storage.backend = "postgres")
     _closed: bool = False
 
     @property
@@ -296,6 +298,10 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
     store = await _opened(stack, asyncio.to_thread(_open_store, config, file_io), _close_store)
     await audit
+    cluster = None
+    if config.storage.backend == "postgres":
+        cluster = await _join_cluster(config, store)  # closes what it opened if it fails
+        stack.push_async_callback(cluster.close)  # after the runs drain, before the store closes
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
     else:
@@ -305,10 +311,11 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
         base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
         timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
     )
-    hub = Hub()
+    hub = Hub() if cluster is None else cluster.hub
     quotas = config.quotas
     runs = ChatRuns(config.chat, llm.model, store, hub, model, service,
-                    max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user)
+                    max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user,
+                    gate=None if cluster is None else cluster.runs)
     if config.sessions.fsync == "batch":
         _background(stack, _flush_loop(store, config.sessions.fsync_interval_s))
     if runs.episodes.enabled:
@@ -360,7 +367,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                                daemon_url=client_url(server.scheme, config.server.host, server.port))
         stack.push_async_callback(mcp.close)  # stopped first: its tools are clients of the server
     return App(config, server, store, runs, sessions, chat, memory, sweeper if sweeper.enabled else None,
-               stack.pop_all(), mcp)
+               stack.pop_all(), mcp, cluster)
 
 
 def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str, hub: Hub) -> GatewayServer:
@@ -429,6 +436,25 @@ def _open_store(config: Config, file_io: FileIO | None) -> SessionStore:
 
 async def _close_store(store: SessionStore) -> None:
     await asyncio.to_thread(store.close)
+
+
+async def _join_cluster(config: Config, store: SessionStore) -> ClusterNode:
+    """Start this node's bus, idempotency keys and run leases on the store's database; a
+    server that refuses is StorageUnavailable naming storage.dsn."""
+    import psycopg
+
+    from gateway.cluster import ClusterHub, ClusterNode
+
+    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
+    node = ClusterNode(config.storage.dsn, ClusterHub(), cast(Any, store),
+                       connect_timeout_s=config.storage.connect_timeout_s)
+    try:
+        await node.start()
+    except psycopg.Error as err:
+        raise StorageUnavailable(
+            f"storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: {str(err).strip()}"
+        ) from err
+    return node
 
 
 def _memory_admin(config: Config) -> str | None:

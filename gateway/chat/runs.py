@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 
 from gateway.chat.episodes import ModelSummarizer
+from gateway.chat.gate import RunGate, RunTicket, close_soon, run_leased, ungate
 from gateway.chat.hub import Hub
 from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.memory_tools import MemoryTools
@@ -73,6 +74,7 @@ class Run:
     # The session and its recent messages, read right after the user message was appended
     # when the run went into an idle session (ChatRuns.submit); None: the run reads them.
     prefetched: tuple[Session, list[Message]] | None = None
+    ticket: RunTicket | None = None  # its place across nodes (postgres backend only)
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once
@@ -119,8 +121,10 @@ class ChatRuns:
 
     def __init__(self, config: ChatConfig, default_model: str, store: SessionStore, hub: Hub,
                  model: ChatModel | None, memory: Memory | None, *,
-                 max_runs: int | None = None, max_runs_per_user: int | None = None) -> None:
+                 max_runs: int | None = None, max_runs_per_user: int | None = None,
+                 gate: RunGate | None = None) -> None:
         self.config = config
+        self.gate = gate  # other nodes on one database (gateway.chat.gate); None on one node
         # Busy sessions (a run streaming or queued), all users / one user ([quotas]): each is
         # an upstream connection while it runs.
         self.max_runs = max_runs
@@ -158,14 +162,23 @@ class ChatRuns:
             # The first attempt is still appending: its outcome decides whether this one is a
             # duplicate or must be carried out itself (then the key is free; look again).
             await asyncio.shield(seen.outcome)
+        run_id = secrets.token_hex(8)
+        if idem is not None and self.gate is not None:
+            owner = await self.gate.claim(user, session_key, idem[2], run_id, self.config.idempotency_ttl_s)
+            if owner != run_id:
+                return owner, True
         lane = self._lanes.get((user, session_key))
-        if lane is None:
-            # A send to a session already busy only queues: it adds no concurrent run.
-            self._check_run_quota(user)
-            lane = self._lanes[(user, session_key)] = SessionLane()
-        if len(lane.queue) >= self.config.max_queued_runs:
-            raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
-        run = Run(secrets.token_hex(8), user, session_key, message, recall=recall)
+        try:
+            if lane is None:
+                # A send to a session already busy only queues: it adds no concurrent run.
+                self._check_run_quota(user)
+                lane = self._lanes[(user, session_key)] = SessionLane()
+            if len(lane.queue) >= self.config.max_queued_runs:
+                raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
+        except GatewayError:
+            await asyncio.shield(ungate(self.gate, None, idem, run_id))  # a refused send claims no key
+            raise
+        run = Run(run_id, user, session_key, message, recall=recall)
         attempt: _Attempt | None = None
         if idem is not None:
             # Recorded before the first await so a duplicate racing this one finds it.
@@ -183,7 +196,9 @@ class ChatRuns:
                 # hop fewer before the model's first byte. (A sessions.update or memory.forget
                 # landing in between is ordered after the run's read, as it would be a moment
                 # later had the run read it itself.)
-                idle = lane.current is None and not lane.queue
+                idle = lane.current is None and not lane.queue and self.gate is None
+                if self.gate is not None:  # live across nodes before its message exists
+                    run.ticket = await self.gate.ticket(user, session_key, run.run_id)
                 run.prefetched = await asyncio.to_thread(self._append_user, run, idle)
                 lane.queue.append(run)
         except BaseException:
@@ -191,6 +206,7 @@ class ChatRuns:
                 if self._idempotency.get(idem) is attempt:
                     del self._idempotency[idem]
                 attempt.outcome.set_result(False)
+            await asyncio.shield(ungate(self.gate, run.ticket, idem, run.run_id))
             lane.submitters -= 1
             self._forget_if_idle(user, session_key, lane)
             raise
@@ -251,6 +267,7 @@ class ChatRuns:
         for run in lane.queue:
             if run.run_id == run_id:
                 lane.queue.remove(run)
+                close_soon(run.ticket)
                 self._publish(run, "chat.aborted", {"partial": ""})
                 return True
         return False
@@ -293,12 +310,18 @@ class ChatRuns:
             while lane.queue:
                 run = lane.queue.popleft()
                 lane.current = run
-                run.task = asyncio.create_task(self._execute(run))
+                run.task = asyncio.create_task(self._execute(run) if run.ticket is None else self._leased(run))
                 await asyncio.wait([run.task])
                 lane.current = None
         finally:
             lane.current = None
             self._forget_if_idle(user, session_key, lane)
+
+    async def _leased(self, run: Run) -> None:
+        assert run.ticket is not None
+        await run_leased(run.ticket, lambda: self._execute(run),
+                         aborted=lambda: self._finish_aborted(run, self.default_model),
+                         failed=lambda exc: self._finish_failed(run, self.default_model, _run_error(exc)))
 
     def _forget_if_idle(self, user: str, session_key: str, lane: SessionLane) -> None:
         """Drop an idle lane so the map only holds sessions with work in flight."""

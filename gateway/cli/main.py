@@ -24,6 +24,7 @@ from gateway.cli.target import TargetError, add_connection_flags, connection_tar
 from gateway.cli.web import add_open_parser
 from gateway.config import Config, ConfigError, is_loopback, load
 from gateway.private import set_private_umask
+from gateway.storage import StorageUnavailable
 
 __all__ = ["main"]
 
@@ -133,7 +134,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run())
-    except OSError as exc:
+    except (OSError, StorageUnavailable) as exc:
         print(f"recalld: cannot start: {exc}", file=sys.stderr)
         return 1
 

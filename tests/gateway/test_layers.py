@@ -21,8 +21,9 @@ ALLOWED = {
     "gateway.cli": {"gateway.app", "gateway.mcp"},
     "gateway.mcp": set(),  # an MCP server whose tools are clients of the daemon (gateway/client.py)
     "gateway.retention": set(),
+    "gateway.cluster": {"gateway.chat"},  # its hub is the chat hub that also reaches other nodes
     "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention",
-                    "gateway.mcp"},
+                    "gateway.mcp", "gateway.cluster"},
 }
 
 
