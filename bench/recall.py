@@ -309,6 +309,12 @@ def _mean(rows: Sequence[dict[str, float]], metrics: Sequence[str] = METRICS) ->
     return {m: (sum(r[m] for r in rows) / len(rows) if rows else 0.0) for m in metrics}
 
 
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p50, p99 = (ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.5, 0.99))
+    return {"p50": p50, "p99": p99, "max": ordered[-1]}
+
+
 def prompt_scores(hits: Sequence[SearchHit], line_map: LineMap, turn_text: dict[str, str],
                   evidence: Sequence[str]) -> dict[str, float]:
     """What recall put in the prompt, scored: the share of evidence turns inside it, whether all
@@ -622,6 +628,8 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
     fetch = max(k, 10)
     moments = question_moments(dataset)
     prompt_rows: list[tuple[str, dict[str, float]]] = []
+    rerank_ms: list[float] = []       # the hybrid searches' re-rank step, where it ran
+    reranked: list[float] = []        # and how many candidates it read
     turn_text = {t.id: t.text for c in dataset.conversations for s in c.sessions for t in s.turns}
     for qi, q in enumerate(dataset.questions):
         user = corpus.users[q.conversation]
@@ -634,6 +642,9 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
         for mode in MODES:
             response = await service.search(user, q.question, k=fetch, mode=mode, before=before, now=moment)
             ran_as[mode][response.mode] += 1
+            if mode == "hybrid" and "rerankMs" in response.timings_ms:
+                rerank_ms.append(response.timings_ms["rerankMs"])
+                reranked.append(response.timings_ms.get("reranked", float(len(response.results))))
             if response.fallback_reason:
                 reasons[mode].add(response.fallback_reason)
             hits = response.results[:k]
@@ -667,6 +678,9 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
         "questions": len(dataset.questions),
         "modes": modes_out,
     }
+    if rerank_ms:
+        report["rerank"] = {"searches": len(rerank_ms), "ms": _percentiles(rerank_ms),
+                            "candidates": _percentiles(reranked)}
     if prompt:
         prompt_by_cat: dict[str, list[dict[str, float]]] = defaultdict(list)
         for cat, scores in prompt_rows:
@@ -710,6 +724,12 @@ def format_table(result: RunResult) -> str:
             cells = "".join(
                 f"{values[m]:>10.0f}" if m.startswith("tokens") else f"{values[m]:>10.3f}" for m in METRICS)
             lines.append(f"{label if i == 0 else '':<8} {cat:<14}{cells}")
+        lines.append("")
+    if "rerank" in report:
+        ms, read = report["rerank"]["ms"], report["rerank"]["candidates"]
+        lines.append(f"hybrid re-rank step ran in {report['rerank']['searches']} of {report['questions']} searches: "
+                     f"p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms, max {ms['max']:.0f} ms; "
+                     f"candidates read p50 {read['p50']:.0f}, p99 {read['p99']:.0f}")
         lines.append("")
     if "prompt" in report:
         block = report["prompt"]
