@@ -770,6 +770,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keyword-common", type=float, nargs=2, default=None, metavar=("SHARE", "MIN"),
                         help="keyword_common_share and keyword_common_min_chunks (default: the memory "
                              "defaults; 0 0 keeps every word)")
+    parser.add_argument("--rerank", choices=("auto", "true", "false"), default=None,
+                        help="memory.rerank (default: the memory default, auto)")
+    parser.add_argument("--rerank-budget-ms", type=int, default=None,
+                        help="memory.rerank_budget_ms (default: the memory default)")
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
@@ -815,6 +819,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
             embeddings_base_url=os.environ.get("OPENAI_BASE_URL"),
             local_threads=os.cpu_count() or 1,
+            rerank={"true": True, "false": False, "auto": "auto", None: defaults.rerank}[args.rerank],
+            rerank_budget_ms=args.rerank_budget_ms or defaults.rerank_budget_ms,
         )
         result = asyncio.run(run_benchmark(
             dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,

@@ -47,6 +47,9 @@ _STOP = frozenset("the and for you your was were what when where who how did doe
 _CALIBRATION = ("what did we decide about the trip", " ".join(["we talked about plans for the weekend"] * 8))
 # How much the latest batch's measured cost moves the estimate (the rest is history).
 _LEARN = 0.5
+# When a search reads nothing because the estimate says nothing fits, the estimate is relaxed
+# by this factor: a cost learnt in a burst of load would otherwise never be measured again.
+_RELAX = 0.9
 # A batch is planned at this multiple of its estimated cost: on a shared machine the next run
 # is often slower than the last, and the budget is a ceiling, not a target.
 MARGIN = 1.25
@@ -175,6 +178,8 @@ class CrossEncoder:
                 break
             take = plan_batch([len(e.ids) for e in encodings[len(scores):]], per_token, left_ms)
             if take == 0:
+                if not scores:
+                    self.ms_per_token = per_token * _RELAX
                 break
             scores += self._run(encodings[len(scores):len(scores) + take])
             batches += 1
