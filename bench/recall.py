@@ -628,6 +628,7 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
     fetch = max(k, 10)
     moments = question_moments(dataset)
     prompt_rows: list[tuple[str, dict[str, float]]] = []
+    recall_ms: list[float] = []       # each recall into a prompt, end to end
     rerank_ms: list[float] = []       # the hybrid searches' re-rank step, where it ran
     reranked: list[float] = []        # and how many candidates it read
     turn_text = {t.id: t.text for c in dataset.conversations for s in c.sessions for t in s.turns}
@@ -653,7 +654,9 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             rows[mode].append((q.category, scores))
             entry["modes"][mode] = {"ran": response.mode, "ranked": ranked, **scores}
         if prompt:
+            started = time.perf_counter()
             recalled = await service.recall(user, q.question[:RECALL_QUERY_CHARS], k=RECALL_K, now=moment)
+            recall_ms.append((time.perf_counter() - started) * 1000)
             scores = prompt_scores(recalled, corpus.line_map, turn_text, q.evidence)
             prompt_rows.append((q.category, scores))
             entry["prompt"] = {"ranked": [hits_to_turns(h, corpus.line_map) for h in recalled], **scores}
@@ -686,7 +689,7 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
         for cat, scores in prompt_rows:
             prompt_by_cat[cat].append(scores)
         report["prompt"] = {
-            "k": RECALL_K, "budgetTokens": service.config.recall_budget_tokens,
+            "k": RECALL_K, "budgetTokens": service.config.recall_budget_tokens, "ms": _percentiles(recall_ms),
             "overall": _mean([s for _, s in prompt_rows], PROMPT_METRICS),
             "by_category": {cat: _mean(prompt_by_cat[cat], PROMPT_METRICS) for cat in sorted(prompt_by_cat)},
         }
@@ -734,7 +737,8 @@ def format_table(result: RunResult) -> str:
     if "prompt" in report:
         block = report["prompt"]
         lines.append(f"recall into a prompt (MemoryService.recall, k {block['k']}, "
-                     f"budget {block['budgetTokens']} tokens):")
+                     f"budget {block['budgetTokens']} tokens; p50 {block['ms']['p50']:.0f} ms, "
+                     f"p99 {block['ms']['p99']:.0f} ms):")
         header = f"{'':<8} {'category':<14}" + "".join(f"{m:>15}" for m in PROMPT_METRICS)
         lines += [header, "-" * len(header)]
         for i, (cat, values) in enumerate([("overall", block["overall"])] + list(block["by_category"].items())):
