@@ -9,7 +9,7 @@ against its sha256; nothing is downloaded.
 With ``rerank = "auto"`` a search spends at most a budget of milliseconds on it
 (:meth:`CrossEncoder.score_within`): the cost of a token of input is measured when the model
 is loaded (:meth:`CrossEncoder.warm`) and again after every batch, and each batch holds as many
-of the remaining candidates, best fused first, as that cost says still fit. The same budget
+of the remaining candidates, best fused first, as that cost says fit half the time left. The same budget
 buys more candidates on a faster machine.
 
 Passages are the chunk texts without their ``[timestamp]`` (the model was trained on prose).
@@ -176,7 +176,10 @@ class CrossEncoder:
             left_ms = (deadline - time.perf_counter()) * 1000
             if per_token is None or left_ms <= 0:
                 break
-            take = plan_batch([len(e.ids) for e in encodings[len(scores):]], per_token, left_ms)
+            # At most half of what is left per batch (one pair at least, when it fits), so that
+            # a batch slower than its estimate leaves room for the next to be planned anew.
+            lengths = [len(e.ids) for e in encodings[len(scores):]]
+            take = plan_batch(lengths, per_token, left_ms / 2) or min(1, plan_batch(lengths, per_token, left_ms))
             if take == 0:
                 if not scores:
                     self.ms_per_token = per_token * _RELAX
