@@ -179,11 +179,13 @@ class CrossEncoder:
             # At most half of what is left per batch (one pair at least, when it fits), so that
             # a batch slower than its estimate leaves room for the next to be planned anew.
             lengths = [len(e.ids) for e in encodings[len(scores):]]
-            take = plan_batch(lengths, per_token, left_ms / 2) or min(1, plan_batch(lengths, per_token, left_ms))
-            if take == 0:
+            fits = plan_batch(lengths, per_token, left_ms)
+            # Re-ordering one candidate changes nothing: start only when two fit.
+            if fits < (2 if not scores else 1):
                 if not scores:
                     self.ms_per_token = per_token * _RELAX
                 break
+            take = plan_batch(lengths, per_token, left_ms / 2) or 1
             scores += self._run(encodings[len(scores):len(scores) + take])
             batches += 1
         return Scored(scores, batches)
