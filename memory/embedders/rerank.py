@@ -50,6 +50,8 @@ _LEARN = 0.5
 # When a search reads nothing because the estimate says nothing fits, the estimate is relaxed
 # by this factor: a cost learnt in a burst of load would otherwise never be measured again.
 _RELAX = 0.9
+# No pair is shorter than the query's tokens plus this many (the separators and a few words).
+_SHORTEST_PASSAGE = 8
 # A batch is planned at this multiple of its estimated cost: on a shared machine the next run
 # is often slower than the last, and the budget is a ceiling, not a target.
 MARGIN = 1.25
@@ -168,14 +170,20 @@ class CrossEncoder:
 
     def _score_within(self, query: str, passages: Sequence[str], deadline: float) -> Scored:
         self._load()
-        encodings = self._encode(query, passages)
+        shortest = len(self._tokenizer.encode(query).ids) + _SHORTEST_PASSAGE
+        encodings: list[Any] = []
         scores: list[float] = []
         batches = 0
-        while len(scores) < len(encodings):
+        while len(scores) < len(passages):
             per_token = self.ms_per_token
             left_ms = (deadline - time.perf_counter()) * 1000
             if per_token is None or left_ms <= 0:
                 break
+            # Windows and tokens only for the candidates that could fit at all: on long texts
+            # preparing all of them costs more than the budget.
+            could = len(scores) + int(left_ms / (per_token * MARGIN * shortest))
+            if could > len(encodings):
+                encodings += self._encode(query, passages[len(encodings):could])
             # At most half of what is left per batch (one pair at least, when it fits), so that
             # a batch slower than its estimate leaves room for the next to be planned anew.
             lengths = [len(e.ids) for e in encodings[len(scores):]]
