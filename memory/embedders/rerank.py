@@ -47,9 +47,11 @@ _STOP = frozenset("the and for you your was were what when where who how did doe
 _CALIBRATION = ("what did we decide about the trip", " ".join(["we talked about plans for the weekend"] * 8))
 # How much the latest batch's measured cost moves the estimate (the rest is history).
 _LEARN = 0.5
-# When a search reads nothing because the estimate says nothing fits, the estimate is relaxed
-# by this factor: a cost learnt in a burst of load would otherwise never be measured again.
-_RELAX = 0.9
+# When the estimate says nothing fits and it is older than this, the search runs one short
+# probe pair (a few milliseconds) to measure again: a cost learnt in a burst of load would
+# otherwise never be measured again, and a full pair could overrun the budget many times.
+_PROBE_AFTER_S = 10.0
+_PROBE_WORDS = 8
 # No pair is shorter than the query's tokens plus this many (the separators and a few words).
 _SHORTEST_PASSAGE = 8
 # A batch is planned at this multiple of its estimated cost: on a shared machine the next run
@@ -114,6 +116,7 @@ class CrossEncoder:
         self._tokenizer: Any = None
         # Milliseconds per padded input token (pairs × longest pair), learnt as it runs.
         self.ms_per_token: float | None = None
+        self._measured_at = 0.0
 
     @property
     def ready(self) -> bool:
@@ -162,6 +165,7 @@ class CrossEncoder:
         (logits,) = self._session.run(["logits"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
         cost = (time.perf_counter() - started) * 1000 / (len(encodings) * width)
         self.ms_per_token = cost if self.ms_per_token is None else _LEARN * cost + (1 - _LEARN) * self.ms_per_token
+        self._measured_at = time.monotonic()
         return [float(x) for x in logits[:, 0]]
 
     def _score(self, query: str, passages: Sequence[str]) -> list[float]:
@@ -190,8 +194,8 @@ class CrossEncoder:
             fits = plan_batch(lengths, per_token, left_ms)
             # Re-ordering one candidate changes nothing: start only when two fit.
             if fits < (2 if not scores else 1):
-                if not scores:
-                    self.ms_per_token = per_token * _RELAX
+                if not scores and time.monotonic() - self._measured_at > _PROBE_AFTER_S:
+                    self._run(self._encode(query, [" ".join(passages[0].split()[:_PROBE_WORDS])]))
                 break
             take = plan_batch(lengths, per_token, left_ms / 2) or 1
             scores += self._run(encodings[len(scores):len(scores) + take])
