@@ -15,6 +15,11 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
 5. *big history pages*: one session of 200 messages of 250 kB, then one batch frame of 20
    ``sessions.history`` (limit 200) — a page is capped by bytes and a batch shares one reply
    budget, where before the daemon built all 20 pages (1 GB) before refusing the reply.
+6. *N1, unauthenticated sockets*: 1,100 upgrades that never authenticate, each reopened as the
+   daemon closes or refuses it (0.5 s later), while 10 fresh connections with the token
+   (``Authorization`` header) each try one ``gateway.health``.
+
+``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -282,25 +287,79 @@ async def big_history(root: Path | None, batch: int = 20, messages: int = 200, m
             d.stop()
 
 
+async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon(Path(tmp) / "data", root, None, {})
+        stop = asyncio.Event()
+        held = Counter[str]()
+
+        async def squat() -> None:
+            while not stop.is_set():
+                try:
+                    ws = await connect(d.url, open_timeout=20, ping_interval=None)
+                except Exception:
+                    held["refused"] += 1
+                    await asyncio.sleep(0.5)
+                    continue
+                held["opened"] += 1
+                with contextlib.suppress(Exception):
+                    await ws.wait_closed()  # the daemon closes it at auth.timeout_s
+                await asyncio.sleep(0.5)
+
+        try:
+            with Sampler(d.proc.pid) as s:
+                squatters = [asyncio.create_task(squat()) for _ in range(n)]
+                await asyncio.sleep(3)  # every squatter has tried once
+                outcomes: Counter[str] = Counter()
+                for _ in range(fresh):
+                    try:
+                        async with Client.connect(d.url, TOKEN) as c:
+                            await c.call("gateway.health")
+                            outcomes["ok"] += 1
+                    except Exception as exc:
+                        outcomes[type(exc).__name__ + " " + str(exc)[:40]] += 1
+                stop.set()
+                for t in squatters:
+                    t.cancel()
+                await asyncio.gather(*squatters, return_exceptions=True)
+            _report(f"N1 unauthenticated sockets ({n} held and reopened)", d, s,
+                    authenticated_ok=f"{outcomes['ok']}/{fresh}", outcomes=dict(outcomes),
+                    squatter_upgrades=held["opened"], squatter_refusals=held["refused"])
+        finally:
+            d.stop()
+
+
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1")
+
+
 async def main(args: argparse.Namespace) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     root = Path(args.root).resolve() if args.root else None
-    with tempfile.TemporaryDirectory() as tmp:
-        # Quotas off for the set-up: 200 sessions are created as fast as the socket goes.
-        d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"})
-        try:
-            print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: {d.rss_mib:.0f} MiB at start",
-                  flush=True)
-            await big_prompts(d, args.sessions, args.prompt_chars)
-            await ping_flood(d, args.flood_s, authenticated=False)
-            await ping_flood(d, args.flood_s, authenticated=True)
-            await request_flood(d)
-            print(f"daemon VmHWM (peak over the whole run): {_status(d.proc.pid, 'VmHWM') / 1024:.0f} MiB")
-        finally:
-            d.stop()
-    await descriptor_flood(root, args.connections)
-    await big_history(root)
+    only = set(args.only.split(",")) if args.only else set(ATTACKS)
+    if only & {"prompts", "pings", "flood"}:
+        with tempfile.TemporaryDirectory() as tmp:
+            # Quotas off for the set-up: 200 sessions are created as fast as the socket goes.
+            d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"})
+            try:
+                print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: {d.rss_mib:.0f} MiB at start",
+                      flush=True)
+                if "prompts" in only:
+                    await big_prompts(d, args.sessions, args.prompt_chars)
+                if "pings" in only:
+                    await ping_flood(d, args.flood_s, authenticated=False)
+                    await ping_flood(d, args.flood_s, authenticated=True)
+                if "flood" in only:
+                    await request_flood(d)
+                print(f"daemon VmHWM (peak over the whole run): {_status(d.proc.pid, 'VmHWM') / 1024:.0f} MiB")
+            finally:
+                d.stop()
+    if "descriptors" in only:
+        await descriptor_flood(root, args.connections)
+    if "history" in only:
+        await big_history(root)
+    if "n1" in only:
+        await preauth_flood(root)
 
 
 if __name__ == "__main__":
@@ -311,6 +370,7 @@ if __name__ == "__main__":
     parser.add_argument("--flood-s", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=1500)
     parser.add_argument("--flood-child", metavar="URL")
+    parser.add_argument("--only", help=f"comma-separated, of: {', '.join(ATTACKS)}")
     args = parser.parse_args()
     if args.flood_child:
         asyncio.run(flood_child(args.flood_child, 500, 6000))

@@ -93,6 +93,11 @@ class AuthConfig:
     users: tuple[AuthUser, ...] = ()
     timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     preauth_max_size: int = field(default=64 * 1024, metadata=_limit(256))
+    # Connections upgraded but not yet authenticated, in all and per address (all of loopback
+    # is one): past either, HTTP 503, so sockets that never authenticate cannot fill
+    # server.max_connections and keep out the users who do.
+    max_pending: int = field(default=256, metadata=_limit(1))
+    max_pending_per_address: int = field(default=64, metadata=_limit(1))
     max_failures: int = field(default=10, metadata=_limit(1))
     failure_window_s: float = field(default=60.0, metadata=_limit(1))
     lockout_s: float = field(default=300.0, metadata=_limit(1))
