@@ -19,7 +19,11 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
    daemon closes or refuses it (0.5 s later), while 10 fresh connections with the token
    (``Authorization`` header) each try one ``gateway.health``.
 
-``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1).
+7. *N2, pipelined big pages*: one user's CONNS connections (1 and 6) each pipeline 32
+   ``sessions.history`` pages of a session of 200 messages of 250 kB, never reading; RSS growth
+   over the daemon at rest after 10 s.
+
+``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -251,18 +255,27 @@ async def descriptor_flood(root: Path | None, n: int) -> None:
             d.stop()
 
 
-async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
+async def _big_session(data: Path, root: Path | None, messages: int, message_chars: int) -> str:
+    """A session of ``messages`` messages of ``message_chars`` characters, written while no daemon
+    runs (the store's directory lock)."""
     from sessions import SessionsConfig, SessionStore
 
+    d = Daemon(data, root, None, {})
+    try:
+        async with Client.connect(d.url, TOKEN) as c:
+            key: str = (await c.call("sessions.create"))["sessionKey"]
+    finally:
+        d.stop()
+    with SessionStore(data, SessionsConfig(fsync="never")) as store:
+        for _ in range(messages):
+            store.append_message("default", key, role="user", content="x" * message_chars)
+    return key
+
+
+async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        d = Daemon(data, root, None, {})
-        async with Client.connect(d.url, TOKEN) as c:
-            key = (await c.call("sessions.create"))["sessionKey"]
-        d.stop()  # the store's directory lock: messages are written while no daemon runs
-        with SessionStore(data, SessionsConfig(fsync="never")) as store:
-            for _ in range(messages):
-                store.append_message("default", key, role="user", content="x" * message_chars)
+        key = await _big_session(data, root, messages, message_chars)
         d = Daemon(data, root, None, {})
         try:
             start = d.rss_mib
@@ -285,6 +298,31 @@ async def big_history(root: Path | None, batch: int = 20, messages: int = 200, m
                     errors=dict(codes), reply_bytes=len(orjson.dumps(answers)))
         finally:
             d.stop()
+
+
+async def pipelined_pages(root: Path | None, conns: tuple[int, ...] = (1, 6), calls: int = 32) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        key = await _big_session(data, root, 200, 250_000)
+        for n in conns:
+            d = Daemon(data, root, None, {})
+            try:
+                rest = d.rss_mib
+                with Sampler(d.proc.pid) as s:
+                    opened = [await connect(d.url, additional_headers=AUTH, max_size=None) for _ in range(n)]
+                    frame = orjson.dumps({"method": "sessions.history", "params": {"sessionKey": key, "limit": 200}})
+                    for ws in opened:
+                        ws.transport.pause_reading()
+                        for i in range(calls):
+                            await ws.send(orjson.dumps({"id": i, **orjson.loads(frame)}).decode())
+                    await asyncio.sleep(10)
+                    for ws in opened:
+                        ws.transport.abort()
+                _report(f"N2 {n} connection(s) x {calls} pipelined sessions.history pages, never read (10 s)",
+                        d, s, rss_growth_mib=f"{s.peak / 1024 - rest:.0f}",
+                        per_connection_mib=f"{(s.peak / 1024 - rest) / n:.0f}")
+            finally:
+                d.stop()
 
 
 async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
@@ -329,7 +367,7 @@ async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> No
             d.stop()
 
 
-ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1")
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -360,6 +398,8 @@ async def main(args: argparse.Namespace) -> None:
         await big_history(root)
     if "n1" in only:
         await preauth_flood(root)
+    if "n2" in only:
+        await pipelined_pages(root)
 
 
 if __name__ == "__main__":

@@ -335,6 +335,7 @@ def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_ver
         auth_timeout_s=config.auth.timeout_s, preauth_max_size=config.auth.preauth_max_size,
         max_pending=config.auth.max_pending, max_pending_per_address=config.auth.max_pending_per_address,
         max_inflight=limits.max_inflight, max_reply_bytes=limits.max_reply_bytes,
+        max_user_reply_bytes=limits.max_user_reply_bytes,
         max_outbox_bytes=limits.max_outbox_bytes, max_control_frames_per_s=limits.max_control_frames_per_s,
     )
 

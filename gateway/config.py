@@ -127,6 +127,9 @@ class LimitsConfig:
     # Bytes of replies one connection may have waiting to be written; a reply past it answers
     # -32004 (-32600 when it alone is larger) instead of being held.
     max_reply_bytes: int = field(default=32 * 1024 * 1024, metadata=_limit(1024))
+    # The same for all of one user's connections together (at least max_reply_bytes): more
+    # connections gain a client nothing.
+    max_user_reply_bytes: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
     # Pings and pongs a peer may send per second; more closes the connection 1008.
     max_control_frames_per_s: int = field(default=20, metadata=_limit(1))
 

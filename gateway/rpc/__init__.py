@@ -4,7 +4,7 @@ Imports nothing of the transport, chat or methods."""
 
 from __future__ import annotations
 
-from gateway.rpc.budget import ReplyBudget, over_budget
+from gateway.rpc.budget import ReplyBudget, UserBudgets, over_budget
 from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.core import Call, RpcCore
 from gateway.rpc.quota import Quotas
@@ -31,6 +31,7 @@ __all__ = [
     "Registry",
     "ReplyBudget",
     "RpcCore",
+    "UserBudgets",
     "bounded",
     "over_budget",
     "parse_params",

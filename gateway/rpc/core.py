@@ -31,7 +31,7 @@ from gateway.errors import (
     wire_error,
 )
 from gateway.rpc.batch import run_batch
-from gateway.rpc.budget import ReplyBudget, over_budget
+from gateway.rpc.budget import ReplyBudget
 from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Handler, Method, Registry, parse_params
@@ -139,12 +139,12 @@ class RpcCore:
             data, is_error = orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
         if budget is None:
             return Reply(data, is_error)
-        if budget.held + len(data) > budget.limit:  # budget.fits, without a call per reply
+        if not budget.fits(len(data)):
             # Refused after it was built (its size is known only then), but never held: what a
-            # connection keeps waiting for its reader stays under the budget.
-            error = over_budget(len(data), budget.held, budget.limit)
+            # connection (and its user's) keeps waiting for its reader stays under the budget.
+            error = budget.refusal(len(data))
             data, is_error = orjson.dumps(error_response(reply.get("id"), error.to_object())), True
-        budget.held += len(data)
+        budget.hold(len(data))
         return Reply(data, is_error)
 
     def _failure(self, exc: Exception, message: dict[str, Any], req_id: Any) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from websockets.http11 import Request, Response
 
 from gateway.auth import Authenticator, bucket_of
 from gateway.errors import InvalidRequest, RateLimited, new_error_id
-from gateway.rpc import Call, CallContext, Reply, RpcCore
+from gateway.rpc import Call, CallContext, Reply, RpcCore, UserBudgets
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
 from gateway.transport.guard import (
     AcceptErrorLog,
@@ -82,6 +82,7 @@ class GatewayServer:
         max_pending_per_address: int,
         max_inflight: int,
         max_reply_bytes: int,
+        max_user_reply_bytes: int,
         max_outbox_bytes: int,
         max_control_frames_per_s: int,
         on_disconnect: Callable[[CallContext], None] = lambda conn: None,
@@ -109,6 +110,8 @@ class GatewayServer:
         self.pending = PendingPool(max_pending, max_pending_per_address)
         self.max_inflight = max_inflight
         self.max_reply_bytes = max_reply_bytes
+        # A user's connections together hold at most this (never less than one connection may).
+        self.user_budgets = UserBudgets(max(max_user_reply_bytes, max_reply_bytes))
         self.max_outbox_bytes = max_outbox_bytes
         self.max_control_frames_per_s = max_control_frames_per_s
         self.started = time.monotonic()
@@ -267,7 +270,8 @@ class GatewayServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn = Connection(ws, self._header_users.pop(ws, None), max_outbox_bytes=self.max_outbox_bytes,
-                          max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s)
+                          max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s,
+                          user_budgets=self.user_budgets)
         self.connections.add(conn)
         structlog.contextvars.bind_contextvars(conn=conn.id, user=conn.user)
         log.info("connection.open", address=conn.address, authenticated=conn.authenticated)
@@ -290,6 +294,7 @@ class GatewayServer:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             self._on_disconnect(conn)
+            conn.leave_budgets()
             self.connections.discard(conn)
             log.info(
                 "connection.close",
