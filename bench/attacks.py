@@ -23,7 +23,11 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
    ``sessions.history`` pages of a session of 200 messages of 250 kB, never reading; RSS growth
    over the daemon at rest after 10 s.
 
-``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2).
+8. *N4, big chat messages*: batches of 16 ``chat.send`` of 250 kB over 16 sessions, each
+   batch sent once the last one is answered, for 15 s, against the loopback fake model; the
+   bytes the data dir grew by.
+
+``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -325,6 +329,41 @@ async def pipelined_pages(root: Path | None, conns: tuple[int, ...] = (1, 6), ca
                 d.stop()
 
 
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 16, chars: int = 250_000) -> None:
+    from testkit.fake_openai import FakeOpenAI
+
+    async with FakeOpenAI(max_recorded=16) as model:
+        model.configure(reply="ok")
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / "data"
+            d = await asyncio.to_thread(Daemon, data, root, None, {
+                "RECALLD_LLM_BASE_URL": model.base_url, "RECALLD_LLM_API_KEY": "sk-bench",
+                "RECALLD_CHAT_RECALL": "false"})
+            try:
+                async with Client.connect(d.url, TOKEN) as c:
+                    keys = [(await c.call("sessions.create"))["sessionKey"] for _ in range(sessions)]
+                    start, codes, t0 = _tree_bytes(data), Counter[str](), time.monotonic()
+                    with Sampler(d.proc.pid) as s:
+                        while time.monotonic() - t0 < seconds:
+                            await c.ws.send(orjson.dumps([{"id": f"{i}", "method": "chat.send", "params": {
+                                "sessionKey": k, "message": "x" * chars}} for i, k in enumerate(keys)]), text=True)
+                            answered = 0
+                            while answered < sessions:
+                                msg = await asyncio.wait_for(c.events.get(), 60)
+                                if "id" in msg:
+                                    answered += 1
+                                    codes[str(msg["error"]["code"]) if "error" in msg else "ok"] += 1
+                    grown = _tree_bytes(data) - start
+                _report(f"N4 batches of {sessions} chat.send of {chars // 1000} kB for {seconds:g} s", d, s,
+                        data_dir_grew_mb=f"{grown / 1e6:.1f}", sends=dict(codes))
+            finally:
+                d.stop()
+
+
 async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Daemon(Path(tmp) / "data", root, None, {})
@@ -367,7 +406,7 @@ async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> No
             d.stop()
 
 
-ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2")
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -400,6 +439,8 @@ async def main(args: argparse.Namespace) -> None:
         await preauth_flood(root)
     if "n2" in only:
         await pipelined_pages(root)
+    if "n4" in only:
+        await chat_bytes(root)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from gateway.methods import (
 )
 from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.retention import RetentionSweeper
-from gateway.rpc import Quotas, Registry, RpcCore
+from gateway.rpc import ByteRate, Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import (
@@ -294,7 +294,8 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     app_version = package_version()
     server = _server(config, core, authenticator, app_version, hub)
     sessions = SessionsMethods(store, hub, runs, service)
-    chat = ChatMethods(config.chat, store, hub, runs)
+    chat = ChatMethods(config.chat, store, hub, runs, ByteRate(quotas.message_bytes_per_minute,
+                       "quotas.message_bytes_per_minute", largest=config.chat.max_message_bytes))
     memory = MemoryMethods(
         service, store, admin=_memory_admin(config),
         full_reindex_interval_s=config.limits.full_reindex_interval_s,

@@ -148,6 +148,10 @@ class QuotasConfig:
     # sessions.update and memory.facts.add per user per minute, each (a bucket refilled
     # continuously): an update line carries the whole prompt, so it writes as much as a create.
     updates_per_minute: int = field(default=60, metadata=_limit(1))
+    # Bytes of chat.send messages (as written) per user per minute, a bucket refilled
+    # continuously that holds at least one chat.max_message_bytes message: far above typing,
+    # far below filling the disk (a flood of big messages wrote ~21 MB/s without it).
+    message_bytes_per_minute: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
 
 
 @dataclass(frozen=True, slots=True)

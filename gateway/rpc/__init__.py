@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.rpc.budget import ReplyBudget, UserBudgets, over_budget
 from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.core import Call, RpcCore
-from gateway.rpc.quota import Quotas
+from gateway.rpc.quota import ByteRate, Quotas
 from gateway.rpc.registry import (
     Bound,
     Handler,
@@ -20,6 +20,7 @@ from gateway.rpc.registry import (
 
 __all__ = [
     "Bound",
+    "ByteRate",
     "Call",
     "CallContext",
     "Handler",
