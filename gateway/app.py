@@ -293,14 +293,14 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                    ))
     app_version = package_version()
     server = _server(config, core, authenticator, app_version, hub)
-    sessions = SessionsMethods(store, hub, runs, service)
+    sessions = SessionsMethods(store, hub, runs, service, llm.choices())
     chat = ChatMethods(config.chat, store, hub, runs, ByteRate(quotas.message_bytes_per_minute,
                        "quotas.message_bytes_per_minute", largest=config.chat.max_message_bytes))
     memory = MemoryMethods(
         service, store, admin=_memory_admin(config),
         full_reindex_interval_s=config.limits.full_reindex_interval_s,
     ) if service is not None else None
-    gateway = GatewayMethods(authenticator, registry, server, app_version, service)
+    gateway = GatewayMethods(authenticator, registry, server, app_version, service, llm.choices())
     facts = FactsMethods(service) if service is not None else None
     forget = ForgetMethods(service, store) if service is not None else None
     episodes = EpisodesMethods(service) if service is not None else None

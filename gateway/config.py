@@ -165,9 +165,16 @@ class LlmConfig:
     base_url: str | None = None
     api_key: str | None = None
     model: str = "gpt-4o-mini"
+    # Other models a session may choose (sessions.create {model}); every request goes out on the
+    # operator's key, so none but the configured model unless listed here.
+    models: tuple[str, ...] = ()
     timeout_s: float = field(default=60.0, metadata=_limit(0.1))
     connect_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     max_retries: int = field(default=2, metadata=_limit(0, 10))
+
+    def choices(self) -> tuple[str, ...]:
+        """The models a session may run on: the configured one first, then ``models``."""
+        return (self.model, *(m for m in dict.fromkeys(self.models) if m != self.model))
 
 
 @dataclass(frozen=True, slots=True)
