@@ -27,7 +27,10 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
    batch sent once the last one is answered, for 15 s, against the loopback fake model; the
    bytes the data dir grew by.
 
-``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4).
+9. *t16, fairness*: alice's ``sessions.list`` p50 alone, then while bob (another user, in a
+   child process) keeps 32 ``sessions.list`` (limit 200) in flight on each of 8 connections.
+
+``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4, t16).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -88,7 +91,8 @@ class Sampler:
 
 
 class Daemon:
-    def __init__(self, data_dir: Path, root: Path | None, nofile: int | None, env: dict[str, str]) -> None:
+    def __init__(self, data_dir: Path, root: Path | None, nofile: int | None, env: dict[str, str],
+                 config: Path | None = None) -> None:
         child_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
         child_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
                           "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json",
@@ -101,7 +105,8 @@ class Daemon:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0"],
+            [sys.executable, "-m", "gateway", "--data-dir", str(data_dir),
+             *(["--config", str(config)] if config else []), "serve", "--port", "0"],
             cwd=root or Path.cwd(), env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, preexec_fn=limit)
         assert self.proc.stderr is not None
@@ -364,6 +369,64 @@ async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 1
                 d.stop()
 
 
+ALICE, BOB = "alice-bench-token-0123456789", "bob-bench-token-0123456789xx"
+
+
+async def bob_child(url: str, connections: int = 8, depth: int = 32, seconds: float = 12.0) -> None:
+    """Bob's flood (runs in its own process): ``depth`` calls in flight on each connection, one
+    sent as each answer arrives, for ``seconds``."""
+    answered = Counter[str]()
+
+    async def one() -> None:
+        async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"}, max_size=None) as ws:
+            frame = orjson.dumps({"id": 0, "method": "sessions.list", "params": {"limit": 200}}).decode()
+            for _ in range(depth):
+                await ws.send(frame)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                msg = orjson.loads(await ws.recv())
+                answered["ok" if "result" in msg else str(msg["error"]["code"])] += 1
+                await ws.send(frame)
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+    print(orjson.dumps(answered).decode())
+
+
+async def fairness(root: Path | None, samples: int = 300) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "config.toml"
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n'
+                       '[quotas]\nsessions_per_minute = 100000\n')
+        d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
+        try:
+            async with Client.connect(d.url, BOB) as bob, Client.connect(d.url, ALICE) as alice:
+                for i in range(200):
+                    await bob.call("sessions.create", {"title": f"bob {i}"})
+                for i in range(20):
+                    await alice.call("sessions.create", {"title": f"alice {i}"})
+
+                async def p50() -> float:
+                    took = []
+                    for _ in range(samples):
+                        t0 = time.perf_counter()
+                        await alice.call("sessions.list", {"limit": 20})
+                        took.append(time.perf_counter() - t0)
+                    return sorted(took)[len(took) // 2] * 1000
+
+                quiet = await p50()
+                with Sampler(d.proc.pid) as s:
+                    child = await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "bench.attacks", "--bob-child", d.url, stdout=asyncio.subprocess.PIPE)
+                    await asyncio.sleep(2)  # bob's connections are up and full
+                    flooded = await p50()
+                    out, _ = await child.communicate()
+            _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 in flight)", d, s,
+                    alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
+                    ratio=f"{flooded / quiet:.1f}x", bob=out.decode().strip())
+        finally:
+            d.stop()
+
+
 async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Daemon(Path(tmp) / "data", root, None, {})
@@ -406,7 +469,7 @@ async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> No
             d.stop()
 
 
-ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4")
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -441,6 +504,8 @@ async def main(args: argparse.Namespace) -> None:
         await pipelined_pages(root)
     if "n4" in only:
         await chat_bytes(root)
+    if "t16" in only:
+        await fairness(root)
 
 
 if __name__ == "__main__":
@@ -451,9 +516,12 @@ if __name__ == "__main__":
     parser.add_argument("--flood-s", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=1500)
     parser.add_argument("--flood-child", metavar="URL")
+    parser.add_argument("--bob-child", metavar="URL")
     parser.add_argument("--only", help=f"comma-separated, of: {', '.join(ATTACKS)}")
     args = parser.parse_args()
     if args.flood_child:
         asyncio.run(flood_child(args.flood_child, 500, 6000))
+    elif args.bob_child:
+        asyncio.run(bob_child(args.bob_child))
     else:
         asyncio.run(main(args))

@@ -46,7 +46,7 @@ from gateway.methods import (
 )
 from gateway.private import find_exposed, make_private_dir, set_private_umask
 from gateway.retention import RetentionSweeper
-from gateway.rpc import ByteRate, Quotas, Registry, RpcCore
+from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import (
@@ -285,6 +285,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
                    reply_reserve=_page_capped(config).max_page_bytes,
+                   user_slots=UserSlots(config.limits.max_user_running),
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
                                    "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),

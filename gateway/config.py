@@ -120,6 +120,9 @@ class LimitsConfig:
     max_batch: int = field(default=50, metadata=_limit(1, 10_000))
     # Requests one connection may have running at once; past it: -32004.
     max_inflight: int = field(default=32, metadata=_limit(1))
+    # Requests of one user running at once across all their connections (those answered in the
+    # read loop aside); the rest wait their turn, so one user's flood cannot starve another's.
+    max_user_running: int = field(default=8, metadata=_limit(1))
     # Bytes of undelivered events per connection before it is closed 1008 "slow consumer".
     max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
     # Seconds between two memory.reindex {full: true} of one user; sooner: -32004.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from gateway.rpc.budget import ReplyBudget, UserBudgets, over_budget
 from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.core import Call, RpcCore
+from gateway.rpc.fairness import UserSlots
 from gateway.rpc.quota import ByteRate, Quotas
 from gateway.rpc.registry import (
     Bound,
@@ -33,6 +34,7 @@ __all__ = [
     "ReplyBudget",
     "RpcCore",
     "UserBudgets",
+    "UserSlots",
     "bounded",
     "over_budget",
     "parse_params",

@@ -33,6 +33,7 @@ from gateway.errors import (
 from gateway.rpc.batch import run_batch
 from gateway.rpc.budget import ReplyBudget
 from gateway.rpc.context import CallContext, Notification, Reply
+from gateway.rpc.fairness import UserSlots
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Handler, Method, Registry, parse_params
 from gateway.wire import ErrorObject
@@ -60,6 +61,9 @@ class RpcCore:
     # Reply bytes a call that may wait on I/O is assumed to build while it runs (the history
     # page cap): it starts only while the reply budget has room for it (gateway.rpc.budget).
     reply_reserve: int = 0
+    # Calls of one user running at once across connections (limits.max_user_running); the rest
+    # wait their turn (gateway.rpc.fairness). None: no cap.
+    user_slots: UserSlots | None = None
 
     def accept(self, payload: str | bytes, ctx: CallContext) -> Call:
         """Decode one frame; the returned call runs it."""
@@ -113,14 +117,24 @@ class RpcCore:
             and not method.inline else None
         if reserving is not None:
             await reserving.start(self.reply_reserve)
+        # Only calls that may wait (a worker thread, the disk, upstream) take one of the user's
+        # slots, and only after their reservation, as batch entries do: a call holding a slot
+        # never waits for budget room, so the two waits cannot close a cycle.
+        slots = self.user_slots if method is not None and not method.inline and ctx.authenticated else None
         try:
-            self._validate(message, req_id)
-            result = await self._invoke(method, message, ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            error = self._failure(exc, message, req_id)
-            return None if error is None else self._encode(error, budget)
+            if slots is not None:
+                await slots.enter(ctx.caller)
+            try:
+                self._validate(message, req_id)
+                result = await self._invoke(method, message, ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = self._failure(exc, message, req_id)
+                return None if error is None else self._encode(error, budget)
+            finally:
+                if slots is not None:
+                    slots.leave(ctx.caller)
         finally:
             if reserving is not None:  # after the reply is held: no other call slips in between
                 reserving.finish(self.reply_reserve)
