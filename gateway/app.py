@@ -311,7 +311,9 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     stack.push_async_callback(server.close)
     await server.start()
     # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
-    write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port))
+    indexing = service.embedder if service is not None else None
+    write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port),
+                       (indexing.provider, indexing.model_id, indexing.endpoint_hash) if indexing else None)
     if server.scheme == "ws" and not is_loopback(config.server.host):
         log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
                     fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "

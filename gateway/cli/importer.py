@@ -221,9 +221,10 @@ def _move(config: Config, source: Path) -> int:
 
 async def _index_with(config: Config) -> int:
     from gateway.app import close_memory, open_memory
+    from gateway.cli.embedder import index_embedder
     from gateway.cli.memory import _Bar as SyncBar  # the same bar as `recalld memory index`
 
-    service = await open_memory(config, watch=False, catch_up=False)
+    service = await open_memory(config, watch=False, catch_up=False, embedder=await index_embedder(config))
     bar = SyncBar()
     try:
         started = time.perf_counter()

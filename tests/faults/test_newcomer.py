@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -9,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from gateway.client import Client
+from sessions import SessionsConfig, SessionStore
 from tests.conftest import TOKEN
 from tests.daemon import Daemon
+from tests.fake_openai import FakeOpenAI
+from tests.faults.helpers import FaultDaemon
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -39,3 +44,39 @@ def test_a_closed_stdout_exits_quietly(daemon: Daemon) -> None:
         os.close(write_end)
     assert proc.stderr == ""
     assert proc.returncode == 141
+
+
+async def _cli(data_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gateway", "--data-dir", str(data_dir), *args],
+        capture_output=True, text=True, timeout=120, env=_env(**env), stdin=subprocess.DEVNULL)
+
+
+async def test_cli_commands_beside_the_daemon_keep_its_embedder(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    """A daemon embedding with an OpenAI-compatible endpoint set in its own environment only:
+    `recalld import` and `recalld memory status` run from a shell without those variables pick
+    another embedder, so they embed nothing (saying why) and neither they nor the daemon log an
+    embedder change; the daemon's embedder stays the index's."""
+    source = tmp_path / "source"
+    with SessionStore(source, SessionsConfig(fsync="never")) as store:
+        key = store.create("old", title="alpha").session_key
+        store.append_message("old", key, role="user", content="my cat is called Bubbles")
+    dump = tmp_path / "export.jsonl"
+    dump.write_bytes((source / "sessions" / "old" / f"{key}.jsonl").read_bytes())
+    data = tmp_path / "data"
+    d = await FaultDaemon.start(data, env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake_openai.base_url,
+                                           "RECALLD_MEMORY_EMBEDDER": "auto"})
+    try:
+        imported = await _cli(data, "import", str(dump), "--user", "bo", RECALLD_MEMORY_EMBEDDER="auto")
+        assert imported.returncode == 0, imported.stderr
+        assert "memory.embedder.changed" not in imported.stderr
+        assert "leaves new chunks to the daemon" in imported.stderr
+        status = await _cli(data, "memory", "status", "--json", RECALLD_MEMORY_EMBEDDER="auto")
+        assert status.returncode == 0, status.stderr
+        assert "memory.embedder.changed" not in status.stderr
+        async with Client.connect(d.url, TOKEN) as c:
+            served = await c.call("memory.status")
+        assert served["provider"] == "openai" and served["vectorSearch"]["reason"] != "no embedder", served
+        assert not d.events("memory.embedder.changed")
+    finally:
+        await d.akill()
