@@ -289,7 +289,8 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
                                    "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
-                                   "memory.facts.add": (quotas.updates_per_minute, "quotas.updates_per_minute")},
+                                   "memory.facts.add": (quotas.updates_per_minute, "quotas.updates_per_minute"),
+                                   "memory.facts.update": (quotas.updates_per_minute, "quotas.updates_per_minute")},
                        in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
                    ))
     app_version = package_version()

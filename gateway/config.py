@@ -148,7 +148,7 @@ class QuotasConfig:
     max_runs_per_user: int = field(default=16, metadata=_limit(1))
     # memory.search calls (each may embed its query upstream) running at once per user.
     max_searches_per_user: int = field(default=4, metadata=_limit(1))
-    # sessions.update and memory.facts.add per user per minute, each (a bucket refilled
+    # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket refilled
     # continuously): an update line carries the whole prompt, so it writes as much as a create.
     updates_per_minute: int = field(default=60, metadata=_limit(1))
     # Bytes of chat.send messages (as written) per user per minute, a bucket refilled

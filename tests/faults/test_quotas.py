@@ -195,3 +195,26 @@ async def test_chat_message_bytes_are_rate_limited_per_user(
         assert (await alice.call("sessions.get", {"sessionKey": a[2]}))["messageCount"] == 0
         b = (await bob.call("sessions.create"))["sessionKey"]
         assert "result" in await bob.request("chat.send", {"sessionKey": b, "message": message})
+
+
+async def test_fact_updates_are_rate_limited_per_user(config_factory: Callable[..., Config]) -> None:
+    """Past quotas.updates_per_minute, memory.facts.update answers -32004 with retryAfterMs naming
+    the key and changes nothing (its own bucket, apart from memory.facts.add's); another user is
+    not affected (issue 22, item 13)."""
+    async with running(two_users(config_factory, quotas={"updates_per_minute": 3})) as app, \
+            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+        fact = (await alice.call("memory.facts.add", {"text": "alice has a cat"}))["fact"]
+        replies = []
+        for i in range(4):
+            reply = await alice.request("memory.facts.update", {"id": fact["id"], "text": f"alice has {i + 2} cats"})
+            replies.append(reply)
+            if "result" in reply:
+                fact = reply["result"]["fact"]
+        assert [("result" in r) for r in replies] == [True, True, True, False]
+        error = replies[3]["error"]
+        assert error["code"] == -32004 and error["data"]["retryAfterMs"] > 0
+        assert "quotas.updates_per_minute" in error["message"]
+        facts = (await alice.call("memory.facts.list"))["facts"]
+        assert [f["text"] for f in facts] == ["alice has 4 cats"]
+        bob_fact = (await bob.call("memory.facts.add", {"text": "bob has a dog"}))["fact"]
+        assert "result" in await bob.request("memory.facts.update", {"id": bob_fact["id"], "text": "bob has two dogs"})
