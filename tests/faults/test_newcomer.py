@@ -6,10 +6,13 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from gateway.cli.importer import import_conversations, session_key_for
+from gateway.cli.importer_formats import Conversation, Turn
 from gateway.client import Client
 from sessions import SessionsConfig, SessionStore
 from tests.conftest import TOKEN
@@ -80,3 +83,31 @@ async def test_cli_commands_beside_the_daemon_keep_its_embedder(tmp_path: Path, 
         assert not d.events("memory.embedder.changed")
     finally:
         await d.akill()
+
+
+def test_an_import_skips_what_the_store_refuses_and_goes_on(tmp_path: Path) -> None:
+    """A conversation whose title is too long keeps its messages under the default title, and a
+    message too large for one transcript line becomes a placeholder naming the limit; the
+    import goes on to the next conversation, reports both, and a resumed import (cut after the
+    big message) lines up the same way and appends only the rest (issue 22, item 13)."""
+    config = SessionsConfig(fsync="never", max_line_bytes=64 * 1024)
+    turns = (Turn("user", "first words", "2024-02-01T10:00:00Z"),
+             Turn("assistant", "B" * 100_000, "2024-02-01T10:00:01Z"),
+             Turn("user", "after the big one", "2024-02-01T10:00:02Z"))
+    long_title = Conversation("c-1", "T" * 1000, "2024-02-01T10:00:00Z", turns)
+    next_one = Conversation("c-2", "fine", "2024-02-02T10:00:00Z", (Turn("user", "hello", None),))
+    data = tmp_path / "data"
+    cut = import_conversations(data, config, "default", "jsonl", [replace(long_title, turns=turns[:2])])
+    assert cut.messages == 2 and len(cut.skipped) == 2
+    report = import_conversations(data, config, "default", "jsonl", [long_title, next_one])
+    assert (report.created, report.resumed, report.messages) == (1, 1, 2)
+    assert report.skipped == ()  # nothing new was refused: the big message was placed before
+    with SessionStore(data, config) as store:
+        first = store.get("default", session_key_for("default", "jsonl", "c-1"))
+        assert first.title != long_title.title and first.message_count == 3
+        page = store.history("default", first.session_key, limit=10)[0]
+        assert [m.content for m in page][0::2] == ["first words", "after the big one"]
+        assert "sessions.max_line_bytes" in page[1].content
+        assert store.get("default", session_key_for("default", "jsonl", "c-2")).message_count == 1
+    assert any("title left out" in line for line in cut.skipped)
+    assert any("message 2 not imported" in line for line in cut.skipped)
