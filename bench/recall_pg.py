@@ -1,7 +1,7 @@
 """``bench/recall.py --backend postgres --dsn DSN``: the same questions against the PostgreSQL index.
 
-The dataset is written into ``recalld_sessions``/``recalld_messages`` (through
-``memory.pg.contract``, the stand-in for the sessions store: the same sessions, keys, dates,
+The dataset is written into ``recalld_sessions``/``recalld_messages`` by the sessions store
+(``sessions.PgSessionStore``): the same sessions, keys, dates,
 speakers and order as ``load_corpus`` writes to JSONL, so message ``i`` of a transcript is line
 ``i + 2`` here too), indexed by ``memory.pg``'s indexer and asked through ``PgMemory.search``
 by recall.py's own ``_ask``. The run uses a scratch database created on the DSN's server and
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,11 +25,10 @@ from psycopg.conninfo import make_conninfo
 
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, select_embedder
-from memory.pg.contract import append_message, create_session, create_session_tables
 from memory.pg.migrations import migrate
 from memory.pg.service import PgMemory
 from memory.pg.vectors import VectorLeg
-from sessions import format_ts
+from sessions import PgSessionStore, format_ts
 
 if TYPE_CHECKING:
     from bench.recall import Dataset, LoadedCorpus, RunResult
@@ -56,8 +55,7 @@ def load_into_postgres(dataset: Dataset, dsn: str, granularity: str, *, seed: in
 
     corpus = LoadedCorpus()
     next_key = _seeded_session_keys(seed)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        create_session_tables(conn)
+    with PgSessionStore(dsn, pool_size=1, key_factory=next_key) as store:
         for ci, conv in enumerate(dataset.conversations):
             user = user_name(ci, conv.id)
             corpus.users[conv.id] = user
@@ -66,13 +64,11 @@ def load_into_postgres(dataset: Dataset, dsn: str, granularity: str, *, seed: in
                 groups = ([list(enumerate(sess.turns))] if granularity == "chunk"
                           else [[(i, t)] for i, t in enumerate(sess.turns)])
                 for group in groups:
-                    key = next_key()
-                    create_session(conn, user, key, title=f"{conv.id} / {sess.id}",
-                                   created_at=format_ts(sess.date + TURN_STEP * group[0][0]))
-                    for i, turn in group:
-                        seq = append_message(conn, key, message_id=uuid.uuid4().hex, role=roles[turn.speaker],
-                                             content=turn.text, name=turn.speaker,
-                                             ts=format_ts(sess.date + TURN_STEP * i))
+                    key = store.create(user, title=f"{conv.id} / {sess.id}",
+                                       created_at=format_ts(sess.date + TURN_STEP * group[0][0])).session_key
+                    for seq, (i, turn) in enumerate(group):  # the store's seq: 0, 1, 2… in append order
+                        store.append_message(user, key, role=roles[turn.speaker], content=turn.text,
+                                             name=turn.speaker, ts=format_ts(sess.date + TURN_STEP * i))
                         corpus.line_map[(key, seq + 2)] = turn.id
                         corpus.turns += 1
                     corpus.transcripts += 1
@@ -118,13 +114,14 @@ async def run_postgres_benchmark(dataset: Dataset, *, dsn: str, dataset_name: st
         started = time.perf_counter()
         corpus = await asyncio.to_thread(load_into_postgres, dataset, run_dsn, granularity)
         seconds["load"] = time.perf_counter() - started
-        service = await PgMemory.open(run_dsn, config, embedder, embedder_reason=reason, vector_leg=vector_leg)
+        service = await PgMemory.open(run_dsn, config, embedder, data_dir=Path(tempfile.gettempdir()),
+                                      embedder_reason=reason, vector_leg=vector_leg)
         try:
             started = time.perf_counter()
             report = await service.sync_now()
             status = await service.status()
             if embedder is not None and status["pending"]:
-                raise RuntimeError(f"indexing left {status['pending']} chunks without vectors: {report.errors}")
+                raise RuntimeError(f"indexing left {status['pending']} chunks without vectors: {report.error}")
             seconds["index"] = time.perf_counter() - started
             started = time.perf_counter()
             result = await _ask(service, dataset, corpus, k, as_of, progress,  # type: ignore[arg-type]

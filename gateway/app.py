@@ -11,7 +11,6 @@ transcripts → close the index → release the data dir. ``App.close()`` is saf
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import fcntl
 import os
 import ssl
@@ -21,7 +20,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -44,20 +43,32 @@ from gateway.methods import (
     SessionsMethods,
     declare_methods,
 )
-from gateway.private import find_exposed, make_private_dir, set_private_umask
+from gateway.opening import (
+    close_memory,
+    close_store,
+    effective_memory_config,
+    join_cluster,
+    open_memory,
+    open_store,
+    page_capped,
+)
+from gateway.private import (
+    find_exposed,
+    make_private_dir,
+    mark_clean_stop,
+    set_private_umask,
+    take_clean_stop,
+)
 from gateway.retention import RetentionSweeper
 from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
-from memory import (
-    Embedder,
-    Memory,
-    MemoryConfig,
-    MemoryService,
-    probe_auto_embedder,
-    select_embedder,
-)
-from sessions import FileIO, SessionsConfig, SessionStore
+from memory import Embedder
+from sessions import FileIO, SessionStoreLike
+
+if TYPE_CHECKING:
+    from gateway.cluster import ClusterNode
+    from gateway.mcp.http import McpHttpServer
 
 __all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
 
@@ -90,13 +101,15 @@ class App:
 
     config: Config
     server: GatewayServer
-    store: SessionStore
+    store: SessionStoreLike
     runs: ChatRuns
     sessions: SessionsMethods
     chat: ChatMethods
     memory: MemoryMethods | None
     retention: RetentionSweeper | None  # the daily sweep, when a retention setting is on
     _stack: AsyncExitStack
+    mcp: McpHttpServer | None = None  # /mcp on [mcp] port, when set
+    cluster: ClusterNode | None = None  # the other nodes on one database (storage.backend = "postgres")
     _closed: bool = False
 
     @property
@@ -111,7 +124,7 @@ class App:
         log.info("app.closed")
 
 
-async def _flush_loop(store: SessionStore, interval_s: float) -> None:
+async def _flush_loop(store: SessionStoreLike, interval_s: float) -> None:
     # fsync="batch": transcripts reach the disk at least once a second. One failed pass
     # (EIO, EMFILE under a descriptor flood) must not end the loop: later writes would
     # never be synced. The store keeps what it could not open dirty for the next pass;
@@ -137,13 +150,6 @@ async def _flush_loop(store: SessionStore, interval_s: float) -> None:
         unlogged = 0
 
 
-def _page_capped(config: Config) -> SessionsConfig:
-    """``[sessions]`` with ``max_page_bytes`` at most a quarter of ``limits.max_reply_bytes``,
-    so that one history page always fits a reply, with room for a few in one batch."""
-    cap = min(config.sessions.max_page_bytes, max(1, config.limits.max_reply_bytes // 4))
-    return dataclasses.replace(config.sessions, max_page_bytes=cap)
-
-
 class DataDirBusy(OSError):
     """Another daemon already serves this data dir."""
 
@@ -158,48 +164,6 @@ def _lock_data_dir(data_dir: Path) -> int:
         os.close(fd)
         raise DataDirBusy(f"another recalld daemon is already using {data_dir}") from None
     return fd
-
-
-def effective_memory_config(config: Config) -> MemoryConfig:
-    """``[memory]`` with the embeddings endpoint and key inherited from ``[llm]``, so one
-    OpenAI-compatible server (``OPENAI_BASE_URL``/``OPENAI_API_KEY``) serves both."""
-    m = config.memory
-    return dataclasses.replace(
-        m,
-        embeddings_base_url=m.embeddings_base_url or config.llm.base_url,
-        embeddings_api_key=m.embeddings_api_key or config.llm.api_key,
-    )
-
-
-async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True,
-                      embedder: tuple[Embedder | None, str] | None = None) -> MemoryService:
-    """The started memory service of ``config``, with the embedder ``memory.embedder`` picks —
-    or ``embedder`` (the embedder and the reason status gives), which benchmarks pass.
-
-    Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
-    """
-    cfg = effective_memory_config(config)
-    if not watch:
-        cfg = dataclasses.replace(cfg, watch=False)
-    if embedder is None:
-        picked, why = await asyncio.to_thread(select_embedder, cfg)
-        embedder = await probe_auto_embedder(cfg, picked, why)
-    chosen, reason = embedder
-    service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
-    try:
-        await service.start(catch_up=catch_up)
-    except BaseException:
-        await asyncio.shield(close_memory(service))  # what start() opened before it failed
-        raise
-    return service
-
-
-async def close_memory(service: Memory) -> None:
-    await service.close()
-    # The embedder was made by open_memory, not by the service, so it is closed here.
-    aclose = getattr(service.embedder, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 def _authenticator(config: Config) -> Authenticator:
@@ -249,15 +213,20 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     stack.push_async_callback(_settle, audit)
     lock_fd = _lock_data_dir(config.data_dir)
     stack.callback(os.close, lock_fd)  # releases the data dir lock
+    # Stopped just before the lock is released: the next start may then skip the per-file audit.
+    stack.push_async_callback(_mark_clean_stop, audit, config.data_dir)
     stack.callback(remove_runtime_file, config.data_dir)  # written once listening
     authenticator = _authenticator(config)
     service = None
     if config.memory.enabled:
         service = await _opened(stack, open_memory(config, embedder=embedder, catch_up=False), close_memory)
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-    store = await _opened(stack, asyncio.to_thread(SessionStore, config.data_dir, _page_capped(config),
-                                                   file_io=file_io), _close_store)
+    store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
     await audit
+    cluster = None
+    if config.storage.backend == "postgres":
+        cluster = await join_cluster(config, store)  # closes what it opened if it fails
+        stack.push_async_callback(cluster.close)  # after the runs drain, before the store closes
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
     else:
@@ -267,10 +236,11 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
         base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
         timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
     )
-    hub = Hub()
+    hub = Hub() if cluster is None else cluster.hub
     quotas = config.quotas
     runs = ChatRuns(config.chat, llm.model, store, hub, model, service,
-                    max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user)
+                    max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user,
+                    gate=None if cluster is None else cluster.runs)
     if config.sessions.fsync == "batch":
         _background(stack, _flush_loop(store, config.sessions.fsync_interval_s))
     if runs.episodes.enabled:
@@ -284,7 +254,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
-                   reply_reserve=_page_capped(config).max_page_bytes,
+                   reply_reserve=page_capped(config).max_page_bytes,
                    user_slots=UserSlots(config.limits.max_user_running),
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
@@ -319,8 +289,15 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
         log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
                     fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
                         "tunnel or a TLS reverse proxy (docs/remote.md)")
+    mcp = None
+    if config.mcp.port:
+        from gateway.mcp import start_http  # the optional `mcp` extra: imported only when on
+
+        mcp = await start_http(config, authenticator, version=app_version,
+                               daemon_url=client_url(server.scheme, config.server.host, server.port))
+        stack.push_async_callback(mcp.close)  # stopped first: its tools are clients of the server
     return App(config, server, store, runs, sessions, chat, memory, sweeper if sweeper.enabled else None,
-               stack.pop_all())
+               stack.pop_all(), mcp, cluster)
 
 
 def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str, hub: Hub) -> GatewayServer:
@@ -375,8 +352,11 @@ async def _cancelled(task: asyncio.Task[None]) -> None:
     await _settle(task)
 
 
-async def _close_store(store: SessionStore) -> None:
-    await asyncio.to_thread(store.close)
+async def _mark_clean_stop(audit: asyncio.Future[bool], data_dir: Path) -> None:
+    """Leave the mode audit's clean-stop marker when this start's audit found nothing exposed."""
+    await _settle(audit)
+    if not audit.cancelled() and audit.exception() is None and audit.result():
+        await asyncio.to_thread(mark_clean_stop, data_dir)
 
 
 def _memory_admin(config: Config) -> str | None:
@@ -386,13 +366,14 @@ def _memory_admin(config: Config) -> str | None:
     return DEFAULT_USER
 
 
-def _warn_if_exposed(data_dir: Path) -> None:
-    exposed = find_exposed(data_dir)
+def _warn_if_exposed(data_dir: Path) -> bool:
+    exposed = find_exposed(data_dir, take_clean_stop(data_dir))
     if exposed.count:
         log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
                     fix=exposed.hint(data_dir),
                     detail="other local users can read or write these; transcripts and the "
                            "index hold private conversations")
+    return not exposed.count
 
 
 def _log_crash(exc: BaseException, error_id: str, method: str) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "LimitsConfig",
     "LlmConfig",
     "LogConfig",
+    "McpConfig",
     "QuotasConfig",
     "ServerConfig",
     "TlsConfig",
@@ -198,6 +199,14 @@ class ChatConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class McpConfig:
+    """The MCP server's streamable HTTP listener (docs/mcp.md); ``recalld mcp`` needs none."""
+
+    # Port of /mcp, on server.host with [tls] as the gateway's; 0 leaves the listener off.
+    port: int = field(default=0, metadata=_limit(0, 65535))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     data_dir: Path = field(default_factory=lambda: Path("~/.recalld").expanduser())
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -211,6 +220,7 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     quotas: QuotasConfig = field(default_factory=QuotasConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
     config_path: Path | None = None
 
 
@@ -424,6 +434,8 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
             "anyone who can reach it would get full access. Bind 127.0.0.1 "
             "(--host 127.0.0.1) or use auth.mode = \"token\"."
         )
+    if cfg.mcp.port and cfg.mcp.port == cfg.server.port:
+        problems.append(f"[mcp] port {cfg.mcp.port} is [server] port too: give /mcp a port of its own")
     if bool(cfg.tls.cert) != bool(cfg.tls.key):
         problems.append("[tls] cert and key must be set together")
     try:

@@ -7,16 +7,39 @@ must be 0600 and every directory 0700. SQLite creates the WAL and SHM itself, wi
 the database file, so a process-wide umask of 077 set before anything is opened is the one
 place that covers them all; the modules that create files also pass 0600/0700 explicitly, so
 they stay private when used as a library without that umask.
+
+The audit lstats every file, which at 82k transcripts took most of a second of each start. So a
+daemon that stops cleanly after an audit that found nothing leaves ``modes.clean``: the mtime
+of every directory under the data dir. The next start takes it away and lstats only those
+directories and the entries of any whose mtime changed (something was created, renamed or
+removed in it while the daemon was down); the files it created itself in between are private
+by the umask. A mode changed with ``chmod`` on a file that already existed changes no
+directory, so it is reported at the next full audit: after a crash, or after a start that found
+something exposed. Without the marker (a crash) the audit walks every file.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DIR_MODE", "PRIVATE_UMASK", "Exposure", "find_exposed", "make_private_dir", "set_private_umask"]
+import orjson
+
+__all__ = [
+    "DIR_MODE",
+    "MARKER_NAME",
+    "PRIVATE_UMASK",
+    "DirMarks",
+    "Exposure",
+    "find_exposed",
+    "make_private_dir",
+    "mark_clean_stop",
+    "set_private_umask",
+    "take_clean_stop",
+]
 
 PRIVATE_UMASK = 0o077
 DIR_MODE = 0o700
@@ -24,6 +47,10 @@ DIR_MODE = 0o700
 _EXPOSED_BITS = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
 # The warning names this many paths; the count says how many there are in all.
 _NAMED = 5
+MARKER_NAME = "modes.clean"
+_MARKER_VERSION = 1
+# FAT has 2 s mtimes, some network file systems 1 s: a change this close to the marker may hide.
+_COARSE_NS = 2_000_000_000
 
 
 def set_private_umask() -> int:
@@ -48,8 +75,60 @@ class Exposure:
         return f"chmod -R go-rwx {data_dir}"
 
 
-def find_exposed(data_dir: Path) -> Exposure:
-    """Every entry of ``data_dir`` (itself included) with group/other read or write bits.
+@dataclass(frozen=True, slots=True)
+class DirMarks:
+    """What a clean stop recorded: when, and each directory's mtime by its path under the data dir."""
+
+    written_ns: int
+    mtimes: dict[str, int]
+
+    def unchanged(self, rel: str, st: os.stat_result) -> bool:
+        recorded = self.mtimes.get(rel)
+        return recorded == st.st_mtime_ns and recorded < self.written_ns - _COARSE_NS
+
+
+def mark_clean_stop(data_dir: Path) -> None:
+    """Leave ``modes.clean`` for the next start (call once the daemon wrote its last file)."""
+    mtimes: dict[str, int] = {}
+    for root, _dirs, _files in os.walk(data_dir):
+        try:
+            mtimes[os.path.relpath(root, data_dir)] = os.lstat(root).st_mtime_ns
+        except FileNotFoundError:
+            continue
+    body = orjson.dumps({"version": _MARKER_VERSION, "writtenNs": time.time_ns(), "dirs": mtimes})
+    path = data_dir / MARKER_NAME
+    tmp = path.with_name(MARKER_NAME + ".tmp")
+    # Not fsynced: a marker lost to a power cut only costs the next start its full audit.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, body)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def take_clean_stop(data_dir: Path) -> DirMarks | None:
+    """Remove ``modes.clean`` and return what it recorded; None without one (a crash) or when
+    it cannot be read, and then the audit walks every file."""
+    path = data_dir / MARKER_NAME
+    try:
+        body = path.read_bytes()
+        path.unlink()
+    except OSError:
+        return None
+    try:
+        obj = orjson.loads(body)
+        dirs = obj["dirs"]
+        if obj["version"] != _MARKER_VERSION or not isinstance(dirs, dict):
+            return None
+        return DirMarks(int(obj["writtenNs"]), {str(rel): int(m) for rel, m in dirs.items()})
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def find_exposed(data_dir: Path, since: DirMarks | None = None) -> Exposure:
+    """Every entry of ``data_dir`` (itself included) with group/other read or write bits;
+    ``since`` a clean stop, only what may have changed since (see the module docstring).
 
     Symlinks are not followed: the daemon never creates them, and their target's mode is not
     the data dir's business. A missing data dir exposes nothing.
@@ -64,15 +143,40 @@ def find_exposed(data_dir: Path) -> Exposure:
             if len(named) < _NAMED:
                 named.append(f"{path} ({stat.filemode(st.st_mode)})")
 
+    def walk(top: str) -> None:
+        for root, dirs, files in os.walk(top):
+            for name in [*dirs, *files]:
+                path = os.path.join(root, name)
+                try:
+                    check(path, os.lstat(path))
+                except FileNotFoundError:
+                    continue  # removed while we looked
+
     try:
         check(str(data_dir), os.lstat(data_dir))
     except FileNotFoundError:
         return Exposure((), 0)
-    for root, dirs, files in os.walk(data_dir):
-        for name in [*dirs, *files]:
-            path = os.path.join(root, name)
-            try:
-                check(path, os.lstat(path))
-            except FileNotFoundError:
-                continue  # removed while we looked
+    if since is None:
+        walk(str(data_dir))
+        return Exposure(tuple(named), count)
+    for rel in since.mtimes:
+        top = os.path.normpath(os.path.join(data_dir, rel))
+        try:
+            st = os.lstat(top)
+        except FileNotFoundError:
+            continue
+        if rel != ".":
+            check(top, st)  # each recorded directory is checked in its own turn
+        if not stat.S_ISDIR(st.st_mode) or since.unchanged(rel, st):
+            continue
+        with os.scandir(top) as entries:
+            for entry in entries:
+                if os.path.relpath(entry.path, data_dir) in since.mtimes:
+                    continue
+                try:
+                    check(entry.path, entry.stat(follow_symlinks=False))
+                    if entry.is_dir(follow_symlinks=False):
+                        walk(entry.path)  # a directory new since the stop: all of it
+                except FileNotFoundError:
+                    continue
     return Exposure(tuple(named), count)

@@ -81,14 +81,20 @@ def open_session_store(
     *,
     file_io: FileIO | None = None,
     key_factory: Callable[[], str] | None = None,
+    trust_clean_stop: bool = False,
 ) -> SessionStore | PgSessionStore:
     """The configured store, open. For postgres it connects at once and applies pending
     migrations; a server it cannot reach is :class:`StorageUnavailable` naming
     ``storage.dsn`` with the server's reason. Blocking: call it off the event loop.
-    ``key_factory`` names new sessions (the importer keeps keys stable); default random."""
+    ``key_factory`` names new sessions (the importer keeps keys stable); default random.
+    ``trust_clean_stop``: the file store may skip its per-transcript walk after a clean stop
+    (the daemon's own start; see sessions.md)."""
     keys = {} if key_factory is None else {"key_factory": key_factory}
     if storage.backend == "sqlite":
-        return SessionStore(data_dir, sessions, file_io=file_io, **keys)
+        if key_factory is None:
+            return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop)
+        return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop,
+                            key_factory=key_factory)
     assert storage.dsn is not None  # StorageConfig refuses postgres without one
     from sessions import PgSessionStore
 

@@ -3,10 +3,14 @@
 The public surface is :class:`MemoryService` (lifecycle, indexing, search, status) with its
 settings (:class:`MemoryConfig`), the embedder choice (:func:`select_embedder`), progress
 values and the error tree rooted at :class:`MemoryIndexError`. Modules inside the package may
-move; importers outside it use these names. See docs/memory.md.
+move; importers outside it use these names. :class:`PgMemory` (``memory.pg``, the same
+:class:`Memory` on PostgreSQL) is imported on first use only, since it needs psycopg (the
+``postgres`` extra). See docs/memory.md.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .chunking import approx_tokens
 from .config import EmbedderChoice, MemoryConfig
@@ -37,6 +41,7 @@ from .facts import (
     parse_block,
 )
 from .facts import Action as FactAction
+from .facts import normalise as normalise_fact
 from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
@@ -44,6 +49,9 @@ from .protocols import EpisodesMemory, FactsMemory, Memory
 from .retrieval.request import MAX_QUERY_CHARS, SearchHit, SearchResponse
 from .retrieval.timephrases import TimeWindow, find_time_window
 from .service import MemoryService
+
+if TYPE_CHECKING:
+    from .pg.service import PgMemory as PgMemory
 
 __all__ = [
     "BLOCK_CLOSE",
@@ -92,6 +100,16 @@ __all__ = [
     "SyncProgress",
     "SyncReport",
     "approx_tokens",
+    "normalise_fact",
     "probe_auto_embedder",
     "select_embedder",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Not in __all__: a star import must not pull in psycopg.
+    if name == "PgMemory":
+        from .pg.service import PgMemory
+
+        return PgMemory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from memory.embedders.base import Embedder
 from memory.episodes.service import ScoredEpisode
 from memory.episodes.store import Episode, EpisodeDraft, EpisodeJob
 from memory.facts.service import FactsPage
-from memory.facts.store import FactChange
+from memory.facts.store import Fact, FactChange
 from memory.forgetting import ForgetRange
 from memory.index.indexing import ProgressCallback
 from memory.index.sync import SyncReport
@@ -41,6 +41,8 @@ class FactsMemory(Protocol):
 
     async def page(self, user: str, *, limit: int, before: int | None = None,
                    include_inactive: bool = False) -> FactsPage: ...
+
+    async def history(self, user: str, fact_id: int) -> list[Fact]: ...
 
 
 class EpisodesMemory(Protocol):

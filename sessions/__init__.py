@@ -1,6 +1,7 @@
 """Sessions and their append-only JSONL transcripts; no network, no memory index.
 
-The public surface is :class:`SessionStore` with its values (:class:`Session`,
+The public surface is :class:`SessionStore` (and :class:`SessionStoreLike`, the Protocol of
+the methods the gateway calls, for a second backend) with its values (:class:`Session`,
 :class:`Message`), settings (:class:`SessionsConfig`), the file seam for fault tests
 (:class:`FileIO`) and the error tree rooted at :class:`SessionError`. Readers that follow
 transcripts from outside the store (the memory indexer) use the path layout
@@ -28,6 +29,7 @@ from .layout import (
     transcript_relpath,
 )
 from .models import MESSAGE_ROLES, Message, Session, format_ts, now_ts, parse_ts
+from .protocol import SessionStoreLike
 from .reader import ForwardReader, TranscriptEntry
 from .store import MessagePage, SessionPage, SessionStore
 from .transcript import Header, memory_enabled, read_header
@@ -51,6 +53,7 @@ __all__ = [
     "SessionNotFound",
     "SessionPage",
     "SessionStore",
+    "SessionStoreLike",
     "SessionsConfig",
     "StorageError",
     "TranscriptEntry",

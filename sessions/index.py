@@ -159,9 +159,12 @@ class SessionIndex:
         with self._conn:
             yield
 
-    def sizes(self) -> dict[tuple[str, str], int]:
-        """``(user, session_key) -> recorded transcript size`` for every row."""
-        rows = self._conn.execute("SELECT user, session_key, size FROM sessions")
+    def sizes(self, user: str | None = None) -> dict[tuple[str, str], int]:
+        """``(user, session_key) -> recorded transcript size`` for every row (of ``user``)."""
+        if user is None:
+            rows = self._conn.execute("SELECT user, session_key, size FROM sessions")
+        else:
+            rows = self._conn.execute("SELECT user, session_key, size FROM sessions WHERE user = ?", (user,))
         return {(str(u), str(k)): _int(s) for u, k, s in rows}
 
     def get(self, user: str, session_key: str) -> tuple[Session, int] | None:

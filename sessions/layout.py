@@ -21,6 +21,7 @@ __all__ = [
     "TRANSCRIPT_SUFFIX",
     "parse_transcript_relpath",
     "scan_transcripts",
+    "scan_user_transcripts",
     "sessions_root",
     "transcript_file",
     "transcript_relpath",
@@ -66,15 +67,31 @@ def scan_transcripts(root: Path) -> dict[tuple[str, str], int]:
         return found
     with users:
         for user_entry in users:
-            if not (user_entry.is_dir(follow_symlinks=False) and is_user_name(user_entry.name)):
-                continue
-            with os.scandir(user_entry.path) as files:
-                for entry in files:
-                    key = entry.name[: -len(TRANSCRIPT_SUFFIX)]
-                    if (
-                        entry.name.endswith(TRANSCRIPT_SUFFIX)
-                        and is_session_key(key)
-                        and entry.is_file(follow_symlinks=False)
-                    ):
-                        found[(user_entry.name, key)] = entry.stat(follow_symlinks=False).st_size
+            if user_entry.is_dir(follow_symlinks=False) and is_user_name(user_entry.name):
+                _scan_user(user_entry.path, user_entry.name, found)
     return found
+
+
+def scan_user_transcripts(root: Path, user: str) -> dict[tuple[str, str], int]:
+    """:func:`scan_transcripts` for one user's directory (a validated name); empty if missing."""
+    found: dict[tuple[str, str], int] = {}
+    path = root / user
+    if path.is_dir() and not path.is_symlink():
+        _scan_user(str(path), user, found)
+    return found
+
+
+def _scan_user(path: str, user: str, found: dict[tuple[str, str], int]) -> None:
+    try:
+        files = os.scandir(path)
+    except FileNotFoundError:
+        return  # removed while we looked
+    with files:
+        for entry in files:
+            key = entry.name[: -len(TRANSCRIPT_SUFFIX)]
+            if (
+                entry.name.endswith(TRANSCRIPT_SUFFIX)
+                and is_session_key(key)
+                and entry.is_file(follow_symlinks=False)
+            ):
+                found[(user, key)] = entry.stat(follow_symlinks=False).st_size

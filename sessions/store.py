@@ -17,10 +17,9 @@ sessions cost no descriptors between calls.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -33,15 +32,12 @@ from . import inputs
 from .config import SessionsConfig
 from .errors import InvalidSessionInput, SessionNotFound, StorageError
 from .fileio import (
-    FILE_MODE,
     Durability,
     FileIO,
     append_line,
-    append_whole_line,
     check_free_space,
     create_with_line,
     describe_os_error,
-    fsync_path,
 )
 from .index import SessionIndex
 from .keys import (
@@ -55,9 +51,13 @@ from .keys import (
     new_session_key,
 )
 from .layout import sessions_root, transcript_file
-from .models import Message, Session, parse_ts
-from .reconcile import checked_summary, reconcile
-from .transcript import Header, Summary, parse_line, read_header, read_page, recover_tail
+from .models import Message, Session
+from .purge import rewrite_file, without_messages
+from .reconcile import catch_up, reconcile_at_open
+from .recovery import recover_tail
+from .rows import IndexRows
+from .shutdown import write_marker
+from .transcript import Header, Summary, header_of, open_sized, read_page
 
 __all__ = ["MessagePage", "SessionPage", "SessionStore"]
 
@@ -82,35 +82,48 @@ class SessionStore:
         *,
         file_io: FileIO | None = None,
         key_factory: Callable[[], str] = new_session_key,
+        trust_clean_stop: bool = False,
     ) -> None:
         """``file_io`` is the seam for fault tests; ``key_factory`` makes each new session's key
         (default: random, :func:`sessions.keys.new_session_key`). The benchmark harness passes a
-        seeded one so that a dataset loads into the same keys, and so the same index, every run."""
+        seeded one so that a dataset loads into the same keys, and so the same index, every run.
+
+        ``trust_clean_stop``: after a clean stop (:mod:`sessions.shutdown`), check only the user
+        directories at open and every transcript in a background thread, which ``close`` joins;
+        otherwise (and always after a crash) every transcript is checked before this returns.
+        ``clean_start`` says which ran."""
         self._config = config
         self._key_factory = key_factory
         self._io = file_io if file_io is not None else FileIO()
         self._durability = Durability(config.fsync, self._io)
         self._root = sessions_root(data_dir)
         self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
-        self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._validated: dict[_Ident, int] = {}  # transcripts checked this process -> header end
-        self._needs_refresh: set[_Ident] = set()
         self._closed = False
+        self._data_dir = Path(data_dir)
+        self._catching_up: threading.Thread | None = None
         try:
             self._root.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
         except OSError as err:
             raise StorageError(describe_os_error(err, "creating the sessions directory")) from err
         try:
-            self._index = SessionIndex(Path(data_dir) / "sessions.db")
+            index = SessionIndex(self._data_dir / "sessions.db")
         except apsw.Error as err:
             raise StorageError(f"could not open the session index: {err}") from err
+        self._rows = IndexRows(index, self._root, self._stripe)
         try:
-            with self._index_op("checking the session index against the transcripts"):
-                reconcile(self._index, self._root, self._io, durable=self._durability.enabled)
+            with self._rows.op("checking the session index against the transcripts"):
+                self.clean_start = reconcile_at_open(index, self._data_dir, self._root, self._io,
+                                                     durable=self._durability.enabled,
+                                                     trust_marker=trust_clean_stop)
         except BaseException:
-            self._index.close()
+            index.close()
             raise
+        if self.clean_start:
+            self._catching_up = threading.Thread(target=self._catch_up_logged, name="sessions-catch-up",
+                                                 daemon=True)
+            self._catching_up.start()
 
     # ----------------------------------------------------------------- public API
 
@@ -149,7 +162,7 @@ class SessionStore:
             with self._state_lock:
                 self._validated[(user, key)] = len(line)
             summary = Summary(header, len(line), 0, header.created_at, len(line))
-            self._index_write((user, key), lambda: self._index.put(user, summary))
+            self._rows.write((user, key), lambda: self._rows.index.put(user, summary))
         return summary.session(user)
 
     def get(self, user: str, session_key: str) -> Session:
@@ -158,8 +171,8 @@ class SessionStore:
         user, key = check_user(user), check_session_key(session_key)
         with self._stripe(key):
             self._ensure_open(user, key)
-        self._refresh_pending()
-        return self._session_row(user, key)
+        self._rows.refresh_pending()
+        return self._rows.session(user, key)
 
     def list(self, user: str, *, limit: int = 50, before: str | None = None) -> SessionPage:
         """One page of ``user``'s sessions, newest ``updatedAt`` first (ties: key descending).
@@ -171,9 +184,9 @@ class SessionStore:
         user = check_user(user)
         limit = inputs.check_limit(limit, self._config)
         after = decode_list_cursor(before) if before is not None else None
-        self._refresh_pending()
-        with self._index_op("listing sessions"):
-            rows = self._index.page(user, after, limit + 1)
+        self._rows.refresh_pending()
+        with self._rows.op("listing sessions"):
+            rows = self._rows.index.page(user, after, limit + 1)
         if len(rows) <= limit:
             return rows, None
         last = rows[limit - 1]
@@ -230,8 +243,8 @@ class SessionStore:
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
             new_size = self._append_line(ident, path, line)
-            self._index_write(
-                ident, lambda: self._index.record_append(user, key, message.ts, new_size)
+            self._rows.write(
+                ident, lambda: self._rows.index.record_append(user, key, message.ts, new_size)
             )
         return message
 
@@ -248,12 +261,12 @@ class SessionStore:
         check_free_space(self._root, self._config.min_free_bytes)
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
-            now = self._session_row(user, key)
+            now = self._rows.session(user, key)
             header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model)
             new, line = inputs.build_update(header, title=title, system_prompt=system_prompt,
                                             config=self._config)
             size = self._append_line(ident, path, line)
-            self._index_write(ident, lambda: self._index.record_update(
+            self._rows.write(ident, lambda: self._rows.index.record_update(
                 user, key, new.title, new.system_prompt, size))
         return replace(now, title=new.title, system_prompt=new.system_prompt)
 
@@ -275,67 +288,30 @@ class SessionStore:
             self._forget(ident)
             self._durability.forget(path)
             self._durability.written(path.parent)
-            self._index_write(ident, lambda: self._index.delete(user, key))
+            self._rows.write(ident, lambda: self._rows.index.delete(user, key))
 
     def purge_messages(self, user: str, session_key: str, *, after: datetime | None = None,
                        before: datetime | None = None) -> int:
         """Rewrite the transcript without its messages timed in ``[after, before)`` (every
         message when neither is given); returns how many were removed.
 
-        For forgetting for real (``memory.forget {purgeTranscript:true}``): the kept lines go to
-        a temporary file beside the transcript, which is fsynced and renamed over it, then the
-        directory is fsynced, so a crash leaves the old file or the new one, never a mix. The
-        header and every other line stay byte for byte; the session's index row is re-derived.
+        For forgetting for real (``memory.forget {purgeTranscript:true}``), crash-safe
+        (:mod:`sessions.purge`). The header and every other line stay byte for byte; the
+        session's index row is re-derived.
         """
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         ident = (user, key)
         with self._stripe(key):
             path, header_end = self._ensure_open(user, key)
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                raise SessionNotFound() from None
-            except OSError as err:
-                raise StorageError(describe_os_error(err, "reading transcript")) from err
-            kept = [data[:header_end]]
-            removed = 0
-            for raw in data[header_end:].splitlines(keepends=True):
-                obj = parse_line(raw.rstrip(b"\n"))
-                if obj is not None and obj["type"] == "message" and _within(obj.get("ts"), after, before):
-                    removed += 1
-                    continue
-                kept.append(raw)
+            content, removed = without_messages(path, header_end, after, before)
             if removed:
-                self._rewrite(path, b"".join(kept))
+                rewrite_file(self._io, path, content)
                 self._forget(ident)
                 self._durability.forget(path)
-                self._refresh_row(user, key)
+                self._rows.refresh(user, key)
         log.info("transcript.purged", session=key, messages=removed)
         return removed
-
-    def _rewrite(self, path: Path, content: bytes) -> None:
-        tmp = path.with_name(path.name + ".purge")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
-        except OSError as err:
-            raise StorageError(describe_os_error(err, "rewriting transcript"), errno=err.errno) from err
-        try:
-            append_whole_line(self._io, fd, content, 0, "rewriting transcript")
-            self._io.fsync(fd)
-        except (StorageError, OSError) as err:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            if isinstance(err, StorageError):
-                raise
-            raise StorageError(describe_os_error(err, "syncing rewritten transcript"), errno=err.errno) from err
-        os.close(fd)
-        try:
-            os.replace(tmp, path)
-        except OSError as err:
-            tmp.unlink(missing_ok=True)
-            raise StorageError(describe_os_error(err, "replacing transcript"), errno=err.errno) from err
-        fsync_path(self._io, path.parent)
 
     def transcript_path(self, user: str, session_key: str) -> Path:
         """Where the transcript lives (checked names only; the file may not exist)."""
@@ -347,15 +323,26 @@ class SessionStore:
         self._durability.flush()
 
     def close(self) -> None:
-        """Flush, then close the index. Safe to call twice; later calls to the store fail."""
+        """Flush, close the index, then leave the clean-stop marker. Safe to call twice; later
+        calls to the store fail."""
         if self._closed:
             return
         self._closed = True
+        if self._catching_up is not None:
+            self._catching_up.join()  # it stops at its next transcript once closed is set
         try:
             self.flush()
         finally:
-            with self._index_lock:
-                self._index.close()
+            with self._rows.lock:
+                self._rows.index.close()
+        write_marker(self._data_dir, self._root, durable=self._durability.enabled)
+
+    def catch_up(self) -> int:
+        """Check every transcript against its row while the store is in use (a transcript
+        appended to while the daemon was down is found here); returns how many rows it
+        re-derived. See :func:`sessions.reconcile.catch_up`."""
+        return catch_up(self._rows, self._root, self._io, durable=self._durability.enabled,
+                        stripe=self._stripe, forget=self._forget, closed=lambda: self._closed)
 
     def __enter__(self) -> SessionStore:
         return self
@@ -364,6 +351,12 @@ class SessionStore:
         self.close()
 
     # ----------------------------------------------------------------- transcripts
+
+    def _catch_up_logged(self) -> None:
+        try:
+            self.catch_up()
+        except Exception as err:  # noqa: BLE001 - a background check; each session's first use re-checks
+            log.error("sessions.catch_up_failed", error=str(err), error_type=type(err).__name__)
 
     def _new_key(self) -> str:
         key = self._key_factory()
@@ -396,7 +389,7 @@ class SessionStore:
         except FileNotFoundError:
             # Removed behind our back: drop what we knew about it.
             self._forget(ident)
-            self._index_write(ident, lambda: self._index.delete(*ident))
+            self._rows.write(ident, lambda: self._rows.index.delete(*ident))
             raise SessionNotFound() from None
         except StorageError:
             # Should the cut-back have failed too, recovery on next use repairs the tail.
@@ -423,48 +416,29 @@ class SessionStore:
             return path, header_end
         recovery = recover_tail(path, self._io, durable=self._durability.enabled)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            size, found = header_of(path)
         except FileNotFoundError:
-            self._index_write(ident, lambda: self._index.delete(user, key))
+            self._rows.write(ident, lambda: self._rows.index.delete(user, key))
             raise SessionNotFound() from None
-        except OSError as err:
-            raise StorageError(describe_os_error(err, "opening transcript")) from err
-        try:
-            size = os.fstat(fd).st_size
-            found = read_header(fd, size)
-        except OSError as err:
-            raise StorageError(describe_os_error(err, "reading transcript")) from err
-        finally:
-            os.close(fd)
         if found is None or found[0].session_key != key or found[0].user != user:
             log.warning("transcript.unreadable", path=str(path), reason="bad header")
             raise SessionNotFound()
         with self._state_lock:
             self._validated[ident] = found[1]
-        with self._index_op("reading the session index"):
-            row = self._index.get(user, key)
+        with self._rows.op("reading the session index"):
+            row = self._rows.index.get(user, key)
         if recovery is not None or row is None or row[1] != size:
-            self._refresh_row(user, key)
+            self._rows.refresh(user, key)
         return path, found[1]
 
     def _read_back(self, user: str, key: str, limit: int, before: int | None,
                    max_bytes: int | None = None) -> MessagePage:
         with self._stripe(key):
             path, header_end = self._ensure_open(user, key)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise SessionNotFound() from None
-            except OSError as err:
-                raise StorageError(describe_os_error(err, "reading transcript")) from err
-            # Taken under the stripe lock, so no append is half-way through: the size is a
+            # Sized under the stripe lock, so no append is half-way through: the size is a
             # line boundary. Reading needs no lock: lines before it never change, and a
             # delete meanwhile leaves this descriptor readable.
-            try:
-                size = os.fstat(fd).st_size
-            except OSError as err:
-                os.close(fd)
-                raise StorageError(describe_os_error(err, "reading transcript")) from err
+            fd, size = open_sized(path)
         try:
             page, more = read_page(fd, size, header_end, limit, before, path, max_bytes)
         except OSError as err:
@@ -473,71 +447,3 @@ class SessionStore:
             os.close(fd)
         cursor = encode_history_cursor(key, page[0][0]) if more else None
         return [message for _, message in page], cursor
-
-    # ----------------------------------------------------------------- index
-
-    @contextlib.contextmanager
-    def _index_op(self, action: str) -> Iterator[None]:
-        with self._index_lock:
-            try:
-                yield
-            except apsw.Error as err:
-                log.error("sessions.index_failed", action=action, error=str(err))
-                raise StorageError(f"session index failed while {action}") from err
-
-    def _index_write(self, ident: _Ident, write: Callable[[], None]) -> None:
-        """An index update after the transcript changed: the transcript is already the truth,
-        so a failure here is logged and repaired from the file later rather than raised."""
-        try:
-            with self._index_op("updating the session index"):
-                write()
-        except StorageError:
-            with self._state_lock:
-                self._needs_refresh.add(ident)
-
-    def _refresh_row(self, user: str, key: str) -> Session | None:
-        """Re-derive one row from its transcript (deleting it if the transcript is unusable)."""
-        summary = checked_summary(self._root, user, key)
-        with self._index_op("updating the session index"):
-            if summary is None:
-                self._index.delete(user, key)
-                return None
-            self._index.put(user, summary)
-        return summary.session(user)
-
-    def _refresh_pending(self) -> None:
-        with self._state_lock:
-            if not self._needs_refresh:
-                return
-            pending, self._needs_refresh = self._needs_refresh, set()
-        for user, key in pending:
-            try:
-                with self._stripe(key):
-                    self._refresh_row(user, key)
-            except StorageError:
-                with self._state_lock:
-                    self._needs_refresh.add((user, key))
-
-    def _session_row(self, user: str, key: str) -> Session:
-        with self._index_op("reading the session index"):
-            row = self._index.get(user, key)
-        if row is not None:
-            return row[0]
-        session = self._refresh_row(user, key)
-        if session is None:
-            raise SessionNotFound()
-        return session
-
-
-def _within(ts: object, after: datetime | None, before: datetime | None) -> bool:
-    """Whether a message time lies in [after, before). With no bound every message matches; a
-    message whose time cannot be read cannot be placed in a bounded range and is kept."""
-    if after is None and before is None:
-        return True
-    try:
-        moment = parse_ts(ts) if isinstance(ts, str) else None
-    except ValueError:
-        moment = None
-    if moment is None:
-        return False
-    return (after is None or moment >= after) and (before is None or moment < before)

@@ -1,4 +1,4 @@
-"""Reading transcripts, and repairing the tail a crash may leave behind.
+"""Reading transcripts: the line format, the header, history pages read backwards.
 
 A transcript is ``<data>/sessions/<user>/<sessionKey>.jsonl``: a header line, then one JSON
 line per message, each written whole by one ``write``. Two facts follow and everything here
@@ -9,10 +9,9 @@ leans on them:
   are addressed by byte offset and read *backwards* from the end in 64 KiB blocks: the last N
   messages cost O(size of those N lines), not O(size of the file).
 
-Recovery (:func:`recover_tail`) walks back from the end to the last line that parses, copies
-every byte after it to ``<file>.corrupt-<UTC timestamp>``, and truncates the file there. It
-never removes a line that parses. Lines in the *middle* that do not parse (only a hand edit can
-make them) are skipped when reading and logged, never fatal.
+Repairing the tail a crash may leave behind is :mod:`sessions.recovery`'s. Lines in the
+*middle* that do not parse (only a hand edit can make them) are skipped when reading and
+logged, never fatal.
 """
 
 from __future__ import annotations
@@ -20,29 +19,29 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 import structlog
 
-from .errors import InvalidSessionInput, StorageError
-from .fileio import FileIO, describe_os_error
-from .models import Message, Session, format_ts, to_ts
+from .errors import InvalidSessionInput, SessionNotFound, StorageError
+from .fileio import describe_os_error
+from .models import Message, Session, to_ts
 
 __all__ = [
     "Header",
-    "Recovery",
     "Summary",
-    "find_good_end",
+    "blocks_forward",
+    "end_of_last_newline",
+    "header_of",
     "iter_lines_backward",
     "memory_enabled",
+    "open_sized",
     "parse_line",
     "read_header",
     "read_messages_backward",
     "read_page",
-    "recover_tail",
     "summarise",
 ]
 
@@ -149,15 +148,6 @@ class Summary:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """A tail that was moved aside."""
-
-    moved_bytes: int
-    kept_bytes: int
-    corrupt_path: Path
-
-
 def parse_line(raw: bytes) -> dict[str, Any] | None:
     """A line as a dict with a string ``type``, or None (not JSON, bad UTF-8, wrong shape)."""
     try:
@@ -203,7 +193,7 @@ def iter_lines_backward(fd: int, end: int) -> Iterator[tuple[int, bytes]]:
     yield 0, b"".join(reversed(parts))
 
 
-def _blocks_forward(fd: int, start: int, end: int) -> Iterator[bytes]:
+def blocks_forward(fd: int, start: int, end: int) -> Iterator[bytes]:
     """Bytes ``[start, end)`` in blocks of at most ``_BLOCK``, first to last."""
     pos = start
     while pos < end:
@@ -216,7 +206,7 @@ def _lines_forward(fd: int, start: int, end: int) -> Iterator[bytes]:
     """Each line in ``[start, end)`` (``end`` just after a newline), first to last, newline
     stripped; a line spanning blocks is joined once."""
     carry: list[bytes] = []
-    for chunk in _blocks_forward(fd, start, end):
+    for chunk in blocks_forward(fd, start, end):
         pieces = chunk.split(b"\n")
         if len(pieces) == 1:
             carry.append(chunk)
@@ -227,7 +217,7 @@ def _lines_forward(fd: int, start: int, end: int) -> Iterator[bytes]:
         carry = [pieces[-1]]
 
 
-def _end_of_last_newline(fd: int, size: int) -> int:
+def end_of_last_newline(fd: int, size: int) -> int:
     """Offset just after the last ``\\n`` in the first ``size`` bytes; 0 if there is none."""
     pos = size
     while pos > 0:
@@ -239,12 +229,38 @@ def _end_of_last_newline(fd: int, size: int) -> int:
     return 0
 
 
-def find_good_end(fd: int, size: int) -> int:
-    """Offset just after the last line that parses: everything past it is a bad tail."""
-    for offset, raw in iter_lines_backward(fd, _end_of_last_newline(fd, size)):
-        if parse_line(raw) is not None:
-            return offset + len(raw) + 1
-    return 0
+def open_sized(path: Path) -> tuple[int, int]:
+    """A read-only descriptor on the transcript and its size; SessionNotFound if it is gone,
+    StorageError for any other failure."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SessionNotFound() from None
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "reading transcript")) from err
+    try:
+        return fd, os.fstat(fd).st_size
+    except OSError as err:
+        os.close(fd)
+        raise StorageError(describe_os_error(err, "reading transcript")) from err
+
+
+def header_of(path: Path) -> tuple[int, tuple[Header, int] | None]:
+    """The transcript's size and :func:`read_header`'s answer; FileNotFoundError when it is
+    gone, StorageError for any other failure."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "opening transcript")) from err
+    try:
+        size = os.fstat(fd).st_size
+        return size, read_header(fd, size)
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "reading transcript")) from err
+    finally:
+        os.close(fd)
 
 
 def memory_enabled(path: Path) -> bool:
@@ -279,90 +295,6 @@ def read_header(fd: int, size: int) -> tuple[Header, int] | None:
         parts.append(chunk)
         pos += len(chunk)
     return None
-
-
-def _corrupt_stamp() -> str:
-    # Compact (no colons) so the name is valid on every file system the data dir may sit on.
-    return format_ts(datetime.now(UTC)).replace("-", "").replace(":", "").replace(".", "")
-
-
-def _write_all(io: FileIO, fd: int, data: bytes) -> None:
-    while data:
-        written = io.write(fd, data)
-        if written <= 0:
-            raise OSError(28, os.strerror(28))  # ENOSPC: a write that makes no progress
-        data = data[written:]
-
-
-def _copy_aside(io: FileIO, src_fd: int, path: Path, start: int, end: int, durable: bool) -> Path:
-    """Copy bytes ``[start, end)`` to a fresh ``<file>.corrupt-<ts>`` file and return its path."""
-    stamp = _corrupt_stamp()
-    for attempt in range(100):
-        suffix = f".corrupt-{stamp}" + (f"-{attempt}" if attempt else "")
-        target = path.with_name(path.name + suffix)
-        try:
-            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            break
-        except FileExistsError:
-            continue
-    else:  # pragma: no cover - a hundred recoveries of one file in one millisecond
-        raise StorageError("could not name a file for a corrupt transcript tail")
-    try:
-        for chunk in _blocks_forward(src_fd, start, end):
-            _write_all(io, out, chunk)
-        if durable:
-            io.fsync(out)
-    except OSError:
-        os.close(out)
-        target.unlink(missing_ok=True)
-        raise
-    os.close(out)
-    return target
-
-
-def recover_tail(path: Path, io: FileIO, *, durable: bool) -> Recovery | None:
-    """Move a bad tail aside and cut the file back to its last good line; None if it was fine.
-
-    When no line at all parses (a header torn at creation), the bad bytes are saved and the
-    now-empty transcript is removed: the session never finished being created. Raises
-    :class:`StorageError` if the bad bytes cannot be saved, leaving the file untouched, since
-    truncating without a copy would destroy the only record of them.
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            # A crash between creating the file and writing its header: nothing to keep.
-            path.unlink(missing_ok=True)
-            log.warning("transcript.removed_empty", path=str(path))
-            return None
-        good = find_good_end(fd, size)
-        if good == size:
-            return None
-        corrupt = _copy_aside(io, fd, path, good, size, durable)
-        os.ftruncate(fd, good)
-        if durable:
-            io.fsync(fd)
-    except OSError as err:
-        raise StorageError(
-            describe_os_error(err, "repairing a damaged transcript tail"), errno=err.errno
-        ) from err
-    finally:
-        os.close(fd)
-    log.warning(
-        "transcript.recovered",
-        path=str(path),
-        bytes=size - good,
-        kept_bytes=good,
-        corrupt_path=str(corrupt),
-    )
-    if good == 0:
-        path.unlink(missing_ok=True)
-        log.warning("transcript.removed_empty", path=str(path))
-    return Recovery(size - good, good, corrupt)
 
 
 def _bad_line(path: Path | None, offset: int) -> None:
@@ -417,7 +349,7 @@ def summarise(path: Path) -> Summary | None:
         if found is None:
             return None
         header, header_end = found
-        end = _end_of_last_newline(fd, size)
+        end = end_of_last_newline(fd, size)
         count = 0
         for raw in _lines_forward(fd, header_end, end):
             if raw.startswith(UPDATE_PREFIX):

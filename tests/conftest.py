@@ -34,6 +34,20 @@ def config_factory(tmp_path: Path) -> Callable[..., Config]:
     return factory
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend_config_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Config]:
+    """``config_factory`` on each storage backend: SQLite + JSONL in the data dir, and PostgreSQL
+    on a fresh database (skipped, with the reason, when ``postgres_server`` is)."""
+    storage: dict[str, Any] = {}
+    if request.param == "postgres":
+        storage = {"backend": "postgres", "dsn": request.getfixturevalue("pg_dsn")}
+
+    def factory(**sections: dict[str, Any]) -> Config:
+        return make_config(tmp_path / "data", storage=storage, **sections)
+
+    return factory
+
+
 @pytest.fixture
 async def app(config_factory: Callable[..., Config]) -> AsyncIterator[App]:
     async with running(config_factory()) as app:

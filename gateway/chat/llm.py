@@ -1,7 +1,9 @@
 """The model-facing side of chat: a small ``ChatModel`` Protocol and its OpenAI-compatible backend.
 
 ``OpenAIChatModel`` streams chat completions through the ``openai`` SDK from any
-OpenAI-compatible endpoint (OpenAI, Ollama, vLLM, LM Studio, llama.cpp). Every failure leaves
+OpenAI-compatible endpoint (OpenAI, Ollama, vLLM, LM Studio, llama.cpp). The SDK sends the
+request (auth, base URL, timeouts, retries, status errors); the streamed body is read raw and
+each server-sent event decoded with orjson into the few fields a run uses. Every failure leaves
 this module as one :class:`~gateway.errors.UpstreamError` with an HTTP status (or ``None``
 when no answer came), a ``retryable`` flag and a message safe to show: the API key never
 appears in it.
@@ -15,7 +17,7 @@ Usage::
     await model.close()
 
 Closing the generator early (``aclose()``, or cancelling the task iterating it) closes the
-SDK stream and its HTTP response at once, so the endpoint sees the client leave and stops
+HTTP response at once, so the endpoint sees the client leave and stops
 generating. The SDK retries (``max_retries``) only before the first byte of an answer; once
 text has streamed, a failure is reported, never silently replayed.
 
@@ -30,17 +32,21 @@ never offered tools again: ``supports_tools`` turns false.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncGenerator, Mapping, Sequence
+import ssl
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
+import anyio
+import httpx2
 import openai
+import orjson
 import structlog
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.errors import UpstreamError
 
@@ -63,6 +69,10 @@ PLACEHOLDER_API_KEY = "no-key-required"
 _DETAIL_CHARS = 300
 _KEY_LIKE = re.compile(r"\b((?:sk|pk|rk|key)[-_])[A-Za-z0-9_\-*.]{6,}", re.IGNORECASE)
 _BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
+# What the SDK itself counts as a broken connection (its _httpx2.request_exceptions).
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
+# How long the rest of a body after [DONE] may take to arrive (the SDK's own drain bound).
+_DRAIN_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,33 +173,54 @@ class OpenAIChatModel:
     ) -> AsyncGenerator[ChatEvent, None]:
         """Stream one reply; see the module docstring for the events and the failure contract."""
         chosen = model or self.name
-        sdk_stream = await self._open(messages, chosen, tools if self.supports_tools else None)
+        response = await self._open(messages, chosen, tools if self.supports_tools else None)
         received = 0
         finish: str | None = None
         usage: dict[str, int] | None = None
         reported_model = chosen
         calls: dict[int, list[str]] = {}  # index → [id, name, arguments so far]
+        body = response.aiter_bytes()
+        events = _sse_data(body)
         try:
-            async for chunk in sdk_stream:
-                reported_model = chunk.model or reported_model
-                if chunk.usage is not None:
-                    usage = _usage_dict(chunk.usage)
-                for choice in chunk.choices[:1]:
-                    text = choice.delta.content if choice.delta is not None else None
+            async for data in events:
+                if data.startswith(b"[DONE]"):
+                    await _drain(body)
+                    break
+                chunk = orjson.loads(data)
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"event is not an object: {data[:80]!r}")
+                if chunk.get("error"):
+                    raise UpstreamError(
+                        f"model stream ended early after {received} characters: {self._frame_error(chunk)}",
+                        None,
+                        True,
+                    )
+                reported_model = chunk.get("model") or reported_model
+                if chunk.get("usage") is not None:
+                    usage = _usage_dict(chunk["usage"])
+                for choice in (chunk.get("choices") or ())[:1]:
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content")
                     if text:
                         received += len(text)
                         yield TextDelta(text)
-                    for piece in (choice.delta.tool_calls if choice.delta is not None else None) or ():
-                        call = calls.setdefault(piece.index, ["", "", ""])
-                        call[0] = piece.id or call[0]
-                        if piece.function is not None:
-                            call[1] = piece.function.name or call[1]
-                            call[2] += piece.function.arguments or ""
-                    finish = choice.finish_reason or finish
-        except openai.APIError as exc:
-            raise self._stream_error(exc, received) from None
-        except ValueError as exc:
-            # The SDK parses each SSE frame with json.loads and lets JSONDecodeError through.
+                    for piece in delta.get("tool_calls") or ():
+                        call = calls.setdefault(piece.get("index", 0), ["", "", ""])
+                        call[0] = piece.get("id") or call[0]
+                        function = piece.get("function")
+                        if function:
+                            call[1] = function.get("name") or call[1]
+                            call[2] += function.get("arguments") or ""
+                    finish = choice.get("finish_reason") or finish
+        except httpx2.TimeoutException:
+            raise self._stream_timeout(received) from None
+        except _TRANSPORT_ERRORS as exc:
+            raise UpstreamError(
+                f"model stream ended early after {received} characters: {self._scrub(_describe(exc))}",
+                None,
+                True,
+            ) from None
+        except (ValueError, AttributeError, TypeError) as exc:  # not JSON, or not the shape of a chunk
             raise UpstreamError(
                 f"model stream ended early after {received} characters: malformed event "
                 f"({self._scrub(str(exc))})",
@@ -197,7 +228,10 @@ class OpenAIChatModel:
                 True,
             ) from None
         finally:
-            await _close_sdk_stream(sdk_stream)
+            # Closing at once (also on aclose() or cancellation) tells the endpoint the client left.
+            await events.aclose()
+            await body.aclose()
+            await response.aclose()
         if finish is None:
             # A clean end of body without a finish_reason: the server gave up mid-reply.
             raise UpstreamError(
@@ -219,16 +253,22 @@ class OpenAIChatModel:
             raise UpstreamError("model endpoint answered without a choice", None, True)
         return response.choices[0].message.content or ""
 
-    async def _open(self, messages: Messages, model: str, tools: Sequence[Mapping[str, Any]] | None) -> Any:
-        """Send the request; the SDK's retries happen in here, before any text exists.
+    async def _open(
+        self, messages: Messages, model: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> httpx2.Response:
+        """Send the request and return the answer's response with its body still unread; the
+        SDK's retries happen in here, before any text exists.
 
         The body goes through the SDK's generic ``post`` (its documented way to send any JSON)
         rather than ``chat.completions.create``: ``create`` first walks every message and tool
         against the SDK's TypedDicts (``maybe_transform``), about 0.25 ms per message and
         0.5 ms for the memory tools here, which is time between the user's message and the
         model's first byte. Our messages and tools are plain JSON already, which that walk
-        returns unchanged; the path, headers, retries, timeouts, stream parsing and errors
-        are ``create``'s own.
+        returns unchanged; the path, headers, retries, timeouts and status errors are
+        ``create``'s own. ``cast_to=httpx2.Response`` with ``stream=True`` (the SDK's raw
+        response) hands the body over unparsed: building a pydantic ``ChatCompletionChunk``
+        for every delta was most of a run's CPU, so ``stream`` reads the few fields it uses
+        with orjson instead.
         """
         for _attempt in range(3):
             body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in messages], "stream": True}
@@ -238,8 +278,7 @@ class OpenAIChatModel:
                 body["tools"] = list(tools)
             try:
                 return await self._client.post(
-                    "/chat/completions", body=body, cast_to=ChatCompletion, stream=True,
-                    stream_cls=openai.AsyncStream[ChatCompletionChunk],
+                    "/chat/completions", body=body, cast_to=httpx2.Response, stream=True,
                     options={"security": {"bearer_auth": True}},  # create()'s own auth
                 )
             except openai.BadRequestError as exc:
@@ -272,24 +311,19 @@ class OpenAIChatModel:
             return self._status_error(exc)
         return UpstreamError(f"model endpoint error: {self._detail(exc)}", None, True)
 
-    def _stream_error(self, exc: openai.APIError, received: int) -> UpstreamError:
-        """Map a failure while the reply was streaming."""
-        if isinstance(exc, openai.APITimeoutError):
-            if received == 0:
-                what = f"no reply text within {self.timeout_s:g}s"
-            else:
-                what = f"stalled for more than {self.timeout_s:g}s after {received} characters"
-            return UpstreamError(f"model stream timed out: {what}", None, True)
-        if isinstance(exc, openai.APIConnectionError):
-            return UpstreamError(
-                f"model stream ended early after {received} characters: {self._cause(exc)}", None, True
-            )
-        if isinstance(exc, openai.APIStatusError):
-            return self._status_error(exc)
-        # An {"error": …} event inside the stream: the endpoint failed after it had started.
-        return UpstreamError(
-            f"model stream ended early after {received} characters: {self._detail(exc)}", None, True
-        )
+    def _stream_timeout(self, received: int) -> UpstreamError:
+        """Map a read timeout while the reply was streaming."""
+        if received == 0:
+            what = f"no reply text within {self.timeout_s:g}s"
+        else:
+            what = f"stalled for more than {self.timeout_s:g}s after {received} characters"
+        return UpstreamError(f"model stream timed out: {what}", None, True)
+
+    def _frame_error(self, frame: Mapping[str, Any]) -> str:
+        """The message of an ``{"error": …}`` event: the endpoint failed after it had started."""
+        error = frame["error"]
+        message = error.get("message") if isinstance(error, Mapping) else None
+        return self._scrub(message if message and isinstance(message, str) else "An error occurred during streaming")
 
     def _status_error(self, exc: openai.APIStatusError) -> UpstreamError:
         status = exc.status_code
@@ -311,9 +345,7 @@ class OpenAIChatModel:
 
     def _cause(self, exc: BaseException) -> str:
         cause = exc.__cause__ or exc.__context__
-        if cause is None:
-            return self._scrub(str(exc))
-        return self._scrub(f"{type(cause).__name__}: {cause}".rstrip(": "))
+        return self._scrub(str(exc) if cause is None else _describe(cause))
 
     def _scrub(self, text: str) -> str:
         """Remove anything that could be the key; endpoints sometimes echo it back."""
@@ -345,21 +377,52 @@ def create_chat_model(
     )
 
 
-async def _close_sdk_stream(sdk_stream: Any) -> None:
-    """Close the HTTP response now, then the SDK's own generator so nothing waits for the GC."""
-    await sdk_stream.close()
-    # AsyncStream keeps its frame parser in ``_iterator``; closing it here rather than at
-    # garbage collection keeps its ``finally`` on this event loop, while it is still running.
-    inner = getattr(sdk_stream, "_iterator", None)
-    if inner is not None:
-        with contextlib.suppress(Exception):
-            await inner.aclose()
+async def _sse_data(body: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """Each server-sent event's data (its ``data:`` lines joined by newlines), as bytes.
+
+    The SSE framing of the spec as the SDK's decoder reads it: lines end in LF, CRLF or CR; an
+    empty line ends an event; other fields and comments are skipped; an event the body ends
+    without finishing is dropped.
+    """
+    pending = b""
+    data: list[bytes] = []
+    async for chunk in body:
+        text = pending + chunk
+        if b"\r" in text:
+            # A CR at the end may be the first half of a CRLF split between two reads.
+            held = text.endswith(b"\r")
+            text = text[:-1] if held else text
+            text = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if held else b"")
+        lines = text.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                data.append(line[6:] if line.startswith(b"data: ") else line[5:])
 
 
-def _usage_dict(usage: Any) -> dict[str, int]:
+async def _drain(body: AsyncGenerator[bytes, None]) -> None:
+    """Read what follows ``[DONE]`` so an HTTP/1.1 connection goes back to the pool for reuse;
+    a server that keeps the body open longer than a moment just loses the connection."""
+    with contextlib.suppress(TimeoutError, *_TRANSPORT_ERRORS, httpx2.TimeoutException):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in body:
+                pass
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as ``Type: message``, for errors of the transport under the SDK."""
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
+def _usage_dict(usage: Any) -> dict[str, int] | None:
     """Token counts only; the detail sub-objects differ between servers."""
-    raw = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
-    return {k: v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+    if not isinstance(usage, Mapping):
+        return None
+    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def _retry_after(headers: Any) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.wire import fact_change_wire, fact_wire
-from memory import Fact, MemoryService
+from memory import Fact, Memory
 
 __all__ = ["add_facts_parser", "run_facts"]
 
@@ -37,7 +37,7 @@ def add_facts_parser(msub: Any) -> None:
     history.add_argument("id", type=int)
 
 
-async def run_facts(service: MemoryService, args: argparse.Namespace) -> int:
+async def run_facts(service: Memory, args: argparse.Namespace) -> int:
     facts = service.facts
     command = args.facts_command or "list"
     out: Any

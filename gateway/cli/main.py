@@ -18,11 +18,13 @@ import orjson
 
 from gateway.cli.chat import add_chat_parser
 from gateway.cli.importer import add_import_parser
+from gateway.cli.mcp import add_mcp_parser
 from gateway.cli.memory import add_memory_parser
 from gateway.cli.target import TargetError, add_connection_flags, connection_target
 from gateway.cli.web import add_open_parser
 from gateway.config import Config, ConfigError, is_loopback, load
 from gateway.private import set_private_umask
+from gateway.storage import StorageUnavailable
 
 __all__ = ["main"]
 
@@ -69,6 +71,7 @@ def _base_parser() -> argparse.ArgumentParser:
     add_memory_parser(sub, command_flags)
     add_open_parser(sub, chat_flags)
     add_import_parser(sub, command_flags)
+    add_mcp_parser(sub, chat_flags)
     return parser
 
 
@@ -138,7 +141,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run())
-    except OSError as exc:
+    except (OSError, StorageUnavailable) as exc:
         print(f"recalld: cannot start: {exc}", file=sys.stderr)
         return 1
 

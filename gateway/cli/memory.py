@@ -3,7 +3,9 @@
 Safe while the daemon runs: the index is SQLite in WAL mode with a busy timeout, so this
 process and the daemon take turns as writer, and readers never block. ``index`` shows a
 progress bar on a terminal (a line per phase otherwise); interrupted with Ctrl+C it keeps
-every file finished so far, and the next run resumes from there.
+every file finished so far, and the next run resumes from there. With ``storage.backend =
+"postgres"`` they work on the shared index in ``storage.dsn``: ``index`` runs one indexing
+pass of this process beside the nodes' own (each session is claimed by one of them).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import orjson
 
 from gateway.cli.facts import add_facts_parser, run_facts
 from gateway.config import Config
+from gateway.storage import StorageUnavailable
 from gateway.wire import search_wire
-from memory import MemoryIndexError, MemoryService, SyncProgress
+from memory import Memory, MemoryIndexError, SyncProgress
 
 __all__ = ["add_memory_parser"]
 
@@ -50,18 +53,18 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 
     # Warnings only: the output of these commands is the point, not the log.
     configure_logging("warning", config.log.format)
-    handler: dict[str, Callable[[MemoryService, argparse.Namespace], Any]] = {
+    handler: dict[str, Callable[[Memory, argparse.Namespace], Any]] = {
         "status": _status, "index": _index, "search": _search, "facts": run_facts,
     }
     try:
         return int(asyncio.run(_with_service(config, args, handler[args.memory_command])))
-    except MemoryIndexError as exc:
+    except (MemoryIndexError, StorageUnavailable) as exc:
         print(f"recalld: {exc}", file=sys.stderr)
         return 1
 
 
 async def _with_service(config: Config, args: argparse.Namespace,
-                        fn: Callable[[MemoryService, argparse.Namespace], Any]) -> int:
+                        fn: Callable[[Memory, argparse.Namespace], Any]) -> int:
     from gateway.app import close_memory, open_memory  # the daemon's wiring, loaded on use
     from gateway.cli.embedder import index_embedder
 
@@ -73,7 +76,7 @@ async def _with_service(config: Config, args: argparse.Namespace,
         await close_memory(service)
 
 
-async def _status(service: MemoryService, args: argparse.Namespace) -> int:
+async def _status(service: Memory, args: argparse.Namespace) -> int:
     status = await service.status()
     if args.json:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
@@ -84,16 +87,18 @@ async def _status(service: MemoryService, args: argparse.Namespace) -> int:
 
 
 def status_rows(status: dict[str, Any]) -> list[tuple[str, object]]:
-    """``memory status``'s human table: (label, value) rows from ``MemoryService.status()``."""
+    """``memory status``'s human table: (label, value) rows from the service's ``status()``
+    (PostgreSQL's has no file: its path row names the setting, its backend row pgvector)."""
     vb = status["vectorBackend"]
     vs = status["vectorSearch"]
     rows: list[tuple[str, object]] = [
-        ("index", status["dbPath"]),
+        ("index", status.get("dbPath", "PostgreSQL (storage.dsn)")),
         ("files", status["files"]),
         ("chunks", f"{status['chunks']} ({status['embedded']} embedded, {status['pending']} pending)"),
         ("cache entries", status["cacheEntries"]),
         ("embedder", f"{status['provider']} {status['model'] or ''} — {status['embedderReason']}".strip()),
-        ("vector backend", "sqlite-vec loaded" if vb["available"] else f"UNAVAILABLE: {vb['reason']}"),
+        ("vector backend", ("sqlite-vec loaded" if "dbPath" in status else vb["reason"]) if vb["available"]
+         else f"UNAVAILABLE: {vb['reason']}"),
         ("vector search", "ready" if vs["ready"] else f"not ready: {vs['reason']}"),
         ("database size", f"{status['dbBytes']:,} bytes"),
     ]
@@ -132,7 +137,7 @@ class _Bar:
             sys.stderr.write("\n")
 
 
-async def _index(service: MemoryService, args: argparse.Namespace) -> int:
+async def _index(service: Memory, args: argparse.Namespace) -> int:
     bar = _Bar()
     try:
         report = await service.sync_now(progress=bar, full=args.full)
@@ -148,7 +153,7 @@ async def _index(service: MemoryService, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _search(service: MemoryService, args: argparse.Namespace) -> int:
+async def _search(service: Memory, args: argparse.Namespace) -> int:
     response = await service.search(args.user, args.query, k=args.k, mode=args.mode)
     if args.json:
         print(orjson.dumps(search_wire(response), option=orjson.OPT_INDENT_2).decode())

@@ -4,8 +4,8 @@ run lease (:class:`SessionLeases`, advisory locks) and shared ``chat.send`` idem
 (:class:`IdempotencyKeys`). Their tables and migrations are in :mod:`.schema`.
 
 These modules import psycopg (the ``postgres`` extra); only the postgres backend imports them.
-They know nothing of the gateway's rooms: the bus delivers to anything with ``Hub.publish``'s
-signature.
+The primitives know nothing of the gateway's rooms (the bus delivers to anything with
+``Hub.publish``'s signature); :mod:`.node` and :mod:`.runs` join them to the chat hub and runs.
 """
 
 from __future__ import annotations
@@ -13,16 +13,22 @@ from __future__ import annotations
 from .bus import CHANNEL, MAX_NOTIFY_BYTES, EventBus, LocalHub
 from .idempotency import IdempotencyKeys
 from .leases import LEASE_CLASS, Lease, SessionLeases, lease_key
+from .node import ClusterHub, ClusterNode
+from .runs import ClusterRuns, LeaseTicket
 from .schema import MIGRATION_LOCK, MIGRATIONS, connect, migrate
 
 __all__ = [
     "CHANNEL",
+    "ClusterHub",
+    "ClusterNode",
+    "ClusterRuns",
     "LEASE_CLASS",
     "MAX_NOTIFY_BYTES",
     "MIGRATIONS",
     "MIGRATION_LOCK",
     "EventBus",
     "IdempotencyKeys",
+    "LeaseTicket",
     "Lease",
     "LocalHub",
     "SessionLeases",

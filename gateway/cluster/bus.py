@@ -83,6 +83,7 @@ class EventBus:
         self._listens = 0
         self._listening = asyncio.Condition()
         self.delivered = 0  # events from other nodes handed to the hub
+        self._barriers: dict[str, asyncio.Future[None]] = {}
 
     async def __aenter__(self) -> EventBus:
         await self.start()
@@ -147,6 +148,27 @@ class EventBus:
                     await self._drop_publisher()
         return False
 
+    async def barrier(self) -> bool:
+        """Return once every event that other nodes committed before this call has been handed
+        to the hub: a ping to this node's own listener, which PostgreSQL delivers after them
+        (notifications arrive in commit order). False (logged) when the ping could not be sent."""
+        token = uuid.uuid4().hex
+        arrived = self._barriers[token] = asyncio.get_running_loop().create_future()
+        try:
+            async with self._lock:
+                try:
+                    conn = await self._publisher()
+                    await conn.execute("SELECT pg_notify(%s, %s)",
+                                       (self._channel, _dumps({"n": self.node_id, "b": token})))
+                except psycopg.Error as err:
+                    log.warning("cluster.barrier_failed", error=str(err).strip())
+                    await self._drop_publisher()
+                    return False
+            await arrived
+            return True
+        finally:
+            self._barriers.pop(token, None)
+
     async def _publish_large(self, conn: _Conn, body: Mapping[str, Any]) -> None:
         async with conn.transaction():
             cur = await conn.execute(
@@ -208,7 +230,12 @@ class EventBus:
         except orjson.JSONDecodeError:
             log.warning("cluster.event_unreadable", bytes=len(payload))
             return
-        if not isinstance(body, dict) or body.get("n") == self.node_id:
+        if not isinstance(body, dict):
+            return
+        if body.get("n") == self.node_id:
+            arrived = self._barriers.get(str(body.get("b")))
+            if arrived is not None and not arrived.done():
+                arrived.set_result(None)
             return
         if "id" in body:
             loaded = await self._load_large(body["id"])

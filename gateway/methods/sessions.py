@@ -1,4 +1,4 @@
-"""``sessions.*``: create, list, read, update, delete and (un)subscribe, over the :class:`SessionStore`.
+"""``sessions.*``: create, list, read, update, delete and (un)subscribe, over the :class:`SessionStoreLike`.
 
 ``sessions.watch`` attaches a connection to all of its user's sessions at once: it then hears
 ``sessions.created`` / ``sessions.updated`` / ``sessions.deleted`` (how a web client's sidebar
@@ -20,7 +20,7 @@ from gateway.errors import InvalidParams
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import LiveRun, MessageWire, SessionWire, message_wire, session_wire
 from memory import Memory
-from sessions import SessionsConfig, SessionStore
+from sessions import SessionsConfig, SessionStoreLike
 
 __all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
 
@@ -102,7 +102,7 @@ class UnsubscribedReply(TypedDict):
 
 
 class SessionsMethods:
-    def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: Memory | None,
+    def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory | None,
                  models: tuple[str, ...] | None = None) -> None:
         self.store = store
         self.hub = hub

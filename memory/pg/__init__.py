@@ -11,7 +11,6 @@ SQLite, never does. Modules:
 * :mod:`memory.pg.facts`, :mod:`memory.pg.episodes` — the SQLite stores' methods, awaited;
 * :mod:`memory.pg.service` — ``PgMemory``, the thin top (search, status, reindex, forget,
   the indexing loop woken by ``NOTIFY recalld_messages``);
-* :mod:`memory.pg.contract` — the sessions tables as read here, and a stand-in writer for tests.
 
 Choices, as measured (shared 2-core machine; commands in the phase-1 report):
 

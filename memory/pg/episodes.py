@@ -4,19 +4,34 @@ methods, on a psycopg connection (coroutines instead of blocking calls).
 Each write is its own transaction (a savepoint inside the caller's). ``due`` claims jobs
 with ``FOR UPDATE SKIP LOCKED``: call it inside a transaction and keep it open while the jobs
 run, so two nodes never write the same summary.
+
+:class:`PgEpisodes` is :class:`memory.episodes.Episodes` (embedding, novelty, the search's
+ranking) with each store step awaited on a pooled connection: what ``PgMemory.episodes``
+hands the gateway and the episode writer. Its ``due`` claims jobs for :data:`CLAIM_S` (it
+moves their ``next_ms`` on in the claiming transaction), so a job runs on one node at a time
+though the claim's transaction has ended; a node that dies leaves its jobs due again then.
 """
 
 from __future__ import annotations
 
+import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
+from memory.embedders.embeddings import EmbeddingPipeline
+from memory.episodes.service import Episodes
 from memory.episodes.store import Episode, EpisodeDraft, EpisodeJob, dated
+from memory.pg.steps import Pool, pooled_step
 
-__all__ = ["PgEpisodeStore"]
+__all__ = ["CLAIM_S", "PgEpisodeStore", "PgEpisodes"]
+
+# How long a claimed job is hidden from other nodes: longer than one summary takes (the chat
+# model's reply) with room to spare; done or failed, the job's row says what comes next.
+CLAIM_S = 600
 
 Conn = AsyncConnection[TupleRow]
 
@@ -126,6 +141,14 @@ class PgEpisodeStore:
             "AND next_ms <= %s ORDER BY next_ms LIMIT %s FOR UPDATE SKIP LOCKED", (now_ms, limit))).fetchall()
         return [EpisodeJob(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
+    async def claim(self, db: Conn, now_ms: int, until_ms: int, limit: int = 20) -> list[EpisodeJob]:
+        """The due jobs no other node holds, each hidden from the others until ``until_ms``."""
+        async with db.transaction():
+            jobs = await self.due(db, now_ms, limit)
+            await db.execute("UPDATE recalld_memory_episode_jobs SET next_ms = %s WHERE id = ANY(%s)",
+                             (until_ms, [j.id for j in jobs]))
+        return jobs
+
     async def done(self, db: Conn, job_id: int) -> None:
         async with db.transaction():
             await db.execute("DELETE FROM recalld_memory_episode_jobs WHERE id = %s", (job_id,))
@@ -140,3 +163,28 @@ class PgEpisodeStore:
             "SELECT count(*) FILTER (WHERE NOT failed), count(*) FILTER (WHERE failed) "
             "FROM recalld_memory_episode_jobs")).fetchone()
         return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0, "failed": 0}
+
+
+class PgEpisodes(Episodes):
+    """:class:`memory.episodes.Episodes` over a pool: the same rules, each step on a pooled connection."""
+
+    store: PgEpisodeStore  # type: ignore[assignment]  # the same methods as EpisodeStore's, awaited
+
+    def __init__(self, pool: Pool, pipeline: EmbeddingPipeline | None,
+                 embed_query: Callable[[str], Awaitable[list[float]]], keyword_weight: float) -> None:
+        # No SQLite connection or readers: _write and _read below are the only ones that used them.
+        super().__init__(cast(Any, None), cast(Any, None), pipeline, embed_query, keyword_weight)
+        self.store = PgEpisodeStore()
+        self._pool = pool
+
+    async def due(self) -> list[EpisodeJob]:
+        now_ms = int(time.time() * 1000)
+        jobs: list[EpisodeJob] = await self._write("claiming episode jobs", self.store.claim, now_ms,
+                                                   now_ms + CLAIM_S * 1000)
+        return jobs
+
+    async def _write(self, action: str, fn: Callable[..., Any], *args: object) -> Any:
+        return await pooled_step(self._pool, action, fn, *args)
+
+    async def _read(self, fn: Callable[..., Any]) -> Any:
+        return await pooled_step(self._pool, "reading episodes", fn)

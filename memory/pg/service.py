@@ -1,14 +1,26 @@
-"""``PgMemory``: the memory surface the gateway uses, over the PostgreSQL index.
+"""``PgMemory``: the :class:`memory.protocols.Memory` the gateway uses, over the PostgreSQL index.
 
 Thin on purpose: it validates a search as :class:`memory.MemoryService` does
 (:meth:`SearchRequest.build`), embeds the query through the same pipeline, and hands the work
 to :class:`memory.pg.search.PgSearch`, :class:`memory.pg.indexer.PgIndexer` and the facts and
-episodes stores. Phase 2 fits it to the memory Protocol the gateway depends on.
+episodes services (:class:`~memory.pg.facts.PgFacts`, :class:`~memory.pg.episodes.PgEpisodes`).
+A run's context and recall use memory's own rules (:func:`memory.context.gather_context`,
+:func:`memory.retrieval.recall.for_prompt`).
 
 ``start()`` runs this node's indexing loop: it ``LISTEN``s on ``recalld_messages`` (the
 sessions store notifies after each committed append), waits ``debounce_ms`` after a wake-up so
 a burst of appends is one pass, and also runs a pass every ``poll_s`` without one — a
 notification sent while the listening connection was down is never waited for.
+
+What the SQLite service's syncing calls mean here: there are no transcript files, so
+``nudge(path)`` does nothing (every committed append already wakes the loop of every node);
+``catch_up()`` lets the loop run its first pass when ``start(catch_up=False)`` held it back;
+``sync_now()`` runs one pass of this node at once (``progress`` is not reported: a pass is
+a few claimed sessions, not a walk of files) and ``reindex()`` wakes every node's loop
+(``full``: every session is re-chunked, every vector read back from the shared cache).
+Not supported yet: an embedder change keeps no previous model answering the vector leg while
+vectors are rebuilt (``vectorSearch.rebuild`` is always null); chunks removed by the retention
+sweep come back on a full reindex until the next sweep.
 """
 
 from __future__ import annotations
@@ -17,26 +29,33 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from datetime import datetime
+from datetime import datetime, tzinfo
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import structlog
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from memory.config import MemoryConfig
+from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError
-from memory.forgetting import ForgetRange
-from memory.pg.episodes import PgEpisodeStore
-from memory.pg.facts import PgFactStore
-from memory.pg.indexer import SESSION_STATS_SQL, IndexReport, PgIndexer
+from memory.forgetting import ForgetRange, retention_cutoff_ms
+from memory.index.indexing import ProgressCallback
+from memory.index.sync import SyncReport
+from memory.pg.episodes import PgEpisodes
+from memory.pg.facts import PgFacts, PgFactStore
+from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch
 from memory.pg.vectors import VectorLeg
-from memory.retrieval.request import SearchRequest, SearchResponse
+from memory.retrieval.recall import for_prompt
+from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
+from memory.status import SyncLog
 
 __all__ = ["PgMemory"]
 
@@ -44,48 +63,77 @@ log = structlog.get_logger("memory.pg")
 
 _QUERY_CACHE = 16
 
-
 class PgMemory:
-    """Search, status, reindex, forget and indexing passes over one PostgreSQL database."""
+    """Search, context, status, reindex, forget and indexing passes over one PostgreSQL database."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], dsn: str, config: MemoryConfig,
-                 embedder: Embedder | None, *, embedder_reason: str = "", vector_leg: VectorLeg = "hnsw",
-                 poll_s: float = 30.0) -> None:
+                 embedder: Embedder | None, *, data_dir: Path, embedder_reason: str = "",
+                 vector_leg: VectorLeg = "hnsw", poll_s: float = 30.0) -> None:
         self.pool = pool
         self.dsn = dsn   # the indexing loop's LISTEN connection is its own, outside the pool
+        self.data_dir = data_dir  # the node's own files; memory keeps none there
         self.poll_s = poll_s
         self.config = config
         self.embedder = embedder
         self.embedder_reason = embedder_reason
+        self.vector_leg = vector_leg
         self.pipeline = EmbeddingPipeline.from_config(embedder, config) if embedder is not None else None
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
-        self.facts = PgFactStore(config.facts_dedup_threshold, config.facts_max_chars, config.facts_max_per_user)
-        self.episodes = PgEpisodeStore()
-        self.last_report: IndexReport | None = None
-        self.last_error: str | None = None
+        self.facts = PgFacts(pool, PgFactStore(config.facts_dedup_threshold, config.facts_max_chars,
+                                               config.facts_max_per_user),
+                             self.pipeline, self.embed_query, config.keyword_weight)
+        self.episodes = PgEpisodes(pool, self.pipeline, self.embed_query, config.keyword_weight)
+        # Set by whoever schedules the retention sweep (the gateway); shown by status().
+        self.retention_status: dict[str, Any] = {}
         self.loop_passes = 0   # passes the indexing loop has finished (status, tests)
+        self._syncs = SyncLog()
+        self._sync_lock = asyncio.Lock()  # one pass of this node at a time (the loop, sync_now)
+        self._caught_up = asyncio.Event()  # set: the loop may run its first pass
         self._loop: asyncio.Task[None] | None = None
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
 
     @classmethod
-    async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *,
+    async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *, data_dir: Path,
                    embedder_reason: str = "", vector_leg: VectorLeg = "hnsw", max_size: int = 8,
-                   poll_s: float = 30.0) -> PgMemory:
-        """Migrate (under the advisory lock) and open a pool; raises MemoryStorageError."""
+                   poll_s: float = 30.0, connect_timeout_s: float = 10.0) -> PgMemory:
+        """Migrate (under the advisory lock) and open a pool, each connection attempt bounded by
+        ``connect_timeout_s``; raises MemoryStorageError with the server's reason (never the DSN)."""
+        timeout = max(1, round(connect_timeout_s))
         try:
-            await asyncio.to_thread(_migrate, dsn)
+            await asyncio.to_thread(_migrate, dsn, timeout)
             pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
-                dsn, min_size=1, max_size=max_size, open=False)
-            await pool.open(wait=True)
-        except (psycopg.Error, TimeoutError) as exc:
+                dsn, min_size=1, max_size=max_size, kwargs={"connect_timeout": timeout}, open=False)
+            try:
+                await pool.open(wait=True, timeout=connect_timeout_s)
+            except BaseException:
+                await pool.close()
+                raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
-        return cls(pool, dsn, config, embedder, embedder_reason=embedder_reason, vector_leg=vector_leg, poll_s=poll_s)
+        return cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
+                   vector_leg=vector_leg, poll_s=poll_s)
 
-    def start(self) -> None:
-        """Start this node's indexing loop (a catch-up pass first)."""
+    @property
+    def sync_count(self) -> int:
+        """Indexing passes of this node finished since start."""
+        return self._syncs.count
+
+    # --- life cycle and syncing ----------------------------------------------------------
+
+    async def start(self, *, catch_up: bool = True) -> None:
+        """Start this node's indexing loop; its first pass (the catch-up) waits for
+        :meth:`catch_up` when ``catch_up`` is False."""
+        if catch_up:
+            self._caught_up.set()
         if self._loop is None:
             self._loop = asyncio.create_task(self._index_loop(), name="recalld-pg-indexer")
+
+    def catch_up(self) -> None:
+        self._caught_up.set()
+
+    def nudge(self, path: Path | None = None) -> None:
+        """Nothing to do: each committed append notifies every node's loop (module docstring)."""
 
     async def close(self) -> None:
         """Stop the loop, then the pool; safe twice."""
@@ -97,6 +145,7 @@ class PgMemory:
         await self.pool.close()
 
     async def _index_loop(self) -> None:
+        await self._caught_up.wait()
         while True:
             try:
                 listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
@@ -110,25 +159,58 @@ class PgMemory:
                         if woke:
                             await asyncio.sleep(self.config.debounce_ms / 1000)
             except psycopg.Error as exc:
-                self.last_error = f"storage error: {type(exc).__name__}"
-                log.warning("memory.pg.listen_failed", error=self.last_error)
+                self._syncs.last_error = f"storage error: {type(exc).__name__}"
+                log.warning("memory.pg.listen_failed", error=self._syncs.last_error)
                 await asyncio.sleep(self.poll_s)
 
     async def _pass(self) -> None:
         try:
             await self.sync_now()
-            self.last_error = None
-        except (psycopg.Error, EmbedderError) as exc:
+        except (MemoryStorageError, EmbedderError) as exc:
             # Chunks stay pending (keyword-searchable); the next pass retries.
-            self.last_error = str(exc) if isinstance(exc, EmbedderError) else f"storage error: {type(exc).__name__}"
-            log.warning("memory.pg.index_failed", error=self.last_error)
+            log.warning("memory.pg.index_failed", error=str(exc))
         finally:
             self.loop_passes += 1
 
-    async def sync_now(self) -> IndexReport:
-        """One indexing pass of this node (what it can claim, then what is pending)."""
-        self.last_report = await self.indexer.run_once()
-        return self.last_report
+    async def sync_now(self, progress: ProgressCallback | None = None, *, full: bool = False) -> SyncReport:
+        """One indexing pass of this node (what it can claim, then what is pending); ``full``
+        re-chunks every session first."""
+        if full:
+            await self.reindex(full=True)
+        async with self._sync_lock:
+            started = time.perf_counter()
+            self._syncs.syncing = True
+            try:
+                done = await self.indexer.run_once()
+                pending = await self.indexer.pending()
+            except (psycopg.Error, EmbedderError) as exc:
+                why = str(exc) if isinstance(exc, EmbedderError) else f"storage error: {type(exc).__name__}"
+                self._syncs.last_error = why
+                if isinstance(exc, EmbedderError):
+                    raise
+                raise MemoryStorageError(why) from exc
+            finally:
+                self._syncs.syncing = False
+            report = SyncReport(files_scanned=done.sessions, files_changed=done.sessions,
+                                chunks_written=done.chunks_written, chunks_deleted=done.chunks_deleted,
+                                embedded=done.filled, cache_hits=done.filled - done.embedded,
+                                embedder_calls=done.embedded, pending=pending,
+                                error="; ".join(done.errors) or None,
+                                duration_ms=(time.perf_counter() - started) * 1000)
+            self._syncs.record(report)
+            return report
+
+    async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
+        """Wake every node's loop; ``full`` first forgets how far each session (of ``user``) was
+        chunked, so the next pass re-chunks them (identical chunks stay, and every text is still
+        in the cache)."""
+        async with self.pool.connection() as conn:
+            if full:
+                await conn.execute("UPDATE recalld_memory_progress SET chunking = 'reset' "
+                                   "WHERE %(user)s::text IS NULL OR user_id = %(user)s", {"user": user})
+            await conn.execute("SELECT pg_notify('recalld_messages', '')")
+
+    # --- reading -------------------------------------------------------------------------
 
     async def search(self, user: str, query: str, *, k: int | None = None, mode: str = "hybrid",
                      session_key: str | None = None, exclude_session_key: str | None = None,
@@ -145,7 +227,7 @@ class PgMemory:
                 actual, fallback = "keyword", f"no embedder ({why})"
             else:
                 try:
-                    vector = await self._query_vector(request.query)
+                    vector = await self.embed_query(request.query)
                 except EmbedderError as exc:
                     actual, fallback = "keyword", f"query embedding failed: {exc}"
         embedded_at = time.perf_counter()
@@ -158,10 +240,10 @@ class PgMemory:
                    "searchMs": round((done - embedded_at) * 1000, 2)}
         return SearchResponse(hits, actual, fallback, timings)
 
-    async def _query_vector(self, text: str) -> list[float]:
+    async def embed_query(self, text: str) -> list[float]:
         """A few recent queries' vectors: a recall and its search, or one question asked in
         several modes, embed once (as MemoryService does)."""
-        assert self.pipeline is not None
+        assert self.pipeline is not None  # callers embed only with an embedder
         cached = self._query_vectors.get(text)
         if cached is not None:
             self._query_vectors.move_to_end(text)
@@ -172,60 +254,120 @@ class PgMemory:
             self._query_vectors.popitem(last=False)
         return vector
 
+    async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
+                     now: datetime | None = None) -> list[SearchHit]:
+        """What to put in a prompt answering ``message``: MemoryService.recall's hybrid search with
+        the recency term, then memory's floor, merging and token budget (``for_prompt``)."""
+        response = await self.search(user, message, k=k, mode="hybrid",
+                                     exclude_session_key=exclude_session_key, now=now, recency=True)
+        floor = self.config.recall_min_similarity
+        if floor is None:  # calibrated per model; embedders without one get no floor
+            floor = getattr(self.embedder, "relevance_floor", None)
+        return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
+                          budget_tokens=self.config.recall_budget_tokens)
+
+    async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
+                      tz: tzinfo) -> MemoryContext:
+        """A run's recalled chunks, facts and episodes, by memory's rules (gather_context)."""
+        return await gather_context(
+            self.config, run, message, tz=tz,
+            recall=lambda query: self.recall(user, query, k=k, exclude_session_key=exclude_session_key),
+            facts=lambda query, limit, budget: self.facts.relevant(user, query, limit=limit, budget_tokens=budget),
+            episodes=lambda query, limit, window, recency: self.episodes.search(
+                user, query, limit=limit, window=window, recency=recency))
+
     async def status(self, user: str | None = None) -> dict[str, Any]:
-        where, args = ("WHERE user_id = %s", (user,)) if user is not None else ("", ())
+        """``memory.status``'s keys (gateway StatusReply): ``files`` counts the sessions the
+        indexer tracks; the whole index adds the shared cache and the memory tables' size."""
+        args = {"user": user}
+        mine = "WHERE %(user)s::text IS NULL OR user_id = %(user)s"
         async with self.pool.connection() as conn:
-            row = await (await conn.execute(
-                f"SELECT count(DISTINCT session_key), count(*), count(embedding), count(*) - count(embedding) "
-                f"FROM recalld_memory_chunks {where}", args)).fetchone()
-            cache = await (await conn.execute("SELECT count(*) FROM recalld_memory_embedding_cache")).fetchone()
-        sessions, chunks, embedded, pending = (int(v) for v in row) if row else (0, 0, 0, 0)
-        state: dict[str, Any] = {
-            "sessions": sessions, "chunks": chunks, "embedded": embedded, "pending": pending,
+            sessions = await _one(conn, f"SELECT count(*) FROM recalld_memory_progress {mine}", args)
+            chunks = await _one(conn, f"SELECT count(*) FROM recalld_memory_chunks {mine}", args)
+            embedded = await _one(conn, f"SELECT count(embedding) FROM recalld_memory_chunks {mine}", args)
+            version = await (await conn.execute(
+                "SELECT extversion FROM pg_extension WHERE extname = 'vector'")).fetchone()
+            whole = {} if user is not None else {
+                "cacheEntries": await _one(conn, "SELECT count(*) FROM recalld_memory_embedding_cache", {}),
+                "dbBytes": await _one(conn, "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class "
+                                            r"WHERE relkind = 'r' AND relname LIKE 'recalld\_memory\_%%'", {}),
+            }
+        ready = self.pipeline is not None and self.embedder is not None
+        return {
+            "files": sessions, "chunks": chunks, "embedded": embedded, "pending": chunks - embedded,
             "provider": self.embedder.provider if self.embedder else "none",
             "model": self.embedder.model_id if self.embedder else None,
+            "dims": (self.embedder.dims or None) if self.embedder else None,
             "embedderReason": self.embedder_reason,
-            "lastError": self.last_error,
+            "vectorBackend": {"available": version is not None,
+                              "reason": f"pgvector {version[0]}, {self.vector_leg}" if version else
+                                        "pgvector is not installed in this database"},
+            "vectorSearch": {
+                "ready": ready, "reason": None if ready else (self.embedder_reason or "no embedder"),
+                "servedBy": {"provider": self.embedder.provider, "model": self.embedder.model_id}
+                if ready and self.embedder else None,
+                "rebuild": None},
+            **self._syncs.wire(),
+            "rebuiltFromTranscripts": None,
             "scope": "all" if user is None else "user",
+            "retention": {"days": self.config.retention_days, **self.retention_status},
+            **whole,
         }
-        if user is None:
-            state["cacheEntries"] = int(cache[0]) if cache else 0
-        return state
 
-    async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
-        """``full``: forget how far each session (of ``user``) was chunked; the next pass
-        re-chunks them (identical chunks stay, and every text is still in the cache)."""
-        if not full:
-            return
-        async with self.pool.connection() as conn:
-            await conn.execute("UPDATE recalld_memory_progress SET chunking = 'reset' "
-                               "WHERE %(user)s::text IS NULL OR user_id = %(user)s", {"user": user})
+    # --- forgetting ----------------------------------------------------------------------
 
     async def delete_session(self, user: str, session_key: str) -> int:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE user_id = %s AND session_key = %s",
-                                     (user, session_key))
-            await conn.execute(SESSION_STATS_SQL, ([session_key],))
-            return cur.rowcount
+        return await self._delete_chunks("user_id = %(user)s AND session_key = %(session_key)s",
+                                         {"user": user, "session_key": session_key})
 
     async def forget(self, r: ForgetRange, *, record: bool) -> dict[str, int]:
-        """Chunks overlapping the range go now; ``record`` keeps the range so re-chunking
-        never brings them back (the indexer drops matches whenever it writes)."""
+        """Chunks overlapping the range go now, with the facts the model saved from those
+        conversations and their episodes; ``record`` keeps the range so re-chunking never
+        brings the chunks back (the indexer drops matches whenever it writes)."""
         params = {"user": r.user, "session_key": r.session_key, "after_ms": r.after_ms, "before_ms": r.before_ms}
-        async with self.pool.connection() as conn, conn.transaction():
-            if record:
-                await conn.execute("INSERT INTO recalld_memory_forgotten (user_id, session_key, after_ms, before_ms) "
-                                   "VALUES (%(user)s, %(session_key)s, %(after_ms)s, %(before_ms)s)", params)
-            cur = await conn.execute(
-                "DELETE FROM recalld_memory_chunks WHERE user_id = %(user)s "
-                "AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s) "
-                "AND (%(after_ms)s::bigint IS NULL OR coalesce(end_ms, start_ms) >= %(after_ms)s) "
-                "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s) RETURNING session_key", params)
-            touched = sorted({str(k) for (k,) in await cur.fetchall()})
-            await conn.execute(SESSION_STATS_SQL, (touched,))
-        return {"chunks": cur.rowcount}
+        record_sql = ("INSERT INTO recalld_memory_forgotten (user_id, session_key, after_ms, before_ms) "
+                      "VALUES (%(user)s, %(session_key)s, %(after_ms)s, %(before_ms)s)") if record else None
+        chunks = await self._delete_chunks(
+            "user_id = %(user)s AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s) "
+            "AND (%(after_ms)s::bigint IS NULL OR coalesce(end_ms, start_ms) >= %(after_ms)s) "
+            "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s)", params, first=record_sql)
+        facts = await self.facts.forget_derived(r.user, r.session_key, r.after_ms, r.before_ms)
+        episodes = await self.episodes.forget(r.user, r.session_key, r.after_ms, r.before_ms)
+        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts, episodes=episodes,
+                 recorded=record)
+        return {"chunks": chunks, "facts": facts, "episodes": episodes}
+
+    async def sweep_retention(self, now_ms: int | None = None) -> dict[str, int]:
+        """Remove chunks, facts and episodes older than ``retention_days`` (nothing when it is 0)."""
+        cutoff = retention_cutoff_ms(self.config.retention_days, now_ms)
+        if cutoff is None:
+            return {"chunks": 0, "facts": 0, "episodes": 0}
+        chunks = await self._delete_chunks("end_ms < %(cutoff)s", {"cutoff": cutoff})
+        facts = await self.facts.prune_older_than(cutoff)
+        episodes = await self.episodes.prune_older_than(cutoff)
+        return {"chunks": chunks, "facts": facts, "episodes": episodes}
+
+    async def _delete_chunks(self, where: str, params: dict[str, Any], *, first: str | None = None) -> int:
+        """Delete the chunks ``where`` picks (a literal of this module; values in ``params``) and
+        fix the sessions' BM25 statistics, in one transaction that runs ``first`` before."""
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                if first is not None:
+                    await conn.execute(first.encode(), params)
+                cur = await conn.execute(f"DELETE FROM recalld_memory_chunks WHERE {where} "
+                                         "RETURNING session_key".encode(), params)
+                touched = sorted({str(k) for (k,) in await cur.fetchall()})
+                await conn.execute(SESSION_STATS_SQL, (touched,))
+                return cur.rowcount
+        except psycopg.Error as exc:
+            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
 
 
-def _migrate(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+async def _one(conn: AsyncConnection[TupleRow], sql: str, args: dict[str, Any]) -> int:
+    row = await (await conn.execute(sql.encode(), args)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _migrate(dsn: str, connect_timeout: int) -> None:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
         migrate(conn)

@@ -51,13 +51,13 @@ async def episodes(app: App, c: Client) -> list[dict[str, Any]]:
 
 
 async def test_an_episode_is_written_after_enough_turns(
-    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+    backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:
     """No episode before episode_cooldown_turns user turns; then one, dated in chat.timezone,
     from a non-streamed summary request that carried the conversation."""
     fake_openai.configure(reply=summarising({"summary": "The user planned a trip to Kyoto in April.",
                                              "theme": "Kyoto trip", "same_theme": False}))
-    async with running(config(config_factory, fake_openai, episode_cooldown_turns=2)) as app, \
+    async with running(config(backend_config_factory, fake_openai, episode_cooldown_turns=2)) as app, \
             Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await say(c, key, "I want to visit Kyoto.")
@@ -119,14 +119,14 @@ async def test_same_theme_merges_and_a_repeat_is_not_novel(
 
 
 async def test_a_failed_summary_is_retried_not_lost(
-    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+    backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:
     """A summary that fails (an upstream error, then JSON that is not valid) stays queued and is
     retried until it succeeds; the reply itself was never held up or failed."""
     good = {"summary": "The user asked about sourdough starters.", "theme": "baking"}
     fake_openai.configure(reply=summarising("this is not json", good))
     fake_openai.script(Behaviour(), Behaviour(status=503))  # the chat reply, then the first summary
-    async with running(config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         final = await say(c, key, "How do I feed a sourdough starter?")
         assert final["method"] == "chat.final"
@@ -165,13 +165,13 @@ async def test_recall_intent_brings_episodes_of_the_named_time(
         assert final["params"]["episodes"] == [written["bicycle"]]
 
 
-async def test_memory_search_kinds_episode(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_memory_search_kinds_episode(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """memory.search {kinds:["episode"]} finds episodes (and only them); a bad kinds value is -32602."""
     import pytest
 
     from gateway.client import RpcError
 
-    async with running(config(config_factory, fake_openai, episode_cooldown_turns=50)) as app, \
+    async with running(config(backend_config_factory, fake_openai, episode_cooldown_turns=50)) as app, \
             Client.connect(app.url, TOKEN) as c:
         assert app.memory is not None
         now = datetime.now(UTC)

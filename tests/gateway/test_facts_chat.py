@@ -18,12 +18,12 @@ def tool_messages(request: Any) -> list[dict[str, Any]]:
     return [m for m in request.json["messages"] if m["role"] == "tool"]
 
 
-async def test_a_fact_is_saved_mid_stream(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_a_fact_is_saved_mid_stream(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """The model's remember call is executed, its result sent back, the reply continues, and
     chat.final lists the saved fact, which memory.facts.list then shows with its session."""
     fake_openai.script(Behaviour(reply="Let me note that. ", tool_calls=[("remember", {"text": "My cat is called Luna"})]),
                        Behaviour(reply="Noted: Luna."))
-    async with running(chat_config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(chat_config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         final = await say(c, key, "My cat is called Luna.")
         assert final["params"]["message"]["content"] == "Let me note that. Noted: Luna."
@@ -42,11 +42,11 @@ async def test_a_fact_is_saved_mid_stream(config_factory: Callable[..., Config],
 
 
 async def test_duplicate_is_merged_and_correction_replaces(
-    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+    backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:
     """A repeated fact is not stored twice, a near-duplicate updates the fact, and the prompt
     lists facts with ids so a correction can name what it replaces."""
-    cfg = chat_config(config_factory, fake_openai, embedder="openai", facts_dedup_threshold=0.8)
+    cfg = chat_config(backend_config_factory, fake_openai, embedder="openai", facts_dedup_threshold=0.8)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         luna = (await c.call("memory.facts.add", {"text": "My daughter Luna is 3 years old"}))["fact"]

@@ -24,9 +24,9 @@ async def test_facts_methods_are_discoverable(config_factory: Callable[..., Conf
         assert text["schema"]["maxLength"] == 150
 
 
-async def test_add_list_update_delete_round_trip(config_factory: Callable[..., Config]) -> None:
+async def test_add_list_update_delete_round_trip(backend_config_factory: Callable[..., Config]) -> None:
     """A fact added, corrected and deleted over RPC: the list shows each state, pages follow next."""
-    async with running(config_factory()) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(backend_config_factory()) as app, Client.connect(app.url, TOKEN) as c:
         first = await c.call("memory.facts.add", {"text": "I have a dog called Rex"})
         assert first["action"] == "added"
         dup = await c.call("memory.facts.add", {"text": "i have a dog called rex."})
@@ -45,9 +45,9 @@ async def test_add_list_update_delete_round_trip(config_factory: Callable[..., C
         assert [f["text"] for f in (await c.call("memory.facts.list"))["facts"]] == ["I live by the sea"]
 
 
-async def test_facts_are_per_user_and_bad_input_is_refused(config_factory: Callable[..., Config]) -> None:
+async def test_facts_are_per_user_and_bad_input_is_refused(backend_config_factory: Callable[..., Config]) -> None:
     """Another user's fact id answers -32002; too-long or empty text answers -32602 and saves nothing."""
-    cfg = config_factory(auth={"users": USERS, "token": None}, memory={"facts_max_chars": 40})
+    cfg = backend_config_factory(auth={"users": USERS, "token": None}, memory={"facts_max_chars": 40})
     async with running(cfg) as app:
         async with Client.connect(app.url, USERS[0]["token"]) as alice, \
                 Client.connect(app.url, USERS[1]["token"]) as bob:

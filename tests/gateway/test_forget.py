@@ -12,7 +12,7 @@ import pytest
 
 from gateway.client import Client, RpcError
 from gateway.config import Config
-from sessions import SessionStore
+from gateway.storage import open_session_store
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.gateway.test_memory_methods import chat_config, say, search_until
@@ -22,7 +22,7 @@ DAY1 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 def seed(cfg: Config) -> tuple[str, str]:
     """Session A: a message on day 1 and one on day 3; session B: one on day 1."""
-    store = SessionStore(cfg.data_dir)
+    store = open_session_store(cfg.storage, cfg.data_dir, cfg.sessions)  # the backend the gateway will use
     try:
         a = store.create("default", title="a", created_at=DAY1).session_key
         store.append_message("default", a, role="user", content="The quokka photo was taken on Rottnest.",
@@ -50,11 +50,11 @@ async def check_after_reindex_and_restart(cfg: Config, gone: str, kept: str) -> 
 
 
 async def test_forget_without_purge_keeps_the_transcript_but_not_the_memory(
-    config_factory: Callable[..., Config],
+    backend_config_factory: Callable[..., Config],
 ) -> None:
     """A time window of one session is forgotten from the index for good; the transcript, the
     rest of the session and other sessions stay searchable."""
-    cfg = config_factory(memory={"debounce_ms": 20})
+    cfg = backend_config_factory(memory={"debounce_ms": 20})
     a, b = seed(cfg)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         await search_until(c, {"query": "axolotl"})
@@ -92,10 +92,10 @@ async def test_forget_with_purge_removes_the_messages_from_the_transcript(
 
 
 async def test_forget_removes_facts_saved_in_that_session(
-    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+    backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:
     """Facts the model saved in the forgotten session go; facts from elsewhere and the user's own stay."""
-    async with running(chat_config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(chat_config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
         a = (await c.call("sessions.create"))["sessionKey"]
         b = (await c.call("sessions.create"))["sessionKey"]
         for key, text in ((a, "I am allergic to cats"), (b, "I play chess on Sundays")):

@@ -18,9 +18,13 @@ ALLOWED = {
     "gateway.web": set(),
     "gateway.chat": {"gateway.rpc"},
     "gateway.methods": {"gateway.rpc", "gateway.chat"},
-    "gateway.cli": {"gateway.app"},
+    "gateway.cli": {"gateway.app", "gateway.mcp"},
+    "gateway.mcp": set(),  # an MCP server whose tools are clients of the daemon (gateway/client.py)
     "gateway.retention": set(),
-    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention"},
+    "gateway.cluster": {"gateway.chat"},  # its hub is the chat hub that also reaches other nodes
+    "gateway.opening": {"gateway.cluster"},  # the store, memory and cluster node [storage] picks
+    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention",
+                    "gateway.mcp", "gateway.cluster", "gateway.opening"},
 }
 
 
@@ -116,3 +120,62 @@ def test_memory_db_and_migrations_do_not_import_each_other() -> None:
     db, migrations = "memory.index.db", "memory.index.migrations"
     assert migrations in _module_imports(db)
     assert db not in _module_imports(migrations)
+
+
+
+def _runtime_imports(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The first-party modules ``path`` runs when it is loaded: top-level statements only (an
+    import inside a function or under ``if TYPE_CHECKING`` runs later or never). ``from pkg
+    import sub`` of a submodule is an edge to ``pkg.sub`` alone."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            subs = {f"{base}.{a.name}" for a in node.names} & modules
+            found.update(subs)
+            if len(subs) < len(node.names):
+                found.add(base)
+    return (found & modules) - {module}
+
+
+def test_no_import_loops_in_the_packages() -> None:
+    """No module of gateway, sessions or memory imports, when it is loaded, a module that
+    imports it back, directly or through others: each package reads bottom-up."""
+    paths: dict[str, Path] = {}
+    for package in ("gateway", "sessions", "memory"):
+        for path in (ROOT / package).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            paths[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    graph = {name: _runtime_imports(path, name, set(paths)) for name, path in paths.items()}
+    loops: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    trail: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        trail.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                loops.append([*trail[trail.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        trail.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert loops == []
+
+
+def test_no_module_of_the_packages_is_over_450_lines() -> None:
+    """Modules stay small enough to read in one sitting (STYLE: 100-400 lines, 450 at most)."""
+    long = {str(p.relative_to(ROOT)): n for package in ("gateway", "sessions", "memory")
+            for p in (ROOT / package).rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}

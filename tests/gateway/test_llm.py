@@ -292,3 +292,81 @@ async def test_a_model_without_tools_is_asked_again_without_them(
     assert [("tools" in r.json) for r in fake_openai.chat_requests] == [True, False]
     await _collect(model, tools=TOOLS)
     assert "tools" not in fake_openai.chat_requests[-1].json
+
+
+@contextlib.asynccontextmanager
+async def _raw_sse_server(pieces: list[bytes]) -> AsyncIterator[str]:
+    """A loopback HTTP server that answers every request with ``pieces`` as a chunked SSE body,
+    one socket write per piece, so a test controls where the reads split the frames; yields
+    its base URL and, on exit, waits until every answer has closed its socket."""
+    answers: list[asyncio.Task[None]] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client left first, as it does after an error event
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def start(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answers.append(asyncio.ensure_future(answer(reader, writer)))
+
+    server = await asyncio.start_server(start, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    finally:
+        server.close()
+        await server.wait_closed()
+        await asyncio.gather(*answers)
+
+
+def _frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    return json.dumps({"model": "raw", "choices": [{"delta": delta, "finish_reason": finish}]}).encode()
+
+
+async def test_sse_framing_across_reads() -> None:
+    """CRLF line ends split between reads, comments, other fields and multi-line data decode as
+    the SSE spec says; an unfinished event at the end of the body is dropped."""
+    first, second = _frame({"content": "he"}), _frame({"content": "llo"}, "stop")
+    half = second.index(b'"finish_reason"')  # between two JSON tokens
+    pieces = [b": keep-alive\r\n\r\nevent: message\r\ndata: " + first + b"\r",
+              b"\n\r\ndata: " + second[:half] + b"\r\ndata: ", second[half:] + b"\r\n\r\n",
+              b"data: [DONE]\r\n\r\ndata: {\"dropped\": true}\r\n"]
+    # The split data lines rejoin with a newline, which JSON reads as whitespace.
+    async with _raw_sse_server(pieces) as url:
+        chat = OpenAIChatModel(model="m", base_url=url, api_key=KEY, timeout_s=2.0, max_retries=0)
+        try:
+            text, events = await _collect(chat)
+        finally:
+            await chat.close()
+    assert text == "hello"
+    assert isinstance(events[-1], Completion) and events[-1].finish_reason == "stop" and events[-1].model == "raw"
+
+
+async def test_error_event_mid_stream_ends_early() -> None:
+    """An {"error": …} event after text is a retryable early end carrying the endpoint's message,
+    with the key scrubbed."""
+    error = json.dumps({"error": {"message": f"overloaded, key {KEY}", "type": "server_error"}}).encode()
+    pieces = [b"data: " + _frame({"content": "one "}) + b"\n\n", b"data: " + error + b"\n\n"]
+    async with _raw_sse_server(pieces) as url:
+        chat = OpenAIChatModel(model="m", base_url=url, api_key=KEY, timeout_s=2.0, max_retries=0)
+        try:
+            err = await _failure(chat)
+        finally:
+            await chat.close()
+    assert (err.status, err.retryable) == (None, True)
+    assert "ended early after 4 characters: overloaded" in err.message and KEY not in err.message

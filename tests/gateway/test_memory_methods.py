@@ -39,10 +39,10 @@ async def search_until(c: Client, params: dict[str, Any], timeout: float = 10.0)
 
 @pytest.mark.parametrize("embedder", ["none", "openai"])
 async def test_a_fact_is_found_after_restart(
-    config_factory: Callable[..., Config], fake_openai: FakeOpenAI, embedder: str
+    backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI, embedder: str
 ) -> None:
     """The seed flow: a fact said in chat is indexed, and after a restart memory.search finds it."""
-    cfg = chat_config(config_factory, fake_openai, embedder=embedder)
+    cfg = chat_config(backend_config_factory, fake_openai, embedder=embedder)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await say(c, key, "My favourite programming language is Rust.")
@@ -58,9 +58,9 @@ async def test_a_fact_is_found_after_restart(
         assert status["chunks"] >= 1 and status["provider"] == embedder
 
 
-async def test_recall_block_reaches_the_model(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_recall_block_reaches_the_model(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """A new session's prompt carries a delimited, dated block recalled from the user's other sessions."""
-    cfg = chat_config(config_factory, fake_openai)
+    cfg = chat_config(backend_config_factory, fake_openai)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         old = (await c.call("sessions.create"))["sessionKey"]
         await say(c, old, "My favourite programming language is Rust.")
@@ -94,10 +94,10 @@ async def test_recall_can_be_turned_off(config_factory: Callable[..., Config], f
         assert all("recalled_memories" not in m["content"] for m in fake_openai.chat_requests[-1].json["messages"])
 
 
-async def test_other_users_keys_are_not_found(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_other_users_keys_are_not_found(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """memory.search scoped by another user's or a path-like session key answers -32002; hits never cross users."""
     users = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
-    cfg = config_factory(auth={"users": users, "token": None}, llm={"base_url": fake_openai.base_url},
+    cfg = backend_config_factory(auth={"users": users, "token": None}, llm={"base_url": fake_openai.base_url},
                          memory={"debounce_ms": 20})
     async with running(cfg) as app:
         async with Client.connect(app.url, users[0]["token"]) as alice, Client.connect(app.url, users[1]["token"]) as bob:
@@ -112,9 +112,9 @@ async def test_other_users_keys_are_not_found(config_factory: Callable[..., Conf
                     assert info.value.code == -32002
 
 
-async def test_delete_removes_index_rows(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_delete_removes_index_rows(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """sessions.delete removes the session's chunks at once."""
-    cfg = chat_config(config_factory, fake_openai)
+    cfg = chat_config(backend_config_factory, fake_openai)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await say(c, key, "Remember the blue umbrella.")

@@ -21,6 +21,9 @@ from structlog.testing import capture_logs
 import sessions.fileio
 import sessions.index
 import sessions.reconcile
+import sessions.recovery
+import sessions.rows
+import sessions.shutdown
 import sessions.store
 import sessions.transcript
 from sessions import SessionsConfig, SessionStore
@@ -101,6 +104,9 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[LogList]:
             sessions.fileio,
             sessions.index,
             sessions.reconcile,
+            sessions.recovery,
+            sessions.rows,
+            sessions.shutdown,
             sessions.store,
             sessions.transcript,
         ):

@@ -84,18 +84,18 @@ async def open_signed_in(browser: Browser, app: App, *, context: Any = None) -> 
     return page
 
 
-async def new_session(page: Page) -> str:
-    """Click "New chat"; returns the new session's key once the chat view shows it."""
-    before = set(await page.locator("#session-list .session").evaluate_all("els => els.map(e => e.dataset.key)"))
+async def new_session(page: Page) -> None:
+    """Click "New chat": an empty chat opens, ready to type in; its session is created by the first send."""
     await page.click("#new-session")
-    await page.wait_for_selector("#message-input:not([disabled])")
-    async with asyncio.timeout(10):
-        while True:
-            keys = await page.locator("#session-list .session").evaluate_all("els => els.map(e => e.dataset.key)")
-            fresh = [k for k in keys if k not in before]
-            if fresh:
-                return str(fresh[0])
-            await asyncio.sleep(0.05)
+    await page.wait_for_selector("#welcome:not([hidden])")
+    await page.wait_for_selector("#session-list .session[aria-current=true]", state="detached")
+
+
+async def open_session_key(page: Page) -> str:
+    """The key of the session open in the page (after a draft's first send, once it is created)."""
+    current = page.locator("#session-list .session[aria-current=true]")
+    await current.wait_for()
+    return str(await current.get_attribute("data-key"))
 
 
 async def send(page: Page, text: str) -> None:

@@ -1,8 +1,9 @@
 """``make screenshots``: PNGs of the web client's main views, light and dark, into docs/img/.
 
-Starts the real gateway with the loopback model on a scratch data dir, seeds two conversations
-(the second recalls the first) and a few remembered facts, and photographs: sign-in, a chat
-with recalled-memory chips, the memory search panel, the Facts panel, and a narrow window. Needs the same Chromium as tests/web.
+Starts the real gateway with the loopback model on a scratch data dir, seeds a history of
+conversations over several weeks (the newest recalls an older one) and a few remembered facts,
+and photographs: sign-in, the empty chat, a chat with recalled memories, the memory search
+panel, the Facts panel, and a narrow window. Needs the same Chromium as tests/web.
 
     python -m tests.web.screenshots [OUT_DIR]
 """
@@ -13,6 +14,7 @@ import asyncio
 import shutil
 import sys
 import tempfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,20 @@ REPLIES = {
 }
 
 
+# Older conversations, written straight into the store with their dates: (title, days ago, said,
+# answered). Kept out of memory: the loopback model's embeddings find every text alike, and the
+# shots should show the one memory that a real embedder would recall.
+HISTORY = (
+    ("Sourdough starter", 1, "My sourdough starter smells like acetone, is it dead?",
+     "Not dead, just hungry: feed it twice a day at a 1:1:1 ratio for a few days."),
+    ("Quarterly taxes", 3, "Remind me how the quarterly VAT return works for freelancers.",
+     "You file every quarter by the 15th of the second month after it; keep every invoice."),
+    ("Half-marathon plan", 12, "I want to run a half-marathon in May. I can run 8 km now.",
+     "A 12-week plan: three runs a week, one long run growing by 1-2 km each week."),
+    ("Birthday ideas for Luna", 40, "Luna turns 5 in June. Ideas for a small party at home?",
+     "A treasure hunt in the garden, cupcakes to decorate, and a paper-crown table."),
+)
+
 FACTS = ("I am vegetarian", "My daughter Luna is 4 years old", "I prefer window seats on flights",
          "I work as a nurse in Porto")
 
@@ -40,8 +56,15 @@ def reply_for(messages: list[dict[str, Any]]) -> str:
     return next((text for word, text in REPLIES.items() if word in last.lower()), "Sure.")
 
 
-async def seed(url: str) -> None:
-    async with Client.connect(url, TOKEN) as c:
+async def seed(app: Any) -> None:
+    now = datetime.now(UTC)
+    for title, days, said, answered in HISTORY:
+        when = now - timedelta(days=days, hours=2)
+        s = await asyncio.to_thread(app.store.create, "default", title=title, created_at=when,
+                                    memory=False)
+        for role, text in (("user", said), ("assistant", answered)):
+            await asyncio.to_thread(app.store.append_message, "default", s.session_key, role=role, content=text, ts=when)
+    async with Client.connect(app.url, TOKEN) as c:
         for title, message in (("Lisbon trip", "I'm flying to Lisbon on 14 March, staying near Alfama."),):
             key = (await c.call("sessions.create", {"title": title}))["sessionKey"]
             await c.call("chat.send", {"sessionKey": key, "message": message})
@@ -68,7 +91,7 @@ async def shoot(out: Path) -> list[Path]:
         cfg = make_config(Path(tmp) / "data", llm={"base_url": fake.base_url, "api_key": "k", "model": "fake-model"},
                           memory={"embedder": "openai", "debounce_ms": 20})
         async with running_gateway(cfg) as app, async_playwright() as p:
-            await seed(app.url)
+            await seed(app)
             url = f"http://127.0.0.1:{app.server.port}/"
             browser = await p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             for scheme in ("light", "dark"):
@@ -80,9 +103,10 @@ async def shoot(out: Path) -> list[Path]:
                 await page.fill("#token-input", TOKEN)
                 await page.click("#signin-button")
                 await page.wait_for_selector("#conn-state[data-state=open]")
+                await page.click("#new-session")
+                await page.wait_for_selector("#welcome:not([hidden])")
+                written.append(await _snap(page, out / f"web-empty-{scheme}.png"))
                 if scheme == "light":
-                    await page.click("#new-session")
-                    await page.wait_for_selector("#message-input:not([disabled])")
                     await page.fill("#message-input", "What should I pack for my trip?")
                     await page.press("#message-input", "Enter")
                     await page.wait_for_selector(".msg.assistant .chip")
@@ -90,6 +114,7 @@ async def shoot(out: Path) -> list[Path]:
                     await page.fill("#edit-text", "Packing list")
                     await page.click("#edit-save")
                 else:
+                    await page.click("#session-list .session")
                     await page.wait_for_selector(".msg.assistant[data-state=done]")
                 await page.wait_for_selector("#memory-status:not(:empty)")
                 written.append(await _snap(page, out / f"web-chat-{scheme}.png"))
@@ -102,7 +127,7 @@ async def shoot(out: Path) -> list[Path]:
                 await page.wait_for_selector("#facts-list .fact")
                 written.append(await _snap(page, out / f"web-facts-{scheme}.png"))
                 await page.click("#close-facts")
-                await page.set_viewport_size({"width": 420, "height": 800})
+                await page.set_viewport_size({"width": 390, "height": 800})
                 await page.wait_for_timeout(100)
                 written.append(await _snap(page, out / f"web-narrow-{scheme}.png"))
                 await ctx.close()

@@ -18,7 +18,14 @@ from gateway.app import App
 from gateway.config import Config
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
-from tests.web.conftest import PageErrors, new_session, open_signed_in, page_url, send
+from tests.web.conftest import (
+    PageErrors,
+    new_session,
+    open_session_key,
+    open_signed_in,
+    page_url,
+    send,
+)
 
 
 async def test_sign_in_with_a_pasted_token(browser: Browser, web_app: App) -> None:
@@ -120,7 +127,7 @@ async def test_stop_aborts_mid_stream(browser: Browser, web_app: App, fake_opena
     """Stop (and Esc) abort the running reply: the partial stays, marked stopped, and the transcript says aborted."""
     fake_openai.configure(reply=" ".join(f"word{i}" for i in range(200)), delta_delay_s=0.05)
     page = await open_signed_in(browser, web_app)
-    key = await new_session(page)
+    await new_session(page)
     for n, how in enumerate(("button", "escape")):
         await send(page, f"go on and on ({how})")
         # This send's own reply: the one before it (aborted) also holds "word2".
@@ -134,6 +141,7 @@ async def test_stop_aborts_mid_stream(browser: Browser, web_app: App, fake_opena
         await expect(reply).to_have_attribute("data-state", "aborted")
         await expect(reply).to_contain_text("Stopped.")
         assert "word199" not in await reply.locator(".body").inner_text()
+    key = await open_session_key(page)
     path = web_app.config.data_dir / "sessions" / "default" / f"{key}.jsonl"
     assert path.read_text().count('"aborted":true') == 2
 

@@ -16,7 +16,14 @@ from gateway.app import App
 from gateway.client import Client
 from tests.conftest import TOKEN
 from tests.fake_openai import FakeOpenAI
-from tests.web.conftest import PageErrors, new_session, open_signed_in, send, wait_indexed
+from tests.web.conftest import (
+    PageErrors,
+    new_session,
+    open_session_key,
+    open_signed_in,
+    send,
+    wait_indexed,
+)
 
 
 async def test_recalled_memory_chip_opens_the_source_session(browser: Browser, web_app: App) -> None:
@@ -24,8 +31,9 @@ async def test_recalled_memory_chip_opens_the_source_session(browser: Browser, w
     clicking it opens that session with the message in view and highlighted."""
     page = await open_signed_in(browser, web_app)
     errors = PageErrors(page)
-    source = await new_session(page)
+    await new_session(page)
     await send(page, "My favourite programming language is Rust.")
+    source = await open_session_key(page)
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
     await wait_indexed(web_app, "favourite programming language")
     await new_session(page)
@@ -46,8 +54,9 @@ async def test_memory_search_panel(browser: Browser, web_app: App) -> None:
     """The panel searches memory with a mode and date range, highlights the query's words,
     and opens a result's session; a range that excludes everything finds nothing."""
     page = await open_signed_in(browser, web_app)
-    source = await new_session(page)
+    await new_session(page)
     await send(page, "The weather in Lisbon was sunny today.")
+    source = await open_session_key(page)
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
     await wait_indexed(web_app, "Lisbon weather")
     await new_session(page)
@@ -71,19 +80,21 @@ async def test_two_tabs_stay_in_sync(browser: Browser, web_app: App) -> None:
     ctx = await browser.new_context()
     a = await open_signed_in(browser, web_app, context=ctx)
     b = await open_signed_in(browser, web_app, context=ctx)
-    key = await new_session(a)
+    # A new chat is created by its first message (not by "New chat"), so tab A speaks first.
+    await new_session(a)
+    await send(a, "hello from tab A")
+    key = await open_session_key(a)
     b_item = b.locator(f"#session-list .session[data-key='{key}']")
     await expect(b_item).to_be_visible()
     await b_item.click()
+    await expect(b.locator(".msg.user .body")).to_have_text("hello from tab A")
+    await expect(b.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: hello from tab A")
+    await expect(b.locator(".msg")).to_have_count(2)
     await a.get_by_role("button", name="Rename").click()
     await a.locator("#edit-text").fill("Shared plans")
     await a.get_by_role("button", name="Save").click()
     await expect(b_item).to_contain_text("Shared plans")
     await expect(b.locator("#chat-title")).to_have_text("Shared plans")
-    await send(a, "hello from tab A")
-    await expect(b.locator(".msg.user .body")).to_have_text("hello from tab A")
-    await expect(b.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: hello from tab A")
-    await expect(b.locator(".msg")).to_have_count(2)
     a.once("dialog", lambda d: asyncio.ensure_future(d.accept()))
     await a.get_by_role("button", name="Delete").click()
     await expect(b_item).to_have_count(0)
@@ -99,8 +110,9 @@ async def test_dropped_connection_reconnects_without_loss_or_duplicates(
     words = " ".join(f"w{i}" for i in range(40))
     fake_openai.configure(reply=words, delta_delay_s=0.05)
     page = await open_signed_in(browser, web_app)
-    key = await new_session(page)
+    await new_session(page)
     await send(page, "tell me a long story")
+    key = await open_session_key(page)
     await drop_mid_reply(page, web_app)
     async with Client.connect(web_app.url, TOKEN) as other:
         run = await other.call("chat.send", {"sessionKey": key, "message": "sent while away"})

@@ -15,15 +15,17 @@ from psycopg_pool import AsyncConnectionPool
 
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.pg.indexer import PgIndexer
+from sessions import parse_ts
 from tests.memory.conftest import (
     FakeEmbedder,
     append_messages,
     opened,
     quiet_config,
     session_key,
+    ts,
     write_transcript,
 )
-from tests.memory.pg.conftest import add_session, chunk_rows
+from tests.memory.pg.conftest import add_session, chunk_rows, key_of, sessions_store
 
 Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
@@ -111,11 +113,10 @@ async def test_deleted_incognito_and_purged_leave_no_chunks(pg_index: str, pool:
     add_session(pg_index, "alice", "purged", ["keep this line", "purge this line", "and keep this"])
     await indexer(pool).run_once()
     assert {k for k, *_ in chunk_rows(pg_index)} == {"gone", "purged"}
-    with psycopg.connect(pg_index, autocommit=True) as conn:
-        conn.execute("DELETE FROM recalld_sessions WHERE session_key = 'gone'")
-        conn.execute("DELETE FROM recalld_messages WHERE session_key = 'purged' AND seq = 1")
-        conn.execute("UPDATE recalld_sessions SET message_count = message_count - 1, updated_at = 'later' "
-                     "WHERE session_key = 'purged'")
+    with sessions_store(pg_index) as store:
+        store.delete("alice", key_of("gone"))
+        # the second message, said at minute 1
+        assert store.purge_messages("alice", key_of("purged"), after=parse_ts(ts(0.5)), before=parse_ts(ts(1.5))) == 1
     await indexer(pool).run_once()
     rows = chunk_rows(pg_index)
     assert {k for k, *_ in rows} == {"purged"}
@@ -128,7 +129,7 @@ async def test_a_session_is_claimed_again_only_when_it_changes(pg_index: str, po
     with its rows; the next append is claimed once."""
     add_session(pg_index, "alice", "k1", ["first words"])
     with psycopg.connect(pg_index, autocommit=True) as conn:
-        conn.execute("UPDATE recalld_sessions SET message_count = 7 WHERE session_key = 'k1'")
+        conn.execute("UPDATE recalld_sessions SET message_count = 7 WHERE session_key = %s", (key_of("k1"),))
     assert (await indexer(pool).run_once()).sessions == 1
     assert (await indexer(pool).run_once()).sessions == 0
     add_session(pg_index, "alice", "k1", ["more words"], start_minute=1, create=False)

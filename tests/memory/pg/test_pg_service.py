@@ -4,12 +4,13 @@ thin surface answers search, status, forget and reindex."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from memory.forgetting import ForgetRange
 from memory.pg.service import PgMemory
 from tests.memory.conftest import FakeEmbedder, quiet_config
-from tests.memory.pg.conftest import add_session, chunk_rows
+from tests.memory.pg.conftest import add_session, chunk_rows, key_of, name_for
 
 
 async def found(node: PgMemory, query: str, **kwargs: Any) -> list[str]:
@@ -17,16 +18,16 @@ async def found(node: PgMemory, query: str, **kwargs: Any) -> list[str]:
     for _ in range(200):
         hits = (await node.search("alice", query, mode="hybrid", **kwargs)).results
         if hits:
-            return [h.session_key for h in hits]
+            return [name_for(h.session_key) for h in hits]
         await asyncio.sleep(0.05)
     return []
 
 
-async def test_appends_through_another_node_are_indexed_without_a_call(pg_index: str) -> None:
+async def test_appends_through_another_node_are_indexed_without_a_call(pg_index: str, tmp_path: Path) -> None:
     """A message committed anywhere wakes this node's loop (NOTIFY), which indexes it: the
     search finds it with no sync call; status counts it."""
-    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), FakeEmbedder(), poll_s=60)
-    node.start()
+    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), FakeEmbedder(), data_dir=tmp_path, poll_s=60)
+    await node.start()
     try:
         for _ in range(200):  # the catch-up pass is over: what follows is found through NOTIFY
             if node.loop_passes:
@@ -42,15 +43,16 @@ async def test_appends_through_another_node_are_indexed_without_a_call(pg_index:
         await node.close()
 
 
-async def test_forget_and_full_reindex(pg_index: str) -> None:
+async def test_forget_and_full_reindex(pg_index: str, tmp_path: Path) -> None:
     """Forgotten chunks go now and stay gone after a full reindex; the reindex re-embeds nothing."""
     embedder = FakeEmbedder()
-    node = await PgMemory.open(pg_index, quiet_config(), embedder)
+    node = await PgMemory.open(pg_index, quiet_config(), embedder, data_dir=tmp_path)
     try:
         add_session(pg_index, "alice", "k1", ["the garden gate is green"])
         add_session(pg_index, "alice", "k2", ["the kitchen door is red"])
         await node.sync_now()
-        assert await node.forget(ForgetRange("alice", session_key="k1"), record=True) == {"chunks": 1}
+        assert await node.forget(ForgetRange("alice", session_key=key_of("k1")), record=True) == {"chunks": 1, "facts": 0,
+                                                                                          "episodes": 0}
         embedded = len(embedder.texts)
         await node.reindex(full=True)
         await node.sync_now()

@@ -1,18 +1,22 @@
-// The chat view: one session's history (paged upward), the streaming reply, Stop, Retry, and the
-// chips of what was remembered. Messages are keyed by their transcript id once stored, and by
+// The chat view: one session's history (paged upward), the streaming reply, Stop, Retry, and
+// what was remembered. "New chat" opens a draft: the session is created by its first send, so
+// chats never sent leave nothing behind. Messages are keyed by their transcript id once stored, and by
 // (runId, role) while a run is live, so the same message arriving from history and from events
 // (after a reconnect, or in a second tab) is merged, never shown twice.
 
-import { $, chunkText, formatDate, formatTime, h, snippet } from "./dom.js";
-import { renderMarkdown } from "./markdown.js";
+import { Composer, titleFrom } from "./composer.js";
+import { $, h, timeEl } from "./dom.js";
+import { copyButton, renderMarkdown } from "./markdown.js";
+import { recalledBlock, resolveRecalled } from "./recalled.js";
 
 const PAGE = 50;
-
 export class ChatView {
-  constructor(rpc, { onOpenSource, onTitle }) {
+  constructor(rpc, { onOpenSource, onTitle, onCreated, sessionTitle }) {
     this.rpc = rpc;
     this.onOpenSource = onOpenSource; // (sessionKey, ts) => open another session at a message
     this.onTitle = onTitle;
+    this.onCreated = onCreated; // (session) => a draft's first send created it
+    this.sessionTitle = sessionTitle; // (sessionKey) => its title, if known
     this.session = null;
     this.items = []; // {key, id, role, content, ts, runId, state, error, recalled}
     this.nodes = new Map();
@@ -25,18 +29,11 @@ export class ChatView {
 
     this.list = $("messages");
     this.scroller = $("scroller");
-    this.input = $("message-input");
+    this.input = new Composer({ onSend: () => this.send() });
     this.sendBtn = $("send");
     this.stopBtn = $("stop");
-    $("composer").addEventListener("submit", (ev) => { ev.preventDefault(); this.send(); });
-    this.input.addEventListener("keydown", (ev) => {
-      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
-        ev.preventDefault();
-        this.send();
-      }
-    });
     document.addEventListener("keydown", (ev) => {
-      if (ev.key === "Escape" && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
+      if (ev.key === "Escape" && !ev.defaultPrevented && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
     });
     this.stopBtn.addEventListener("click", () => this.stop());
     // Events sent while the socket was down are lost: a reply still streaming grows again only
@@ -65,8 +62,8 @@ export class ChatView {
     this.activeRun = null;
     this.#setBusy(false);
     this.#showTitle();
-    $("empty-hint").hidden = true;
-    for (const id of ["message-input", "send", "rename-session", "edit-prompt", "delete-session"]) $(id).disabled = false;
+    $("welcome").hidden = true;
+    for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = false;
     await this.#subscribe(session.sessionKey);
     const page = await this.rpc.call("sessions.history", { sessionKey: session.sessionKey, limit: PAGE });
     this.older = page.next || null;
@@ -76,14 +73,24 @@ export class ChatView {
     this.input.focus();
   }
 
-  close() {
+  // An empty chat with the welcome and the composer ready; no session exists until it is sent.
+  startDraft() {
+    if (this.session) this.rpc.call("sessions.unsubscribe", { sessionKey: this.session.sessionKey }).catch(() => {});
     this.session = null;
     this.items = [];
     this.nodes.clear();
     this.list.replaceChildren();
-    $("chat-title").textContent = "No session open";
-    $("empty-hint").hidden = false;
-    for (const id of ["message-input", "send", "rename-session", "edit-prompt", "delete-session"]) $(id).disabled = true;
+    this.older = null;
+    this.activeRun = null;
+    this.#setBusy(false);
+    this.#showTitle();
+    $("welcome").hidden = false;
+    for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = true;
+    this.input.focus();
+  }
+
+  close() {
+    this.startDraft();
   }
 
   setSession(session) {
@@ -178,13 +185,15 @@ export class ChatView {
   // -- sending ----------------------------------------------------------------------------
 
   async send(text = this.input.value) {
-    if (!this.session || !text.trim()) return;
-    const key = this.session.sessionKey;
+    if (!text.trim() || this.creating) return;
     const local = { key: `local:${crypto.randomUUID()}`, role: "user", content: text, state: "pending" };
+    $("welcome").hidden = true;
     this.#upsert(local);
-    if (text === this.input.value) this.input.value = "";
+    if (text === this.input.value) this.input.clear();
     this.#scrollToEnd();
     try {
+      if (!this.session) await this.#create(text);
+      const key = this.session.sessionKey;
       // The idempotency key makes a retried send (after a dropped reply) start one run, not two.
       const res = await this.rpc.call("chat.send", { sessionKey: key, message: text, idempotencyKey: local.key });
       local.runId = res.runId;
@@ -197,6 +206,21 @@ export class ChatView {
       local.error = err.message;
       local.retry = () => { this.#remove(local); this.send(text); };
       this.#render(local);
+    }
+  }
+
+  // A draft's first send creates its session, titled from the message (a rename replaces it).
+  async #create(text) {
+    this.creating = true;
+    try {
+      const created = await this.rpc.call("sessions.create", { title: titleFrom(text) });
+      this.session = { ...created, updatedAt: created.createdAt, messageCount: 0 };
+      this.#showTitle();
+      for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = false;
+      this.onCreated?.(this.session);
+      await this.#subscribe(created.sessionKey);
+    } finally {
+      this.creating = false;
     }
   }
 
@@ -302,20 +326,9 @@ export class ChatView {
     }
   }
 
-  // The final event names recalled chunks by id; their text and date come from a search with
-  // the same message (what recall ran), matched by id. A chunk the search no longer returns
-  // still gets a chip, just without its excerpt.
   async #loadChips(reply, ids) {
     const user = this.items.find((m) => m.runId === reply.runId && m.role === "user");
-    let hits = [];
-    if (user) {
-      try {
-        const res = await this.rpc.call("memory.search",
-          { query: user.content.slice(0, 2000), k: 50, excludeSessionKey: this.session.sessionKey });
-        hits = res.results;
-      } catch { /* chips without excerpts */ }
-    }
-    reply.recalled = ids.map((id) => hits.find((hit) => String(hit.chunkId) === String(id)) || { chunkId: id });
+    reply.recalled = await resolveRecalled(this.rpc, ids, user?.content, this.session.sessionKey);
     this.#render(reply);
   }
 
@@ -361,7 +374,8 @@ export class ChatView {
 
   #node(item) {
     const li = h("li", { class: `msg ${item.role}`, tabindex: "-1" },
-      h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }));
+      h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }),
+      h("div", { class: "msg-actions" }, copyButton(() => item.content, "Copy message")));
     this.nodes.set(item.key, li);
     return li;
   }
@@ -386,7 +400,7 @@ export class ChatView {
     if (item.id) li.dataset.id = item.id;
     if (item.runId) li.dataset.runId = item.runId;
     const [meta, body, extras] = li.children;
-    meta.textContent = `${item.role === "user" ? "You" : "Assistant"}${item.ts ? ` · ${formatTime(item.ts)}` : ""}`;
+    meta.replaceChildren(item.role === "user" ? "You" : "Assistant", ...(item.ts ? [" · ", timeEl(item.ts)] : []));
     if (item.role === "assistant") {
       // The live reply is announced once it is complete, not token by token.
       body.setAttribute("aria-live", "polite");
@@ -403,26 +417,14 @@ export class ChatView {
       extras.append(h("p", { class: "error", role: "alert" }, `Error: ${item.error}`));
       if (item.retry) extras.append(h("button", { type: "button", class: "retry", onclick: item.retry }, "Retry"));
     }
-    if (item.recalled && item.recalled.length) extras.append(this.#chips(item.recalled));
-  }
-
-  #chips(recalled) {
-    const list = h("ul", { class: "chips", "aria-label": "What was remembered" });
-    for (const hit of recalled) {
-      const text = hit.content ? chunkText(hit.content) : "";
-      const label = text ? `${formatDate(hit.startTs)} · ${snippet(text, 60)}` : "a memory";
-      const chip = h("button", {
-        type: "button", class: "chip", disabled: !hit.sessionKey,
-        title: text ? snippet(text, 400) : "This memory is no longer found",
-        onclick: () => hit.sessionKey && this.onOpenSource(hit.sessionKey, hit.startTs),
-      }, label);
-      list.append(h("li", {}, chip));
+    if (item.recalled && item.recalled.length) {
+      extras.append(recalledBlock(item.recalled, { sessionTitle: (key) => this.sessionTitle?.(key),
+        onOpen: (key, ts) => this.onOpenSource(key, ts) }));
     }
-    return list;
   }
 
   #showTitle() {
-    $("chat-title").textContent = this.session ? this.session.title : "No session open";
+    $("chat-title").textContent = this.session ? this.session.title : "New chat";
     this.onTitle?.(this.session);
   }
 

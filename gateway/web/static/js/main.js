@@ -1,12 +1,14 @@
 // Start-up and wiring: sign-in, then the sidebar, chat view, search and facts panels and footer, all
-// sharing one Rpc connection. Session actions (new, rename, system prompt, delete) live here
-// because they touch both the sidebar and the chat view.
+// sharing one Rpc connection. Session actions (new, rename, system prompt, delete, export) live here
+// because they touch both the sidebar and the chat view, and so do the panels' layout rules:
+// below 720 px the sidebar is a drawer, the side panels are sheets, and Esc closes any of them.
 
 import { clearToken, isRemembered, loadToken, saveToken, takeTokenFromFragment } from "./auth.js";
 import { ChatView } from "./chat.js";
-import { $ } from "./dom.js";
+import { $, refreshTimes } from "./dom.js";
+import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
-import { Rpc } from "./rpc.js";
+import { Rpc, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
 import { Sidebar } from "./sessions.js";
 import { StatusFooter } from "./status.js";
@@ -38,6 +40,7 @@ function signIn(token) {
     const { state } = ev.detail;
     if (state === "open" && !opened) {
       opened = true;
+      showUser(rpc.user);
       startApp(rpc).catch((err) => showSignIn(`Could not load: ${err.message}`));
     } else if (state === "retrying" && !opened) {
       // Never got in: most likely no daemon there, or this page's origin was refused.
@@ -57,6 +60,11 @@ async function startApp(conn) {
   const chat = new ChatView(conn, {
     onOpenSource: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
     onTitle: (s) => { document.title = s ? `${s.title} · recalld` : "recalld"; },
+    onCreated: (s) => {
+      sidebar.onEvent("sessions.created", { sessionKey: s.sessionKey, session: s });
+      sidebar.select(s.sessionKey);
+    },
+    sessionTitle: (key) => sidebar.get(key)?.title,
   });
   const search = new SearchPanel(conn, {
     currentSession: () => chat.session?.sessionKey || null,
@@ -64,12 +72,13 @@ async function startApp(conn) {
     onOpen: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
   });
   // The two side panels share one column: opening one closes the other.
-  const facts = new FactsPanel(conn, { onShow: () => search.toggle(false) });
-  $("open-search").addEventListener("click", () => facts.toggle(false, { refocus: false }));
+  const facts = new FactsPanel(conn, { onShow: () => { search.toggle(false); closeDrawer(); } });
+  $("open-search").addEventListener("click", () => { facts.toggle(false, { refocus: false }); closeDrawer(); });
+  panels = { search, facts };
 
   async function openSession(session, atTs) {
     sidebar.select(session.sessionKey);
-    if (window.matchMedia("(max-width: 720px)").matches) toggleSidebar(false);
+    closeDrawer();
     try {
       if (session.title === "…") session = await conn.call("sessions.get", { sessionKey: session.sessionKey });
       await chat.open(session, { atTs });
@@ -106,14 +115,10 @@ async function startApp(conn) {
     if (!document.hidden && conn.state === "open") sidebar.reload().catch(() => {});
   });
 
-  $("new-session").addEventListener("click", async () => {
-    try {
-      const created = await conn.call("sessions.create");
-      const session = sidebar.get(created.sessionKey) || { ...created, updatedAt: created.createdAt, messageCount: 0 };
-      await openSession(session);
-    } catch (err) {
-      banner(`Could not create a session: ${err.message}`);
-    }
+  $("new-session").addEventListener("click", () => {
+    sidebar.select(null);
+    closeDrawer();
+    chat.startDraft();
   });
   $("rename-session").addEventListener("click", () => editField(conn, chat, "title"));
   $("edit-prompt").addEventListener("click", () => editField(conn, chat, "systemPrompt"));
@@ -130,23 +135,102 @@ async function startApp(conn) {
     conn.stop();
     window.location.reload();
   });
+  $("account").addEventListener("click", () => toggleMenu("account", "account-menu"));
+  $("export-session").addEventListener("click", () => toggleMenu("export-session", "export-menu"));
+  for (const format of ["md", "json"]) {
+    $(`export-${format}`).addEventListener("click", async () => {
+      toggleMenu("export-session", "export-menu", false);
+      toggleMenu("more-actions", "session-actions", false);
+      if (!chat.session) return;
+      try {
+        await exportSession(conn, chat.session, format);
+      } catch (err) {
+        banner(`Could not export: ${err.message}`);
+      }
+    });
+  }
   $("toggle-sidebar").addEventListener("click", () => toggleSidebar());
-  // A narrow window shows the chat, with the sessions as an overlay on demand.
-  const narrow = window.matchMedia("(max-width: 720px)");
-  narrow.addEventListener("change", () => toggleSidebar(!narrow.matches));
-  if (narrow.matches) toggleSidebar(false);
+  $("close-sidebar").addEventListener("click", () => toggleSidebar(false));
+  $("backdrop").addEventListener("click", () => toggleSidebar(false));
+  $("more-actions").addEventListener("click", () => toggleMenu("more-actions", "session-actions"));
+  // A narrow window shows the chat, with the sessions as a drawer on demand.
+  NARROW.addEventListener("change", () => toggleSidebar(!NARROW.matches));
+  new MutationObserver(updateInert).observe($("search-panel"), { attributeFilter: ["hidden"] });
+  new MutationObserver(updateInert).observe($("facts-panel"), { attributeFilter: ["hidden"] });
+  if (NARROW.matches) toggleSidebar(false);
+  setInterval(() => refreshTimes(), TIMES_REFRESH_MS);
 
   await sidebar.reload();
   const first = sidebar.first();
   if (first) await openSession(first);
+  else chat.startDraft();
 }
+
+const NARROW = window.matchMedia("(max-width: 720px)");
+// Innermost first: Esc closes the export menu before the session-actions menu holding it.
+const MENUS = [["export-session", "export-menu"], ["account", "account-menu"], ["more-actions", "session-actions"]];
+const TIMES_REFRESH_MS = 30000;
+let panels = null; // {search, facts} once signed in
 
 function toggleSidebar(show) {
   const app = $("app");
   const visible = show ?? app.classList.contains("sidebar-hidden");
   app.classList.toggle("sidebar-hidden", !visible);
   $("toggle-sidebar").setAttribute("aria-expanded", String(visible));
+  const drawer = NARROW.matches;
+  $("backdrop").hidden = !(drawer && visible);
+  updateInert();
+  if (drawer && visible) $("close-sidebar").focus();
+  else if (drawer && document.activeElement?.closest("#sidebar")) $("toggle-sidebar").focus();
 }
+
+// Below 720 px the drawer and the sheets cover the page: what they cover is made inert, so Tab
+// and a screen reader stay in the part that is open.
+function updateInert() {
+  const narrow = NARROW.matches;
+  const drawer = narrow && !$("app").classList.contains("sidebar-hidden");
+  const sheet = narrow && !($("search-panel").hidden && $("facts-panel").hidden);
+  $("chat").inert = drawer || sheet;
+  $("status").inert = drawer || sheet;
+  $("sidebar").inert = sheet;
+}
+
+function closeDrawer() {
+  if (NARROW.matches && !$("app").classList.contains("sidebar-hidden")) toggleSidebar(false);
+}
+
+// Esc closes the topmost thing open: a menu, the drawer, then a side panel. Only when nothing
+// is open does it reach the chat view, where it stops a running reply.
+document.addEventListener("keydown", (ev) => {
+  if (ev.key !== "Escape" || ev.defaultPrevented || document.querySelector("dialog[open]")) return;
+  for (const [button, menu] of MENUS) {
+    if ($(button).getAttribute("aria-expanded") === "true") {
+      toggleMenu(button, menu, false);
+      $(button).focus();
+      ev.preventDefault();
+      return;
+    }
+  }
+  if (NARROW.matches && !$("app").classList.contains("sidebar-hidden")) {
+    toggleSidebar(false);
+    ev.preventDefault();
+  } else if (panels?.search.open) {
+    panels.search.toggle(false, { refocus: true });
+    ev.preventDefault();
+  } else if (panels?.facts.open) {
+    panels.facts.toggle(false);
+    ev.preventDefault();
+  }
+});
+
+// A click outside an open menu closes it.
+document.addEventListener("click", (ev) => {
+  for (const [button, menu] of MENUS) {
+    if ($(button).getAttribute("aria-expanded") === "true" && !ev.target.closest(`#${button}, #${menu}`)) {
+      toggleMenu(button, menu, false);
+    }
+  }
+});
 
 function banner(text) {
   const b = $("banner");
@@ -154,22 +238,26 @@ function banner(text) {
   b.hidden = !text;
 }
 
-// Rename and system prompt share one <dialog>; sessions.update stores the change and every
-// tab (this one included) hears sessions.updated.
+// Rename and system prompt share one <dialog>: a one-line field for the title (Enter saves, Esc
+// cancels, and no line break can reach it), a text area for the prompt. sessions.update stores
+// the change and every tab (this one included) hears sessions.updated.
 function editField(conn, chat, field) {
   if (!chat.session) return;
+  toggleMenu("more-actions", "session-actions", false);
   const dialog = $("edit-dialog");
   const isTitle = field === "title";
   $("edit-title").textContent = isTitle ? "Rename session" : "System prompt";
-  $("edit-label").textContent = isTitle ? "Title" : "System prompt (empty for none)";
-  const text = $("edit-text");
-  text.rows = isTitle ? 1 : 8;
-  text.value = (isTitle ? chat.session.title : chat.session.systemPrompt) || "";
+  const input = isTitle ? $("edit-text") : $("edit-area");
+  for (const id of ["edit-label", "edit-text"]) $(id).hidden = !isTitle;
+  for (const id of ["edit-area-label", "edit-area"]) $(id).hidden = isTitle;
+  input.value = (isTitle ? chat.session.title : chat.session.systemPrompt) || "";
   const form = $("edit-form");
   const onSubmit = async (ev) => {
     ev.preventDefault();
+    const value = isTitle ? input.value.replace(/\s+/g, " ").trim() : input.value;
+    if (isTitle && !value) return;
     try {
-      const updated = await conn.call("sessions.update", { sessionKey: chat.session.sessionKey, [field]: text.value });
+      const updated = await conn.call("sessions.update", { sessionKey: chat.session.sessionKey, [field]: value });
       chat.setSession(updated);
       dialog.close();
     } catch (err) {
@@ -180,7 +268,8 @@ function editField(conn, chat, field) {
   $("edit-cancel").onclick = () => dialog.close();
   dialog.addEventListener("close", () => form.removeEventListener("submit", onSubmit), { once: true });
   dialog.showModal();
-  text.focus();
+  input.focus();
+  if (isTitle) input.select();
 }
 
 // -- boot ----------------------------------------------------------------------------------
@@ -194,8 +283,85 @@ $("signin-form").addEventListener("submit", (ev) => {
   signIn(token);
 });
 
-const fromLink = takeTokenFromFragment();
-if (fromLink) saveToken(fromLink, isRemembered());
-const token = fromLink || loadToken();
-if (token) signIn(token);
-else showSignIn();
+// A #token= link is taken at once, but it replaces the token this browser holds only when it
+// signs in as the same user, or when the stored one no longer works: a link for another user
+// (a login CSRF: someone else's account, where this user's next words would land) asks first,
+// naming both users, and changes nothing until confirmed.
+async function takeLink(link, stored, running) {
+  const [current, next] = await Promise.all([whoIs(stored), whoIs(link)]);
+  const adopt = () => {
+    saveToken(link, isRemembered());
+    if (running) window.location.reload();
+    else signIn(link);
+  };
+  if (next.ok && ((current.ok && current.user === next.user) || (!current.ok && current.refused))) return adopt();
+  if (!next.ok || !current.ok) {
+    if (!running) signIn(stored);
+    banner(next.refused ? "The link's token was not accepted; nothing changed."
+      : "Could not check whose link that was; nothing changed.");
+    return;
+  }
+  $("app").hidden = true;
+  $("signin").hidden = true;
+  $("switch").hidden = false;
+  $("switch-new").textContent = next.user;
+  $("switch-current").textContent = current.user;
+  $("switch-confirm").textContent = `Switch to ${next.user}`;
+  $("switch-stay").textContent = `Stay signed in as ${current.user}`;
+  $("switch-stay").focus();
+  $("switch-confirm").onclick = () => {
+    $("switch").hidden = true;
+    adopt();
+  };
+  $("switch-stay").onclick = () => {
+    $("switch").hidden = true;
+    if (running) $("app").hidden = false;
+    else signIn(stored);
+  };
+}
+
+function showUser(user) {
+  $("account-name").textContent = user || "";
+  $("account-user").textContent = user || "";
+}
+
+// A small disclosure menu: its button toggles it; a click elsewhere or Esc closes it. The
+// session actions are a menu only below 720 px (CSS shows them inline above), so their state
+// is a class, not `hidden`.
+function toggleMenu(buttonId, menuId, show) {
+  const menu = $(menuId);
+  const isClass = menuId === "session-actions";
+  const open = show ?? (isClass ? !menu.classList.contains("open") : menu.hidden);
+  if (isClass) menu.classList.toggle("open", open);
+  else menu.hidden = !open;
+  $(buttonId).setAttribute("aria-expanded", String(open));
+  if (open && show === undefined) menu.querySelector("button:not(:disabled)")?.focus();
+}
+
+function boot() {
+  const fromLink = takeTokenFromFragment();
+  const stored = loadToken();
+  if (fromLink && stored && fromLink !== stored) {
+    takeLink(fromLink, stored, false);
+    return;
+  }
+  if (fromLink) saveToken(fromLink, isRemembered());
+  const token = fromLink || stored;
+  if (token) signIn(token);
+  else showSignIn();
+}
+
+// A link opened in a tab already showing the page changes only its fragment: no reload.
+window.addEventListener("hashchange", () => {
+  const link = takeTokenFromFragment();
+  const stored = loadToken();
+  if (!link || link === stored) return;
+  if (!stored || !rpc) {
+    saveToken(link, isRemembered());
+    window.location.reload();
+    return;
+  }
+  takeLink(link, stored, true);
+});
+
+boot();

@@ -19,6 +19,12 @@ const marked = new Marked({
     },
     // Images become links: a reply must not fetch anything by itself being shown (an image URL
     // can carry what the model read to a third party). The CSP's img-src backs this up.
+    // The fence's language rides on a data attribute (DOMPurify keeps those, drops class) and
+    // becomes a visible label; the code itself is escaped here, as marked's own renderer does.
+    code(token) {
+      const lang = (token.lang || "").match(/^[\w+#.-]{1,20}/)?.[0] || "";
+      return `<pre${lang ? ` data-lang="${escapeHtml(lang)}"` : ""}><code>${escapeHtml(token.text)}\n</code></pre>`;
+    },
     image(token) {
       return `<a href="${escapeHtml(token.href || "")}">${escapeHtml(`image: ${token.text || token.href || ""}`)}</a>`;
     },
@@ -44,21 +50,28 @@ const PURIFY = {
   FORBID_ATTR: ["style", "class", "id"],
 };
 
-// Fill `el` with the rendered markdown of `text`, code blocks getting a copy button.
+// A Copy button for `text()` (read when clicked, so a streaming message copies what it is then).
+export function copyButton(text, label) {
+  const button = h("button", { type: "button", class: "copy", "aria-label": label }, "Copy");
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text());
+      button.textContent = "Copied";
+    } catch {
+      button.textContent = "Copy failed";
+    }
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  });
+  return button;
+}
+
+// Fill `el` with the rendered markdown of `text`, code blocks getting a copy button and their
+// language's name.
 export function renderMarkdown(el, text) {
   el.innerHTML = DOMPurify.sanitize(marked.parse(text), PURIFY);
   for (const pre of el.querySelectorAll("pre")) {
     const code = pre.textContent;
-    const button = h("button", { type: "button", class: "copy", "aria-label": "Copy code" }, "Copy");
-    button.addEventListener("click", async () => {
-      try {
-        await navigator.clipboard.writeText(code);
-        button.textContent = "Copied";
-      } catch {
-        button.textContent = "Copy failed";
-      }
-      setTimeout(() => { button.textContent = "Copy"; }, 1500);
-    });
-    pre.prepend(button);
+    pre.prepend(copyButton(() => code, "Copy code"));
+    if (pre.dataset.lang) pre.prepend(h("span", { class: "lang" }, pre.dataset.lang));
   }
 }

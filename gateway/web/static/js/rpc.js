@@ -34,6 +34,7 @@ export class Rpc extends EventTarget {
     this.stopped = false;
     this.backoff = BACKOFF_START_MS;
     this.retryTimer = null;
+    this.user = null; // the signed-in user's name, from the auth reply
   }
 
   start() {
@@ -90,6 +91,7 @@ export class Rpc extends EventTarget {
         if (msg && msg.type === "auth") {
           if (msg.ok) {
             authed = true;
+            this.user = msg.user || null;
             this.backoff = BACKOFF_START_MS;
             const again = this.everOpened;
             this.everOpened = true;
@@ -118,7 +120,7 @@ export class Rpc extends EventTarget {
       }
       const wait = Math.min(this.backoff, BACKOFF_MAX_MS) * (0.75 + Math.random() * 0.5);
       this.backoff = Math.min(this.backoff * 2, BACKOFF_MAX_MS);
-      this.#setState("retrying", `connection lost (${ev.code}); retrying in ${Math.round(wait / 1000)} s`);
+      this.#setState("retrying", `connection lost (${ev.code})`);
       this.retryTimer = setTimeout(() => this.#dial(), wait);
     });
   }
@@ -135,4 +137,30 @@ export class Rpc extends EventTarget {
       this.dispatchEvent(new CustomEvent("notify", { detail: { method: item.method, params: item.params || {} } }));
     }
   }
+}
+
+// Which user a token signs in as, asked on a socket of its own that is closed at once: it
+// authenticates nothing else and changes nothing stored. Answers {ok: true, user},
+// {ok: false, refused: true, error} for a refused token, or {ok: false, refused: false} when
+// the gateway could not be reached.
+export function whoIs(token, timeoutMs = 10000) {
+  return new Promise((resolve) => {
+    const ws = new WebSocket(gatewayUrl());
+    const done = (answer) => {
+      clearTimeout(timer);
+      ws.close();
+      resolve(answer);
+    };
+    const timer = setTimeout(() => done({ ok: false, refused: false }), timeoutMs);
+    ws.addEventListener("open", () => ws.send(JSON.stringify({ type: "auth", token })));
+    ws.addEventListener("message", (ev) => {
+      let msg = null;
+      try {
+        msg = JSON.parse(ev.data);
+      } catch { /* not the auth reply */ }
+      if (!msg || msg.type !== "auth") return;
+      done(msg.ok ? { ok: true, user: msg.user || "" } : { ok: false, refused: true, error: msg.error });
+    });
+    ws.addEventListener("close", () => done({ ok: false, refused: false }));
+  });
 }

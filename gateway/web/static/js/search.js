@@ -1,8 +1,9 @@
 // The memory search panel: query, mode, date range and session filter over memory.search;
-// each result shows its date, session and excerpt (query words highlighted) and opens the
-// session at that message.
+// each result shows its session, date and a plain-text excerpt (query words highlighted) and
+// opens the session at that message. Below 720 px it is a full-height sheet.
 
-import { $, chunkText, formatDate, h, highlighted, snippet } from "./dom.js";
+import { $, h } from "./dom.js";
+import { searchResult } from "./recalled.js";
 
 export class SearchPanel {
   constructor(rpc, { currentSession, sessionTitle, onOpen }) {
@@ -13,13 +14,18 @@ export class SearchPanel {
     this.panel = $("search-panel");
     $("search-form").addEventListener("submit", (ev) => { ev.preventDefault(); this.search(); });
     $("open-search").addEventListener("click", () => this.toggle(true));
-    $("close-search").addEventListener("click", () => this.toggle(false));
+    $("close-search").addEventListener("click", () => this.toggle(false, { refocus: true }));
   }
 
-  toggle(show) {
+  toggle(show, { refocus = false } = {}) {
     this.panel.hidden = !show;
     $("open-search").setAttribute("aria-expanded", String(show));
     if (show) $("search-query").focus();
+    else if (refocus) $("open-search").focus();
+  }
+
+  get open() {
+    return !this.panel.hidden;
   }
 
   async search() {
@@ -54,11 +60,7 @@ export class SearchPanel {
 
   #result(hit, query) {
     const title = this.sessionTitle(hit.sessionKey) || `session ${hit.sessionKey.slice(0, 8)}`;
-    return h("li", { class: "result" },
-      h("p", { class: "meta" }, `${formatDate(hit.startTs)} · ${title}`),
-      h("p", { class: "excerpt" }, highlighted(snippet(chunkText(hit.content), 400), query)),
-      h("button", { type: "button", class: "link", onclick: () => this.onOpen(hit.sessionKey, hit.startTs) },
-        "Open in session"));
+    return searchResult(hit, { query, title, onOpen: this.onOpen });
   }
 
   #error(text) {

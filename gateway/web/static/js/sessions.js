@@ -1,8 +1,10 @@
 // The sessions sidebar: newest first, the next page loaded as the list scrolls into view, and
 // kept in step with other tabs and clients through sessions.watch events (created, updated,
-// deleted) plus a reload of the first page when a chat in any session finishes.
+// deleted) plus a reload of the first page when a chat in any session finishes. Shown grouped
+// by when they were last used (Today, Yesterday, Previous 7 days, Older), and filtered by title
+// as the filter box is typed in (the sessions loaded so far).
 
-import { $, formatDate, h } from "./dom.js";
+import { $, daysAgo, h, timeEl } from "./dom.js";
 
 const PAGE = 30;
 
@@ -15,6 +17,8 @@ export class Sidebar {
     this.loading = false;
     this.current = null;
     this.list = $("session-list");
+    this.filter = $("session-filter");
+    this.filter.addEventListener("input", () => this.render());
     new IntersectionObserver((entries) => {
       if (entries.some((e) => e.isIntersecting)) this.loadMore();
     }, { root: $("sidebar") }).observe($("session-more"));
@@ -73,16 +77,34 @@ export class Sidebar {
   }
 
   render() {
-    const items = [];
+    const needle = this.filter.value.trim().toLowerCase();
+    const groups = new Map(GROUPS.map(([name]) => [name, []]));
     for (const s of this.sessions.values()) {
+      if (needle && !s.title.toLowerCase().includes(needle)) continue;
       const selected = s.sessionKey === this.current;
-      items.push(h("li", {},
+      groups.get(groupOf(s.updatedAt || s.createdAt)).push(h("li", {},
         h("button", {
           type: "button", class: "session", "aria-current": selected ? "true" : undefined,
           dataset: { key: s.sessionKey }, onclick: () => this.onSelect(s),
-        }, h("span", { class: "title" }, s.title), h("span", { class: "when" }, formatDate(s.updatedAt)))));
+        }, h("span", { class: "title" }, s.title), h("span", { class: "when" }, timeEl(s.updatedAt || s.createdAt)))));
     }
-    if (!items.length) items.push(h("li", { class: "hint" }, "No sessions yet."));
-    this.list.replaceChildren(...items);
+    const sections = [];
+    for (const [name, items] of groups) {
+      if (!items.length) continue;
+      const id = `group-${name.replace(/\W+/g, "-").toLowerCase()}`;
+      sections.push(h("section", { class: "group", "aria-labelledby": id },
+        h("h2", { id, class: "group-head" }, name), h("ul", {}, items)));
+    }
+    if (!sections.length) {
+      sections.push(h("p", { class: "hint" }, needle ? "No session title matches." : "No sessions yet."));
+    }
+    this.list.replaceChildren(...sections);
   }
+}
+
+const GROUPS = [["Today", 0], ["Yesterday", 1], ["Previous 7 days", 7], ["Older", Infinity]];
+
+function groupOf(iso) {
+  const days = daysAgo(iso) ?? Infinity;
+  return GROUPS.find(([, upTo]) => days <= upTo)[0];
 }

@@ -12,7 +12,7 @@ from bench.recall import MODES, load_dataset, run_benchmark
 from bench.recall_pg import run_postgres_benchmark
 from tests.memory.conftest import FakeEmbedder
 
-SAMPLE = Path(__file__).resolve().parents[3] / "bench" / "data" / "sample.json"
+SAMPLE = Path(__file__).resolve().parents[2] / "bench" / "data" / "sample.json"
 
 
 @pytest.mark.parametrize("granularity", ["chunk", "turn"])

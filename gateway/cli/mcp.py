@@ -1,0 +1,53 @@
+"""``recalld mcp``: serve recalld's memory to an MCP client on stdio (docs/mcp.md).
+
+It finds the daemon like ``recalld call`` (``--url``, ``--token-file``, ``RECALLD_URL`` /
+``RECALLD_TOKEN``, ``daemon.json``), again at every tool call, so a daemon restarted on
+another port or with a rotated token is followed; a daemon that is not running is a failed
+tool call the model reads, not a server that will not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gateway.cli.target import TargetError, connection_target
+from gateway.config import Config
+
+__all__ = ["add_mcp_parser"]
+
+
+def add_mcp_parser(sub: Any, flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("mcp", help="serve the memory to MCP clients (Claude Desktop, Cursor, VS Code) on stdio")
+    flags(p)
+    p.set_defaults(run=_run)
+
+
+def _run(config: Config, args: argparse.Namespace) -> int:
+    from gateway.mcp import DaemonLink, DaemonUnreachable, Route, SdkMissing, require_sdk
+
+    try:
+        require_sdk()
+    except SdkMissing as exc:
+        print(f"recalld: {exc}", file=sys.stderr)
+        return 2
+    from gateway.app import package_version
+    from gateway.logs import configure_logging
+    from gateway.mcp.stdio import serve_stdio
+
+    connection_target(config, args)  # a bad --token-file or --cacert fails now, not at each call
+    # stdout is the protocol's: every log line goes to stderr, which MCP clients show as the log.
+    configure_logging(config.log.level, config.log.format, stream=sys.stderr)
+
+    def route() -> Route:
+        try:
+            target = connection_target(config, args)
+        except TargetError as exc:  # the token file removed since the start, for one
+            raise DaemonUnreachable(str(exc)) from None
+        return Route(target.url, target.token, target.ssl)
+
+    asyncio.run(serve_stdio(DaemonLink(route), version=package_version()))
+    return 0

@@ -1,0 +1,229 @@
+"""Streamable HTTP at ``/mcp`` on its own listener (``[mcp] port``), behind the gateway's tokens.
+
+websockets' server takes no request bodies, so MCP's POSTs cannot share the gateway's port;
+this listener runs the SDK's streamable HTTP transport under uvicorn on ``server.host``, with
+the gateway's ``[tls]``. In front of it, the rules the gateway's handshake has: exactly one
+``Host``, a foreign DNS name → 421; a browser ``Origin`` not allowed → 403; no bearer token →
+401, a wrong one → 401 (429 while locked out), counted by the daemon's own failure limiter
+against the real peer address. Each request's token is then the token of every daemon
+connection its tools open, so a second user's token sees only that user's memory.
+
+The transport is stateless (a fresh MCP server per request, JSON answers): nothing of one
+request, its token least of all, outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import ipaddress
+import socket
+import ssl
+from typing import Protocol
+
+import structlog
+import uvicorn
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.datastructures import Headers
+from starlette.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.config import Config
+from gateway.mcp.link import DaemonLink, Route
+from gateway.mcp.tools import build_server
+
+__all__ = ["MCP_PATH", "McpHttpServer", "TokenCheck"]
+
+log = structlog.get_logger("recalld.mcp")
+
+MCP_PATH = "/mcp"
+
+# The token of the HTTP request being served: a stateless request runs its MCP server in
+# tasks started from the request's own context, so its tools read this request's token.
+_request_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("recalld_mcp_token", default=None)
+
+
+class Verdict(Protocol):
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def retry_after_s(self) -> float: ...
+
+
+class TokenCheck(Protocol):
+    """The daemon's :class:`gateway.auth.Authenticator`, as this listener uses it."""
+
+    def check(self, token: str | None, address: str) -> Verdict: ...
+
+
+class McpHttpServer:
+    """``await start()`` binds and serves; ``await close()`` (safe twice) stops accepting,
+    lets requests being answered finish within ``server.shutdown_grace_s``, then stops."""
+
+    def __init__(self, config: Config, tokens: TokenCheck, *, daemon_url: str, version: str) -> None:
+        self.config = config
+        self.tokens = tokens
+        tls = config.tls
+        self.scheme = "https" if tls.cert else "http"
+        trust = _loopback_ssl(config)
+        link = DaemonLink(lambda: Route(daemon_url, _request_token.get(), trust))
+        self._mcp = build_server(link, version=version)
+        # Host and Origin are checked in front (the gateway's rules), so the SDK's own check,
+        # with its fixed list of names, is off.
+        self._app = self._mcp.streamable_http_app(
+            streamable_http_path=MCP_PATH, json_response=True, stateless_http=True,
+            max_request_body_size=config.server.max_size,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        self._uvicorn = uvicorn.Server(uvicorn.Config(
+            self._asgi, interface="asgi3", lifespan="off", log_config=None, access_log=False,
+            server_header=False,
+            # X-Forwarded-For from loopback would let any local process pick the address its
+            # failed tokens are counted against: the peer is the socket's, as on the gateway.
+            proxy_headers=False,
+            ssl_certfile=tls.cert, ssl_keyfile=tls.key,
+            limit_concurrency=config.server.max_connections,
+            timeout_graceful_shutdown=max(1, int(config.server.shutdown_grace_s)),
+        ))
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        host = self.config.server.host
+        return f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{self.port}{MCP_PATH}"
+
+    async def start(self) -> None:
+        host, port = self.config.server.host, self.config.mcp.port
+        try:
+            # Bound here, not by uvicorn, whose own bind ends the process on an error.
+            sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as exc:
+            raise OSError(exc.errno, f"[mcp] port {port} on {host}: {exc.strerror}") from None
+        self.port = sock.getsockname()[1]
+        # What uvicorn's own serve() does first, without its signal handlers: the daemon's
+        # SIGINT/SIGTERM handlers must stay the daemon's.
+        self._uvicorn.config.load()
+        self._uvicorn.lifespan = self._uvicorn.config.lifespan_class(self._uvicorn.config)
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._serve(sock, ready))
+        await asyncio.wait([ready, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            sock.close()
+            await self._task  # raises what stopped it
+        log.info("mcp.listening", url=self.url, port=self.port)
+
+    async def _serve(self, sock: socket.socket, ready: asyncio.Future[None]) -> None:
+        try:
+            async with self._mcp.session_manager.run():
+                await self._uvicorn.startup(sockets=[sock])
+                ready.set_result(None)
+                await self._uvicorn.main_loop()
+                await self._uvicorn.shutdown(sockets=[sock])
+        finally:
+            sock.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._uvicorn.should_exit = True
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        log.info("mcp.closed")
+
+    # -- the guard in front of the SDK's transport ---------------------------------------
+
+    async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        token = _bearer(Headers(scope=scope))
+        reset = _request_token.set(token)
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            _request_token.reset(reset)
+
+    def _refusal(self, scope: Scope) -> PlainTextResponse | None:
+        headers = Headers(scope=scope)
+        if scope["path"].rstrip("/") != MCP_PATH:
+            return PlainTextResponse("not found\n", 404)
+        hosts = headers.getlist("host")
+        if len(hosts) != 1:
+            return PlainTextResponse("exactly one Host header is required\n", 400)
+        if not self._host_allowed(hosts[0]):
+            return PlainTextResponse("Host not allowed\n", 421)
+        origins = headers.getlist("origin")
+        if origins and (len(origins) > 1 or not self._origin_allowed(origins[0], hosts[0])):
+            return PlainTextResponse("Origin not allowed\n", 403)
+        authzs = headers.getlist("authorization")
+        if not authzs and self.config.auth.mode == "none":
+            return None
+        if not authzs:
+            # Not counted as a failure: a client's first request often comes without one.
+            return _unauthorized("a bearer token is required (Authorization: Bearer <token>)\n")
+        client = scope.get("client")
+        verdict = self.tokens.check(_bearer(headers) if len(authzs) == 1 else None,
+                                    client[0] if client else "")
+        if verdict.ok:
+            return None
+        if verdict.retry_after_s:
+            return PlainTextResponse("too many failed attempts\n", 429,
+                                     headers={"Retry-After": str(int(verdict.retry_after_s) + 1)})
+        return _unauthorized("invalid token\n")
+
+    # The same rules as the gateway's handshake (gateway/transport/server.py), for this port.
+    def _host_allowed(self, host_header: str) -> bool:
+        host = host_header.strip().lower()
+        if host.startswith("["):
+            host = host[1 : host.find("]")] if "]" in host else host
+        elif host.count(":") == 1:
+            host = host.rsplit(":", 1)[0]
+        if not host:
+            return False
+        server = self.config.server
+        if host in ("localhost", server.host.lower()) or host in (h.lower() for h in server.allowed_hosts):
+            return True
+        try:
+            ipaddress.ip_address(host)  # an IP literal cannot be a DNS-rebinding name
+            return True
+        except ValueError:
+            return False
+
+    def _origin_allowed(self, origin: str, host_header: str) -> bool:
+        allowed = {o.rstrip("/").lower() for o in self.config.server.allowed_origins}
+        for scheme in ("http", "https"):
+            for name in ("localhost", "127.0.0.1", "[::1]"):
+                allowed.add(f"{scheme}://{name}:{self.port}")
+        allowed.add(f"{self.scheme}://{host_header.strip().lower()}")
+        return origin.rstrip("/").lower() in allowed
+
+
+def _bearer(headers: Headers) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _unauthorized(text: str) -> PlainTextResponse:
+    return PlainTextResponse(text, 401, headers={"WWW-Authenticate": 'Bearer realm="recalld"'})
+
+
+def _loopback_ssl(config: Config) -> ssl.SSLContext | None:
+    """TLS trust for this process's own connections to the gateway: its own certificate, which
+    is what the peer must present (a partial chain: the leaf itself is the anchor, CA-signed or
+    not). The name is not checked: the peer is this daemon on loopback, whatever name the
+    certificate was issued for."""
+    if not config.tls.cert:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(cafile=config.tls.cert)
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    ctx.check_hostname = False
+    return ctx
+
+

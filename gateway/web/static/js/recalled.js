@@ -1,0 +1,58 @@
+// Memory excerpts as a person reads them, in the same shape under a reply ("Recalled") and in
+// search results: the session's title, when it was said (relative; the full date on hover and
+// for screen readers), and plain text of a readable length, never raw markdown.
+
+import { chunkText, h, highlighted, plainText, snippet, timeEl } from "./dom.js";
+
+// Long enough to carry a thought, short enough that three fit beside a reply.
+export const EXCERPT_CHARS = 240;
+
+export function excerptOf(hit, max = EXCERPT_CHARS) {
+  return hit.content ? snippet(plainText(chunkText(hit.content)), max) : "";
+}
+
+// "Lisbon trip · 2 days ago" as nodes.
+export function memoryMeta(hit, title) {
+  return h("span", { class: "memory-meta" },
+    h("span", { class: "memory-title" }, title || "Another chat"),
+    hit.startTs ? [" · ", timeEl(hit.startTs, { spoken: true })] : null);
+}
+
+// The "Recalled" block under a reply: one button per memory, opening its source.
+export function recalledBlock(recalled, { sessionTitle, onOpen }) {
+  const list = h("ul", { class: "chips", "aria-label": "What was remembered" });
+  for (const hit of recalled) {
+    const text = excerptOf(hit);
+    const chip = h("button", {
+      type: "button", class: "chip", disabled: !hit.sessionKey,
+      onclick: () => hit.sessionKey && onOpen(hit.sessionKey, hit.startTs),
+    },
+    text ? memoryMeta(hit, sessionTitle(hit.sessionKey)) : h("span", { class: "memory-meta" }, "A memory"),
+    h("span", { class: "memory-text" }, text || "This memory is no longer found."));
+    list.append(h("li", {}, chip));
+  }
+  return h("div", { class: "recalled" }, h("h2", { class: "recalled-head" }, "Recalled"), list);
+}
+
+// The final event names recalled chunks by id; their text and date come from a search with
+// the same message (what recall ran), matched by id. A chunk the search no longer returns still
+// gets an entry, just without its excerpt.
+export async function resolveRecalled(rpc, ids, message, excludeSessionKey) {
+  let hits = [];
+  if (message) {
+    try {
+      const res = await rpc.call("memory.search", { query: message.slice(0, 2000), k: 50, excludeSessionKey });
+      hits = res.results;
+    } catch { /* entries without excerpts */ }
+  }
+  return ids.map((id) => hits.find((hit) => String(hit.chunkId) === String(id)) || { chunkId: id });
+}
+
+// One search result: the same meta and excerpt, the query's words highlighted.
+export function searchResult(hit, { query, title, onOpen }) {
+  return h("li", { class: "result" },
+    h("p", { class: "meta" }, memoryMeta(hit, title)),
+    h("p", { class: "excerpt" }, highlighted(excerptOf(hit, 400), query)),
+    h("button", { type: "button", class: "link", onclick: () => onOpen(hit.sessionKey, hit.startTs) },
+      "Open in session"));
+}

@@ -1,0 +1,79 @@
+"""Forgetting messages for real: a transcript rewritten without some of its messages.
+
+The kept lines go to a temporary file beside the transcript, which is fsynced and renamed over
+it, then the directory is fsynced, so a crash leaves the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+from .errors import SessionNotFound, StorageError
+from .fileio import FILE_MODE, FileIO, append_whole_line, describe_os_error, fsync_path
+from .models import parse_ts
+from .transcript import parse_line
+
+__all__ = ["rewrite_file", "without_messages"]
+
+
+def without_messages(path: Path, header_end: int, after: datetime | None,
+                     before: datetime | None) -> tuple[bytes, int]:
+    """The transcript at ``path`` without its messages timed in ``[after, before)`` (every
+    message when neither is given), and how many were removed; every other line stays byte
+    for byte. SessionNotFound if the file is gone."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SessionNotFound() from None
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "reading transcript")) from err
+    kept = [data[:header_end]]
+    removed = 0
+    for raw in data[header_end:].splitlines(keepends=True):
+        obj = parse_line(raw.rstrip(b"\n"))
+        if obj is not None and obj["type"] == "message" and _within(obj.get("ts"), after, before):
+            removed += 1
+            continue
+        kept.append(raw)
+    return b"".join(kept), removed
+
+
+def rewrite_file(io: FileIO, path: Path, content: bytes) -> None:
+    """Replace ``path`` by ``content`` atomically and durably (see the module docstring)."""
+    tmp = path.with_name(path.name + ".purge")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "rewriting transcript"), errno=err.errno) from err
+    try:
+        append_whole_line(io, fd, content, 0, "rewriting transcript")
+        io.fsync(fd)
+    except (StorageError, OSError) as err:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, StorageError):
+            raise
+        raise StorageError(describe_os_error(err, "syncing rewritten transcript"), errno=err.errno) from err
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise StorageError(describe_os_error(err, "replacing transcript"), errno=err.errno) from err
+    fsync_path(io, path.parent)
+
+
+def _within(ts: object, after: datetime | None, before: datetime | None) -> bool:
+    """Whether a message time lies in [after, before). With no bound every message matches; a
+    message whose time cannot be read cannot be placed in a bounded range and is kept."""
+    if after is None and before is None:
+        return True
+    try:
+        moment = parse_ts(ts) if isinstance(ts, str) else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        return False
+    return (after is None or moment >= after) and (before is None or moment < before)
