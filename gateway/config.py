@@ -94,9 +94,8 @@ class AuthConfig:
     users: tuple[AuthUser, ...] = ()
     timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     preauth_max_size: int = field(default=64 * 1024, metadata=_limit(256))
-    # Connections upgraded but not yet authenticated, in all and per address (all of loopback
-    # is one): past either, HTTP 503, so sockets that never authenticate cannot fill
-    # server.max_connections and keep out the users who do.
+    # Connections not authenticated yet, in all and per address (loopback is one): past either,
+    # HTTP 503, so they cannot fill server.max_connections and keep out users with a token.
     max_pending: int = field(default=256, metadata=_limit(1))
     max_pending_per_address: int = field(default=64, metadata=_limit(1))
     max_failures: int = field(default=10, metadata=_limit(1))
@@ -121,8 +120,7 @@ class LimitsConfig:
     max_batch: int = field(default=50, metadata=_limit(1, 10_000))
     # Requests one connection may have running at once; past it: -32004.
     max_inflight: int = field(default=32, metadata=_limit(1))
-    # Requests of one user running at once across all their connections (those answered in the
-    # read loop aside); the rest wait their turn, so one user's flood cannot starve another's.
+    # Requests of one user running at once over all their connections; the rest wait their turn.
     max_user_running: int = field(default=8, metadata=_limit(1))
     # Bytes of undelivered events per connection before it is closed 1008 "slow consumer".
     max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
@@ -131,8 +129,7 @@ class LimitsConfig:
     # Bytes of replies one connection may have waiting to be written; a reply past it answers
     # -32004 (-32600 when it alone is larger) instead of being held.
     max_reply_bytes: int = field(default=32 * 1024 * 1024, metadata=_limit(1024))
-    # The same for all of one user's connections together (at least max_reply_bytes): more
-    # connections gain a client nothing.
+    # The same for all of one user's connections together (at least max_reply_bytes).
     max_user_reply_bytes: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
     # Pings and pongs a peer may send per second; more closes the connection 1008.
     max_control_frames_per_s: int = field(default=20, metadata=_limit(1))
@@ -152,9 +149,8 @@ class QuotasConfig:
     # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket refilled
     # continuously): an update line carries the whole prompt, so it writes as much as a create.
     updates_per_minute: int = field(default=60, metadata=_limit(1))
-    # Bytes of chat.send messages (as written) per user per minute, a bucket refilled
-    # continuously that holds at least one chat.max_message_bytes message: far above typing,
-    # far below filling the disk (a flood of big messages wrote ~21 MB/s without it).
+    # Bytes of chat.send messages per user per minute (a bucket holding at least one
+    # chat.max_message_bytes message): far above typing, far below filling the disk.
     message_bytes_per_minute: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
 
 
