@@ -15,6 +15,22 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
 5. *big history pages*: one session of 200 messages of 250 kB, then one batch frame of 20
    ``sessions.history`` (limit 200) — a page is capped by bytes and a batch shares one reply
    budget, where before the daemon built all 20 pages (1 GB) before refusing the reply.
+6. *N1, unauthenticated sockets*: 1,100 upgrades that never authenticate, each reopened as the
+   daemon closes or refuses it (0.5 s later), while 10 fresh connections with the token
+   (``Authorization`` header) each try one ``gateway.health``.
+
+7. *N2, pipelined big pages*: one user's CONNS connections (1 and 6) each pipeline 32
+   ``sessions.history`` pages of a session of 200 messages of 250 kB, never reading; RSS growth
+   over the daemon at rest after 10 s.
+
+8. *N4, big chat messages*: batches of 16 ``chat.send`` of 250 kB over 16 sessions, each
+   batch sent once the last one is answered, for 15 s, against the loopback fake model; the
+   bytes the data dir grew by.
+
+9. *t16, fairness*: alice's ``sessions.list`` p50 alone, then while bob (another user, in a
+   child process) keeps 32 ``sessions.list`` (limit 200) in flight on each of 8 connections.
+
+``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4, t16).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -75,7 +91,8 @@ class Sampler:
 
 
 class Daemon:
-    def __init__(self, data_dir: Path, root: Path | None, nofile: int | None, env: dict[str, str]) -> None:
+    def __init__(self, data_dir: Path, root: Path | None, nofile: int | None, env: dict[str, str],
+                 config: Path | None = None) -> None:
         child_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
         child_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
                           "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json",
@@ -88,7 +105,8 @@ class Daemon:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0"],
+            [sys.executable, "-m", "gateway", "--data-dir", str(data_dir),
+             *(["--config", str(config)] if config else []), "serve", "--port", "0"],
             cwd=root or Path.cwd(), env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, preexec_fn=limit)
         assert self.proc.stderr is not None
@@ -246,18 +264,27 @@ async def descriptor_flood(root: Path | None, n: int) -> None:
             d.stop()
 
 
-async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
+async def _big_session(data: Path, root: Path | None, messages: int, message_chars: int) -> str:
+    """A session of ``messages`` messages of ``message_chars`` characters, written while no daemon
+    runs (the store's directory lock)."""
     from sessions import SessionsConfig, SessionStore
 
+    d = Daemon(data, root, None, {})
+    try:
+        async with Client.connect(d.url, TOKEN) as c:
+            key: str = (await c.call("sessions.create"))["sessionKey"]
+    finally:
+        d.stop()
+    with SessionStore(data, SessionsConfig(fsync="never")) as store:
+        for _ in range(messages):
+            store.append_message("default", key, role="user", content="x" * message_chars)
+    return key
+
+
+async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        d = Daemon(data, root, None, {})
-        async with Client.connect(d.url, TOKEN) as c:
-            key = (await c.call("sessions.create"))["sessionKey"]
-        d.stop()  # the store's directory lock: messages are written while no daemon runs
-        with SessionStore(data, SessionsConfig(fsync="never")) as store:
-            for _ in range(messages):
-                store.append_message("default", key, role="user", content="x" * message_chars)
+        key = await _big_session(data, root, messages, message_chars)
         d = Daemon(data, root, None, {})
         try:
             start = d.rss_mib
@@ -282,25 +309,203 @@ async def big_history(root: Path | None, batch: int = 20, messages: int = 200, m
             d.stop()
 
 
+async def pipelined_pages(root: Path | None, conns: tuple[int, ...] = (1, 6), calls: int = 32) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        key = await _big_session(data, root, 200, 250_000)
+        for n in conns:
+            d = Daemon(data, root, None, {})
+            try:
+                rest = d.rss_mib
+                with Sampler(d.proc.pid) as s:
+                    opened = [await connect(d.url, additional_headers=AUTH, max_size=None) for _ in range(n)]
+                    frame = orjson.dumps({"method": "sessions.history", "params": {"sessionKey": key, "limit": 200}})
+                    for ws in opened:
+                        ws.transport.pause_reading()
+                        for i in range(calls):
+                            await ws.send(orjson.dumps({"id": i, **orjson.loads(frame)}).decode())
+                    await asyncio.sleep(10)
+                    for ws in opened:
+                        ws.transport.abort()
+                _report(f"N2 {n} connection(s) x {calls} pipelined sessions.history pages, never read (10 s)",
+                        d, s, rss_growth_mib=f"{s.peak / 1024 - rest:.0f}",
+                        per_connection_mib=f"{(s.peak / 1024 - rest) / n:.0f}")
+            finally:
+                d.stop()
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 16, chars: int = 250_000) -> None:
+    from testkit.fake_openai import FakeOpenAI
+
+    async with FakeOpenAI(max_recorded=16) as model:
+        model.configure(reply="ok")
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / "data"
+            d = await asyncio.to_thread(Daemon, data, root, None, {
+                "RECALLD_LLM_BASE_URL": model.base_url, "RECALLD_LLM_API_KEY": "sk-bench",
+                "RECALLD_CHAT_RECALL": "false"})
+            try:
+                async with Client.connect(d.url, TOKEN) as c:
+                    keys = [(await c.call("sessions.create"))["sessionKey"] for _ in range(sessions)]
+                    start, codes, t0 = _tree_bytes(data), Counter[str](), time.monotonic()
+                    with Sampler(d.proc.pid) as s:
+                        while time.monotonic() - t0 < seconds:
+                            await c.ws.send(orjson.dumps([{"id": f"{i}", "method": "chat.send", "params": {
+                                "sessionKey": k, "message": "x" * chars}} for i, k in enumerate(keys)]), text=True)
+                            answered = 0
+                            while answered < sessions:
+                                msg = await asyncio.wait_for(c.events.get(), 60)
+                                if "id" in msg:
+                                    answered += 1
+                                    codes[str(msg["error"]["code"]) if "error" in msg else "ok"] += 1
+                    grown = _tree_bytes(data) - start
+                _report(f"N4 batches of {sessions} chat.send of {chars // 1000} kB for {seconds:g} s", d, s,
+                        data_dir_grew_mb=f"{grown / 1e6:.1f}", sends=dict(codes))
+            finally:
+                d.stop()
+
+
+ALICE, BOB = "alice-bench-token-0123456789", "bob-bench-token-0123456789xx"
+
+
+async def bob_child(url: str, connections: int = 8, depth: int = 32, seconds: float = 12.0) -> None:
+    """Bob's flood (runs in its own process): ``depth`` calls in flight on each connection, one
+    sent as each answer arrives, for ``seconds``."""
+    answered = Counter[str]()
+
+    async def one() -> None:
+        async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"}, max_size=None) as ws:
+            frame = orjson.dumps({"id": 0, "method": "sessions.list", "params": {"limit": 200}}).decode()
+            for _ in range(depth):
+                await ws.send(frame)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                msg = orjson.loads(await ws.recv())
+                answered["ok" if "result" in msg else str(msg["error"]["code"])] += 1
+                await ws.send(frame)
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+    print(orjson.dumps(answered).decode())
+
+
+async def fairness(root: Path | None, samples: int = 300) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "config.toml"
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n'
+                       '[quotas]\nsessions_per_minute = 100000\n')
+        d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
+        try:
+            async with Client.connect(d.url, BOB) as bob, Client.connect(d.url, ALICE) as alice:
+                for i in range(200):
+                    await bob.call("sessions.create", {"title": f"bob {i}"})
+                for i in range(20):
+                    await alice.call("sessions.create", {"title": f"alice {i}"})
+
+                async def p50() -> float:
+                    took = []
+                    for _ in range(samples):
+                        t0 = time.perf_counter()
+                        await alice.call("sessions.list", {"limit": 20})
+                        took.append(time.perf_counter() - t0)
+                    return sorted(took)[len(took) // 2] * 1000
+
+                quiet = await p50()
+                with Sampler(d.proc.pid) as s:
+                    child = await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "bench.attacks", "--bob-child", d.url, stdout=asyncio.subprocess.PIPE)
+                    await asyncio.sleep(2)  # bob's connections are up and full
+                    flooded = await p50()
+                    out, _ = await child.communicate()
+            _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 in flight)", d, s,
+                    alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
+                    ratio=f"{flooded / quiet:.1f}x", bob=out.decode().strip())
+        finally:
+            d.stop()
+
+
+async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon(Path(tmp) / "data", root, None, {})
+        stop = asyncio.Event()
+        held = Counter[str]()
+
+        async def squat() -> None:
+            while not stop.is_set():
+                try:
+                    ws = await connect(d.url, open_timeout=20, ping_interval=None)
+                except Exception:
+                    held["refused"] += 1
+                    await asyncio.sleep(0.5)
+                    continue
+                held["opened"] += 1
+                with contextlib.suppress(Exception):
+                    await ws.wait_closed()  # the daemon closes it at auth.timeout_s
+                await asyncio.sleep(0.5)
+
+        try:
+            with Sampler(d.proc.pid) as s:
+                squatters = [asyncio.create_task(squat()) for _ in range(n)]
+                await asyncio.sleep(3)  # every squatter has tried once
+                outcomes: Counter[str] = Counter()
+                for _ in range(fresh):
+                    try:
+                        async with Client.connect(d.url, TOKEN) as c:
+                            await c.call("gateway.health")
+                            outcomes["ok"] += 1
+                    except Exception as exc:
+                        outcomes[type(exc).__name__ + " " + str(exc)[:40]] += 1
+                stop.set()
+                for t in squatters:
+                    t.cancel()
+                await asyncio.gather(*squatters, return_exceptions=True)
+            _report(f"N1 unauthenticated sockets ({n} held and reopened)", d, s,
+                    authenticated_ok=f"{outcomes['ok']}/{fresh}", outcomes=dict(outcomes),
+                    squatter_upgrades=held["opened"], squatter_refusals=held["refused"])
+        finally:
+            d.stop()
+
+
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16")
+
+
 async def main(args: argparse.Namespace) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     root = Path(args.root).resolve() if args.root else None
-    with tempfile.TemporaryDirectory() as tmp:
-        # Quotas off for the set-up: 200 sessions are created as fast as the socket goes.
-        d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"})
-        try:
-            print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: {d.rss_mib:.0f} MiB at start",
-                  flush=True)
-            await big_prompts(d, args.sessions, args.prompt_chars)
-            await ping_flood(d, args.flood_s, authenticated=False)
-            await ping_flood(d, args.flood_s, authenticated=True)
-            await request_flood(d)
-            print(f"daemon VmHWM (peak over the whole run): {_status(d.proc.pid, 'VmHWM') / 1024:.0f} MiB")
-        finally:
-            d.stop()
-    await descriptor_flood(root, args.connections)
-    await big_history(root)
+    only = set(args.only.split(",")) if args.only else set(ATTACKS)
+    if only & {"prompts", "pings", "flood"}:
+        with tempfile.TemporaryDirectory() as tmp:
+            # Quotas off for the set-up: 200 sessions are created as fast as the socket goes.
+            d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"})
+            try:
+                print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: {d.rss_mib:.0f} MiB at start",
+                      flush=True)
+                if "prompts" in only:
+                    await big_prompts(d, args.sessions, args.prompt_chars)
+                if "pings" in only:
+                    await ping_flood(d, args.flood_s, authenticated=False)
+                    await ping_flood(d, args.flood_s, authenticated=True)
+                if "flood" in only:
+                    await request_flood(d)
+                print(f"daemon VmHWM (peak over the whole run): {_status(d.proc.pid, 'VmHWM') / 1024:.0f} MiB")
+            finally:
+                d.stop()
+    if "descriptors" in only:
+        await descriptor_flood(root, args.connections)
+    if "history" in only:
+        await big_history(root)
+    if "n1" in only:
+        await preauth_flood(root)
+    if "n2" in only:
+        await pipelined_pages(root)
+    if "n4" in only:
+        await chat_bytes(root)
+    if "t16" in only:
+        await fairness(root)
 
 
 if __name__ == "__main__":
@@ -311,8 +516,12 @@ if __name__ == "__main__":
     parser.add_argument("--flood-s", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=1500)
     parser.add_argument("--flood-child", metavar="URL")
+    parser.add_argument("--bob-child", metavar="URL")
+    parser.add_argument("--only", help=f"comma-separated, of: {', '.join(ATTACKS)}")
     args = parser.parse_args()
     if args.flood_child:
         asyncio.run(flood_child(args.flood_child, 500, 6000))
+    elif args.bob_child:
+        asyncio.run(bob_child(args.bob_child))
     else:
         asyncio.run(main(args))

@@ -60,7 +60,7 @@ from gateway.private import (
     take_clean_stop,
 )
 from gateway.retention import RetentionSweeper
-from gateway.rpc import Quotas, Registry, RpcCore
+from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import Embedder
@@ -255,21 +255,24 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
                    reply_reserve=page_capped(config).max_page_bytes,
+                   user_slots=UserSlots(config.limits.max_user_running),
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
                                    "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
-                                   "memory.facts.add": (quotas.updates_per_minute, "quotas.updates_per_minute")},
+                                   "memory.facts.add": (quotas.updates_per_minute, "quotas.updates_per_minute"),
+                                   "memory.facts.update": (quotas.updates_per_minute, "quotas.updates_per_minute")},
                        in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
                    ))
     app_version = package_version()
     server = _server(config, core, authenticator, app_version, hub)
-    sessions = SessionsMethods(store, hub, runs, service)
-    chat = ChatMethods(config.chat, store, hub, runs)
+    sessions = SessionsMethods(store, hub, runs, service, llm.choices())
+    chat = ChatMethods(config.chat, store, hub, runs, ByteRate(quotas.message_bytes_per_minute,
+                       "quotas.message_bytes_per_minute", largest=config.chat.max_message_bytes))
     memory = MemoryMethods(
         service, store, admin=_memory_admin(config),
         full_reindex_interval_s=config.limits.full_reindex_interval_s,
     ) if service is not None else None
-    gateway = GatewayMethods(authenticator, registry, server, app_version, service)
+    gateway = GatewayMethods(authenticator, registry, server, app_version, service, llm.choices())
     facts = FactsMethods(service) if service is not None else None
     forget = ForgetMethods(service, store) if service is not None else None
     episodes = EpisodesMethods(service) if service is not None else None
@@ -279,7 +282,9 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     stack.push_async_callback(server.close)
     await server.start()
     # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
-    write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port))
+    indexing = service.embedder if service is not None else None
+    write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port),
+                       (indexing.provider, indexing.model_id, indexing.endpoint_hash) if indexing else None)
     if server.scheme == "ws" and not is_loopback(config.server.host):
         log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
                     fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
@@ -310,7 +315,9 @@ def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_ver
         open_timeout_s=s.open_timeout_s, ping_interval_s=s.ping_interval_s, ping_timeout_s=s.ping_timeout_s,
         close_timeout_s=s.close_timeout_s,
         auth_timeout_s=config.auth.timeout_s, preauth_max_size=config.auth.preauth_max_size,
+        max_pending=config.auth.max_pending, max_pending_per_address=config.auth.max_pending_per_address,
         max_inflight=limits.max_inflight, max_reply_bytes=limits.max_reply_bytes,
+        max_user_reply_bytes=limits.max_user_reply_bytes,
         max_outbox_bytes=limits.max_outbox_bytes, max_control_frames_per_s=limits.max_control_frames_per_s,
     )
 

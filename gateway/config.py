@@ -94,6 +94,10 @@ class AuthConfig:
     users: tuple[AuthUser, ...] = ()
     timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     preauth_max_size: int = field(default=64 * 1024, metadata=_limit(256))
+    # Connections not authenticated yet, in all and per address (loopback is one): past either,
+    # HTTP 503, so they cannot fill server.max_connections and keep out users with a token.
+    max_pending: int = field(default=256, metadata=_limit(1))
+    max_pending_per_address: int = field(default=64, metadata=_limit(1))
     max_failures: int = field(default=10, metadata=_limit(1))
     failure_window_s: float = field(default=60.0, metadata=_limit(1))
     lockout_s: float = field(default=300.0, metadata=_limit(1))
@@ -116,6 +120,8 @@ class LimitsConfig:
     max_batch: int = field(default=50, metadata=_limit(1, 10_000))
     # Requests one connection may have running at once; past it: -32004.
     max_inflight: int = field(default=32, metadata=_limit(1))
+    # Requests of one user running at once over all their connections; the rest wait their turn.
+    max_user_running: int = field(default=8, metadata=_limit(1))
     # Bytes of undelivered events per connection before it is closed 1008 "slow consumer".
     max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
     # Seconds between two memory.reindex {full: true} of one user; sooner: -32004.
@@ -123,6 +129,8 @@ class LimitsConfig:
     # Bytes of replies one connection may have waiting to be written; a reply past it answers
     # -32004 (-32600 when it alone is larger) instead of being held.
     max_reply_bytes: int = field(default=32 * 1024 * 1024, metadata=_limit(1024))
+    # The same for all of one user's connections together (at least max_reply_bytes).
+    max_user_reply_bytes: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
     # Pings and pongs a peer may send per second; more closes the connection 1008.
     max_control_frames_per_s: int = field(default=20, metadata=_limit(1))
 
@@ -138,9 +146,12 @@ class QuotasConfig:
     max_runs_per_user: int = field(default=16, metadata=_limit(1))
     # memory.search calls (each may embed its query upstream) running at once per user.
     max_searches_per_user: int = field(default=4, metadata=_limit(1))
-    # sessions.update and memory.facts.add per user per minute, each (a bucket refilled
+    # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket refilled
     # continuously): an update line carries the whole prompt, so it writes as much as a create.
     updates_per_minute: int = field(default=60, metadata=_limit(1))
+    # Bytes of chat.send messages per user per minute (a bucket holding at least one
+    # chat.max_message_bytes message): far above typing, far below filling the disk.
+    message_bytes_per_minute: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +165,16 @@ class LlmConfig:
     base_url: str | None = None
     api_key: str | None = None
     model: str = "gpt-4o-mini"
+    # Other models a session may choose (sessions.create {model}); every request goes out on the
+    # operator's key, so none but the configured model unless listed here.
+    models: tuple[str, ...] = ()
     timeout_s: float = field(default=60.0, metadata=_limit(0.1))
     connect_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     max_retries: int = field(default=2, metadata=_limit(0, 10))
+
+    def choices(self) -> tuple[str, ...]:
+        """The models a session may run on: the configured one first, then ``models``."""
+        return (self.model, *(m for m in dict.fromkeys(self.models) if m != self.model))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,8 @@
 """``<data dir>/daemon.json``: where the daemon serving a data dir can be reached.
 
-The daemon writes ``{"url": ..., "pid": ...}`` once it listens and removes it at close; the
+The daemon writes ``{"url": ..., "pid": ..., "embedder": [provider, model, endpoint hash] or
+null}`` once it listens and removes it at close (the embedder is the one it indexes with, so that
+a CLI command working on the same index never switches it: gateway.cli.embedder); the
 client commands (``recalld call``, ``recalld chat``) read it, so a daemon started on another
 port (``--port 0``, a config in another place) is found without flags. A file left behind by a
 daemon killed with -9 names a process that is gone, and is ignored.
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import orjson
 
-__all__ = ["RUNTIME_FILE", "client_url", "read_runtime_url", "remove_runtime_file", "write_runtime_file"]
+__all__ = ["RUNTIME_FILE", "client_url", "read_runtime_embedder", "read_runtime_url", "remove_runtime_file",
+           "write_runtime_file"]
 
 RUNTIME_FILE = "daemon.json"
 
@@ -31,13 +34,14 @@ def client_url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{host}:{port}/"
 
 
-def write_runtime_file(data_dir: Path, url: str) -> None:
-    """Record this process's URL (0600, written then renamed so a reader never sees half)."""
+def write_runtime_file(data_dir: Path, url: str, embedder: tuple[str, str, str] | None = None) -> None:
+    """Record this process's URL and embedder identity (0600, written then renamed so a reader
+    never sees half)."""
     path = data_dir / RUNTIME_FILE
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, orjson.dumps({"url": url, "pid": os.getpid()}))
+        os.write(fd, orjson.dumps({"url": url, "pid": os.getpid(), "embedder": embedder}))
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -51,8 +55,7 @@ def remove_runtime_file(data_dir: Path) -> None:
             path.unlink()
 
 
-def read_runtime_url(data_dir: Path) -> str | None:
-    """The URL of the daemon serving ``data_dir``, or None when none is running there."""
+def _live_record(data_dir: Path) -> dict[str, object] | None:
     try:
         record = orjson.loads((data_dir / RUNTIME_FILE).read_bytes())
         url, pid = record["url"], record["pid"]
@@ -66,4 +69,22 @@ def read_runtime_url(data_dir: Path) -> str | None:
         return None
     except PermissionError:
         pass  # it exists; another user's process
-    return url
+    return dict(record)
+
+
+def read_runtime_url(data_dir: Path) -> str | None:
+    """The URL of the daemon serving ``data_dir``, or None when none is running there."""
+    record = _live_record(data_dir)
+    return None if record is None else str(record["url"])
+
+
+def read_runtime_embedder(data_dir: Path) -> tuple[bool, tuple[str, str, str] | None]:
+    """(whether a daemon serves ``data_dir`` and published its embedder, that embedder's
+    identity or None for none)."""
+    record = _live_record(data_dir)
+    if record is None or "embedder" not in record:
+        return False, None
+    value = record["embedder"]
+    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, str) for v in value):
+        return True, (value[0], value[1], value[2])
+    return True, None

@@ -1,11 +1,14 @@
 """The soak run (``make soak``, five minutes; ``--duration 30`` for a quick try).
 
 A real ``recalld serve`` subprocess and the loopback fake model (``testkit.fake_openai``, also a
-subprocess, serving chat and embeddings); 50 clients each create sessions and chat at a steady
-rate while memory searches, history reads and health checks run. Every 10 s the daemon's RSS
-and open file descriptors are sampled. The report: requests served, errors (target 0), p50/p99
-latency per method (and chat.send → chat.final per run), RSS and descriptors at start and end,
-and the RSS trend over the second half (a leak shows as a steady slope). Loopback only.
+subprocess, serving chat and embeddings); 50 clients, each a user of its own (``[[auth.users]]``
+in a config file written for the run, so the per-user ``[quotas]`` apply as they would to 50
+people), create sessions and chat at a steady rate while memory searches, history reads and
+health checks run. Every 10 s the daemon's RSS and open file descriptors are sampled. The
+report: requests served, back-pressure (-32004 answers with ``retryAfterMs``: the daemon asking
+a client to slow down, counted apart), errors (everything else; target 0), p50/p99 latency per
+method (and chat.send → chat.final per run), RSS and descriptors at start and end, and the RSS
+trend over the second half (a leak shows as a steady slope). Loopback only.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import random
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -23,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from gateway.client import Client
-from tests.conftest import TOKEN
 from tests.faults.helpers import FaultDaemon, free_port, open_fds, percentile, rss_kib
 
 TERMINAL = ("chat.final", "chat.error", "chat.aborted")
@@ -35,6 +38,7 @@ class Stats:
     def __init__(self) -> None:
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.errors: Counter[str] = Counter()
+        self.backpressure: Counter[str] = Counter()
         self.served = 0
 
     async def call(self, c: Client, method: str, params: dict[str, Any] | None = None) -> Any:
@@ -46,16 +50,20 @@ class Stats:
             raise
         self.latency[method].append(time.perf_counter() - t0)
         if "error" in reply:
-            self.errors[f"{method}: {reply['error']['code']} {reply['error']['message'][:60]}"] += 1
+            error = reply["error"]
+            if error["code"] == -32004:  # a quota or limit asking this client to slow down
+                self.backpressure[f"{method}: {error['message'][:60]}"] += 1
+            else:
+                self.errors[f"{method}: {error['code']} {error['message'][:60]}"] += 1
             return None
         self.served += 1
         return reply["result"]
 
 
-async def client_loop(n: int, url: str, stats: Stats, stop: asyncio.Event, period_s: float) -> None:
+async def client_loop(n: int, url: str, token: str, stats: Stats, stop: asyncio.Event, period_s: float) -> None:
     rng = random.Random(n)
     await asyncio.sleep(rng.uniform(0, period_s))  # spread the clients over the period
-    async with Client.connect(url, TOKEN) as c:
+    async with Client.connect(url, token) as c:
         keys: list[str] = []
         cycle = 0
         while not stop.is_set():
@@ -117,7 +125,12 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
         assert model.stdout is not None
         model.stdout.readline()  # "fake OpenAI listening on …"
         tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="recalld-soak-"))
-        daemon = await FaultDaemon.start(Path(tmp) / "data", env=env)
+        # A user per client: quotas count per user, as they would for that many people.
+        tokens = [secrets.token_urlsafe(32) for _ in range(clients)]
+        config = Path(tmp) / "config.toml"
+        config.write_text("[auth]\nusers = [\n" + "".join(
+            f'  {{name = "soak{n}", token = "{t}"}},\n' for n, t in enumerate(tokens)) + "]\n")
+        daemon = await FaultDaemon.start(Path(tmp) / "data", "--config", str(config), env={**env, "RECALLD_TOKEN": ""})
         cleanup.push_async_callback(daemon.akill)  # a no-op after the clean astop() below
         pid = daemon.proc.pid
         stats = Stats()
@@ -127,13 +140,15 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
         fds_start = open_fds(pid)
         print(f"soak: {clients} clients for {duration:.0f} s against {daemon.url} (pid {pid}); "
               f"RSS {rss[0][1] / 1024:.1f} MiB, {fds_start} fds at start", flush=True)
-        tasks = [asyncio.create_task(client_loop(n, daemon.url, stats, stop, period_s)) for n in range(clients)]
+        tasks = [asyncio.create_task(client_loop(n, daemon.url, tokens[n], stats, stop, period_s))
+                 for n in range(clients)]
         try:
             while (elapsed := time.monotonic() - t_start) < duration:
                 await asyncio.sleep(min(sample_s, duration - elapsed))
                 rss.append((time.monotonic() - t_start, rss_kib(pid)))
                 print(f"  t={rss[-1][0]:5.0f}s RSS {rss[-1][1] / 1024:7.1f} MiB  fds {open_fds(pid):4d}  "
-                      f"served {stats.served:7d}  errors {sum(stats.errors.values())}", flush=True)
+                      f"served {stats.served:7d}  back-pressure {sum(stats.backpressure.values())}  "
+                      f"errors {sum(stats.errors.values())}", flush=True)
                 if daemon.proc.poll() is not None:
                     stats.errors["daemon exited"] += 1
                     break
@@ -148,7 +163,10 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
         code = await daemon.astop()
     wall = time.monotonic() - t_start
     print(f"\nrecalld soak report ({wall:.0f} s, {clients} clients)")
-    print(f"requests served: {stats.served}  ({stats.served / wall:.1f}/s)   errors: {sum(stats.errors.values())}")
+    print(f"requests served: {stats.served}  ({stats.served / wall:.1f}/s)   "
+          f"back-pressure: {sum(stats.backpressure.values())}   errors: {sum(stats.errors.values())}")
+    for what, n in stats.backpressure.most_common():
+        print(f"  back-pressure x{n}: {what}")
     for what, n in stats.errors.most_common():
         print(f"  error x{n}: {what}")
     print(f"{'method':<22}{'count':>8}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")

@@ -12,6 +12,10 @@ memory index are SQLite in WAL mode, so a running daemon and this command take t
 * **Resumable**: a transcript holding the first N messages of its conversation (an import cut
   short) gets the rest appended; every message is one whole-line write.
 * **Per user**: ``--user`` names whose sessions they become (default ``default``).
+* **Skips what the store refuses, and goes on**: a title, model or system prompt the store
+  refuses (too long) is left out of its session; a message whose line would pass
+  ``sessions.max_line_bytes`` is written as a one-line placeholder saying so, so the transcript
+  still holds one line per message and a resumed import lines up the same way. Each is reported.
 
 Progress (messages written, then the index's own bar) goes to stderr; the summary to stdout.
 """
@@ -33,7 +37,14 @@ from gateway.cli.importer_move import MoveError, move_data_dir
 from gateway.config import Config
 from gateway.storage import StorageConfig, StorageUnavailable, open_session_store
 from memory import MemoryIndexError
-from sessions import SessionError, SessionNotFound, SessionsConfig, check_user
+from sessions import (
+    InvalidSessionInput,
+    LineTooLarge,
+    SessionError,
+    SessionNotFound,
+    SessionsConfig,
+    check_user,
+)
 
 __all__ = ["ImportReport", "add_import_parser", "import_conversations", "session_key_for"]
 
@@ -49,6 +60,7 @@ class ImportReport:
     empty: int           # conversations with no text messages: skipped
     messages: int        # message lines written
     seconds: float
+    skipped: tuple[str, ...] = ()  # what was left out, one line each
 
 
 def session_key_for(user: str, fmt: str, source_id: str) -> str:
@@ -69,6 +81,7 @@ def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt:
     total_messages = sum(len(c.turns) for c in conversations)
     next_key: list[str] = []
     created = resumed = unchanged = empty = written = seen = 0
+    skipped: list[str] = []
     with open_session_store(storage, data_dir, config, key_factory=lambda: next_key.pop()) as store:
         for done, conv in enumerate(conversations, 1):
             seen += len(conv.turns)
@@ -79,9 +92,21 @@ def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt:
             try:
                 have = store.get(user, key).message_count
             except SessionNotFound:
-                next_key.append(key)
-                store.create(user, title=conv.title, system_prompt=conv.system_prompt, model=conv.model,
-                             created_at=conv.created_at or conv.turns[0].ts)
+                header = {"title": conv.title, "system_prompt": conv.system_prompt, "model": conv.model}
+                while True:
+                    next_key[:] = [key]
+                    try:
+                        store.create(user, title=header["title"], system_prompt=header["system_prompt"],
+                                     model=header["model"], created_at=conv.created_at or conv.turns[0].ts)
+                        break
+                    except InvalidSessionInput as exc:
+                        # The field at fault goes; a header line too large loses its prompt.
+                        name = _HEADER_FIELDS.get(exc.field, "system_prompt")
+                        if header[name] is None:
+                            raise
+                        header[name] = None
+                        skipped.append(f"conversation {conv.source_id!r}: {name.replace('_', ' ')} left out: "
+                                       f"{exc.reason}")
                 have = -1
             rest = conv.turns[max(have, 0):]
             if have == -1:
@@ -90,15 +115,26 @@ def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt:
                 resumed += 1
             else:
                 unchanged += 1
-            for turn in rest:
-                store.append_message(user, key, role=turn.role, content=turn.content, run_id=turn.run_id,
-                                     name=turn.name, ts=turn.ts or conv.created_at, extra=turn.extra or None)
+            for i, turn in enumerate(rest, max(have, 0)):
+                ts = turn.ts or conv.created_at
+                try:
+                    store.append_message(user, key, role=turn.role, content=turn.content, run_id=turn.run_id,
+                                         name=turn.name, ts=ts, extra=turn.extra or None)
+                except LineTooLarge as exc:
+                    skipped.append(f"conversation {conv.source_id!r}: message {i + 1} not imported: {exc.reason}")
+                    store.append_message(user, key, role=turn.role, ts=ts, content=(
+                        f"[not imported: this message's line would be {exc.size} bytes, more than "
+                        f"sessions.max_line_bytes ({exc.limit})]"))
                 written += 1
             if progress is not None:
                 progress(done, len(conversations), seen, total_messages)
         store.flush()
     return ImportReport(len(conversations), created, resumed, unchanged, empty, written,
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, tuple(skipped))
+
+
+# The store's name of a header field it refuses -> import_conversations' keyword.
+_HEADER_FIELDS = {"title": "title", "model": "model", "systemPrompt": "system_prompt"}
 
 
 def add_import_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -179,10 +215,13 @@ def _run(config: Config, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     bar.end()
+    for line in report.skipped:
+        print(f"recalld: {line}", file=sys.stderr)
     rate = report.messages / report.seconds if report.seconds > 0 else 0.0
     print(f"imported {report.conversations} conversations as {fmt} for user {args.user}: {report.created} new, "
           f"{report.resumed} resumed, {report.unchanged} already complete, {report.empty} empty; "
-          f"{report.messages} messages written in {report.seconds:.1f} s ({rate:,.0f}/s)")
+          f"{report.messages} messages written in {report.seconds:.1f} s ({rate:,.0f}/s)"
+          + (f"; {len(report.skipped)} things left out (above)" if report.skipped else ""))
     if args.no_index:
         return 0
     if config.storage.backend != "sqlite":
@@ -221,9 +260,10 @@ def _move(config: Config, source: Path) -> int:
 
 async def _index_with(config: Config) -> int:
     from gateway.app import close_memory, open_memory
+    from gateway.cli.embedder import index_embedder
     from gateway.cli.memory import _Bar as SyncBar  # the same bar as `recalld memory index`
 
-    service = await open_memory(config, watch=False, catch_up=False)
+    service = await open_memory(config, watch=False, catch_up=False, embedder=await index_embedder(config))
     bar = SyncBar()
     try:
         started = time.perf_counter()

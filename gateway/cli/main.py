@@ -97,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`recalld call … | head -3`): not an error of ours.
+        # Quiet, with the status `cat` has then; stdout points at /dev/null so that the
+        # interpreter's own flush at exit does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
@@ -169,22 +176,21 @@ def _call(config: Config, args: argparse.Namespace) -> int:
     target = connection_target(config, args)
     url = target.url
 
-    async def run() -> int:
+    async def run() -> tuple[int, Any]:
         async with Client.connect(url, target.token, ssl_context=target.ssl) as client:
             try:
-                result = await client.call(args.method, params)
+                return 0, await client.call(args.method, params)
             except RpcError as exc:
-                print(orjson.dumps({"error": {"code": exc.code, "message": exc.message,
-                                              "data": exc.data}}, option=orjson.OPT_INDENT_2).decode())
-                return 1
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-        return 0
+                return 1, {"error": {"code": exc.code, "message": exc.message, "data": exc.data}}
 
     try:
-        return asyncio.run(run())
+        code, answer = asyncio.run(run())
     except (OSError, ConnectionError) as exc:
         print(f"recalld: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # websockets' InvalidStatus for a refused token, for one
         print(f"recalld: {exc}", file=sys.stderr)
         return 1
+    # Printed once the connection is closed: a closed stdout (main) is not an unreachable daemon.
+    print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode(), flush=True)
+    return code

@@ -66,9 +66,10 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 async def _with_service(config: Config, args: argparse.Namespace,
                         fn: Callable[[Memory, argparse.Namespace], Any]) -> int:
     from gateway.app import close_memory, open_memory  # the daemon's wiring, loaded on use
+    from gateway.cli.embedder import index_embedder
 
     # No watcher, and no catch-up sync: `index` runs the first sync itself, with progress.
-    service = await open_memory(config, watch=False, catch_up=False)
+    service = await open_memory(config, watch=False, catch_up=False, embedder=await index_embedder(config))
     try:
         return int(await fn(service, args))
     finally:

@@ -12,7 +12,7 @@ from gateway.chat import ChatRuns, Hub
 from gateway.config import ChatConfig
 from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
-from gateway.rpc import Bound, CallContext, Registry, bounded
+from gateway.rpc import Bound, ByteRate, CallContext, Registry, bounded
 from sessions import SessionStoreLike
 
 __all__ = ["ChatMethods", "declare_chat"]
@@ -43,11 +43,14 @@ class AbortReply(TypedDict):
 
 
 class ChatMethods:
-    def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, runs: ChatRuns) -> None:
+    def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, runs: ChatRuns,
+                 message_bytes: ByteRate | None = None) -> None:
         self.config = config
         self.store = store
         self.hub = hub
         self.runs = runs
+        # quotas.message_bytes_per_minute: what a user's messages may add to the transcripts.
+        self.message_bytes = message_bytes
 
     async def send(self, ctx: CallContext, p: ChatSendParams) -> SendReply:
         user = ctx.caller
@@ -61,9 +64,19 @@ class ChatMethods:
             )
         if not p.message.strip():
             raise InvalidParams("message", "must not be empty")
+        rate = self.message_bytes
+        if rate is not None:
+            rate.take(user, size)
         # Nothing is awaited before submit(): arrival order is transcript order (see ChatRuns).
-        run_id, duplicate = await self.runs.submit(user, p.session_key, p.message, p.idempotency_key,
-                                                   recall=p.recall)
+        try:
+            run_id, duplicate = await self.runs.submit(user, p.session_key, p.message, p.idempotency_key,
+                                                       recall=p.recall)
+        except BaseException:
+            if rate is not None:
+                rate.refund(user, size)  # refused (or cancelled) before the append
+            raise
+        if duplicate and rate is not None:
+            rate.refund(user, size)  # the first send appended it; this one appends nothing
         # Attached before returning, hence before the worker publishes this run's first event.
         self.hub.attach(ctx, user, p.session_key)
         if duplicate:

@@ -1,6 +1,7 @@
-"""``auth``, ``gateway.health`` and ``rpc.discover``: the connection and the server itself.
+"""``auth``, ``gateway.health``, ``rpc.discover`` and ``models.list``: the connection and the
+server itself.
 
-All three never wait on I/O, so they are declared inline: the server answers them in the
+All four never wait on I/O, so they are declared inline: the server answers them in the
 connection's read loop, and a connection at its in-flight limit can still check health.
 """
 
@@ -53,14 +54,20 @@ class HealthReply(TypedDict):
     memory: MemoryHealth
 
 
+class ModelsReply(TypedDict):
+    models: list[str]  # what sessions.create {model} accepts
+    default: str  # a session created without model runs on this one
+
+
 class GatewayMethods:
     def __init__(self, authenticator: Authenticator, registry: Registry, server: ServerState,
-                 version: str, memory: Memory | None) -> None:
+                 version: str, memory: Memory | None, models: tuple[str, ...] = ()) -> None:
         self.authenticator = authenticator
         self.registry = registry  # rpc.discover describes it
         self.server = server
         self.version = version
         self.memory = memory
+        self.models = models  # LlmConfig.choices: the configured model first
 
     async def auth(self, ctx: CallContext, p: AuthParams) -> AuthReply:
         verdict = self.authenticator.check(p.token, ctx.address)
@@ -84,6 +91,9 @@ class GatewayMethods:
     async def discover(self, ctx: CallContext, p: Empty) -> OpenRpcDocument:
         return self.registry.openrpc(self.version)
 
+    async def list_models(self, ctx: CallContext, p: Empty) -> ModelsReply:
+        return {"models": list(self.models), "default": self.models[0]}
+
     def _memory_health(self) -> MemoryHealth:
         # No database query: gateway.health must stay cheap under load.
         if self.memory is None:
@@ -105,3 +115,5 @@ def declare_gateway(reg: Registry, h: GatewayMethods | None) -> None:
                 h.health if h else None, result=HealthReply, inline=True)
     reg.declare("rpc.discover", Empty, "This OpenRPC document.", h.discover if h else None,
                 result=OpenRpcDocument, inline=True)
+    reg.declare("models.list", Empty, "The models a session may choose (llm.models) and the default.",
+                h.list_models if h else None, result=ModelsReply, inline=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict
 
 from gateway.chat import ChatRuns, Hub
+from gateway.errors import InvalidParams
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import LiveRun, MessageWire, SessionWire, message_wire, session_wire
 from memory import Memory
@@ -101,13 +102,19 @@ class UnsubscribedReply(TypedDict):
 
 
 class SessionsMethods:
-    def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory | None) -> None:
+    def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory | None,
+                 models: tuple[str, ...] | None = None) -> None:
         self.store = store
         self.hub = hub
         self.runs = runs  # a deleted session's runs are aborted first
         self.memory = memory  # and its index rows go with it
+        # The models a session may choose (LlmConfig.choices); None: any.
+        self.models = models
 
     async def create(self, ctx: CallContext, p: CreateSessionParams) -> CreatedReply:
+        if p.model is not None and self.models is not None and p.model not in self.models:
+            raise InvalidParams("model", f"not offered here; choose one of {list(self.models)} "
+                                "(llm.models, listed by models.list)")
         session = await asyncio.to_thread(
             self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model,
             memory=p.memory,

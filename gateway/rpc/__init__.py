@@ -4,10 +4,11 @@ Imports nothing of the transport, chat or methods."""
 
 from __future__ import annotations
 
-from gateway.rpc.budget import ReplyBudget, over_budget
+from gateway.rpc.budget import ReplyBudget, UserBudgets, over_budget
 from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.core import Call, RpcCore
-from gateway.rpc.quota import Quotas
+from gateway.rpc.fairness import UserSlots
+from gateway.rpc.quota import ByteRate, Quotas
 from gateway.rpc.registry import (
     Bound,
     Handler,
@@ -20,6 +21,7 @@ from gateway.rpc.registry import (
 
 __all__ = [
     "Bound",
+    "ByteRate",
     "Call",
     "CallContext",
     "Handler",
@@ -31,6 +33,8 @@ __all__ = [
     "Registry",
     "ReplyBudget",
     "RpcCore",
+    "UserBudgets",
+    "UserSlots",
     "bounded",
     "over_budget",
     "parse_params",

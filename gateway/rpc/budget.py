@@ -14,6 +14,11 @@ entries alike:
 
 So a client that pipelines many big calls and never reads makes the daemon build a few pages at
 a time, not all of them, and hold at most the budget.
+
+A connection's budget also counts, once it has a user, in the budget that user's connections
+share (:class:`UserBudgets`, ``limits.max_user_reply_bytes``): each check above must pass in
+both, and "nothing else running" means nothing of the user's, so a client gains nothing by
+spreading its calls over more connections.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import asyncio
 
 from gateway.errors import GatewayError, InvalidRequest, RateLimited
 
-__all__ = ["RETRY_AFTER_MS", "ReplyBudget", "over_budget"]
+__all__ = ["RETRY_AFTER_MS", "ReplyBudget", "UserBudgets", "over_budget"]
 
 # How soon a client refused for the budget may send again: once it has read what was sent.
 RETRY_AFTER_MS = 100
@@ -30,52 +35,84 @@ RETRY_AFTER_MS = 100
 
 class ReplyBudget:
     """``limit``: ``limits.max_reply_bytes``; ``held``: bytes of replies built and not yet
-    written; ``reserved``: estimates of the replies being built by the ``running`` calls."""
+    written; ``reserved``: estimates of the replies being built by the ``running`` calls;
+    ``shared``: the budget of the user's connections this one also counts in, if any."""
 
-    __slots__ = ("_waiters", "held", "limit", "reserved", "running")
+    __slots__ = ("_waiters", "held", "limit", "reserved", "running", "shared")
 
     def __init__(self, limit: int, held: int = 0) -> None:
         self.limit = limit
         self.held = held
         self.reserved = 0
         self.running = 0
+        self.shared: ReplyBudget | None = None
         self._waiters: list[asyncio.Future[None]] = []
 
     def room(self, reserve: int) -> bool:
         """Whether a call reserving ``reserve`` bytes fits beside what is held and reserved."""
-        return self.held + self.reserved + reserve <= self.limit
+        u = self.shared
+        return self.held + self.reserved + reserve <= self.limit and (
+            u is None or u.held + u.reserved + reserve <= u.limit)
 
     async def start(self, reserve: int, *, first: bool = True) -> bool:
         """Reserve ``reserve`` bytes for a call about to build its reply, waiting while running
         calls might still make room. With nothing left running and no room, a ``first`` call
         starts anyway; another returns False (not started: the caller refuses it)."""
-        while self.running and not self.room(reserve):
+        while (self.running or (self.shared is not None and self.shared.running)) and not self.room(reserve):
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
+            if self.shared is not None:
+                self.shared._waiters.append(waiter)
             await waiter
         if not first and not self.room(reserve):
             return False
-        self.running += 1
-        self.reserved += reserve
+        self._count(1, reserve, 0)
         return True
 
     def finish(self, reserve: int) -> None:
         """A call that :meth:`start` let run is done building (its reply, if any, is held)."""
-        self.running -= 1
-        self.reserved -= reserve
+        self._count(-1, -reserve, 0)
         self._wake()
+        if self.shared is not None:
+            self.shared._wake()
 
     def fits(self, size: int) -> bool:
-        return self.held + size <= self.limit
+        u = self.shared
+        return self.held + size <= self.limit and (u is None or u.held + size <= u.limit)
 
     def hold(self, size: int) -> None:
         self.held += size
+        if self.shared is not None:
+            self.shared.held += size
 
     def release(self, size: int) -> None:
         """The socket took ``size`` bytes of held replies (or they were given up)."""
         self.held -= size
         if self._waiters:  # released once per reply: nearly always nobody waits
             self._wake()
+        u = self.shared
+        if u is not None:
+            u.held -= size
+            if u._waiters:
+                u._wake()
+
+    def refusal(self, size: int) -> GatewayError:
+        """The error replacing a reply of ``size`` bytes that does not :meth:`fits`."""
+        u = self.shared
+        if size <= self.limit and u is not None and u.held + size > u.limit:
+            return RateLimited(
+                f"replies not read: {u.held} bytes of earlier replies wait for this user's clients "
+                f"to read them (limits.max_user_reply_bytes {u.limit})", RETRY_AFTER_MS)
+        return over_budget(size, self.held, self.limit)
+
+    def _count(self, running: int, reserved: int, held: int) -> None:
+        self.running += running
+        self.reserved += reserved
+        self.held += held
+        if self.shared is not None:
+            self.shared.running += running
+            self.shared.reserved += reserved
+            self.shared.held += held
 
     def _wake(self) -> None:
         # Every waiter checks its own condition again: room depends on its reserve.
@@ -83,6 +120,42 @@ class ReplyBudget:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+
+class UserBudgets:
+    """The reply budget each user's connections share (``limits.max_user_reply_bytes``, at
+    least ``limits.max_reply_bytes``), kept while the user has a connection."""
+
+    __slots__ = ("_shared", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._shared: dict[str, tuple[ReplyBudget, int]] = {}
+
+    def join(self, user: str, budget: ReplyBudget) -> None:
+        """Count ``budget`` (a connection's, not yet in any) in ``user``'s from now on."""
+        shared, n = self._shared.get(user) or (ReplyBudget(self.limit), 0)
+        self._shared[user] = (shared, n + 1)
+        budget.shared = shared
+        shared._count(budget.running, budget.reserved, budget.held)
+
+    def leave(self, user: str, budget: ReplyBudget) -> None:
+        """A connection closed: what it still counted (a batch cancelled half-way holds bytes it
+        never releases) leaves the user's budget with it."""
+        shared = budget.shared
+        if shared is None:
+            return
+        budget.shared = None
+        shared._count(-budget.running, -budget.reserved, -budget.held)
+        shared._wake()
+        n = self._shared[user][1] - 1
+        if n:
+            self._shared[user] = (shared, n)
+        else:
+            del self._shared[user]
+
+    def __len__(self) -> int:
+        return len(self._shared)
 
 
 def over_budget(size: int, waiting: int, limit: int) -> GatewayError:

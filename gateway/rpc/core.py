@@ -31,8 +31,9 @@ from gateway.errors import (
     wire_error,
 )
 from gateway.rpc.batch import run_batch
-from gateway.rpc.budget import ReplyBudget, over_budget
+from gateway.rpc.budget import ReplyBudget
 from gateway.rpc.context import CallContext, Notification, Reply
+from gateway.rpc.fairness import UserSlots
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Handler, Method, Registry, parse_params
 from gateway.wire import ErrorObject
@@ -60,6 +61,9 @@ class RpcCore:
     # Reply bytes a call that may wait on I/O is assumed to build while it runs (the history
     # page cap): it starts only while the reply budget has room for it (gateway.rpc.budget).
     reply_reserve: int = 0
+    # Calls of one user running at once across connections (limits.max_user_running); the rest
+    # wait their turn (gateway.rpc.fairness). None: no cap.
+    user_slots: UserSlots | None = None
 
     def accept(self, payload: str | bytes, ctx: CallContext) -> Call:
         """Decode one frame; the returned call runs it."""
@@ -113,14 +117,24 @@ class RpcCore:
             and not method.inline else None
         if reserving is not None:
             await reserving.start(self.reply_reserve)
+        # Only calls that may wait (a worker thread, the disk, upstream) take one of the user's
+        # slots, and only after their reservation, as batch entries do: a call holding a slot
+        # never waits for budget room, so the two waits cannot close a cycle.
+        slots = self.user_slots if method is not None and not method.inline and ctx.authenticated else None
         try:
-            self._validate(message, req_id)
-            result = await self._invoke(method, message, ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            error = self._failure(exc, message, req_id)
-            return None if error is None else self._encode(error, budget)
+            if slots is not None:
+                await slots.enter(ctx.caller)
+            try:
+                self._validate(message, req_id)
+                result = await self._invoke(method, message, ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = self._failure(exc, message, req_id)
+                return None if error is None else self._encode(error, budget)
+            finally:
+                if slots is not None:
+                    slots.leave(ctx.caller)
         finally:
             if reserving is not None:  # after the reply is held: no other call slips in between
                 reserving.finish(self.reply_reserve)
@@ -139,12 +153,12 @@ class RpcCore:
             data, is_error = orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
         if budget is None:
             return Reply(data, is_error)
-        if budget.held + len(data) > budget.limit:  # budget.fits, without a call per reply
+        if not budget.fits(len(data)):
             # Refused after it was built (its size is known only then), but never held: what a
-            # connection keeps waiting for its reader stays under the budget.
-            error = over_budget(len(data), budget.held, budget.limit)
+            # connection (and its user's) keeps waiting for its reader stays under the budget.
+            error = budget.refusal(len(data))
             data, is_error = orjson.dumps(error_response(reply.get("id"), error.to_object())), True
-        budget.held += len(data)
+        budget.hold(len(data))
         return Reply(data, is_error)
 
     def _failure(self, exc: Exception, message: dict[str, Any], req_id: Any) -> dict[str, Any] | None:

@@ -4,6 +4,8 @@ Two kinds, each keyed by (user, method): a *rate* (a bucket of ``per_minute`` ca
 refills continuously, so a burst of that size is allowed after a quiet minute) and a cap on
 calls *in flight* at once. Past either, the call answers -32004 with ``retryAfterMs``. Quotas
 count per user, not per connection: a client that opens more connections gains nothing.
+:class:`ByteRate` is a rate of bytes rather than calls (the chat messages a user appends), taken
+by the handler that knows the size.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gateway.errors import RateLimited
 
-__all__ = ["Quotas"]
+__all__ = ["ByteRate", "Quotas"]
 
 
 @dataclass(slots=True)
@@ -91,3 +93,44 @@ class Quotas:
                 full.append(k)
         for k in full:
             del self._buckets[k]
+
+
+@dataclass(slots=True)
+class ByteRate:
+    """A bucket of ``per_minute`` bytes per user, refilled continuously; ``name``: the setting
+    named in the -32004. Holds at least ``largest`` bytes (the biggest single write allowed),
+    so that one write of the largest size always passes after a quiet minute."""
+
+    per_minute: int
+    name: str
+    largest: int = 0
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+
+    @property
+    def capacity(self) -> int:
+        return max(self.per_minute, self.largest)
+
+    def take(self, user: str, size: int) -> None:
+        """Count ``size`` bytes against ``user``; RateLimited (nothing counted) if they do not fit."""
+        now, cap = self.clock(), float(self.capacity)
+        per_s = self.per_minute / 60.0
+        bucket = self._buckets.get(user)
+        if bucket is None:
+            if len(self._buckets) >= 10_000:
+                self._buckets = {u: b for u, b in self._buckets.items()
+                                 if b.tokens + (now - b.stamp) * per_s < cap}
+            bucket = self._buckets[user] = _Bucket(cap, now)
+        bucket.tokens = min(cap, bucket.tokens + (now - bucket.stamp) * per_s)
+        bucket.stamp = now
+        if bucket.tokens < size:
+            wait_ms = int((size - bucket.tokens) / per_s * 1000) + 1
+            raise RateLimited(f"too many message bytes for this user ({self.per_minute} a minute, {self.name}); "
+                              f"this message is {size}", wait_ms)
+        bucket.tokens -= size
+
+    def refund(self, user: str, size: int) -> None:
+        """Give back bytes taken for a write that did not happen."""
+        bucket = self._buckets.get(user)
+        if bucket is not None:
+            bucket.tokens = min(float(self.capacity), bucket.tokens + size)

@@ -17,7 +17,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from gateway.errors import Conflict
-from gateway.rpc import Notification, ReplyBudget
+from gateway.rpc import Notification, ReplyBudget, UserBudgets
 from gateway.transport.outbox import Outbox
 
 __all__ = ["CLOSE_POLICY", "Connection", "peer_address"]
@@ -37,7 +37,7 @@ class Connection:
     """One client; handlers see it as their :class:`~gateway.rpc.CallContext`."""
 
     def __init__(self, ws: ServerConnection, user: str | None, *, max_outbox_bytes: int,
-                 max_reply_bytes: int, close_timeout_s: float) -> None:
+                 max_reply_bytes: int, close_timeout_s: float, user_budgets: UserBudgets | None = None) -> None:
         self.id = next(_conn_ids)
         self.ws = ws
         self.user = user
@@ -47,6 +47,11 @@ class Connection:
         self.inflight = 0
         # Replies built and not yet written, and the calls building them (limits.max_reply_bytes).
         self.budget = ReplyBudget(max_reply_bytes)
+        # The budget the user's connections share (limits.max_user_reply_bytes), joined once a
+        # user is known.
+        self._user_budgets = user_budgets
+        if user is not None and user_budgets is not None:
+            user_budgets.join(user, self.budget)
         self.requests = 0
         self.errors = 0
         self.opened = time.monotonic()
@@ -70,9 +75,16 @@ class Connection:
             # switching would hand that user's events to the second.
             raise Conflict(f"this connection is authenticated as {self.user!r}; "
                            "open a new connection to act as another user")
+        if self.user is None and self._user_budgets is not None:
+            self._user_budgets.join(user, self.budget)
         self.user = user
         structlog.contextvars.bind_contextvars(user=user)
         log.info("auth.ok")
+
+    def leave_budgets(self) -> None:
+        """The connection closed: it no longer counts in its user's reply budget."""
+        if self.user is not None and self._user_budgets is not None:
+            self._user_budgets.leave(self.user, self.budget)
 
     def notify(self, note: Notification) -> None:
         # Deltas stay unencoded while they wait so that consecutive ones of a run can merge.

@@ -8,7 +8,9 @@ more than ``limits.max_control_frames_per_s`` control frames in a second, and re
 connections past the descriptor budget before the handshake reads a byte, so a flood of half-open
 sockets cannot use the descriptors the transcripts need. :func:`connection_budget` derives
 that budget from the process's open-file limit. :class:`AcceptErrorLog` turns asyncio's
-traceback per failed ``accept()`` into one warning per interval.
+traceback per failed ``accept()`` into one warning per interval. :class:`PendingPool` keeps
+connections that have not authenticated yet in a smaller pool of their own, with a cap per
+address, so sockets that never authenticate cannot hold the slots of users who do.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from websockets.protocol import Event
 
 from gateway.transport.writes import HeldWrites
 
-__all__ = ["AcceptErrorLog", "connection_budget", "guarded_connection"]
+__all__ = ["AcceptErrorLog", "PendingPool", "connection_budget", "guarded_connection"]
 
 log = structlog.get_logger("recalld.server")
 
@@ -39,7 +41,49 @@ def connection_budget(configured: int, reserved_fds: int) -> int:
     return max(1, min(configured, soft - reserved_fds))
 
 
-def guarded_connection(*, max_control_per_s: int, max_sockets: int,
+class PendingPool:
+    """Connections upgraded but not yet authenticated (``auth.max_pending`` in all,
+    ``auth.max_pending_per_address`` per address bucket, loopback being one): a place is taken
+    at the handshake and given back when the connection authenticates or its socket closes,
+    whichever comes first (:meth:`leave` is safe to call twice)."""
+
+    __slots__ = ("_held", "by_bucket", "max_pending", "max_per_address")
+
+    def __init__(self, max_pending: int, max_per_address: int) -> None:
+        self.max_pending = max_pending
+        self.max_per_address = max_per_address
+        self.by_bucket: dict[str, int] = {}
+        self._held: dict[object, str] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self._held)
+
+    def refusal(self, bucket: str) -> str | None:
+        """Why a new unauthenticated connection from ``bucket`` is refused, or None."""
+        if len(self._held) >= self.max_pending:
+            return f"too many connections waiting to authenticate (auth.max_pending {self.max_pending})"
+        if self.by_bucket.get(bucket, 0) >= self.max_per_address:
+            return ("too many connections waiting to authenticate from this address "
+                    f"(auth.max_pending_per_address {self.max_per_address})")
+        return None
+
+    def enter(self, conn: object, bucket: str) -> None:
+        self._held[conn] = bucket
+        self.by_bucket[bucket] = self.by_bucket.get(bucket, 0) + 1
+
+    def leave(self, conn: object) -> None:
+        bucket = self._held.pop(conn, None)
+        if bucket is None:
+            return
+        left = self.by_bucket[bucket] - 1
+        if left:
+            self.by_bucket[bucket] = left
+        else:
+            del self.by_bucket[bucket]
+
+
+def guarded_connection(*, max_control_per_s: int, max_sockets: int, pending: PendingPool,
                        on_refused: Callable[[], None]) -> type[HeldWrites]:
     """A ``ServerConnection`` class enforcing these limits (one class per server: the count
     of open sockets is shared by its connections), with :class:`HeldWrites`' burst writes."""
@@ -66,6 +110,8 @@ def guarded_connection(*, max_control_per_s: int, max_sockets: int,
             self._counted = True
 
         def connection_lost(self, exc: Exception | None) -> None:
+            # At the latest here, so a handshake that fails after taking a place leaks none.
+            pending.leave(self)
             if self._counted:
                 type(self).open_sockets -= 1
                 self._counted = False

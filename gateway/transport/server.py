@@ -25,11 +25,16 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, bucket_of
 from gateway.errors import InvalidRequest, RateLimited, new_error_id
-from gateway.rpc import Call, CallContext, Reply, RpcCore
+from gateway.rpc import Call, CallContext, Reply, RpcCore, UserBudgets
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
-from gateway.transport.guard import AcceptErrorLog, connection_budget, guarded_connection
+from gateway.transport.guard import (
+    AcceptErrorLog,
+    PendingPool,
+    connection_budget,
+    guarded_connection,
+)
 from gateway.transport.writes import HeldWrites
 from gateway.web import StaticSite, is_websocket_upgrade
 from gateway.wire import server_info
@@ -73,8 +78,11 @@ class GatewayServer:
         close_timeout_s: float,
         auth_timeout_s: float,
         preauth_max_size: int,
+        max_pending: int,
+        max_pending_per_address: int,
         max_inflight: int,
         max_reply_bytes: int,
+        max_user_reply_bytes: int,
         max_outbox_bytes: int,
         max_control_frames_per_s: int,
         on_disconnect: Callable[[CallContext], None] = lambda conn: None,
@@ -98,8 +106,12 @@ class GatewayServer:
         self.close_timeout_s = close_timeout_s
         self.auth_timeout_s = auth_timeout_s
         self.preauth_max_size = preauth_max_size
+        # Connections not authenticated yet hold places here, not only among max_connections.
+        self.pending = PendingPool(max_pending, max_pending_per_address)
         self.max_inflight = max_inflight
         self.max_reply_bytes = max_reply_bytes
+        # A user's connections together hold at most this (never less than one connection may).
+        self.user_budgets = UserBudgets(max(max_user_reply_bytes, max_reply_bytes))
         self.max_outbox_bytes = max_outbox_bytes
         self.max_control_frames_per_s = max_control_frames_per_s
         self.started = time.monotonic()
@@ -145,6 +157,7 @@ class GatewayServer:
             create_connection=guarded_connection(
                 max_control_per_s=self.max_control_frames_per_s,
                 max_sockets=self.max_connections + _HANDSHAKE_SLACK,
+                pending=self.pending,
                 on_refused=self._count_refused,
             ),
         )
@@ -214,6 +227,14 @@ class GatewayServer:
             self._header_users[ws] = verdict.user or "default"
         elif self.auth.mode == "none":
             self._header_users[ws] = "default"
+        if ws not in self._header_users:
+            bucket = bucket_of(peer_address(ws))
+            refusal = self.pending.refusal(bucket)
+            if refusal is not None:
+                resp = _respond(ws, http.HTTPStatus.SERVICE_UNAVAILABLE, refusal + "\n")
+                resp.headers["Retry-After"] = str(max(1, int(self.auth_timeout_s)))
+                return resp
+            self.pending.enter(ws, bucket)
         return None
 
     def _host_allowed(self, host_header: str) -> bool:
@@ -249,7 +270,8 @@ class GatewayServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn = Connection(ws, self._header_users.pop(ws, None), max_outbox_bytes=self.max_outbox_bytes,
-                          max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s)
+                          max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s,
+                          user_budgets=self.user_budgets)
         self.connections.add(conn)
         structlog.contextvars.bind_contextvars(conn=conn.id, user=conn.user)
         log.info("connection.open", address=conn.address, authenticated=conn.authenticated)
@@ -272,6 +294,7 @@ class GatewayServer:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             self._on_disconnect(conn)
+            conn.leave_budgets()
             self.connections.discard(conn)
             log.info(
                 "connection.close",
@@ -321,6 +344,7 @@ class GatewayServer:
                             await self._send(conn, await call.run(budget))
                         if conn.authenticated:
                             pending_auth = False
+                            self.pending.leave(ws)
                             auth_deadline.reschedule(None)
                             ws.protocol.max_message_size = self.max_size
                         continue

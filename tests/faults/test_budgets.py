@@ -125,6 +125,47 @@ async def test_a_client_that_never_reads_holds_at_most_the_reply_budget(
         await ws.close()
 
 
+async def test_a_users_connections_together_hold_at_most_the_user_reply_budget(
+    config_factory: Callable[..., Config]
+) -> None:
+    """Three connections of one user each pipeline 32 requests whose ~60 kB replies are never
+    read: together they hold at most limits.max_user_reply_bytes plus a reply each (one
+    connection's budget apiece would be three times that); the replies past it are -32004
+    naming the setting, and every request is answered exactly once (issue 22, N2)."""
+    budget = 256 * 1024
+    cfg = config_factory(limits={"max_reply_bytes": budget, "max_user_reply_bytes": budget},
+                         server={"write_limit": 4096})
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = await _session_with_big_messages(app, c, 10, 20_000)
+        good = set(app.server.connections)
+        flooders = [await connect(app.url, additional_headers=AUTH, max_size=None,
+                                  sock=small_buffer_socket(app.server.port)) for _ in range(3)]
+        for ws in flooders:
+            ws.transport.pause_reading()
+        _shrink_server_buffers(app, good)
+        for i in range(32):
+            for ws in flooders:
+                await ws.send(orjson.dumps({"id": i, "method": "sessions.history",
+                                            "params": {"sessionKey": key, "limit": 10}}).decode())
+        peak = 0
+        for _ in range(100):
+            peak = max(peak, _held(app, good))
+            await asyncio.sleep(0.01)
+        assert peak <= budget + 3 * 70_000, peak
+        assert (await c.call("gateway.health"))["status"] == "ok"
+        replies = [r for ws in flooders for r in await _read_all(ws, 32)]
+        assert sorted(r["id"] for r in replies) == sorted(list(range(32)) * 3)
+        refused = [r for r in replies if "error" in r]
+        assert any(r["error"]["code"] == -32004 and "max_user_reply_bytes" in r["error"]["message"]
+                   and r["error"]["data"]["retryAfterMs"] > 0 for r in refused), refused[:3]
+        assert any("result" in r for r in replies)
+        for ws in flooders:
+            await ws.close()
+        async with asyncio.timeout(10):  # the user's shared budget goes with their last connection
+            while len(app.server.user_budgets) > 1:
+                await asyncio.sleep(0.01)
+
+
 async def test_a_batch_holds_one_in_flight_slot_per_entry(config_factory: Callable[..., Config]) -> None:
     """A batch whose reply is stuck on a client that does not read holds one limits.max_inflight
     slot per entry, so the next request on that connection is refused -32004 at once."""

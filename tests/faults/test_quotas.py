@@ -169,3 +169,52 @@ def test_pruning_buckets_keeps_a_partly_spent_bucket_of_a_faster_method() -> Non
 
     assert burst("alice", "fast") == 300
     assert burst("newcomer", "slow") == 60  # a bucket made past the threshold holds too
+
+
+async def test_chat_message_bytes_are_rate_limited_per_user(
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+) -> None:
+    """Past quotas.message_bytes_per_minute, chat.send answers -32004 with retryAfterMs naming
+    the setting and appends nothing; a repeated idempotencyKey (nothing appended) takes nothing
+    from the bucket, and another user is not affected (issue 22, N4)."""
+    cfg = two_users(config_factory, quotas={"message_bytes_per_minute": 4096},
+                    chat={"recall": False, "max_message_bytes": 2000},
+                    llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "max_retries": 0})
+    async with running(cfg) as app, \
+            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+        a = [(await alice.call("sessions.create"))["sessionKey"] for _ in range(3)]
+        message = "m" * 1500
+        first = {"sessionKey": a[0], "message": message, "idempotencyKey": "once"}
+        assert "result" in await alice.request("chat.send", first)
+        assert (await alice.call("chat.send", first)).get("duplicate") is True
+        assert "result" in await alice.request("chat.send", {"sessionKey": a[1], "message": message})
+        over = await alice.request("chat.send", {"sessionKey": a[2], "message": message})
+        error = over["error"]
+        assert error["code"] == -32004 and "quotas.message_bytes_per_minute" in error["message"], error
+        assert error["data"]["retryAfterMs"] > 0
+        assert (await alice.call("sessions.get", {"sessionKey": a[2]}))["messageCount"] == 0
+        b = (await bob.call("sessions.create"))["sessionKey"]
+        assert "result" in await bob.request("chat.send", {"sessionKey": b, "message": message})
+
+
+async def test_fact_updates_are_rate_limited_per_user(config_factory: Callable[..., Config]) -> None:
+    """Past quotas.updates_per_minute, memory.facts.update answers -32004 with retryAfterMs naming
+    the key and changes nothing (its own bucket, apart from memory.facts.add's); another user is
+    not affected (issue 22, item 13)."""
+    async with running(two_users(config_factory, quotas={"updates_per_minute": 3})) as app, \
+            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+        fact = (await alice.call("memory.facts.add", {"text": "alice has a cat"}))["fact"]
+        replies = []
+        for i in range(4):
+            reply = await alice.request("memory.facts.update", {"id": fact["id"], "text": f"alice has {i + 2} cats"})
+            replies.append(reply)
+            if "result" in reply:
+                fact = reply["result"]["fact"]
+        assert [("result" in r) for r in replies] == [True, True, True, False]
+        error = replies[3]["error"]
+        assert error["code"] == -32004 and error["data"]["retryAfterMs"] > 0
+        assert "quotas.updates_per_minute" in error["message"]
+        facts = (await alice.call("memory.facts.list"))["facts"]
+        assert [f["text"] for f in facts] == ["alice has 4 cats"]
+        bob_fact = (await bob.call("memory.facts.add", {"text": "bob has a dog"}))["fact"]
+        assert "result" in await bob.request("memory.facts.update", {"id": bob_fact["id"], "text": "bob has two dogs"})

@@ -86,6 +86,7 @@ async def test_replies_validate_against_their_published_schema(
 
         await call("auth", {"token": TOKEN})
         await call("gateway.health")
+        await call("models.list")
         key = (await call("sessions.create", {"title": "langs"}))["sessionKey"]
         await call("sessions.create", {"title": "secret", "memory": False})
         await call("sessions.update", {"sessionKey": key, "systemPrompt": "Be brief."})
