@@ -75,3 +75,19 @@ def test_codes_expire_and_are_bounded_per_user() -> None:
     assert [codes.redeem(c) for c in alices[1:]] == ["alice"] * MAX_CODES_PER_USER
     assert codes.redeem(bobs) == "bob"
     assert len(codes) == 0
+
+
+def test_wrong_codes_count_as_failures_and_a_lockout_spares_right_ones() -> None:
+    """Wrong codes count toward the address's lockout like wrong tokens; once locked out, a
+    wrong code is refused with the time left, and a right code still signs in, once."""
+    from gateway.auth import Authenticator
+    from gateway.config import AuthConfig
+
+    auth = Authenticator(AuthConfig(token=ALICE, max_failures=2))
+    code = auth.codes.issue("default")
+    assert auth.redeem_code("wrong", "127.0.0.1").user is None
+    locked = auth.redeem_code("wrong-again", "127.0.0.2")
+    assert locked.user is None and locked.retry_after_s > 0
+    assert auth.redeem_code(code, "127.0.0.1").user == "default"
+    assert auth.redeem_code(code, "127.0.0.1").user is None
+    assert auth.token_of("default") == ALICE
