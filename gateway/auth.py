@@ -19,10 +19,15 @@
   lockout protects nothing there, and refusing it would let any local process lock the owner
   out with ten bad tokens. A weak configured token is named (by user, never by value) in a
   warning at start.
+* One-time sign-in codes (:class:`SignInCodes`, the ``auth.code`` method) let ``recalld open``
+  hand a browser something other than the token: random, single use, valid ``auth.code_ttl_s``
+  seconds, kept in this process's memory only, at most :data:`MAX_CODES_PER_USER` per user.
+  Redeeming one goes through the same failure limiter as a token.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import os
@@ -36,8 +41,8 @@ from pathlib import Path
 from gateway.config import AuthConfig
 
 __all__ = [
-    "STRONG_TOKEN_CHARS", "Authenticator", "FailureLimiter", "bucket_of", "load_or_create_token",
-    "rotate_token", "token_path",
+    "MAX_CODES_PER_USER", "STRONG_TOKEN_CHARS", "Authenticator", "FailureLimiter", "SignInCodes",
+    "bucket_of", "load_or_create_token", "rotate_token", "token_path",
 ]
 
 DEFAULT_USER = "default"
@@ -47,6 +52,9 @@ STRONG_TOKEN_CHARS = 32
 LOOPBACK_BUCKET = "loopback"
 # Past this many tracked buckets, expired entries are dropped on the next failure.
 _PRUNE_AT = 1_000
+# Unredeemed sign-in codes one user may hold; a further one replaces that user's oldest, so
+# memory stays bounded and one user's requests never invalidate another's codes.
+MAX_CODES_PER_USER = 8
 
 
 def token_path(data_dir: Path) -> Path:
@@ -183,11 +191,56 @@ class FailureLimiter:
                 del self._locked_until[key]
 
 
+@dataclass(frozen=True, slots=True)
+class _Code:
+    user: str
+    expires: float
+
+
+class SignInCodes:
+    """One-time sign-in codes: issued to a user, redeemed once for that user, expiring."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        # Keyed by the code's SHA-256, so a lookup's timing says nothing about a code's prefix.
+        self._codes: dict[bytes, _Code] = {}
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def issue(self, user: str) -> str:
+        now = self._clock()
+        self._drop_expired(now)
+        mine = [k for k, c in self._codes.items() if c.user == user]
+        for key in mine[: max(0, len(mine) - MAX_CODES_PER_USER + 1)]:
+            del self._codes[key]  # dicts keep insertion order: these are the oldest
+        code = secrets.token_urlsafe(32)
+        self._codes[_digest(code)] = _Code(user, now + self.ttl_s)
+        return code
+
+    def redeem(self, code: str) -> str | None:
+        """The code's user, once; None for a used, expired or unknown code."""
+        found = self._codes.pop(_digest(code), None)
+        if found is None or found.expires <= self._clock():
+            return None
+        return found.user
+
+    def _drop_expired(self, now: float) -> None:
+        for key in [k for k, c in self._codes.items() if c.expires <= now]:
+            del self._codes[key]
+
+
+def _digest(code: str) -> bytes:
+    return hashlib.sha256(code.encode()).digest()
+
+
 class Authenticator:
     """Maps tokens to users, in constant time, with the failure limiter in front."""
 
     def __init__(self, config: AuthConfig, generated_token: str | None = None) -> None:
         self.mode = config.mode
+        self.codes = SignInCodes(config.code_ttl_s)
         pairs: list[tuple[str, str]] = [(u.token, u.name) for u in config.users]
         if config.token:
             pairs.append((config.token, DEFAULT_USER))
@@ -217,6 +270,29 @@ class Authenticator:
             return Verdict(None, self.limiter.locked_for(bucket))
         self.limiter.record_success(bucket)
         return Verdict(user)
+
+    def redeem_code(self, code: str, address: str) -> Verdict:
+        """Verdict for a sign-in code presented from ``address``: its user, once. A wrong or
+        spent code counts as a failure; a lockout never refuses a right code, which is as
+        unguessable as a strong token (43 random characters)."""
+        bucket = bucket_of(address)
+        user = self.codes.redeem(code)
+        locked = self.limiter.locked_for(bucket)
+        if user is not None:
+            if not locked:
+                self.limiter.record_success(bucket)
+            return Verdict(user)
+        if locked:
+            return Verdict(None, locked)
+        self.limiter.record_failure(bucket)
+        return Verdict(None, self.limiter.locked_for(bucket))
+
+    def token_of(self, user: str) -> str | None:
+        """The token that signs in as ``user`` (what a redeemed code hands the page); None
+        without token authentication."""
+        if self.mode == "none":
+            return None
+        return next((t.decode() for t, u in self._pairs if u == user), None)
 
     def _match(self, token: str) -> str | None:
         presented = token.encode()

@@ -104,6 +104,8 @@ class AuthConfig:
     # Failures from all addresses together per failure_window_s before everyone is locked out
     # (strong tokens excepted: gateway/auth.py).
     global_max_failures: int = field(default=100, metadata=_limit(1))
+    # Seconds a one-time sign-in code (auth.code, what `recalld open` hands the browser) stays valid.
+    code_ttl_s: float = field(default=30.0, metadata=_limit(1, 600))
     # The one user who sees memory.status for the whole index and may reindex every user's
     # transcripts; with [[auth.users]] and no admin, everyone sees only their own.
     admin: str | None = None

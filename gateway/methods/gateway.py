@@ -1,7 +1,7 @@
-"""``auth``, ``gateway.health``, ``rpc.discover`` and ``models.list``: the connection and the
-server itself.
+"""``auth``, ``auth.code``, ``gateway.health``, ``rpc.discover`` and ``models.list``: the
+connection and the server itself.
 
-All four never wait on I/O, so they are declared inline: the server answers them in the
+None of them waits on I/O, so they are declared inline: the server answers them in the
 connection's read loop, and a connection at its in-flight limit can still check health.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypedDict
+from typing import Literal, NotRequired, Protocol, TypedDict
 
 from gateway.auth import Authenticator
-from gateway.errors import RateLimited, Unauthorized
+from gateway.errors import InvalidParams, RateLimited, Unauthorized
 from gateway.rpc import CallContext, OpenRpcDocument, Registry, bounded
 from gateway.wire import MemoryHealth, ServerInfo, server_info
 from memory import Memory
@@ -37,13 +37,21 @@ class Empty:
 
 @dataclass(frozen=True, slots=True)
 class AuthParams:
-    token: str = bounded(max_len=4096, doc="a configured or generated token")
+    token: str | None = bounded(None, max_len=4096, doc="a configured or generated token")
+    code: str | None = bounded(None, max_len=256,
+                               doc="a one-time sign-in code from auth.code, instead of a token")
 
 
 class AuthReply(TypedDict):
     user: str
     server: ServerInfo
     protocol: int
+    token: NotRequired[str]  # only for a code: the user's token, for the page to keep
+
+
+class CodeReply(TypedDict):
+    code: str
+    expiresInS: float
 
 
 class HealthReply(TypedDict):
@@ -70,14 +78,31 @@ class GatewayMethods:
         self.models = models  # LlmConfig.choices: the configured model first
 
     async def auth(self, ctx: CallContext, p: AuthParams) -> AuthReply:
-        verdict = self.authenticator.check(p.token, ctx.address)
+        if (p.token is None) == (p.code is None):
+            raise InvalidParams("token", "give exactly one of token and code")
+        if p.code is not None:
+            verdict = self.authenticator.redeem_code(p.code, ctx.address)
+        else:
+            verdict = self.authenticator.check(p.token, ctx.address)
         if verdict.user is None:
             if verdict.retry_after_s:
                 raise RateLimited("too many failed attempts; retry later", int(verdict.retry_after_s * 1000))
+            if p.code is not None:
+                raise Unauthorized("unauthorized: this sign-in code was already used or has expired "
+                                   f"(a code works once, within {self.authenticator.codes.ttl_s:g} s); "
+                                   "run `recalld open` again")
             raise Unauthorized("unauthorized: invalid token")
         ctx.authenticate(verdict.user)
         info = server_info(self.version)
-        return {"user": verdict.user, "server": info, "protocol": info["protocol"]}
+        reply: AuthReply = {"user": verdict.user, "server": info, "protocol": info["protocol"]}
+        token = self.authenticator.token_of(verdict.user) if p.code is not None else None
+        if token is not None:
+            reply["token"] = token
+        return reply
+
+    async def code(self, ctx: CallContext, p: Empty) -> CodeReply:
+        codes = self.authenticator.codes
+        return {"code": codes.issue(ctx.caller), "expiresInS": codes.ttl_s}
 
     async def health(self, ctx: CallContext, p: Empty) -> HealthReply:
         return {
@@ -111,6 +136,9 @@ class GatewayMethods:
 def declare_gateway(reg: Registry, h: GatewayMethods | None) -> None:
     reg.declare("auth", AuthParams, "Authenticate this connection with a token.", h.auth if h else None,
                 result=AuthReply, requires_auth=False, inline=True)
+    reg.declare("auth.code", Empty, "A one-time sign-in code for this connection's user, redeemed "
+                "once by `auth {code}` within auth.code_ttl_s (what `recalld open` hands a browser).",
+                h.code if h else None, result=CodeReply, inline=True)
     reg.declare("gateway.health", Empty, "Liveness, version, uptime, connections and memory summary.",
                 h.health if h else None, result=HealthReply, inline=True)
     reg.declare("rpc.discover", Empty, "This OpenRPC document.", h.discover if h else None,

@@ -85,6 +85,7 @@ async def test_replies_validate_against_their_published_schema(
             return reply
 
         await call("auth", {"token": TOKEN})
+        await call("auth", {"code": (await call("auth.code"))["code"]})
         await call("gateway.health")
         await call("models.list")
         key = (await call("sessions.create", {"title": "langs"}))["sessionKey"]

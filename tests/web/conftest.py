@@ -75,7 +75,7 @@ class PageErrors:
 
 
 async def open_signed_in(browser: Browser, app: App, *, context: Any = None) -> Page:
-    """A new page that signs in through the link `recalld open` prints, in its own context unless given."""
+    """A new page that signs in through a `#token=` link, in its own context unless given."""
     ctx = context or await browser.new_context()
     page = await ctx.new_page()
     await page.goto(page_url(app) + f"#token={TOKEN}")

@@ -3,12 +3,12 @@
 // because they touch both the sidebar and the chat view, and so do the panels' layout rules:
 // below 720 px the sidebar is a drawer, the side panels are sheets, and Esc closes any of them.
 
-import { clearToken, isRemembered, loadToken, saveToken, takeTokenFromFragment } from "./auth.js";
+import { clearToken, isRemembered, loadToken, saveToken, takeLinkFromFragment } from "./auth.js";
 import { ChatView } from "./chat.js";
 import { $, refreshTimes } from "./dom.js";
 import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
-import { Rpc, whoIs } from "./rpc.js";
+import { Rpc, redeemCode, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
 import { Sidebar } from "./sessions.js";
 import { StatusFooter } from "./status.js";
@@ -283,12 +283,15 @@ $("signin-form").addEventListener("submit", (ev) => {
   signIn(token);
 });
 
-// A #token= link is taken at once, but it replaces the token this browser holds only when it
-// signs in as the same user, or when the stored one no longer works: a link for another user
-// (a login CSRF: someone else's account, where this user's next words would land) asks first,
-// naming both users, and changes nothing until confirmed.
-async function takeLink(link, stored, running) {
-  const [current, next] = await Promise.all([whoIs(stored), whoIs(link)]);
+// A link's token (from #token=, or what its #code= was redeemed for) is taken at once, but it
+// replaces the token this browser holds only when it signs in as the same user, or when the
+// stored one no longer works: a link for another user (a login CSRF: someone else's account,
+// where this user's next words would land) asks first, naming both users, and changes nothing
+// until confirmed. `linkUser` is the link's user when a redeemed code already said it.
+async function takeLink(link, stored, running, linkUser = null) {
+  const [current, next] = await Promise.all([
+    whoIs(stored), linkUser === null ? whoIs(link) : Promise.resolve({ ok: true, user: linkUser }),
+  ]);
   const adopt = () => {
     saveToken(link, isRemembered());
     if (running) window.location.reload();
@@ -338,11 +341,39 @@ function toggleMenu(buttonId, menuId, show) {
   if (open && show === undefined) menu.querySelector("button:not(:disabled)")?.focus();
 }
 
-function boot() {
-  const fromLink = takeTokenFromFragment();
+// The token a link brings: a #token= as it is; a #code= redeemed once on a socket of its own.
+// Answers {token, user} (user null when not yet known) or {error} saying why there is none.
+async function linkToken(link) {
+  if (!link.code) return { token: link.token, user: null };
+  const got = await redeemCode(link.code);
+  if (got.ok) return { token: got.token, user: got.user };
+  return {
+    error: got.refused
+      ? "That sign-in link was already used or has expired. Run `recalld open` again, or paste the token."
+      : "Could not reach the gateway to use the sign-in link.",
+  };
+}
+
+async function boot() {
+  const link = takeLinkFromFragment();
   const stored = loadToken();
+  let fromLink = null;
+  let linkUser = null;
+  if (link) {
+    const got = await linkToken(link);
+    if (got.error) {
+      if (stored) {
+        signIn(stored);
+        banner(got.error);
+      } else {
+        showSignIn(got.error);
+      }
+      return;
+    }
+    ({ token: fromLink, user: linkUser } = got);
+  }
   if (fromLink && stored && fromLink !== stored) {
-    takeLink(fromLink, stored, false);
+    takeLink(fromLink, stored, false, linkUser);
     return;
   }
   if (fromLink) saveToken(fromLink, isRemembered());
@@ -352,16 +383,24 @@ function boot() {
 }
 
 // A link opened in a tab already showing the page changes only its fragment: no reload.
-window.addEventListener("hashchange", () => {
-  const link = takeTokenFromFragment();
+window.addEventListener("hashchange", async () => {
+  const taken = takeLinkFromFragment();
+  if (!taken) return;
+  const got = await linkToken(taken);
+  if (got.error) {
+    if ($("app").hidden) showSignIn(got.error);
+    else banner(got.error);
+    return;
+  }
+  const link = got.token;
   const stored = loadToken();
-  if (!link || link === stored) return;
+  if (link === stored) return;
   if (!stored || !rpc) {
     saveToken(link, isRemembered());
     window.location.reload();
     return;
   }
-  takeLink(link, stored, true);
+  takeLink(link, stored, true, got.user);
 });
 
 boot();

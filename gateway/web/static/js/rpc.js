@@ -164,3 +164,31 @@ export function whoIs(token, timeoutMs = 10000) {
     ws.addEventListener("close", () => done({ ok: false, refused: false }));
   });
 }
+
+// Redeems a one-time sign-in code (`auth {code}`) on a socket of its own that is closed at once,
+// so that nothing else is authenticated by it: the code works only once, and the caller decides
+// (asking first for another user) whether to keep the token it yields. Answers
+// {ok: true, user, token}, {ok: false, refused: true, error} for a used, expired or unknown code,
+// or {ok: false, refused: false} when the gateway could not be reached.
+export function redeemCode(code, timeoutMs = 10000) {
+  return new Promise((resolve) => {
+    const ws = new WebSocket(gatewayUrl());
+    const done = (answer) => {
+      clearTimeout(timer);
+      ws.close();
+      resolve(answer);
+    };
+    const timer = setTimeout(() => done({ ok: false, refused: false }), timeoutMs);
+    ws.addEventListener("open", () => ws.send(JSON.stringify({ jsonrpc: "2.0", id: 1, method: "auth", params: { code } })));
+    ws.addEventListener("message", (ev) => {
+      let msg = null;
+      try {
+        msg = JSON.parse(ev.data);
+      } catch { /* not the reply */ }
+      if (!msg || msg.id !== 1) return;
+      if (msg.result) done({ ok: true, user: msg.result.user || "", token: msg.result.token || "" });
+      else done({ ok: false, refused: true, error: (msg.error && msg.error.message) || "refused" });
+    });
+    ws.addEventListener("close", () => done({ ok: false, refused: false }));
+  });
+}
