@@ -1,0 +1,451 @@
+"""``make bench-cluster``: one node on SQLite, one and two nodes on PostgreSQL, on this machine.
+
+Each topology is real ``recalld serve`` processes (``testkit.gateway.gateway_child``) against
+the loopback fake model (``testkit.fake_openai``, its own process, echoing the user) and, for
+PostgreSQL, a fresh database on one throwaway server (``testkit.postgres``); the two nodes of
+``pg-2`` start at the same moment on an empty database. Measured per topology, the clients
+spread evenly over the nodes:
+
+* RPC throughput: ``gateway.health`` over 16 connections, ping-pong (1 in flight each) and
+  pipelined (32 in flight), and ``sessions.list`` pipelined (a storage read);
+* chat fan-out: 100 subscribers of one session (half on each node for ``pg-2``), time from
+  ``chat.send`` to the last subscriber's ``chat.final`` of a 50-word reply;
+* index rate: messages appended by chat runs through every node, from the first send until
+  each session's last message is found by ``memory.search`` and no vector is pending;
+* CPU seconds of the nodes, the PostgreSQL server and the driver in each section.
+
+Then search at scale (:mod:`bench.clustersearch`: the scale corpus on both backends), recall@10
+on ``bench/data/sample.json``, and a cProfile of both ``pg-2`` nodes under the same load. Writes
+``bench/results/cluster.json``, ``cluster.md`` and ``cluster.png`` (matplotlib, the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import connect
+
+from bench.clusterreport import plot, recall_gaps, write_markdown
+from bench.stats import machine_info, summary_ms
+from gateway.client import Client
+from testkit.gateway import TOKEN, gateway_child
+from testkit.postgres import PostgresServer, running_postgres
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TOPOLOGIES = (("sqlite-1", "sqlite", 1), ("pg-1", "postgres", 1), ("pg-2", "postgres", 2))
+CONNECTIONS = 16
+SUBSCRIBERS = 100
+SECTIONS = ("rpc", "fanout", "index", "search", "recall", "profile")
+
+
+@dataclass
+class Sizes:
+    rounds: int
+    per_conn: int
+    fanout_rounds: int
+    sends: int
+    sessions: int
+
+
+QUICK = Sizes(rounds=2, per_conn=150, fanout_rounds=4, sends=40, sessions=4)
+FULL = Sizes(rounds=3, per_conn=500, fanout_rounds=10, sends=160, sessions=8)
+
+
+@dataclass
+class Topology:
+    name: str
+    urls: list[str]
+    pids: list[int]
+    postgres: PostgresServer | None
+    cpu: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+# --- processes and their CPU time ------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+
+
+def _postgres_pids(server: PostgresServer) -> list[int]:
+    """The postmaster and its children (one backend per pooled connection)."""
+    master = int((server.datadir / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0)
+            if ppid == master:
+                children.append(int(entry.name))
+    return [master, *children]
+
+
+def cpu_snapshot(topo: Topology, fake_pid: int) -> dict[str, float]:
+    own = os.times()
+    snap = {"nodes": sum(_cpu_of(p) for p in topo.pids), "model": _cpu_of(fake_pid),
+            "driver": own.user + own.system}
+    snap["postgres"] = sum(_cpu_of(p) for p in _postgres_pids(topo.postgres)) if topo.postgres else 0.0
+    return snap
+
+
+@asynccontextmanager
+async def cpu_section(topo: Topology, fake_pid: int, name: str) -> AsyncIterator[None]:
+    before, started = cpu_snapshot(topo, fake_pid), time.perf_counter()
+    yield
+    after = cpu_snapshot(topo, fake_pid)
+    topo.cpu[name] = {"wallS": time.perf_counter() - started, **{k: after[k] - before[k] for k in before}}
+
+
+@asynccontextmanager
+async def fake_model() -> AsyncIterator[tuple[str, int]]:
+    """The loopback model as its own process (so its CPU is not the driver's); URL and pid."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "testkit.fake_openai", "--port", "0", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        yield line.rsplit(" ", 1)[-1].strip(), proc.pid
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+def node_env(model_url: str, backend: str, dsn: str | None) -> dict[str, str]:
+    env = {"RECALLD_LLM_BASE_URL": model_url, "RECALLD_LLM_API_KEY": "sk-bench", "RECALLD_LLM_MODEL": "fake-model",
+           "RECALLD_LLM_MAX_RETRIES": "0", "RECALLD_MEMORY_EMBEDDER": "openai",
+           "RECALLD_MEMORY_EMBEDDINGS_MODEL": "fake-embed", "RECALLD_MEMORY_WATCH": "true",
+           # The throwaway PostgreSQL runs with fsync off; the SQLite node skips fsync too.
+           "RECALLD_SESSIONS_FSYNC": "never"}
+    if backend == "postgres":
+        assert dsn is not None
+        env.update({"RECALLD_STORAGE_BACKEND": "postgres", "RECALLD_STORAGE_DSN": dsn})
+    return env
+
+
+@asynccontextmanager
+async def topology(name: str, backend: str, n: int, root: Path, model_url: str, server: PostgresServer,
+                   profile_dir: Path | None = None) -> AsyncIterator[Topology]:
+    dsn = server.create_database(name.replace("-", "_")) if backend == "postgres" else None
+    async with AsyncExitStack() as stack:
+        wrappers = [[sys.executable, "-m", "bench.profiled", str(profile_dir / f"node-{i}.prof")]
+                    if profile_dir else [] for i in range(n)]
+        # Started at the same moment: nodes on an empty database race for its migrations.
+        started = await asyncio.gather(*(stack.enter_async_context(gateway_child(
+            root / name / f"node-{i}", node_env(model_url, backend, dsn), wrappers[i])) for i in range(n)))
+        yield Topology(name, [url for url, _ in started], [p.pid for _, p in started],
+                       server if backend == "postgres" else None)
+
+
+# --- RPC throughput --------------------------------------------------------------------------
+
+async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *, per_conn: int,
+                window: int) -> tuple[float, list[float]]:
+    """CONNECTIONS connections spread over ``urls``, each ``per_conn`` calls, ``window`` in flight."""
+    latencies: list[float] = []
+    body = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
+
+    async def one(ws: Any) -> None:
+        sent: dict[int, float] = {}
+        next_id = done = 0
+        while next_id < min(window, per_conn):
+            sent[next_id] = time.perf_counter()
+            await ws.send(orjson.dumps({**body, "id": next_id}), text=True)
+            next_id += 1
+        while done < per_conn:
+            reply = orjson.loads(await ws.recv())
+            if "id" not in reply:
+                continue  # a notification
+            if "error" in reply:
+                raise RuntimeError(f"{method}: {reply['error']}")
+            latencies.append(time.perf_counter() - sent.pop(reply["id"]))
+            done += 1
+            if next_id < per_conn:
+                sent[next_id] = time.perf_counter()
+                await ws.send(orjson.dumps({**body, "id": next_id}), text=True)
+                next_id += 1
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    conns = [await connect(urls[i % len(urls)], additional_headers=auth, compression=None, max_size=None)
+             for i in range(CONNECTIONS)]
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(ws) for ws in conns))
+        elapsed = time.perf_counter() - started
+    finally:
+        for ws in conns:
+            await ws.close()
+    return CONNECTIONS * per_conn / elapsed, latencies
+
+
+async def rpc_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, method, params, window in (("health ping-pong", "gateway.health", None, 1),
+                                          ("health pipelined", "gateway.health", None, 32),
+                                          ("sessions.list pipelined", "sessions.list", {"limit": 20}, 32)):
+        await drive(topo.urls, method, params, per_conn=20, window=window)  # warm-up
+        rates, lats = [], []
+        for _ in range(sizes.rounds):
+            rate, lat = await drive(topo.urls, method, params, per_conn=sizes.per_conn, window=window)
+            rates.append(rate)
+            lats.extend(lat)
+        out[label] = {"rate": statistics.median(rates), "rates": rates, **summary_ms(lats)}
+    return out
+
+
+# --- chat fan-out ----------------------------------------------------------------------------
+
+async def fanout_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
+    message = " ".join(f"word{i}" for i in range(50))  # echoed back: 50 deltas
+    async with AsyncExitStack() as stack:
+        sender = await stack.enter_async_context(Client.connect(topo.urls[0], TOKEN))
+        key = (await sender.call("sessions.create", {"title": "fan-out"}))["sessionKey"]
+        subs = [await stack.enter_async_context(Client.connect(topo.urls[i % len(topo.urls)], TOKEN))
+                for i in range(SUBSCRIBERS)]
+        await asyncio.gather(*(s.call("sessions.subscribe", {"sessionKey": key}) for s in subs))
+
+        async def final_at(c: Client) -> float:
+            while True:
+                event = await c.next_event(timeout=120)
+                if event["method"] in ("chat.final", "chat.error", "chat.aborted"):
+                    if event["method"] != "chat.final":
+                        raise RuntimeError(f"fan-out run ended {event['method']}: {event['params']}")
+                    return time.perf_counter()
+
+        last: list[float] = []
+        first: list[float] = []
+        for r in range(sizes.fanout_rounds + 1):
+            for c in [sender, *subs]:
+                while not c.events.empty():
+                    c.events.get_nowait()
+            waiters = [asyncio.create_task(final_at(s)) for s in subs]
+            t0 = time.perf_counter()
+            await sender.call("chat.send", {"sessionKey": key, "message": message})
+            done = await asyncio.gather(*waiters)
+            if r:  # the first round warms the path up
+                last.append(max(done) - t0)
+                first.append(min(done) - t0)
+    return {"last": summary_ms(last), "first": summary_ms(first), "samples": last}
+
+
+# --- index rate ------------------------------------------------------------------------------
+
+def _token(tag: str, i: int) -> str:
+    letters = ""
+    i += 26 * 26
+    while i:
+        i, r = divmod(i, 26)
+        letters = chr(97 + r) + letters
+    return f"zq{tag}{letters}"
+
+
+async def index_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
+    tag = {"sqlite-1": "s", "pg-1": "p", "pg-2": "t"}.get(topo.name, "x")
+    per = sizes.sends // sizes.sessions
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(Client.connect(topo.urls[i % len(topo.urls)], TOKEN))
+                   for i in range(sizes.sessions)]
+        keys = [(await c.call("sessions.create", {"title": f"index {i}"}))["sessionKey"]
+                for i, c in enumerate(clients)]
+        last_token: dict[int, str] = {}
+
+        async def talk(i: int) -> None:
+            c = clients[i]
+            for j in range(per):
+                last_token[i] = _token(tag, i * per + j)
+                run = await c.call("chat.send", {"sessionKey": keys[i],
+                                                 "message": f"index probe {last_token[i]} about the harbour"})
+                while True:
+                    event = await c.next_event(timeout=120)
+                    if event["method"] in ("chat.final", "chat.error", "chat.aborted") \
+                            and event["params"].get("runId") == run["runId"]:
+                        break
+
+        started = time.perf_counter()
+        await asyncio.gather(*(talk(i) for i in range(sizes.sessions)))
+        finals = time.perf_counter()
+        waiting = set(range(sizes.sessions))
+        async with asyncio.timeout(180):
+            while True:
+                for i in list(waiting):
+                    hits = (await clients[i].call("memory.search", {"query": last_token[i], "k": 3,
+                                                                    "mode": "keyword"}))["results"]
+                    if any(last_token[i] in h["content"] for h in hits):
+                        waiting.discard(i)
+                pending = 0
+                if not waiting:
+                    for c in clients[:len(topo.urls)]:
+                        pending += int((await c.call("memory.status", {}))["pending"])
+                if not waiting and not pending:
+                    break
+                await asyncio.sleep(0.05)
+        searchable = time.perf_counter()
+    messages = 2 * per * sizes.sessions
+    return {"messages": messages, "rate": messages / (searchable - started), "sendS": finals - started,
+            "lagAfterLastFinalMs": (searchable - finals) * 1000}
+
+
+# --- profile ---------------------------------------------------------------------------------
+
+_AREAS: tuple[tuple[str, str], ...] = (
+    ("{method 'poll' of 'select.epoll'", "idle: waiting in epoll"),
+    ("psycopg", "psycopg (driver)"), ("websockets", "websockets (frames)"), ("/asyncio/", "asyncio (loop)"),
+    ("/gateway/", "gateway"), ("/memory/", "memory"), ("/sessions/", "sessions"), ("orjson", "orjson"),
+    ("openai", "openai SDK"), ("httpx", "httpx/httpcore"), ("httpcore", "httpx/httpcore"),
+    ("structlog", "logging"), ("/logging/", "logging"), ("ssl", "ssl"), ("socket", "sockets"),
+    ("lock", "thread locks / waits"), ("/threading.py", "thread locks / waits"),
+    ("/concurrent/", "thread pool"), ("selectors", "idle: waiting in epoll"),
+)
+
+
+def summarize_profile(path: Path, top: int = 20) -> dict[str, Any]:
+    stats = pstats.Stats(str(path))
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in raw.values())
+    areas: dict[str, float] = {}
+    rows = []
+    for (file, line, func), (_cc, calls, tottime, cumtime, _callers) in raw.items():
+        where = f"{file}:{line}({func})"
+        area = next((label for needle, label in _AREAS if needle in where), "other")
+        areas[area] = areas.get(area, 0.0) + tottime
+        rows.append((tottime, calls, cumtime, where))
+    rows.sort(reverse=True)
+    return {"totalS": total, "areas": dict(sorted(areas.items(), key=lambda kv: -kv[1])),
+            "top": [{"tottimeS": t, "calls": n, "cumtimeS": c, "where": w[-110:]} for t, n, c, w in rows[:top]]}
+
+
+# --- driver ----------------------------------------------------------------------------------
+
+async def run_topologies(server: PostgresServer, sizes: Sizes, only: set[str], root: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    sections: list[tuple[str, Callable[[Topology, Sizes], Any]]] = [
+        (name, fn) for name, fn in (("rpc", rpc_section), ("fanout", fanout_section), ("index", index_section))
+        if name in only]
+    async with fake_model() as (model_url, fake_pid):
+        for name, backend, n in TOPOLOGIES:
+            if not sections:
+                break
+            print(f"· {name}: {n} node(s) on {backend}", flush=True)
+            async with topology(name, backend, n, root, model_url, server) as topo:
+                figures: dict[str, Any] = {"nodes": n, "backend": backend}
+                for section, fn in sections:
+                    async with cpu_section(topo, fake_pid, section):
+                        figures[section] = await fn(topo, sizes)
+                    print(f"  {section}: {_one_line(section, figures[section])}", flush=True)
+                figures["cpu"] = topo.cpu
+                results[name] = figures
+        if "profile" in only:
+            print("· pg-2 under cProfile (rpc pipelined, fan-out, index)", flush=True)
+            prof_dir = root / "profile"
+            prof_dir.mkdir(parents=True, exist_ok=True)
+            async with topology("pg-2p", "postgres", 2, root, model_url, server, profile_dir=prof_dir) as topo:
+                await drive(topo.urls, "gateway.health", None, per_conn=sizes.per_conn, window=32)
+                await fanout_section(topo, Sizes(1, 1, max(2, sizes.fanout_rounds // 2), 1, 1))
+                await index_section(topo, sizes)
+            results["profile"] = {f"node-{i}": summarize_profile(prof_dir / f"node-{i}.prof")
+                                  for i in range(2) if (prof_dir / f"node-{i}.prof").exists()}
+    return results
+
+
+def _one_line(section: str, fig: dict[str, Any]) -> str:
+    if section == "rpc":
+        return ", ".join(f"{k} {v['rate']:,.0f}/s" for k, v in fig.items())
+    if section == "fanout":
+        return f"last subscriber p50 {fig['last']['p50']:.1f} ms, p99 {fig['last']['p99']:.1f} ms"
+    return f"{fig['messages']} messages, {fig['rate']:.1f} msg/s, lag after last final {fig['lagAfterLastFinalMs']:.0f} ms"
+
+
+def search_and_recall(server: PostgresServer, size: int, n_queries: int, only: set[str],
+                      root: Path) -> dict[str, Any]:
+    from bench import clustersearch
+    from bench.scale import _child
+    from bench.scalecorpus import build
+
+    out: dict[str, Any] = {}
+    if "search" in only:
+        print(f"· search at {size:,} chunks", flush=True)
+        corpus = build(size, log=lambda line: print(line, flush=True))
+        dsn = server.create_database(f"search_{size}")
+        load = clustersearch.load_transcripts(corpus.data_dir, dsn)
+        print(f"  loaded {load['messages']:,} messages into PostgreSQL in {load['loadS']:.0f} s; indexing…", flush=True)
+        indexed = asyncio.run(clustersearch.index_postgres(corpus.data_dir, dsn))
+        print(f"  PostgreSQL index: {indexed['chunks']:,} chunks in {indexed['indexS']:.0f} s", flush=True)
+        sqlite = _child(size, n_queries, False, {})
+        pg = clustersearch.measure_postgres(corpus.data_dir, dsn, n_queries)
+        out["search"] = {"size": size, "chunks": {"sqlite": corpus.chunks, "postgres": indexed["chunks"]},
+                         "build": {"sqlite": corpus.build, "postgres": {**load, **indexed}},
+                         "sqlite": {"library": sqlite["library"], "recall10": sqlite["recall10"],
+                                    "restartMs": sqlite["restart"]["ms"]},
+                         "postgres": {"library": pg["library"], "recall10": pg.get("recall10"),
+                                      "restartMs": pg["restart"]["ms"]}}
+        server.drop_database(f"search_{size}")
+    if "recall" in only:
+        print("· recall@10 on bench/data/sample.json (local embedder)", flush=True)
+        out["recall"] = clustersearch.recall_runs(server.dsn(), root / "recall")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and sends, 10k chunks")
+    parser.add_argument("--size", type=int, default=None, help="search corpus chunks (default 100000; quick 10000)")
+    parser.add_argument("--queries", type=int, default=100, help="search queries per mode")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    args = parser.parse_args()
+    from bench.scale import structlog_quiet
+
+    structlog_quiet()
+    sizes = QUICK if args.quick else FULL
+    size = args.size or (10_000 if args.quick else 100_000)
+    only = set(args.only)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="recalld-cluster-") as tmp, running_postgres() as server:
+        results = asyncio.run(run_topologies(server, sizes, only, Path(tmp)))
+        results.update(search_and_recall(server, size, args.queries, only, Path(tmp)))
+    took = time.perf_counter() - started
+    info = machine_info()
+    out = {"at": datetime.now(UTC).isoformat(), "machine": info, "seconds": round(took, 1),
+           "loadAverage": os.getloadavg(), "quick": args.quick, "sizes": sizes.__dict__, "searchSize": size,
+           "queries": args.queries, "sections": sorted(only), "results": results}
+    RESULTS.mkdir(exist_ok=True)
+    partial = args.quick or only != set(SECTIONS)
+    stem = "cluster-partial" if partial else "cluster"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2, default=str))
+    table = write_markdown(out, RESULTS / f"{stem}.md")
+    print()
+    print(table)
+    drew = plot(out, RESULTS / f"{stem}.png")
+    print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), load average {os.getloadavg()[0]:.1f} at the end; took {took:.0f} s")
+    print(f"wrote {RESULTS / (stem + '.json')}, {stem}.md" + (f" and {stem}.png" if drew else
+                                                            " (no plot: pip install -e '.[bench]' for matplotlib)"))
+    ok = all(abs(v) <= 0.01 for v in recall_gaps(out).values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
