@@ -379,34 +379,26 @@ def _one_line(section: str, fig: dict[str, Any]) -> str:
     return f"{fig['messages']} messages, {fig['rate']:.1f} msg/s, lag after last final {fig['lagAfterLastFinalMs']:.0f} ms"
 
 
-def search_and_recall(server: PostgresServer, size: int, n_queries: int, only: set[str],
-                      root: Path) -> dict[str, Any]:
+def search_section(server: PostgresServer, size: int, n_queries: int) -> dict[str, Any]:
     from bench import clustersearch
     from bench.scale import _child
     from bench.scalecorpus import build
 
-    out: dict[str, Any] = {}
-    if "search" in only:
-        print(f"· search at {size:,} chunks", flush=True)
-        corpus = build(size, log=lambda line: print(line, flush=True))
-        dsn = server.create_database(f"search_{size}")
-        load = clustersearch.load_transcripts(corpus.data_dir, dsn)
-        print(f"  loaded {load['messages']:,} messages into PostgreSQL in {load['loadS']:.0f} s; indexing…", flush=True)
-        indexed = asyncio.run(clustersearch.index_postgres(corpus.data_dir, dsn))
-        print(f"  PostgreSQL index: {indexed['chunks']:,} chunks in {indexed['indexS']:.0f} s", flush=True)
-        sqlite = _child(size, n_queries, False, {})
-        pg = clustersearch.measure_postgres(corpus.data_dir, dsn, n_queries)
-        out["search"] = {"size": size, "chunks": {"sqlite": corpus.chunks, "postgres": indexed["chunks"]},
-                         "build": {"sqlite": corpus.build, "postgres": {**load, **indexed}},
-                         "sqlite": {"library": sqlite["library"], "recall10": sqlite["recall10"],
-                                    "restartMs": sqlite["restart"]["ms"]},
-                         "postgres": {"library": pg["library"], "recall10": pg.get("recall10"),
-                                      "restartMs": pg["restart"]["ms"]}}
-        server.drop_database(f"search_{size}")
-    if "recall" in only:
-        print("· recall@10 on bench/data/sample.json (local embedder)", flush=True)
-        out["recall"] = clustersearch.recall_runs(server.dsn(), root / "recall")
-    return out
+    print(f"· search at {size:,} chunks", flush=True)
+    corpus = build(size, log=lambda line: print(line, flush=True))
+    dsn = server.create_database(f"search_{size}")
+    load = clustersearch.load_transcripts(corpus.data_dir, dsn)
+    print(f"  loaded {load['messages']:,} messages into PostgreSQL in {load['loadS']:.0f} s; indexing…", flush=True)
+    indexed = asyncio.run(clustersearch.index_postgres(corpus.data_dir, dsn))
+    print(f"  PostgreSQL index: {indexed['chunks']:,} chunks in {indexed['indexS']:.0f} s", flush=True)
+    sqlite = _child(size, n_queries, False, {})
+    pg = clustersearch.measure_postgres(corpus.data_dir, dsn, n_queries)
+    server.drop_database(f"search_{size}")
+    return {"size": size, "chunks": {"sqlite": corpus.chunks, "postgres": indexed["chunks"]},
+            "build": {"sqlite": corpus.build, "postgres": {**load, **indexed}},
+            "sqlite": {"library": sqlite["library"], "recall10": sqlite["recall10"],
+                       "restartMs": sqlite["restart"]["ms"]},
+            "postgres": {"library": pg["library"], "recall10": pg.get("recall10"), "restartMs": pg["restart"]["ms"]}}
 
 
 def main() -> int:
@@ -417,6 +409,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=100, help="search queries per mode")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     args = parser.parse_args()
+    from bench import clustersearch
     from bench.scale import structlog_quiet
 
     structlog_quiet()
@@ -424,27 +417,39 @@ def main() -> int:
     size = args.size or (10_000 if args.quick else 100_000)
     only = set(args.only)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="recalld-cluster-") as tmp, running_postgres() as server:
-        results = asyncio.run(run_topologies(server, sizes, only, Path(tmp)))
-        results.update(search_and_recall(server, size, args.queries, only, Path(tmp)))
-    took = time.perf_counter() - started
-    info = machine_info()
-    out = {"at": datetime.now(UTC).isoformat(), "machine": info, "seconds": round(took, 1),
-           "loadAverage": os.getloadavg(), "quick": args.quick, "sizes": sizes.__dict__, "searchSize": size,
-           "queries": args.queries, "sections": sorted(only), "results": results}
+    stem = "cluster-partial" if args.quick or only != set(SECTIONS) else "cluster"
     RESULTS.mkdir(exist_ok=True)
-    partial = args.quick or only != set(SECTIONS)
-    stem = "cluster-partial" if partial else "cluster"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2, default=str))
+    results: dict[str, Any] = {}
+
+    def save() -> dict[str, Any]:
+        # After every phase, so a run cut short still leaves what it measured.
+        out = {"at": datetime.now(UTC).isoformat(), "machine": machine_info(),
+               "seconds": round(time.perf_counter() - started, 1), "loadAverage": os.getloadavg(),
+               "quick": args.quick, "sizes": sizes.__dict__, "searchSize": size, "queries": args.queries,
+               "sections": sorted(only), "results": results}
+        (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2, default=str))
+        return out
+
+    with tempfile.TemporaryDirectory(prefix="recalld-cluster-") as tmp, running_postgres() as server:
+        results.update(asyncio.run(run_topologies(server, sizes, only, Path(tmp))))
+        save()
+        if "recall" in only:
+            print("· recall@10 on bench/data/sample.json (local embedder)", flush=True)
+            results["recall"] = clustersearch.recall_runs(server.dsn(), Path(tmp) / "recall")
+            save()
+        if "search" in only:
+            results["search"] = search_section(server, size, args.queries)
+    out = save()
     table = write_markdown(out, RESULTS / f"{stem}.md")
     print()
     print(table)
     drew = plot(out, RESULTS / f"{stem}.png")
-    print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), load average {os.getloadavg()[0]:.1f} at the end; took {took:.0f} s")
+    info = out["machine"]
+    print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), load average {os.getloadavg()[0]:.1f} at the end; "
+          f"took {out['seconds']:.0f} s")
     print(f"wrote {RESULTS / (stem + '.json')}, {stem}.md" + (f" and {stem}.png" if drew else
                                                             " (no plot: pip install -e '.[bench]' for matplotlib)"))
-    ok = all(abs(v) <= 0.01 for v in recall_gaps(out).values())
-    return 0 if ok else 1
+    return 0 if all(abs(v) <= 0.01 for v in recall_gaps(out).values()) else 1
 
 
 if __name__ == "__main__":

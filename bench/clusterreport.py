@@ -167,3 +167,19 @@ def plot(out: dict[str, Any], path: Path) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return True
+
+
+def main() -> None:
+    """``python -m bench.clusterreport RESULTS.json``: rewrite its .md and .png (e.g. with another
+    interpreter that has matplotlib)."""
+    import json
+    import sys
+
+    source = Path(sys.argv[1])
+    out = json.loads(source.read_text())
+    print(write_markdown(out, source.with_suffix(".md")))
+    print("plot:", plot(out, source.with_suffix(".png")))
+
+
+if __name__ == "__main__":
+    main()

@@ -42,29 +42,30 @@ def load_transcripts(data_dir: Path, dsn: str) -> dict[str, float]:
     started = time.perf_counter()
     files = sorted((sessions_root(data_dir) / USER).glob("*.jsonl"))
     n_messages = 0
+    parsed = []
+    for path in files:
+        lines = path.read_bytes().splitlines()
+        parsed.append((orjson.loads(lines[0]), lines[1:]))
     with psycopg.connect(dsn) as conn:
         migrate(conn)
+        # Sessions first (messages reference them); one COPY at a time on a connection.
         with conn.cursor() as cur, cur.copy(
                 "COPY recalld_sessions (session_key, user_id, title, created_at, updated_at, message_count, "
-                "bytes, next_seq) FROM STDIN") as sessions_copy, conn.cursor() as mcur, mcur.copy(
+                "bytes, next_seq) FROM STDIN") as copy:
+            for header, lines in parsed:
+                # The store counts a line with its newline, as the file store does.
+                last_ts = orjson.loads(lines[-1])["ts"] if lines else header["createdAt"]
+                copy.write_row((header["sessionKey"], header["user"], header.get("title") or "",
+                                header["createdAt"], last_ts, len(lines), sum(len(x) + 1 for x in lines), len(lines)))
+        with conn.cursor() as cur, cur.copy(
                 "COPY recalld_messages (session_key, seq, id, role, content, ts, run_id, name, line_bytes) "
-                "FROM STDIN") as messages_copy:
-            for path in files:
-                lines = path.read_bytes().splitlines()
-                header = orjson.loads(lines[0])
-                key = header["sessionKey"]
-                size = 0
-                last_ts = header["createdAt"]
-                for seq, raw in enumerate(lines[1:]):
+                "FROM STDIN") as copy:
+            for header, lines in parsed:
+                for seq, raw in enumerate(lines):
                     m = orjson.loads(raw)
-                    # The store counts a line with its newline, as the file store does.
-                    size += len(raw) + 1
-                    last_ts = m["ts"]
-                    messages_copy.write_row((key, seq, m["id"], m["role"], m["content"], m["ts"], m.get("runId"),
-                                             m.get("name"), len(raw) + 1))
-                n_messages += len(lines) - 1
-                sessions_copy.write_row((key, header["user"], header.get("title") or "", header["createdAt"],
-                                         last_ts, len(lines) - 1, size, len(lines) - 1))
+                    copy.write_row((header["sessionKey"], seq, m["id"], m["role"], m["content"], m["ts"],
+                                    m.get("runId"), m.get("name"), len(raw) + 1))
+                n_messages += len(lines)
         conn.commit()
     return {"sessions": len(files), "messages": n_messages, "loadS": time.perf_counter() - started}
 
