@@ -311,14 +311,22 @@ async def index_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
 
 # --- profile ---------------------------------------------------------------------------------
 
+# First match wins: the waits first (idle worker threads, the idle loop, a thread blocked on a
+# PostgreSQL reply), then start-up imports, then the code that does the work.
 _AREAS: tuple[tuple[str, str], ...] = (
-    ("{method 'poll' of 'select.epoll'", "idle: waiting in epoll"),
+    ("<method 'get' of '_queue.SimpleQueue'", "wait: idle worker threads"),
+    ("<method 'acquire' of '_thread.lock'", "wait: idle worker threads"),
+    ("/threading.py", "wait: idle worker threads"), ("/concurrent/", "wait: idle worker threads"),
+    ("{method 'poll' of 'select.epoll'", "wait: idle event loop"), ("selectors", "wait: idle event loop"),
+    ("psycopg/connection.py", "wait: a PostgreSQL reply (sync driver)"),
+    ("psycopg/waiting.py", "wait: a PostgreSQL reply (sync driver)"),
+    ("builtins.compile", "start-up imports"), ("builtins.exec", "start-up imports"),
+    ("marshal.loads", "start-up imports"), ("__build_class__", "start-up imports"),
+    ("<frozen importlib", "start-up imports"), ("pydantic", "start-up imports"),
     ("psycopg", "psycopg (driver)"), ("websockets", "websockets (frames)"), ("/asyncio/", "asyncio (loop)"),
     ("/gateway/", "gateway"), ("/memory/", "memory"), ("/sessions/", "sessions"), ("orjson", "orjson"),
     ("openai", "openai SDK"), ("httpx", "httpx/httpcore"), ("httpcore", "httpx/httpcore"),
     ("structlog", "logging"), ("/logging/", "logging"), ("ssl", "ssl"), ("socket", "sockets"),
-    ("lock", "thread locks / waits"), ("/threading.py", "thread locks / waits"),
-    ("/concurrent/", "thread pool"), ("selectors", "idle: waiting in epoll"),
 )
 
 
@@ -334,8 +342,11 @@ def summarize_profile(path: Path, top: int = 20) -> dict[str, Any]:
         areas[area] = areas.get(area, 0.0) + tottime
         rows.append((tottime, calls, cumtime, where))
     rows.sort(reverse=True)
-    return {"totalS": total, "areas": dict(sorted(areas.items(), key=lambda kv: -kv[1])),
-            "top": [{"tottimeS": t, "calls": n, "cumtimeS": c, "where": w[-110:]} for t, n, c, w in rows[:top]]}
+    busy = sum(v for k, v in areas.items() if not k.startswith("wait:"))
+    waits = [needle for needle, label in _AREAS if label.startswith("wait:")]
+    busy_rows = [r for r in rows if not any(needle in r[3] for needle in waits)]
+    return {"totalS": total, "busyS": busy, "areas": dict(sorted(areas.items(), key=lambda kv: -kv[1])),
+            "top": [{"tottimeS": t, "calls": n, "cumtimeS": c, "where": w[-110:]} for t, n, c, w in busy_rows[:top]]}
 
 
 # --- driver ----------------------------------------------------------------------------------
@@ -398,7 +409,8 @@ def search_section(server: PostgresServer, size: int, n_queries: int) -> dict[st
             "build": {"sqlite": corpus.build, "postgres": {**load, **indexed}},
             "sqlite": {"library": sqlite["library"], "recall10": sqlite["recall10"],
                        "restartMs": sqlite["restart"]["ms"]},
-            "postgres": {"library": pg["library"], "recall10": pg.get("recall10"), "restartMs": pg["restart"]["ms"]}}
+            "postgres": {"library": pg["library"], "recall10": pg.get("recall10"), "restartMs": pg["restart"]["ms"],
+                         "hybridPlan": pg.get("hybridPlan")}}
 
 
 def main() -> int:

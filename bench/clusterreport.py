@@ -84,11 +84,19 @@ def profile_lines(out: dict[str, Any]) -> list[str]:
     prof = out["results"].get("profile") or {}
     lines: list[str] = []
     for node, p in prof.items():
-        lines.append(f"\n{node}: {p['totalS']:.1f} s profiled (all threads, idle included); by area:\n")
+        busy = p.get("busyS") or p["totalS"]
+        lines.append(f"\n{node}: {p['totalS']:.1f} s profiled over all threads, {busy:.1f} s of it not "
+                     "waiting; by area (share of the time not waiting):\n")
         lines.append("| area | seconds | share |")
         lines.append("| --- | --- | --- |")
-        for area, secs in list(p["areas"].items())[:12]:
-            lines.append(f"| {area} | {secs:.2f} | {secs / p['totalS']:.0%} |")
+        for area, secs in list(p["areas"].items())[:16]:
+            share = "—" if area.startswith("wait:") else f"{secs / busy:.0%}"
+            lines.append(f"| {area} | {secs:.2f} | {share} |")
+        lines.append("\nbusiest functions (own time, waits left out):\n")
+        lines.append("| seconds | calls | function |")
+        lines.append("| --- | --- | --- |")
+        for row in p["top"][:10]:
+            lines.append(f"| {row['tottimeS']:.2f} | {row['calls']:,} | `{row['where']}` |")
     return lines
 
 
@@ -111,6 +119,9 @@ def write_markdown(out: dict[str, Any], path: Path) -> str:
     cpu = cpu_rows(out)
     if cpu:
         doc += ["CPU seconds per section (user + system, from /proc):", "", *cpu, ""]
+    plan = (out["results"].get("search") or {}).get("postgres", {}).get("hybridPlan")
+    if plan:
+        doc += ["EXPLAIN (ANALYZE, BUFFERS) of one hybrid search on PostgreSQL:", "", "```", *plan, "```", ""]
     prof = profile_lines(out)
     if prof:
         doc += ["cProfile of the two pg-2 nodes under the same load:", *prof, ""]

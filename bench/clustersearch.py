@@ -118,10 +118,42 @@ async def _measure_pg(dsn: str, n_queries: int) -> dict[str, Any]:
                     lib[m].append(r.timings_ms["searchMs"] / 1000)
         got = [[(h.session_key, h.line_start) for h in (await service.search(USER, q, k=10, mode="vector")).results]
                for q in qs]
+        try:
+            plan = await _explain_hybrid(service, qs[1])
+        except Exception as exc:  # noqa: BLE001 - the plan is a note beside the figures, never a reason to lose them
+            plan = [f"EXPLAIN failed: {type(exc).__name__}: {exc}"]
     finally:
         await service.close()
     return {"restart": {"ms": restart_ms, "mode": first.mode}, "library": {m: summary_ms(v) for m, v in lib.items()},
-            "vectorHits": got}
+            "vectorHits": got, "hybridPlan": plan}
+
+
+async def _explain_hybrid(service: Any, query: str) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the hybrid statement as ``PgSearch`` runs it for ``query``."""
+    from psycopg import IsolationLevel
+
+    from memory.pg.search import BIT_POOL, _halfvec, build_statement
+    from memory.pg.vectors import vector_dims
+    from memory.retrieval.request import SearchRequest, fts_terms
+
+    config = service.config
+    request = SearchRequest.build(config, USER, query, k=6, mode="hybrid")
+    vector = await service.embed_query(request.query)
+    words = [t[1:-1].replace('""', '"') for t in fts_terms(request.query, config.max_query_terms)]
+    async with service.pool.connection() as conn:
+        await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(100, 2 * config.candidates)),))
+            await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            dims = await vector_dims(conn)
+            sql = build_statement(request, keyword=bool(words), dims=dims, leg="hnsw")
+            params = {"user": USER, "words": words, "query": _halfvec(vector), "candidates": config.candidates,
+                      "pool": max(BIT_POOL, config.candidates), "keyword_weight": config.keyword_weight,
+                      "rrf": config.fusion == "rrf", "rrf_k": config.rrf_k,
+                      "common_share": config.keyword_common_share, "common_min": config.keyword_common_min_chunks}
+            rows = await (await conn.execute(b"EXPLAIN (ANALYZE, BUFFERS) " + sql.encode(), params)).fetchall()
+        await conn.set_isolation_level(None)
+    return [str(r[0]) for r in rows]
 
 
 def _sqlite_keys(data_dir: Path) -> dict[int, tuple[str, int]]:
