@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -117,7 +117,11 @@ async def cpu_section(topo: Topology, fake_pid: int, name: str) -> AsyncIterator
     before, started = cpu_snapshot(topo, fake_pid), time.perf_counter()
     yield
     after = cpu_snapshot(topo, fake_pid)
-    topo.cpu[name] = {"wallS": time.perf_counter() - started, **{k: after[k] - before[k] for k in before}}
+    # Summed over the rounds of a section, which alternate between topologies.
+    total = topo.cpu.setdefault(name, dict.fromkeys(("wallS", *before), 0.0))
+    total["wallS"] += time.perf_counter() - started
+    for k in before:
+        total[k] += after[k] - before[k]
 
 
 @asynccontextmanager
@@ -202,32 +206,54 @@ async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *, 
     return CONNECTIONS * per_conn / elapsed, latencies
 
 
-async def rpc_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for label, method, params, window in (("health ping-pong", "gateway.health", None, 1),
-                                          ("health pipelined", "gateway.health", None, 32),
-                                          ("sessions.list pipelined", "sessions.list", {"limit": 20}, 32)):
-        await drive(topo.urls, method, params, per_conn=20, window=window)  # warm-up
-        rates, lats = [], []
+RPC_CALLS: tuple[tuple[str, str, dict[str, Any] | None, int], ...] = (
+    ("health ping-pong", "gateway.health", None, 1), ("health pipelined", "gateway.health", None, 32),
+    ("sessions.list pipelined", "sessions.list", {"limit": 20}, 32))
+
+
+async def rpc_section(topos: list[Topology], sizes: Sizes, fake_pid: int) -> dict[str, dict[str, Any]]:
+    """Each kind of call, its rounds alternating between the topologies (the machine's load
+    drifts; alternating spreads the drift over every side)."""
+    out: dict[str, dict[str, Any]] = {t.name: {} for t in topos}
+    for label, method, params, window in RPC_CALLS:
+        rates: dict[str, list[float]] = {t.name: [] for t in topos}
+        lats: dict[str, list[float]] = {t.name: [] for t in topos}
+        for topo in topos:
+            await drive(topo.urls, method, params, per_conn=20, window=window)  # warm-up
         for _ in range(sizes.rounds):
-            rate, lat = await drive(topo.urls, method, params, per_conn=sizes.per_conn, window=window)
-            rates.append(rate)
-            lats.extend(lat)
-        out[label] = {"rate": statistics.median(rates), "rates": rates, **summary_ms(lats)}
+            for topo in topos:
+                async with cpu_section(topo, fake_pid, "rpc"):
+                    rate, lat = await drive(topo.urls, method, params, per_conn=sizes.per_conn, window=window)
+                rates[topo.name].append(rate)
+                lats[topo.name].extend(lat)
+        for topo in topos:
+            out[topo.name][label] = {"rate": statistics.median(rates[topo.name]), "rates": rates[topo.name],
+                                     **summary_ms(lats[topo.name])}
     return out
 
 
 # --- chat fan-out ----------------------------------------------------------------------------
 
-async def fanout_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
-    message = " ".join(f"word{i}" for i in range(50))  # echoed back: 50 deltas
-    async with AsyncExitStack() as stack:
+class FanOut:
+    """100 subscribers of one session, spread over a topology's nodes, and a sender on the first."""
+
+    MESSAGE = " ".join(f"word{i}" for i in range(50))  # echoed back: 50 deltas
+
+    def __init__(self, sender: Client, subs: list[Client], key: str) -> None:
+        self.sender, self.subs, self.key = sender, subs, key
+        self.last: list[float] = []
+        self.first: list[float] = []
+
+    @classmethod
+    async def open(cls, topo: Topology, stack: AsyncExitStack) -> FanOut:
         sender = await stack.enter_async_context(Client.connect(topo.urls[0], TOKEN))
         key = (await sender.call("sessions.create", {"title": "fan-out"}))["sessionKey"]
         subs = [await stack.enter_async_context(Client.connect(topo.urls[i % len(topo.urls)], TOKEN))
                 for i in range(SUBSCRIBERS)]
         await asyncio.gather(*(s.call("sessions.subscribe", {"sessionKey": key}) for s in subs))
+        return cls(sender, subs, key)
 
+    async def round(self, record: bool = True) -> None:
         async def final_at(c: Client) -> float:
             while True:
                 event = await c.next_event(timeout=120)
@@ -236,20 +262,32 @@ async def fanout_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
                         raise RuntimeError(f"fan-out run ended {event['method']}: {event['params']}")
                     return time.perf_counter()
 
-        last: list[float] = []
-        first: list[float] = []
-        for r in range(sizes.fanout_rounds + 1):
-            for c in [sender, *subs]:
-                while not c.events.empty():
-                    c.events.get_nowait()
-            waiters = [asyncio.create_task(final_at(s)) for s in subs]
-            t0 = time.perf_counter()
-            await sender.call("chat.send", {"sessionKey": key, "message": message})
-            done = await asyncio.gather(*waiters)
-            if r:  # the first round warms the path up
-                last.append(max(done) - t0)
-                first.append(min(done) - t0)
-    return {"last": summary_ms(last), "first": summary_ms(first), "samples": last}
+        for c in [self.sender, *self.subs]:
+            while not c.events.empty():
+                c.events.get_nowait()
+        waiters = [asyncio.create_task(final_at(s)) for s in self.subs]
+        t0 = time.perf_counter()
+        await self.sender.call("chat.send", {"sessionKey": self.key, "message": self.MESSAGE})
+        done = await asyncio.gather(*waiters)
+        if record:
+            self.last.append(max(done) - t0)
+            self.first.append(min(done) - t0)
+
+    def result(self) -> dict[str, Any]:
+        return {"last": summary_ms(self.last), "first": summary_ms(self.first), "samples": self.last}
+
+
+async def fanout_section(topos: list[Topology], sizes: Sizes, fake_pid: int) -> dict[str, dict[str, Any]]:
+    """One warm-up round each, then rounds alternating between the topologies."""
+    async with AsyncExitStack() as stack:
+        benches = {t.name: await FanOut.open(t, stack) for t in topos}
+        for topo in topos:
+            await benches[topo.name].round(record=False)
+        for _ in range(sizes.fanout_rounds):
+            for topo in topos:
+                async with cpu_section(topo, fake_pid, "fanout"):
+                    await benches[topo.name].round()
+        return {name: bench.result() for name, bench in benches.items()}
 
 
 # --- index rate ------------------------------------------------------------------------------
@@ -317,7 +355,7 @@ _AREAS: tuple[tuple[str, str], ...] = (
     ("<method 'get' of '_queue.SimpleQueue'", "wait: idle worker threads"),
     ("<method 'acquire' of '_thread.lock'", "wait: idle worker threads"),
     ("/threading.py", "wait: idle worker threads"), ("/concurrent/", "wait: idle worker threads"),
-    ("{method 'poll' of 'select.epoll'", "wait: idle event loop"), ("selectors", "wait: idle event loop"),
+    ("'poll' of 'select.epoll'", "wait: idle event loop"), ("selectors", "wait: idle event loop"),
     ("psycopg/connection.py", "wait: a PostgreSQL reply (sync driver)"),
     ("psycopg/waiting.py", "wait: a PostgreSQL reply (sync driver)"),
     ("builtins.compile", "start-up imports"), ("builtins.exec", "start-up imports"),
@@ -352,30 +390,37 @@ def summarize_profile(path: Path, top: int = 20) -> dict[str, Any]:
 # --- driver ----------------------------------------------------------------------------------
 
 async def run_topologies(server: PostgresServer, sizes: Sizes, only: set[str], root: Path) -> dict[str, Any]:
+    """Every topology up at once (idle nodes cost little), so RPC and fan-out rounds alternate
+    between them; the index runs one topology at a time (its messages would wake every node)."""
     results: dict[str, Any] = {}
-    sections: list[tuple[str, Callable[[Topology, Sizes], Any]]] = [
-        (name, fn) for name, fn in (("rpc", rpc_section), ("fanout", fanout_section), ("index", index_section))
-        if name in only]
     async with fake_model() as (model_url, fake_pid):
-        for name, backend, n in TOPOLOGIES:
-            if not sections:
-                break
-            print(f"· {name}: {n} node(s) on {backend}", flush=True)
-            async with topology(name, backend, n, root, model_url, server) as topo:
-                figures: dict[str, Any] = {"nodes": n, "backend": backend}
-                for section, fn in sections:
-                    async with cpu_section(topo, fake_pid, section):
-                        figures[section] = await fn(topo, sizes)
-                    print(f"  {section}: {_one_line(section, figures[section])}", flush=True)
-                figures["cpu"] = topo.cpu
-                results[name] = figures
+        if only & {"rpc", "fanout", "index"}:
+            async with AsyncExitStack() as stack:
+                topos = [await stack.enter_async_context(topology(name, backend, n, root, model_url, server))
+                         for name, backend, n in TOPOLOGIES]
+                for topo, (_, backend, n) in zip(topos, TOPOLOGIES):
+                    results[topo.name] = {"nodes": n, "backend": backend, "cpu": topo.cpu}
+                for section, fn in (("rpc", rpc_section), ("fanout", fanout_section)):
+                    if section in only:
+                        print(f"· {section}, rounds alternating over {', '.join(t.name for t in topos)}", flush=True)
+                        for name, fig in (await fn(topos, sizes, fake_pid)).items():
+                            results[name][section] = fig
+                            print(f"  {name}: {_one_line(section, fig)}", flush=True)
+                if "index" in only:
+                    for topo in topos:
+                        async with cpu_section(topo, fake_pid, "index"):
+                            results[topo.name]["index"] = fig = await index_section(topo, sizes)
+                        print(f"  index {topo.name}: {_one_line('index', fig)}", flush=True)
         if "profile" in only:
             print("· pg-2 under cProfile (rpc pipelined, fan-out, index)", flush=True)
             prof_dir = root / "profile"
             prof_dir.mkdir(parents=True, exist_ok=True)
-            async with topology("pg-2p", "postgres", 2, root, model_url, server, profile_dir=prof_dir) as topo:
+            async with topology("pg-2p", "postgres", 2, root, model_url, server, profile_dir=prof_dir) as topo, \
+                    AsyncExitStack() as stack:
                 await drive(topo.urls, "gateway.health", None, per_conn=sizes.per_conn, window=32)
-                await fanout_section(topo, Sizes(1, 1, max(2, sizes.fanout_rounds // 2), 1, 1))
+                fan = await FanOut.open(topo, stack)
+                for _ in range(max(2, sizes.fanout_rounds // 2)):
+                    await fan.round()
                 await index_section(topo, sizes)
             results["profile"] = {f"node-{i}": summarize_profile(prof_dir / f"node-{i}.prof")
                                   for i in range(2) if (prof_dir / f"node-{i}.prof").exists()}
