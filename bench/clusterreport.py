@@ -111,6 +111,11 @@ def write_markdown(out: dict[str, Any], path: Path) -> str:
            f"{out['seconds']:.0f} s; {'quick' if out['quick'] else 'full'} sizes {out['sizes']}; sections "
            f"{', '.join(out['sections'])}. Nodes, PostgreSQL, the fake model and the driver all share these CPUs.",
            "", text, ""]
+    for i, part in enumerate(out.get("mergedFrom", [])):
+        doc.insert(-3, f"{'Measured' if i == 0 else 'Then replaced'}: {', '.join(part['sections'])} by the run at "
+                       f"{part['at'][:16]} UTC"
+                       + (f" (load average {part['loadAverage'][0]:.1f} at its end)" if "loadAverage" in part else "")
+                       + ".")
     if gaps:
         worst = max(gaps.values(), key=abs)
         doc += ["Recall@10, PostgreSQL − SQLite per granularity/mode: "
@@ -180,16 +185,41 @@ def plot(out: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def main() -> None:
-    """``python -m bench.clusterreport RESULTS.json``: rewrite its .md and .png (e.g. with another
-    interpreter that has matplotlib)."""
-    import json
-    import sys
+def merge(full: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
+    """``full`` with the sections ``partial`` measured replaced by its figures (a rerun of some
+    sections folded into a full run); the merged file says which run each section is from."""
+    topo_sections = {"rpc", "fanout", "index"} & set(partial["sections"])
+    merged = {**full, "results": dict(full["results"])}
+    for topo in TOPOS:
+        if topo in partial["results"]:
+            kept = {k: v for k, v in full["results"].get(topo, {}).items() if k not in topo_sections | {"cpu"}}
+            merged["results"][topo] = {**kept, **partial["results"][topo]}
+    for key in ("profile", "recall", "search"):
+        if key in partial["sections"] and key in partial["results"]:
+            merged["results"][key] = partial["results"][key]
+    merged["mergedFrom"] = [*full.get("mergedFrom", [{"at": full["at"], "sections": full["sections"]}]),
+                            {"at": partial["at"], "sections": partial["sections"],
+                             "loadAverage": partial["loadAverage"], "sizes": partial["sizes"]}]
+    return merged
 
-    source = Path(sys.argv[1])
-    out = json.loads(source.read_text())
-    print(write_markdown(out, source.with_suffix(".md")))
-    print("plot:", plot(out, source.with_suffix(".png")))
+
+def main() -> None:
+    """``python -m bench.clusterreport RESULTS.json [--merge PARTIAL.json]``: rewrite the .md and
+    .png beside RESULTS.json (e.g. with another interpreter that has matplotlib), after folding
+    a rerun of some sections into it."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.clusterreport")
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--merge", type=Path, default=None, metavar="PARTIAL")
+    args = parser.parse_args()
+    out = json.loads(args.results.read_text())
+    if args.merge is not None:
+        out = merge(out, json.loads(args.merge.read_text()))
+        args.results.write_text(json.dumps(out, indent=2, default=str))
+    print(write_markdown(out, args.results.with_suffix(".md")))
+    print("plot:", plot(out, args.results.with_suffix(".png")))
 
 
 if __name__ == "__main__":
