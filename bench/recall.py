@@ -37,9 +37,11 @@ if str(_REPO) not in sys.path:  # run as `python bench/recall.py` from anywhere
 
 import orjson  # noqa: E402
 
+from gateway.config import ChatConfig  # noqa: E402
 from memory import SyncProgress  # noqa: E402
 from memory.chunking import approx_tokens  # noqa: E402
 from memory.config import MemoryConfig  # noqa: E402
+from memory.context import RECALL_QUERY_CHARS  # noqa: E402
 from memory.embedders.embeddings import Embedder, select_embedder  # noqa: E402
 from memory.retrieval.request import SearchHit  # noqa: E402
 from memory.service import MemoryService  # noqa: E402
@@ -65,6 +67,9 @@ __all__ = [
 
 MODES = ("keyword", "vector", "hybrid")
 METRICS = ("recall@5", "recall@10", "hit@5", "mrr", "ndcg@10", "tokens@5", "tokens@10")
+# Recall into a prompt (--recall): what MemoryService.recall hands the chat, scored.
+PROMPT_METRICS = ("prompt-recall", "prompt-all", "prompt-tokens")
+RECALL_K = ChatConfig().recall_k   # the chat's default number of recalled chunks
 UNCATEGORIZED = "uncategorized"
 TURN_STEP = timedelta(minutes=1)   # turn i of a session is dated session date + i minutes
 
@@ -300,8 +305,32 @@ def score_question(ranked: Sequence[Iterable[str]], evidence: Sequence[str],
     }
 
 
-def _mean(rows: Sequence[dict[str, float]]) -> dict[str, float]:
-    return {m: (sum(r[m] for r in rows) / len(rows) if rows else 0.0) for m in METRICS}
+def _mean(rows: Sequence[dict[str, float]], metrics: Sequence[str] = METRICS) -> dict[str, float]:
+    return {m: (sum(r[m] for r in rows) / len(rows) if rows else 0.0) for m in metrics}
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p50, p99 = (ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.5, 0.99))
+    return {"p50": p50, "p99": p99, "max": ordered[-1]}
+
+
+def prompt_scores(hits: Sequence[SearchHit], line_map: LineMap, turn_text: dict[str, str],
+                  evidence: Sequence[str]) -> dict[str, float]:
+    """What recall put in the prompt, scored: the share of evidence turns inside it, whether all
+    of them are, and its approximate tokens. An excerpt the budget cut (it ends with ``…``)
+    holds a turn only when the turn's opening words survived the cut."""
+    covered: set[str] = set()
+    for hit in hits:
+        cut = hit.content.endswith(" …")
+        for turn in hits_to_turns(hit, line_map):
+            if not cut or turn_text.get(turn, "")[:40] in hit.content:
+                covered.add(turn)
+    wanted = set(evidence)
+    found = len(wanted & covered)
+    return {"prompt-recall": found / len(wanted) if wanted else 0.0,
+            "prompt-all": 1.0 if wanted and found == len(wanted) else 0.0,
+            "prompt-tokens": float(sum(approx_tokens(h.content) for h in hits))}
 
 
 # --- loading through the session store ---------------------------------------------------------
@@ -493,12 +522,15 @@ async def run_benchmark(
     as_of: bool = False,
     also_as_of: bool = False,
     embedding_cache: Path | None = None,
+    prompt: bool = False,
 ) -> RunResult:
     """Load, index and ask; ``embedder`` overrides ``select_embedder`` (tests pass a fake).
     ``also_as_of`` asks a second time as of each question's moment, on the same index; that
     run's result is the returned one's ``as_of``. ``embedding_cache`` is a SQLite file whose
     vectors seed the run's index cache before indexing and receive its new ones after, so a
-    rerun embeds only texts it has never seen (the index's own cache, keyed by model and text)."""
+    rerun embeds only texts it has never seen (the index's own cache, keyed by model and text).
+    ``prompt`` also scores, in the view over the whole history, what recall into a prompt
+    (``MemoryService.recall``, the chat's code) puts before the model."""
     if granularity not in ("chunk", "turn"):
         raise ValueError("granularity must be 'chunk' or 'turn'")
     progress = _Progress(progress_stream)
@@ -547,7 +579,8 @@ async def run_benchmark(
             for view in views:
                 started = time.perf_counter()
                 results.append(await _ask(service, dataset, corpus, k, view, progress, dataset_name=dataset_name,
-                                          embedder_name=embedder_name, granularity=granularity))
+                                          embedder_name=embedder_name, granularity=granularity,
+                                          prompt=prompt and not view))
                 results[-1].seconds.update(seconds, search=time.perf_counter() - started)
         finally:
             await service.close()
@@ -583,15 +616,22 @@ def _share_cache(index_db: Path, cache_file: Path, direction: str) -> int:
 
 
 async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k: int, as_of: bool,
-               progress: _Progress, *, dataset_name: str, embedder_name: str, granularity: str) -> RunResult:
+               progress: _Progress, *, dataset_name: str, embedder_name: str, granularity: str,
+               prompt: bool = False) -> RunResult:
     """Every question in every mode against the loaded index; ``as_of`` hides what was said
-    from each question's moment on."""
+    from each question's moment on. ``prompt`` also asks recall into a prompt (recall has no
+    ``before``: it is asked over the whole history, at the question's moment)."""
     rows: dict[str, list[tuple[str, dict[str, float]]]] = {m: [] for m in MODES}
     ran_as: dict[str, dict[str, int]] = {m: defaultdict(int) for m in MODES}
     reasons: dict[str, set[str]] = {m: set() for m in MODES}
     per_question: list[dict[str, Any]] = []
     fetch = max(k, 10)
     moments = question_moments(dataset)
+    prompt_rows: list[tuple[str, dict[str, float]]] = []
+    recall_ms: list[float] = []       # each recall into a prompt, end to end
+    rerank_ms: list[float] = []       # the hybrid searches' re-rank step, where it ran
+    reranked: list[float] = []        # and how many candidates it read
+    turn_text = {t.id: t.text for c in dataset.conversations for s in c.sessions for t in s.turns}
     for qi, q in enumerate(dataset.questions):
         user = corpus.users[q.conversation]
         moment = moments[qi]
@@ -603,6 +643,9 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
         for mode in MODES:
             response = await service.search(user, q.question, k=fetch, mode=mode, before=before, now=moment)
             ran_as[mode][response.mode] += 1
+            if mode == "hybrid" and "rerankMs" in response.timings_ms:
+                rerank_ms.append(response.timings_ms["rerankMs"])
+                reranked.append(response.timings_ms.get("reranked", float(len(response.results))))
             if response.fallback_reason:
                 reasons[mode].add(response.fallback_reason)
             hits = response.results[:k]
@@ -610,6 +653,13 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             scores = score_question(ranked, q.evidence, [h.content for h in hits])
             rows[mode].append((q.category, scores))
             entry["modes"][mode] = {"ran": response.mode, "ranked": ranked, **scores}
+        if prompt:
+            started = time.perf_counter()
+            recalled = await service.recall(user, q.question[:RECALL_QUERY_CHARS], k=RECALL_K, now=moment)
+            recall_ms.append((time.perf_counter() - started) * 1000)
+            scores = prompt_scores(recalled, corpus.line_map, turn_text, q.evidence)
+            prompt_rows.append((q.category, scores))
+            entry["prompt"] = {"ranked": [hits_to_turns(h, corpus.line_map) for h in recalled], **scores}
         per_question.append(entry)
         progress(f"asking{' (as of)' if as_of else ''}: {qi + 1}/{len(dataset.questions)} questions")
     progress(f"asked: {len(dataset.questions)} questions × {len(MODES)} modes", final=True)
@@ -631,6 +681,18 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
         "questions": len(dataset.questions),
         "modes": modes_out,
     }
+    if rerank_ms:
+        report["rerank"] = {"searches": len(rerank_ms), "ms": _percentiles(rerank_ms),
+                            "candidates": _percentiles(reranked)}
+    if prompt:
+        prompt_by_cat: dict[str, list[dict[str, float]]] = defaultdict(list)
+        for cat, scores in prompt_rows:
+            prompt_by_cat[cat].append(scores)
+        report["prompt"] = {
+            "k": RECALL_K, "budgetTokens": service.config.recall_budget_tokens, "ms": _percentiles(recall_ms),
+            "overall": _mean([s for _, s in prompt_rows], PROMPT_METRICS),
+            "by_category": {cat: _mean(prompt_by_cat[cat], PROMPT_METRICS) for cat in sorted(prompt_by_cat)},
+        }
     return RunResult(report, {m: dict(v) for m, v in ran_as.items()}, reasons, 0,
                      corpus.transcripts, corpus.turns, "", {}, per_question)
 
@@ -666,6 +728,24 @@ def format_table(result: RunResult) -> str:
                 f"{values[m]:>10.0f}" if m.startswith("tokens") else f"{values[m]:>10.3f}" for m in METRICS)
             lines.append(f"{label if i == 0 else '':<8} {cat:<14}{cells}")
         lines.append("")
+    if "rerank" in report:
+        ms, read = report["rerank"]["ms"], report["rerank"]["candidates"]
+        lines.append(f"hybrid re-rank step ran in {report['rerank']['searches']} of {report['questions']} searches: "
+                     f"p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms, max {ms['max']:.0f} ms; "
+                     f"candidates read p50 {read['p50']:.0f}, p99 {read['p99']:.0f}")
+        lines.append("")
+    if "prompt" in report:
+        block = report["prompt"]
+        lines.append(f"recall into a prompt (MemoryService.recall, k {block['k']}, "
+                     f"budget {block['budgetTokens']} tokens; p50 {block['ms']['p50']:.0f} ms, "
+                     f"p99 {block['ms']['p99']:.0f} ms):")
+        header = f"{'':<8} {'category':<14}" + "".join(f"{m:>15}" for m in PROMPT_METRICS)
+        lines += [header, "-" * len(header)]
+        for i, (cat, values) in enumerate([("overall", block["overall"])] + list(block["by_category"].items())):
+            cells = "".join(f"{values[m]:>15.0f}" if m == "prompt-tokens" else f"{values[m]:>15.3f}"
+                            for m in PROMPT_METRICS)
+            lines.append(f"{'prompt' if i == 0 else '':<8} {cat:<14}{cells}")
+        lines.append("")
     if any(set(result.ran_as.get(m, {m: 1})) != {m} for m in MODES):
         lines.append("* this mode fell back to another (see NOTE above); its figures are that mode's")
     return "\n".join(lines).rstrip() + "\n"
@@ -694,6 +774,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keyword-common", type=float, nargs=2, default=None, metavar=("SHARE", "MIN"),
                         help="keyword_common_share and keyword_common_min_chunks (default: the memory "
                              "defaults; 0 0 keeps every word)")
+    parser.add_argument("--rerank", choices=("auto", "true", "false"), default=None,
+                        help="memory.rerank (default: the memory default, auto)")
+    parser.add_argument("--rerank-budget-ms", type=int, default=None,
+                        help="memory.rerank_budget_ms (default: the memory default)")
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
@@ -707,6 +791,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="postgres: a server DSN; the run creates and drops a scratch database on it")
     parser.add_argument("--vector-leg", choices=("hnsw", "bit"), default="hnsw",
                         help="postgres: the vector leg (HNSW, or sign bits + Hamming then exact cosine)")
+    parser.add_argument("--recall", action="store_true",
+                        help="also score what recall into a prompt (the chat's MemoryService.recall) puts "
+                             "before the model: the share of evidence inside it, and its tokens")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
     parser.add_argument("--details", type=Path, default=None, metavar="OUT",
                         help="write every question's ranked turn ids and scores as JSON")
@@ -742,10 +829,15 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
             embeddings_base_url=os.environ.get("OPENAI_BASE_URL"),
             local_threads=os.cpu_count() or 1,
+            rerank={"true": True, "false": False, "auto": "auto", None: defaults.rerank}[args.rerank],
+            rerank_budget_ms=args.rerank_budget_ms or defaults.rerank_budget_ms,
         )
         if args.backend == "postgres":
             if not args.dsn:
                 err.write("--backend postgres needs --dsn\n")
+                return 2
+            if args.recall:
+                err.write("--recall scores MemoryService.recall (sqlite); not measured on postgres yet\n")
                 return 2
             from bench.recall_pg import run_postgres_benchmark
 
@@ -758,7 +850,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             result = asyncio.run(run_benchmark(
                 dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
                 k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err,
-                as_of=args.as_of, embedding_cache=args.embedding_cache))
+                as_of=args.as_of, embedding_cache=args.embedding_cache, prompt=args.recall))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2

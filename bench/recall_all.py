@@ -5,7 +5,8 @@
 Datasets are every ``*.json`` in ``bench/data/`` that loads as a ``bench/recall.py`` dataset.
 Each runs at ``turn`` and ``chunk`` granularity through ``bench.recall.run_benchmark`` — the real store, indexer and
 search with the default :class:`memory.MemoryConfig` — and, when its questions carry a moment
-(a ``date`` or ``asked_before_turn``), is asked a second time ``--as-of`` on the same index.
+(a ``date`` or ``asked_before_turn``), is asked a second time ``--as-of`` on the same index;
+recall into a prompt is scored too (``bench/recall.py --recall``).
 Each table is printed as it finishes (per category); all figures go to
 ``bench/results/recall.json``.
 """
@@ -80,7 +81,7 @@ async def run(paths: list[Path], embedder: str, cache: Path | None,
             name = path.name + (f" [{','.join(conversations[path.stem])}]" if path.stem in conversations else "")
             result = await run_benchmark(dataset, dataset_name=name, embedder_name=embedder,
                                          granularity=granularity, base_config=base, progress_stream=sys.stderr,
-                                         also_as_of=timed, embedding_cache=cache)
+                                         also_as_of=timed, embedding_cache=cache, prompt=True)
             for view in (result, result.as_of):
                 if view is None:
                     continue

@@ -11,7 +11,6 @@ transcripts → close the index → release the data dir. ``App.close()`` is saf
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import fcntl
 import os
 import ssl
@@ -21,7 +20,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -44,6 +43,15 @@ from gateway.methods import (
     SessionsMethods,
     declare_methods,
 )
+from gateway.opening import (
+    close_memory,
+    close_store,
+    effective_memory_config,
+    join_cluster,
+    open_memory,
+    open_store,
+    page_capped,
+)
 from gateway.private import (
     find_exposed,
     make_private_dir,
@@ -54,18 +62,9 @@ from gateway.private import (
 from gateway.retention import RetentionSweeper
 from gateway.rpc import Quotas, Registry, RpcCore
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
-from gateway.storage import StorageUnavailable, open_session_store
 from gateway.transport import GatewayServer
-from memory import (
-    Embedder,
-    Memory,
-    MemoryConfig,
-    MemoryService,
-    MemoryStorageError,
-    probe_auto_embedder,
-    select_embedder,
-)
-from sessions import FileIO, SessionsConfig, SessionStore
+from memory import Embedder
+from sessions import FileIO, SessionStoreLike
 
 if TYPE_CHECKING:
     from gateway.cluster import ClusterNode
@@ -102,7 +101,7 @@ class App:
 
     config: Config
     server: GatewayServer
-    store: SessionStore
+    store: SessionStoreLike
     runs: ChatRuns
     sessions: SessionsMethods
     chat: ChatMethods
@@ -125,7 +124,7 @@ class App:
         log.info("app.closed")
 
 
-async def _flush_loop(store: SessionStore, interval_s: float) -> None:
+async def _flush_loop(store: SessionStoreLike, interval_s: float) -> None:
     # fsync="batch": transcripts reach the disk at least once a second. One failed pass
     # (EIO, EMFILE under a descriptor flood) must not end the loop: later writes would
     # never be synced. The store keeps what it could not open dirty for the next pass;
@@ -151,13 +150,6 @@ async def _flush_loop(store: SessionStore, interval_s: float) -> None:
         unlogged = 0
 
 
-def _page_capped(config: Config) -> SessionsConfig:
-    """``[sessions]`` with ``max_page_bytes`` at most a quarter of ``limits.max_reply_bytes``,
-    so that one history page always fits a reply, with room for a few in one batch."""
-    cap = min(config.sessions.max_page_bytes, max(1, config.limits.max_reply_bytes // 4))
-    return dataclasses.replace(config.sessions, max_page_bytes=cap)
-
-
 class DataDirBusy(OSError):
     """Another daemon already serves this data dir."""
 
@@ -172,73 +164,6 @@ def _lock_data_dir(data_dir: Path) -> int:
         os.close(fd)
         raise DataDirBusy(f"another recalld daemon is already using {data_dir}") from None
     return fd
-
-
-def effective_memory_config(config: Config) -> MemoryConfig:
-    """``[memory]`` with the embeddings endpoint and key inherited from ``[llm]``, so one
-    OpenAI-compatible server (``OPENAI_BASE_URL``/``OPENAI_API_KEY``) serves both."""
-    m = config.memory
-    return dataclasses.replace(
-        m,
-        embeddings_base_url=m.embeddings_base_url or config.llm.base_url,
-        embeddings_api_key=m.embeddings_api_key or config.llm.api_key,
-    )
-
-
-async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True,
-                      embedder: tuple[Embedder | None, str] | None = None) -> Memory:
-    """The started memory service of ``config``, with the embedder ``memory.embedder`` picks —
-    or ``embedder`` (the embedder and the reason status gives), which benchmarks pass. On
-    ``storage.backend = "postgres"`` it is :class:`memory.PgMemory` on ``storage.dsn`` (no
-    memory.db in the data dir); otherwise :class:`MemoryService`.
-
-    Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
-    """
-    cfg = effective_memory_config(config)
-    if not watch:
-        cfg = dataclasses.replace(cfg, watch=False)
-    if embedder is None:
-        picked, why = await asyncio.to_thread(select_embedder, cfg)
-        embedder = await probe_auto_embedder(cfg, picked, why)
-    chosen, reason = embedder
-    service: Memory
-    try:
-        if config.storage.backend == "postgres":
-            service = await _pg_memory(config, cfg, chosen, reason)
-        else:
-            service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
-    except BaseException:
-        aclose = getattr(chosen, "aclose", None)  # open_memory made it; nothing else will close it
-        if aclose is not None:
-            await asyncio.shield(aclose())
-        raise
-    try:
-        await service.start(catch_up=catch_up)
-    except BaseException:
-        await asyncio.shield(close_memory(service))  # what start() opened before it failed
-        raise
-    return service
-
-
-async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None, reason: str) -> Memory:
-    from memory import PgMemory  # psycopg: the postgres extra, loaded only for that backend
-
-    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
-    try:
-        return await PgMemory.open(config.storage.dsn, cfg, embedder, data_dir=config.data_dir,
-                                   embedder_reason=reason, max_size=config.storage.pool_size,
-                                   connect_timeout_s=config.storage.connect_timeout_s)
-    except MemoryStorageError as err:
-        raise StorageUnavailable(f"storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not be opened "
-                                 f"({err})") from err
-
-
-async def close_memory(service: Memory) -> None:
-    await service.close()
-    # The embedder was made by open_memory, not by the service, so it is closed here.
-    aclose = getattr(service.embedder, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 def _authenticator(config: Config) -> Authenticator:
@@ -296,11 +221,11 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     if config.memory.enabled:
         service = await _opened(stack, open_memory(config, embedder=embedder, catch_up=False), close_memory)
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-    store = await _opened(stack, asyncio.to_thread(_open_store, config, file_io), _close_store)
+    store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
     await audit
     cluster = None
     if config.storage.backend == "postgres":
-        cluster = await _join_cluster(config, store)  # closes what it opened if it fails
+        cluster = await join_cluster(config, store)  # closes what it opened if it fails
         stack.push_async_callback(cluster.close)  # after the runs drain, before the store closes
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
@@ -329,7 +254,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     registry = Registry()
     core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
-                   reply_reserve=_page_capped(config).max_page_bytes,
+                   reply_reserve=page_capped(config).max_page_bytes,
                    quotas=Quotas(
                        per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
                                    "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
@@ -425,36 +350,6 @@ async def _mark_clean_stop(audit: asyncio.Future[bool], data_dir: Path) -> None:
     await _settle(audit)
     if not audit.cancelled() and audit.exception() is None and audit.result():
         await asyncio.to_thread(mark_clean_stop, data_dir)
-
-
-def _open_store(config: Config, file_io: FileIO | None) -> SessionStore:
-    opened = open_session_store(config.storage, config.data_dir, _page_capped(config), file_io=file_io,
-                                trust_clean_stop=True)
-    # PgSessionStore has SessionStore's public API; typed as it until the store Protocol lands.
-    return cast(SessionStore, opened)
-
-
-async def _close_store(store: SessionStore) -> None:
-    await asyncio.to_thread(store.close)
-
-
-async def _join_cluster(config: Config, store: SessionStore) -> ClusterNode:
-    """Start this node's bus, idempotency keys and run leases on the store's database; a
-    server that refuses is StorageUnavailable naming storage.dsn."""
-    import psycopg
-
-    from gateway.cluster import ClusterHub, ClusterNode
-
-    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
-    node = ClusterNode(config.storage.dsn, ClusterHub(), cast(Any, store),
-                       connect_timeout_s=config.storage.connect_timeout_s)
-    try:
-        await node.start()
-    except psycopg.Error as err:
-        raise StorageUnavailable(
-            f"storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: {str(err).strip()}"
-        ) from err
-    return node
 
 
 def _memory_admin(config: Config) -> str | None:

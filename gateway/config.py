@@ -334,7 +334,15 @@ def _convert(tp: Any, value: Any, *, from_env: bool) -> Any:
         non_none = [a for a in args if a is not type(None)]
         if value is None or (from_env and value == ""):
             return None
-        return _convert(non_none[0], value, from_env=from_env)
+        errors: list[Exception] = []
+        for arg in non_none:  # the first type that takes the value (memory.rerank: true or "auto")
+            try:
+                return _convert(arg, value, from_env=from_env)
+            except (TypeError, ValueError) as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise TypeError(", or ".join(str(e) for e in errors))
     if origin is Literal:
         if value not in args:
             raise ValueError(f"must be one of {', '.join(map(str, args))}")

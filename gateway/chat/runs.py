@@ -21,15 +21,14 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from gateway.chat.episodes import ModelSummarizer
-from gateway.chat.gate import RunGate, RunTicket, close_soon, run_leased, ungate
+from gateway.chat.gate import RunGate, close_soon, run_leased, ungate
 from gateway.chat.hub import Hub
+from gateway.chat.lanes import Attempt, Run, SessionLane
 from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import build_prompt, read_session
@@ -43,9 +42,9 @@ from gateway.errors import (
     new_error_id,
     wire_error,
 )
-from gateway.wire import ChatDelta, ChatEventBase, ErrorObject, LiveRun, message_wire
-from memory import EpisodeWriter, Memory, RunMemory
-from sessions import Message, Session, SessionStore
+from gateway.wire import ErrorObject, LiveRun, message_wire
+from memory import EpisodeWriter, Memory
+from sessions import Message, Session, SessionStoreLike
 
 __all__ = ["ChatRuns", "Run"]
 
@@ -57,69 +56,10 @@ log = structlog.get_logger("recalld.chat")
 _YIELD_EVERY_S = 0.008
 
 
-@dataclass(eq=False)
-class Run:
-    run_id: str
-    user: str
-    session_key: str
-    message: str
-    seq: int = 0
-    partial: list[str] = field(default_factory=list)
-    task: asyncio.Task[None] | None = None
-    abort_requested: bool = False
-    started: float = field(default_factory=time.monotonic)
-    final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
-    recall: bool = True  # chat.send {recall:false} turns recall off for this run
-    memory: RunMemory = RunMemory()  # what memory does for the run, decided once it starts
-    # The session and its recent messages, read right after the user message was appended
-    # when the run went into an idle session (ChatRuns.submit); None: the run reads them.
-    prefetched: tuple[Session, list[Message]] | None = None
-    ticket: RunTicket | None = None  # its place across nodes (postgres backend only)
-
-    def next_event(self) -> ChatEventBase:
-        """The fields every chat event carries, taking this run's next ``seq``: call it once
-        per event actually published."""
-        return {"sessionKey": self.session_key, "runId": self.run_id, "seq": self._take_seq()}
-
-    def next_delta(self, text: str) -> ChatDelta:
-        """:meth:`next_event`'s fields and ``text``: the per-delta path, one dict built once."""
-        return {"sessionKey": self.session_key, "runId": self.run_id, "seq": self._take_seq(),
-                "delta": text}
-
-    def _take_seq(self) -> int:
-        seq = self.seq
-        self.seq += 1
-        return seq
-
-
-@dataclass(eq=False)
-class SessionLane:
-    """The queue of runs of one session, drained by one worker task."""
-
-    append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    queue: deque[Run] = field(default_factory=deque)
-    current: Run | None = None
-    worker: asyncio.Task[None] | None = None
-    # submit() calls between finding this lane and queueing their run. Counted by hand, not
-    # read from the lock: while an asyncio.Lock is handed to the next waiter, locked() is
-    # False, and a lane dropped then would leave that waiter's run in an orphan queue.
-    submitters: int = 0
-
-
-@dataclass(eq=False)
-class _Attempt:
-    """The first send under an idempotency key; ``outcome`` is True once its run is queued,
-    False if its append failed (the key is then free for a retry)."""
-
-    run_id: str
-    expires: float
-    outcome: asyncio.Future[bool]
-
-
 class ChatRuns:
     """Every session's run queue; what ``chat.send``/``chat.abort`` and shutdown drive."""
 
-    def __init__(self, config: ChatConfig, default_model: str, store: SessionStore, hub: Hub,
+    def __init__(self, config: ChatConfig, default_model: str, store: SessionStoreLike, hub: Hub,
                  model: ChatModel | None, memory: Memory | None, *,
                  max_runs: int | None = None, max_runs_per_user: int | None = None,
                  gate: RunGate | None = None) -> None:
@@ -139,7 +79,7 @@ class ChatRuns:
                       if model is not None and memory is not None else None)
         self.episodes = EpisodeWriter(memory, summarizer, store, config.timezone)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
-        self._idempotency: dict[tuple[str, str, str], _Attempt] = {}
+        self._idempotency: dict[tuple[str, str, str], Attempt] = {}
         self._closing = False
 
     async def submit(self, user: str, session_key: str, message: str,
@@ -179,11 +119,11 @@ class ChatRuns:
             await asyncio.shield(ungate(self.gate, None, idem, run_id))  # a refused send claims no key
             raise
         run = Run(run_id, user, session_key, message, recall=recall)
-        attempt: _Attempt | None = None
+        attempt: Attempt | None = None
         if idem is not None:
             # Recorded before the first await so a duplicate racing this one finds it.
             now = time.monotonic()
-            attempt = _Attempt(run.run_id, now + self.config.idempotency_ttl_s,
+            attempt = Attempt(run.run_id, now + self.config.idempotency_ttl_s,
                                asyncio.get_running_loop().create_future())
             self._idempotency[idem] = attempt
             self._prune_idempotency(now)

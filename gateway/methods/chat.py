@@ -13,7 +13,7 @@ from gateway.config import ChatConfig
 from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from sessions import SessionStore
+from sessions import SessionStoreLike
 
 __all__ = ["ChatMethods", "declare_chat"]
 
@@ -43,7 +43,7 @@ class AbortReply(TypedDict):
 
 
 class ChatMethods:
-    def __init__(self, config: ChatConfig, store: SessionStore, hub: Hub, runs: ChatRuns) -> None:
+    def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, runs: ChatRuns) -> None:
         self.config = config
         self.store = store
         self.hub = hub

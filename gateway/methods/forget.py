@@ -23,7 +23,7 @@ from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import CallContext, Registry, bounded
 from memory import ForgetRange, Memory
-from sessions import SessionStore, parse_ts, scan_transcripts, sessions_root
+from sessions import SessionStoreLike, parse_ts, scan_transcripts, sessions_root
 
 __all__ = ["ForgetMethods", "declare_forget"]
 
@@ -45,7 +45,7 @@ class ForgetReply(TypedDict):
 
 
 class ForgetMethods:
-    def __init__(self, service: Memory, store: SessionStore) -> None:
+    def __init__(self, service: Memory, store: SessionStoreLike) -> None:
         self.service = service
         self.store = store
 

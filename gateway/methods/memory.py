@@ -17,7 +17,7 @@ from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import SearchHitWire, search_wire
 from memory import MAX_QUERY_CHARS, Memory, MemoryConfig
-from sessions import SessionStore, parse_ts
+from sessions import SessionStoreLike, parse_ts
 
 __all__ = ["SEARCH_QUERY_MAX_CHARS", "MemoryMethods", "declare_memory"]
 
@@ -145,7 +145,7 @@ class MemoryMethods:
     or the only user of a daemon without ``[[auth.users]]`` (everything is theirs anyway).
     Anyone else sees and rebuilds only their own rows."""
 
-    def __init__(self, service: Memory, store: SessionStore, *, admin: str | None = None,
+    def __init__(self, service: Memory, store: SessionStoreLike, *, admin: str | None = None,
                  full_reindex_interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
         self.store = store  # to check that a session filter names one of the caller's sessions

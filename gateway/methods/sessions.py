@@ -1,4 +1,4 @@
-"""``sessions.*``: create, list, read, update, delete and (un)subscribe, over the :class:`SessionStore`.
+"""``sessions.*``: create, list, read, update, delete and (un)subscribe, over the :class:`SessionStoreLike`.
 
 ``sessions.watch`` attaches a connection to all of its user's sessions at once: it then hears
 ``sessions.created`` / ``sessions.updated`` / ``sessions.deleted`` (how a web client's sidebar
@@ -19,7 +19,7 @@ from gateway.chat import ChatRuns, Hub
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import LiveRun, MessageWire, SessionWire, message_wire, session_wire
 from memory import Memory
-from sessions import SessionsConfig, SessionStore
+from sessions import SessionsConfig, SessionStoreLike
 
 __all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
 
@@ -101,7 +101,7 @@ class UnsubscribedReply(TypedDict):
 
 
 class SessionsMethods:
-    def __init__(self, store: SessionStore, hub: Hub, runs: ChatRuns, memory: Memory | None) -> None:
+    def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory | None) -> None:
         self.store = store
         self.hub = hub
         self.runs = runs  # a deleted session's runs are aborted first

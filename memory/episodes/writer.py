@@ -34,7 +34,7 @@ from memory.config import MemoryConfig
 from memory.episodes.store import EpisodeDraft, EpisodeJob
 from memory.errors import MemoryIndexError, SummarizerError
 from memory.protocols import EpisodesMemory
-from sessions import Message, SessionError, SessionStore, parse_ts
+from sessions import Message, SessionError, SessionStoreLike, parse_ts
 
 __all__ = ["SUMMARY_INSTRUCTIONS", "EpisodeWriter", "Summarizer"]
 
@@ -75,7 +75,7 @@ class EpisodeMemory(Protocol):
 
 
 class EpisodeWriter:
-    def __init__(self, memory: EpisodeMemory | None, model: Summarizer | None, store: SessionStore,
+    def __init__(self, memory: EpisodeMemory | None, model: Summarizer | None, store: SessionStoreLike,
                  timezone: str) -> None:
         self.memory = memory
         self.model = model

@@ -241,3 +241,27 @@ def test_the_shipped_sample_dataset_is_valid_and_big_enough() -> None:
     assert len(dataset.questions) >= 60
     assert {q.category for q in dataset.questions} == {"single-hop", "multi-hop", "temporal", "relative-time"}
     assert all(q.date is not None for q in dataset.questions if q.category == "relative-time")
+
+
+def test_prompt_scores_count_a_cut_excerpts_turn_only_when_its_opening_survived() -> None:
+    """An excerpt the token budget cut holds only the turns whose opening words are still in it."""
+    line_map = {("s", 2): "t1", ("s", 3): "t2"}
+    texts = {"t1": "the kitten is called Pepper", "t2": "my violin exam is on Friday"}
+    whole = SimpleNamespace(session_key="s", line_start=2, line_end=3, content="x: the kitten is called Pepper\ny: my violin exam is on Friday")
+    cut = SimpleNamespace(session_key="s", line_start=2, line_end=3, content="x: the kitten is called Pepper …")
+    assert recall.prompt_scores([whole], line_map, texts, ["t1", "t2"])["prompt-all"] == 1.0  # type: ignore[list-item]
+    scores = recall.prompt_scores([cut], line_map, texts, ["t1", "t2"])  # type: ignore[list-item]
+    assert scores["prompt-recall"] == 0.5 and scores["prompt-all"] == 0.0 and scores["prompt-tokens"] > 0
+
+
+async def test_prompt_recall_scores_what_the_chats_recall_returns(tmp_path: Path) -> None:
+    """With prompt on, each question is also asked through MemoryService.recall and the report has
+    a per-category prompt block; the as-of view, which recall cannot narrow, has none."""
+    dataset = dataset_from_json(tiny_dataset())
+    result = await run_benchmark(dataset, dataset_name="tiny", granularity="turn", prompt=True, also_as_of=True)
+    block = result.report["prompt"]
+    assert set(block["overall"]) == set(recall.PROMPT_METRICS) and block["k"] == recall.RECALL_K
+    assert result.per_question[0]["prompt"]["ranked"][0] == ["a1"]
+    assert result.per_question[0]["prompt"]["prompt-recall"] == 1.0
+    assert "single-hop" in block["by_category"] and "recall into a prompt" in recall.format_table(result)
+    assert result.as_of is not None and "prompt" not in result.as_of.report

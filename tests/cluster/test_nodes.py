@@ -1,9 +1,9 @@
 """Several real gateway processes on one PostgreSQL: what a team running recalld on more than one
 machine relies on — events cross nodes, one run at a time per session in append order,
-idempotency across nodes, a killed node's session taken over, nothing lost on restart.
+idempotency across nodes, a killed node's session taken over, nothing lost on restart, memory
+shared (what one node indexed, another finds; each chunk embedded once across nodes).
 
-Memory on PostgreSQL is not wired yet: these nodes run with memory off, and the two memory
-scenarios are strict xfails until it is."""
+Nodes run with memory off except in the memory scenarios, so the others start faster."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from tests.faults.helpers import FaultDaemon, daemon_env
 
 pytestmark = pytest.mark.slow
 
-MEMORY_NOT_WIRED = pytest.mark.xfail(strict=True, reason="memory on PostgreSQL not wired")
 
 
 def node_env(fake: FakeOpenAI, dsn: str, *, memory: bool = False) -> dict[str, str]:
@@ -105,7 +104,6 @@ async def test_two_nodes_share_sessions_and_events(tmp_path: Path, fake_openai: 
     no_transcripts(tmp_path)
 
 
-@MEMORY_NOT_WIRED
 async def test_memory_search_on_the_other_node_finds_the_run(tmp_path: Path, fake_openai: FakeOpenAI,
                                                              pg_dsn: str) -> None:
     """B's memory.search finds, within 30 s, what a run sent through A said."""
@@ -235,7 +233,6 @@ async def test_three_nodes_restart_with_nothing_lost(tmp_path: Path, fake_openai
     no_transcripts(tmp_path)
 
 
-@MEMORY_NOT_WIRED
 async def test_each_chunk_is_embedded_once_across_nodes(tmp_path: Path, fake_openai: FakeOpenAI,
                                                         pg_dsn: str) -> None:
     """Messages sent through three nodes are indexed by whichever claims them; no text is sent to

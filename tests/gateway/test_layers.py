@@ -22,8 +22,9 @@ ALLOWED = {
     "gateway.mcp": set(),  # an MCP server whose tools are clients of the daemon (gateway/client.py)
     "gateway.retention": set(),
     "gateway.cluster": {"gateway.chat"},  # its hub is the chat hub that also reaches other nodes
+    "gateway.opening": {"gateway.cluster"},  # the store, memory and cluster node [storage] picks
     "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention",
-                    "gateway.mcp", "gateway.cluster"},
+                    "gateway.mcp", "gateway.cluster", "gateway.opening"},
 }
 
 

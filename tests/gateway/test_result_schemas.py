@@ -3,6 +3,7 @@ and real replies match what it publishes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, NotRequired, TypedDict
 
@@ -108,7 +109,12 @@ async def test_replies_validate_against_their_published_schema(
         await call("memory.facts.delete", {"id": fact["id"] + 1})
         await call("memory.episodes.list")
         await call("memory.reindex")
-        found = await search_until(c, {"query": "Rust", "kinds": ["chunk", "episode"]})
+        # A hit with both legs: the vector leg may lag the keyword leg for a moment (the reindex
+        # just queued re-embeds), so wait for it rather than read the first keyword-only hit.
+        async with asyncio.timeout(30):
+            while "vectorRank" not in (found := await search_until(
+                    c, {"query": "Rust", "kinds": ["chunk", "episode"]}, timeout=30))["results"][0]:
+                await asyncio.sleep(0.1)
         assert "vectorRank" in found["results"][0]
         replies.append(("memory.search", found))
         await call("memory.status")

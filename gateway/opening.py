@@ -1,0 +1,130 @@
+"""What a node opens before it serves: the session store, the memory service and, on PostgreSQL,
+its place in the cluster — each chosen by ``[storage]`` (docs/scaling.md) and closed by whoever
+opened it (the app's start stack, or ``recalld memory``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import TYPE_CHECKING
+
+from gateway.config import Config
+from gateway.storage import StorageUnavailable, open_session_store
+from memory import (
+    Embedder,
+    Memory,
+    MemoryConfig,
+    MemoryService,
+    MemoryStorageError,
+    probe_auto_embedder,
+    select_embedder,
+)
+from sessions import FileIO, SessionsConfig, SessionStoreLike
+
+if TYPE_CHECKING:
+    from gateway.cluster import ClusterNode
+
+__all__ = ["close_memory", "close_store", "effective_memory_config", "join_cluster", "open_memory",
+           "open_store", "page_capped"]
+
+
+def page_capped(config: Config) -> SessionsConfig:
+    """``[sessions]`` with ``max_page_bytes`` at most a quarter of ``limits.max_reply_bytes``,
+    so that one history page always fits a reply, with room for a few in one batch."""
+    cap = min(config.sessions.max_page_bytes, max(1, config.limits.max_reply_bytes // 4))
+    return dataclasses.replace(config.sessions, max_page_bytes=cap)
+
+
+def effective_memory_config(config: Config) -> MemoryConfig:
+    """``[memory]`` with the embeddings endpoint and key inherited from ``[llm]``, so one
+    OpenAI-compatible server (``OPENAI_BASE_URL``/``OPENAI_API_KEY``) serves both."""
+    m = config.memory
+    return dataclasses.replace(
+        m,
+        embeddings_base_url=m.embeddings_base_url or config.llm.base_url,
+        embeddings_api_key=m.embeddings_api_key or config.llm.api_key,
+    )
+
+
+async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True,
+                      embedder: tuple[Embedder | None, str] | None = None) -> Memory:
+    """The started memory service of ``config``, with the embedder ``memory.embedder`` picks —
+    or ``embedder`` (the embedder and the reason status gives), which benchmarks pass. On
+    ``storage.backend = "postgres"`` it is :class:`memory.PgMemory` on ``storage.dsn`` (no
+    memory.db in the data dir); otherwise :class:`MemoryService`.
+
+    Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
+    """
+    cfg = effective_memory_config(config)
+    if not watch:
+        cfg = dataclasses.replace(cfg, watch=False)
+    if embedder is None:
+        picked, why = await asyncio.to_thread(select_embedder, cfg)
+        embedder = await probe_auto_embedder(cfg, picked, why)
+    chosen, reason = embedder
+    service: Memory
+    try:
+        if config.storage.backend == "postgres":
+            service = await _pg_memory(config, cfg, chosen, reason)
+        else:
+            service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
+    except BaseException:
+        aclose = getattr(chosen, "aclose", None)  # open_memory made it; nothing else will close it
+        if aclose is not None:
+            await asyncio.shield(aclose())
+        raise
+    try:
+        await service.start(catch_up=catch_up)
+    except BaseException:
+        await asyncio.shield(close_memory(service))  # what start() opened before it failed
+        raise
+    return service
+
+
+async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None, reason: str) -> Memory:
+    from memory import PgMemory  # psycopg: the postgres extra, loaded only for that backend
+
+    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
+    try:
+        return await PgMemory.open(config.storage.dsn, cfg, embedder, data_dir=config.data_dir,
+                                   embedder_reason=reason, max_size=config.storage.pool_size,
+                                   connect_timeout_s=config.storage.connect_timeout_s)
+    except MemoryStorageError as err:
+        raise StorageUnavailable(f"storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not be opened "
+                                 f"({err})") from err
+
+
+async def close_memory(service: Memory) -> None:
+    await service.close()
+    # The embedder was made by open_memory, not by the service, so it is closed here.
+    aclose = getattr(service.embedder, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def open_store(config: Config, file_io: FileIO | None) -> SessionStoreLike:
+    return open_session_store(config.storage, config.data_dir, page_capped(config), file_io=file_io,
+                              trust_clean_stop=True)
+
+
+async def close_store(store: SessionStoreLike) -> None:
+    await asyncio.to_thread(store.close)
+
+
+async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
+    """Start this node's bus, idempotency keys and run leases on the store's database; a
+    server that refuses is StorageUnavailable naming storage.dsn."""
+    import psycopg
+
+    from gateway.cluster import ClusterHub, ClusterNode
+
+    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
+    node = ClusterNode(config.storage.dsn, ClusterHub(), store,
+                       connect_timeout_s=config.storage.connect_timeout_s)
+    try:
+        await node.start()
+    except psycopg.Error as err:
+        raise StorageUnavailable(
+            f"storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: {str(err).strip()}"
+        ) from err
+    return node

@@ -1,0 +1,121 @@
+"""The cross-encoder within a time budget (``rerank = "auto"``): what it reads, when it is
+skipped, and that ``rerank = false`` keeps the fused order. No assertion here is on time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from memory.config import MemoryConfig
+from memory.embedders.rerank import best_window, plan_batch, reranker_installed
+from memory.pipeline import legs_agree
+from memory.retrieval.request import SearchHit
+from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
+
+
+class LocalFakeEmbedder(FakeEmbedder):
+    """The counting fake, standing where the local model stands: "auto" re-ranks only there."""
+
+    provider = "local"
+
+
+def test_plan_batch_takes_the_pairs_the_measured_cost_fits() -> None:
+    """A batch holds the most pairs whose padded size, at the measured cost and margin, fits."""
+    assert plan_batch([10, 10, 10, 10], 1.0, 25.0) == 2    # 2 × 10 × 1.25 = 25
+    assert plan_batch([10, 40], 1.0, 60.0) == 1            # padding to 40 would cost 100
+    assert plan_batch([30], 1.0, 10.0) == 0
+    assert plan_batch([10] * 30, 0.01, 1000.0) == 30       # a faster machine reads them all
+
+
+def test_best_window_keeps_the_words_around_the_query_words_not_the_head() -> None:
+    """A long passage is cut to the window with the most query words, marked where it was cut."""
+    words = [f"filler{i}" for i in range(300)]
+    words[200:203] = ["passport", "expires", "March"]
+    cut = best_window(" ".join(words), "when does my passport expire in March", 20)
+    assert "passport expires March" in cut and cut.startswith("… ") and cut.endswith(" …")
+    assert len(cut.split()) == 22
+    assert best_window("short text", "passport", 20) == "short text"
+
+
+def test_legs_agree_only_when_both_legs_rank_the_top_hit_first() -> None:
+    """The step is skipped only when the fused top hit is first in the keyword and the vector leg."""
+    def top(kw: int | None, vec: int | None) -> list[SearchHit]:
+        return [SearchHit(1, "s", "x", 1.0, 2, 2, None, None, kw, vec, 0.9)]
+
+    assert legs_agree(top(1, 1))
+    assert not legs_agree(top(1, 2)) and not legs_agree(top(None, 1))
+
+
+def test_the_default_is_auto_within_120_ms() -> None:
+    """A new user gets the budgeted re-ranker; a setting other than true, false or "auto" is refused."""
+    config = MemoryConfig()
+    assert (config.rerank, config.rerank_budget_ms) == ("auto", 120)
+    with pytest.raises(ValueError, match="rerank must be"):
+        MemoryConfig(rerank="sometimes")  # type: ignore[arg-type]
+
+
+TEXTS = {"a": "The weather in Lisbon was sunny and warm all week.",
+         "b": "My passport number expires in March, I must renew it.",
+         "c": "We talked about the weather and about nothing much."}
+PARAPHRASE = "until when is my travel document valid"   # no word in common with any text
+AGREED = "sunny weather in Lisbon"
+
+
+def _index(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    embedder.vectors = {PARAPHRASE: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3),  # nearest a, then c, then b
+                        AGREED: axis(0)}
+    for i, (name, text) in enumerate(TEXTS.items()):
+        write_transcript(tmp_path, "alice", name, [text])
+        embedder.vectors[f"user [{ts(0)}]: {text}"] = axis(i if name != "c" else 2)
+
+
+needs_model = pytest.mark.skipif(not reranker_installed(), reason="the 'local' extra is not installed")
+
+
+@needs_model
+async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_fused_order(tmp_path: Path) -> None:
+    """A budget that fits every candidate lets the cross-encoder read them all and put the answer
+    first; one that fits none leaves the fused order, with zero candidates read."""
+    embedder = LocalFakeEmbedder()
+    _index(tmp_path, embedder)
+    async with opened(tmp_path, quiet_config(rerank_candidates=3, rerank_budget_ms=600_000), embedder) as svc:
+        roomy = await svc.search("alice", PARAPHRASE, k=3)
+    async with opened(tmp_path, quiet_config(rerank_candidates=3, rerank_budget_ms=1), embedder) as svc:
+        tight = await svc.search("alice", PARAPHRASE, k=3)
+    async with opened(tmp_path, quiet_config(rerank=False), embedder) as svc:
+        fused = await svc.search("alice", PARAPHRASE, k=3)
+    assert roomy.timings_ms["reranked"] == 3 and "passport" in roomy.results[0].content
+    assert tight.timings_ms["reranked"] == 0
+    assert [h.chunk_id for h in tight.results] == [h.chunk_id for h in fused.results]
+    assert "Lisbon" in fused.results[0].content
+
+
+@needs_model
+async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(tmp_path: Path) -> None:
+    """When the keyword and vector legs agree on the top hit, no candidate is re-ranked."""
+    embedder = LocalFakeEmbedder()
+    _index(tmp_path, embedder)
+    async with opened(tmp_path, quiet_config(rerank_budget_ms=600_000), embedder) as svc:
+        agreed = await svc.search("alice", AGREED, k=3)
+        disputed = await svc.search("alice", PARAPHRASE, k=3)
+    assert "Lisbon" in agreed.results[0].content and "rerankMs" not in agreed.timings_ms
+    assert "rerankMs" in disputed.timings_ms
+
+
+@needs_model
+async def test_rerank_false_and_a_remote_embedder_keep_the_fused_path(tmp_path: Path) -> None:
+    """``rerank = false`` (and "auto" where the embedder is not the local one) is the fused
+    order, no re-rank step; the same index re-ranks under "auto" with the local embedder."""
+    local = LocalFakeEmbedder()
+    _index(tmp_path, local)
+    async with opened(tmp_path, quiet_config(rerank=False), local) as svc:
+        off = await svc.search("alice", PARAPHRASE, k=3)
+    remote = FakeEmbedder()
+    _index(tmp_path, remote)
+    async with opened(tmp_path, quiet_config(), remote) as svc:
+        not_local = await svc.search("alice", PARAPHRASE, k=3)
+    for response in (off, not_local):
+        assert "rerankMs" not in response.timings_ms and "Lisbon" in response.results[0].content
