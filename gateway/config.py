@@ -62,10 +62,9 @@ def _limit(lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = field(default=DEFAULT_PORT, metadata=_limit(0, 65535))
-    # Extra browser origins allowed besides the gateway's own http(s)://localhost|127.0.0.1:port.
+    # Extra browser origins allowed besides the gateway's own.
     allowed_origins: tuple[str, ...] = ()
-    # Extra Host header names accepted besides the bound address and localhost.
-    allowed_hosts: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names besides the bound address and localhost
     max_size: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
     max_queue: int = field(default=16, metadata=_limit(1))
     write_limit: int = field(default=32 * 1024, metadata=_limit(1024))
@@ -74,10 +73,8 @@ class ServerConfig:
     ping_timeout_s: float = field(default=20.0, metadata=_limit(0))
     close_timeout_s: float = field(default=5.0, metadata=_limit(0.1))
     max_connections: int = field(default=1024, metadata=_limit(1))
-    # Grace period for in-flight runs on shutdown before they are cancelled.
-    shutdown_grace_s: float = field(default=10.0, metadata=_limit(0))
-    # Descriptors kept for files and upstream sockets: max_connections is lowered to fit the
-    # process's open-file limit minus this.
+    shutdown_grace_s: float = field(default=10.0, metadata=_limit(0))  # for runs, then cancelled
+    # Descriptors kept for files and upstream sockets (max_connections fits the fd limit minus it).
     reserved_fds: int = field(default=256, metadata=_limit(16))
 
 
@@ -94,20 +91,17 @@ class AuthConfig:
     users: tuple[AuthUser, ...] = ()
     timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     preauth_max_size: int = field(default=64 * 1024, metadata=_limit(256))
-    # Connections not authenticated yet, in all and per address (loopback is one): past either,
-    # HTTP 503, so they cannot fill server.max_connections and keep out users with a token.
+    # Connections not authenticated yet, in all and per address: past either, HTTP 503.
     max_pending: int = field(default=256, metadata=_limit(1))
     max_pending_per_address: int = field(default=64, metadata=_limit(1))
     max_failures: int = field(default=10, metadata=_limit(1))
     failure_window_s: float = field(default=60.0, metadata=_limit(1))
     lockout_s: float = field(default=300.0, metadata=_limit(1))
-    # Failures from all addresses together per failure_window_s before everyone is locked out
-    # (strong tokens excepted: gateway/auth.py).
+    # Failures from all addresses per failure_window_s before all are locked out (gateway/auth.py).
     global_max_failures: int = field(default=100, metadata=_limit(1))
     # Seconds a one-time sign-in code (auth.code, what `recalld open` hands the browser) stays valid.
     code_ttl_s: float = field(default=30.0, metadata=_limit(1, 600))
-    # The one user who sees memory.status for the whole index and may reindex every user's
-    # transcripts; with [[auth.users]] and no admin, everyone sees only their own.
+    # The one user who sees and reindexes the whole index (else each user sees their own).
     admin: str | None = None
 
 
@@ -128,8 +122,7 @@ class LimitsConfig:
     max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
     # Seconds between two memory.reindex {full: true} of one user; sooner: -32004.
     full_reindex_interval_s: float = field(default=60.0, metadata=_limit(0))
-    # Bytes of replies one connection may have waiting to be written; a reply past it answers
-    # -32004 (-32600 when it alone is larger) instead of being held.
+    # Bytes of replies one connection may hold unwritten; past it -32004 (-32600 if alone larger).
     max_reply_bytes: int = field(default=32 * 1024 * 1024, metadata=_limit(1024))
     # The same for all of one user's connections together (at least max_reply_bytes).
     max_user_reply_bytes: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
@@ -151,8 +144,7 @@ class QuotasConfig:
     # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket refilled
     # continuously): an update line carries the whole prompt, so it writes as much as a create.
     updates_per_minute: int = field(default=60, metadata=_limit(1))
-    # Bytes of chat.send messages per user per minute (a bucket holding at least one
-    # chat.max_message_bytes message): far above typing, far below filling the disk.
+    # Bytes of chat.send messages per user per minute: far above typing, far below a full disk.
     message_bytes_per_minute: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
 
 
@@ -167,8 +159,7 @@ class LlmConfig:
     base_url: str | None = None
     api_key: str | None = None
     model: str = "gpt-4o-mini"
-    # Other models a session may choose (sessions.create {model}); every request goes out on the
-    # operator's key, so none but the configured model unless listed here.
+    # Other models a session may choose (sessions.create {model}); all go out on the operator's key.
     models: tuple[str, ...] = ()
     timeout_s: float = field(default=60.0, metadata=_limit(0.1))
     connect_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
@@ -189,8 +180,7 @@ class ChatConfig:
     idempotency_ttl_s: float = field(default=300.0, metadata=_limit(1))
     # Runs waiting per session before chat.send answers -32003.
     max_queued_runs: int = field(default=32, metadata=_limit(1))
-    # Model requests per run that may end in memory tool calls (memory.facts = "tool"); the
-    # round after the last one offers no tools, so the reply always ends in text.
+    # Model requests per run that may end in memory tool calls; the last round offers no tools.
     max_tool_rounds: int = field(default=3, metadata=_limit(1, 10))
     # The user's time zone (IANA name): episodes are dated, and time phrases read, in it.
     timezone: str = "UTC"
