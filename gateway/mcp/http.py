@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import ipaddress
 import socket
 import ssl
 from typing import Protocol
@@ -31,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.config import Config
 from gateway.mcp.link import DaemonLink, Route
 from gateway.mcp.tools import build_server
+from gateway.origins import host_allowed, origin_allowed
 
 __all__ = ["MCP_PATH", "McpHttpServer", "TokenCheck"]
 
@@ -177,31 +177,14 @@ class McpHttpServer:
                                      headers={"Retry-After": str(int(verdict.retry_after_s) + 1)})
         return _unauthorized("invalid token\n")
 
-    # The same rules as the gateway's handshake (gateway/transport/server.py), for this port.
+    # The same rules as the gateway's handshake (gateway/origins.py), for this port.
     def _host_allowed(self, host_header: str) -> bool:
-        host = host_header.strip().lower()
-        if host.startswith("["):
-            host = host[1 : host.find("]")] if "]" in host else host
-        elif host.count(":") == 1:
-            host = host.rsplit(":", 1)[0]
-        if not host:
-            return False
         server = self.config.server
-        if host in ("localhost", server.host.lower()) or host in (h.lower() for h in server.allowed_hosts):
-            return True
-        try:
-            ipaddress.ip_address(host)  # an IP literal cannot be a DNS-rebinding name
-            return True
-        except ValueError:
-            return False
+        return host_allowed(host_header, server.host, server.allowed_hosts)
 
     def _origin_allowed(self, origin: str, host_header: str) -> bool:
-        allowed = {o.rstrip("/").lower() for o in self.config.server.allowed_origins}
-        for scheme in ("http", "https"):
-            for name in ("localhost", "127.0.0.1", "[::1]"):
-                allowed.add(f"{scheme}://{name}:{self.port}")
-        allowed.add(f"{self.scheme}://{host_header.strip().lower()}")
-        return origin.rstrip("/").lower() in allowed
+        return origin_allowed(origin, host_header, port=self.port, page_scheme=self.scheme,
+                              allowed_origins=self.config.server.allowed_origins)
 
 
 def _bearer(headers: Headers) -> str | None:

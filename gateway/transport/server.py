@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import http
-import ipaddress
 import ssl
 import time
 import weakref
@@ -27,6 +26,7 @@ from websockets.http11 import Request, Response
 
 from gateway.auth import Authenticator, bucket_of
 from gateway.errors import InvalidRequest, RateLimited, new_error_id
+from gateway.origins import host_allowed, origin_allowed
 from gateway.rpc import Call, CallContext, Reply, RpcCore, UserBudgets
 from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
 from gateway.transport.guard import (
@@ -238,33 +238,12 @@ class GatewayServer:
         return None
 
     def _host_allowed(self, host_header: str) -> bool:
-        host = host_header.strip().lower()
-        if host.startswith("["):
-            host = host[1 : host.find("]")] if "]" in host else host
-        elif host.count(":") == 1:
-            host = host.rsplit(":", 1)[0]
-        if not host:
-            return False
-        if host in ("localhost", self.host.lower()) or host in self._allowed_hosts:
-            return True
-        try:
-            # An IP literal cannot be a DNS-rebinding name: only names are refused.
-            ipaddress.ip_address(host)
-            return True
-        except ValueError:
-            return False
+        return host_allowed(host_header, self.host, self._allowed_hosts)
 
     def _origin_allowed(self, origin: str, host_header: str) -> bool:
-        allowed = set(self._allowed_origins)
-        for scheme in ("http", "https"):
-            for name in ("localhost", "127.0.0.1", "[::1]"):
-                allowed.add(f"{scheme}://{name}:{self.port}")
-        # The page this server served, from whatever address it was opened at (a LAN IP, an
-        # allowed host name): its Origin is exactly our scheme plus the Host header, which has
-        # already passed the Host check, so a rebinding name or a foreign site never matches.
-        page_scheme = "https" if self.scheme == "wss" else "http"
-        allowed.add(f"{page_scheme}://{host_header.strip().lower()}")
-        return origin.rstrip("/").lower() in allowed
+        return origin_allowed(origin, host_header, port=self.port,
+                              page_scheme="https" if self.scheme == "wss" else "http",
+                              allowed_origins=self._allowed_origins)
 
     # -- connections ---------------------------------------------------------------------
 
