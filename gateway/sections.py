@@ -1,0 +1,167 @@
+"""The configuration's sections of the gateway itself, as frozen dataclasses with their defaults.
+
+``gateway.config`` loads and checks them (with the sections ``sessions``, ``memory`` and
+``storage`` define); a field's ``metadata`` holds the bounds ``load`` enforces. A comment above a
+field says what it bounds and why its default is what it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_PORT",
+    "AuthConfig",
+    "AuthUser",
+    "ChatConfig",
+    "LimitsConfig",
+    "LlmConfig",
+    "LogConfig",
+    "McpConfig",
+    "QuotasConfig",
+    "ServerConfig",
+    "TlsConfig",
+]
+
+DEFAULT_PORT = 18789
+
+
+def _limit(lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
+    return {"min": lo, "max": hi}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = field(default=DEFAULT_PORT, metadata=_limit(0, 65535))
+    # Extra browser origins allowed besides the gateway's own.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names besides the bound address and localhost
+    max_size: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
+    max_queue: int = field(default=16, metadata=_limit(1))
+    write_limit: int = field(default=32 * 1024, metadata=_limit(1024))
+    open_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
+    ping_interval_s: float = field(default=20.0, metadata=_limit(0))
+    ping_timeout_s: float = field(default=20.0, metadata=_limit(0))
+    close_timeout_s: float = field(default=5.0, metadata=_limit(0.1))
+    max_connections: int = field(default=1024, metadata=_limit(1))
+    shutdown_grace_s: float = field(default=10.0, metadata=_limit(0))  # for runs, then cancelled
+    # Descriptors kept for files and upstream sockets (max_connections fits the fd limit minus it).
+    reserved_fds: int = field(default=256, metadata=_limit(16))
+
+
+@dataclass(frozen=True, slots=True)
+class AuthUser:
+    name: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    mode: Literal["token", "none"] = "token"
+    token: str | None = None
+    users: tuple[AuthUser, ...] = ()
+    timeout_s: float = field(default=10.0, metadata=_limit(0.1))
+    preauth_max_size: int = field(default=64 * 1024, metadata=_limit(256))
+    # Connections not authenticated yet, in all and per address: past either, HTTP 503.
+    max_pending: int = field(default=256, metadata=_limit(1))
+    max_pending_per_address: int = field(default=64, metadata=_limit(1))
+    max_failures: int = field(default=10, metadata=_limit(1))
+    failure_window_s: float = field(default=60.0, metadata=_limit(1))
+    lockout_s: float = field(default=300.0, metadata=_limit(1))
+    # Failures from all addresses per failure_window_s before all are locked out (gateway/auth.py).
+    global_max_failures: int = field(default=100, metadata=_limit(1))
+    # Seconds a one-time sign-in code (auth.code, what `recalld open` hands the browser) stays valid.
+    code_ttl_s: float = field(default=30.0, metadata=_limit(1, 600))
+    # The one user who sees and reindexes the whole index (else each user sees their own).
+    admin: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    max_batch: int = field(default=50, metadata=_limit(1, 10_000))
+    # Requests one connection may have running at once; past it: -32004.
+    max_inflight: int = field(default=32, metadata=_limit(1))
+    # Requests of one user running at once over all their connections; the rest wait their turn.
+    max_user_running: int = field(default=8, metadata=_limit(1))
+    # Bytes of undelivered events per connection before it is closed 1008 "slow consumer".
+    max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
+    # Seconds between two memory.reindex {full: true} of one user; sooner: -32004.
+    full_reindex_interval_s: float = field(default=60.0, metadata=_limit(0))
+    # Bytes of replies one connection may hold unwritten; past it -32004 (-32600 if alone larger).
+    max_reply_bytes: int = field(default=32 * 1024 * 1024, metadata=_limit(1024))
+    # The same for all of one user's connections together (at least max_reply_bytes).
+    max_user_reply_bytes: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
+    # Pings and pongs a peer may send per second; more closes the connection 1008.
+    max_control_frames_per_s: int = field(default=20, metadata=_limit(1))
+
+
+@dataclass(frozen=True, slots=True)
+class QuotasConfig:
+    """Per-user (and global) limits on work a client can start; past them: -32004."""
+
+    # sessions.create per user per minute (a bucket refilled continuously).
+    sessions_per_minute: int = field(default=60, metadata=_limit(1))
+    # Sessions with a reply being generated or queued, all users together and per user.
+    max_runs: int = field(default=64, metadata=_limit(1))
+    max_runs_per_user: int = field(default=16, metadata=_limit(1))
+    # memory.search calls (each may embed its query upstream) running at once per user.
+    max_searches_per_user: int = field(default=4, metadata=_limit(1))
+    # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket refilled
+    # continuously): an update line carries the whole prompt, so it writes as much as a create.
+    updates_per_minute: int = field(default=60, metadata=_limit(1))
+    # Bytes of chat.send messages per user per minute: far above typing, far below a full disk.
+    message_bytes_per_minute: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class LlmConfig:
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str = "gpt-4o-mini"
+    # Other models a session may choose (sessions.create {model}); all go out on the operator's key.
+    models: tuple[str, ...] = ()
+    timeout_s: float = field(default=60.0, metadata=_limit(0.1))
+    connect_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
+    max_retries: int = field(default=2, metadata=_limit(0, 10))
+
+    def choices(self) -> tuple[str, ...]:
+        """The models a session may run on: the configured one first, then ``models``."""
+        return (self.model, *(m for m in dict.fromkeys(self.models) if m != self.model))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatConfig:
+    recall: bool = True
+    recall_k: int = field(default=6, metadata=_limit(1, 50))
+    history_limit: int = field(default=20, metadata=_limit(1, 1000))
+    max_context_tokens: int = field(default=6000, metadata=_limit(256))
+    max_message_bytes: int = field(default=256 * 1024, metadata=_limit(1))
+    idempotency_ttl_s: float = field(default=300.0, metadata=_limit(1))
+    # Runs waiting per session before chat.send answers -32003.
+    max_queued_runs: int = field(default=32, metadata=_limit(1))
+    # Model requests per run that may end in memory tool calls; the last round offers no tools.
+    max_tool_rounds: int = field(default=3, metadata=_limit(1, 10))
+    # The user's time zone (IANA name): episodes are dated, and time phrases read, in it.
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True, slots=True)
+class McpConfig:
+    """The MCP server's streamable HTTP listener (docs/mcp.md); ``recalld mcp`` needs none."""
+
+    # Port of /mcp, on server.host with [tls] as the gateway's; 0 leaves the listener off.
+    port: int = field(default=0, metadata=_limit(0, 65535))
