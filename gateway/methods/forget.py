@@ -23,7 +23,7 @@ from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import CallContext, Registry, bounded
 from memory import ForgetRange, Memory
-from sessions import SessionStoreLike, parse_ts, scan_transcripts, sessions_root
+from sessions import SessionStoreLike, parse_ts
 
 __all__ = ["ForgetMethods", "declare_forget"]
 
@@ -72,7 +72,14 @@ class ForgetMethods:
         return {"chunks": removed["chunks"], "facts": removed["facts"], "messages": purged}
 
     def _keys_of(self, user: str) -> list[str]:
-        return sorted(key for owner, key in scan_transcripts(sessions_root(self.service.data_dir)) if owner == user)
+        # Asked of the store, not the data dir: on PostgreSQL there are no transcript files to scan.
+        keys: list[str] = []
+        cursor: str | None = None
+        while True:
+            page, cursor = self.store.list(user, before=cursor)
+            keys.extend(s.session_key for s in page)
+            if cursor is None:
+                return keys
 
 
 def _moment(field: str, value: str | None) -> datetime | None:

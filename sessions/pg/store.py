@@ -290,6 +290,8 @@ class PgSessionStore:
             removed = cur.rowcount
             if removed:
                 conn.execute(_RECOUNT_SQL, (key, key, key))
+                # The indexers re-chunk what is left now, not at their next poll.
+                conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, key))
         log.info("transcript.purged", session=key, messages=removed)
         return removed
 
