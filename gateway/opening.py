@@ -118,9 +118,10 @@ async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
 
     from gateway.cluster import ClusterHub, ClusterNode
 
-    assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
-    node = ClusterNode(config.storage.dsn, ClusterHub(), store,
-                       connect_timeout_s=config.storage.connect_timeout_s)
+    s = config.storage
+    assert s.dsn is not None  # StorageConfig refuses postgres without one
+    node = ClusterNode(s.dsn, ClusterHub(s.max_outbound_events), store, connect_timeout_s=s.connect_timeout_s,
+                       bus_wait_s=s.bus_wait_s, close_flush_s=s.close_flush_s)
     try:
         await node.start()
     except psycopg.Error as err:

@@ -40,6 +40,13 @@ class StorageConfig:
     dsn: str | None = None
     pool_size: int = field(default=10, metadata={"min": 1, "max": 1000})
     connect_timeout_s: float = field(default=10.0, metadata={"min": 1, "max": 300})
+    # Events waiting for the cluster bus beyond this many are dropped (logged): a database that
+    # stalls must not grow a node's memory without bound; clients see the seq gap.
+    max_outbound_events: int = field(default=10_000, metadata={"min": 100})
+    # A run waits at most this long for the bus (catching up, sending its events) before going on.
+    bus_wait_s: float = field(default=5.0, metadata={"min": 0.1, "max": 300})
+    # At close, the events of runs that just ended still go out within this.
+    close_flush_s: float = field(default=2.0, metadata={"min": 0, "max": 300})
 
     def __post_init__(self) -> None:
         if self.backend != "postgres":

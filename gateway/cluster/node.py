@@ -28,16 +28,9 @@ from gateway.chat import Hub
 from .bus import EventBus
 from .runs import ClusterRuns, RunHooks, RunStore
 
-__all__ = ["MAX_OUTBOUND_EVENTS", "ClusterHub", "ClusterNode"]
+__all__ = ["ClusterHub", "ClusterNode"]
 
 log = structlog.get_logger(__name__)
-
-# Events waiting for the bus beyond this many are dropped (logged): a database that stalls
-# must not grow the node's memory without bound. Events carry seq, so a client on another
-# node sees the gap and reads sessions.history (docs/protocol.md).
-MAX_OUTBOUND_EVENTS = 10_000
-# At close, the events of runs that just ended (the shutdown drain) still go out within this.
-CLOSE_FLUSH_S = 2.0
 
 _ENDED_KEPT = 10_000
 _TERMINAL = frozenset({"chat.final", "chat.error", "chat.aborted"})
@@ -58,8 +51,11 @@ class _LocalOnly:
 class ClusterHub(Hub):
     """A ``Hub`` whose events also go to the other nodes."""
 
-    def __init__(self, max_outbound: int = MAX_OUTBOUND_EVENTS) -> None:
+    def __init__(self, max_outbound: int = 10_000) -> None:
         super().__init__()
+        # Past max_outbound (storage.max_outbound_events) events are dropped, not queued: they
+        # carry seq, so a client on another node sees the gap and reads sessions.history.
+        self._max_outbound = max_outbound
         self._outbound: asyncio.Queue[_Event] = asyncio.Queue(max_outbound)
         self._dropped = 0
         self.local = _LocalOnly(self)
@@ -102,7 +98,7 @@ class ClusterHub(Hub):
             self._dropped += 1
             if self._dropped == 1 or self._dropped % 1000 == 0:
                 log.warning("cluster.events_dropped", dropped=self._dropped, method=method,
-                            limit=MAX_OUTBOUND_EVENTS)
+                            limit=self._max_outbound)
         return super().publish(user, session_key, method, params)
 
     async def forward(self, bus: EventBus) -> None:
@@ -133,7 +129,7 @@ class ClusterNode:
     """The bus, the shared idempotency keys and the run tickets of one node."""
 
     def __init__(self, dsn: str, hub: ClusterHub, store: RunStore, *, connect_timeout_s: float = 10.0,
-                 pool_size: int = 4) -> None:
+                 pool_size: int = 4, bus_wait_s: float = 5.0, close_flush_s: float = 2.0) -> None:
         self.node_id = uuid.uuid4().hex
         self.hub = hub
         self.bus = EventBus(dsn, hub.local, node_id=self.node_id, connect_timeout_s=connect_timeout_s)
@@ -141,9 +137,11 @@ class ClusterNode:
             dsn, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
             kwargs={"connect_timeout": max(1, round(connect_timeout_s))}, name="recalld-cluster",
             check=AsyncConnectionPool.check_connection)
-        hooks = RunHooks(recovered=hub.run_ended_elsewhere, caught_up=self.bus.barrier, sent=hub.sent)
+        hooks = RunHooks(recovered=hub.run_ended_elsewhere, caught_up=self.bus.barrier, sent=hub.sent,
+                         wait_s=bus_wait_s)
         self.runs = ClusterRuns(dsn, store, self._pool, hooks, connect_timeout_s=connect_timeout_s)
         self._connect_timeout_s = connect_timeout_s
+        self._close_flush_s = close_flush_s
         self._forwarder: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -160,7 +158,7 @@ class ClusterNode:
     async def close(self) -> None:
         if self._forwarder is not None and not self._forwarder.done():
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CLOSE_FLUSH_S):
+                async with asyncio.timeout(self._close_flush_s):
                     await self.hub.sent()
         if self._forwarder is not None:
             self._forwarder.cancel()

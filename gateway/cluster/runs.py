@@ -45,9 +45,6 @@ SETTLE_WINDOW = 400
 YIELD_DELAY_S = 0.05
 
 _Conn = psycopg.AsyncConnection[tuple[Any, ...]]
-# Waiting for the event bus (hold's catch-up, close's send) never holds a run longer than this:
-# events lost meanwhile are what a client's seq gap and sessions.history are for.
-BUS_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +54,17 @@ class RunHooks:
     recovered: Callable[[str, str, str], None]  # (user, session, run) ended here for a dead node
     caught_up: Callable[[], Awaitable[object]]  # every other node's earlier events received
     sent: Callable[[], Awaitable[None]]  # every event this node queued handed to the bus
+    # Waiting for the bus (hold's catch-up, close's send) never holds a run longer than this
+    # (storage.bus_wait_s): events lost meanwhile are what a client's seq gap is for.
+    wait_s: float = 5.0
 
 
-async def _bounded(wait: Awaitable[object], event: str, session_key: str) -> None:
+async def _bounded(wait: Awaitable[object], wait_s: float, event: str, session_key: str) -> None:
     try:
-        async with asyncio.timeout(BUS_WAIT_S):
+        async with asyncio.timeout(wait_s):
             await wait
     except TimeoutError:
-        log.warning(event, session=session_key, waited_s=BUS_WAIT_S)
+        log.warning(event, session=session_key, waited_s=wait_s)
 
 
 class RunStore(Protocol):
@@ -119,7 +119,7 @@ class LeaseTicket:
             await asyncio.sleep(YIELD_DELAY_S)
         # The previous holder's last events were sent before it let go; receive them before
         # this run's first one, so every node's subscribers see the runs one after the other.
-        await _bounded(self._hooks.caught_up(), "cluster.catch_up_timeout", self._session_key)
+        await _bounded(self._hooks.caught_up(), self._hooks.wait_s, "cluster.catch_up_timeout", self._session_key)
 
     async def _earlier_live_run(self) -> bool:
         """Under the lease: end the earlier runs that are live nowhere; True when one is live."""
@@ -147,7 +147,7 @@ class LeaseTicket:
             return
         # This run's events leave before the lease does (see hold); closing the connection
         # releases the lease, whatever state the run left it in.
-        await _bounded(self._hooks.sent(), "cluster.send_timeout", self._session_key)
+        await _bounded(self._hooks.sent(), self._hooks.wait_s, "cluster.send_timeout", self._session_key)
         with contextlib.suppress(psycopg.Error):
             await self._conn.close()
 
