@@ -93,3 +93,26 @@ async def test_a_bus_that_cannot_reach_the_server_fails_to_start() -> None:
         port = sock.getsockname()[1]
     with pytest.raises(psycopg.OperationalError):
         await EventBus(f"postgresql://u@127.0.0.1:{port}/db", RecordingHub(), connect_timeout_s=2).start()
+
+
+async def test_events_past_max_outbound_are_dropped_not_queued(pg_dsn: str) -> None:
+    """A hub whose bus falls behind queues at most ``max_outbound`` events for it (the rest are
+    dropped, so a stalled database cannot grow the node's memory); once the bus runs, the queued
+    ones reach the other node in order and the dropped ones never do."""
+    from gateway.cluster import ClusterHub
+
+    hub, other = ClusterHub(max_outbound=100), RecordingHub()
+    for seq in range(150):
+        hub.publish("alice", "s1", "chat.delta", {"runId": "r", "seq": seq, "delta": "x"})
+    a, b = EventBus(pg_dsn, RecordingHub(), node_id="a"), EventBus(pg_dsn, other, node_id="b")
+    await a.start()
+    await b.start()
+    forward = asyncio.create_task(hub.forward(a))
+    try:
+        got = await other.wait_for(100)
+        await asyncio.sleep(0.2)  # nothing beyond the hundred queued arrives
+        assert [e[3]["seq"] for e in got] == list(range(100))
+    finally:
+        forward.cancel()
+        await a.close()
+        await b.close()
