@@ -37,10 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-from websockets.asyncio.client import connect
-
 from bench.clusterreport import plot, recall_gaps, write_markdown
+from bench.rpc import drive
 from bench.stats import machine_info, summary_ms
 from gateway.client import Client
 from testkit.gateway import TOKEN, gateway_child
@@ -48,7 +46,7 @@ from testkit.postgres import PostgresServer, running_postgres
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPOLOGIES = (("sqlite-1", "sqlite", 1), ("pg-1", "postgres", 1), ("pg-2", "postgres", 2))
-CONNECTIONS = 16
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SUBSCRIBERS = 100
 SECTIONS = ("rpc", "fanout", "index", "search", "recall", "profile")
 
@@ -167,45 +165,6 @@ async def topology(name: str, backend: str, n: int, root: Path, model_url: str, 
 
 # --- RPC throughput --------------------------------------------------------------------------
 
-async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *, per_conn: int,
-                window: int) -> tuple[float, list[float]]:
-    """CONNECTIONS connections spread over ``urls``, each ``per_conn`` calls, ``window`` in flight."""
-    latencies: list[float] = []
-    body = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
-
-    async def one(ws: Any) -> None:
-        sent: dict[int, float] = {}
-        next_id = done = 0
-        while next_id < min(window, per_conn):
-            sent[next_id] = time.perf_counter()
-            await ws.send(orjson.dumps({**body, "id": next_id}), text=True)
-            next_id += 1
-        while done < per_conn:
-            reply = orjson.loads(await ws.recv())
-            if "id" not in reply:
-                continue  # a notification
-            if "error" in reply:
-                raise RuntimeError(f"{method}: {reply['error']}")
-            latencies.append(time.perf_counter() - sent.pop(reply["id"]))
-            done += 1
-            if next_id < per_conn:
-                sent[next_id] = time.perf_counter()
-                await ws.send(orjson.dumps({**body, "id": next_id}), text=True)
-                next_id += 1
-
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    conns = [await connect(urls[i % len(urls)], additional_headers=auth, compression=None, max_size=None)
-             for i in range(CONNECTIONS)]
-    try:
-        started = time.perf_counter()
-        await asyncio.gather(*(one(ws) for ws in conns))
-        elapsed = time.perf_counter() - started
-    finally:
-        for ws in conns:
-            await ws.close()
-    return CONNECTIONS * per_conn / elapsed, latencies
-
-
 RPC_CALLS: tuple[tuple[str, str, dict[str, Any] | None, int], ...] = (
     ("health ping-pong", "gateway.health", None, 1), ("health pipelined", "gateway.health", None, 32),
     ("sessions.list pipelined", "sessions.list", {"limit": 20}, 32))
@@ -219,11 +178,12 @@ async def rpc_section(topos: list[Topology], sizes: Sizes, fake_pid: int) -> dic
         rates: dict[str, list[float]] = {t.name: [] for t in topos}
         lats: dict[str, list[float]] = {t.name: [] for t in topos}
         for topo in topos:
-            await drive(topo.urls, method, params, per_conn=20, window=window)  # warm-up
+            await drive(topo.urls, method, params, headers=AUTH, per_conn=20, window=window)  # warm-up
         for _ in range(sizes.rounds):
             for topo in topos:
                 async with cpu_section(topo, fake_pid, "rpc"):
-                    rate, lat = await drive(topo.urls, method, params, per_conn=sizes.per_conn, window=window)
+                    rate, lat = await drive(topo.urls, method, params, headers=AUTH, per_conn=sizes.per_conn,
+                                            window=window)
                 rates[topo.name].append(rate)
                 lats[topo.name].extend(lat)
         for topo in topos:
@@ -417,7 +377,7 @@ async def run_topologies(server: PostgresServer, sizes: Sizes, only: set[str], r
             prof_dir.mkdir(parents=True, exist_ok=True)
             async with topology("pg-2p", "postgres", 2, root, model_url, server, profile_dir=prof_dir) as topo, \
                     AsyncExitStack() as stack:
-                await drive(topo.urls, "gateway.health", None, per_conn=sizes.per_conn, window=32)
+                await drive(topo.urls, "gateway.health", None, headers=AUTH, per_conn=sizes.per_conn, window=32)
                 fan = await FanOut.open(topo, stack)
                 for _ in range(max(2, sizes.fanout_rounds // 2)):
                     await fan.round()

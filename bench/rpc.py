@@ -29,28 +29,35 @@ async def _baseline_handler(ws: ServerConnection) -> None:
                                                "connections": CONNECTIONS}}), text=True)
 
 
-async def _drive(url: str, headers: dict[str, str] | None, *, per_conn: int, window: int) -> tuple[float, list[float]]:
-    """16 connections, each sending per_conn requests with at most ``window`` in flight."""
+async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *, headers: dict[str, str] | None,
+                per_conn: int, window: int) -> tuple[float, list[float]]:
+    """CONNECTIONS connections spread over ``urls``, each sending ``per_conn`` calls with at most
+    ``window`` in flight; the rate over all of them and each call's latency (bench.cluster too)."""
     latencies: list[float] = []
+    body = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
 
     async def one(ws: Any) -> None:
         sent: dict[int, float] = {}
-        next_id = 0
-        done = 0
+        next_id = done = 0
         while next_id < min(window, per_conn):
             sent[next_id] = time.perf_counter()
-            await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": next_id, "method": "gateway.health"}), text=True)
+            await ws.send(orjson.dumps({**body, "id": next_id}), text=True)
             next_id += 1
         while done < per_conn:
             reply = orjson.loads(await ws.recv())
+            if "id" not in reply:
+                continue  # a notification
+            if "error" in reply:
+                raise RuntimeError(f"{method}: {reply['error']}")
             latencies.append(time.perf_counter() - sent.pop(reply["id"]))
             done += 1
             if next_id < per_conn:
                 sent[next_id] = time.perf_counter()
-                await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": next_id, "method": "gateway.health"}), text=True)
+                await ws.send(orjson.dumps({**body, "id": next_id}), text=True)
                 next_id += 1
 
-    conns = [await connect(url, additional_headers=headers, compression=None, max_size=None) for _ in range(CONNECTIONS)]
+    conns = [await connect(urls[i % len(urls)], additional_headers=headers, compression=None, max_size=None)
+             for i in range(CONNECTIONS)]
     try:
         started = time.perf_counter()
         await asyncio.gather(*(one(ws) for ws in conns))
@@ -78,10 +85,11 @@ async def run_rpc(quick: bool) -> list[Figure]:
             for mode, window in (("ping-pong", 1), ("pipelined", 32)):
                 rates: dict[str, list[float]] = {"gateway": [], "baseline": []}
                 lats: dict[str, list[float]] = {"gateway": [], "baseline": []}
-                await _drive(app.url, auth, per_conn=20, window=window)  # warm-up
+                await drive([app.url], "gateway.health", None, headers=auth, per_conn=20, window=window)  # warm-up
                 for _ in range(rounds):  # alternate sides, same process
                     for side, url, hdr in (("gateway", app.url, auth), ("baseline", base_url, None)):
-                        rate, lat = await _drive(url, hdr, per_conn=per_conn, window=window)
+                        rate, lat = await drive([url], "gateway.health", None, headers=hdr, per_conn=per_conn,
+                                                window=window)
                         rates[side].append(rate)
                         lats[side].extend(lat)
                 ratios = sorted(g / b for g, b in zip(rates["gateway"], rates["baseline"]))
