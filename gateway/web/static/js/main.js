@@ -8,6 +8,7 @@ import { ChatView } from "./chat.js";
 import { $, refreshTimes } from "./dom.js";
 import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
+import { ModelPicker } from "./models.js";
 import { Rpc, redeemCode, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
 import { Sidebar } from "./sessions.js";
@@ -66,6 +67,8 @@ async function startApp(conn) {
     },
     sessionTitle: (key) => sidebar.get(key)?.title,
   });
+  const models = new ModelPicker(conn);
+  chat.createOptions = () => models.createParams(); // a draft's first send creates its session with these
   const search = new SearchPanel(conn, {
     currentSession: () => chat.session?.sessionKey || null,
     sessionTitle: (key) => sidebar.get(key)?.title,
@@ -160,7 +163,7 @@ async function startApp(conn) {
   if (NARROW.matches) toggleSidebar(false);
   setInterval(() => refreshTimes(), TIMES_REFRESH_MS);
 
-  await sidebar.reload();
+  await Promise.all([sidebar.reload(), models.load()]);
   const first = sidebar.first();
   if (first) await openSession(first);
   else chat.startDraft();
