@@ -18,6 +18,7 @@ from gateway.config import Config
 from tests.conftest import TOKEN, running
 from tests.fake_openai import FakeOpenAI
 from tests.web.conftest import PageErrors, new_session, open_session_key, open_signed_in, send
+from tests.web.test_browser_audit import serious
 
 
 @pytest.fixture
@@ -80,3 +81,11 @@ async def test_picked_model_is_used_by_the_next_new_session(browser: Browser, tw
     assert await session_model(two_model_app, second) is None
     assert asked_with(fake_openai, "And now?") == {"fake-model"}
     assert errors.items == []
+
+
+async def test_welcome_with_the_picker_passes_axe(browser: Browser, two_model_app: App) -> None:
+    """The welcome holding the "Model" select has no serious or critical axe-core violation."""
+    ctx = await browser.new_context(bypass_csp=True)  # for the injected audit script only
+    page = await open_signed_in(browser, two_model_app, context=ctx)
+    await expect(page.get_by_role("combobox", name="Model")).to_be_visible()
+    assert await serious(page, "welcome with the model picker") == []

@@ -1,7 +1,8 @@
 // The model picker: what `models.list` says sessions may run on (the operator's `llm.model`
 // first, then `llm.models`). With one model the welcome names it; with several it offers a
 // select labelled "Model", whose choice (kept on this device) applies to the next new session.
-// A session's model is fixed when it is created: sessions.update cannot change it.
+// A session's model is fixed when it is created: sessions.update cannot change it. The select
+// exists only when there is a choice, so a daemon with one model has no "Model" field at all.
 
 import { $, h } from "./dom.js";
 
@@ -12,10 +13,9 @@ export class ModelPicker {
     this.rpc = rpc;
     this.models = [];
     this.fallback = null; // the operator's default
-    this.select = $("model-select");
+    this.select = h("select", { id: "model-select" });
     this.select.addEventListener("change", () => {
       try { localStorage.setItem(KEY, this.select.value); } catch { /* storage off: this tab only */ }
-      this.#show();
     });
   }
 
@@ -50,6 +50,9 @@ export class ModelPicker {
     const many = this.models.length > 1;
     $("model-line").hidden = !this.models.length;
     $("model-pick").hidden = !many;
+    if (many && !this.select.isConnected) {
+      $("model-pick").replaceChildren(h("label", { for: "model-select" }, "Model"), this.select);
+    }
     $("model-one").hidden = many;
     $("model-name").textContent = this.fallback || "";
   }
