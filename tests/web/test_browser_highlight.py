@@ -66,3 +66,17 @@ async def test_code_colours_follow_the_colour_scheme(browser: Browser, web_app: 
     await expect(keyword).to_have_text("def")
     expected = {"light": "rgb(179, 23, 59)", "dark": "rgb(255, 123, 114)"}[scheme]
     assert await keyword.evaluate(COLOUR) == expected
+
+
+async def test_long_code_line_scrolls_inside_its_block(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+    """At 390 px a code line wider than the window scrolls inside its block; the message stays in view."""
+    long_line = "print(" + " + ".join(f'"part {i}"' for i in range(12)) + ")\n"
+    fake_openai.script(Behaviour(reply=f"```python\n{long_line}```\n"))
+    ctx = await browser.new_context(viewport={"width": 390, "height": 844})
+    page = await open_signed_in(browser, web_app, context=ctx)
+    await send(page, "a long line")
+    reply = page.locator(".msg.assistant[data-state=done]")
+    await expect(reply).to_have_count(1)
+    box = await reply.bounding_box()
+    assert box and box["x"] + box["width"] <= 390, box
+    assert await reply.locator("pre").evaluate("el => el.scrollWidth > el.clientWidth")
