@@ -15,6 +15,7 @@ from playwright.async_api import Browser, expect  # noqa: E402
 from gateway.app import App
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.web.conftest import PageErrors, open_signed_in, send
+from tests.web.test_browser_audit import serious
 
 PYTHON = 'def greet(name):\n    return "<b>hi</b>"  # say <i>hi</i>\n'
 REPLY = (f"```python\n{PYTHON}```\n\n```nosuchlang\nplain <b>text</b>\n```\n\n"
@@ -57,15 +58,17 @@ async def test_code_is_highlighted_safely(browser: Browser, web_app: App, fake_o
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 async def test_code_colours_follow_the_colour_scheme(browser: Browser, web_app: App, fake_openai: FakeOpenAI,
                                                      scheme: Literal["light", "dark"]) -> None:
-    """Keywords take the theme's colour for the system's scheme: a dark one on light, a light one on dark."""
+    """Keywords take the theme's colour for the system's scheme (a dark one on light, a light one
+    on dark), and axe-core finds no serious contrast or other violation in the highlighted reply."""
     fake_openai.script(Behaviour(reply=f"```python\n{PYTHON}```\n"))
-    ctx = await browser.new_context(color_scheme=scheme)
+    ctx = await browser.new_context(color_scheme=scheme, bypass_csp=True)  # for the audit script
     page = await open_signed_in(browser, web_app, context=ctx)
     await send(page, "code please")
     keyword = page.locator(".msg.assistant[data-state=done] pre .hljs-keyword").first
     await expect(keyword).to_have_text("def")
     expected = {"light": "rgb(179, 23, 59)", "dark": "rgb(255, 123, 114)"}[scheme]
     assert await keyword.evaluate(COLOUR) == expected
+    assert await serious(page, f"highlighted code, {scheme}") == []
 
 
 async def test_long_code_line_scrolls_inside_its_block(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:

@@ -17,6 +17,7 @@ from gateway.app import App
 from gateway.client import Client
 from tests.conftest import TOKEN
 from tests.web.conftest import PageErrors, new_session, open_signed_in, send
+from tests.web.test_browser_audit import serious
 
 
 async def session_titles(app: App) -> list[str]:
@@ -71,9 +72,10 @@ async def test_row_menu_is_reached_by_keyboard_and_renames(browser: Browser, web
 
 
 async def test_row_menu_exports_and_deletes(browser: Browser, web_app: App, tmp_path: Path) -> None:
-    """A row's menu exports its session as Markdown or JSON and deletes it after a confirmation
-    (cancelling keeps it); deleting the open session's row leaves an empty chat."""
-    page = await open_signed_in(browser, web_app)
+    """A row's menu passes axe-core, exports its session as Markdown or JSON and deletes it after
+    a confirmation (cancelling keeps it); deleting the open session's row leaves an empty chat."""
+    ctx = await browser.new_context(bypass_csp=True)  # for the injected audit script only
+    page = await open_signed_in(browser, web_app, context=ctx)
     await chat(page, "Remember the blue door")
     await new_session(page)
     await chat(page, "Porto weekend")
@@ -81,6 +83,8 @@ async def test_row_menu_exports_and_deletes(browser: Browser, web_app: App, tmp_
     menu = page.locator("#row-menu")
     blue = sidebar.get_by_role("button", name="Actions for Remember the blue door")
     await blue.click()
+    await expect(menu).to_be_visible()
+    assert await serious(page, "a sidebar row's menu") == []
     async with page.expect_download() as md_download:
         await menu.get_by_role("button", name="Export as Markdown").click()
     md = await md_download.value
