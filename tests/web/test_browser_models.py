@@ -35,7 +35,8 @@ async def two_model_app(config_factory: Callable[..., Config], fake_openai: Fake
 
 async def session_model(app: App, key: str) -> str | None:
     async with Client.connect(app.url, TOKEN) as c:
-        return (await c.call("sessions.get", {"sessionKey": key})).get("model")
+        model = (await c.call("sessions.get", {"sessionKey": key})).get("model")
+    return None if model is None else str(model)
 
 
 def asked_with(fake: FakeOpenAI, text: str) -> set[str]:
