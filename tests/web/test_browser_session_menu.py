@@ -32,7 +32,8 @@ async def chat(page: Page, text: str) -> None:
 
 async def test_row_menu_is_reached_by_keyboard_and_renames(browser: Browser, web_app: App) -> None:
     """Tab moves from a session to its "⋯" button, Enter opens the menu on Rename, Esc closes it
-    and focuses the button again; Rename renames that row's session, not the open one."""
+    and focuses the button again, a click elsewhere or Tab out of it closes it; Rename renames
+    that row's session, not the open one."""
     page = await open_signed_in(browser, web_app)
     errors = PageErrors(page)
     await chat(page, "Lisbon trip plans")
@@ -67,6 +68,11 @@ async def test_row_menu_is_reached_by_keyboard_and_renames(browser: Browser, web
     await sidebar.get_by_role("button", name="Actions for Porto weekend").click()
     await expect(menu).to_be_visible()
     await page.get_by_role("heading", level=1).click()  # a click elsewhere closes it
+    await expect(menu).to_be_hidden()
+    await sidebar.get_by_role("button", name="Actions for Porto weekend").press("Enter")
+    await expect(menu.get_by_role("button", name="Rename")).to_be_focused()
+    for _ in range(4):  # past Export as JSON, the last item: the menu closes behind
+        await page.keyboard.press("Tab")
     await expect(menu).to_be_hidden()
     assert errors.items == []
 

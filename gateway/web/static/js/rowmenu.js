@@ -1,7 +1,7 @@
 // The per-session menu in the sidebar. Each row has a "⋯" button ("Actions for <title>"); it
 // opens one shared menu (Rename, Delete, Export as Markdown, Export as JSON) placed inside that
 // row, right after the button, so Tab walks from the button into it. Esc closes it and gives
-// focus back to the button; a click elsewhere closes it too.
+// focus back to the button; a click elsewhere, or Tab out of it, closes it too.
 
 import { $ } from "./dom.js";
 
@@ -23,6 +23,10 @@ export class SessionMenu {
       if (ev.key !== "Escape") return;
       ev.preventDefault(); // main.js's Esc (drawer, panels, Stop) must not act on this one
       this.close(true);
+    });
+    // Tab past the last item (or Shift+Tab past the first) leaves the menu: it closes behind.
+    this.menu.addEventListener("focusout", (ev) => {
+      if (this.session && !this.menu.contains(ev.relatedTarget) && !this.button?.contains(ev.relatedTarget)) this.close(false);
     });
     document.addEventListener("click", (ev) => {
       if (this.session && !this.menu.contains(ev.target) && !this.button?.contains(ev.target)) this.close(false);
