@@ -2,7 +2,8 @@
 
 Starts the real gateway with the loopback model on a scratch data dir, seeds a history of
 conversations over several weeks (the newest recalls an older one) and a few remembered facts,
-and photographs: sign-in, the empty chat, a chat with recalled memories, the memory search
+offers three models, and photographs: sign-in, the empty chat with its model picker, a chat with
+recalled memories and a highlighted code block, a sidebar row's session menu, the memory search
 panel, the Facts panel, and a narrow window. Needs the same Chromium as tests/web.
 
     python -m tests.web.screenshots [OUT_DIR]
@@ -25,11 +26,13 @@ from testkit.gateway import TOKEN, make_config, running_gateway
 OUT = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 REPLIES = {
+    "evening": "Evenings in mid-March drop to about 11 °C by the river: add a warm jumper and a scarf.",
     "flying": "Noted: **Lisbon, 14–18 March**, staying near Alfama. Want a day-by-day plan?",
     "pack": ("For Lisbon in mid-March (you fly on the 14th):\n\n"
              "- a light rain jacket: showers are common\n- comfortable shoes for Alfama's hills\n"
              "- layers: days around 17 °C, evenings cooler\n\nA quick packing check in Python:\n\n"
-             "```python\nneeded = {\"jacket\", \"shoes\", \"charger\"}\nprint(sorted(needed - packed))\n```"),
+             "```python\ndef missing(packed: set[str]) -> list[str]:\n    needed = {\"jacket\", \"shoes\", \"charger\"}  # the essentials\n"
+             "    return sorted(needed - packed)\n\nprint(missing({\"shoes\"}))\n```"),
 }
 
 
@@ -37,10 +40,14 @@ REPLIES = {
 # answered). Kept out of memory: the loopback model's embeddings find every text alike, and the
 # shots should show the one memory that a real embedder would recall.
 HISTORY = (
+    ("Flaky CI job", 0, "Our CI job fails one run in ten with 'address already in use'.",
+     "Two tests bind the same fixed port. Bind port 0 and read the port back instead."),
     ("Sourdough starter", 1, "My sourdough starter smells like acetone, is it dead?",
      "Not dead, just hungry: feed it twice a day at a 1:1:1 ratio for a few days."),
     ("Quarterly taxes", 3, "Remind me how the quarterly VAT return works for freelancers.",
      "You file every quarter by the 15th of the second month after it; keep every invoice."),
+    ("Book club: The Overstory", 5, "Questions for our book club on The Overstory?",
+     "Which character's tree stayed with you, and why does the novel start with roots?"),
     ("Half-marathon plan", 12, "I want to run a half-marathon in May. I can run 8 km now.",
      "A 12-week plan: three runs a week, one long run growing by 1-2 km each week."),
     ("Birthday ideas for Luna", 40, "Luna turns 5 in June. Ideas for a small party at home?",
@@ -88,7 +95,8 @@ async def shoot(out: Path) -> list[Path]:
     await fake.start()
     fake.configure(reply=reply_for, delta_delay_s=0.0)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = make_config(Path(tmp) / "data", llm={"base_url": fake.base_url, "api_key": "k", "model": "fake-model"},
+        llm = {"base_url": fake.base_url, "api_key": "k", "model": "gpt-4.1-mini", "models": ["gpt-4.1", "o4-mini"]}
+        cfg = make_config(Path(tmp) / "data", llm=llm,
                           memory={"embedder": "openai", "debounce_ms": 20})
         async with running_gateway(cfg) as app, async_playwright() as p:
             await seed(app)
@@ -114,10 +122,20 @@ async def shoot(out: Path) -> list[Path]:
                     await page.fill("#edit-text", "Packing list")
                     await page.click("#edit-save")
                 else:
+                    # A follow-up in the same chat: a reply recalls live (chips are not kept in
+                    # the transcript), so the dark shot shows the Recalled block too.
                     await page.click("#session-list .session")
                     await page.wait_for_selector(".msg.assistant[data-state=done]")
+                    await page.fill("#message-input", "And what should I pack for the evenings?")
+                    await page.press("#message-input", "Enter")
+                    await page.wait_for_selector(".msg.assistant .chip")
+                    await page.locator("#scroller").evaluate("el => { el.scrollTop = el.scrollHeight; }")
                 await page.wait_for_selector("#memory-status:not(:empty)")
                 written.append(await _snap(page, out / f"web-chat-{scheme}.png"))
+                await page.get_by_role("button", name="Actions for Lisbon trip").click()
+                await page.wait_for_selector("#row-menu:not([hidden])")
+                written.append(await _snap(page, out / f"web-menu-{scheme}.png"))
+                await page.keyboard.press("Escape")
                 await page.click("#open-search")
                 await page.fill("#search-query", "Lisbon Alfama")
                 await page.press("#search-query", "Enter")

@@ -213,7 +213,7 @@ export class ChatView {
   async #create(text) {
     this.creating = true;
     try {
-      const created = await this.rpc.call("sessions.create", { title: titleFrom(text) });
+      const created = await this.rpc.call("sessions.create", { title: titleFrom(text), ...this.createOptions?.() });
       this.session = { ...created, updatedAt: created.createdAt, messageCount: 0 };
       this.#showTitle();
       for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = false;

@@ -8,6 +8,7 @@ import { ChatView } from "./chat.js";
 import { $, refreshTimes } from "./dom.js";
 import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
+import { ModelPicker } from "./models.js";
 import { Rpc, redeemCode, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
 import { Sidebar } from "./sessions.js";
@@ -56,7 +57,10 @@ async function startApp(conn) {
   $("app").hidden = false;
   new StatusFooter(conn);
 
-  const sidebar = new Sidebar(conn, { onSelect: (s) => openSession(s) });
+  const sidebar = new Sidebar(conn, {
+    onSelect: (s) => openSession(s),
+    onAction: (action, s) => sessionAction(conn, chat, action, s),
+  });
   const chat = new ChatView(conn, {
     onOpenSource: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
     onTitle: (s) => { document.title = s ? `${s.title} · recalld` : "recalld"; },
@@ -66,6 +70,8 @@ async function startApp(conn) {
     },
     sessionTitle: (key) => sidebar.get(key)?.title,
   });
+  const models = new ModelPicker(conn);
+  chat.createOptions = () => models.createParams(); // a draft's first send creates its session with these
   const search = new SearchPanel(conn, {
     currentSession: () => chat.session?.sessionKey || null,
     sessionTitle: (key) => sidebar.get(key)?.title,
@@ -120,16 +126,9 @@ async function startApp(conn) {
     closeDrawer();
     chat.startDraft();
   });
-  $("rename-session").addEventListener("click", () => editField(conn, chat, "title"));
-  $("edit-prompt").addEventListener("click", () => editField(conn, chat, "systemPrompt"));
-  $("delete-session").addEventListener("click", async () => {
-    if (!chat.session || !window.confirm(`Delete "${chat.session.title}" and its memory? This cannot be undone.`)) return;
-    try {
-      await conn.call("sessions.delete", { sessionKey: chat.session.sessionKey });
-    } catch (err) {
-      banner(`Could not delete: ${err.message}`);
-    }
-  });
+  $("rename-session").addEventListener("click", () => editField(conn, chat, "title", chat.session));
+  $("edit-prompt").addEventListener("click", () => editField(conn, chat, "systemPrompt", chat.session));
+  $("delete-session").addEventListener("click", () => sessionAction(conn, chat, "delete", chat.session));
   $("sign-out").addEventListener("click", () => {
     clearToken();
     conn.stop();
@@ -141,12 +140,7 @@ async function startApp(conn) {
     $(`export-${format}`).addEventListener("click", async () => {
       toggleMenu("export-session", "export-menu", false);
       toggleMenu("more-actions", "session-actions", false);
-      if (!chat.session) return;
-      try {
-        await exportSession(conn, chat.session, format);
-      } catch (err) {
-        banner(`Could not export: ${err.message}`);
-      }
+      await sessionAction(conn, chat, format, chat.session);
     });
   }
   $("toggle-sidebar").addEventListener("click", () => toggleSidebar());
@@ -160,7 +154,7 @@ async function startApp(conn) {
   if (NARROW.matches) toggleSidebar(false);
   setInterval(() => refreshTimes(), TIMES_REFRESH_MS);
 
-  await sidebar.reload();
+  await Promise.all([sidebar.reload(), models.load()]);
   const first = sidebar.first();
   if (first) await openSession(first);
   else chat.startDraft();
@@ -238,11 +232,33 @@ function banner(text) {
   b.hidden = !text;
 }
 
+// What the header's buttons do for the open session and a sidebar row's menu for its own:
+// rename, delete (after a confirmation) and export as Markdown ("md") or JSON ("json").
+async function sessionAction(conn, chat, action, session) {
+  if (!session) return;
+  if (action === "rename") {
+    editField(conn, chat, "title", session);
+  } else if (action === "delete") {
+    if (!window.confirm(`Delete "${session.title}" and its memory? This cannot be undone.`)) return;
+    try {
+      await conn.call("sessions.delete", { sessionKey: session.sessionKey });
+    } catch (err) {
+      banner(`Could not delete: ${err.message}`);
+    }
+  } else {
+    try {
+      await exportSession(conn, session, action);
+    } catch (err) {
+      banner(`Could not export: ${err.message}`);
+    }
+  }
+}
+
 // Rename and system prompt share one <dialog>: a one-line field for the title (Enter saves, Esc
 // cancels, and no line break can reach it), a text area for the prompt. sessions.update stores
 // the change and every tab (this one included) hears sessions.updated.
-function editField(conn, chat, field) {
-  if (!chat.session) return;
+function editField(conn, chat, field, session) {
+  if (!session) return;
   toggleMenu("more-actions", "session-actions", false);
   const dialog = $("edit-dialog");
   const isTitle = field === "title";
@@ -250,14 +266,14 @@ function editField(conn, chat, field) {
   const input = isTitle ? $("edit-text") : $("edit-area");
   for (const id of ["edit-label", "edit-text"]) $(id).hidden = !isTitle;
   for (const id of ["edit-area-label", "edit-area"]) $(id).hidden = isTitle;
-  input.value = (isTitle ? chat.session.title : chat.session.systemPrompt) || "";
+  input.value = (isTitle ? session.title : session.systemPrompt) || "";
   const form = $("edit-form");
   const onSubmit = async (ev) => {
     ev.preventDefault();
     const value = isTitle ? input.value.replace(/\s+/g, " ").trim() : input.value;
     if (isTitle && !value) return;
     try {
-      const updated = await conn.call("sessions.update", { sessionKey: chat.session.sessionKey, [field]: value });
+      const updated = await conn.call("sessions.update", { sessionKey: session.sessionKey, [field]: value });
       chat.setSession(updated);
       dialog.close();
     } catch (err) {

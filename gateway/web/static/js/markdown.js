@@ -2,9 +2,12 @@
 // active from it, and only DOMPurify's Trusted Types policy may write HTML into the page (the
 // server's CSP requires it), so an unsanitised string cannot reach innerHTML even by mistake.
 // Raw HTML inside the markdown is not passed through at all: it is shown as literal text.
+// Code is highlighted *before* DOMPurify, so its markup goes through the same sanitiser as
+// everything else; the only thing DOMPurify is told to keep for it is highlight.js's classes.
 
 import { Marked } from "../vendor/marked/marked.esm.js";
 import DOMPurify from "../vendor/dompurify/purify.es.mjs";
+import hljs from "../vendor/highlight/highlight.min.js";
 import { h } from "./dom.js";
 
 const escapeHtml = (s) =>
@@ -19,11 +22,15 @@ const marked = new Marked({
     },
     // Images become links: a reply must not fetch anything by itself being shown (an image URL
     // can carry what the model read to a third party). The CSP's img-src backs this up.
-    // The fence's language rides on a data attribute (DOMPurify keeps those, drops class) and
-    // becomes a visible label; the code itself is escaped here, as marked's own renderer does.
+    // The fence's language rides on a data attribute (DOMPurify keeps those) and becomes a
+    // visible label. A language highlight.js knows is highlighted (it escapes the code itself);
+    // no language is guessed, since guessing runs every grammar on each streamed delta.
     code(token) {
       const lang = (token.lang || "").match(/^[\w+#.-]{1,20}/)?.[0] || "";
-      return `<pre${lang ? ` data-lang="${escapeHtml(lang)}"` : ""}><code>${escapeHtml(token.text)}\n</code></pre>`;
+      const body = lang && hljs.getLanguage(lang)
+        ? hljs.highlight(token.text, { language: lang, ignoreIllegals: true }).value
+        : escapeHtml(token.text);
+      return `<pre${lang ? ` data-lang="${escapeHtml(lang)}"` : ""}><code>${body}\n</code></pre>`;
     },
     image(token) {
       return `<a href="${escapeHtml(token.href || "")}">${escapeHtml(`image: ${token.text || token.href || ""}`)}</a>`;
@@ -44,10 +51,19 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   }
 });
 
+// `class` survives only on a <span> inside a code block and only as highlight.js's token
+// names ("hljs-keyword", "hljs-title function_"), which app.css colours; anywhere else, or
+// with any other value, it is dropped, as before highlighting existed.
+const HLJS_CLASS = /^hljs-[a-z-]+(?: (?:hljs-[a-z-]+|[a-z]+_+))*$/;
+DOMPurify.addHook("uponSanitizeAttribute", (node, data) => {
+  if (data.attrName !== "class") return;
+  data.keepAttr = node.nodeName === "SPAN" && Boolean(node.closest("pre > code")) && HLJS_CLASS.test(data.attrValue);
+});
+
 const PURIFY = {
   RETURN_TRUSTED_TYPE: true,
   FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "iframe", "svg", "math"],
-  FORBID_ATTR: ["style", "class", "id"],
+  FORBID_ATTR: ["style", "id"],
 };
 
 // A Copy button for `text()` (read when clicked, so a streaming message copies what it is then).
@@ -66,7 +82,7 @@ export function copyButton(text, label) {
 }
 
 // Fill `el` with the rendered markdown of `text`, code blocks getting a copy button and their
-// language's name.
+// language's name (the copy is the block's text: highlighting adds no characters).
 export function renderMarkdown(el, text) {
   el.innerHTML = DOMPurify.sanitize(marked.parse(text), PURIFY);
   for (const pre of el.querySelectorAll("pre")) {

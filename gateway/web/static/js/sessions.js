@@ -5,13 +5,15 @@
 // as the filter box is typed in (the sessions loaded so far).
 
 import { $, daysAgo, h, timeEl } from "./dom.js";
+import { SessionMenu } from "./rowmenu.js";
 
 const PAGE = 30;
 
 export class Sidebar {
-  constructor(rpc, { onSelect }) {
+  constructor(rpc, { onSelect, onAction }) {
     this.rpc = rpc;
     this.onSelect = onSelect; // (session) => open it
+    this.menu = new SessionMenu(onAction); // onAction(action, session): rename, delete, md, json
     this.sessions = new Map(); // sessionKey -> wire session, in display order
     this.next = null;
     this.loading = false;
@@ -82,11 +84,16 @@ export class Sidebar {
     for (const s of this.sessions.values()) {
       if (needle && !s.title.toLowerCase().includes(needle)) continue;
       const selected = s.sessionKey === this.current;
-      groups.get(groupOf(s.updatedAt || s.createdAt)).push(h("li", {},
+      groups.get(groupOf(s.updatedAt || s.createdAt)).push(h("li", { class: "row" },
         h("button", {
           type: "button", class: "session", "aria-current": selected ? "true" : undefined,
           dataset: { key: s.sessionKey }, onclick: () => this.onSelect(s),
-        }, h("span", { class: "title" }, s.title), h("span", { class: "when" }, timeEl(s.updatedAt || s.createdAt)))));
+        }, h("span", { class: "title" }, s.title), h("span", { class: "when" }, timeEl(s.updatedAt || s.createdAt))),
+        h("button", {
+          type: "button", class: "icon row-actions", "aria-label": `Actions for ${s.title}`,
+          "aria-controls": "row-menu", "aria-expanded": "false", dataset: { key: s.sessionKey },
+          onclick: (ev) => this.menu.toggle(s, ev.currentTarget),
+        }, "\u22ef")));
     }
     const sections = [];
     for (const [name, items] of groups) {
@@ -98,7 +105,9 @@ export class Sidebar {
     if (!sections.length) {
       sections.push(h("p", { class: "hint" }, needle ? "No session title matches." : "No sessions yet."));
     }
+    const focused = document.activeElement;
     this.list.replaceChildren(...sections);
+    this.menu.reattach(this.list, this.sessions.get(this.menu.openKey), focused);
   }
 }
 
