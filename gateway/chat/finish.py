@@ -66,7 +66,7 @@ class RunEnds:
         self.publish(run, "chat.final", params)
         self.log_run(run, "final", recalled=recalled)
         if run.session is not None:
-            self.titler.after_reply(run.user, run.session_key, run.session.title, model, run.message, msg.content)
+            self.titler.after_reply(run.session, run.message, msg.content)
         self.episodes.after_run(run.user, run.session_key, run.memory.write_episodes)
         if self.memory is not None:
             self.memory.nudge()

@@ -156,6 +156,8 @@ async def build_prompt(
                 if (m.id == own_id if own_id is not None else m.run_id == run_id and m.role == "user")), None)
     if own is not None:
         recent = recent[: own + 1]
+    elif own_id is not None:
+        recent = []  # the message answered is older than all of them: each came after it
     recent = recent[-config.history_limit :]
     history: list[dict[str, str]] = []
     for msg in reversed(recent):

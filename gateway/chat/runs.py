@@ -39,7 +39,7 @@ from gateway.config import ChatConfig
 from gateway.errors import Conflict, GatewayError, NotConfigured, RateLimited
 from gateway.wire import LiveRun
 from memory import EpisodeWriter, Memory, SearchHit
-from sessions import REPLACES_KEY, Message, Session, SessionStoreLike, visible_messages
+from sessions import REPLACES_KEY, Message, Session, SessionStoreLike, visible_history
 
 __all__ = ["ChatRuns", "Run"]
 
@@ -76,7 +76,7 @@ class ChatRuns:
         summarizer = (ModelSummarizer(model, memory.config.summary_model or default_model)
                       if model is not None and memory is not None else None)
         self.episodes = EpisodeWriter(memory, summarizer, store, config.timezone)
-        self.titler = Titler(config, store, hub, model)
+        self.titler = Titler(config, store, hub, model, default_model)
         self.ends = RunEnds(store, hub, memory, self.episodes, self.titler)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], Attempt] = {}
@@ -201,8 +201,14 @@ class ChatRuns:
     def _prepare_resend(self, run: Run, text: str | None, read: bool) -> Prefetched:
         """Find what a regenerate or an edit replaces in the shown messages and, for an edit,
         append the new user line. Runs in a worker thread."""
-        recent = visible_messages(self.store.recent_messages(
-            run.user, run.session_key, self.config.history_limit + self.config.max_queued_runs))
+        # The shown messages back to the last user message, however much was superseded between.
+        recent: list[Message] = []
+        cursor: str | None = None
+        while not any(m.role == "user" for m in recent):
+            page, cursor = visible_history(self.store, run.user, run.session_key, limit=4, before=cursor)
+            recent = page + recent
+            if cursor is None:
+                break
         last_user = next((m for m in reversed(recent) if m.role == "user"), None)
         if text is not None:
             if last_user is None:

@@ -19,7 +19,7 @@ from gateway.chat.hub import ALL_SESSIONS, Hub
 from gateway.chat.llm import ChatModel
 from gateway.config import ChatConfig
 from gateway.wire import SessionWire, session_wire
-from sessions import DEFAULT_TITLE, SessionError, SessionStoreLike
+from sessions import DEFAULT_TITLE, Session, SessionError, SessionStoreLike
 
 __all__ = ["TITLE_INSTRUCTION", "TITLE_MAX_CHARS", "Titler", "announce", "heuristic_title", "update_session"]
 
@@ -68,20 +68,23 @@ class Titler:
     """Names sessions after their first reply; every task it starts is tracked and ended by
     :meth:`close`."""
 
-    def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, model: ChatModel | None) -> None:
+    def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, model: ChatModel | None,
+                 default_model: str) -> None:
         self.config = config
+        self.default_model = default_model  # asked when the session names none
         self.store = store
         self.hub = hub
         self.model = model
         self._tasks: set[asyncio.Task[None]] = set()
         self._naming: set[tuple[str, str]] = set()
 
-    def after_reply(self, user: str, session_key: str, title: str, model_name: str,
-                    question: str, reply: str) -> None:
-        """Start naming the session when its title (as the run read it) is still the default."""
-        if not self.config.auto_title or title != DEFAULT_TITLE or (user, session_key) in self._naming:
+    def after_reply(self, session: Session, question: str, reply: str) -> None:
+        """Start naming ``session`` (as the run read it) when its title is still the default."""
+        user, session_key = session.user, session.session_key
+        if not self.config.auto_title or session.title != DEFAULT_TITLE or (user, session_key) in self._naming:
             return
         self._naming.add((user, session_key))
+        model_name = session.model or self.default_model
         task = asyncio.create_task(self._name(user, session_key, model_name, question, reply))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -4,13 +4,15 @@ session is refused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from gateway.app import App
 from gateway.client import Client, RpcError
-from tests.conftest import TOKEN
+from gateway.config import Config
+from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.gateway.test_chat import run_to_end, transcript
 
@@ -111,3 +113,21 @@ async def test_a_second_tab_sees_the_regenerated_reply(chat_app: App) -> None:
         run_id = (await a.call("chat.regenerate", {"sessionKey": key}))["runId"]
         _, final = await run_to_end(b, run_id)
         assert final["method"] == "chat.final" and "replaces" in final["params"]["message"]
+
+
+async def test_regenerate_after_many_regenerations(
+        config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+    """However many superseded replies lie between the message and the end (more than the model's
+    history window), regenerate still finds the message and sends no superseded reply with it."""
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "model": "fake-model", "max_retries": 0},
+                         chat={"history_limit": 2, "max_queued_runs": 1})
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = (await c.call("sessions.create"))["sessionKey"]
+        await _say(c, key, "the question")
+        for i in range(4):
+            fake_openai.script(Behaviour(reply=f"take {i}"))
+            await run_to_end(c, (await c.call("chat.regenerate", {"sessionKey": key}))["runId"])
+            sent = [m for m in fake_openai.chat_requests[-1].json["messages"] if m["role"] != "system"]
+            assert [(m["role"], m["content"]) for m in sent] == [("user", "the question")]
+        assert await _history(c, key) == [("user", "the question"), ("assistant", "take 3")]
+        assert len([line for line in transcript(app, key) if line.get("type") == "message"]) == 6
