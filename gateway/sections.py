@@ -157,6 +157,9 @@ class ChatConfig:
     max_tool_rounds: int = field(default=3, metadata=_limit(1, 10))
     # The user's time zone (IANA name): episodes are dated, and time phrases read, in it.
     timezone: str = "UTC"
+    # After a session's first reply, ask the model for a title (off the reply's path); off: none.
+    auto_title: bool = True
+    title_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
 
 
 @dataclass(frozen=True, slots=True)

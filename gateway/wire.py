@@ -9,6 +9,7 @@ Keys are camelCase because they are the wire's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from memory import Episode, Fact, FactAction, FactChange, SearchHit, SearchResponse
@@ -25,6 +26,7 @@ __all__ = [
     "LiveRun",
     "MemoryHealth",
     "MessageWire",
+    "RecalledRef",
     "SearchHitWire",
     "SearchWire",
     "ServerInfo",
@@ -33,6 +35,7 @@ __all__ = [
     "fact_change_wire",
     "fact_wire",
     "message_wire",
+    "recalled_refs",
     "search_wire",
     "server_info",
     "session_wire",
@@ -122,6 +125,22 @@ def session_wire(s: Session) -> SessionWire:
     return wire
 
 
+class RecalledRef(TypedDict):
+    """One chunk recall put into a reply's prompt, as its assistant line keeps it: where to find
+    the excerpt again (``memory.search``'s ``chunkId``, or its session and lines), never its text."""
+
+    chunkId: int
+    sessionKey: str
+    lineStart: int
+    lineEnd: int
+    startTs: str | None
+
+
+def recalled_refs(hits: Sequence[SearchHit]) -> list[RecalledRef]:
+    return [{"chunkId": h.chunk_id, "sessionKey": h.session_key, "lineStart": h.line_start,
+             "lineEnd": h.line_end, "startTs": h.start_ts} for h in hits]
+
+
 class MessageWire(TypedDict):
     """A transcript message (``sessions.history``, ``chat.final``). Besides the keys named here, a
     line keeps any other key it was written or imported with (``Message.extra``)."""
@@ -138,6 +157,8 @@ class MessageWire(TypedDict):
     aborted: NotRequired[bool]
     failed: NotRequired[bool]
     error: NotRequired[str]
+    recalled: NotRequired[list[RecalledRef]]  # what recall put into this reply's prompt
+    replaces: NotRequired[str]  # the id of the message this one supersedes (regenerate, edit)
 
 
 def message_wire(m: Message) -> MessageWire:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .config import FsyncPolicy, SessionsConfig
 from .errors import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
 from .fileio import FileIO
+from .inputs import DEFAULT_TITLE
 from .keys import check_user
 from .layout import (
     TRANSCRIPT_SUFFIX,
@@ -32,13 +33,16 @@ from .models import MESSAGE_ROLES, Message, Session, format_ts, now_ts, parse_ts
 from .protocol import SessionStoreLike
 from .reader import ForwardReader, TranscriptEntry
 from .store import MessagePage, SessionPage, SessionStore
+from .supersede import REPLACES_KEY, replaced_id, visible_history, visible_messages
 from .transcript import Header, memory_enabled, read_header
 
 if TYPE_CHECKING:
     from .pg import PgSessionStore as PgSessionStore
 
 __all__ = [
+    "DEFAULT_TITLE",
     "MESSAGE_ROLES",
+    "REPLACES_KEY",
     "TRANSCRIPT_SUFFIX",
     "FileIO",
     "ForwardReader",
@@ -64,10 +68,13 @@ __all__ = [
     "parse_transcript_relpath",
     "parse_ts",
     "read_header",
+    "replaced_id",
     "scan_transcripts",
     "sessions_root",
     "transcript_file",
     "transcript_relpath",
+    "visible_history",
+    "visible_messages",
 ]
 
 

@@ -43,6 +43,8 @@ from typing import Any
 
 import orjson
 
+from gateway.chat.titles import TITLE_INSTRUCTION
+
 __all__ = ["Behaviour", "FakeOpenAI", "RecordedRequest", "echo_reply", "hashed_embedding"]
 
 Messages = list[dict[str, Any]]
@@ -64,6 +66,21 @@ def echo_reply(messages: Messages) -> str:
     """The default reply: deterministic and tied to the input, so tests can tell runs apart."""
     last = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
     return f"Echo: {last}" if isinstance(last, str) else "Hello from the fake model."
+
+
+def title_reply(messages: Messages) -> str:
+    """The default answer to the gateway's title request: a few words of the first message."""
+    exchange = next((m.get("content") for m in messages if m.get("role") == "user"), "")
+    first = str(exchange).removeprefix("User: ").split("\n", 1)[0]
+    return "Chat about " + " ".join(first.split()[:4])
+
+
+def is_title_request(body: Any) -> bool:
+    """Whether a chat request is the gateway's title request (its system message says so)."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return False
+    return messages[0].get("content") == TITLE_INSTRUCTION
 
 
 def hashed_embedding(text: str, dims: int) -> list[float]:
@@ -201,6 +218,10 @@ class FakeOpenAI:
         self.embedding_dims = embedding_dims
         self.models = models
         self.chat_behaviour = Behaviour()
+        # Title requests are answered by this, never by the chat script, and kept apart in
+        # ``title_requests``: they come after a first reply, and chat tests count their own.
+        self.title_behaviour = Behaviour(reply=title_reply)
+        self.title_requests: list[RecordedRequest] = []
         self.embedding_behaviour = Behaviour()
         self._chat_queue: collections.deque[Behaviour] = collections.deque()
         self._embedding_queue: collections.deque[Behaviour] = collections.deque()
@@ -318,7 +339,7 @@ class FakeOpenAI:
         except orjson.JSONDecodeError:
             parsed = None
         request = RecordedRequest(method, target.split("?", 1)[0], headers, body, parsed, time.monotonic())
-        self.requests.append(request)
+        (self.title_requests if is_title_request(parsed) else self.requests).append(request)
         watcher = asyncio.create_task(conn.watch_eof())
         try:
             keep_open = await self._route(conn, request)
@@ -343,6 +364,8 @@ class FakeOpenAI:
         if self.api_key is not None and req.headers.get("authorization") != f"Bearer {self.api_key}":
             return await self._send_error(conn, Behaviour(status=401, error_message=(
                 "Incorrect API key provided. You can find your API key at https://platform.openai.com.")))
+        if req.method == "POST" and req.path == "/v1/chat/completions" and is_title_request(req.json):
+            return await self._chat(conn, req, self.title_behaviour)
         if req.method == "POST" and req.path == "/v1/chat/completions":
             return await self._chat(conn, req, self._next(self._chat_queue, self.chat_behaviour))
         if req.method == "POST" and req.path == "/v1/embeddings":

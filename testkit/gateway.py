@@ -22,11 +22,13 @@ TOKEN = "test-token-0123456789abcdef"
 
 
 def make_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
-    """Port 0, the fixed token, no file watching, no embedder; ``sections`` override."""
+    """Port 0, the fixed token, no file watching, no embedder, no model-written titles (a test
+    of them turns ``chat.auto_title`` on); ``sections`` override."""
     overrides: dict[str, dict[str, Any]] = {
         "server": {"port": 0},
         "auth": {"token": TOKEN},
         "memory": {"watch": False, "embedder": "none"},
+        "chat": {"auto_title": False},
     }
     for name, values in sections.items():
         overrides.setdefault(name, {}).update(values)

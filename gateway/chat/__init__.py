@@ -7,7 +7,7 @@ packages; never the transport or the method handlers.
 
 from __future__ import annotations
 
-from gateway.chat.hub import Hub
+from gateway.chat.hub import ALL_SESSIONS, Hub
 from gateway.chat.llm import (
     ChatEvent,
     ChatModel,
@@ -18,8 +18,11 @@ from gateway.chat.llm import (
 )
 from gateway.chat.prompt import Prompt, build_prompt, format_recall_block
 from gateway.chat.runs import ChatRuns, Run
+from gateway.chat.titles import TITLE_INSTRUCTION, announce, update_session
 
 __all__ = [
+    "ALL_SESSIONS",
+    "TITLE_INSTRUCTION",
     "ChatEvent",
     "ChatModel",
     "ChatRuns",
@@ -31,5 +34,7 @@ __all__ = [
     "TextDelta",
     "build_prompt",
     "create_chat_model",
+    "announce",
     "format_recall_block",
+    "update_session",
 ]

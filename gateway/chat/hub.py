@@ -12,7 +12,10 @@ from typing import Any
 
 from gateway.rpc import CallContext, Notification
 
-__all__ = ["Hub"]
+__all__ = ["ALL_SESSIONS", "Hub"]
+
+# The channel of a user's session-list events (sessions.watch); never a session key (32 hex digits).
+ALL_SESSIONS = "*"
 
 
 class Hub:

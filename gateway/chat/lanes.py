@@ -35,6 +35,11 @@ class Run:
     # when the run went into an idle session (ChatRuns.submit); None: the run reads them.
     prefetched: tuple[Session, list[Message]] | None = None
     ticket: RunTicket | None = None  # its place across nodes (postgres backend only)
+    # chat.regenerate: the user message the run answers (none is appended) and the reply its
+    # line supersedes; None for a run of chat.send or chat.edit (its own user line).
+    answers: str | None = None
+    replaces: str | None = None
+    session: Session | None = None  # as the run's prompt read it (its title decides naming)
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once

@@ -34,7 +34,7 @@ from memory import (
     SearchHit,
     approx_tokens,
 )
-from sessions import Message, Session, SessionStoreLike
+from sessions import Message, Session, SessionStoreLike, visible_messages
 
 __all__ = [
     "FACTS_CLOSE", "FACTS_OPEN", "MESSAGE_OVERHEAD_TOKENS", "RECALL_QUERY_CHARS", "Prompt", "build_prompt",
@@ -115,11 +115,13 @@ async def build_prompt(
     config: ChatConfig, store: SessionStoreLike, memory: Memory | None,
     user: str, session_key: str, message: str, run_id: str,
     read: tuple[Session, list[Message]] | None = None, *, recall: bool = True, tools: bool = True,
+    own_id: str | None = None,
 ) -> Prompt:
     """The prompt of the run ``run_id`` whose user message is ``message``.
 
-    History stops at this run's own user message: messages queued behind it arrived later
-    and must not leak into an earlier reply. The session and its history are read in one
+    History is the shown messages (superseded ones left out: ``sessions.visible_messages``) and
+    stops at this run's own user message, the one it appended or, for a regenerate, ``own_id``:
+    messages queued behind it arrived later and must not leak into an earlier reply. The session and its history are read in one
     worker-thread hop (it sits between the user's message and the model's first byte), or
     given as ``read`` (:func:`read_session`'s answer, taken when the run was queued into an
     idle session, see ``ChatRuns.submit``). What memory does for the run is decided once the
@@ -149,9 +151,13 @@ async def build_prompt(
     if system_parts:
         out.append({"role": "system", "content": "\n\n".join(system_parts)})
 
-    own = next((i for i, m in enumerate(recent) if m.run_id == run_id and m.role == "user"), None)
+    recent = visible_messages(recent)
+    own = next((i for i, m in enumerate(recent)
+                if (m.id == own_id if own_id is not None else m.run_id == run_id and m.role == "user")), None)
     if own is not None:
         recent = recent[: own + 1]
+    elif own_id is not None:
+        recent = []  # the message answered is older than all of them: each came after it
     recent = recent[-config.history_limit :]
     history: list[dict[str, str]] = []
     for msg in reversed(recent):

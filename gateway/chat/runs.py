@@ -1,18 +1,18 @@
-"""Chat runs: one FIFO queue and worker per busy session, driven by ``chat.send``/``chat.abort``.
+"""Chat runs: one FIFO queue and worker per busy session, driven by ``chat.send``/``chat.abort``
+and, into an idle session, ``chat.regenerate``/``chat.edit``.
 
-A run is: append the user message → build the prompt (system prompt, recalled memories,
-recent history trimmed to a budget) → stream the model's reply as ``chat.delta`` events →
-append the assistant message → ``chat.final``. The assistant line is written whether or not
-anyone is still connected; an upstream failure writes the partial text marked ``failed`` and
-emits ``chat.error``; an abort writes it marked ``aborted`` and emits ``chat.aborted``.
+A run is: append the user message (none for a regenerate) → build the prompt (system prompt,
+recalled memories, recent shown history trimmed to a budget) → stream the model's reply as
+``chat.delta`` events → append the assistant message → ``chat.final``. How a run ends (its
+line and terminal event, whether or not anyone is still connected) is
+:mod:`gateway.chat.finish`'s.
 
 Ordering: :meth:`ChatRuns.submit` takes the session's append lock before its first
 suspension point (and the ``chat.send`` handler awaits nothing before calling it), and
 ``asyncio.Lock`` wakes waiters in FIFO order, so user messages reach the transcript and the
 run queue in arrival order. Each run executes in its own task so that ``chat.abort`` can
 cancel exactly that run (which closes the upstream stream) without touching the worker.
-Every event takes the run's next ``seq`` in one place (``_publish``), so a seq is spent only
-on an event actually sent.
+Every event takes the run's next ``seq`` in one place (``RunEnds.publish``).
 """
 
 from __future__ import annotations
@@ -21,30 +21,25 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
 from gateway.chat.episodes import ModelSummarizer
+from gateway.chat.finish import RunEnds, run_error
 from gateway.chat.gate import RunGate, close_soon, run_leased, ungate
 from gateway.chat.hub import Hub
 from gateway.chat.lanes import Attempt, Run, SessionLane
 from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import build_prompt, read_session
+from gateway.chat.titles import Titler
 from gateway.config import ChatConfig
-from gateway.errors import (
-    Conflict,
-    GatewayError,
-    InternalError,
-    NotConfigured,
-    RateLimited,
-    new_error_id,
-    wire_error,
-)
-from gateway.wire import ErrorObject, LiveRun, message_wire
-from memory import EpisodeWriter, Memory
-from sessions import Message, Session, SessionStoreLike
+from gateway.errors import Conflict, GatewayError, NotConfigured, RateLimited
+from gateway.wire import LiveRun
+from memory import EpisodeWriter, Memory, SearchHit
+from sessions import REPLACES_KEY, Message, Session, SessionStoreLike, visible_history
 
 __all__ = ["ChatRuns", "Run"]
 
@@ -54,6 +49,9 @@ log = structlog.get_logger("recalld.chat")
 # between leave as one merged chat.delta (docs/protocol.md), a frame and a send() per connection
 # saved each, and 8 ms is half a 60 Hz screen frame. A real model's deltas each await its socket.
 _YIELD_EVERY_S = 0.008
+
+# What a run's prompt was read from when it was queued into an idle session (see _enqueue).
+Prefetched = tuple[Session, list[Message]] | None
 
 
 class ChatRuns:
@@ -78,6 +76,8 @@ class ChatRuns:
         summarizer = (ModelSummarizer(model, memory.config.summary_model or default_model)
                       if model is not None and memory is not None else None)
         self.episodes = EpisodeWriter(memory, summarizer, store, config.timezone)
+        self.titler = Titler(config, store, hub, model, default_model)
+        self.ends = RunEnds(store, hub, memory, self.episodes, self.titler)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], Attempt] = {}
         self._closing = False
@@ -86,13 +86,7 @@ class ChatRuns:
                      idempotency_key: str | None, *, recall: bool = True) -> tuple[str, bool]:
         """Append the user message and queue its run; returns (runId, whether it is a
         duplicate of an earlier send with the same idempotency key)."""
-        if self.model is None:
-            raise NotConfigured(
-                "no chat model is configured: set llm.base_url (or OPENAI_BASE_URL) for a local "
-                "server such as Ollama, or llm.api_key (or OPENAI_API_KEY) for OpenAI"
-            )
-        if self._closing:
-            raise Conflict("the gateway is shutting down")
+        self._check_open()
         idem = (user, session_key, idempotency_key) if idempotency_key else None
         while idem is not None and (seen := self._idempotency.get(idem)) is not None:
             if seen.expires <= time.monotonic():
@@ -107,6 +101,43 @@ class ChatRuns:
             owner = await self.gate.claim(user, session_key, idem[2], run_id, self.config.idempotency_ttl_s)
             if owner != run_id:
                 return owner, True
+        lane = await self._lane(user, session_key, idem, run_id)
+        run = Run(run_id, user, session_key, message, recall=recall)
+        attempt: Attempt | None = None
+        if idem is not None:
+            # Recorded before the first await so a duplicate racing this one finds it.
+            now = time.monotonic()
+            attempt = Attempt(run.run_id, now + self.config.idempotency_ttl_s,
+                               asyncio.get_running_loop().create_future())
+            self._idempotency[idem] = attempt
+            self._prune_idempotency(now)
+        await self._enqueue(lane, run, lambda read: self._append_user(run, read), idem, attempt)
+        return run.run_id, False
+
+    async def resend(self, user: str, session_key: str, text: str | None, *, recall: bool = True) -> str:
+        """``chat.regenerate`` (``text`` None: answer the last user message again, the new reply
+        superseding the last one) or ``chat.edit`` (append ``text`` superseding the last user
+        message and its reply, then answer it). Only into an idle session; returns the runId."""
+        self._check_open()
+        if (user, session_key) in self._lanes:
+            raise Conflict("session busy: a reply is being written; wait for it or chat.abort it")
+        run_id = secrets.token_hex(8)
+        lane = await self._lane(user, session_key, None, run_id)
+        run = Run(run_id, user, session_key, text or "", recall=recall)
+        await self._enqueue(lane, run, lambda read: self._prepare_resend(run, text, read), None, None)
+        return run.run_id
+
+    def _check_open(self) -> None:
+        if self.model is None:
+            raise NotConfigured(
+                "no chat model is configured: set llm.base_url (or OPENAI_BASE_URL) for a local "
+                "server such as Ollama, or llm.api_key (or OPENAI_API_KEY) for OpenAI"
+            )
+        if self._closing:
+            raise Conflict("the gateway is shutting down")
+
+    async def _lane(self, user: str, session_key: str, idem: tuple[str, str, str] | None,
+                    run_id: str) -> SessionLane:
         lane = self._lanes.get((user, session_key))
         try:
             if lane is None:
@@ -118,15 +149,12 @@ class ChatRuns:
         except GatewayError:
             await asyncio.shield(ungate(self.gate, None, idem, run_id))  # a refused send claims no key
             raise
-        run = Run(run_id, user, session_key, message, recall=recall)
-        attempt: Attempt | None = None
-        if idem is not None:
-            # Recorded before the first await so a duplicate racing this one finds it.
-            now = time.monotonic()
-            attempt = Attempt(run.run_id, now + self.config.idempotency_ttl_s,
-                               asyncio.get_running_loop().create_future())
-            self._idempotency[idem] = attempt
-            self._prune_idempotency(now)
+        return lane
+
+    async def _enqueue(self, lane: SessionLane, run: Run, prepare: Callable[[bool], Prefetched],
+                       idem: tuple[str, str, str] | None, attempt: Attempt | None) -> None:
+        """Write what the run answers (``prepare``, in a worker thread) and queue the run."""
+        user, session_key = run.user, run.session_key
         lane.submitters += 1
         try:
             async with lane.append_lock:
@@ -139,7 +167,7 @@ class ChatRuns:
                 idle = lane.current is None and not lane.queue and self.gate is None
                 if self.gate is not None:  # live across nodes before its message exists
                     run.ticket = await self.gate.ticket(user, session_key, run.run_id)
-                run.prefetched = await asyncio.to_thread(self._append_user, run, idle)
+                run.prefetched = await asyncio.to_thread(prepare, idle)
                 lane.queue.append(run)
         except BaseException:
             if idem is not None and attempt is not None:
@@ -155,13 +183,12 @@ class ChatRuns:
             attempt.outcome.set_result(True)
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._work(user, session_key, lane))
-        return run.run_id, False
 
-    def _append_user(self, run: Run, read: bool) -> tuple[Session, list[Message]] | None:
+    def _append_user(self, run: Run, read: bool, extra: dict[str, Any] | None = None) -> Prefetched:
         """Append the run's user message; with ``read``, then read what its prompt needs.
         Runs in a worker thread."""
         self.store.append_message(run.user, run.session_key, role="user", content=run.message,
-                                  run_id=run.run_id)
+                                  run_id=run.run_id, extra=extra)
         if not read:
             return None
         try:
@@ -170,6 +197,27 @@ class ChatRuns:
             # The message is written and its run must be queued: the run reads again when it
             # starts and reports what fails then, as it would have without this read.
             return None
+
+    def _prepare_resend(self, run: Run, text: str | None, read: bool) -> Prefetched:
+        """Find what a regenerate or an edit replaces in the shown messages and, for an edit,
+        append the new user line. Runs in a worker thread."""
+        # The shown messages back to the last user message, however much was superseded between.
+        recent: list[Message] = []
+        cursor: str | None = None
+        while not any(m.role == "user" for m in recent):
+            page, cursor = visible_history(self.store, run.user, run.session_key, limit=4, before=cursor)
+            recent = page + recent
+            if cursor is None:
+                break
+        last_user = next((m for m in reversed(recent) if m.role == "user"), None)
+        if text is not None:
+            if last_user is None:
+                raise Conflict("nothing to edit: the session has no message of yours")
+            return self._append_user(run, read, {REPLACES_KEY: last_user.id})
+        if not recent or recent[-1].role != "assistant" or last_user is None:
+            raise Conflict("nothing to regenerate: the session's last message is not a reply")
+        run.message, run.answers, run.replaces = last_user.content, last_user.id, recent[-1].id
+        return read_session(self.config, self.store, run.user, run.session_key) if read else None
 
     def _check_run_quota(self, user: str) -> None:
         if self.max_runs is not None and len(self._lanes) >= self.max_runs:
@@ -208,7 +256,7 @@ class ChatRuns:
             if run.run_id == run_id:
                 lane.queue.remove(run)
                 close_soon(run.ticket)
-                self._publish(run, "chat.aborted", {"partial": ""})
+                self.ends.publish(run, "chat.aborted", {"partial": ""})
                 return True
         return False
 
@@ -239,6 +287,7 @@ class ChatRuns:
                         self._abort_in(lane, run.run_id)
                     self._abort_in(lane, None)
                 await asyncio.gather(*pending, return_exceptions=True)
+        await self.titler.close()
         await self.episodes.close()
         if self.model is not None:
             await self.model.close()
@@ -260,8 +309,8 @@ class ChatRuns:
     async def _leased(self, run: Run) -> None:
         assert run.ticket is not None
         await run_leased(run.ticket, lambda: self._execute(run),
-                         aborted=lambda: self._finish_aborted(run, self.default_model),
-                         failed=lambda exc: self._finish_failed(run, self.default_model, _run_error(exc)))
+                         aborted=lambda: self.ends.aborted(run, self.default_model),
+                         failed=lambda exc: self.ends.failed(run, self.default_model, run_error(exc)))
 
     def _forget_if_idle(self, user: str, session_key: str, lane: SessionLane) -> None:
         """Drop an idle lane so the map only holds sessions with work in flight."""
@@ -278,7 +327,7 @@ class ChatRuns:
         assert model is not None  # submit() refuses runs without a model
         bound = structlog.contextvars.bound_contextvars(session=run.session_key, run=run.run_id)
         with bound:
-            recalled: list[int] = []
+            hits: Sequence[SearchHit] = ()
             usage: dict[str, Any] | None = None
             finish: str | None = None
             model_name = self.default_model
@@ -288,9 +337,9 @@ class ChatRuns:
                 read, run.prefetched = run.prefetched, None
                 prompt = await build_prompt(self.config, self.store, self.memory, run.user, run.session_key,
                                             run.message, run.run_id, read, recall=run.recall,
-                                            tools=model.supports_tools)
-                run.memory = prompt.memory
-                recalled = prompt.recalled
+                                            tools=model.supports_tools, own_id=run.answers)
+                run.memory, run.session = prompt.memory, prompt.session
+                hits = prompt.context.chunks
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
@@ -302,7 +351,7 @@ class ChatRuns:
                             text = event.text
                             if text:
                                 run.partial.append(text)
-                                self._publish_delta(run, text)
+                                self.ends.publish_delta(run, text)
                                 # A stream already buffered in full never awaits the socket, so
                                 # the outbox writers would send nothing until the run ends.
                                 now = time.monotonic()
@@ -314,97 +363,15 @@ class ChatRuns:
                             model_name = event.model or model_name
                 run.final_extra = tools.final_fields()
             except asyncio.CancelledError:
-                await self._finish_aborted(run, model_name)
+                await self.ends.aborted(run, model_name)
                 raise
             except Exception as exc:
-                await self._finish_failed(run, model_name, _run_error(exc))
+                await self.ends.failed(run, model_name, run_error(exc))
                 return
-            await self._finish_ok(run, model_name, usage, finish, recalled)
-
-    async def _finish_ok(self, run: Run, model: str, usage: dict[str, Any] | None,
-                         finish: str | None, recalled: list[int]) -> None:
-        extra: dict[str, Any] = {"model": model}
-        if usage:
-            extra["usage"] = usage
-        if finish:
-            extra["finishReason"] = finish
-        try:
-            msg = await self._append_assistant(run, extra)
-        except Exception as exc:  # disk full: the client still learns what happened
-            error = _run_error(exc)
-            self._publish(run, "chat.error", {"error": _event_error(error), "partial": "".join(run.partial)})
-            log.warning("chat.run", outcome="storage_error", error=error.message)
-            return
-        params: dict[str, Any] = {"message": message_wire(msg), "recalled": recalled, **run.final_extra}
-        if usage:
-            params["usage"] = usage
-        self._publish(run, "chat.final", params)
-        self._log_run(run, "final", recalled=recalled)
-        self.episodes.after_run(run.user, run.session_key, run.memory.write_episodes)
-        if self.memory is not None:
-            self.memory.nudge()
-
-    async def _finish_failed(self, run: Run, model: str, error: GatewayError) -> None:
-        partial = "".join(run.partial)
-        try:
-            await self._append_assistant(run, {"model": model, "failed": True, "error": error.message})
-        except Exception as store_exc:
-            log.warning("chat.partial_not_saved", error=str(store_exc))
-        self._publish(run, "chat.error", {"error": _event_error(error), "partial": partial})
-        self._log_run(run, "error", code=error.code, status=getattr(error, "status", None),
-                      retryable=error.retryable)
-
-    async def _finish_aborted(self, run: Run, model: str) -> None:
-        partial = "".join(run.partial)
-        try:
-            # Shielded: the write must land even though this task is being cancelled.
-            await asyncio.shield(self._append_assistant(run, {"model": model, "aborted": True}))
-        except Exception as exc:
-            log.warning("chat.partial_not_saved", error=str(exc))
-        self._publish(run, "chat.aborted", {"partial": partial})
-        self._log_run(run, "aborted")
-
-    async def _append_assistant(self, run: Run, extra: dict[str, Any]) -> Message:
-        store = self.store
-
-        def write() -> Message:
-            msg = store.append_message(run.user, run.session_key, role="assistant",
-                                       content="".join(run.partial), run_id=run.run_id, extra=extra)
-            store.flush()  # the end of a run is a durability point under fsync="batch"
-            return msg
-
-        return await asyncio.to_thread(write)
-
-    def _publish(self, run: Run, method: str, fields: dict[str, Any]) -> None:
-        self.hub.publish(run.user, run.session_key, method, {**run.next_event(), **fields})
-
-    def _publish_delta(self, run: Run, text: str) -> None:
-        # The per-delta path of _publish: one dict built once, not two merged.
-        self.hub.publish(run.user, run.session_key, "chat.delta", run.next_delta(text))
-
-    def _log_run(self, run: Run, outcome: str, **fields: Any) -> None:
-        log.info("chat.run", outcome=outcome, chars=sum(map(len, run.partial)), events=run.seq,
-                 duration_s=round(time.monotonic() - run.started, 3), **fields)
+            await self.ends.ok(run, model_name, usage, finish, hits)
 
     def _prune_idempotency(self, now: float) -> None:
         if len(self._idempotency) > 1000:
             for key in [k for k, a in self._idempotency.items() if a.expires <= now and a.outcome.done()]:
                 del self._idempotency[key]
 
-
-def _run_error(exc: Exception) -> GatewayError:
-    """What a run failure says on the wire: the mapped error, or, for a bug, an internal
-    error whose id matches the logged traceback (its text stays in the log)."""
-    error = wire_error(exc)
-    if error is None:
-        error_id = new_error_id()
-        log.error("chat.run_crash", error_id=error_id, exc_info=exc)
-        error = InternalError(error_id)
-    return error
-
-
-def _event_error(error: GatewayError) -> ErrorObject:
-    # chat.error's error object adds ``retryable`` beside code and message (docs/protocol.md).
-    obj = error.to_object()
-    obj["retryable"] = error.retryable
-    return obj

@@ -30,6 +30,8 @@ HELP = """commands:
   /new            start a new session
   /sessions       list recent sessions
   /search QUERY   search past conversations
+  /regenerate     answer your last message again (the new reply replaces the last one)
+  /edit TEXT      replace your last message with TEXT and answer it again
   /help           show this help
   /quit           exit (end of input does too)
 Ctrl+C aborts a streaming reply; Ctrl+C while idle exits (code 130)."""
@@ -204,6 +206,10 @@ class Chat:
             await self._list()
         elif name == "/search" and rest.strip():
             await self._search(rest.strip())
+        elif name == "/regenerate" and not rest.strip():
+            await self._resend("chat.regenerate", {})
+        elif name == "/edit" and rest.strip():
+            await self._resend("chat.edit", {"text": rest.strip()})
         elif name == "/help":
             _out(HELP + "\n")
         else:
@@ -253,7 +259,11 @@ class Chat:
             _out(f"{i}. {date}  session {hit.get('sessionKey')}  {_one_line(hit.get('content', ''))}\n")
 
     async def _send(self, message: str) -> None:
-        result = await self.client.call("chat.send", {"sessionKey": self.session_key, "message": message})
+        await self._resend("chat.send", {"message": message})
+
+    async def _resend(self, method: str, params: dict[str, Any]) -> None:
+        """chat.send, chat.regenerate or chat.edit into this session, its reply streamed."""
+        result = await self.client.call(method, {"sessionKey": self.session_key, **params})
         self.run_id, self.abort_sent = result["runId"], False
         try:
             await self._stream(result["runId"])

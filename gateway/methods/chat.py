@@ -1,4 +1,5 @@
-"""``chat.send`` and ``chat.abort``: check the call, then hand it to :class:`ChatRuns`."""
+"""``chat.send``, ``chat.abort``, ``chat.regenerate`` and ``chat.edit``: check the call, then hand
+it to :class:`ChatRuns`."""
 
 from __future__ import annotations
 
@@ -32,10 +33,28 @@ class ChatAbortParams:
     run_id: str | None = bounded(None, max_len=MAX_KEY)
 
 
+@dataclass(frozen=True, slots=True)
+class ChatRegenerateParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatEditParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    text: str = bounded(doc="the new text of the session's last user message")
+    recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
+
+
 class SendReply(TypedDict):
     runId: str
     status: Literal["started"]
     duplicate: NotRequired[Literal[True]]  # a repeated idempotencyKey: the first run's id
+
+
+class ResendReply(TypedDict):
+    runId: str
+    status: Literal["started"]
 
 
 class AbortReply(TypedDict):
@@ -52,18 +71,22 @@ class ChatMethods:
         # quotas.message_bytes_per_minute: what a user's messages may add to the transcripts.
         self.message_bytes = message_bytes
 
-    async def send(self, ctx: CallContext, p: ChatSendParams) -> SendReply:
-        user = ctx.caller
+    def _measure(self, field: str, text: str) -> int:
         # Measured as it will be written: JSON escaping makes a control character six bytes, so
         # the raw length could pass here and the transcript line still be refused later.
-        size = len(orjson.dumps(p.message)) - 2
+        size = len(orjson.dumps(text)) - 2
         if size > self.config.max_message_bytes:
             raise InvalidParams(
-                "message", f"is {size} bytes as written (JSON-escaped UTF-8); the limit is "
+                field, f"is {size} bytes as written (JSON-escaped UTF-8); the limit is "
                 f"{self.config.max_message_bytes} (chat.max_message_bytes)"
             )
-        if not p.message.strip():
-            raise InvalidParams("message", "must not be empty")
+        if not text.strip():
+            raise InvalidParams(field, "must not be empty")
+        return size
+
+    async def send(self, ctx: CallContext, p: ChatSendParams) -> SendReply:
+        user = ctx.caller
+        size = self._measure("message", p.message)
         rate = self.message_bytes
         if rate is not None:
             rate.take(user, size)
@@ -83,6 +106,29 @@ class ChatMethods:
             return {"runId": run_id, "status": "started", "duplicate": True}
         return {"runId": run_id, "status": "started"}
 
+    async def regenerate(self, ctx: CallContext, p: ChatRegenerateParams) -> ResendReply:
+        user = ctx.caller
+        await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
+        run_id = await self.runs.resend(user, p.session_key, None, recall=p.recall)
+        self.hub.attach(ctx, user, p.session_key)
+        return {"runId": run_id, "status": "started"}
+
+    async def edit(self, ctx: CallContext, p: ChatEditParams) -> ResendReply:
+        user = ctx.caller
+        size = self._measure("text", p.text)
+        await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
+        rate = self.message_bytes
+        if rate is not None:
+            rate.take(user, size)
+        try:
+            run_id = await self.runs.resend(user, p.session_key, p.text, recall=p.recall)
+        except BaseException:
+            if rate is not None:
+                rate.refund(user, size)
+            raise
+        self.hub.attach(ctx, user, p.session_key)
+        return {"runId": run_id, "status": "started"}
+
     async def abort(self, ctx: CallContext, p: ChatAbortParams) -> AbortReply:
         user = ctx.caller
         await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
@@ -93,5 +139,10 @@ def declare_chat(reg: Registry, config: ChatConfig, h: ChatMethods | None) -> No
     # A message has at most as many characters as bytes, so the byte limit bounds its length.
     reg.declare("chat.send", ChatSendParams, "Send a message; the reply streams as chat.* events.",
                 h.send if h else None, result=SendReply, bounds={"message": Bound(max_len=config.max_message_bytes)})
+    reg.declare("chat.regenerate", ChatRegenerateParams, "Answer the last message again; the new reply "
+                "supersedes the last one (an idle session only).", h.regenerate if h else None, result=ResendReply)
+    reg.declare("chat.edit", ChatEditParams, "Replace the last user message (and its reply) with text and "
+                "answer it (an idle session only).", h.edit if h else None, result=ResendReply,
+                bounds={"text": Bound(max_len=config.max_message_bytes)})
     reg.declare("chat.abort", ChatAbortParams, "Abort the running reply of a session.", h.abort if h else None,
                 result=AbortReply)

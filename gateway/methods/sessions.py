@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
-from gateway.chat import ChatRuns, Hub
+from gateway.chat import ALL_SESSIONS, ChatRuns, Hub, announce, update_session
 from gateway.errors import InvalidParams
 from gateway.rpc import Bound, CallContext, Registry, bounded
 from gateway.wire import LiveRun, MessageWire, SessionWire, message_wire, session_wire
 from memory import Memory
-from sessions import SessionsConfig, SessionStoreLike
+from sessions import SessionsConfig, SessionStoreLike, visible_history
 
 __all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
 
 MAX_KEY = 128
-# The hub channel of a user's session-list events; never a session key (those are 32 hex digits).
-_ALL_SESSIONS = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +119,7 @@ class SessionsMethods:
         )
         self.hub.attach(ctx, ctx.caller, session.session_key)
         wire = session_wire(session)
-        self._announce(ctx.caller, session.session_key, "sessions.created", {"session": wire})
+        announce(self.hub, ctx.caller, session.session_key, "sessions.created", {"session": wire})
         out: CreatedReply = {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
         if not session.memory:
             out["memory"] = False
@@ -139,8 +137,9 @@ class SessionsMethods:
         return session_wire(session)
 
     async def history(self, ctx: CallContext, p: HistoryParams) -> HistoryReply:
+        # Superseded messages (a regenerated reply, an edited message and its reply) are left out.
         messages, nxt = await asyncio.to_thread(
-            self.store.history, ctx.caller, p.session_key, limit=p.limit, before=p.before
+            visible_history, self.store, ctx.caller, p.session_key, limit=p.limit, before=p.before
         )
         out: HistoryReply = {"messages": [message_wire(m) for m in messages]}
         if nxt:
@@ -148,12 +147,8 @@ class SessionsMethods:
         return out
 
     async def update(self, ctx: CallContext, p: UpdateSessionParams) -> SessionWire:
-        session = await asyncio.to_thread(
-            self.store.update, ctx.caller, p.session_key, title=p.title, system_prompt=p.system_prompt
-        )
-        wire = session_wire(session)
-        self._announce(ctx.caller, p.session_key, "sessions.updated", {"session": wire})
-        return wire
+        return await update_session(self.store, self.hub, ctx.caller, p.session_key, title=p.title,
+                                    system_prompt=p.system_prompt)
 
     async def delete(self, ctx: CallContext, p: SessionKeyParams) -> DeletedReply:
         user = ctx.caller
@@ -161,16 +156,12 @@ class SessionsMethods:
         await asyncio.to_thread(self.store.delete, user, p.session_key)
         if self.memory is not None:
             await self.memory.delete_session(user, p.session_key)
-        self._announce(user, p.session_key, "sessions.deleted", {})
+        announce(self.hub, user, p.session_key, "sessions.deleted", {})
         return {"deleted": True}
 
     async def watch(self, ctx: CallContext, p: WatchParams) -> WatchingReply:
-        self.hub.attach(ctx, ctx.caller, _ALL_SESSIONS)
+        self.hub.attach(ctx, ctx.caller, ALL_SESSIONS)
         return {"watching": True}
-
-    def _announce(self, user: str, session_key: str, method: str, fields: dict[str, Any]) -> None:
-        """Tell every connection of the user that called sessions.watch."""
-        self.hub.publish(user, _ALL_SESSIONS, method, {"sessionKey": session_key, **fields})
 
     async def subscribe(self, ctx: CallContext, p: SessionKeyParams) -> SubscribedReply:
         await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)  # not-found check

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import TOKEN
 from tests.daemon import Daemon
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import Behaviour, FakeOpenAI
 
 KEY = re.compile(r"^session ([0-9a-f-]{16,})", re.MULTILINE)
 
@@ -172,3 +172,19 @@ async def test_wrong_token_exits_1(daemon: Daemon) -> None:
     """A refused token says so in one line, exit code 1."""
     code, _, err = await chat(daemon, "--token", "wrong-token-0123456789")
     assert code == 1 and err.strip() == f"recalld: cannot connect to {daemon.url}: the token was refused"
+
+
+async def test_regenerate_and_edit_commands(daemon: Daemon, fake_openai: FakeOpenAI) -> None:
+    """/regenerate streams a new reply to the last message; /edit TEXT replaces the last message
+    and streams its reply; history then shows only the latest versions, and the session, created
+    without a title, has been named by the model."""
+    fake_openai.script(Behaviour(), Behaviour(reply="Another take."))
+    code, out, err = await chat(daemon, stdin="first try\n/regenerate\n/edit second try\n")
+    assert code == 0, err
+    assert "Echo: first try\n" in out and "Another take.\n" in out and "Echo: second try\n" in out
+    key = KEY.search(out).group(1)  # type: ignore[union-attr]
+    code, out, err = await chat(daemon, "--session", key)
+    assert code == 0, err
+    assert "user: second try" in out and "assistant: Echo: second try" in out
+    assert "user: first try" not in out and "Another take." not in out
+    assert "(Chat about first try, 5 messages)" in out

@@ -100,6 +100,11 @@ async def test_replies_validate_against_their_published_schema(
             event = await c.next_event("chat.final")
             if event["params"]["runId"] == run_id:
                 break
+        for method, params in (("chat.regenerate", {"sessionKey": key}),
+                               ("chat.edit", {"sessionKey": key, "text": "I like Go"})):
+            run_id = (await call(method, params))["runId"]
+            while (await c.next_event("chat.final"))["params"]["runId"] != run_id:
+                pass
         history = await call("sessions.history", {"sessionKey": key})
         assert [m["role"] for m in history["messages"]] == ["user", "assistant"]
         await call("sessions.subscribe", {"sessionKey": key})

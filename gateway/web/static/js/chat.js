@@ -5,9 +5,10 @@
 // (after a reconnect, or in a second tab) is merged, never shown twice.
 
 import { Composer, titleFrom } from "./composer.js";
-import { $, h, timeEl } from "./dom.js";
-import { copyButton, renderMarkdown } from "./markdown.js";
-import { recalledBlock, resolveRecalled } from "./recalled.js";
+import { $ } from "./dom.js";
+import { messageNode, renderMessage } from "./message.js";
+import { resolveRecalled } from "./recalled.js";
+import { Resend, superseded } from "./resend.js";
 
 const PAGE = 50;
 export class ChatView {
@@ -26,7 +27,19 @@ export class ChatView {
     this.renderQueued = new Set();
     this.subscribing = 0; // sessions.subscribe calls out; chat events wait in `held` meanwhile
     this.held = [];
-
+    this.resend = new Resend(rpc, {
+      session: () => this.session, items: () => this.items, busy: () => Boolean(this.activeRun),
+      body: (item) => this.nodes.get(item.key)?.children[1], render: (item) => this.#render(item),
+      remove: (item) => this.#remove(item), banner: (text) => this.#banner(text),
+      started: (runId, text) => {
+        const early = this.items.find((m) => m.runId === runId); // its events may beat the answer
+        if (early) this.#remove(early);
+        if (text !== undefined) this.#upsert({ key: `local:${runId}`, role: "user", content: text, runId, state: "done" });
+        if (early) this.#upsert(early);
+        this.#liveReply(runId);
+        if (text !== undefined) this.#fetchStored(this.session.sessionKey, runId).catch(() => {});
+      },
+    });
     this.list = $("messages");
     this.scroller = $("scroller");
     this.input = new Composer({ onSend: () => this.send() });
@@ -89,9 +102,7 @@ export class ChatView {
     this.input.focus();
   }
 
-  close() {
-    this.startDraft();
-  }
+  close() { this.startDraft(); }
 
   setSession(session) {
     if (this.session && session.sessionKey === this.session.sessionKey) {
@@ -256,7 +267,7 @@ export class ChatView {
       reply = this.#liveReply(p.runId);
       // Another tab or client started this run: fetch its user message from the transcript.
       // (Not while our own send awaits its answer: the run is probably that one.)
-      const ours = this.items.some((m) => m.state === "pending");
+      const ours = this.resend.pending || this.items.some((m) => m.state === "pending");
       if (!ours && !this.items.some((m) => m.runId === p.runId && m.role === "user")) this.resync().catch(() => {});
     }
     if (method === "chat.delta") {
@@ -264,7 +275,9 @@ export class ChatView {
     } else if (method === "chat.final") {
       Object.assign(reply, { id: p.message.id, content: p.message.content, ts: p.message.ts, state: "done", note: "" });
       this.#render(reply);
-      if (p.recalled && p.recalled.length) this.#loadChips(reply, p.recalled);
+      this.#dropSuperseded(p.message);
+      const refs = p.message.recalled || p.recalled;
+      if (refs && refs.length) this.#loadChips(reply, refs);
       this.#runEnded(p.runId);
     } else if (method === "chat.aborted") {
       Object.assign(reply, { content: p.partial, state: "aborted", note: "" });
@@ -326,11 +339,17 @@ export class ChatView {
     }
   }
 
-  async #loadChips(reply, ids) {
-    const user = this.items.find((m) => m.runId === reply.runId && m.role === "user");
-    reply.recalled = await resolveRecalled(this.rpc, ids, user?.content, this.session.sessionKey);
+  // The message a reply answers is the user message before it (a regenerated reply has a run
+  // of its own). Each reply resolves its references once, live or from history.
+  async #loadChips(reply, refs) {
+    if (reply.chipsFor === reply.id && reply.id) return;
+    reply.chipsFor = reply.id;
+    const user = this.items.slice(0, this.items.indexOf(reply)).reverse().find((m) => m.role === "user");
+    reply.recalled = await resolveRecalled(this.rpc, refs, user?.content, this.session.sessionKey);
     this.#render(reply);
   }
+
+  #dropSuperseded(message) { for (const x of superseded(this.items, message)) this.#remove(x); }
 
   // -- rendering --------------------------------------------------------------------------
 
@@ -342,14 +361,18 @@ export class ChatView {
       const state = m.aborted ? "aborted" : m.failed ? "error" : "done";
       const fields = { id: m.id, role: m.role, content: m.content, ts: m.ts, runId: m.runId, state,
         error: m.failed ? m.error || "the reply failed" : "" };
+      let item = same;
       if (same) {
         if (same.state === "streaming" && m.role === "assistant") this.#runEnded(m.runId);
         Object.assign(same, fields, { note: "" });
         this.#render(same);
       } else {
-        this.#upsert({ key: m.id, ...fields });
+        this.#upsert(item = { key: m.id, ...fields });
       }
+      this.#dropSuperseded(m);
+      if (m.recalled && m.recalled.length) this.#loadChips(item, m.recalled);
     }
+    this.resend.refresh();
   }
 
   #upsert(item) {
@@ -364,18 +387,18 @@ export class ChatView {
     const next = this.items[at + 1] && this.nodes.get(this.items[at + 1].key);
     this.list.insertBefore(node, next || null);
     this.#render(item);
+    this.resend.refresh();
   }
 
   #remove(item) {
     this.items = this.items.filter((x) => x !== item);
     this.nodes.get(item.key)?.remove();
     this.nodes.delete(item.key);
+    this.resend.refresh();
   }
 
   #node(item) {
-    const li = h("li", { class: `msg ${item.role}`, tabindex: "-1" },
-      h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }),
-      h("div", { class: "msg-actions" }, copyButton(() => item.content, "Copy message")));
+    const li = messageNode(item);
     this.nodes.set(item.key, li);
     return li;
   }
@@ -394,33 +417,8 @@ export class ChatView {
 
   #render(item) {
     const li = this.nodes.get(item.key);
-    if (!li) return;
-    li.className = `msg ${item.role} ${item.state}`;
-    li.dataset.state = item.state;
-    if (item.id) li.dataset.id = item.id;
-    if (item.runId) li.dataset.runId = item.runId;
-    const [meta, body, extras] = li.children;
-    meta.replaceChildren(item.role === "user" ? "You" : "Assistant", ...(item.ts ? [" · ", timeEl(item.ts)] : []));
-    if (item.role === "assistant") {
-      // The live reply is announced once it is complete, not token by token.
-      body.setAttribute("aria-live", "polite");
-      body.setAttribute("aria-busy", String(item.state === "streaming"));
-      renderMarkdown(body, item.content);
-    } else {
-      body.textContent = item.content;
-    }
-    extras.replaceChildren();
-    if (item.state === "streaming" && !item.content) extras.append(h("span", { class: "typing" }, "Thinking…"));
-    if (item.note) extras.append(h("p", { class: "note" }, item.note));
-    if (item.state === "aborted") extras.append(h("p", { class: "note" }, "Stopped."));
-    if (item.state === "error") {
-      extras.append(h("p", { class: "error", role: "alert" }, `Error: ${item.error}`));
-      if (item.retry) extras.append(h("button", { type: "button", class: "retry", onclick: item.retry }, "Retry"));
-    }
-    if (item.recalled && item.recalled.length) {
-      extras.append(recalledBlock(item.recalled, { sessionTitle: (key) => this.sessionTitle?.(key),
-        onOpen: (key, ts) => this.onOpenSource(key, ts) }));
-    }
+    if (li) renderMessage(li, item, {
+      sessionTitle: (key) => this.sessionTitle?.(key), onOpenSource: (key, ts) => this.onOpenSource(key, ts) });
   }
 
   #showTitle() {
@@ -431,6 +429,7 @@ export class ChatView {
   #setBusy(busy) {
     this.stopBtn.hidden = !busy;
     this.sendBtn.hidden = busy;
+    this.resend.refresh();
   }
 
   #banner(text) {

@@ -27,17 +27,19 @@ export function recalledBlock(recalled, { sessionTitle, onOpen }) {
       type: "button", class: "chip", disabled: !hit.sessionKey,
       onclick: () => hit.sessionKey && onOpen(hit.sessionKey, hit.startTs),
     },
-    text ? memoryMeta(hit, sessionTitle(hit.sessionKey)) : h("span", { class: "memory-meta" }, "A memory"),
+    text || hit.sessionKey ? memoryMeta(hit, sessionTitle(hit.sessionKey)) : h("span", { class: "memory-meta" }, "A memory"),
     h("span", { class: "memory-text" }, text || "This memory is no longer found."));
     list.append(h("li", {}, chip));
   }
   return h("div", { class: "recalled" }, h("h2", { class: "recalled-head" }, "Recalled"), list);
 }
 
-// The final event names recalled chunks by id; their text and date come from a search with
-// the same message (what recall ran), matched by id. A chunk the search no longer returns still
-// gets an entry, just without its excerpt.
-export async function resolveRecalled(rpc, ids, message, excludeSessionKey) {
+// A reply's recalled chunks come as references ({chunkId, sessionKey, lineStart, lineEnd,
+// startTs}: the reply's stored line keeps them, so they are there after a reload) or, from an
+// older daemon, as bare ids. Their text comes from a search with the same message (what recall
+// ran), matched by id, else by session and lines (a reindex renumbers chunks). A chunk the
+// search no longer returns still gets an entry with what its reference says, just no excerpt.
+export async function resolveRecalled(rpc, refs, message, excludeSessionKey) {
   let hits = [];
   if (message) {
     try {
@@ -45,7 +47,12 @@ export async function resolveRecalled(rpc, ids, message, excludeSessionKey) {
       hits = res.results;
     } catch { /* entries without excerpts */ }
   }
-  return ids.map((id) => hits.find((hit) => String(hit.chunkId) === String(id)) || { chunkId: id });
+  return refs.map((ref) => {
+    const r = typeof ref === "object" && ref ? ref : { chunkId: ref };
+    const hit = hits.find((x) => String(x.chunkId) === String(r.chunkId))
+      || hits.find((x) => r.sessionKey && x.sessionKey === r.sessionKey && x.lineStart === r.lineStart);
+    return hit ? { ...r, ...hit } : r;
+  });
 }
 
 // One search result: the same meta and excerpt, the query's words highlighted.

@@ -1,0 +1,40 @@
+// One message's DOM: its node (meta, body, extras, actions) and how a message item renders into
+// it. Model text goes through the sanitising markdown renderer; everything else is text nodes.
+
+import { h, timeEl } from "./dom.js";
+import { copyButton, renderMarkdown } from "./markdown.js";
+import { recalledBlock } from "./recalled.js";
+
+export function messageNode(item) {
+  return h("li", { class: `msg ${item.role}`, tabindex: "-1" },
+    h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }),
+    h("div", { class: "msg-actions" }, h("span", { class: "resend" }), copyButton(() => item.content, "Copy message")));
+}
+
+export function renderMessage(li, item, { sessionTitle, onOpenSource }) {
+  li.className = `msg ${item.role} ${item.state}`;
+  li.dataset.state = item.state;
+  if (item.id) li.dataset.id = item.id;
+  if (item.runId) li.dataset.runId = item.runId;
+  const [meta, body, extras] = li.children;
+  meta.replaceChildren(item.role === "user" ? "You" : "Assistant", ...(item.ts ? [" · ", timeEl(item.ts)] : []));
+  if (item.role === "assistant") {
+    // The live reply is announced once it is complete, not token by token.
+    body.setAttribute("aria-live", "polite");
+    body.setAttribute("aria-busy", String(item.state === "streaming"));
+    renderMarkdown(body, item.content);
+  } else {
+    body.textContent = item.content;
+  }
+  extras.replaceChildren();
+  if (item.state === "streaming" && !item.content) extras.append(h("span", { class: "typing" }, "Thinking…"));
+  if (item.note) extras.append(h("p", { class: "note" }, item.note));
+  if (item.state === "aborted") extras.append(h("p", { class: "note" }, "Stopped."));
+  if (item.state === "error") {
+    extras.append(h("p", { class: "error", role: "alert" }, `Error: ${item.error}`));
+    if (item.retry) extras.append(h("button", { type: "button", class: "retry", onclick: item.retry }, "Retry"));
+  }
+  if (item.recalled && item.recalled.length) {
+    extras.append(recalledBlock(item.recalled, { sessionTitle, onOpen: onOpenSource }));
+  }
+}

@@ -1,0 +1,88 @@
+"""What a transcript shows once edits and regenerations are applied: superseded messages hidden.
+
+The transcript is append-only, so replacing a message is one more line: a message whose
+``replaces`` names an earlier message's id supersedes that message and every message after it
+up to itself (docs/sessions.md, "Superseded messages"). A regenerated reply replaces the reply
+before it; an edited user message replaces the old message and the reply that followed it. A
+hidden message's own ``replaces`` still counts, so a second edit hides the first one's range too.
+
+Whether a message is shown depends only on the lines after it, so filtering any suffix of a
+transcript (``recent_messages``) is exact. A history page is not a suffix: :func:`visible_history`
+reads on past a page whose oldest message sits inside a hidden range, and ends every page where
+no range is open, so its cursor always resumes in a clean state. Both stores implement
+``history``, so this works over either without a line of backend code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .models import Message
+from .protocol import SessionStoreLike
+
+__all__ = ["REPLACES_KEY", "replaced_id", "visible_history", "visible_messages"]
+
+# The line key (in ``Message.extra``) naming the message a new one supersedes.
+REPLACES_KEY = "replaces"
+
+
+def replaced_id(message: Message) -> str | None:
+    """The id this message supersedes, or None."""
+    value = message.extra.get(REPLACES_KEY)
+    return value if isinstance(value, str) else None
+
+
+class _Hider:
+    """Walks messages newest first and says which are shown; ``open`` while a range is hidden."""
+
+    def __init__(self) -> None:
+        self.pending: set[str] = set()
+
+    @property
+    def open(self) -> bool:
+        return bool(self.pending)
+
+    def shown(self, message: Message) -> bool:
+        hidden = bool(self.pending)
+        self.pending.discard(message.id)
+        target = replaced_id(message)
+        if target is not None and target != message.id:
+            self.pending.add(target)
+        return not hidden
+
+
+def visible_messages(messages: Sequence[Message]) -> list[Message]:
+    """The shown messages of a transcript's suffix (oldest first in and out)."""
+    hider = _Hider()
+    shown = [m for m in reversed(messages) if hider.shown(m)]
+    shown.reverse()
+    return shown
+
+
+def visible_history(store: SessionStoreLike, user: str, session_key: str, *, limit: int,
+                    before: str | None = None) -> tuple[list[Message], str | None]:
+    """Like ``store.history`` with superseded messages left out: at most ``limit`` shown
+    messages, oldest first, and the cursor of the next (older) page.
+
+    A page may hold fewer than ``limit`` messages (those hidden are not replaced by older
+    ones), but holds at least one while any is left. Blocking: call it off the event loop.
+    """
+    hider = _Hider()
+    shown: list[Message] = []  # newest first
+    cursor = before
+    while True:
+        page, nxt = store.history(user, session_key, limit=limit, before=cursor)
+        # Reading on only to close a range that the shown messages opened: end this page where
+        # it closes, so the next cursor resumes where nothing is hidden (read again, shorter).
+        closing = bool(shown)
+        for i in range(len(page) - 1, -1, -1):
+            if hider.shown(page[i]):
+                shown.append(page[i])
+            elif closing and not hider.open:
+                if i > 0:
+                    _, nxt = store.history(user, session_key, limit=len(page) - i, before=cursor)
+                break
+        if nxt is None or (shown and not hider.open):
+            shown.reverse()
+            return shown, nxt
+        cursor = nxt
