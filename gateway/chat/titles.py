@@ -11,6 +11,7 @@ model fails, times out or answers nothing usable, the title is cut from the firs
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import structlog
@@ -45,9 +46,20 @@ async def update_session(store: SessionStoreLike, hub: Hub, user: str, session_k
     return wire
 
 
+# Markdown marks a title would show literally: links keep their text; emphasis, code and
+# heading marks go (sidebars show titles as plain text).
+_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+_MARKS = re.compile(r"(\*\*|__|\*|`|~~)|^#+\s*")
+
+
+def plain(text: str) -> str:
+    """``text`` without the markdown marks a title must not show."""
+    return _MARKS.sub("", _LINK.sub(r"\1", text))
+
+
 def heuristic_title(text: str, max_chars: int = TITLE_MAX_CHARS) -> str:
-    """The first line of ``text``, whitespace collapsed, cut at a word near ``max_chars``."""
-    line = " ".join(next((ln for ln in text.splitlines() if ln.strip()), "").split())
+    """The first line of ``text`` as plain text, whitespace collapsed, cut at a word near ``max_chars``."""
+    line = " ".join(plain(next((ln for ln in text.splitlines() if ln.strip()), "")).split())
     if len(line) <= max_chars:
         return line or DEFAULT_TITLE
     cut = line[: max_chars - 1]
@@ -60,7 +72,7 @@ def clean_title(answer: str) -> str:
     line = " ".join(next((ln for ln in answer.splitlines() if ln.strip()), "").split())
     if line.lower().startswith("title:"):
         line = line[6:].strip()
-    line = line.strip("\"'`*#“”‘’ ").rstrip(".").strip()
+    line = plain(line).strip("\"'“”‘’ ").rstrip(".").strip()
     return heuristic_title(line) if line else ""
 
 

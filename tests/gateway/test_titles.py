@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway.chat.titles import clean_title, heuristic_title
 from gateway.client import Client
 from gateway.config import Config
 from tests.conftest import TOKEN, running
@@ -96,3 +97,21 @@ async def test_titles_leave_named_sessions_alone_and_can_be_turned_off(
         await asyncio.sleep(0.3)
         assert (await c.call("sessions.get", {"sessionKey": key}))["title"] == "New session"
         assert fake_openai.title_requests == []
+
+
+@pytest.mark.parametrize(("answer", "title"), [
+    ('Title: "**Rust** as a favourite."', "Rust as a favourite"),
+    ("# Trip to `Porto`\nmore text", "Trip to Porto"),
+    ("[Lisbon](https://example.org) ideas", "Lisbon ideas"),
+    ("snake_case in Python", "snake_case in Python"),
+])
+def test_a_model_title_is_plain_text(answer: str, title: str) -> None:
+    """Markdown marks, quotes, a "Title:" label and a final period never reach a title: the
+    sidebar shows titles as plain text."""
+    assert clean_title(answer) == title
+
+
+def test_the_fallback_title_is_plain_text_cut_at_a_word() -> None:
+    """The first message's first line, without markdown marks, cut at a word with an ellipsis."""
+    text = "My **favourite** language is `Rust`, because the compiler catches my mistakes early\nsecond"
+    assert heuristic_title(text) == "My favourite language is Rust, because the compiler…"

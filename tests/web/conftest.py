@@ -51,11 +51,13 @@ async def browser() -> AsyncIterator[Browser]:
 
 @pytest.fixture
 async def web_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
-    """The gateway with the loopback model and memory (its embeddings from the same fake)."""
+    """The gateway with the loopback model, memory (its embeddings from the same fake) and
+    model-written titles."""
     cfg = config_factory(
         llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
              "timeout_s": 10.0, "max_retries": 0},
         memory={"embedder": "openai", "debounce_ms": 20},
+        chat={"auto_title": True},  # as a user gets it: the model names a session after its first reply
     )
     async with running(cfg) as app:
         yield app

@@ -15,9 +15,18 @@ from playwright.async_api import Browser, Dialog, Page, expect  # noqa: E402
 
 from gateway.app import App
 from gateway.client import Client
+from testkit.fake_openai import title_reply
 from tests.conftest import TOKEN
+from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.web.conftest import PageErrors, new_session, open_signed_in, send
 from tests.web.test_browser_audit import serious
+
+
+@pytest.fixture(autouse=True)
+def titles_as_sent(fake_openai: FakeOpenAI) -> None:
+    """The model titles a session with its first message's words, so the name the page shows
+    at once and the one the model sends later are the same (the rows are found by title)."""
+    fake_openai.title_behaviour = Behaviour(reply=lambda messages: title_reply(messages).removeprefix("Chat about "))
 
 
 async def session_titles(app: App) -> list[str]:

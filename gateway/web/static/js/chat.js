@@ -220,12 +220,14 @@ export class ChatView {
     }
   }
 
-  // A draft's first send creates its session, titled from the message (a rename replaces it).
+  // A draft's first send creates its session untitled: the gateway names it after the first
+  // reply (asking the model) and says so in sessions.updated. Until then the page shows a name
+  // made from the message, here only, so an operator's `auto_title = false` is not overridden.
   async #create(text) {
     this.creating = true;
     try {
-      const created = await this.rpc.call("sessions.create", { title: titleFrom(text), ...this.createOptions?.() });
-      this.session = { ...created, updatedAt: created.createdAt, messageCount: 0 };
+      const created = await this.rpc.call("sessions.create", { ...this.createOptions?.() });
+      this.session = { ...created, title: titleFrom(text), updatedAt: created.createdAt, messageCount: 0 };
       this.#showTitle();
       for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = false;
       this.onCreated?.(this.session);
