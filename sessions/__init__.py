@@ -17,7 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .config import FsyncPolicy, SessionsConfig
-from .errors import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
+from .errors import (
+    InvalidSessionInput,
+    LineTooLarge,
+    SessionError,
+    SessionNotFound,
+    StorageError,
+    UnsafePath,
+)
 from .fileio import FileIO
 from .keys import check_user
 from .layout import (
@@ -57,6 +64,7 @@ __all__ = [
     "SessionsConfig",
     "StorageError",
     "TranscriptEntry",
+    "UnsafePath",
     "check_user",
     "format_ts",
     "memory_enabled",
