@@ -14,6 +14,7 @@ import asyncio
 import fcntl
 import os
 import ssl
+import stat
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -204,12 +205,14 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # First, before any file is opened: everything the daemon creates is 0600/0700, the
     # SQLite WAL and SHM files included (gateway.private).
     set_private_umask()
-    make_private_dir(config.data_dir)
+    found = make_private_dir(config.data_dir)  # DataDirExposed (an OSError) refuses the start
+    if found.st_mode & 0o077:  # it was tightened: said once, by the start that did it
+        log.warning("data_dir.tightened", data_dir=str(config.data_dir), mode=f"{stat.S_IMODE(found.st_mode):04o}")
     # Start-up disk work runs side by side (each a walk or a read of its own): the mode audit
     # of every file, the memory index's own start work (its sign bits, its integrity check;
     # started first, without its catch-up sync), and the sessions store's reconcile of its
     # index with the transcripts (docs/scaling.md).
-    audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, config.data_dir))
+    audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, config.data_dir, found))
     stack.push_async_callback(_settle, audit)
     lock_fd = _lock_data_dir(config.data_dir)
     stack.callback(os.close, lock_fd)  # releases the data dir lock
@@ -366,8 +369,8 @@ def _memory_admin(config: Config) -> str | None:
     return DEFAULT_USER
 
 
-def _warn_if_exposed(data_dir: Path) -> bool:
-    exposed = find_exposed(data_dir, take_clean_stop(data_dir))
+def _warn_if_exposed(data_dir: Path, found: os.stat_result) -> bool:
+    exposed = find_exposed(data_dir, take_clean_stop(data_dir), found=found)
     if exposed.count:
         log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
                     fix=exposed.hint(data_dir),

@@ -1,5 +1,6 @@
-"""Keeping the data dir private: the umask the daemon runs under, and the start-up check that
-warns when an existing data dir or file can be read by other local users.
+"""Keeping the data dir private: the umask the daemon runs under, the data dir tightened to 0700
+at start (or the start refused when it cannot be), and the start-up check that warns when an
+existing file can be read by other local users.
 
 Transcripts hold private conversations, and the SQLite files (``memory.db``, ``sessions.db``
 and their ``-wal``/``-shm`` companions) hold the same text, so every file the daemon creates
@@ -30,6 +31,7 @@ import orjson
 
 __all__ = [
     "DIR_MODE",
+    "DataDirExposed",
     "MARKER_NAME",
     "PRIVATE_UMASK",
     "DirMarks",
@@ -45,6 +47,8 @@ PRIVATE_UMASK = 0o077
 DIR_MODE = 0o700
 # Read or write for group or others: either lets another local user at the text.
 _EXPOSED_BITS = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
+# Any access at all for group or others, traversal included: what the data dir itself loses.
+_GROUP_OTHER_BITS = 0o077
 # The warning names this many paths; the count says how many there are in all.
 _NAMED = 5
 MARKER_NAME = "modes.clean"
@@ -58,10 +62,36 @@ def set_private_umask() -> int:
     return os.umask(PRIVATE_UMASK)
 
 
-def make_private_dir(path: Path) -> None:
-    """``path`` (and missing parents) created 0700; an existing directory is left as it is
-    (:func:`find_exposed` reports it instead: changing a mode the owner chose is theirs to do)."""
+class DataDirExposed(OSError):
+    """The data dir has group or world access and cannot be tightened: the daemon refuses to
+    start (PostgreSQL refuses a data directory with group or world access the same way)."""
+
+
+def make_private_dir(path: Path) -> os.stat_result:
+    """``path`` (and missing parents) created 0700, or an existing one the daemon's user owns
+    tightened to owner-only; returns its stat from before (the caller logs a tightening once,
+    and the audit reports what others could reach until now).
+
+    :class:`DataDirExposed`, naming the ``chmod`` that fixes it, when the directory has group
+    or world access and cannot be tightened: another user owns it (changing someone else's
+    modes is theirs to do, even for root), or ``chmod`` fails.
+    """
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    before = os.stat(path)
+    mode = stat.S_IMODE(before.st_mode)
+    if not mode & _GROUP_OTHER_BITS:
+        return before
+    problem = f"data directory {path} has group or world access ({mode:04o})"
+    fix = f"run `chmod 0700 {path}`"
+    if before.st_uid != os.geteuid():
+        raise DataDirExposed(f"{problem} and is owned by uid {before.st_uid}, not this user "
+                             f"(uid {os.geteuid()}), so it cannot be tightened; {fix} as its owner, "
+                             "or point --data-dir at a directory of your own")
+    try:
+        os.chmod(path, mode & ~_GROUP_OTHER_BITS)
+    except OSError as err:
+        raise DataDirExposed(f"{problem} and could not be tightened ({err.strerror}); {fix}") from err
+    return before
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +156,12 @@ def take_clean_stop(data_dir: Path) -> DirMarks | None:
         return None
 
 
-def find_exposed(data_dir: Path, since: DirMarks | None = None) -> Exposure:
+def find_exposed(data_dir: Path, since: DirMarks | None = None, *,
+                 found: os.stat_result | None = None) -> Exposure:
     """Every entry of ``data_dir`` (itself included) with group/other read or write bits;
     ``since`` a clean stop, only what may have changed since (see the module docstring).
+    ``found``: the data dir's own stat as found at start, before :func:`make_private_dir`
+    tightened it (what other users could reach until then is still reported).
 
     Symlinks are not followed: the daemon never creates them, and their target's mode is not
     the data dir's business. A missing data dir exposes nothing.
@@ -153,7 +186,7 @@ def find_exposed(data_dir: Path, since: DirMarks | None = None) -> Exposure:
                     continue  # removed while we looked
 
     try:
-        check(str(data_dir), os.lstat(data_dir))
+        check(str(data_dir), found if found is not None else os.lstat(data_dir))
     except FileNotFoundError:
         return Exposure((), 0)
     if since is None:
