@@ -25,7 +25,7 @@ from .errors import (
     StorageError,
     UnsafePath,
 )
-from .fileio import FileIO
+from .fileio import FileIO, check_free_space
 from .keys import check_user
 from .layout import (
     TRANSCRIPT_SUFFIX,
@@ -65,6 +65,7 @@ __all__ = [
     "StorageError",
     "TranscriptEntry",
     "UnsafePath",
+    "check_free_space",
     "check_user",
     "format_ts",
     "memory_enabled",

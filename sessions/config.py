@@ -35,7 +35,7 @@ Keys (defaults in brackets):
     Free-disk floor: while the file system holding the transcripts has less free space than
     this, creating a session, updating one or appending answers :class:`StorageError` ("disk
     almost full") before anything is written, so the disk never fills up mid-line. 0 disables
-    the check.
+    the check. The gateway hands the memory index the same floor for its writes.
 ``retention_days`` [0]
     Transcripts not updated for this many days are deleted by the gateway's daily sweep; 0 never.
 

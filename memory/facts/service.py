@@ -70,7 +70,7 @@ class Facts:
         vector = await self._embed_passage(clean)
         draft = FactDraft(user, clean, source, replaces, session_key, run_id, vector,
                           self._model if vector is not None else None)
-        change = await self._write("saving a fact", self.store.save, draft)
+        change = await write_step(self._conn, "saving a fact", self.store.save, draft, grows=True)
         log.info("memory.fact", action=change.action, fact=change.fact.id, previous=change.previous_id,
                  source=source)
         return change
