@@ -14,7 +14,6 @@ import asyncio
 import fcntl
 import os
 import ssl
-import stat
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -59,6 +58,7 @@ from gateway.private import (
     mark_clean_stop,
     set_private_umask,
     take_clean_stop,
+    tighten_private_dir,
 )
 from gateway.retention import RetentionSweeper
 from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots
@@ -205,14 +205,14 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # First, before any file is opened: everything the daemon creates is 0600/0700, the
     # SQLite WAL and SHM files included (gateway.private).
     set_private_umask()
-    found = make_private_dir(config.data_dir)  # DataDirExposed (an OSError) refuses the start
-    if found.st_mode & 0o077:  # it was tightened: said once, by the start that did it
-        log.warning("data_dir.tightened", data_dir=str(config.data_dir), mode=f"{stat.S_IMODE(found.st_mode):04o}")
+    # A data dir another user owns with group or world access refuses the start here
+    # (DataDirExposed, an OSError), before anything is written into it.
+    loose_mode = make_private_dir(config.data_dir)
     # Start-up disk work runs side by side (each a walk or a read of its own): the mode audit
     # of every file, the memory index's own start work (its sign bits, its integrity check;
     # started first, without its catch-up sync), and the sessions store's reconcile of its
     # index with the transcripts (docs/scaling.md).
-    audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, config.data_dir, found))
+    audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, config.data_dir))
     stack.push_async_callback(_settle, audit)
     lock_fd = _lock_data_dir(config.data_dir)
     stack.callback(os.close, lock_fd)  # releases the data dir lock
@@ -226,6 +226,10 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
     store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
     await audit
+    if loose_mode is not None:
+        # After the audit, so that it still names the data dir others could reach until now.
+        tighten_private_dir(config.data_dir, loose_mode)
+        log.warning("data_dir.tightened", data_dir=str(config.data_dir), mode=f"{loose_mode:04o}")
     cluster = None
     if config.storage.backend == "postgres":
         cluster = await join_cluster(config, store)  # closes what it opened if it fails
@@ -369,8 +373,8 @@ def _memory_admin(config: Config) -> str | None:
     return DEFAULT_USER
 
 
-def _warn_if_exposed(data_dir: Path, found: os.stat_result) -> bool:
-    exposed = find_exposed(data_dir, take_clean_stop(data_dir), found=found)
+def _warn_if_exposed(data_dir: Path) -> bool:
+    exposed = find_exposed(data_dir, take_clean_stop(data_dir))
     if exposed.count:
         log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
                     fix=exposed.hint(data_dir),

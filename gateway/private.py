@@ -41,6 +41,7 @@ __all__ = [
     "mark_clean_stop",
     "set_private_umask",
     "take_clean_stop",
+    "tighten_private_dir",
 ]
 
 PRIVATE_UMASK = 0o077
@@ -67,31 +68,39 @@ class DataDirExposed(OSError):
     start (PostgreSQL refuses a data directory with group or world access the same way)."""
 
 
-def make_private_dir(path: Path) -> os.stat_result:
-    """``path`` (and missing parents) created 0700, or an existing one the daemon's user owns
-    tightened to owner-only; returns its stat from before (the caller logs a tightening once,
-    and the audit reports what others could reach until now).
+def make_private_dir(path: Path) -> int | None:
+    """``path`` (and missing parents) created 0700; for an existing one with group or world
+    access, its mode, which :func:`tighten_private_dir` then makes owner-only (None: nothing
+    to tighten). Checked before the daemon writes anything into it.
 
-    :class:`DataDirExposed`, naming the ``chmod`` that fixes it, when the directory has group
-    or world access and cannot be tightened: another user owns it (changing someone else's
-    modes is theirs to do, even for root), or ``chmod`` fails.
+    :class:`DataDirExposed`, naming the ``chmod`` that fixes it, when such a directory cannot
+    be tightened because another user owns it (changing someone else's modes is theirs to do,
+    even for root).
     """
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    before = os.stat(path)
-    mode = stat.S_IMODE(before.st_mode)
+    st = os.stat(path)
+    mode = stat.S_IMODE(st.st_mode)
     if not mode & _GROUP_OTHER_BITS:
-        return before
-    problem = f"data directory {path} has group or world access ({mode:04o})"
-    fix = f"run `chmod 0700 {path}`"
-    if before.st_uid != os.geteuid():
-        raise DataDirExposed(f"{problem} and is owned by uid {before.st_uid}, not this user "
-                             f"(uid {os.geteuid()}), so it cannot be tightened; {fix} as its owner, "
-                             "or point --data-dir at a directory of your own")
+        return None
+    if st.st_uid != os.geteuid():
+        raise DataDirExposed(f"{_exposed(path, mode)} and is owned by uid {st.st_uid}, not this "
+                             f"user (uid {os.geteuid()}), so it cannot be tightened; run `chmod 0700 "
+                             f"{path}` as its owner, or point --data-dir at a directory of your own")
+    return mode
+
+
+def tighten_private_dir(path: Path, mode: int) -> None:
+    """Drop every group and world bit of ``mode`` (what :func:`make_private_dir` found) from
+    ``path``; DataDirExposed naming the fix when ``chmod`` fails."""
     try:
         os.chmod(path, mode & ~_GROUP_OTHER_BITS)
     except OSError as err:
-        raise DataDirExposed(f"{problem} and could not be tightened ({err.strerror}); {fix}") from err
-    return before
+        raise DataDirExposed(f"{_exposed(path, mode)} and could not be tightened ({err.strerror}); "
+                             f"run `chmod 0700 {path}`") from err
+
+
+def _exposed(path: Path, mode: int) -> str:
+    return f"data directory {path} has group or world access ({mode:04o})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +165,9 @@ def take_clean_stop(data_dir: Path) -> DirMarks | None:
         return None
 
 
-def find_exposed(data_dir: Path, since: DirMarks | None = None, *,
-                 found: os.stat_result | None = None) -> Exposure:
+def find_exposed(data_dir: Path, since: DirMarks | None = None) -> Exposure:
     """Every entry of ``data_dir`` (itself included) with group/other read or write bits;
     ``since`` a clean stop, only what may have changed since (see the module docstring).
-    ``found``: the data dir's own stat as found at start, before :func:`make_private_dir`
-    tightened it (what other users could reach until then is still reported).
 
     Symlinks are not followed: the daemon never creates them, and their target's mode is not
     the data dir's business. A missing data dir exposes nothing.
@@ -186,7 +192,7 @@ def find_exposed(data_dir: Path, since: DirMarks | None = None, *,
                     continue  # removed while we looked
 
     try:
-        check(str(data_dir), found if found is not None else os.lstat(data_dir))
+        check(str(data_dir), os.lstat(data_dir))
     except FileNotFoundError:
         return Exposure((), 0)
     if since is None:
