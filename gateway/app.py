@@ -58,6 +58,7 @@ from gateway.private import (
     mark_clean_stop,
     set_private_umask,
     take_clean_stop,
+    tighten_private_dir,
 )
 from gateway.retention import RetentionSweeper
 from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots
@@ -204,7 +205,9 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # First, before any file is opened: everything the daemon creates is 0600/0700, the
     # SQLite WAL and SHM files included (gateway.private).
     set_private_umask()
-    make_private_dir(config.data_dir)
+    # A data dir another user owns with group or world access refuses the start here
+    # (DataDirExposed, an OSError), before anything is written into it.
+    loose_mode = make_private_dir(config.data_dir)
     # Start-up disk work runs side by side (each a walk or a read of its own): the mode audit
     # of every file, the memory index's own start work (its sign bits, its integrity check;
     # started first, without its catch-up sync), and the sessions store's reconcile of its
@@ -223,6 +226,10 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
     store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
     await audit
+    if loose_mode is not None:
+        # After the audit, so that it still names the data dir others could reach until now.
+        tighten_private_dir(config.data_dir, loose_mode)
+        log.warning("data_dir.tightened", data_dir=str(config.data_dir), mode=f"{loose_mode:04o}")
     cluster = None
     if config.storage.backend == "postgres":
         cluster = await join_cluster(config, store)  # closes what it opened if it fails

@@ -8,7 +8,7 @@ Tree::
     ├── MethodNotFound           -32601  unknown or not-yet-implemented method
     ├── InvalidParams            -32602  ``data`` = {field, reason}
     ├── InternalError            -32603  ``data`` = {errorId}; the traceback goes to the log
-    ├── StorageFailed            -32603  ``data`` = {retryable: true}; "storage error: …", no errorId
+    ├── StorageFailed            -32603  ``data`` = {retryable}; "storage error: …", no errorId
     ├── Unauthorized             -32001
     ├── NotFound                 -32002  unknown key, or another user's
     ├── Conflict                 -32003  busy / conflicting state
@@ -38,7 +38,7 @@ from memory import (
     MemoryIndexError,
     MemoryUnavailable,
 )
-from sessions import InvalidSessionInput, SessionNotFound, StorageError
+from sessions import InvalidSessionInput, SessionNotFound, StorageError, UnsafePath
 
 __all__ = [
     "Conflict",
@@ -114,8 +114,9 @@ class StorageFailed(GatewayError):
     code = -32603
     retryable = True
 
-    def __init__(self, message: str) -> None:
-        super().__init__(f"storage error: {message}", {"retryable": True})
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(f"storage error: {message}", {"retryable": retryable})
+        self.retryable = retryable
 
 
 class Unauthorized(GatewayError):
@@ -170,6 +171,8 @@ def _from_sessions(exc: BaseException) -> GatewayError | None:
         return NotFound(exc.message)
     if isinstance(exc, InvalidSessionInput):  # LineTooLarge included
         return InvalidParams(exc.field, exc.reason)
+    if isinstance(exc, UnsafePath):
+        return StorageFailed(exc.message, retryable=False)  # a planted link stays until removed
     if isinstance(exc, StorageError):
         return StorageFailed(exc.message)
     return None  # SessionError itself is never raised on purpose: a bug

@@ -67,7 +67,8 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
         if config.storage.backend == "postgres":
             service = await _pg_memory(config, cfg, chosen, reason)
         else:
-            service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason)
+            service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason,
+                                    min_free_bytes=config.sessions.min_free_bytes)
     except BaseException:
         aclose = getattr(chosen, "aclose", None)  # open_memory made it; nothing else will close it
         if aclose is not None:

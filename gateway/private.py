@@ -1,5 +1,6 @@
-"""Keeping the data dir private: the umask the daemon runs under, and the start-up check that
-warns when an existing data dir or file can be read by other local users.
+"""Keeping the data dir private: the umask the daemon runs under, the data dir tightened to 0700
+at start (or the start refused when it cannot be), and the start-up check that warns when an
+existing file can be read by other local users.
 
 Transcripts hold private conversations, and the SQLite files (``memory.db``, ``sessions.db``
 and their ``-wal``/``-shm`` companions) hold the same text, so every file the daemon creates
@@ -30,6 +31,7 @@ import orjson
 
 __all__ = [
     "DIR_MODE",
+    "DataDirExposed",
     "MARKER_NAME",
     "PRIVATE_UMASK",
     "DirMarks",
@@ -39,12 +41,15 @@ __all__ = [
     "mark_clean_stop",
     "set_private_umask",
     "take_clean_stop",
+    "tighten_private_dir",
 ]
 
 PRIVATE_UMASK = 0o077
 DIR_MODE = 0o700
 # Read or write for group or others: either lets another local user at the text.
 _EXPOSED_BITS = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
+# Any access at all for group or others, traversal included: what the data dir itself loses.
+_GROUP_OTHER_BITS = 0o077
 # The warning names this many paths; the count says how many there are in all.
 _NAMED = 5
 MARKER_NAME = "modes.clean"
@@ -58,10 +63,44 @@ def set_private_umask() -> int:
     return os.umask(PRIVATE_UMASK)
 
 
-def make_private_dir(path: Path) -> None:
-    """``path`` (and missing parents) created 0700; an existing directory is left as it is
-    (:func:`find_exposed` reports it instead: changing a mode the owner chose is theirs to do)."""
+class DataDirExposed(OSError):
+    """The data dir has group or world access and cannot be tightened: the daemon refuses to
+    start (PostgreSQL refuses a data directory with group or world access the same way)."""
+
+
+def make_private_dir(path: Path) -> int | None:
+    """``path`` (and missing parents) created 0700; for an existing one with group or world
+    access, its mode, which :func:`tighten_private_dir` then makes owner-only (None: nothing
+    to tighten). Checked before the daemon writes anything into it.
+
+    :class:`DataDirExposed`, naming the ``chmod`` that fixes it, when such a directory cannot
+    be tightened because another user owns it (changing someone else's modes is theirs to do,
+    even for root).
+    """
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    st = os.stat(path)
+    mode = stat.S_IMODE(st.st_mode)
+    if not mode & _GROUP_OTHER_BITS:
+        return None
+    if st.st_uid != os.geteuid():
+        raise DataDirExposed(f"{_exposed(path, mode)} and is owned by uid {st.st_uid}, not this "
+                             f"user (uid {os.geteuid()}), so it cannot be tightened; run `chmod 0700 "
+                             f"{path}` as its owner, or point --data-dir at a directory of your own")
+    return mode
+
+
+def tighten_private_dir(path: Path, mode: int) -> None:
+    """Drop every group and world bit of ``mode`` (what :func:`make_private_dir` found) from
+    ``path``; DataDirExposed naming the fix when ``chmod`` fails."""
+    try:
+        os.chmod(path, mode & ~_GROUP_OTHER_BITS)
+    except OSError as err:
+        raise DataDirExposed(f"{_exposed(path, mode)} and could not be tightened ({err.strerror}); "
+                             f"run `chmod 0700 {path}`") from err
+
+
+def _exposed(path: Path, mode: int) -> str:
+    return f"data directory {path} has group or world access ({mode:04o})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,10 +70,12 @@ class MemoryService:
         embedder_reason: str = "",
         vec_extension: str | None = DEFAULT_VEC_EXTENSION,
         previous_embedder: PreviousFactory | None = None,
+        min_free_bytes: int = 0,
     ) -> None:
         """``previous_embedder`` builds the query embedder of a previous identity while the
         vectors are rebuilt for a new one (default: from ``config``,
-        ``memory.embedders.embeddings.previous_embedder``)."""
+        ``memory.embedders.embeddings.previous_embedder``). ``min_free_bytes``: the free-disk
+        floor below which writes that add rows are refused (the gateway's sessions.min_free_bytes)."""
         self.data_dir = Path(data_dir)
         self.sessions_dir = sessions_root(self.data_dir)
         self.db_path = self.data_dir / DB_NAME
@@ -81,6 +83,7 @@ class MemoryService:
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self._vec_extension = vec_extension
+        self._min_free_bytes = min_free_bytes
         self._window = embedder.max_tokens if embedder else None  # the token window chunks fit
         self._search = SearchPipeline(config, embedder, embedder_reason, self.db_path, previous_embedder)
         self._index: LiveIndex | None = None
@@ -109,7 +112,7 @@ class MemoryService:
             raise MemoryUnavailable("memory service is closed")
         self.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._index = index = await LiveIndex.open(self.db_path, self.sessions_dir, self.config, window=self._window,
-                                                   vec_extension=self._vec_extension)
+                                                   vec_extension=self._vec_extension, min_free_bytes=self._min_free_bytes)
         await self._refresh_vector_state()
         log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
                  vector_backend=index.backend.reason, embedder_reason=self.embedder_reason)
@@ -169,7 +172,8 @@ class MemoryService:
             try:
                 await self._search.previous.close()  # first: its warm-up may be reading on a connection
                 self._index = await index.replace(problem, self.db_path, self.sessions_dir, self.config,
-                                                  window=self._window, vec_extension=self._vec_extension)
+                                                  window=self._window, vec_extension=self._vec_extension,
+                                                  min_free_bytes=self._min_free_bytes)
                 await self._refresh_vector_state()
             finally:
                 self._swapping = False

@@ -17,8 +17,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .config import FsyncPolicy, SessionsConfig
-from .errors import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
-from .fileio import FileIO
+from .errors import (
+    InvalidSessionInput,
+    LineTooLarge,
+    SessionError,
+    SessionNotFound,
+    StorageError,
+    UnsafePath,
+)
+from .fileio import FileIO, check_free_space
 from .inputs import DEFAULT_TITLE
 from .keys import check_user
 from .layout import (
@@ -61,6 +68,8 @@ __all__ = [
     "SessionsConfig",
     "StorageError",
     "TranscriptEntry",
+    "UnsafePath",
+    "check_free_space",
     "check_user",
     "format_ts",
     "memory_enabled",

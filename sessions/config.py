@@ -19,6 +19,12 @@ Keys (defaults in brackets):
     the message that would pass it (always holding at least one) and its cursor resumes there,
     so one page never builds more than this whatever the messages hold. The gateway uses at
     most a quarter of ``limits.max_reply_bytes``.
+``max_context_bytes`` [1048576]
+    Most bytes of transcript lines ``recent_messages`` reads for one model context: the newest
+    messages are kept whole, and older ones are dropped from the first that would pass the cap
+    (the newest message is always kept). Far above the prompt's own history budget
+    (``chat.max_context_tokens``); it stops a session of huge messages from being read whole
+    for every reply.
 ``max_title_chars`` [200]
     Longest session title, in characters.
 ``max_model_chars`` [200]
@@ -29,7 +35,7 @@ Keys (defaults in brackets):
     Free-disk floor: while the file system holding the transcripts has less free space than
     this, creating a session, updating one or appending answers :class:`StorageError` ("disk
     almost full") before anything is written, so the disk never fills up mid-line. 0 disables
-    the check.
+    the check. The gateway hands the memory index the same floor for its writes.
 ``retention_days`` [0]
     Transcripts not updated for this many days are deleted by the gateway's daily sweep; 0 never.
 
@@ -63,6 +69,7 @@ class SessionsConfig:
     max_line_bytes: int = 1_048_576
     max_page_size: int = 200
     max_page_bytes: int = 8 * 1024 * 1024
+    max_context_bytes: int = 1_048_576
     max_title_chars: int = 200
     max_model_chars: int = 200
     max_name_chars: int = 128
@@ -84,6 +91,7 @@ class SessionsConfig:
             raise ValueError("sessions.min_free_bytes must be at least 0")
         if self.retention_days < 0:
             raise ValueError("sessions.retention_days must not be negative (0: never)")
-        for key in ("max_page_size", "max_page_bytes", "max_title_chars", "max_model_chars", "max_name_chars"):
+        for key in ("max_page_size", "max_page_bytes", "max_context_bytes", "max_title_chars", "max_model_chars",
+                    "max_name_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"sessions.{key} must be at least 1")

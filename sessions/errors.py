@@ -7,6 +7,7 @@ Tree::
     ├── InvalidSessionInput      a caller-supplied value is wrong; ``field`` names it
     │   └── LineTooLarge         the line would exceed ``sessions.max_line_bytes``
     └── StorageError             the disk failed (ENOSPC, EIO, short write, index I/O)
+        └── UnsafePath           a symlink (or not a regular file) where the store keeps its own
 
 This package knows nothing of JSON-RPC: the gateway's one error map (``gateway.errors``) turns
 each class into a wire error, so the mapping lives in one place and this package stays
@@ -18,12 +19,15 @@ never include file-system paths, other users' data, or whether a key exists for 
 
 from __future__ import annotations
 
+import errno as errno_codes
+
 __all__ = [
     "InvalidSessionInput",
     "LineTooLarge",
     "SessionError",
     "SessionNotFound",
     "StorageError",
+    "UnsafePath",
 ]
 
 
@@ -87,3 +91,20 @@ class StorageError(SessionError):
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class UnsafePath(StorageError):
+    """A symbolic link, or something other than a regular file (a directory for a user's
+    directory), where the store keeps its own file: refused, never followed.
+
+    Only someone with write access to the data dir can plant one, so it is not retryable; the
+    message names what was refused (never the path, which would tell where the data dir is).
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} is a symbolic link or not a regular file: refused, links in the data dir "
+            "are never followed",
+            errno=errno_codes.ELOOP,
+        )
+        self.what = what

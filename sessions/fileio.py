@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno as errno_codes
 import os
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from .config import FsyncPolicy
-from .errors import StorageError
+from .errors import StorageError, UnsafePath
 
 __all__ = [
     "Durability",
@@ -30,10 +31,14 @@ __all__ = [
     "create_with_line",
     "describe_os_error",
     "fsync_path",
+    "open_no_links",
     "truncate_back",
 ]
 
 FILE_MODE = 0o600  # transcripts are private conversations
+# A link in the last component fails O_NOFOLLOW with ELOOP, or with ENOTDIR under O_DIRECTORY;
+# a FIFO fails a non-blocking open for writing with ENXIO.
+_REFUSED = (errno_codes.ELOOP, errno_codes.ENOTDIR, errno_codes.ENXIO)
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +58,40 @@ class FileIO:
 
     write: Callable[[int, bytes], int] = _os_write
     fsync: Callable[[int], None] = _os_fsync
+
+
+def open_no_links(path: Path, flags: int, mode: int = FILE_MODE, *, what: str = "the transcript") -> int:
+    """``os.open`` of a file in a user's directory (``<root>/<user>/<name>``) through no link.
+
+    The directory is opened with ``O_NOFOLLOW``, then the file relative to it with
+    ``O_NOFOLLOW``, so a link planted as the user's directory or as the file is refused, never
+    followed; what is opened must be a regular file (``O_NONBLOCK`` keeps a planted FIFO from
+    blocking the open forever). :class:`UnsafePath` names ``what`` was refused; any other
+    ``OSError``, ``FileNotFoundError`` included, propagates as it is.
+    """
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in _REFUSED:
+            raise UnsafePath("the user's directory") from err
+        raise
+    try:
+        fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno in _REFUSED:
+            raise UnsafePath(what) from err
+        raise
+    finally:
+        os.close(dir_fd)
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise UnsafePath(what)
+    return fd
 
 
 def describe_os_error(err: OSError, action: str) -> str:
@@ -130,9 +169,9 @@ def fsync_path(io: FileIO, path: Path) -> None:
 
 def create_with_line(io: FileIO, path: Path, line: bytes, *, sync: bool) -> None:
     """Create ``path`` (it must not exist) holding exactly ``line``, or leave no file at all."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
     try:
-        fd = os.open(path, flags, FILE_MODE)
+        fd = open_no_links(path, flags)
     except OSError as err:
         raise StorageError(describe_os_error(err, "creating transcript"), errno=err.errno) from err
     try:
@@ -159,7 +198,7 @@ def append_line(io: FileIO, path: Path, line: bytes, *, sync: bool) -> int:
     write is cut back to. ``FileNotFoundError`` propagates (the session was deleted).
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        fd = open_no_links(path, os.O_WRONLY | os.O_APPEND)
     except FileNotFoundError:
         raise  # not a disk failure: the caller turns it into SessionNotFound
     except OSError as err:

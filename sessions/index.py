@@ -15,6 +15,7 @@ This class is not thread-safe on its own; the store serialises every call with o
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import apsw
 import structlog
 
+from .errors import UnsafePath
 from .models import Session
 from .transcript import Summary
 
@@ -30,6 +32,7 @@ __all__ = ["SCHEMA_VERSION", "SessionIndex"]
 log = structlog.get_logger(__name__)
 
 SCHEMA_VERSION = "2"  # 2: the memory column
+_OPEN_FLAGS = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -119,8 +122,14 @@ class SessionIndex:
     def _connect(self) -> apsw.Connection:
         # Titles and previews are chat text: the file (and so its -wal/-shm, which SQLite
         # creates with the database's mode) is 0600 from the start.
-        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        conn = apsw.Connection(str(self.path))
+        # O_NOFOLLOW both times: a link planted as sessions.db is refused, never written through.
+        try:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise UnsafePath("the session index (sessions.db)") from err
+            raise
+        conn = apsw.Connection(str(self.path), flags=_OPEN_FLAGS)
         conn.set_busy_timeout(5000)
         return conn
 

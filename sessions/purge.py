@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .errors import SessionNotFound, StorageError
-from .fileio import FILE_MODE, FileIO, append_whole_line, describe_os_error, fsync_path
+from .fileio import FileIO, append_whole_line, describe_os_error, fsync_path, open_no_links
 from .models import parse_ts
 from .transcript import parse_line
 
@@ -22,11 +22,16 @@ def without_messages(path: Path, header_end: int, after: datetime | None,
                      before: datetime | None) -> tuple[bytes, int]:
     """The transcript at ``path`` without its messages timed in ``[after, before)`` (every
     message when neither is given), and how many were removed; every other line stays byte
-    for byte. SessionNotFound if the file is gone."""
+    for byte. SessionNotFound if the file is gone; UnsafePath for a link, which is never read."""
     try:
-        data = path.read_bytes()
+        fd = open_no_links(path, os.O_RDONLY)
     except FileNotFoundError:
         raise SessionNotFound() from None
+    except OSError as err:
+        raise StorageError(describe_os_error(err, "reading transcript")) from err
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read()
     except OSError as err:
         raise StorageError(describe_os_error(err, "reading transcript")) from err
     kept = [data[:header_end]]
@@ -44,7 +49,7 @@ def rewrite_file(io: FileIO, path: Path, content: bytes) -> None:
     """Replace ``path`` by ``content`` atomically and durably (see the module docstring)."""
     tmp = path.with_name(path.name + ".purge")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+        fd = open_no_links(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, what="the rewritten transcript")
     except OSError as err:
         raise StorageError(describe_os_error(err, "rewriting transcript"), errno=err.errno) from err
     try:

@@ -14,6 +14,7 @@ block plus the longest line, whatever the size of the transcript.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ from .transcript import parse_line
 __all__ = ["ForwardReader", "TranscriptEntry"]
 
 _BLOCK = 64 * 1024
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +58,8 @@ class ForwardReader:
         self.skipped = 0
 
     def __iter__(self) -> Iterator[TranscriptEntry]:
-        with open(self.path, "rb") as fh:
+        # O_NOFOLLOW: a link planted as the transcript raises ELOOP here, never read through.
+        with open(self.path, "rb", opener=_no_follow) as fh:
             fh.seek(self.end_offset)
             parts: list[bytes] = []  # fragments of a line whose newline is not read yet
             while block := fh.read(_BLOCK):

@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from .errors import StorageError
-from .fileio import FileIO, describe_os_error
+from .fileio import FileIO, describe_os_error, open_no_links
 from .models import format_ts
 from .transcript import blocks_forward, end_of_last_newline, iter_lines_backward, parse_line
 
@@ -62,7 +62,7 @@ def _copy_aside(io: FileIO, src_fd: int, path: Path, start: int, end: int, durab
         suffix = f".corrupt-{stamp}" + (f"-{attempt}" if attempt else "")
         target = path.with_name(path.name + suffix)
         try:
-            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            out = open_no_links(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what="a corrupt tail's copy")
             break
         except FileExistsError:
             continue
@@ -90,7 +90,8 @@ def recover_tail(path: Path, io: FileIO, *, durable: bool) -> Recovery | None:
     truncating without a copy would destroy the only record of them.
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        # A link is refused (UnsafePath), never followed: this may cut a file back.
+        fd = open_no_links(path, os.O_RDWR)
     except FileNotFoundError:
         return None
     try:

@@ -16,7 +16,7 @@ from typing import TypeAlias
 import apsw
 import structlog
 
-from .errors import SessionNotFound, StorageError
+from .errors import SessionNotFound, StorageError, UnsafePath
 from .index import SessionIndex
 from .layout import transcript_file
 from .models import Session
@@ -32,7 +32,12 @@ _Ident: TypeAlias = "tuple[str, str]"
 def checked_summary(root: Path, user: str, session_key: str) -> Summary | None:
     """The transcript's summary if its header is readable and names this user and key."""
     path = transcript_file(root, user, session_key)
-    summary = summarise(path)
+    try:
+        summary = summarise(path)
+    except UnsafePath:
+        # A link (or a FIFO) is no transcript: its row goes, and it is never read.
+        log.warning("transcript.unreadable", path=str(path), reason="not a regular file")
+        return None
     if summary is None:
         if path.exists():
             log.warning("transcript.unreadable", path=str(path), reason="bad header")

@@ -59,7 +59,7 @@ def write_marker(data_dir: Path, root: Path, *, durable: bool) -> None:
     path = Path(data_dir) / MARKER_NAME
     tmp = path.with_name(MARKER_NAME + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         try:
             os.write(fd, body)
             if durable:

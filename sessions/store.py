@@ -208,12 +208,12 @@ class SessionStore:
         return self._read_back(user, key, limit, offset, self._config.max_page_bytes)
 
     def recent_messages(self, user: str, session_key: str, n: int) -> builtins.list[Message]:
-        """The last ``n`` messages in order, for building the model's context (no page cap)."""
+        """The last ``n`` messages in order for the model's context, within ``max_context_bytes``."""
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidSessionInput("n", "must be a non-negative integer")
-        return self._read_back(user, key, n, None)[0]
+        return self._read_back(user, key, n, None, self._config.max_context_bytes)[0]
 
     def append_message(
         self,

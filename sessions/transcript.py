@@ -26,7 +26,7 @@ import orjson
 import structlog
 
 from .errors import InvalidSessionInput, SessionNotFound, StorageError
-from .fileio import describe_os_error
+from .fileio import describe_os_error, open_no_links
 from .models import Message, Session, to_ts
 
 __all__ = [
@@ -231,9 +231,9 @@ def end_of_last_newline(fd: int, size: int) -> int:
 
 def open_sized(path: Path) -> tuple[int, int]:
     """A read-only descriptor on the transcript and its size; SessionNotFound if it is gone,
-    StorageError for any other failure."""
+    StorageError for any other failure (UnsafePath for a link)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_no_links(path, os.O_RDONLY)
     except FileNotFoundError:
         raise SessionNotFound() from None
     except OSError as err:
@@ -247,9 +247,9 @@ def open_sized(path: Path) -> tuple[int, int]:
 
 def header_of(path: Path) -> tuple[int, tuple[Header, int] | None]:
     """The transcript's size and :func:`read_header`'s answer; FileNotFoundError when it is
-    gone, StorageError for any other failure."""
+    gone, StorageError for any other failure (UnsafePath for a link)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_no_links(path, os.O_RDONLY)
     except FileNotFoundError:
         raise
     except OSError as err:
@@ -266,10 +266,10 @@ def header_of(path: Path) -> tuple[int, tuple[Header, int] | None]:
 def memory_enabled(path: Path) -> bool:
     """Whether the memory index may read this transcript: False for an incognito session's
     (header ``"memory": false``). A missing file or unreadable header answers True, so the
-    indexer goes on to its own handling of those."""
+    indexer goes on to its own handling of those (it refuses a link)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = open_no_links(path, os.O_RDONLY)
+    except (OSError, StorageError):
         return True
     try:
         found = read_header(fd, os.fstat(fd).st_size)
@@ -338,9 +338,10 @@ def summarise(path: Path) -> Summary | None:
 
     Read-only (repairs are :func:`recover_tail`'s job). Counting lines reads the whole file, in
     blocks; this runs only when the index learns of a transcript it did not write itself.
+    UnsafePath for a link, which is never read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_no_links(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:

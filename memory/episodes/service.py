@@ -68,8 +68,8 @@ class Episodes:
         if draft.vector is not None:
             draft = dataclasses.replace(draft, vector_model=self._model)
         if merge_into is not None:
-            return await self._write("merging an episode", self.store.merge, merge_into, draft)
-        return await self._write("writing an episode", self.store.insert, draft)
+            return await self._write("merging an episode", self.store.merge, merge_into, draft, grows=True)
+        return await self._write("writing an episode", self.store.insert, draft, grows=True)
 
     async def closest(self, user: str, vector: list[float]) -> tuple[Episode, float] | None:
         """The recent episode most like ``vector`` (novelty check), with its cosine."""
@@ -84,7 +84,8 @@ class Episodes:
         return await self._read(lambda db: self.store.count_since(db, user, since_ms))
 
     async def enqueue(self, user: str, session_key: str) -> None:
-        await self._write("queueing an episode", self.store.enqueue, user, session_key, int(time.time() * 1000))
+        await self._write("queueing an episode", self.store.enqueue, user, session_key, int(time.time() * 1000),
+                          grows=True)
 
     async def due(self) -> list[EpisodeJob]:
         return await self._read(lambda db: self.store.due(db, int(time.time() * 1000)))
@@ -151,8 +152,8 @@ class Episodes:
 
     # -- plumbing ------------------------------------------------------------------------
 
-    async def _write(self, action: str, fn: Callable[..., _T], *args: object) -> _T:
-        return await write_step(self._conn, action, fn, *args)
+    async def _write(self, action: str, fn: Callable[..., _T], *args: object, grows: bool = False) -> _T:
+        return await write_step(self._conn, action, fn, *args, grows=grows)
 
     async def _read(self, fn: Callable[[apsw.Connection], _T]) -> _T:
         return await read_step(self._readers, "reading episodes", fn)

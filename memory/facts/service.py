@@ -70,7 +70,7 @@ class Facts:
         vector = await self._embed_passage(clean)
         draft = FactDraft(user, clean, source, replaces, session_key, run_id, vector,
                           self._model if vector is not None else None)
-        change = await self._write("saving a fact", self.store.save, draft)
+        change = await self._write("saving a fact", self.store.save, draft, grows=True)
         log.info("memory.fact", action=change.action, fact=change.fact.id, previous=change.previous_id,
                  source=source)
         return change
@@ -149,8 +149,8 @@ class Facts:
         fresh = {f.id: v for f, v in zip(missing, vectors, strict=True)}
         return [(fact, vec if vec is not None else fresh.get(fact.id)) for fact, vec in rows]
 
-    async def _write(self, action: str, fn: Callable[..., _T], *args: object) -> _T:
-        return await write_step(self._conn, action, fn, *args)
+    async def _write(self, action: str, fn: Callable[..., _T], *args: object, grows: bool = False) -> _T:
+        return await write_step(self._conn, action, fn, *args, grows=grows)
 
     async def _read(self, action: str, fn: Callable[[apsw.Connection], _T]) -> _T:
         return await read_step(self._readers, action, fn)

@@ -36,6 +36,7 @@ import structlog
 
 from memory.errors import MemoryStorageError
 from memory.index.migrations import SCHEMA_VERSION, migrate
+from sessions import StorageError, check_free_space
 
 __all__ = [
     "DEFAULT_VEC_EXTENSION",
@@ -267,9 +268,19 @@ class WriteConnection:
     one.
     """
 
-    def __init__(self, db: apsw.Connection) -> None:
+    def __init__(self, db: apsw.Connection, *, min_free_bytes: int = 0) -> None:
         self.db = db
         self.lock = threading.RLock()
+        self.min_free_bytes = min_free_bytes  # the transcripts' floor (sessions.min_free_bytes)
+
+    def check_room(self, action: str) -> None:
+        """MemoryStorageError ("disk almost full …") when the index's file system is below the
+        free-disk floor: a write that adds rows is refused before it starts, as an append to a
+        transcript is. Deletes never ask: they are how space comes back."""
+        try:
+            check_free_space(Path(self.db.filename).parent, self.min_free_bytes)
+        except StorageError as exc:
+            raise MemoryStorageError(f"{exc.message} (while {action})") from exc
 
     def close(self) -> None:
         with self.lock:  # a to_thread step of a cancelled sync may still be running
@@ -332,11 +343,15 @@ async def in_thread(action: str, fn: Callable[..., _T], *args: object) -> _T:
         raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
 
 
-async def write_step(conn: WriteConnection, action: str, fn: Callable[..., _T], *args: object) -> _T:
-    """``fn(db, *args)`` on the writing connection, holding its lock, off the loop."""
+async def write_step(conn: WriteConnection, action: str, fn: Callable[..., _T], *args: object,
+                     grows: bool = False) -> _T:
+    """``fn(db, *args)`` on the writing connection, holding its lock, off the loop; ``grows``:
+    it adds rows, so it is refused below the free-disk floor (:meth:`WriteConnection.check_room`)."""
 
     def step() -> _T:
         with conn.lock:
+            if grows:
+                conn.check_room(action)
             return fn(conn.db, *args)
 
     return await in_thread(action, step)

@@ -243,6 +243,8 @@ class FileSync:
                 with self.db:
                     report.chunks_deleted = self._delete_path(rel)
                 return report
+            # Below the free-disk floor the sync stops here, rolled back whole; a later one redoes it.
+            self._conn.check_room("indexing a transcript")
             with self.db:
                 if incremental:
                     assert row is not None

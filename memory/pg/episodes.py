@@ -183,7 +183,8 @@ class PgEpisodes(Episodes):
                                                    now_ms + CLAIM_S * 1000)
         return jobs
 
-    async def _write(self, action: str, fn: Callable[..., Any], *args: object) -> Any:
+    async def _write(self, action: str, fn: Callable[..., Any], *args: object, grows: bool = False) -> Any:
+        # ``grows`` is not checked here: the disk is the database server's (sessions.md).
         return await pooled_step(self._pool, action, fn, *args)
 
     async def _read(self, fn: Callable[..., Any]) -> Any:

@@ -225,7 +225,8 @@ class PgFacts(Facts):
         super().__init__(cast(Any, None), cast(Any, None), cast(Any, store), pipeline, embed_query, keyword_weight)
         self._pool = pool
 
-    async def _write(self, action: str, fn: Callable[..., Any], *args: object) -> Any:
+    async def _write(self, action: str, fn: Callable[..., Any], *args: object, grows: bool = False) -> Any:
+        # ``grows`` is not checked here: the disk is the database server's (sessions.md).
         return await pooled_step(self._pool, action, fn, *args)
 
     async def _read(self, action: str, fn: Callable[..., Any]) -> Any:

@@ -31,7 +31,14 @@ from memory import (
     MemoryStorageError,
     MemoryUnavailable,
 )
-from sessions import InvalidSessionInput, LineTooLarge, SessionError, SessionNotFound, StorageError
+from sessions import (
+    InvalidSessionInput,
+    LineTooLarge,
+    SessionError,
+    SessionNotFound,
+    StorageError,
+    UnsafePath,
+)
 from tests.conftest import TOKEN
 from tests.gateway.test_chat import run_to_end
 from tests.gateway.test_rpc_core import Ctx
@@ -48,6 +55,7 @@ STORAGE = {"code": -32603, "data": {"retryable": True}}
         (LineTooLarge(2_000_000, 1_048_576), {"code": -32602, "data": {"field": "message"}}),
         (StorageError("no space left on device", errno=errno.ENOSPC),
          {**STORAGE, "message": "storage error: no space left on device"}),
+        (UnsafePath("the transcript"), {"code": -32603, "data": {"retryable": False}}),
         (InvalidSearch("k", "must be an integer from 1 to 50"),
          {"code": -32602, "data": {"field": "k", "reason": "must be an integer from 1 to 50"}}),
         (InvalidFact("text", "is 250 characters; the limit is 200"),

@@ -47,3 +47,31 @@ def test_the_count_limit_still_applies_under_the_byte_cap(make_store: Callable[.
         for content in contents:
             store.append_message("alice", key, role="user", content=content)
         assert _all_pages(store, key, limit=3) == [["m4", "m5", "m6"], ["m1", "m2", "m3"], ["m0"]]
+
+
+def test_the_chat_context_is_capped_by_bytes_keeping_the_newest_whole(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """Issue 22, item 13: a session of 20 messages of 256 KiB does not load 5 MiB for a reply.
+    recent_messages reads at most sessions.max_context_bytes (default 1 MiB) of lines: the
+    newest messages, whole and in order; older ones are dropped."""
+    big = 256 * 1024
+    with make_store(SessionsConfig()) as store:
+        key = store.create("alice").session_key
+        contents = [f"{i:02d}" + "y" * big for i in range(20)]
+        for content in contents:
+            store.append_message("alice", key, role="user", content=content)
+        got = [m.content for m in store.recent_messages("alice", key, 50)]
+        assert got == contents[-len(got):]
+        assert 1 <= len(got) <= 4 and sum(len(c) for c in got) <= SessionsConfig().max_context_bytes
+
+
+def test_the_newest_message_is_kept_even_past_the_context_cap(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A cap smaller than the newest message still yields that message, whole."""
+    with make_store(SessionsConfig(max_context_bytes=1_000)) as store:
+        key = store.create("alice").session_key
+        store.append_message("alice", key, role="user", content="small")
+        store.append_message("alice", key, role="assistant", content="z" * 5_000)
+        assert [m.content for m in store.recent_messages("alice", key, 10)] == ["z" * 5_000]
