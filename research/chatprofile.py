@@ -137,6 +137,7 @@ def _install_gateway_trace(path: str) -> None:
     import httpx2 as httpx
     import websockets.asyncio.connection as ws_connection
 
+    import gateway.chat.finish as finish
     import gateway.chat.runs as runs
     import gateway.methods.chat as chat_methods
     import memory.episodes.service as episodes_service
@@ -164,7 +165,7 @@ def _install_gateway_trace(path: str) -> None:
 
     SessionStore.append_message = traced_append  # type: ignore[method-assign]
 
-    publish = runs.ChatRuns._publish_delta
+    publish = finish.RunEnds.publish_delta
     state = {"first": True}
 
     def traced_publish(self: Any, run: Any, text: str) -> None:
@@ -173,7 +174,7 @@ def _install_gateway_trace(path: str) -> None:
             state["first"] = True
         publish(self, run, text)
 
-    runs.ChatRuns._publish_delta = traced_publish  # type: ignore[method-assign]
+    finish.RunEnds.publish_delta = traced_publish  # type: ignore[method-assign]
 
     ws_send = ws_connection.Connection.send
 

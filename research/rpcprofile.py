@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.rpc import CONNECTIONS, _drive
+from bench.rpc import CONNECTIONS, drive
 from testkit.gateway import TOKEN, gateway_child
 
 MODES = {"pipelined": 32, "ping-pong": 1}
@@ -45,10 +45,10 @@ async def _run(per_conn: int, modes: Sequence[str], wrapper: Sequence[str]) -> N
                                           text=True, check=False).stdout.split()
                 pid = int(children[0]) if children else proc.pid
             auth = {"Authorization": f"Bearer {TOKEN}"}
-            await _drive(url, auth, per_conn=50, window=32)  # warm-up
+            await drive([url], "gateway.health", None, headers=auth, per_conn=50, window=32)  # warm-up
             for mode in modes:
                 (u0, s0), t0 = _cpu_s(pid), time.perf_counter()
-                rate, _ = await _drive(url, auth, per_conn=per_conn, window=MODES[mode])
+                rate, _ = await drive([url], "gateway.health", None, headers=auth, per_conn=per_conn, window=MODES[mode])
                 (u1, s1), wall = _cpu_s(pid), time.perf_counter() - t0
                 n = CONNECTIONS * per_conn
                 print(f"{mode}: {rate:,.0f} req/s over {wall:.1f} s; gateway CPU per request "
