@@ -225,6 +225,10 @@ class CrossEncoder:
         batches = 0
         while len(scores) < len(passages):
             per_token = self.ms_per_token
+            if scores and per_token is not None:
+                # Within one search the next batch is planned at no less than the last one cost:
+                # the load that slowed it is likely still there, and the quantile would overrun again.
+                per_token = max(per_token, self._costs[-1])
             left_ms = (deadline - time.perf_counter()) * 1000
             if per_token is None or left_ms <= 0:
                 break
