@@ -180,7 +180,8 @@ def score(d: dict[str, Any], rank: Callable[[Leg, Leg], list[int]]) -> tuple[flo
 
 
 def fused(fusion: FusionMethod, weight: float, candidates: int = 50) -> Callable[[Leg, Leg], list[int]]:
-    config = MemoryConfig(fusion=fusion, keyword_weight=weight)
+    # Min-max over every candidate, as in the tables before issue 25 (depth: depth_table).
+    config = MemoryConfig(fusion=fusion, keyword_weight=weight, fusion_depth=DEPTH)
     return lambda kw, vec: [f.chunk_id for f in fuse(kw[:candidates], vec[:candidates], config)]
 
 
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, {r10 - legs:+.3f})")
     dated = [n for n in names if any(q.get("now") is not None for q in dumps[n]["questions"])]
     if dated:
-        print("\nrecency (recall into a prompt), R@10 / nDCG@10 of convex 0.4 + the term, dated questions only")
+        print("\nrecency (recall into a prompt), R@10 / nDCG@10 of the default fusion + the term, dated questions only")
         print("weight, half-life".ljust(20) + "".join(f"{n} {view}".rjust(30) for n in dated for view in ("whole", "as of")))
         for weight, half_life in RECENCY:
             cells = [recency_scores(dumps[n], weight, half_life, as_of) for n in dated for as_of in (False, True)]
