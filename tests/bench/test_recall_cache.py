@@ -19,7 +19,8 @@ def _rows(path: Path) -> int:
         if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'embedding_cache'").fetchall():
             return 0
         ((count,),) = db.execute("SELECT count(*) FROM embedding_cache").fetchall()
-        return int(count)
+        assert isinstance(count, int)
+        return count
     finally:
         db.close()
 
