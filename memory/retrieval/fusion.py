@@ -4,9 +4,10 @@ Each leg hands over its best ``candidates`` as ``(chunk_id, score)``, best first
 scores better (negated BM25 for keyword, cosine similarity for vector). Every chunk either leg
 found stays in the fused list: nothing is dropped by a threshold here.
 
-``convex`` (the default) min-max normalises each leg's scores to [0, 1] within the query and
-adds them with weights ``keyword_weight`` and ``1 - keyword_weight``; a chunk one leg did not
-return gets 0 from that leg. Unlike Reciprocal Rank Fusion it keeps *how much* better a leg's
+``convex`` (the default) min-max normalises each leg's scores to [0, 1] within the query —
+between the leg's best score and its ``fusion_depth``-th, lower ones clipped to 0 — and adds
+them with weights ``keyword_weight`` and ``1 - keyword_weight``; a chunk one leg did not return
+gets 0 from that leg. Unlike Reciprocal Rank Fusion it keeps *how much* better a leg's
 first hit is than its tenth, so a leg that is sure of one chunk outweighs a leg that finds
 many near-ties — equal-weight RRF let a weak leg's ranks drag hybrid below the better leg
 (docs/memory.md has the table of alternatives and the cross-validation that chose this).
@@ -37,14 +38,14 @@ class Fused:
     similarity: float | None = None   # the vector leg's own score (cosine), when it found the chunk
 
 
-def _minmax(leg: Leg) -> dict[int, float]:
+def _minmax(leg: Leg, depth: int) -> dict[int, float]:
     if not leg:
         return {}
-    scores = [s for _, s in leg]
-    lo, hi = min(scores), max(scores)
-    if hi <= lo:  # one hit, or all tied: each is as good as the leg's best
-        return {cid: 1.0 for cid, _ in leg}
-    return {cid: (s - lo) / (hi - lo) for cid, s in leg}
+    scores = sorted((s for _, s in leg), reverse=True)
+    lo, hi = scores[min(depth, len(scores)) - 1], scores[0]
+    if hi <= lo:  # one hit, or the first ``depth`` tied: each of those is as good as the best
+        return {cid: 1.0 if s >= hi else 0.0 for cid, s in leg}
+    return {cid: max(0.0, (s - lo) / (hi - lo)) for cid, s in leg}
 
 
 def _rrf(leg: Leg, rrf_k: int) -> dict[int, float]:
@@ -59,7 +60,7 @@ def fuse(keyword: Leg, vector: Leg, config: MemoryConfig) -> list[Fused]:
     if config.fusion == "rrf":
         kw_part, vec_part = _rrf(keyword, config.rrf_k), _rrf(vector, config.rrf_k)
     else:
-        kw_part, vec_part = _minmax(keyword), _minmax(vector)
+        kw_part, vec_part = _minmax(keyword, config.fusion_depth), _minmax(vector, config.fusion_depth)
     # A single-leg search ranks by that leg alone, whatever the weights.
     w_kw = config.keyword_weight if keyword and vector else 1.0
     w_vec = 1.0 - config.keyword_weight if keyword and vector else 1.0

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from memory.config import MemoryConfig
-from memory.embedders.rerank import best_window, plan_batch, reranker_installed
+from memory.embedders.rerank import (
+    MIN_WINDOW_WORDS,
+    CrossEncoder,
+    best_window,
+    plan_batch,
+    reranker_installed,
+    window_words,
+)
 from memory.pipeline import legs_agree
 from memory.retrieval.request import SearchHit
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
@@ -27,6 +34,29 @@ def test_plan_batch_takes_the_pairs_the_measured_cost_fits() -> None:
     assert plan_batch([10, 40], 1.0, 60.0) == 1            # padding to 40 would cost 100
     assert plan_batch([30], 1.0, 10.0) == 0
     assert plan_batch([10] * 30, 0.01, 1000.0) == 30       # a faster machine reads them all
+
+
+def test_the_cost_estimate_is_a_low_quantile_so_one_slow_batch_does_not_stop_the_step() -> None:
+    """A batch slowed by a neighbour's burst does not set the cost the next searches plan at,
+    and a burst ages out of the history."""
+    encoder = CrossEncoder()
+    assert encoder.ms_per_token is None and not encoder.ready
+    for cost in (0.2, 0.2, 5.0, 0.2):
+        encoder.measured(cost)
+    assert encoder.ms_per_token == 0.2
+    for _ in range(20):
+        encoder.measured(0.1)
+    assert encoder.ms_per_token == 0.1
+
+
+def test_window_words_narrows_passages_so_enough_pairs_fit_the_budget() -> None:
+    """Within a budget the passage window shrinks so that several pairs fit, never below the
+    minimum; a fast machine keeps the configured window."""
+    assert window_words(120, 0.001, 12, 96) == 96
+    roomy, tight = window_words(120, 0.1, 12, 96), window_words(120, 0.2, 12, 96)
+    assert MIN_WINDOW_WORDS <= tight < roomy < 96
+    assert window_words(120, 5.0, 12, 96) == MIN_WINDOW_WORDS
+    assert window_words(120, 5.0, 12, 16) == 16
 
 
 def test_best_window_keeps_the_words_around_the_query_words_not_the_head() -> None:

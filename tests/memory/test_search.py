@@ -163,7 +163,7 @@ def test_convex_fusion_keeps_every_hit_of_either_leg() -> None:
 
     keyword = [(7, 9.0), (3, 4.0)]            # chunk 7 only the keyword leg found
     vector = [(3, 0.8), (5, 0.7), (9, 0.2)]   # chunks 5 and 9 only the vector leg found
-    fused = {f.chunk_id: f for f in fuse(keyword, vector, quiet_config())}
+    fused = {f.chunk_id: f for f in fuse(keyword, vector, quiet_config(keyword_weight=0.4))}
     assert set(fused) == {3, 5, 7, 9}
     assert (fused[7].keyword_rank, fused[7].vector_rank) == (1, None)
     assert (fused[9].keyword_rank, fused[9].vector_rank) == (None, 3)
