@@ -789,6 +789,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="chunk overlap for --granularity chunk (default: memory default, chunk/5)")
     parser.add_argument("--fusion", choices=("convex", "rrf"), default=None,
                         help="how hybrid fuses the legs (default: the memory default)")
+    parser.add_argument("--fusion-depth", type=int, default=None, metavar="N",
+                        help="convex fusion scales each leg between its best and its N-th score "
+                             "(default: memory.fusion_depth; the number of candidates = round 2's min-max)")
     parser.add_argument("--keyword-weight", type=float, default=None,
                         help="keyword leg's weight in hybrid fusion (default: the memory default)")
     parser.add_argument("--keyword-common", type=float, nargs=2, default=None, metavar=("SHARE", "MIN"),
@@ -842,6 +845,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             chunk_tokens=args.chunk_tokens or defaults.chunk_tokens,
             overlap_tokens=(args.overlap_tokens if args.overlap_tokens is not None else defaults.overlap_tokens),
             fusion=args.fusion or defaults.fusion,
+            fusion_depth=args.fusion_depth or defaults.fusion_depth,
             keyword_weight=args.keyword_weight if args.keyword_weight is not None else defaults.keyword_weight,
             keyword_common_share=(args.keyword_common[0] if args.keyword_common else defaults.keyword_common_share),
             keyword_common_min_chunks=(int(args.keyword_common[1]) if args.keyword_common
