@@ -106,8 +106,8 @@ class RpcCore:
         """The encoded reply to one call (None for a notification): a frame that is one
         object, or a batch entry. ``method`` is the one its name finds, looked up by the
         caller. With ``budget``, a call that may build a big reply first waits for room for
-        :attr:`reply_reserve` bytes, and the reply is held in it, or refused if it does not
-        fit. No coroutine between this one and the handler's: nearly every frame comes here."""
+        :attr:`reply_reserve` bytes (refused unbuilt when unread replies leave none), and the
+        reply is held in it, or refused if it does not fit. No coroutine between this one and the handler's: nearly every frame comes here."""
         if not isinstance(message, dict):
             return self._encode(error_response(None, InvalidRequest("invalid request: expected an object").to_object()),
                                 budget)
@@ -116,7 +116,12 @@ class RpcCore:
         reserving = budget if budget is not None and self.reply_reserve and method is not None \
             and not method.inline else None
         if reserving is not None:
-            await reserving.start(self.reply_reserve)
+            if req_id is _NO_ID:  # a notification holds no reply: it is never refused for room
+                await reserving.start(self.reply_reserve)
+            elif not await reserving.start_call(self.reply_reserve):
+                refused = reserving.refusal_unstarted(self.reply_reserve)
+                return self._encode(error_response(req_id if _valid_id(req_id) else None,
+                                                   refused.to_object()), budget)
         # Only calls that may wait (a worker thread, the disk, upstream) take one of the user's
         # slots, and only after their reservation, as batch entries do: a call holding a slot
         # never waits for budget room, so the two waits cannot close a cycle.
