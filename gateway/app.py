@@ -60,7 +60,7 @@ from gateway.private import (
     take_clean_stop,
 )
 from gateway.retention import RetentionSweeper
-from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots
+from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots, fair_threads
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import Embedder
@@ -205,6 +205,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # SQLite WAL and SHM files included (gateway.private).
     set_private_umask()
     make_private_dir(config.data_dir)
+    fair_threads(config.limits.max_user_threads)  # the worker threads, before any job goes to one
     # Start-up disk work runs side by side (each a walk or a read of its own): the mode audit
     # of every file, the memory index's own start work (its sign bits, its integrity check;
     # started first, without its catch-up sync), and the sessions store's reconcile of its
