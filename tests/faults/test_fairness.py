@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import AsyncExitStack
 
 import orjson
@@ -91,7 +92,6 @@ async def test_a_users_jobs_beyond_the_thread_share_wait_and_others_go_first() -
     bob's third starts as soon as one of his own ends, and a job of his cancelled while it
     waited never runs."""
     pool = FairThreads(per_user=2, max_workers=4)
-    loop = asyncio.get_running_loop()
     release = threading.Event()
     started: list[str] = []
 
@@ -101,10 +101,10 @@ async def test_a_users_jobs_beyond_the_thread_share_wait_and_others_go_first() -
             release.wait(10)
         return name
 
-    def submit(user: str, name: str, block: bool) -> asyncio.Future[str]:
+    def submit(user: str, name: str, block: bool) -> Future[str]:
         token = CALLER.set(user)
         try:
-            return loop.run_in_executor(pool, job, name, block)
+            return pool.submit(job, name, block)
         finally:
             CALLER.reset(token)
 
@@ -112,16 +112,18 @@ async def test_a_users_jobs_beyond_the_thread_share_wait_and_others_go_first() -
         bob = [submit("bob", f"bob{i}", True) for i in range(2)]
         bob_third = submit("bob", "bob2", False)
         bob_cancelled = submit("bob", "bob3", False)
-        assert await asyncio.wait_for(submit("alice", "alice", False), 10) == "alice"
+        assert await asyncio.wait_for(asyncio.wrap_future(submit("alice", "alice", False)), 10) == "alice"
         assert "bob2" not in started and pool.running("bob") == 2
-        bob_cancelled.cancel()
+        assert bob_cancelled.cancel()  # still waiting for bob's turn: it never runs
         release.set()
-        assert await asyncio.wait_for(asyncio.gather(*bob, bob_third), 10) == ["bob0", "bob1", "bob2"]
+        assert await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, [*bob, bob_third])), 10) \
+            == ["bob0", "bob1", "bob2"]
         assert "bob3" not in started
-        assert pool.running("bob") == 0 and pool.running("alice") == 0
     finally:
         release.set()
         pool.shutdown(wait=True)
+    # A job's turn passes on just after its result is set: counted once the threads are done.
+    assert pool.running("bob") == 0 and pool.running("alice") == 0
 
 
 async def test_the_daemons_blocking_work_runs_in_the_fair_threads(
