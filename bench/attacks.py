@@ -19,16 +19,20 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
    daemon closes or refuses it (0.5 s later), while 10 fresh connections with the token
    (``Authorization`` header) each try one ``gateway.health``.
 
-7. *N2, pipelined big pages*: one user's CONNS connections (1 and 6) each pipeline 32
-   ``sessions.history`` pages of a session of 200 messages of 250 kB, never reading; RSS growth
-   over the daemon at rest after 10 s.
+7. *N2, pipelined big pages*: one user's CONNS connections (``--n2-connections``, 1 and 6 by
+   default, each count a fresh daemon) each pipeline 32 ``sessions.history`` pages of a session of
+   200 messages of 250 kB, never reading; RSS growth over the daemon at rest after 10 s, once the
+   memory index has caught up with that session (a daemon started before, not measured).
 
 8. *N4, big chat messages*: batches of 16 ``chat.send`` of 250 kB over 16 sessions, each
    batch sent once the last one is answered, for 15 s, against the loopback fake model; the
    bytes the data dir grew by.
 
 9. *t16, fairness*: alice's ``sessions.list`` p50 alone, then while bob (another user, in a
-   child process) keeps 32 ``sessions.list`` (limit 200) in flight on each of 8 connections.
+   child process) keeps 32 ``sessions.list`` (limit 200) in flight on each of 8 connections,
+   timed once bob has had as many answers as he has calls in flight (his process takes seconds
+   to start on a loaded machine) until alice is done; bob's answers per second meanwhile say
+   that the flood was on.
 
 ``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4, t16).
 
@@ -278,7 +282,25 @@ async def _big_session(data: Path, root: Path | None, messages: int, message_cha
     with SessionStore(data, SessionsConfig(fsync="never")) as store:
         for _ in range(messages):
             store.append_message("default", key, role="user", content="x" * message_chars)
+    await _indexed(data, root)
     return key
+
+
+async def _indexed(data: Path, root: Path | None) -> None:
+    """Start a daemon on ``data`` until its memory index has caught up with the transcripts,
+    so that the daemons measured next do not count that one-off work (indexing a 50 MB
+    transcript costs the first daemon that sees it some 250 MB, more than any attack here)."""
+    d = Daemon(data, root, None, {})
+    try:
+        async with Client.connect(d.url, TOKEN) as c:
+            async with asyncio.timeout(300):
+                while True:
+                    status = await c.call("memory.status")
+                    if status.get("syncCount", 1) >= 1 and not status.get("syncing"):
+                        break
+                    await asyncio.sleep(0.1)
+    finally:
+        d.stop()
 
 
 async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
@@ -372,24 +394,36 @@ async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 1
 ALICE, BOB = "alice-bench-token-0123456789", "bob-bench-token-0123456789xx"
 
 
-async def bob_child(url: str, connections: int = 8, depth: int = 32, seconds: float = 12.0) -> None:
+async def bob_child(url: str, connections: int = 8, depth: int = 32) -> None:
     """Bob's flood (runs in its own process): ``depth`` calls in flight on each connection, one
-    sent as each answer arrives, for ``seconds``."""
+    sent as each answer arrives. Prints ``ready`` once as many answers as calls in flight have
+    come back (the flood is on), goes on until its stdin closes, then prints what it was
+    answered, and how many answers came after ``ready`` (``during``)."""
     answered = Counter[str]()
+    stop = asyncio.Event()
+    on = asyncio.Event()
 
     async def one() -> None:
         async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"}, max_size=None) as ws:
             frame = orjson.dumps({"id": 0, "method": "sessions.list", "params": {"limit": 200}}).decode()
             for _ in range(depth):
                 await ws.send(frame)
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < seconds:
+            while not stop.is_set():
                 msg = orjson.loads(await ws.recv())
                 answered["ok" if "result" in msg else str(msg["error"]["code"])] += 1
+                if answered.total() >= connections * depth:
+                    on.set()
                 await ws.send(frame)
 
-    await asyncio.gather(*(one() for _ in range(connections)))
-    print(orjson.dumps(answered).decode())
+    tasks = [asyncio.create_task(one()) for _ in range(connections)]
+    await on.wait()
+    before = answered.total()
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.read)  # the parent closes it when it has measured
+    during = answered.total() - before
+    stop.set()
+    await asyncio.wait(tasks, timeout=5)
+    print(orjson.dumps({**answered, "during": during}).decode(), flush=True)
 
 
 async def fairness(root: Path | None, samples: int = 300) -> None:
@@ -416,13 +450,25 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
                 quiet = await p50()
                 with Sampler(d.proc.pid) as s:
                     child = await asyncio.create_subprocess_exec(
-                        sys.executable, "-m", "bench.attacks", "--bob-child", d.url, stdout=asyncio.subprocess.PIPE)
-                    await asyncio.sleep(2)  # bob's connections are up and full
+                        sys.executable, "-m", "bench.attacks", "--bob-child", d.url,
+                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                    assert child.stdin is not None and child.stdout is not None
+                    # Alice is timed only while bob's flood is on: from his first answers (his
+                    # process takes seconds to start on a loaded machine) until she is done.
+                    line = await asyncio.wait_for(child.stdout.readline(), 120)
+                    if line.strip() != b"ready":
+                        raise RuntimeError(f"bob's flood did not start: {line!r}")
+                    t0 = time.monotonic()
                     flooded = await p50()
+                    window = time.monotonic() - t0
+                    child.stdin.close()
                     out, _ = await child.communicate()
+            bob_answers = orjson.loads(out)
             _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 in flight)", d, s,
                     alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
-                    ratio=f"{flooded / quiet:.1f}x", bob=out.decode().strip())
+                    ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
+                    bob_answers_per_s_meanwhile=f"{bob_answers.pop('during') / window:.0f}",
+                    bob=orjson.dumps(bob_answers).decode())
         finally:
             d.stop()
 
@@ -501,7 +547,7 @@ async def main(args: argparse.Namespace) -> None:
     if "n1" in only:
         await preauth_flood(root)
     if "n2" in only:
-        await pipelined_pages(root)
+        await pipelined_pages(root, tuple(int(n) for n in args.n2_connections.split(",")))
     if "n4" in only:
         await chat_bytes(root)
     if "t16" in only:
@@ -515,6 +561,7 @@ if __name__ == "__main__":
     parser.add_argument("--prompt-chars", type=int, default=64 * 1024)
     parser.add_argument("--flood-s", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=1500)
+    parser.add_argument("--n2-connections", default="1,6", help="N2's connection counts, comma-separated")
     parser.add_argument("--flood-child", metavar="URL")
     parser.add_argument("--bob-child", metavar="URL")
     parser.add_argument("--only", help=f"comma-separated, of: {', '.join(ATTACKS)}")

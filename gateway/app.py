@@ -61,7 +61,7 @@ from gateway.private import (
     tighten_private_dir,
 )
 from gateway.retention import RetentionSweeper
-from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots
+from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots, fair_threads
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer
 from memory import Embedder
@@ -208,6 +208,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     # A data dir another user owns with group or world access refuses the start here
     # (DataDirExposed, an OSError), before anything is written into it.
     loose_mode = make_private_dir(config.data_dir)
+    fair_threads(config.limits.max_user_threads)  # the worker threads, before any job goes to one
     # Start-up disk work runs side by side (each a walk or a read of its own): the mode audit
     # of every file, the memory index's own start work (its sign bits, its integrity check;
     # started first, without its catch-up sync), and the sessions store's reconcile of its

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.rpc.budget import ReplyBudget, UserBudgets, over_budget
 from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.core import Call, RpcCore
-from gateway.rpc.fairness import UserSlots
+from gateway.rpc.fairness import CALLER, FairThreads, UserSlots, fair_threads
 from gateway.rpc.quota import ByteRate, Quotas
 from gateway.rpc.registry import (
     Bound,
@@ -20,10 +20,12 @@ from gateway.rpc.registry import (
 )
 
 __all__ = [
+    "CALLER",
     "Bound",
     "ByteRate",
     "Call",
     "CallContext",
+    "FairThreads",
     "Handler",
     "Method",
     "Notification",
@@ -36,6 +38,7 @@ __all__ = [
     "UserBudgets",
     "UserSlots",
     "bounded",
+    "fair_threads",
     "over_budget",
     "parse_params",
 ]

@@ -6,8 +6,10 @@ entries alike:
 
 - a call that may build a big reply first *reserves* an estimate (the most one page of a
   listing method builds) and starts only while the bytes held plus the reservations of the calls
-  already running leave room for it; otherwise it waits for one of them to finish. The first
-  call to find nothing else running starts anyway, as a lone call always has;
+  already running leave room for it; otherwise it waits for one of them to finish. A call that
+  finds nothing else running and still no room starts anyway only when nothing is held either
+  (a lone call, as ever); behind replies held and not read it is refused without being built
+  (:meth:`ReplyBudget.start_call`), since its reply could be held only once those are read;
 - once built and encoded, a reply is *held* only if it fits beside the bytes already held;
   otherwise it is replaced by the budget error (:func:`over_budget`);
 - the transport *releases* a reply's bytes once the socket has taken them.
@@ -68,6 +70,30 @@ class ReplyBudget:
             return False
         self._count(1, reserve, 0)
         return True
+
+    async def start_call(self, reserve: int) -> bool:
+        """:meth:`start` for a single call: with nothing running and no room it starts only
+        when nothing is held either, and otherwise returns False at once (the caller answers
+        :meth:`refusal_unstarted`): building a reply that could not be held beside the unread
+        ones would only be thrown away, at the cost of a page in memory."""
+        if await self.start(reserve, first=False):
+            return True
+        if self.held or (self.shared is not None and self.shared.held):
+            return False
+        self._count(1, reserve, 0)
+        return True
+
+    def refusal_unstarted(self, reserve: int) -> GatewayError:
+        """The error answering a call :meth:`start_call` did not start: which budget the
+        replies waiting to be read fill."""
+        u = self.shared
+        if u is not None and u.held + reserve > u.limit and self.held + reserve <= self.limit:
+            return RateLimited(
+                f"not run: {u.held} bytes of earlier replies wait for this user's clients to read "
+                f"them (limits.max_user_reply_bytes {u.limit})", RETRY_AFTER_MS)
+        return RateLimited(
+            f"not run: {self.held} bytes of earlier replies wait for this client to read them "
+            f"(limits.max_reply_bytes {self.limit})", RETRY_AFTER_MS)
 
     def finish(self, reserve: int) -> None:
         """A call that :meth:`start` let run is done building (its reply, if any, is held)."""

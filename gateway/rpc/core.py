@@ -33,7 +33,7 @@ from gateway.errors import (
 from gateway.rpc.batch import run_batch
 from gateway.rpc.budget import ReplyBudget
 from gateway.rpc.context import CallContext, Notification, Reply
-from gateway.rpc.fairness import UserSlots
+from gateway.rpc.fairness import CALLER, UserSlots
 from gateway.rpc.quota import Quotas
 from gateway.rpc.registry import Handler, Method, Registry, parse_params
 from gateway.wire import ErrorObject
@@ -106,8 +106,9 @@ class RpcCore:
         """The encoded reply to one call (None for a notification): a frame that is one
         object, or a batch entry. ``method`` is the one its name finds, looked up by the
         caller. With ``budget``, a call that may build a big reply first waits for room for
-        :attr:`reply_reserve` bytes, and the reply is held in it, or refused if it does not
-        fit. No coroutine between this one and the handler's: nearly every frame comes here."""
+        :attr:`reply_reserve` bytes (refused unbuilt when unread replies leave none), and the
+        reply is held in it, or refused if it does not fit. No coroutine between this one and
+        the handler's: nearly every frame comes here."""
         if not isinstance(message, dict):
             return self._encode(error_response(None, InvalidRequest("invalid request: expected an object").to_object()),
                                 budget)
@@ -116,11 +117,19 @@ class RpcCore:
         reserving = budget if budget is not None and self.reply_reserve and method is not None \
             and not method.inline else None
         if reserving is not None:
-            await reserving.start(self.reply_reserve)
+            if req_id is _NO_ID:  # a notification holds no reply: it is never refused for room
+                await reserving.start(self.reply_reserve)
+            elif not await reserving.start_call(self.reply_reserve):
+                refused = reserving.refusal_unstarted(self.reply_reserve)
+                return self._encode(error_response(req_id if _valid_id(req_id) else None,
+                                                   refused.to_object()), budget)
         # Only calls that may wait (a worker thread, the disk, upstream) take one of the user's
         # slots, and only after their reservation, as batch entries do: a call holding a slot
         # never waits for budget room, so the two waits cannot close a cycle.
-        slots = self.user_slots if method is not None and not method.inline and ctx.authenticated else None
+        waits = method is not None and not method.inline and ctx.authenticated
+        slots = self.user_slots if waits else None
+        # The jobs this call puts in the worker threads count as its user's (FairThreads).
+        caller = CALLER.set(ctx.caller) if waits else None
         try:
             if slots is not None:
                 await slots.enter(ctx.caller)
@@ -136,6 +145,8 @@ class RpcCore:
                 if slots is not None:
                     slots.leave(ctx.caller)
         finally:
+            if caller is not None:
+                CALLER.reset(caller)
             if reserving is not None:  # after the reply is held: no other call slips in between
                 reserving.finish(self.reply_reserve)
         if req_id is _NO_ID:

@@ -45,6 +45,8 @@ class Connection:
         self.outbox = Outbox(max_outbox_bytes)
         self.close_timeout_s = close_timeout_s
         self.inflight = 0
+        # Replies enter the socket's buffer one at a time (see reply()).
+        self._reply_turn = asyncio.Lock()
         # Replies built and not yet written, and the calls building them (limits.max_reply_bytes).
         self.budget = ReplyBudget(max_reply_bytes)
         # The budget the user's connections share (limits.max_user_reply_bytes), joined once a
@@ -122,9 +124,14 @@ class Connection:
         Replies skip the outbox: a client that stops reading then blocks its own requests
         here, each holding an in-flight slot, so ``limits.max_inflight`` bounds them, and a
         fast client saves a task switch per request.
+
+        They take turns: a reply is handed to the socket once the one before it has drained,
+        so a client that stops reading leaves at most one reply copied into the transport's
+        buffer, and the others wait here as the one copy the reply budget counts.
         """
         try:
-            await self.ws.send(frame, text=True)
+            async with self._reply_turn:
+                await self.ws.send(frame, text=True)
         except ConnectionClosed:
             pass
         finally:

@@ -1,20 +1,23 @@
 """One user's flood cannot starve another: at most limits.max_user_running calls of a user run
-at once across all of their connections, the rest wait their turn, and another user's calls
-never wait behind them (issue 22, t16; bench.attacks measures the latency)."""
+at once across all of their connections, at most limits.max_user_threads of their jobs are in
+the worker threads at once, the rest wait their turn, and another user's calls never wait
+behind them (issue 22, t16; bench.attacks measures the latency)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import AsyncExitStack
 
 import orjson
 
 from gateway.client import Client
 from gateway.config import Config
-from gateway.rpc import UserSlots
-from tests.conftest import running
+from gateway.rpc import CALLER, FairThreads, UserSlots, fair_threads
+from tests.conftest import TOKEN, running
 from tests.fake_openai import FakeOpenAI
 from tests.gateway.test_memory_methods import say
 
@@ -81,3 +84,56 @@ async def test_a_cancelled_waiter_passes_its_slot_on() -> None:
         await fourth
     slots.leave("bob")
     assert slots.running("bob") == 0 and not slots._lanes
+
+
+async def test_a_users_jobs_beyond_the_thread_share_wait_and_others_go_first() -> None:
+    """Bob has two jobs stuck in the worker threads (limits.max_user_threads 2) and a third
+    waiting: alice's job, sent after it, runs and finishes while bob's third has not started;
+    bob's third starts as soon as one of his own ends, and a job of his cancelled while it
+    waited never runs."""
+    pool = FairThreads(per_user=2, max_workers=4)
+    release = threading.Event()
+    started: list[str] = []
+
+    def job(name: str, block: bool) -> str:
+        started.append(name)
+        if block:
+            release.wait(10)
+        return name
+
+    def submit(user: str, name: str, block: bool) -> Future[str]:
+        token = CALLER.set(user)
+        try:
+            return pool.submit(job, name, block)
+        finally:
+            CALLER.reset(token)
+
+    try:
+        bob = [submit("bob", f"bob{i}", True) for i in range(2)]
+        bob_third = submit("bob", "bob2", False)
+        bob_cancelled = submit("bob", "bob3", False)
+        assert await asyncio.wait_for(asyncio.wrap_future(submit("alice", "alice", False)), 10) == "alice"
+        assert "bob2" not in started and pool.running("bob") == 2
+        assert bob_cancelled.cancel()  # still waiting for bob's turn: it never runs
+        release.set()
+        assert await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, [*bob, bob_third])), 10) \
+            == ["bob0", "bob1", "bob2"]
+        assert "bob3" not in started
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+    # A job's turn passes on just after its result is set: counted once the threads are done.
+    assert pool.running("bob") == 0 and pool.running("alice") == 0
+
+
+async def test_the_daemons_blocking_work_runs_in_the_fair_threads(
+    config_factory: Callable[..., Config]
+) -> None:
+    """A running gateway makes its loop's worker threads a FairThreads of
+    limits.max_user_threads, so the store's jobs of every call take their user's turn."""
+    async with running(config_factory(limits={"max_user_threads": 3})) as app, \
+            Client.connect(app.url, TOKEN) as c:
+        assert (await c.call("sessions.list"))["sessions"] == []
+        name = await asyncio.to_thread(lambda: threading.current_thread().name)
+        assert name.startswith("recalld-worker"), name
+        assert fair_threads(3).per_user == 3
