@@ -176,35 +176,48 @@ class Splade:
         return [(self.terms[int(ids[j])], round(float(weights[j]), 2)) for j in order]
 
 
-def doc_vectors(model: Splade, corpus: Corpus) -> tuple[dict[int, tuple[Any, Any]], dict[str, float]]:
-    """Every chunk's SPLADE vector (cached in the dump folder) and what computing them cost."""
+_WORKER: Splade | None = None
+
+
+def _init_worker(path: str) -> None:
+    global _WORKER
+    _WORKER = Splade(Path(path), check=False)
+
+
+def _encode_timed(text: str) -> tuple[Any, Any, float, int]:
+    """One text's vector, the CPU milliseconds it took, and its tokens (in a worker process)."""
+    assert _WORKER is not None
+    cpu = time.process_time()
+    terms, weights = _WORKER.encode(text)
+    return terms, weights, (time.process_time() - cpu) * 1000, min(MAX_TOKENS, len(_WORKER.tokenizer.encode(text).ids))
+
+
+def doc_vectors(model: Splade, path: Path, corpus: Corpus, workers: int) -> tuple[dict[int, tuple[Any, Any]], dict[str, float]]:
+    """Every chunk's SPLADE vector (cached in the dump folder) and what computing them cost:
+    CPU milliseconds per chunk, summed over ``workers`` single-threaded processes."""
+    import multiprocessing
+
     import numpy as np
 
     file = corpus.folder / "splade.npz"
     if not file.exists():
         texts = corpus.legs["texts"]
-        ids, offsets, terms, weights, tokens = [], [0], [], [], 0
-        started, cpu = time.perf_counter(), time.process_time()
-        for cid, text in texts.items():
-            t, w = model.encode(text)
-            tokens += min(MAX_TOKENS, len(model.tokenizer.encode(text).ids))
-            ids.append(int(cid))
-            terms.append(t)
-            weights.append(w)
-            offsets.append(offsets[-1] + len(t))
-        ms, cpu_ms = (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
-        n = max(1, len(ids))
-        np.savez(file, ids=np.array(ids, np.int64), offsets=np.array(offsets, np.int64),
-                 terms=np.concatenate(terms), weights=np.concatenate(weights),
-                 cost=np.array([ms / n, tokens / n, cpu_ms / n]))
+        started = time.perf_counter()
+        with multiprocessing.get_context("fork").Pool(workers, _init_worker, (str(path),)) as pool:
+            done = pool.map(_encode_timed, list(texts.values()), chunksize=8)
+        ms = (time.perf_counter() - started) * 1000
+        n = max(1, len(done))
+        offsets = np.cumsum([0] + [len(t) for t, _, _, _ in done])
+        np.savez(file, ids=np.array([int(c) for c in texts], np.int64), offsets=offsets,
+                 terms=np.concatenate([t for t, _, _, _ in done]), weights=np.concatenate([w for _, w, _, _ in done]),
+                 cost=np.array([ms / n, sum(d[3] for d in done) / n, sum(d[2] for d in done) / n]))
     with np.load(file) as z:
         ids, offsets, terms, weights, cost = z["ids"], z["offsets"], z["terms"], z["weights"], z["cost"]
     vecs = {int(c): (terms[offsets[i]:offsets[i + 1]], weights[offsets[i]:offsets[i + 1]]) for i, c in enumerate(ids)}
     nnz = (offsets[1:] - offsets[:-1]).mean()
     # Stored as (int32 term, float32 weight) pairs: what a sparse index would hold per chunk.
     return vecs, {"ms_per_chunk": float(cost[0]), "tokens_per_chunk": float(cost[1]), "cpu_ms_per_chunk": float(cost[2]),
-                  "nnz": float(nnz),
-                  "bytes_per_chunk": float(nnz * 8)}
+                  "nnz": float(nnz), "bytes_per_chunk": float(nnz * 8)}
 
 
 class SparseIndex:
@@ -344,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expand", nargs="*", type=int, default=list(EXPAND), metavar="K")
     parser.add_argument("--show-terms", type=int, default=0, metavar="N",
                         help="print the top N SPLADE terms of each dataset's first questions and a chunk")
+    parser.add_argument("--workers", type=int, default=1, help="processes encoding the chunks (each one thread)")
     parser.add_argument("--text", nargs="*", default=[], help="print the top terms of these texts and stop")
     args = parser.parse_args(argv)
     model = Splade(args.model)
@@ -356,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, dict[Any, list[list[int]]]] = {}
     costs: dict[str, dict[str, float]] = {}
     for corpus in corpora:
-        docs, costs[corpus.name] = doc_vectors(model, corpus)
+        docs, costs[corpus.name] = doc_vectors(model, args.model, corpus, args.workers)
         by_user: dict[str, list[int]] = {}
         for c, u in corpus.legs["users"].items():
             by_user.setdefault(u, []).append(int(c))
@@ -405,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nleave one conversation out, {family}:")
         print(_row("  cross-validated", list(loo(corpora, sub).values())))
         print(_row("  default", [metrics(by[n], table[n]["default"]) for n in names]))
-    print("\ncost (numpy, one text at a time, this machine; CPU ms of this process, wall ms in brackets):")
+    print("\ncost (numpy, one text at a time, one thread; CPU ms per chunk, wall ms per chunk over all workers in brackets):")
     for n in names:
         c = costs[n]
         print(f"  {n}: {c['cpu_ms_per_chunk']:.1f} ({c['ms_per_chunk']:.0f}) ms per chunk of {c['tokens_per_chunk']:.0f} "
