@@ -39,6 +39,7 @@ import asyncio
 import hashlib
 import json
 import math
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -93,12 +94,14 @@ def _cached_vectors(cache: Path, texts: Sequence[str], model_id: str) -> dict[st
 
 
 async def dump(dataset_path: Path, granularity: str, conversations: list[str] | None, cache: Path,
-               vectors: dict[str, Any] | None = None) -> dict[str, Any]:
+               vectors: dict[str, Any] | None = None, keep_db: Path | None = None) -> dict[str, Any]:
     """Both legs of every question, with the line map reduced to each chunk's turn ids.
 
     ``vectors``, when given, receives the unit chunk vectors (``matrix``, rows in chunk-id
     order, ids in ``ids``, users in ``users``) and query vectors (``queries``) for scorers that
-    need more than the two legs (research.feedback_cv)."""
+    need more than the two legs (research.feedback_cv), with the chunk ``texts`` and the
+    question texts (``asked``); ``keep_db``, when given, receives a copy of the keyword-only
+    index (research.splade runs its own keyword queries on it)."""
     import apsw
     import numpy as np
 
@@ -157,9 +160,12 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
                           "conversation": q.conversation,
                           "now": None if moment is None else int(moment.timestamp() * 1000)})
         db.close()
+        if keep_db is not None:
+            shutil.copyfile(root / "memory.db", keep_db)
         if vectors is not None:
             vectors.update(matrix=matrix, queries=queries, ids=np.array([r[0] for r in rows], dtype=np.int64),
-                           users=[r[1] for r in rows], user_of=[corpus.users[q.conversation] for q in dataset.questions])
+                           users=[r[1] for r in rows], user_of=[corpus.users[q.conversation] for q in dataset.questions],
+                           texts=texts, asked=[q.question for q in dataset.questions])
     return {"turns": {str(k): v for k, v in turns.items()}, "said": {str(k): v for k, v in said.items()},
             "questions": out_q}
 
