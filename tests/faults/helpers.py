@@ -126,19 +126,21 @@ class Acked:
 
 
 def check_transcripts(data_dir: Path, acked: Acked | None = None) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """Every transcript is whole lines of JSON (header first); every acknowledged user message
-    is there exactly once. Returns the parsed lines per (user, sessionKey)."""
+    """Every transcript is whole lines of JSON (header first, then messages and updates); every
+    acknowledged user message is there exactly once. Returns the parsed lines per (user, sessionKey)."""
     found: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for path in sorted((data_dir / "sessions").glob("*/*.jsonl")):
         raw = path.read_bytes()
         assert raw.endswith(b"\n"), f"{path.name}: does not end on a whole line"
         lines = [orjson.loads(line) for line in raw.splitlines()]
         assert lines[0]["type"] == "session", f"{path.name}: no header"
-        assert all(line["type"] == "message" for line in lines[1:]), path.name
+        # Messages, and the update lines a title written after the first reply adds.
+        assert all(line["type"] in ("message", "update") for line in lines[1:]), path.name
         found[(path.parent.name, path.stem)] = lines
     for ident, runs in (acked.by_session if acked else {}).items():
         assert ident in found, f"session {ident} with acknowledged messages is gone"
-        users = Counter((m.get("runId"), m["content"]) for m in found[ident][1:] if m["role"] == "user")
+        users = Counter((m.get("runId"), m["content"]) for m in found[ident][1:]
+                        if m["type"] == "message" and m["role"] == "user")
         for run_id, text in runs.items():
             assert users[(run_id, text)] == 1, f"acknowledged message of run {run_id} seen {users[(run_id, text)]}x"
     return found

@@ -307,7 +307,7 @@ async def test_sigterm_during_runs_finishes_or_records_aborted(
     assert elapsed < 30.0, elapsed
     lines = check_transcripts(data, acked)
     for key in keys:
-        assistant = [m for m in lines[("default", key)][1:] if m["role"] == "assistant"]
+        assistant = [m for m in lines[("default", key)][1:] if m.get("role") == "assistant"]
         assert len(assistant) == 1, key
         if outcome == "finished":
             assert not assistant[0].get("aborted") and assistant[0]["content"] == " ".join(["word"] * deltas)
