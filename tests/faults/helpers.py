@@ -196,11 +196,22 @@ def check_index(data_dir: Path, config: MemoryConfig | None = None, *, embedded:
         db.close()
 
 
-async def wait_synced(c: Client, *, embedded: bool = False, timeout: float = 60.0) -> dict[str, Any]:
-    """Poll memory.status until a sync has run, none is running and (optionally) nothing is pending."""
+async def wait_synced(c: Client, *, embedded: bool = False, timeout: float = 120.0) -> dict[str, Any]:
+    """Poll memory.status until a sync has run, none is running and (optionally) nothing is pending;
+    on timeout the error carries the last status seen. The bound only stops a hung daemon: a
+    restart re-chunking and embedding a grown index on a loaded 2-core machine can take a minute."""
+    status: dict[str, Any] = {}
+    try:
+        return await _wait_synced(c, embedded, timeout, status)
+    except TimeoutError:
+        raise TimeoutError(f"memory not synced after {timeout} s; last memory.status: {status}") from None
+
+
+async def _wait_synced(c: Client, embedded: bool, timeout: float, status: dict[str, Any]) -> dict[str, Any]:
     async with asyncio.timeout(timeout):
         while True:
-            status: dict[str, Any] = await c.call("memory.status")
+            status.clear()
+            status.update(await c.call("memory.status"))
             if status["syncCount"] >= 1 and not status["syncing"] and (not embedded or status["pending"] == 0):
                 # One more look: a debounced sync may have been about to start.
                 await asyncio.sleep(0.15)
