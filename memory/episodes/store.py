@@ -59,6 +59,7 @@ class EpisodeDraft:
     covered_ms: int
     vector: Sequence[float] | None = None
     vector_model: str | None = None
+    job_id: int | None = None  # the queued job this finishes, in the same transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,8 @@ class EpisodeStore:
                 (d.user, d.session_key, d.text, d.theme, day, week, year, ms, ms, d.covered_ms,
                  _blob(d.vector), d.vector_model if d.vector is not None else None))
             new_id = db.last_insert_rowid()
+            if d.job_id is not None:
+                self.done(db, d.job_id)
         return self.get(db, d.user, new_id)
 
     def merge(self, db: apsw.Connection, episode_id: int, d: EpisodeDraft) -> Episode:
@@ -102,6 +105,8 @@ class EpisodeStore:
                 "WHERE id = ? AND user = ?",
                 (d.text, d.theme, day, week, year, ms, d.covered_ms, _blob(d.vector),
                  d.vector_model if d.vector is not None else None, episode_id, d.user))
+            if d.job_id is not None:
+                self.done(db, d.job_id)
         return self.get(db, d.user, episode_id)
 
     def get(self, db: apsw.Connection, user: str, episode_id: int) -> Episode:

@@ -207,7 +207,8 @@ class EpisodeWriter:
                 log.info("episode.not_novel", like=closest[0].id, similarity=round(closest[1], 4))
                 return "not novel"
         covered = max(_ms(m.ts) for m in new)
-        draft = EpisodeDraft(job.user, job.session_key, summary, theme, now, covered, vector)
+        # The job ends with the write, so no reader sees the episode beside a job still pending.
+        draft = EpisodeDraft(job.user, job.session_key, summary, theme, now, covered, vector, job_id=job.id)
         episode = await memory.episodes.write(draft, merge_into)
         return f"merged into {episode.id}" if merge_into is not None else f"wrote {episode.id}"
 

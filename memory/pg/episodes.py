@@ -57,6 +57,8 @@ class PgEpisodeStore:
                 "RETURNING id",
                 (d.user, d.session_key, d.text, d.theme, day, week, year, ms, ms, d.covered_ms, _blob(d.vector),
                  d.vector_model if d.vector is not None else None))).fetchone()
+            if d.job_id is not None:
+                await self.done(db, d.job_id)
         assert row is not None
         return await self.get(db, d.user, int(row[0]))
 
@@ -71,6 +73,8 @@ class PgEpisodeStore:
                 "vector_model = %s WHERE id = %s AND user_id = %s",
                 (d.text, d.theme, day, week, year, ms, d.covered_ms, _blob(d.vector),
                  d.vector_model if d.vector is not None else None, episode_id, d.user))
+            if d.job_id is not None:
+                await self.done(db, d.job_id)
         return await self.get(db, d.user, episode_id)
 
     async def get(self, db: Conn, user: str, episode_id: int) -> Episode:

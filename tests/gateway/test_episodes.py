@@ -138,6 +138,25 @@ async def test_a_failed_summary_is_retried_not_lost(
         assert len(summary_requests(fake_openai)) == 3  # 503, bad JSON, good
 
 
+async def test_an_episode_and_the_end_of_its_job_are_one_write(
+    backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+) -> None:
+    """Writing (or merging) the episode a queued job asked for removes the job in the same
+    transaction, so no reader sees the episode beside its job still pending."""
+    # The writer is off so that its retry loop does not take the job this test writes for.
+    async with running(config(backend_config_factory, fake_openai, episodes=False)) as app:
+        assert app.memory is not None
+        episodes = app.memory.service.episodes
+        moment = datetime.now(UTC)
+        merge_into: int | None = None
+        for _ in range(2):  # an insert, then a merge into it
+            await episodes.enqueue("default", "k" * 32)
+            [job] = await episodes.due()
+            draft = EpisodeDraft("default", "k" * 32, "Compared two tents.", "camping", moment, 1, job_id=job.id)
+            merge_into = (await episodes.write(draft, merge_into)).id
+            assert await episodes.queue_state() == {"pending": 0, "failed": 0}
+
+
 async def test_recall_intent_brings_episodes_of_the_named_time(
     config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:

@@ -3,6 +3,7 @@ carry their references, the ids chat.final announced, on both storage backends."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from gateway.client import Client
@@ -22,6 +23,12 @@ async def test_recalled_ids_are_in_the_replys_transcript_entry(
         first = await say(c, old, "My favourite programming language is Rust.")
         assert "recalled" not in first["params"]["message"]
         found = await search_until(c, {"query": "programming language"})
+        # The indexer may see the message before its reply; recall once the chunk holds both,
+        # or the reference (taken when recalled) names fewer lines than the chunk later does.
+        async with asyncio.timeout(10):
+            while not any(h["lineEnd"] > h["lineStart"] for h in found["results"]):
+                await asyncio.sleep(0.05)
+                found = await search_until(c, {"query": "programming language"})
         new = (await c.call("sessions.create"))["sessionKey"]
         final = await say(c, new, "Which programming language do I like?")
         ids = final["params"]["recalled"]
