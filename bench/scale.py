@@ -300,6 +300,10 @@ def main() -> int:
     parser.add_argument("--read-mmap-mb", type=int, default=None, metavar="MIB",
                         help="memory.read_mmap_mb for the searches (default: the memory default, 0: "
                              "no mapped reads)")
+    parser.add_argument("--rerank", choices=("auto",), default=None,
+                        help="measure the re-ranker's budget and search/recall with it off and on instead "
+                             "(bench/scalererank.py)")
+    parser.add_argument("--budget-ms", type=int, default=None, help="with --rerank: memory.rerank_budget_ms")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--overrides", type=json.loads, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -307,6 +311,10 @@ def main() -> int:
     if args.child is not None:
         print(json.dumps(asyncio.run(_measure(args.child, args.queries, not args.no_gateway, args.overrides))))
         return 0
+    if args.rerank is not None:
+        from bench.scalererank import run
+
+        return run([int(s) for s in args.sizes.split(",")], args.queries, args.budget_ms)
     overrides = {key: value for key, value in (("keyword_common_share", args.keyword_common_share),
                                                ("read_mmap_mb", args.read_mmap_mb)) if value is not None}
     from bench.scalecorpus import build
