@@ -10,9 +10,12 @@ import pytest
 
 from memory.config import MemoryConfig
 from memory.embedders.rerank import (
+    FLOOR,
+    MARGIN,
     MIN_WINDOW_WORDS,
     CrossEncoder,
     best_window,
+    next_batch,
     plan_batch,
     reranker_installed,
     window_words,
@@ -47,6 +50,35 @@ def test_the_cost_estimate_is_a_low_quantile_so_one_slow_batch_does_not_stop_the
     for _ in range(20):
         encoder.measured(0.1)
     assert encoder.ms_per_token == 0.1
+
+
+def test_the_first_batch_fills_the_budget_only_where_it_fits_at_the_typical_cost() -> None:
+    """Beyond half the time left, the first batch is planned at the median of recent costs, not
+    the low quantile: three 70-token pairs fit 120 ms at 0.3 ms a token but not at the 0.5 the
+    batches typically cost (planned at 0.3 the step ran to twice its budget at p99)."""
+    pairs = [70] * 5
+    take = next_batch(pairs, 0.3, 0.5, 120.0, first=True)
+    assert take == 2 and take * 70 * 0.5 * MARGIN <= 120.0
+    # A steady machine (estimate and typical cost alike) keeps the floor, and more when they fit.
+    assert next_batch([70] * 5, 0.3, 0.3, 120.0, first=True) == FLOOR
+    assert next_batch([30] * 5, 0.3, 0.3, 120.0, first=True) == 5
+    # Fewer than two fitting at the estimate and the typical cost: the step does not start.
+    assert next_batch(pairs, 0.8, 0.8, 120.0, first=True) == 0
+    # A later batch takes what fits half the time left, one pair when only one fits.
+    assert next_batch(pairs, 0.3, 0.5, 60.0, first=False) == 1
+    assert next_batch(pairs, 0.3, 0.5, 20.0, first=False) == 0
+
+
+def test_the_typical_cost_is_the_median_of_the_recent_measurements() -> None:
+    """The cost a first batch fills the budget at is the median: above the estimate's quantile,
+    and still not set by one burst."""
+    encoder = CrossEncoder()
+    assert encoder.typical_ms_per_token is None
+    for cost in (0.3, 0.5, 0.5, 0.6, 5.0):
+        encoder.measured(cost)
+    assert encoder.ms_per_token == 0.5 and encoder.typical_ms_per_token == 0.5
+    encoder.measured(0.3)
+    assert encoder.ms_per_token == 0.3 and encoder.typical_ms_per_token == 0.5
 
 
 def test_window_words_narrows_passages_so_enough_pairs_fit_the_budget() -> None:
