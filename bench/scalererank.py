@@ -58,15 +58,21 @@ def open_rerank_gate(service: Any) -> None:
 
 
 def _tokens_per_word(texts: list[str]) -> float:
-    """WordPiece tokens per whitespace word of ``texts`` under the cross-encoder's tokenizer."""
+    """WordPiece tokens per whitespace word of ``texts`` (timestamps removed) under the
+    cross-encoder's tokenizer."""
     from tokenizers import Tokenizer
 
     from memory.embedders.local_embedder import package_dir
-    from memory.embedders.rerank import RERANKER_PACKAGE, RERANKER_TOKENIZER
+
+    # The cross-encoder reads chunks without their timestamps; so does this count.
+    from memory.embedders.rerank import _STAMP, RERANKER_PACKAGE, RERANKER_TOKENIZER
 
     root = package_dir(RERANKER_PACKAGE)
     assert root is not None  # open_rerank_gate checked the package
     tokenizer = Tokenizer.from_file(str(root / RERANKER_TOKENIZER))
+    tokenizer.no_padding()  # the file pads to 512
+    tokenizer.no_truncation()
+    texts = [_STAMP.sub(":", t) for t in texts]
     words = sum(len(t.split()) for t in texts)
     tokens = sum(len(e.ids) - 2 for e in tokenizer.encode_batch(texts))  # less [CLS] and [SEP]
     return tokens / max(words, 1)
