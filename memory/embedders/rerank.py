@@ -13,7 +13,8 @@ the estimate is a low quantile of the recent measurements (:data:`_LOW_QUANTILE`
 slowed by a neighbour's burst on a shared machine does not stop the step for the searches after
 it. Each batch holds as many of the remaining candidates, best fused first, as that cost says
 fit half the time left (the first batch at least :data:`FLOOR` when that many fit the whole
-budget). The same budget buys more candidates on a faster machine.
+budget at the median of the recent measurements, :func:`next_batch`). The same budget buys
+more candidates on a faster machine.
 
 Passages are the chunk texts without their ``[timestamp]`` (the model was trained on prose).
 One longer than its window is cut to the window of that many words holding the most query
@@ -129,11 +130,11 @@ def next_batch(lengths: Sequence[int], ms_per_token: float, typical_ms_per_token
     """How many of the next pairs (their token ``lengths``) the coming batch takes; 0: stop.
 
     A batch takes at most half of ``left_ms`` at the estimate (``ms_per_token``, a low
-    quantile), so that one slower than planned leaves room to plan the next anew. The first
-    batch of a search may take more, up to :data:`FLOOR` pairs, only where they fit all of
-    ``left_ms`` at the *typical* cost: planned at the low quantile it ran 1.4× its estimate on
-    the median and held the step to twice its budget at p99. It starts only when two fit:
-    re-ordering one candidate changes nothing."""
+    quantile; one pair when only one fits), so that one slower than planned leaves room to plan
+    the next anew. The first batch of a search may take more, up to :data:`FLOOR` pairs, only
+    where they fit all of ``left_ms`` at the *typical* cost (the median): a batch planned to fill
+    the budget at the low quantile overruns it about half the time. It starts only when two
+    fit: re-ordering one candidate changes nothing."""
     fits = plan_batch(lengths, ms_per_token, left_ms)
     floor = plan_batch(lengths[:FLOOR], typical_ms_per_token, left_ms) if first else 0
     if max(fits, floor) < (2 if first else 1):
