@@ -1,15 +1,19 @@
-"""A flooding user's waiting calls cost nothing while they wait: a call that finishes hands its
-room in the reply budget to the waiting calls that fit, without waking the others (issue 22,
-t16: each of bob's finished calls woke all of his waiting tasks, and alice's call waited behind
-those wake-ups in the event loop). The wake-ups are counted, never timed."""
+"""What another user's call finds ahead of it while one user floods (issue 22, t16), counted,
+never timed: a flooding user's waiting calls are not run while they wait (a call that finishes
+hands its room in the reply budget to the waiting calls that fit, where it used to wake them
+all, and alice's call waited behind those wake-ups in the event loop), and by default one job
+of each user is in the worker threads (a second only queued on the store's index lock)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator
+import threading
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-from gateway.rpc import ReplyBudget, UserBudgets
+from gateway.config import Config
+from gateway.rpc import CALLER, FairThreads, ReplyBudget, UserBudgets
+from tests.conftest import running
 
 PAGE = 8 * 1024 * 1024  # a call's reservation: the history page cap
 
@@ -90,3 +94,38 @@ async def test_a_waiter_cancelled_after_it_was_handed_room_passes_the_room_on() 
     assert budget.running == 1 and budget.reserved == PAGE
     budget.finish(PAGE)
     assert budget.running == 0 and budget.reserved == 0
+
+
+async def test_by_default_a_users_second_job_waits_and_another_users_goes_first(
+    config_factory: Callable[..., Config]
+) -> None:
+    """With the default limits, bob's second job waits while his first is in a worker thread,
+    alice's job (sent after it) runs meanwhile, and bob's second runs once his first ends."""
+    async with running(config_factory()):
+        loop = asyncio.get_running_loop()
+        pool = loop._default_executor  # type: ignore[attr-defined]  # the app's FairThreads
+        assert isinstance(pool, FairThreads)
+        release = threading.Event()
+        started: list[str] = []
+
+        def job(name: str, block: bool) -> str:
+            started.append(name)
+            if block:
+                release.wait(10)
+            return name
+
+        def submit(user: str, name: str, block: bool) -> asyncio.Future[str]:
+            token = CALLER.set(user)
+            try:
+                return loop.run_in_executor(None, job, name, block)
+            finally:
+                CALLER.reset(token)
+
+        try:
+            bob = [submit("bob", "bob0", True), submit("bob", "bob1", False)]
+            assert pool.running("bob") == 1
+            assert await asyncio.wait_for(submit("alice", "alice", False), 10) == "alice"
+            assert "bob1" not in started
+        finally:
+            release.set()
+        assert await asyncio.wait_for(asyncio.gather(*bob), 10) == ["bob0", "bob1"]
