@@ -15,7 +15,8 @@ entries alike:
 - the transport *releases* a reply's bytes once the socket has taken them.
 
 So a client that pipelines many big calls and never reads makes the daemon build a few pages at
-a time, not all of them, and hold at most the budget.
+a time, not all of them, and hold at most the budget. A call waiting for room is resumed only
+when it starts or is refused (:meth:`ReplyBudget._decide`), so the others cost the loop nothing.
 
 A connection's budget also counts, once it has a user, in the budget that user's connections
 share (:class:`UserBudgets`, ``limits.max_user_reply_bytes``): each check above must pass in
@@ -162,10 +163,9 @@ class ReplyBudget:
             asyncio.get_running_loop().call_soon(self._decide)
 
     def _decide(self) -> None:
-        # Each waiter's wait is decided here, in arrival order (room depends on its reserve),
-        # rather than by waking every waiting task to check for itself: under one user's
-        # pipelined flood that woke hundreds of tasks per finished call, and another user's
-        # call waited behind those wake-ups in the event loop (issue 22, t16).
+        # Decided here, in arrival order (room depends on each one's reserve), so that only the
+        # calls that start are resumed: a pipelined flood's hundreds of waiting tasks, each
+        # woken to check for itself, queued ahead of another user's call in the event loop.
         self._wake_due = False
         waiting: list[_Waiter] = []
         for waiter in self._waiters:
