@@ -92,7 +92,9 @@ class LimitsConfig:
     # Requests of one user running at once over all their connections; the rest wait their turn.
     max_user_running: int = field(default=8, metadata=_limit(1))
     # Blocking jobs (store, SQLite) of one user in the worker threads at once; the rest wait.
-    max_user_threads: int = field(default=2, metadata=_limit(1))
+    # One: a second job of a flooding user mostly queued on the store's index lock and the
+    # interpreter lock, ahead of another user's job, for little throughput (docs/protocol.md).
+    max_user_threads: int = field(default=1, metadata=_limit(1))
     # Bytes of undelivered events per connection before it is closed 1008 "slow consumer".
     max_outbox_bytes: int = field(default=8 * 1024 * 1024, metadata=_limit(1024))
     # Seconds between two memory.reindex {full: true} of one user; sooner: -32004.

@@ -15,7 +15,8 @@ entries alike:
 - the transport *releases* a reply's bytes once the socket has taken them.
 
 So a client that pipelines many big calls and never reads makes the daemon build a few pages at
-a time, not all of them, and hold at most the budget.
+a time, not all of them, and hold at most the budget. A call waiting for room is resumed only
+when it starts or is refused (:meth:`ReplyBudget._decide`), so the others cost the loop nothing.
 
 A connection's budget also counts, once it has a user, in the budget that user's connections
 share (:class:`UserBudgets`, ``limits.max_user_reply_bytes``): each check above must pass in
@@ -26,6 +27,7 @@ spreading its calls over more connections.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from gateway.errors import GatewayError, InvalidRequest, RateLimited
 
@@ -40,7 +42,7 @@ class ReplyBudget:
     written; ``reserved``: estimates of the replies being built by the ``running`` calls;
     ``shared``: the budget of the user's connections this one also counts in, if any."""
 
-    __slots__ = ("_waiters", "held", "limit", "reserved", "running", "shared")
+    __slots__ = ("_wake_due", "_waiters", "held", "limit", "reserved", "running", "shared")
 
     def __init__(self, limit: int, held: int = 0) -> None:
         self.limit = limit
@@ -48,7 +50,8 @@ class ReplyBudget:
         self.reserved = 0
         self.running = 0
         self.shared: ReplyBudget | None = None
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[_Waiter] = []
+        self._wake_due = False
 
     def room(self, reserve: int) -> bool:
         """Whether a call reserving ``reserve`` bytes fits beside what is held and reserved."""
@@ -60,12 +63,24 @@ class ReplyBudget:
         """Reserve ``reserve`` bytes for a call about to build its reply, waiting while running
         calls might still make room. With nothing left running and no room, a ``first`` call
         starts anyway; another returns False (not started: the caller refuses it)."""
-        while (self.running or (self.shared is not None and self.shared.running)) and not self.room(reserve):
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            if self.shared is not None:
-                self.shared._waiters.append(waiter)
-            await waiter
+        if not self._must_wait(reserve):
+            return self._begin(reserve, first)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), self, reserve, first)
+        self._waiters.append(waiter)
+        if self.shared is not None:
+            self.shared._waiters.append(waiter)
+        try:
+            return await waiter.future  # decided, and counted, by the _wake that ended the wait
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.result():
+                self.finish(reserve)  # started just as it was cancelled: the room goes to others
+            raise
+
+    def _must_wait(self, reserve: int) -> bool:
+        return bool(self.running or (self.shared is not None and self.shared.running)) \
+            and not self.room(reserve)
+
+    def _begin(self, reserve: int, first: bool) -> bool:
         if not first and not self.room(reserve):
             return False
         self._count(1, reserve, 0)
@@ -141,11 +156,36 @@ class ReplyBudget:
             self.shared.held += held
 
     def _wake(self) -> None:
-        # Every waiter checks its own condition again: room depends on its reserve.
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        # Decided after the current step, as a woken task would: the call that finished holds
+        # its reply before any waiter is counted against what is left.
+        if self._waiters and not self._wake_due:
+            self._wake_due = True
+            asyncio.get_running_loop().call_soon(self._decide)
+
+    def _decide(self) -> None:
+        # Decided here, in arrival order (room depends on each one's reserve), so that only the
+        # calls that start are resumed: a pipelined flood's hundreds of waiting tasks, each
+        # woken to check for itself, queued ahead of another user's call in the event loop.
+        self._wake_due = False
+        waiting: list[_Waiter] = []
+        for waiter in self._waiters:
+            if waiter.future.done():  # decided by the other budget it waits in, or cancelled
+                continue
+            if waiter.budget._must_wait(waiter.reserve):
+                waiting.append(waiter)
+            else:
+                waiter.future.set_result(waiter.budget._begin(waiter.reserve, waiter.first))
+        self._waiters = waiting
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiter:
+    """A call waiting in :meth:`ReplyBudget.start`: its future gets whether it started."""
+
+    future: asyncio.Future[bool]
+    budget: ReplyBudget
+    reserve: int
+    first: bool
 
 
 class UserBudgets:

@@ -7,9 +7,10 @@
   store, SQLite, hashing) take at most ``limits.max_user_threads`` jobs of one user at once; the
   user's next jobs wait in the user's own queue. The store's index answers one job at a time and
   the jobs share one interpreter lock, so eight running calls of one user, each with a job in a
-  thread, put eight jobs ahead of another user's; with two, a quiet user's job finds at most
-  two of each busy user's before it (issue 22, t16). Calls waiting on the network (an upstream
-  model, embeddings) hold a slot of the first kind but no thread, so they do not count here.
+  thread, put eight jobs ahead of another user's; with one (the default), a quiet user's job
+  finds at most one of each busy user's before it (issue 22, t16). Calls waiting on the network
+  (an upstream model, embeddings) hold a slot of the first kind but no thread, so they do not
+  count here.
 
 The caller of a job is :data:`CALLER`, which the RPC core sets for the call it runs (a task of
 its own, whose context the job's ``to_thread`` copies); work of no caller (start-up, the
