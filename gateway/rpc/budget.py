@@ -113,9 +113,7 @@ class ReplyBudget:
     def finish(self, reserve: int) -> None:
         """A call that :meth:`start` let run is done building (its reply, if any, is held)."""
         self._count(-1, -reserve, 0)
-        self._wake()
-        if self.shared is not None:
-            self.shared._wake()
+        self._wake_all()
 
     def fits(self, size: int) -> bool:
         u = self.shared
@@ -129,13 +127,11 @@ class ReplyBudget:
     def release(self, size: int) -> None:
         """The socket took ``size`` bytes of held replies (or they were given up)."""
         self.held -= size
-        if self._waiters:  # released once per reply: nearly always nobody waits
-            self._wake()
         u = self.shared
         if u is not None:
             u.held -= size
-            if u._waiters:
-                u._wake()
+        if self._waiters or (u is not None and u._waiters):  # nearly always nobody waits
+            self._wake_all()
 
     def refusal(self, size: int) -> GatewayError:
         """The error replacing a reply of ``size`` bytes that does not :meth:`fits`."""
@@ -154,6 +150,13 @@ class ReplyBudget:
             self.shared.running += running
             self.shared.reserved += reserved
             self.shared.held += held
+
+    def _wake_all(self) -> None:
+        # The user's budget decides first: its waiters are all its connections' in arrival
+        # order, where this connection's own would take the room ahead of earlier ones.
+        if self.shared is not None:
+            self.shared._wake()
+        self._wake()
 
     def _wake(self) -> None:
         # Decided after the current step, as a woken task would: the call that finished holds

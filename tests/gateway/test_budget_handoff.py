@@ -1,0 +1,55 @@
+"""How the reply budget hands freed room to waiting calls, driven on the budget objects directly
+(no timing): in arrival order across all of a user's connections."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.rpc import ReplyBudget, UserBudgets
+
+PAGE = 8 * 1024 * 1024  # a call's reservation: the history page cap
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def _waiting(budget: ReplyBudget, order: list[str], name: str) -> asyncio.Task[None]:
+    async def call() -> None:
+        assert await budget.start_call(PAGE)
+        order.append(name)
+
+    return asyncio.create_task(call())
+
+
+async def test_room_freed_on_one_connection_goes_to_the_users_earliest_waiter() -> None:
+    """Bob's connections a and c fill his budget and each queue more calls after b's one call
+    is already waiting: the room a's finished call frees goes to b's call first, then the
+    calls start in the order they arrived, whichever connection frees the room."""
+    users = UserBudgets(2 * PAGE)
+    a, b, c = ReplyBudget(8 * PAGE), ReplyBudget(8 * PAGE), ReplyBudget(8 * PAGE)
+    for budget in (a, b, c):
+        users.join("bob", budget)
+    assert await a.start_call(PAGE)
+    assert await c.start_call(PAGE)
+    order: list[str] = []
+    tasks = [_waiting(b, order, "b0")]
+    await _turns()
+    tasks += [_waiting(a, order, "a0"), _waiting(a, order, "a1"), _waiting(c, order, "c0")]
+    await _turns()
+    assert order == []
+
+    a.finish(PAGE)
+    await _turns()
+    assert order == ["b0"]
+    b.finish(PAGE)
+    await _turns()
+    assert order == ["b0", "a0"]
+    a.finish(PAGE)
+    await _turns()
+    assert order == ["b0", "a0", "a1"]
+    c.finish(PAGE)
+    await _turns()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert order == ["b0", "a0", "a1", "c0"]
