@@ -17,6 +17,8 @@ entries alike:
 So a client that pipelines many big calls and never reads makes the daemon build a few pages at
 a time, not all of them, and hold at most the budget. A call waiting for room is resumed only
 when it starts or is refused (:meth:`ReplyBudget._decide`), so the others cost the loop nothing.
+Freed room goes to the waiting calls in arrival order, across all of a user's connections, and
+a call that arrives while a hand-off is due waits behind them.
 
 A connection's budget also counts, once it has a user, in the budget that user's connections
 share (:class:`UserBudgets`, ``limits.max_user_reply_bytes``): each check above must pass in
@@ -63,7 +65,7 @@ class ReplyBudget:
         """Reserve ``reserve`` bytes for a call about to build its reply, waiting while running
         calls might still make room. With nothing left running and no room, a ``first`` call
         starts anyway; another returns False (not started: the caller refuses it)."""
-        if not self._must_wait(reserve):
+        if not self._must_wait(reserve) and not self._handing_off():
             return self._begin(reserve, first)
         waiter = _Waiter(asyncio.get_running_loop().create_future(), self, reserve, first)
         self._waiters.append(waiter)
@@ -79,6 +81,11 @@ class ReplyBudget:
     def _must_wait(self, reserve: int) -> bool:
         return bool(self.running or (self.shared is not None and self.shared.running)) \
             and not self.room(reserve)
+
+    def _handing_off(self) -> bool:
+        # Room freed this turn is the waiting calls' first: a call arriving before the hand-off
+        # queues behind them rather than take it.
+        return self._wake_due or (self.shared is not None and self.shared._wake_due)
 
     def _begin(self, reserve: int, first: bool) -> bool:
         if not first and not self.room(reserve):

@@ -1,5 +1,6 @@
 """How the reply budget hands freed room to waiting calls, driven on the budget objects directly
-(no timing): in arrival order across all of a user's connections."""
+(no timing): in arrival order across all of a user's connections, and ahead of a call that
+arrives as the room is freed."""
 
 from __future__ import annotations
 
@@ -53,3 +54,22 @@ async def test_room_freed_on_one_connection_goes_to_the_users_earliest_waiter() 
     await _turns()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert order == ["b0", "a0", "a1", "c0"]
+
+
+async def test_a_call_arriving_as_room_is_freed_waits_behind_the_call_already_waiting() -> None:
+    """A call that arrives in the same turn as a running call finishes does not take the room
+    the finished call hands to the call that was already waiting: it waits its own turn."""
+    budget = ReplyBudget(PAGE)
+    assert await budget.start_call(PAGE)
+    order: list[str] = []
+    earlier = _waiting(budget, order, "earlier")
+    await _turns()
+    later = _waiting(budget, order, "later")  # its first step runs before the hand-off
+    budget.finish(PAGE)
+    await _turns()
+    assert order == ["earlier"]
+    budget.finish(PAGE)
+    await asyncio.wait_for(asyncio.gather(earlier, later), 5)
+    assert order == ["earlier", "later"]
+    budget.finish(PAGE)
+    assert budget.running == budget.reserved == 0
