@@ -1,12 +1,15 @@
 """How the reply budget hands freed room to waiting calls, driven on the budget objects directly
-(no timing): in arrival order across all of a user's connections, and ahead of a call that
-arrives as the room is freed."""
+(no timing): in arrival order across all of a user's connections, ahead of a call that arrives
+as the room is freed, and with every byte given back to the user's budget when a connection
+closes with calls waiting."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from gateway.rpc import ReplyBudget, UserBudgets
+from gateway.rpc.batch import run_batch
 
 PAGE = 8 * 1024 * 1024  # a call's reservation: the history page cap
 
@@ -73,3 +76,45 @@ async def test_a_call_arriving_as_room_is_freed_waits_behind_the_call_already_wa
     assert order == ["earlier", "later"]
     budget.finish(PAGE)
     assert budget.running == budget.reserved == 0
+
+
+async def test_a_connection_closed_with_calls_waiting_gives_the_user_budget_every_byte() -> None:
+    """Bob's connection a closes with one call running, two single calls and a batch's entries
+    waiting, and replies held unread: once its tasks are cancelled and it leaves, nothing of it
+    stays counted in bob's budget, and the call his connection b had waiting starts."""
+    users = UserBudgets(5 * PAGE)
+    a, b = ReplyBudget(4 * PAGE), ReplyBudget(4 * PAGE)
+    users.join("bob", a)
+    users.join("bob", b)
+    shared = b.shared
+    assert shared is not None
+    a.hold(1000)  # a reply the client has not read
+    assert await a.start_call(PAGE)
+    gate = asyncio.Event()
+
+    async def entry(message: Any) -> None:
+        await gate.wait()
+
+    batch = asyncio.create_task(run_batch([{"id": i} for i in range(6)], entry, a, PAGE))
+    await _turns()
+    assert a.running == 3  # the call and two entries; the batch waits for room for the third
+    order: list[str] = []
+    singles = [_waiting(a, order, "a0"), _waiting(a, order, "a1")]
+    await _turns()
+    assert await b.start_call(PAGE)
+    theirs = _waiting(b, order, "b0")
+    await _turns()
+    assert order == [] and shared.running == 4
+
+    for task in [batch, *singles]:  # the server cancels a closed connection's tasks...
+        task.cancel()
+    await asyncio.gather(batch, *singles, return_exceptions=True)
+    a.finish(PAGE)  # ...and the running call's own finally gives back its reservation
+    assert shared.held == a.held > 1000  # the unread reply and the cancelled batch's bytes
+    users.leave("bob", a)
+    await asyncio.wait_for(theirs, 5)
+    assert order == ["b0"]
+    assert (shared.running, shared.reserved, shared.held) == (2, 2 * PAGE, 0)
+    b.finish(PAGE)
+    b.finish(PAGE)
+    assert (shared.running, shared.reserved, shared.held) == (0, 0, 0)
