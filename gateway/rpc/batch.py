@@ -97,7 +97,13 @@ async def run_batch(
         data = orjson.dumps({"jsonrpc": "2.0", "id": req_id, "error": error.to_object()}) if owed else None
         settle(i, data, True)
 
+    # Entries handed room whose task has not run yet: a task cancelled before its first step
+    # never runs its finally, so their room is given back after the group instead.
+    unstarted = 0
+
     async def run(i: int) -> None:
+        nonlocal unstarted
+        unstarted -= 1
         try:
             reply = await one(entries[i])
             if reply is None:
@@ -111,13 +117,18 @@ async def run_batch(
         finally:
             budget.finish(reserve)
 
-    async with asyncio.TaskGroup() as group:
-        for i in range(len(entries)):
-            if not await budget.start(reserve, first=i == 0):
-                for rest in range(i, len(entries)):
-                    refuse(rest, _batch_full(used, waiting(), budget.limit, False))
-                break
-            group.create_task(run(i))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for i in range(len(entries)):
+                if not await budget.start(reserve, first=i == 0):
+                    for rest in range(i, len(entries)):
+                        refuse(rest, _batch_full(used, waiting(), budget.limit, False))
+                    break
+                unstarted += 1
+                group.create_task(run(i))
+    finally:
+        for _ in range(unstarted):
+            budget.finish(reserve)
     answered = [p for p in parts if p is not None]
     if not answered:
         budget.release(used)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from gateway.rpc import ReplyBudget, UserBudgets
 from gateway.rpc.batch import run_batch
 
@@ -118,3 +120,26 @@ async def test_a_connection_closed_with_calls_waiting_gives_the_user_budget_ever
     b.finish(PAGE)
     b.finish(PAGE)
     assert (shared.running, shared.reserved, shared.held) == (0, 0, 0)
+
+
+async def test_a_batch_entry_that_raises_leaves_no_room_counted_for_entries_never_run() -> None:
+    """A batch entry raises (a bug that escaped its call) in the turn the next entry is handed
+    room: the batch fails, and the entry started after it, cancelled before it ran, gives its
+    room back too, where it stayed counted and left the connection's later calls waiting for
+    ever."""
+    budget = ReplyBudget(2 * PAGE + 2000)  # two entries run, the third waits for room
+    go = asyncio.Event()
+
+    async def entry(message: Any) -> None:
+        if message["id"] == 0:
+            await asyncio.sleep(0)
+            asyncio.get_running_loop().call_soon(go.set)  # entry 1 resumes as entry 2 starts
+        elif message["id"] == 1:
+            await go.wait()
+            raise RuntimeError("a bug escaping the entry")
+        else:
+            await asyncio.sleep(0)
+
+    with pytest.raises(ExceptionGroup):
+        await run_batch([{"id": i} for i in range(4)], entry, budget, PAGE)
+    assert budget.running == budget.reserved == 0
