@@ -1,7 +1,7 @@
 """How the reply budget hands freed room to waiting calls, driven on the budget objects directly
 (no timing): in arrival order across all of a user's connections, ahead of a call that arrives
-as the room is freed, and with every byte given back to the user's budget when a connection
-closes with calls waiting."""
+as the room is freed; and how room is given back: every byte to the user's budget when a
+connection closes with calls waiting, and a batch's room when one of its entries raises."""
 
 from __future__ import annotations
 
@@ -124,9 +124,8 @@ async def test_a_connection_closed_with_calls_waiting_gives_the_user_budget_ever
 
 async def test_a_batch_entry_that_raises_leaves_no_room_counted_for_entries_never_run() -> None:
     """A batch entry raises (a bug that escaped its call) in the turn the next entry is handed
-    room: the batch fails, and the entry started after it, cancelled before it ran, gives its
-    room back too, where it stayed counted and left the connection's later calls waiting for
-    ever."""
+    room: the batch fails, and every entry handed room gives it back, the one cancelled before
+    it ran included, so the connection's later calls are not left waiting on it."""
     budget = ReplyBudget(2 * PAGE + 2000)  # two entries run, the third waits for room
     go = asyncio.Event()
 
