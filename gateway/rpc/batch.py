@@ -126,6 +126,9 @@ async def run_batch(
                     break
                 unstarted += 1
                 group.create_task(run(i))
+    except BaseException:
+        budget.release(used + pending)  # nothing of this frame will be sent
+        raise
     finally:
         for _ in range(unstarted):
             budget.finish(reserve)

@@ -216,8 +216,8 @@ class UserBudgets:
         shared._count(budget.running, budget.reserved, budget.held)
 
     def leave(self, user: str, budget: ReplyBudget) -> None:
-        """A connection closed: what it still counted (a batch cancelled half-way holds bytes it
-        never releases) leaves the user's budget with it."""
+        """A connection closed: whatever it still counts (nothing, once its calls have ended
+        and given back what they held) leaves the user's budget with it."""
         shared = budget.shared
         if shared is None:
             return

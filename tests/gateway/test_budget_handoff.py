@@ -112,7 +112,7 @@ async def test_a_connection_closed_with_calls_waiting_gives_the_user_budget_ever
         task.cancel()
     await asyncio.gather(batch, *singles, return_exceptions=True)
     a.finish(PAGE)  # ...and the running call's own finally gives back its reservation
-    assert shared.held == a.held > 1000  # the unread reply and the cancelled batch's bytes
+    assert shared.held == a.held == 1000  # the unread reply; the cancelled batch let its bytes go
     users.leave("bob", a)
     await asyncio.wait_for(theirs, 5)
     assert order == ["b0"]
@@ -124,8 +124,9 @@ async def test_a_connection_closed_with_calls_waiting_gives_the_user_budget_ever
 
 async def test_a_batch_entry_that_raises_leaves_no_room_counted_for_entries_never_run() -> None:
     """A batch entry raises (a bug that escaped its call) in the turn the next entry is handed
-    room: the batch fails, and every entry handed room gives it back, the one cancelled before
-    it ran included, so the connection's later calls are not left waiting on it."""
+    room: the batch fails, every entry handed room gives it back, the one cancelled before it
+    ran included, and the bytes held for the array that will not be sent are let go, so the
+    connection's later calls are neither left waiting nor refused on their account."""
     budget = ReplyBudget(2 * PAGE + 2000)  # two entries run, the third waits for room
     go = asyncio.Event()
 
@@ -141,4 +142,4 @@ async def test_a_batch_entry_that_raises_leaves_no_room_counted_for_entries_neve
 
     with pytest.raises(ExceptionGroup):
         await run_batch([{"id": i} for i in range(4)], entry, budget, PAGE)
-    assert budget.running == budget.reserved == 0
+    assert budget.running == budget.reserved == budget.held == 0
