@@ -61,10 +61,11 @@ class ReplyBudget:
         return self.held + self.reserved + reserve <= self.limit and (
             u is None or u.held + u.reserved + reserve <= u.limit)
 
-    async def start(self, reserve: int, *, first: bool = True) -> bool:
+    async def start(self, reserve: int, *, first: bool | None = True) -> bool:
         """Reserve ``reserve`` bytes for a call about to build its reply, waiting while running
         calls might still make room. With nothing left running and no room, a ``first`` call
-        starts anyway; another returns False (not started: the caller refuses it)."""
+        starts anyway; another returns False (not started: the caller refuses it); with
+        ``first`` None (:meth:`start_call`), the call is first only while nothing is held."""
         if not self._must_wait(reserve) and not self._handing_off():
             return self._begin(reserve, first)
         waiter = _Waiter(asyncio.get_running_loop().create_future(), self, reserve, first)
@@ -87,7 +88,11 @@ class ReplyBudget:
         # queues behind them rather than take it.
         return self._wake_due or (self.shared is not None and self.shared._wake_due)
 
-    def _begin(self, reserve: int, first: bool) -> bool:
+    def _begin(self, reserve: int, first: bool | None) -> bool:
+        if first is None:
+            # Judged here with the room, not once the call resumes: replies read in between
+            # would let every call refused at one hand-off start at once, past the room.
+            first = not (self.held or (self.shared is not None and self.shared.held))
         if not first and not self.room(reserve):
             return False
         self._count(1, reserve, 0)
@@ -98,12 +103,7 @@ class ReplyBudget:
         when nothing is held either, and otherwise returns False at once (the caller answers
         :meth:`refusal_unstarted`): building a reply that could not be held beside the unread
         ones would only be thrown away, at the cost of a page in memory."""
-        if await self.start(reserve, first=False):
-            return True
-        if self.held or (self.shared is not None and self.shared.held):
-            return False
-        self._count(1, reserve, 0)
-        return True
+        return await self.start(reserve, first=None)
 
     def refusal_unstarted(self, reserve: int) -> GatewayError:
         """The error answering a call :meth:`start_call` did not start: which budget the
@@ -195,7 +195,7 @@ class _Waiter:
     future: asyncio.Future[bool]
     budget: ReplyBudget
     reserve: int
-    first: bool
+    first: bool | None
 
 
 class UserBudgets:

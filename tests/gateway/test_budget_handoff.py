@@ -80,6 +80,28 @@ async def test_a_call_arriving_as_room_is_freed_waits_behind_the_call_already_wa
     assert budget.running == budget.reserved == 0
 
 
+async def test_calls_refused_as_the_last_call_finishes_stay_refused_when_the_client_reads() -> None:
+    """Ten calls wait behind a running call and an unread reply that leaves no room: when the
+    running call finishes they are refused, and the client reading its reply before they
+    resume does not let them all start at once past the budget's room."""
+    budget = ReplyBudget(4 * PAGE)
+    assert await budget.start_call(PAGE)
+    budget.hold(3 * PAGE + 1)  # a reply built by another call, not read yet
+    results: list[bool] = []
+
+    async def call() -> None:
+        results.append(await budget.start_call(PAGE))
+
+    tasks = [asyncio.create_task(call()) for _ in range(10)]
+    await _turns()
+    budget.finish(PAGE)
+    await asyncio.sleep(0)  # the hand-off refuses them all...
+    budget.release(3 * PAGE + 1)  # ...and the client reads before they resume
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert results == [False] * 10
+    assert budget.running == budget.reserved == 0
+
+
 async def test_a_connection_closed_with_calls_waiting_gives_the_user_budget_every_byte() -> None:
     """Bob's connection a closes with one call running, two single calls and a batch's entries
     waiting, and replies held unread: once its tasks are cancelled and it leaves, nothing of it
