@@ -26,7 +26,6 @@ sweep come back on a full reindex until the next sweep.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import OrderedDict
 from datetime import datetime, tzinfo
@@ -140,8 +139,13 @@ class PgMemory:
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await loop
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # the loop is over either way; the pool must still close
+                # psycopg can turn a cancel landing inside a pipeline into an AssertionError of its own.
+                log.warning("memory.pg.loop_stopped_with", error=f"{type(exc).__name__}: {exc}")
         await self.pool.close()
 
     async def _index_loop(self) -> None:

@@ -61,3 +61,32 @@ async def test_forget_and_full_reindex(pg_index: str, tmp_path: Path) -> None:
         assert (await node.search("alice", "garden gate", mode="keyword")).results == []
     finally:
         await node.close()
+
+
+class _CancelTurnedIntoError(FakeEmbedder):
+    """An embedder that blocks until cancelled and then raises something else, as psycopg does
+    when a cancel lands inside its pipeline (an AssertionError from its own bookkeeping)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise AssertionError("the library's own error instead of the cancel") from None
+        raise AssertionError("unreachable")
+
+
+async def test_close_finishes_when_the_cancelled_loop_ends_with_another_error(pg_index: str, tmp_path: Path) -> None:
+    """Closing a node whose indexing loop answers the cancel with an error of its own (not
+    CancelledError) still stops the loop and closes the pool, without raising."""
+    embedder = _CancelTurnedIntoError()
+    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), embedder, data_dir=tmp_path, poll_s=60)
+    add_session(pg_index, "alice", "k1", ["the loop is embedding this when the node closes"])
+    await node.start()
+    await asyncio.wait_for(embedder.entered.wait(), 30)
+    await node.close()
+    assert node.pool.closed
