@@ -60,6 +60,9 @@ __all__ = ["PgMemory"]
 
 log = structlog.get_logger("memory.pg")
 
+# Tries of a delete that PostgreSQL aborted as a deadlock with an indexer (see _delete_chunks).
+_DELETE_ATTEMPTS = 4
+
 _QUERY_CACHE = 16
 
 class PgMemory:
@@ -353,18 +356,29 @@ class PgMemory:
 
     async def _delete_chunks(self, where: str, params: dict[str, Any], *, first: str | None = None) -> int:
         """Delete the chunks ``where`` picks (a literal of this module; values in ``params``) and
-        fix the sessions' BM25 statistics, in one transaction that runs ``first`` before."""
-        try:
-            async with self.pool.connection() as conn, conn.transaction():
-                if first is not None:
-                    await conn.execute(first.encode(), params)
-                cur = await conn.execute(f"DELETE FROM recalld_memory_chunks WHERE {where} "
-                                         "RETURNING session_key".encode(), params)
-                touched = sorted({str(k) for (k,) in await cur.fetchall()})
-                await conn.execute(SESSION_STATS_SQL, (touched,))
-                return cur.rowcount
-        except psycopg.Error as exc:
-            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+        fix the sessions' BM25 statistics, in one transaction that runs ``first`` before.
+
+        A node's indexer may be writing the same session's chunks and statistics (a reply just
+        arrived): PostgreSQL then aborts one of the two transactions as a deadlock. The indexer
+        retries at its next pass; a delete the user asked for is retried here, a few times."""
+        for attempt in range(_DELETE_ATTEMPTS):
+            try:
+                async with self.pool.connection() as conn, conn.transaction():
+                    if first is not None:
+                        await conn.execute(first.encode(), params)
+                    cur = await conn.execute(f"DELETE FROM recalld_memory_chunks WHERE {where} "
+                                             "RETURNING session_key".encode(), params)
+                    touched = sorted({str(k) for (k,) in await cur.fetchall()})
+                    await conn.execute(SESSION_STATS_SQL, (touched,))
+                    return cur.rowcount
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                if attempt + 1 == _DELETE_ATTEMPTS:
+                    raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+                log.info("memory.pg.delete_retried", attempt=attempt + 1, error=type(exc).__name__)
+                await asyncio.sleep(0.05 * (attempt + 1))
+            except psycopg.Error as exc:
+                raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+        raise AssertionError("unreachable")
 
 
 async def _one(conn: AsyncConnection[TupleRow], sql: str, args: dict[str, Any]) -> int:

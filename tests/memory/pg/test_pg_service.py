@@ -90,3 +90,25 @@ async def test_close_finishes_when_the_cancelled_loop_ends_with_another_error(pg
     await asyncio.wait_for(embedder.entered.wait(), 30)
     await node.close()
     assert node.pool.closed
+
+
+async def test_a_delete_aborted_as_a_deadlock_is_retried(pg_index: str, tmp_path: Path) -> None:
+    """A chunk delete that PostgreSQL aborts as a deadlock (an indexer writing the same session
+    at that moment) is tried again and removes the chunks, instead of failing the user's call;
+    the first attempt here raises deadlock_detected (a sequence, outside the transaction, counts
+    the attempts)."""
+    import psycopg
+
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute("CREATE SEQUENCE IF NOT EXISTS test_delete_attempts")
+    node = await PgMemory.open(pg_index, quiet_config(), FakeEmbedder(), data_dir=tmp_path)
+    try:
+        add_session(pg_index, "alice", "k1", ["the garden gate is green"])
+        await node.sync_now()
+        first_attempt_deadlocks = (
+            "DO $$ BEGIN IF nextval('test_delete_attempts') = 1 THEN "
+            "RAISE EXCEPTION 'simulated' USING ERRCODE = 'deadlock_detected'; END IF; END $$")
+        deleted = await node._delete_chunks("user_id = %(user)s", {"user": "alice"}, first=first_attempt_deadlocks)
+        assert deleted == 1 and chunk_rows(pg_index) == []
+    finally:
+        await node.close()
