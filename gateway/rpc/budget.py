@@ -127,16 +127,12 @@ class ReplyBudget:
         return self.held + size <= self.limit and (u is None or u.held + size <= u.limit)
 
     def hold(self, size: int) -> None:
-        self.held += size
-        if self.shared is not None:
-            self.shared.held += size
+        self._count(0, 0, size)
 
     def release(self, size: int) -> None:
         """The socket took ``size`` bytes of held replies (or they were given up)."""
-        self.held -= size
+        self._count(0, 0, -size)
         u = self.shared
-        if u is not None:
-            u.held -= size
         if self._waiters or (u is not None and u._waiters):  # nearly always nobody waits
             self._wake_all()
 

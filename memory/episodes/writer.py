@@ -166,7 +166,7 @@ class EpisodeWriter:
         bound = structlog.contextvars.bound_contextvars(session=job.session_key)
         with bound:
             try:
-                outcome = await self._summarise(memory, job)
+                outcome, ended = await self._summarise(memory, job)
             except asyncio.CancelledError:
                 raise
             except (MemoryIndexError, SessionError, ValueError) as exc:
@@ -178,17 +178,19 @@ class EpisodeWriter:
                     (log.error if gave_up else log.warning)(
                         "episode.failed", attempt=job.attempts + 1, gave_up=gave_up, error=error)
                 return
-            await memory.episodes.job_done(job.id)
+            if not ended:  # a written episode ended its job in the write's own transaction
+                await memory.episodes.job_done(job.id)
             log.info("episode.done", outcome=outcome)
 
-    async def _summarise(self, memory: EpisodeMemory, job: EpisodeJob) -> str:
+    async def _summarise(self, memory: EpisodeMemory, job: EpisodeJob) -> tuple[str, bool]:
+        """What became of the job, and whether that already ended it (an episode written)."""
         cfg = memory.config
         model = self.model
         assert model is not None
         last = await memory.episodes.last_of_session(job.user, job.session_key)
         new = await self._since(job.user, job.session_key, last.covered_ms if last else None)
         if not new:
-            return "nothing new"
+            return "nothing new", False
         now = datetime.now(self.tz)
         latest, _ = await memory.episodes.page(job.user, limit=1, before=None)
         window_ms = cfg.episode_merge_hours * 3_600_000
@@ -197,7 +199,7 @@ class EpisodeWriter:
                                                 previous.theme if previous else None))
         parsed = _parse(answer)
         if parsed is None:
-            return "skipped by the model"
+            return "skipped by the model", False
         summary, theme, same = parsed
         vector = await memory.episodes.embed(summary)
         merge_into = previous.id if same and previous is not None else None
@@ -205,12 +207,12 @@ class EpisodeWriter:
             closest = await memory.episodes.closest(job.user, vector)
             if closest is not None and closest[1] >= cfg.episode_novelty_threshold:
                 log.info("episode.not_novel", like=closest[0].id, similarity=round(closest[1], 4))
-                return "not novel"
+                return "not novel", False
         covered = max(_ms(m.ts) for m in new)
         # The job ends with the write, so no reader sees the episode beside a job still pending.
         draft = EpisodeDraft(job.user, job.session_key, summary, theme, now, covered, vector, job_id=job.id)
         episode = await memory.episodes.write(draft, merge_into)
-        return f"merged into {episode.id}" if merge_into is not None else f"wrote {episode.id}"
+        return (f"merged into {episode.id}" if merge_into is not None else f"wrote {episode.id}"), True
 
 
 def _request(messages: list[Message], previous: str | None, theme: str | None) -> list[dict[str, str]]:
