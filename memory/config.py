@@ -37,9 +37,13 @@ class MemoryConfig:
     chunk_tokens: int | None = None
     overlap_tokens: int | None = None
 
-    # Indexer triggers.
+    # Indexer triggers. A sync that fails (the index's disk full or failing) is retried whole
+    # after sync_retry_s, doubled each time up to SYNC_RETRY_MAX_S, without waiting for a new
+    # transcript change; 0 leaves it to the next change. Embedder failures are not retried
+    # so: each call has its own retries, and the chunks stay keyword-searchable meanwhile.
     debounce_ms: int = 1500
     watch: bool = True
+    sync_retry_s: float = 5.0
 
     # Search. Fusion of the keyword and vector legs (memory.fusion): "convex" adds min-max
     # normalised leg scores weighted keyword_weight : 1 - keyword_weight; "rrf" adds
@@ -165,6 +169,8 @@ class MemoryConfig:
             problems.append("overlap_tokens must be at least 0 and less than chunk_tokens")
         if self.debounce_ms < 0:
             problems.append("debounce_ms must not be negative")
+        if self.sync_retry_s < 0:
+            problems.append("sync_retry_s must not be negative (0: no retry)")
         if self.fusion not in ("convex", "rrf"):
             problems.append("fusion must be 'convex' or 'rrf'")
         if not 0.0 <= self.keyword_weight <= 1.0:

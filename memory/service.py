@@ -88,7 +88,7 @@ class MemoryService:
         self._search = SearchPipeline(config, embedder, embedder_reason, self.db_path, previous_embedder)
         self._index: LiveIndex | None = None
         self._sync_lock = asyncio.Lock()
-        self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms)
+        self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms, retry_s=config.sync_retry_s)
         self._closed = False
         self._integrity: tuple[IntegrityCheck, asyncio.Task[None]] | None = None
         self._warmed = asyncio.Event()  # set once the start's sign-bit load is over (or skipped)
@@ -270,15 +270,17 @@ class MemoryService:
             return
         self._scheduler.nudge(path)
 
-    async def _scheduled_sync(self, paths: list[Path] | None) -> None:
+    async def _scheduled_sync(self, paths: list[Path] | None) -> bool:
         try:
             await self._warmed.wait()  # the catch-up sync must not slow the load of the sign bits
             await self._run_sync(paths)
+            return True
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the loop must survive a bad sync; the next nudge retries
+        except Exception as exc:  # the loop must survive a bad sync; the scheduler retries it
             self._syncs.last_error = f"sync failed: {type(exc).__name__}: {exc}"
             log.exception("memory.sync.failed")
+            return False
 
     async def _run_sync(self, paths: list[Path] | None,
                         progress: ProgressCallback | None = None) -> SyncReport:

@@ -272,13 +272,16 @@ class WriteConnection:
         self.db = db
         self.lock = threading.RLock()
         self.min_free_bytes = min_free_bytes  # the transcripts' floor (sessions.min_free_bytes)
+        # Read once here: apsw raises ThreadingViolationError for any use of a connection,
+        # even its filename, while another thread runs a statement on it.
+        self.directory = Path(db.filename).parent
 
     def check_room(self, action: str) -> None:
         """MemoryStorageError ("disk almost full …") when the index's file system is below the
         free-disk floor: a write that adds rows is refused before it starts, as an append to a
         transcript is. Deletes never ask: they are how space comes back."""
         try:
-            check_free_space(Path(self.db.filename).parent, self.min_free_bytes)
+            check_free_space(self.directory, self.min_free_bytes)
         except StorageError as exc:
             raise MemoryStorageError(f"{exc.message} (while {action})") from exc
 

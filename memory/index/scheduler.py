@@ -4,7 +4,9 @@
 ``chat.final``) mark paths dirty and wake the loop, which waits until nothing new arrived for
 ``debounce_ms`` (at most :data:`MAX_DEBOUNCE_FACTOR` × that under a steady stream) and then
 runs one sync for everything marked. :meth:`~SyncScheduler.run_soon` (the start-up catch-up, a
-reindex) skips the wait. One loop runs the syncs, so they never overlap.
+reindex) skips the wait. One loop runs the syncs, so they never overlap. A sync that fails is
+retried whole after a back-off (``retry_s``, doubled each time up to :data:`RETRY_MAX_S`): an
+idle daemon gets no other nudge, and its transcripts would stay unindexed until the next change.
 """
 
 from __future__ import annotations
@@ -17,21 +19,26 @@ import structlog
 
 from sessions import TRANSCRIPT_SUFFIX
 
-__all__ = ["MAX_DEBOUNCE_FACTOR", "SyncScheduler"]
+__all__ = ["MAX_DEBOUNCE_FACTOR", "RETRY_MAX_S", "SyncScheduler"]
 
 log = structlog.get_logger("memory.service")
 
 MAX_DEBOUNCE_FACTOR = 10
+RETRY_MAX_S = 300.0
 
-# Runs one sync of these paths (None: every transcript). It must not raise: the loop has to
-# survive a failed sync, so the caller records and logs the failure itself.
-RunSync = Callable[[list[Path] | None], Awaitable[None]]
+# Runs one sync of these paths (None: every transcript) and says whether it succeeded. It must
+# not raise: the loop has to survive a failed sync, so the caller records and logs the failure.
+RunSync = Callable[[list[Path] | None], Awaitable[bool]]
 
 
 class SyncScheduler:
-    def __init__(self, run_sync: RunSync, debounce_ms: int) -> None:
+    def __init__(self, run_sync: RunSync, debounce_ms: int, *, retry_s: float = 0.0) -> None:
+        """``retry_s``: the first wait before a failed sync is retried (0: not retried)."""
         self._run_sync = run_sync
         self._quiet = debounce_ms / 1000
+        self._retry_s = retry_s
+        self._retry_wait = retry_s
+        self._retry: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._immediate = False
@@ -73,6 +80,8 @@ class SyncScheduler:
     async def close(self) -> None:
         """Stop the watcher and the loop; re-raises only this task's own cancellation."""
         self._stop.set()
+        if self._retry is not None:
+            self._retry.cancel()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -112,7 +121,7 @@ class SyncScheduler:
             paths = None if self._dirty_all else sorted(named)
             self._dirty_all = False
             self._dirty = set()
-            await self._run_sync(paths)
+            self._settle(await self._run_sync(paths))
             if paths is None and named:
                 # A sync of everything scans for regular files only, so a named path that is
                 # not one (a symlink planted in a user's folder) was not looked at: it gets its
@@ -120,6 +129,22 @@ class SyncScheduler:
                 self._dirty |= named
                 self._idle.clear()
                 self._wake.set()
+
+    def _settle(self, ok: bool) -> None:
+        """After a sync: a success resets the back-off; a failure schedules one full retry."""
+        if ok:
+            self._retry_wait = self._retry_s
+            return
+        if not self._retry_s or self._stop.is_set() or self._retry is not None:
+            return
+        wait, self._retry_wait = self._retry_wait, min(RETRY_MAX_S, self._retry_wait * 2)
+        log.info("memory.sync.retry_scheduled", in_s=wait)
+        self._retry = asyncio.get_running_loop().call_later(wait, self._retry_now)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        if not self._stop.is_set():
+            self.run_soon()
 
     async def _watch(self, root: Path) -> None:
         import watchfiles

@@ -307,8 +307,8 @@ class VectorStore:
     def store(self, identity: EmbedderIdentity, rows: list[PendingRow], hashes: list[str],
               vectors: dict[str, tuple[int, bytes]], fresh: set[str]) -> int:
         """Cache the ``fresh`` vectors and store one per row (one transaction); returns the rows stored."""
-        self._conn.check_room("storing vectors")
         with self._conn.lock, self.db:
+            self._conn.check_room("storing vectors")
             for h in fresh:
                 dims, blob = vectors[h]
                 self.db.execute(

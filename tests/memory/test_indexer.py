@@ -257,3 +257,72 @@ async def test_automatic_chunks_fit_the_embedders_window(tmp_path: Path) -> None
     assert MemoryConfig().sized_for(512).chunk_tokens == 256
     assert MemoryConfig().sized_for(200).chunk_tokens == 160
     assert MemoryConfig(chunk_tokens=300).sized_for(128).chunk_tokens == 300  # set explicitly: kept
+
+
+async def test_vectors_are_stored_while_another_thread_writes(tmp_path: Path) -> None:
+    """Storing vectors waits for the writing connection's lock; it used to read the
+    connection's file name before taking it, which apsw refuses while another thread runs a
+    statement ("Connection is busy in another thread": a failed catch-up sync in CI)."""
+    import asyncio
+    import threading
+
+    class GatedEmbedder(FakeEmbedder):
+        async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
+            embedding.set()
+            await proceed.wait()
+            return await super().embed(texts, kind)
+
+    embedding, proceed = asyncio.Event(), asyncio.Event()
+    write_transcript(tmp_path, "alice", "s1", ["the capybara is calm"])
+    svc = MemoryService(tmp_path, quiet_config(), GatedEmbedder())
+    await svc.start(catch_up=False)
+    try:
+        conn = svc._require_index().conn
+        busy, release = threading.Event(), threading.Event()
+
+        def long_write() -> None:
+            # Another writer (an episode, a fact) holding the lock, inside a statement: apsw marks
+            # a connection busy only while a call into SQLite runs, so the statement waits in SQL.
+            def hold(*_: object) -> int:
+                busy.set()
+                release.wait(30)
+                return 1
+
+            with conn.lock:
+                conn.db.create_scalar_function("test_hold", hold, 0)
+                conn.db.execute("SELECT test_hold()").fetchall()
+
+        syncing = asyncio.create_task(svc.sync_now())
+        async with asyncio.timeout(30):
+            await embedding.wait()  # the sync is between its chunk rows and storing their vectors
+            writer = asyncio.create_task(asyncio.to_thread(long_write))
+            await asyncio.to_thread(busy.wait, 30)
+            proceed.set()
+            await asyncio.sleep(0.3)  # the store step reaches the connection while the writer runs
+            release.set()
+            await writer
+            report = await syncing
+        assert report.error is None and report.embedded == 1 and report.pending == 0
+    finally:
+        await svc.close()
+
+
+async def test_a_failed_catch_up_sync_is_retried_without_a_new_message(tmp_path: Path) -> None:
+    """A catch-up sync that fails (here: the disk below the free-space floor) is retried on its
+    own, so once space comes back an idle daemon indexes its transcripts with no new message."""
+    import asyncio
+
+    write_transcript(tmp_path, "alice", "s1", ["the capybara is calm"])
+    svc = MemoryService(tmp_path, quiet_config(sync_retry_s=0.1), FakeEmbedder(), min_free_bytes=1 << 60)
+    await svc.start()
+    try:
+        async with asyncio.timeout(30):
+            while "disk almost full" not in ((await svc.status())["lastError"] or ""):
+                await asyncio.sleep(0.02)
+            svc._require_index().conn.min_free_bytes = 0  # space comes back
+            while (status := await svc.status())["chunks"] == 0 or status["lastError"]:
+                await asyncio.sleep(0.05)
+        assert status["pending"] == 0 and status["embedded"] == 1
+        assert len((await svc.search("alice", "capybara")).results) == 1
+    finally:
+        await svc.close()
