@@ -275,9 +275,7 @@ class MemoryService:
             await self._warmed.wait()  # the catch-up sync must not slow the load of the sign bits
             await self._run_sync(paths)
             return True
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the loop must survive a bad sync; the scheduler retries it
+        except Exception as exc:  # the loop must survive a bad sync (a cancel passes); the scheduler retries it
             self._syncs.last_error = f"sync failed: {type(exc).__name__}: {exc}"
             log.exception("memory.sync.failed")
             return False
