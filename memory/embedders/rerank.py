@@ -73,6 +73,9 @@ _SEPARATORS = 3
 # When the estimate says nothing fits and it is older than this, the search runs one short
 # probe pair (a few milliseconds) to measure again: a cost learnt in a burst of load would
 # otherwise never be measured again, and a full pair could overrun the budget many times.
+# A lone short pair costs more per token than a batch (1.6–2× here at idle: fixed costs over
+# fewer tokens), so its cost is scaled by the ratio measured at warm-up; recorded as it was,
+# it kept the estimate above the machine's real cost once load had passed.
 _PROBE_AFTER_S = 10.0
 _PROBE_WORDS = 8
 # No pair is shorter than the query's tokens plus this many (the separators and a few words).
@@ -85,6 +88,10 @@ MARGIN = 1.25
 def reranker_installed() -> bool:
     """Whether the package carrying the model is installed (``rerank = "auto"`` needs it)."""
     return package_dir(RERANKER_PACKAGE) is not None
+
+
+def _probe_text(passage: str) -> str:
+    return " ".join(passage.split()[:_PROBE_WORDS])
 
 
 def best_window(passage: str, query: str, words: int) -> str:
@@ -164,6 +171,8 @@ class CrossEncoder:
         # Milliseconds per padded input token (pairs × longest pair), the last measurements.
         self._costs: deque[float] = deque(maxlen=_HISTORY)
         self._measured_at = 0.0
+        # A batch's cost per token over a lone probe pair's, measured by warm().
+        self.probe_scale = 1.0
 
     @property
     def ms_per_token(self) -> float | None:
@@ -213,14 +222,25 @@ class CrossEncoder:
         query, passage = _CALIBRATION
         self._score(query, [passage] * 4)
         self._costs.clear()
-        for _ in range(_CALIBRATION_RUNS):
+        probe = self._encode(query, [_probe_text(passage)])
+        probes: list[float] = []
+        for _ in range(_CALIBRATION_RUNS):  # interleaved: a burst of load slows both alike
             self._score(query, [passage] * 4)
+            probes.append(self._infer(probe)[1])
+        self.probe_scale = min(1.0, statistics.median(self._costs) / statistics.median(probes))
 
     def _encode(self, query: str, passages: Sequence[str], words: int | None = None) -> list[Any]:
         texts = [best_window(_STAMP.sub(":", p), query, words or self.passage_words) for p in passages]
         return list(self._tokenizer.encode_batch([(query, t) for t in texts]))
 
-    def _run(self, encodings: Sequence[Any]) -> list[float]:
+    def _run(self, encodings: Sequence[Any], scale: float = 1.0) -> list[float]:
+        """Scores of the pairs; their cost per padded token, times ``scale``, is recorded."""
+        scores, cost = self._infer(encodings)
+        self.measured(cost * scale)
+        return scores
+
+    def _infer(self, encodings: Sequence[Any]) -> tuple[list[float], float]:
+        """Scores of the pairs and what they cost: milliseconds per padded token."""
         import numpy as np
 
         width = max(len(e.ids) for e in encodings)
@@ -232,8 +252,8 @@ class CrossEncoder:
             ids[row, :n], types[row, :n], mask[row, :n] = e.ids, e.type_ids, 1
         started = time.perf_counter()
         (logits,) = self._session.run(["logits"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
-        self.measured((time.perf_counter() - started) * 1000 / (len(encodings) * width))
-        return [float(x) for x in logits[:, 0]]
+        cost = (time.perf_counter() - started) * 1000 / (len(encodings) * width)
+        return [float(x) for x in logits[:, 0]], cost
 
     def _score(self, query: str, passages: Sequence[str]) -> list[float]:
         self._load()
@@ -270,7 +290,7 @@ class CrossEncoder:
             take = next_batch(lengths, per_token, max(per_token, typical or per_token), left_ms, first=not scores)
             if take == 0:
                 if not scores and time.monotonic() - self._measured_at > _PROBE_AFTER_S:
-                    self._run(self._encode(query, [" ".join(passages[0].split()[:_PROBE_WORDS])]))
+                    self._run(self._encode(query, [_probe_text(passages[0])]), scale=self.probe_scale)
                 break
             scores += self._run(encodings[len(scores):len(scores) + take])
             batches += 1

@@ -3,8 +3,10 @@ skipped, and that ``rerank = false`` keeps the fused order. No assertion here is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,3 +183,41 @@ async def test_rerank_false_and_a_remote_embedder_keep_the_fused_path(tmp_path: 
         not_local = await svc.search("alice", PARAPHRASE, k=3)
     for response in (off, not_local):
         assert "rerankMs" not in response.timings_ms and "Lisbon" in response.results[0].content
+
+
+class _Watched(CrossEncoder):
+    """The real cross-encoder, noting each run's own cost and what it records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[float] = []
+        self.recorded: list[float] = []
+
+    def _infer(self, encodings: Sequence[Any]) -> tuple[list[float], float]:
+        scores, cost = super()._infer(encodings)
+        self.raw.append(cost)
+        return scores, cost
+
+    def measured(self, cost: float) -> None:
+        self.recorded.append(cost)
+        super().measured(cost)
+
+
+@needs_model
+def test_a_probe_records_what_a_batch_would_cost_not_its_own_cost() -> None:
+    """warm() measures how much dearer a token of a lone short probe pair is than a token of a
+    batch; a probe run when nothing fits records its cost scaled by that ratio (recorded as it
+    was, the probe kept the estimate above the machine's real cost once a burst had passed)."""
+    encoder = _Watched()
+    encoder.warm()
+    assert 0.0 < encoder.probe_scale <= 1.0
+    encoder.probe_scale = 0.5
+    for _ in range(12):
+        encoder.measured(1000.0)  # learnt in a burst: nothing fits any budget
+    encoder._measured_at = time.monotonic() - 60  # old enough to be measured again
+    encoder.raw.clear()
+    encoder.recorded.clear()
+    scored = encoder._score_within("when is my passport valid", ["my passport expires in March " * 10],
+                                   time.perf_counter() + 0.12)
+    assert scored.scores == [] and len(encoder.raw) == 1
+    assert encoder.recorded == [pytest.approx(encoder.raw[0] * 0.5)]
