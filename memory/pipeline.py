@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import apsw
+import structlog
 
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
@@ -37,6 +38,8 @@ from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
 from memory.retrieval.search import HybridSearch
 
 __all__ = ["QueryVector", "SearchPipeline"]
+
+log = structlog.get_logger("memory.search")
 
 # A run's recall, its facts and its episodes embed the same message; a local model spends tens
 # of milliseconds per query (bench/facts.py).
@@ -205,6 +208,9 @@ async def _rerank(reranker: CrossEncoder, query: str, hits: list[SearchHit]) -> 
         scores = await reranker.score(query, [h.content for h in hits])
     except EmbedderError as exc:
         return hits, f"re-ranker unavailable: {exc}"
+    except Exception as exc:  # a fault in the optional step answers with the fused order, logged
+        log.exception("memory.rerank.failed")
+        return hits, f"re-ranker failed: {type(exc).__name__}"
     order = sorted(range(len(hits)), key=lambda i: -scores[i])
     return [replace(hits[i], score=scores[i]) for i in order], None
 
@@ -221,6 +227,9 @@ async def _rerank_within(reranker: CrossEncoder, query: str, hits: list[SearchHi
     try:
         scored = await reranker.score_within(query, [h.content for h in hits], budget_ms, started)
     except EmbedderError:
+        return hits, 0
+    except Exception:  # as in _rerank: the search still answers, in fused order
+        log.exception("memory.rerank.failed")
         return hits, 0
     read = len(scored.scores)
     order = sorted(range(read), key=lambda i: -scored.scores[i])

