@@ -38,7 +38,7 @@ class MemoryConfig:
     overlap_tokens: int | None = None
 
     # Indexer triggers. A sync that fails (the index's disk full or failing) is retried whole
-    # after sync_retry_s, doubled each time up to SYNC_RETRY_MAX_S, without waiting for a new
+    # after sync_retry_s, doubled each time up to 300 s (RETRY_MAX_S), without waiting for a new
     # transcript change; 0 leaves it to the next change. Embedder failures are not retried
     # so: each call has its own retries, and the chunks stay keyword-searchable meanwhile.
     debounce_ms: int = 1500

@@ -94,10 +94,6 @@ def reranker_installed() -> bool:
     return package_dir(RERANKER_PACKAGE) is not None
 
 
-def _probe_text(passage: str) -> str:
-    return " ".join(passage.split()[:_PROBE_WORDS])
-
-
 def best_window(passage: str, query: str, words: int) -> str:
     """``passage`` cut to the ``words`` consecutive words holding the most distinct-position
     query words (the earliest such window on ties), ``…`` marking a cut; unchanged when short."""
@@ -173,6 +169,7 @@ class CrossEncoder:
         self._session: Any = None
         self._tokenizer: Any = None
         self._query_tokenizer: Any = None
+        self._probe: list[Any] = []  # the one pair both warm() and a search's probe run
         # Milliseconds per padded input token (pairs × longest pair), the last measurements.
         self._costs: deque[float] = deque(maxlen=_HISTORY)
         self._measured_at = 0.0
@@ -222,6 +219,8 @@ class CrossEncoder:
             query_tokenizer.enable_truncation(max_length=QUERY_TOKENS)
             query_tokenizer.no_padding()
             self._tokenizer, self._query_tokenizer = tokenizer, query_tokenizer
+            query, passage = _CALIBRATION
+            self._probe = self._encode(query, [" ".join(passage.split()[:_PROBE_WORDS])])
 
     def _clip(self, query: str) -> tuple[str, int]:
         """``query`` cut to :data:`QUERY_TOKENS` tokens (at a token's end), and its token count."""
@@ -237,11 +236,10 @@ class CrossEncoder:
         query, passage = _CALIBRATION
         self._score(query, [passage] * 4)
         self._costs.clear()
-        probe = self._encode(query, [_probe_text(passage)])
         probes: list[float] = []
         for _ in range(_CALIBRATION_RUNS):  # interleaved: a burst of load slows both alike
             self._score(query, [passage] * 4)
-            probes.append(self._infer(probe)[1])
+            probes.append(self._infer(self._probe)[1])
         self.probe_scale = min(1.0, statistics.median(self._costs) / statistics.median(probes))
 
     def _encode(self, query: str, passages: Sequence[str], words: int | None = None) -> list[Any]:
@@ -305,7 +303,8 @@ class CrossEncoder:
             take = next_batch(lengths, per_token, max(per_token, typical or per_token), left_ms, first=not scores)
             if take == 0:
                 if not scores and time.monotonic() - self._measured_at > _PROBE_AFTER_S:
-                    self._run(self._encode(query, [_probe_text(passages[0])]), scale=self.probe_scale)
+                    # The pair warm() scaled, so the ratio applies to what is measured.
+                    self._run(self._probe, scale=self.probe_scale)
                 break
             scores += self._run(encodings[len(scores):len(scores) + take])
             batches += 1
