@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CHUNK_TOKENS_CAP", "EmbedderChoice", "FactsMode", "FusionMethod", "MemoryConfig", "SizedConfig"]
+__all__ = ["CHUNK_TOKENS_CAP", "RETRY_MAX_S", "EmbedderChoice", "FactsMode", "FusionMethod", "MemoryConfig", "SizedConfig"]
 
 # The largest automatic chunk (approximate tokens). Ten results of this size stay within about
 # 2,000 tokens of prompt, and smaller chunks were worse for keyword recall on every dataset
 # (docs/memory.md, "Chunk size").
 CHUNK_TOKENS_CAP = 256
+# The longest wait between retries of a failed sync (memory.index.scheduler doubles up to it).
+RETRY_MAX_S = 300.0
 # An embedder's window is in its own tokens; approx_tokens can undercount WordPiece by ~20%
 # and a query/passage prefix takes a few, so an automatic chunk uses 4/5 of the window.
 WINDOW_SHARE = 0.8
@@ -170,8 +172,8 @@ class MemoryConfig:
             problems.append("overlap_tokens must be at least 0 and less than chunk_tokens")
         if self.debounce_ms < 0:
             problems.append("debounce_ms must not be negative")
-        if self.sync_retry_s < 0:
-            problems.append("sync_retry_s must not be negative (0: no retry)")
+        if not 0 <= self.sync_retry_s <= RETRY_MAX_S:  # also refuses nan
+            problems.append(f"sync_retry_s must be between 0 (no retry) and {RETRY_MAX_S:g}")
         if self.fusion not in ("convex", "rrf"):
             problems.append("fusion must be 'convex' or 'rrf'")
         if not 0.0 <= self.keyword_weight <= 1.0:

@@ -89,6 +89,9 @@ class SearchPipeline:
                 await asyncio.to_thread(self._reranker.warm)
             except EmbedderError as exc:
                 self._reranker_failed = str(exc)
+            except Exception as exc:  # a fault in the optional model must not fail the sync
+                log.exception("memory.rerank.failed")
+                self._reranker_failed = f"re-ranker failed: {type(exc).__name__}"
 
     def _rerank_step(self) -> str:
         """``"all"``: re-rank every candidate (``rerank = true``); ``"budget"``: as many as fit

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import structlog
 
+from memory.config import RETRY_MAX_S
 from sessions import TRANSCRIPT_SUFFIX
 
 __all__ = ["MAX_DEBOUNCE_FACTOR", "RETRY_MAX_S", "SyncScheduler"]
@@ -24,7 +25,6 @@ __all__ = ["MAX_DEBOUNCE_FACTOR", "RETRY_MAX_S", "SyncScheduler"]
 log = structlog.get_logger("memory.service")
 
 MAX_DEBOUNCE_FACTOR = 10
-RETRY_MAX_S = 300.0
 
 # Runs one sync of these paths (None: every transcript) and says whether it succeeded. It must
 # not raise: the loop has to survive a failed sync, so the caller records and logs the failure.
@@ -121,7 +121,7 @@ class SyncScheduler:
             paths = None if self._dirty_all else sorted(named)
             self._dirty_all = False
             self._dirty = set()
-            self._settle(await self._run_sync(paths))
+            self._settle(await self._run_sync(paths), whole=paths is None)
             if paths is None and named:
                 # A sync of everything scans for regular files only, so a named path that is
                 # not one (a symlink planted in a user's folder) was not looked at: it gets its
@@ -130,10 +130,14 @@ class SyncScheduler:
                 self._idle.clear()
                 self._wake.set()
 
-    def _settle(self, ok: bool) -> None:
-        """After a sync: a success resets the back-off; a failure schedules one full retry."""
+    def _settle(self, ok: bool, *, whole: bool) -> None:
+        """After a sync: a success resets the back-off (and a whole one makes a pending retry
+        needless); a failure schedules one full retry."""
         if ok:
             self._retry_wait = self._retry_s
+            if whole and self._retry is not None:
+                self._retry.cancel()
+                self._retry = None
             return
         if not self._retry_s or self._stop.is_set() or self._retry is not None:
             return

@@ -78,3 +78,29 @@ async def test_no_retry_when_retry_s_is_zero() -> None:
     finally:
         await scheduler.close()
     assert calls == [None]
+
+
+async def test_a_whole_sync_that_succeeds_cancels_the_pending_retry() -> None:
+    """After a failed sync, a successful sync of everything (a reindex, the next catch-up) makes
+    the scheduled retry needless: it does not run."""
+    calls: list[list[Path] | None] = []
+    scheduler: SyncScheduler
+
+    async def run_sync(paths: list[Path] | None) -> bool:
+        calls.append(paths)
+        if len(calls) == 1:
+            scheduler.run_soon()  # asked for while the first sync runs; it runs right after it
+            return False
+        return True
+
+    scheduler = SyncScheduler(run_sync, debounce_ms=1, retry_s=1.0)
+    path = Path("/data/sessions/alice/0123456789abcdef0123456789abcdef.jsonl")
+    scheduler.nudge(path)
+    scheduler.start(None)
+    try:
+        async with asyncio.timeout(30):
+            await scheduler.wait_idle()
+        await asyncio.sleep(1.5)  # the retry, had it stayed scheduled, would have run by now
+    finally:
+        await scheduler.close()
+    assert calls == [[path], None]
