@@ -801,6 +801,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="memory.rerank (default: the memory default, auto)")
     parser.add_argument("--rerank-budget-ms", type=int, default=None,
                         help="memory.rerank_budget_ms (default: the memory default)")
+    parser.add_argument("--neighbours", choices=("on", "off"), default=None,
+                        help="memory.recall_neighbours: --recall widens excerpts by the message before "
+                             "and after (default: the memory default, on)")
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
@@ -855,6 +858,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             local_threads=os.cpu_count() or 1,
             rerank={"true": True, "false": False, "auto": "auto", None: defaults.rerank}[args.rerank],
             rerank_budget_ms=args.rerank_budget_ms or defaults.rerank_budget_ms,
+            recall_neighbours=(args.neighbours == "on") if args.neighbours else defaults.recall_neighbours,
         )
         if args.backend == "postgres":
             if not args.dsn:

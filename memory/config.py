@@ -98,9 +98,11 @@ class MemoryConfig:
 
     # Recall into a prompt (memory.recall): excerpts within this many approximate tokens, and
     # only those whose cosine to the message reaches the floor (None: the embedder's own
-    # calibrated floor, if it has one).
+    # calibrated floor, if it has one). recall_neighbours: the tokens the excerpts leave are
+    # spent on the message before and after each, best excerpt first (memory.retrieval.neighbours).
     recall_budget_tokens: int = 1500
     recall_min_similarity: float | None = None
+    recall_neighbours: bool = True
 
     # Remembered facts (memory.facts): "tool" offers the model remember/forget/search_memory
     # tools; "block" (models without tool calling) asks for a trailing <memory_update> JSON block,

@@ -46,6 +46,7 @@ from memory.index.scheduler import SyncScheduler
 from memory.index.sync import SyncReport
 from memory.live import LiveIndex
 from memory.pipeline import SearchPipeline
+from memory.retrieval.neighbours import around_sqlite, widen
 from memory.retrieval.previous import PreviousFactory
 from memory.retrieval.recall import for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
@@ -357,8 +358,7 @@ class MemoryService:
         await self._search.refresh(self._index, self._read)
 
     async def _read(self, fn: Callable[[apsw.Connection], _T]) -> _T:
-        index = self._require_index()
-        return await self._in_thread("reading the previous vectors", index.readers.run, fn)
+        return await self._in_thread("reading the index", self._require_index().readers.run, fn)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -395,9 +395,10 @@ class MemoryService:
         the relevance floor, merging and the token budget of :func:`memory.recall.for_prompt`."""
         response = await self.search(user, message, k=k, mode="hybrid",
                                      exclude_session_key=exclude_session_key, now=now, recency=True)
-        return for_prompt(response.results, vector_ran=response.mode != "keyword",
-                          floor=self._search.relevance_floor(response),
-                          budget_tokens=self.config.recall_budget_tokens)
+        excerpts = for_prompt(response.results, vector_ran=response.mode != "keyword",
+                              floor=self._search.relevance_floor(response),
+                              budget_tokens=self.config.recall_budget_tokens)
+        return await widen(excerpts, self.config, lambda hit: self._read(lambda db: around_sqlite(db, user, hit)))
 
     async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
                       tz: tzinfo) -> MemoryContext:

@@ -38,6 +38,7 @@ from memory.index.quantize import quantize_int8
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, vector_dims
 from memory.retrieval.fusion import Fused, with_recency
+from memory.retrieval.neighbours import AROUND_SQL, Around, ChunkSpan
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
 
 __all__ = ["PgSearch"]
@@ -235,3 +236,16 @@ def _hit(r: Sequence[Any]) -> SearchHit:
     return SearchHit(int(r[0]), str(r[1]), str(r[2]), float(r[3]), int(r[4]), int(r[5]), r[6], r[7],
                      int(r[8]) if r[8] is not None else None, int(r[9]) if r[9] is not None else None,
                      float(r[10]) if r[10] is not None else None)
+
+
+_AROUND_PG = tuple(s.format(table="recalld_memory_chunks", user="user_id").replace("?", "%s") for s in AROUND_SQL)
+
+
+async def around_pg(pool: AsyncConnectionPool[AsyncConnection[TupleRow]], user: str, hit: SearchHit) -> Around:
+    """The chunks around ``hit`` (memory.retrieval.neighbours), read as the SQLite index reads them."""
+    spans: list[ChunkSpan | None] = []
+    async with pool.connection() as conn:
+        for sql, line in zip(_AROUND_PG, (hit.line_start, hit.line_end), strict=True):
+            row = await (await conn.execute(sql, (user, hit.session_key, line))).fetchone()
+            spans.append(ChunkSpan(int(row[0]), int(row[1]), str(row[2])) if row else None)
+    return Around(spans[0], spans[1])

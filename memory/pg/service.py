@@ -50,8 +50,9 @@ from memory.pg.episodes import PgEpisodes
 from memory.pg.facts import PgFacts, PgFactStore
 from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from memory.pg.migrations import migrate
-from memory.pg.search import PgSearch
+from memory.pg.search import PgSearch, around_pg
 from memory.pg.vectors import VectorLeg
+from memory.retrieval.neighbours import widen
 from memory.retrieval.recall import for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
 from memory.status import SyncLog
@@ -270,8 +271,12 @@ class PgMemory:
         floor = self.config.recall_min_similarity
         if floor is None:  # calibrated per model; embedders without one get no floor
             floor = getattr(self.embedder, "relevance_floor", None)
-        return for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
-                          budget_tokens=self.config.recall_budget_tokens)
+        excerpts = for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
+                              budget_tokens=self.config.recall_budget_tokens)
+        try:
+            return await widen(excerpts, self.config, lambda hit: around_pg(self.pool, user, hit))
+        except psycopg.Error as exc:
+            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
 
     async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
                       tz: tzinfo) -> MemoryContext:

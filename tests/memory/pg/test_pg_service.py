@@ -112,3 +112,20 @@ async def test_a_delete_aborted_as_a_deadlock_is_retried(pg_index: str, tmp_path
         assert deleted == 1 and chunk_rows(pg_index) == []
     finally:
         await node.close()
+
+
+async def test_recall_widens_a_hit_by_its_neighbours_on_postgres(pg_index: str, tmp_path: Path) -> None:
+    """PgMemory.recall, like MemoryService's, brings the message before and after a hit from
+    the chunks table when the budget has room."""
+    from tests.memory.test_neighbours import MESSAGES
+
+    add_session(pg_index, "alice", "zoo", MESSAGES)
+    node = await PgMemory.open(pg_index, quiet_config(chunk_tokens=32, overlap_tokens=0), FakeEmbedder(),
+                               data_dir=tmp_path)
+    try:
+        await node.sync_now()
+        recalled = await node.recall("alice", "Rottnest island", k=1)
+    finally:
+        await node.close()
+    assert len(recalled) == 1
+    assert [line.split("]: ", 1)[1] for line in recalled[0].content.split("\n")] == MESSAGES[:3]
