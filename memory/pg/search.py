@@ -29,16 +29,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection, IsolationLevel
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from memory.config import MemoryConfig
+from memory.errors import MemoryStorageError
 from memory.index.quantize import quantize_int8
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, vector_dims
 from memory.retrieval.fusion import Fused, with_recency
-from memory.retrieval.neighbours import AROUND_SQL, Around, ChunkSpan
+from memory.retrieval.neighbours import AROUND_SQL, ChunkSpan, spans
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
 
 __all__ = ["PgSearch"]
@@ -238,14 +240,15 @@ def _hit(r: Sequence[Any]) -> SearchHit:
                      float(r[10]) if r[10] is not None else None)
 
 
-_AROUND_PG = tuple(s.format(table="recalld_memory_chunks", user="user_id").replace("?", "%s") for s in AROUND_SQL)
+
+_AROUND_PG = AROUND_SQL.format(table="recalld_memory_chunks", user="user_id").replace("?", "%s")
 
 
-async def around_pg(pool: AsyncConnectionPool[AsyncConnection[TupleRow]], user: str, hit: SearchHit) -> Around:
-    """The chunks around ``hit`` (memory.retrieval.neighbours), read as the SQLite index reads them."""
-    spans: list[ChunkSpan | None] = []
-    async with pool.connection() as conn:
-        for sql, line in zip(_AROUND_PG, (hit.line_start, hit.line_end), strict=True):
-            row = await (await conn.execute(sql, (user, hit.session_key, line))).fetchone()
-            spans.append(ChunkSpan(int(row[0]), int(row[1]), str(row[2])) if row else None)
-    return Around(spans[0], spans[1])
+async def around_pg(pool: AsyncConnectionPool[AsyncConnection[TupleRow]], user: str, hit: SearchHit) -> list[ChunkSpan]:
+    """The chunks around ``hit`` (memory.retrieval.neighbours), as the SQLite index reads them."""
+    try:
+        async with pool.connection() as conn:
+            cur = await conn.execute(_AROUND_PG, (user, hit.session_key, hit.line_start - 1, hit.line_end + 1))
+            return spans(await cur.fetchall())
+    except psycopg.Error as exc:
+        raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc

@@ -273,10 +273,7 @@ class PgMemory:
             floor = getattr(self.embedder, "relevance_floor", None)
         excerpts = for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
                               budget_tokens=self.config.recall_budget_tokens)
-        try:
-            return await widen(excerpts, self.config, lambda hit: around_pg(self.pool, user, hit))
-        except psycopg.Error as exc:
-            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+        return await widen(excerpts, self.config, lambda hit: around_pg(self.pool, user, hit))
 
     async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
                       tz: tzinfo) -> MemoryContext:
