@@ -43,6 +43,7 @@ from memory.chunking import approx_tokens  # noqa: E402
 from memory.config import MemoryConfig  # noqa: E402
 from memory.context import RECALL_QUERY_CHARS  # noqa: E402
 from memory.embedders.embeddings import Embedder, select_embedder  # noqa: E402
+from memory.retrieval.recall import CUT_MARK  # noqa: E402
 from memory.retrieval.request import SearchHit  # noqa: E402
 from memory.service import MemoryService  # noqa: E402
 from sessions import ForwardReader, SessionsConfig, SessionStore  # noqa: E402
@@ -322,7 +323,7 @@ def prompt_scores(hits: Sequence[SearchHit], line_map: LineMap, turn_text: dict[
     holds a turn only when the turn's opening words survived the cut."""
     covered: set[str] = set()
     for hit in hits:
-        cut = hit.content.endswith(" …")
+        cut = hit.content.endswith(CUT_MARK)
         for turn in hits_to_turns(hit, line_map):
             if not cut or turn_text.get(turn, "")[:40] in hit.content:
                 covered.add(turn)

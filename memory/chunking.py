@@ -34,6 +34,7 @@ from sessions import TranscriptEntry
 __all__ = [
     "content_terms",
     "CJK_CHARS",
+    "CONTINUED",
     "Chunk",
     "Unit",
     "approx_tokens",
@@ -53,6 +54,8 @@ CJK_CHARS = (
 _CJK_RE = re.compile(f"[{CJK_CHARS}]")
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
 _MIN_SEGMENT_TOKENS = 8
+# Opens the rendered text of a message's later segment (memory.retrieval.neighbours reads it).
+CONTINUED = "… "
 
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
@@ -167,7 +170,7 @@ def _render(units: Sequence[Unit]) -> str:
             lines[-1] += " " + unit.body
             continue
         current_line = unit.line
-        cont = "… " if unit.seg > 0 else ""
+        cont = CONTINUED if unit.seg > 0 else ""
         lines.append(unit.prefix + cont + unit.body)
     return "\n".join(lines)
 

@@ -240,7 +240,6 @@ def _hit(r: Sequence[Any]) -> SearchHit:
                      float(r[10]) if r[10] is not None else None)
 
 
-
 _AROUND_PG = AROUND_SQL.format(table="recalld_memory_chunks", user="user_id").replace("?", "%s")
 
 

@@ -27,10 +27,10 @@ from typing import Any
 import apsw
 import structlog
 
-from memory.chunking import approx_tokens
+from memory.chunking import CONTINUED, approx_tokens
 from memory.config import MemoryConfig
 from memory.errors import MemoryIndexError
-from memory.retrieval.recall import merge_overlapping
+from memory.retrieval.recall import CUT_MARK, merge_overlapping
 from memory.retrieval.request import SearchHit
 
 __all__ = ["AROUND_SQL", "ChunkSpan", "around_sqlite", "message_at", "messages", "spans", "widen"]
@@ -41,7 +41,6 @@ log = structlog.get_logger("memory.recall")
 # memory.chunking). A message's own line that looks like this would split it wrongly; the
 # count check below then refuses the chunk, or the text is still the message's own.
 _OPENS = re.compile(r"^[^\n\[\]]{1,80} \[(\d{4}-\d\d-\d\dT[^\]\n]*)\]: ", re.MULTILINE)
-_CONTINUED = "… "   # the chunker's mark of a message's later segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +63,12 @@ def spans(rows: Sequence[Sequence[Any]]) -> list[ChunkSpan]:
     return [ChunkSpan(int(r[0]), int(r[1]), int(r[2]), str(r[3])) for r in rows]
 
 
+_AROUND_SQLITE = AROUND_SQL.format(table="chunks", user="user")
+
+
 def around_sqlite(db: apsw.Connection, user: str, hit: SearchHit) -> list[ChunkSpan]:
     """The chunks around ``hit`` in the SQLite index (run on a reader connection)."""
-    sql = AROUND_SQL.format(table="chunks", user="user")
-    return spans(db.execute(sql, (user, hit.session_key, hit.line_start - 1, hit.line_end + 1)).fetchall())
+    return spans(db.execute(_AROUND_SQLITE, (user, hit.session_key, hit.line_start - 1, hit.line_end + 1)).fetchall())
 
 
 def messages(content: str) -> list[str] | None:
@@ -80,7 +81,7 @@ def messages(content: str) -> list[str] | None:
 
 def _continued(message: str) -> bool:
     opened = _OPENS.match(message)
-    return opened is not None and message[opened.end():].startswith(_CONTINUED)
+    return opened is not None and message[opened.end():].startswith(CONTINUED)
 
 
 def _split(chunks: list[ChunkSpan], line: int) -> bool:
@@ -142,7 +143,7 @@ async def widen(excerpts: list[SearchHit], config: MemoryConfig, around: FetchAr
     for i, hit in enumerate(out):
         if left <= 0:
             break
-        if hit.content.endswith(" …"):
+        if hit.content.endswith(CUT_MARK):
             continue  # the budget cut this one: nothing fits after it
         try:
             chunks = await around(hit)

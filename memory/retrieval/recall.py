@@ -23,7 +23,10 @@ from dataclasses import dataclass, replace
 from memory.chunking import approx_tokens
 from memory.retrieval.request import SearchHit
 
-__all__ = ["for_prompt", "merge_overlapping", "trim_to_tokens"]
+__all__ = ["CUT_MARK", "for_prompt", "merge_overlapping", "trim_to_tokens"]
+
+# Ends the excerpt the budget cut (neighbour widening and the benchmark's scoring read it).
+CUT_MARK = " …"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,7 @@ def trim_to_tokens(text: str, budget: int) -> str:
             lo = mid
         else:
             hi = mid - 1
-    return " ".join(words[:lo]) + " …" if lo else ""
+    return " ".join(words[:lo]) + CUT_MARK if lo else ""
 
 
 def for_prompt(hits: Sequence[SearchHit], *, vector_ran: bool, floor: float | None,
