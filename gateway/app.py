@@ -253,7 +253,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
         _background(stack, _flush_loop(store, config.sessions.fsync_interval_s))
     if runs.episodes.enabled:
         _background(stack, runs.episodes.run())
-    sweeper = RetentionSweeper(config.data_dir, store, runs, service, sessions_days=config.sessions.retention_days,
+    sweeper = RetentionSweeper(store, runs, service, sessions_days=config.sessions.retention_days,
                                memory_days=config.memory.retention_days)
     if sweeper.enabled:
         _background(stack, sweeper.run())

@@ -5,8 +5,9 @@ One task, started by the app when either setting is on: a first sweep shortly af
 one every ``SWEEP_INTERVAL_S``. Each sweep is one ``retention.sweep`` log line with what it
 removed; ``memory.status`` shows ``retention {days, sessionsDays, lastSweep, nextSweep,
 lastRemoved, lastError}``. A failed sweep is logged and retried at the next interval, never
-fatal. A transcript is deleted exactly as ``sessions.delete`` does it: its runs aborted, the
-file removed, its index rows dropped.
+fatal. A session is deleted exactly as ``sessions.delete`` does it: its runs aborted, the
+session removed from the store, its index rows dropped. The sessions come from the store
+(``idle_sessions``, a page at a time), so the sweep is the same on every backend.
 """
 
 from __future__ import annotations
@@ -14,21 +15,23 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from memory import Memory
-from sessions import SessionNotFound, SessionStoreLike, parse_ts, scan_transcripts, sessions_root
+from sessions import SessionNotFound, SessionStoreLike, parse_ts
 
-__all__ = ["FIRST_SWEEP_DELAY_S", "SWEEP_INTERVAL_S", "RetentionSweeper"]
+__all__ = ["FIRST_SWEEP_DELAY_S", "SWEEP_INTERVAL_S", "SWEEP_PAGE", "RetentionSweeper"]
 
 log = structlog.get_logger("recalld.retention")
 
 SWEEP_INTERVAL_S = 86_400.0
 # Not at the very start: the catch-up sync and the first connections come first.
 FIRST_SWEEP_DELAY_S = 60.0
+# Idle sessions asked of the store at a time (at most sessions.idle.MAX_IDLE_PAGE), so a huge
+# store is never read whole.
+SWEEP_PAGE = 100
 
 
 class SessionRuns(Protocol):
@@ -38,10 +41,9 @@ class SessionRuns(Protocol):
 
 
 class RetentionSweeper:
-    def __init__(self, data_dir: Path, store: SessionStoreLike, runs: SessionRuns, memory: Memory | None, *,
+    def __init__(self, store: SessionStoreLike, runs: SessionRuns, memory: Memory | None, *,
                  sessions_days: int, memory_days: int, first_delay_s: float = FIRST_SWEEP_DELAY_S,
-                 interval_s: float = SWEEP_INTERVAL_S) -> None:
-        self.sessions_dir = sessions_root(data_dir)
+                 interval_s: float = SWEEP_INTERVAL_S, page: int = SWEEP_PAGE) -> None:
         self.store = store
         self.runs = runs
         self.memory = memory
@@ -49,6 +51,7 @@ class RetentionSweeper:
         self.memory_days = memory_days
         self.first_delay_s = first_delay_s
         self.interval_s = interval_s
+        self.page = page
         self.sweeps = 0
 
     @property
@@ -84,21 +87,29 @@ class RetentionSweeper:
         return removed
 
     async def _sweep_sessions(self, cutoff: datetime) -> int:
-        found = await asyncio.to_thread(scan_transcripts, self.sessions_dir)
         deleted = 0
-        for user, key in sorted(found):
-            try:
-                session = await asyncio.to_thread(self.store.get, user, key)
-                if parse_ts(session.updated_at) >= cutoff:
-                    continue
-                await self.runs.abort_session(user, key)
-                await asyncio.to_thread(self.store.delete, user, key)
-            except SessionNotFound:
-                continue  # deleted meanwhile, or unreadable (the store logged it)
-            if self.memory is not None:
-                await self.memory.delete_session(user, key)
-            deleted += 1
-        return deleted
+        after: tuple[str, str] | None = None
+        while True:
+            idle = await asyncio.to_thread(self.store.idle_sessions, cutoff, limit=self.page, after=after)
+            for user, key in idle:
+                deleted += await self._delete_idle(user, key, cutoff)
+            if len(idle) < self.page:
+                return deleted
+            after = idle[-1]  # keyset paging: a session skipped below is not asked for again
+
+    async def _delete_idle(self, user: str, key: str, cutoff: datetime) -> int:
+        try:
+            # Asked again: a message may have arrived since the page was read.
+            session = await asyncio.to_thread(self.store.get, user, key)
+            if parse_ts(session.updated_at) >= cutoff:
+                return 0
+            await self.runs.abort_session(user, key)
+            await asyncio.to_thread(self.store.delete, user, key)
+        except SessionNotFound:
+            return 0  # deleted meanwhile, or unreadable (the store logged it)
+        if self.memory is not None:
+            await self.memory.delete_session(user, key)
+        return 1
 
     def _note(self, *, next_at: float | None = None, last: datetime | None = None,
               removed: dict[str, int] | None = None, error: str | None = None) -> None:

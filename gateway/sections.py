@@ -164,6 +164,15 @@ class ChatConfig:
     # After a session's first reply, ask the model for a title (off the reply's path); off: none.
     auto_title: bool = True
     title_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
+    # Summarise what left the history window into the prompt (docs/protocol.md, "The model's
+    # context"); acts only where a chat model is configured. Off: no summary is written or used.
+    compaction: bool = True
+    # A summary call once at least this many shown messages left the window unsummarised.
+    compaction_every: int = field(default=10, metadata=_limit(1, 1000))
+    # The summary's bound in tokens (the model's answer is cut to it).
+    compaction_max_tokens: int = field(default=300, metadata=_limit(50, 4000))
+    # One summary call's bound; a call that takes longer is dropped and tried at the next trigger.
+    compaction_timeout_s: float = field(default=60.0, metadata=_limit(1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from memory import Episode, Fact, FactAction, FactChange, SearchHit, SearchResponse
-from sessions import Message, Session
+from sessions import ConversationSummary, Message, Session
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -30,7 +30,9 @@ __all__ = [
     "SearchHitWire",
     "SearchWire",
     "ServerInfo",
+    "SessionDetailWire",
     "SessionWire",
+    "SummaryWire",
     "episode_wire",
     "fact_change_wire",
     "fact_wire",
@@ -39,6 +41,7 @@ __all__ = [
     "search_wire",
     "server_info",
     "session_wire",
+    "summary_wire",
 ]
 
 PROTOCOL_VERSION = 1
@@ -123,6 +126,26 @@ def session_wire(s: Session) -> SessionWire:
     if not s.memory:
         wire["memory"] = False
     return wire
+
+
+class SummaryWire(TypedDict):
+    """A session's conversation summary: what left the prompt's history window, as the
+    session's model summarised it (``sessions.get``, ``sessions.history``'s newest page)."""
+
+    text: str
+    through: str  # the id of the last message it covers
+    messages: int  # how many messages it covers
+    ts: str
+
+
+def summary_wire(s: ConversationSummary) -> SummaryWire:
+    return {"text": s.content, "through": s.through, "messages": s.messages, "ts": s.ts}
+
+
+class SessionDetailWire(SessionWire):
+    """``sessions.get``: the session's metadata and its conversation summary (null: none)."""
+
+    summary: SummaryWire | None
 
 
 class RecalledRef(TypedDict):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .chunking import approx_tokens
+from .chunking import approx_tokens, content_terms
 from .config import EmbedderChoice, MemoryConfig
 from .context import RECALL_QUERY_CHARS, MemoryContext, RunMemory
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
@@ -46,7 +46,9 @@ from .forgetting import ForgetRange
 from .index.indexing import SyncProgress
 from .index.sync import SyncReport
 from .protocols import EpisodesMemory, FactsMemory, Memory
-from .retrieval.request import MAX_QUERY_CHARS, SearchHit, SearchResponse
+from .retrieval.excerpts import drop_shown
+from .retrieval.recall import CUT_MARK, trim_to_tokens
+from .retrieval.request import MAX_QUERY_CHARS, STOPWORDS, SearchHit, SearchResponse, ShownHistory
 from .retrieval.timephrases import TimeWindow, find_time_window
 from .service import MemoryService
 
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from .pg.service import PgMemory as PgMemory
 
 __all__ = [
+    "STOPWORDS",
+    "CUT_MARK",
     "BLOCK_CLOSE",
     "BLOCK_OPEN",
     "BlockFilter",
@@ -96,10 +100,14 @@ __all__ = [
     "MemoryStorageError",
     "MemoryUnavailable",
     "SearchHit",
+    "ShownHistory",
     "SearchResponse",
     "SyncProgress",
     "SyncReport",
     "approx_tokens",
+    "content_terms",
+    "drop_shown",
+    "trim_to_tokens",
     "normalise_fact",
     "probe_auto_embedder",
     "select_embedder",

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sessions import TranscriptEntry
+from sessions import TranscriptEntry, replaced_id, visible_messages
 
 __all__ = [
     "content_terms",
@@ -44,6 +44,7 @@ __all__ = [
     "message_units",
     "pack_units",
     "sha256_text",
+    "visible_entries",
 ]
 
 # Han, kana, hangul, CJK punctuation and full-width forms: scripts written without spaces.
@@ -232,6 +233,29 @@ def chunk_messages(
         first_line = units[0].line
         units = [u for u in units if not (u.line == first_line and u.seg < skip_segments)]
     return pack_units(units, chunk_tokens, overlap_tokens, first_idx)
+
+
+def visible_entries(entries: Sequence[TranscriptEntry], *, new_from: int) -> tuple[list[TranscriptEntry], bool]:
+    """The entries a reader of history sees (messages superseded by ``chat.edit`` or
+    ``chat.regenerate`` left out, the rule of :func:`sessions.visible_messages`), and whether
+    the read reaches far enough back for that.
+
+    ``entries`` is a suffix of a transcript (an indexer's tail read), so hiding within it is
+    exact; what it cannot see is a *new* entry (``offset >= new_from``: not indexed before)
+    superseding a message older than the read. Then the second value is True and the caller
+    re-chunks the whole transcript: the chunks before the tail hold text that history no longer
+    shows. An old superseding entry was applied when it was new, so it never asks again.
+    """
+    seen: set[str] = set()
+    whole = False
+    for entry in entries:
+        target = replaced_id(entry.message)
+        if target is not None and entry.offset >= new_from and target not in seen:
+            whole = True
+        seen.add(entry.message.id)
+    shown_ids = {m.id for m in visible_messages([e.message for e in entries])}
+    shown = [e for e in entries if e.message.id in shown_ids]
+    return shown, whole
 
 
 def iso_to_ms(ts: str | None) -> int | None:

@@ -103,6 +103,11 @@ class MemoryConfig:
     recall_budget_tokens: int = 1500
     recall_min_similarity: float | None = None
     recall_neighbours: bool = True
+    # The floor adapts (memory.retrieval.excerpts.relevant): a hit only the vector leg found
+    # must clear it by this margin, and none may fall more than recall_relative_drop below the
+    # best hit's cosine.
+    recall_vector_only_margin: float = 0.0
+    recall_relative_drop: float = 1.0
 
     # Remembered facts (memory.facts): "tool" offers the model remember/forget/search_memory
     # tools; "block" (models without tool calling) asks for a trailing <memory_update> JSON block,
@@ -204,6 +209,9 @@ class MemoryConfig:
             problems.append("recall_budget_tokens must be at least 1")
         if self.recall_min_similarity is not None and not -1.0 <= self.recall_min_similarity <= 1.0:
             problems.append("recall_min_similarity must be between -1 and 1")
+        for name in ("recall_vector_only_margin", "recall_relative_drop"):
+            if not 0.0 <= getattr(self, name) <= 2.0:  # also refuses nan
+                problems.append(f"{name} must be between 0 and 2")
         if self.facts not in ("tool", "block", "off"):
             problems.append("facts must be 'tool', 'block' or 'off'")
         if self.facts_block_max_chars < 100:

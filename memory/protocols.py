@@ -24,7 +24,7 @@ from memory.facts.store import Fact, FactChange
 from memory.forgetting import ForgetRange
 from memory.index.indexing import ProgressCallback
 from memory.index.sync import SyncReport
-from memory.retrieval.request import SearchHit, SearchResponse
+from memory.retrieval.request import SearchHit, SearchResponse, ShownHistory
 
 __all__ = ["EpisodesMemory", "FactsMemory", "Memory"]
 
@@ -116,16 +116,16 @@ class Memory(Protocol):
     async def reindex(self, full: bool = False, *, user: str | None = None) -> None: ...
 
     # --- reading
-    async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
+    async def context(self, user: str, message: str, run: RunMemory, *, k: int, shown: ShownHistory,
                       tz: tzinfo) -> MemoryContext: ...
 
     async def search(self, user: str, query: str, *, k: int | None = None, mode: str = "hybrid",
                      session_key: str | None = None, exclude_session_key: str | None = None,
                      after: str | None = None, before: str | None = None, now: datetime | None = None,
-                     recency: bool = False) -> SearchResponse: ...
+                     recency: bool = False, shown: ShownHistory | None = None) -> SearchResponse: ...
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
-                     now: datetime | None = None) -> list[SearchHit]: ...
+                     now: datetime | None = None, shown: ShownHistory | None = None) -> list[SearchHit]: ...
 
     async def status(self, user: str | None = None) -> dict[str, Any]: ...
 

@@ -46,10 +46,10 @@ from memory.index.scheduler import SyncScheduler
 from memory.index.sync import SyncReport
 from memory.live import LiveIndex
 from memory.pipeline import SearchPipeline
-from memory.retrieval.neighbours import around_sqlite, widen
+from memory.retrieval.excerpts import excerpts_for_prompt
+from memory.retrieval.neighbours import around_sqlite
 from memory.retrieval.previous import PreviousFactory
-from memory.retrieval.recall import for_prompt
-from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
+from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
 from memory.status import DB_NAME, SyncLog, count_rows, db_bytes
 from sessions import sessions_root
 
@@ -375,13 +375,14 @@ class MemoryService:
         before: str | None = None,
         now: datetime | None = None,
         recency: bool = False,
+        shown: ShownHistory | None = None,
     ) -> SearchResponse:
         """Search ``user``'s memory; see ``memory.search`` for ranking and filters. ``now``
         (default: the clock) is the moment time phrases such as "last week" count back from;
         ``recency`` adds the recency term to a hybrid ranking (recall into a prompt does)."""
         request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
                                       exclude_session_key=exclude_session_key, after=after, before=before,
-                                      now=now, recency=recency)
+                                      now=now, recency=recency, shown=shown)
         return await self._search.search(request, self._require_index())
 
     async def embed_query(self, text: str) -> list[float]:
@@ -389,24 +390,25 @@ class MemoryService:
         return await self._search.embed_query(text)
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
-                     now: datetime | None = None) -> list[SearchHit]:
+                     now: datetime | None = None, shown: ShownHistory | None = None) -> list[SearchHit]:
         """What to put in a prompt answering ``message``: a hybrid search with the recency term
         (the conversation is happening now, and what was said last is usually what counts), then
-        the relevance floor, merging and the token budget of :func:`memory.recall.for_prompt`."""
-        response = await self.search(user, message, k=k, mode="hybrid",
-                                     exclude_session_key=exclude_session_key, now=now, recency=True)
-        excerpts = for_prompt(response.results, vector_ran=response.mode != "keyword",
-                              floor=self._search.relevance_floor(response),
-                              budget_tokens=self.config.recall_budget_tokens)
-        return await widen(excerpts, self.config, lambda hit: self._read(lambda db: around_sqlite(db, user, hit)))
+        memory's rule for excerpts (:func:`memory.retrieval.excerpts.excerpts_for_prompt`).
+        ``shown``: the prompt's own session and its history window, left out of the excerpts."""
+        response = await self.search(user, message, k=k, mode="hybrid", exclude_session_key=exclude_session_key,
+                                     now=now, recency=True, shown=shown)
+        return await excerpts_for_prompt(
+            response, self.config, floor=self._search.relevance_floor(response), shown=shown,
+            around=lambda hit: self._read(lambda db: around_sqlite(db, user, hit)))
 
-    async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
+    async def context(self, user: str, message: str, run: RunMemory, *, k: int, shown: ShownHistory,
                       tz: tzinfo) -> MemoryContext:
-        """What a prompt answering ``message`` gets from memory: recalled chunks of the user's other
-        sessions, the facts most related, and episodes, as far as ``run`` turns each on."""
+        """What a prompt answering ``message`` gets from memory: recalled chunks (of every session
+        but what ``shown``'s window holds), the facts most related, and episodes, as far as
+        ``run`` turns each on."""
         return await gather_context(
             self.config, run, message, tz=tz,
-            recall=lambda query: self.recall(user, query, k=k, exclude_session_key=exclude_session_key),
+            recall=lambda query: self.recall(user, query, k=k, shown=shown),
             facts=lambda query, limit, budget: self.facts.relevant(user, query, limit=limit, budget_tokens=budget),
             episodes=lambda query, limit, window, recency: self.episodes.search(
                 user, query, limit=limit, window=window, recency=recency))

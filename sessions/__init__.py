@@ -2,7 +2,7 @@
 
 The public surface is :class:`SessionStore` (and :class:`SessionStoreLike`, the Protocol of
 the methods the gateway calls, for a second backend) with its values (:class:`Session`,
-:class:`Message`), settings (:class:`SessionsConfig`), the file seam for fault tests
+:class:`Message`, :class:`ConversationSummary`), settings (:class:`SessionsConfig`), the file seam for fault tests
 (:class:`FileIO`) and the error tree rooted at :class:`SessionError`. Readers that follow
 transcripts from outside the store (the memory indexer) use the path layout
 (:func:`sessions_root`, :func:`transcript_relpath`, :func:`parse_transcript_relpath`,
@@ -36,7 +36,16 @@ from .layout import (
     transcript_file,
     transcript_relpath,
 )
-from .models import MESSAGE_ROLES, Message, Session, format_ts, now_ts, parse_ts
+from .models import (
+    MESSAGE_ROLES,
+    SUMMARY_TYPE,
+    ConversationSummary,
+    Message,
+    Session,
+    format_ts,
+    now_ts,
+    parse_ts,
+)
 from .protocol import SessionStoreLike
 from .reader import ForwardReader, TranscriptEntry
 from .store import MessagePage, SessionPage, SessionStore
@@ -50,7 +59,9 @@ __all__ = [
     "DEFAULT_TITLE",
     "MESSAGE_ROLES",
     "REPLACES_KEY",
+    "SUMMARY_TYPE",
     "TRANSCRIPT_SUFFIX",
+    "ConversationSummary",
     "FileIO",
     "ForwardReader",
     "FsyncPolicy",

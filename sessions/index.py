@@ -222,10 +222,26 @@ class SessionIndex:
             (title, system_prompt, size, user, session_key),
         )
 
+    def record_size(self, user: str, session_key: str, size: int) -> None:
+        """A line that is no message was appended (a conversation summary): only the size moves."""
+        self._conn.execute(
+            "UPDATE sessions SET size = ? WHERE user = ? AND session_key = ?", (size, user, session_key)
+        )
+
     def delete(self, user: str, session_key: str) -> None:
         self._conn.execute(
             "DELETE FROM sessions WHERE user = ? AND session_key = ?", (user, session_key)
         )
+
+    def idle(self, bound: str, limit: int, after: tuple[str, str]) -> list[tuple[str, str]]:
+        """Up to ``limit`` ``(user, session_key)`` with ``updated_at < bound``, past ``after`` in
+        primary-key order (:mod:`sessions.idle` makes the arguments)."""
+        rows = self._conn.execute(
+            "SELECT user, session_key FROM sessions WHERE updated_at < ? AND (user, session_key) > (?, ?)"
+            " ORDER BY user, session_key LIMIT ?",
+            (bound, after[0], after[1], limit),
+        )
+        return [(str(user), str(key)) for user, key in rows]
 
     def close(self) -> None:
         self._conn.close()

@@ -17,13 +17,14 @@ import orjson
 from .config import SessionsConfig
 from .errors import InvalidSessionInput, LineTooLarge
 from .keys import new_message_id
-from .models import MESSAGE_ROLES, RESERVED_LINE_KEYS, Message, now_ts, to_ts
+from .models import MESSAGE_ROLES, RESERVED_LINE_KEYS, ConversationSummary, Message, now_ts, to_ts
 from .transcript import UPDATE_TYPE, Header
 
 __all__ = [
     "DEFAULT_TITLE",
     "build_header",
     "build_message",
+    "build_summary",
     "build_update",
     "check_content",
     "check_extra",
@@ -195,6 +196,25 @@ def build_message(
     if len(line) > config.max_line_bytes:
         raise LineTooLarge(len(line), config.max_line_bytes)
     return message, line
+
+
+def build_summary(*, content: object, through: object, messages: object,
+                  config: SessionsConfig) -> tuple[ConversationSummary, bytes]:
+    """A checked conversation summary and its serialised line; LineTooLarge before anything is
+    written. ``through`` is the id of the last message it covers, ``messages`` how many."""
+    if isinstance(messages, bool) or not isinstance(messages, int) or messages < 1:
+        raise InvalidSessionInput("messages", "must be a positive integer")
+    summary = ConversationSummary(
+        id=new_message_id(),
+        content=check_content(content),
+        ts=now_ts(),
+        through=_check_text("through", through, _MAX_RUN_ID_CHARS),
+        messages=messages,
+    )
+    line = orjson.dumps(summary.to_line()) + b"\n"
+    if len(line) > config.max_line_bytes:
+        raise LineTooLarge(len(line), config.max_line_bytes, field="content")
+    return summary, line
 
 
 def build_update(

@@ -1,4 +1,5 @@
-"""Values the store hands out (:class:`Session`, :class:`Message`) and the timestamp format.
+"""Values the store hands out (:class:`Session`, :class:`Message`, :class:`ConversationSummary`)
+and the timestamp format.
 
 Timestamps everywhere in transcripts, the index and on the wire are ISO-8601 UTC strings with
 exactly three fractional digits and a ``Z``: ``2026-11-22T10:00:00.123Z``. The fixed width is
@@ -16,6 +17,8 @@ from typing import Any, Literal
 __all__ = [
     "MESSAGE_ROLES",
     "RESERVED_LINE_KEYS",
+    "SUMMARY_TYPE",
+    "ConversationSummary",
     "Message",
     "Role",
     "Session",
@@ -137,3 +140,36 @@ class Message:
             return None
         extra = {k: v for k, v in obj.items() if k not in RESERVED_LINE_KEYS}
         return cls(msg_id, role, content, ts, run_id, name, extra)
+
+
+# The line type of a conversation summary (docs/sessions.md, "Conversation summaries").
+SUMMARY_TYPE = "summary"
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationSummary:
+    """One ``"type":"summary"`` line: what the session's model wrote about the messages that
+    left the prompt's history window, from the first up to ``through`` (a message id),
+    ``messages`` of them. The newest supersedes every earlier one; it is not a message."""
+
+    id: str
+    content: str
+    ts: str
+    through: str
+    messages: int
+
+    def to_line(self) -> dict[str, Any]:
+        return {"type": SUMMARY_TYPE, "id": self.id, "ts": self.ts, "content": self.content,
+                "through": self.through, "messages": self.messages}
+
+    @classmethod
+    def from_line(cls, obj: Mapping[str, Any]) -> ConversationSummary | None:
+        """The summary a parsed line holds, or None when it is not a well-formed summary line."""
+        if obj.get("type") != SUMMARY_TYPE:
+            return None
+        sid, content, ts, through, count = (obj.get("id"), obj.get("content"), obj.get("ts"),
+                                            obj.get("through"), obj.get("messages"))
+        if not (isinstance(sid, str) and isinstance(content, str) and isinstance(ts, str)
+                and isinstance(through, str) and isinstance(count, int) and not isinstance(count, bool)):
+            return None
+        return cls(sid, content, ts, through, count)

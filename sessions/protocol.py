@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from .models import Message, Session
+from .models import ConversationSummary, Message, Session
 from .store import MessagePage, SessionPage
 
 __all__ = ["SessionStoreLike"]
@@ -63,6 +63,25 @@ class SessionStoreLike(Protocol):
     def purge_messages(self, user: str, session_key: str, *, after: datetime | None = None,
                        before: datetime | None = None) -> int:
         """Remove the messages timed in ``[after, before)`` for good; returns how many."""
+        ...
+
+    def idle_sessions(self, cutoff: datetime, *, limit: int,
+                      after: tuple[str, str] | None = None) -> builtins.list[tuple[str, str]]:
+        """Up to ``limit`` ``(user, session_key)`` of every user's sessions whose ``updatedAt`` (the
+        last message's time, else the creation time) is before ``cutoff``, in (user, key) order
+        after ``after``; pass a page's last pair back for the next page (a short page is the last).
+        For the retention sweep, so a whole store is never read at once."""
+        ...
+
+    def append_summary(self, user: str, session_key: str, *, content: str, through: str,
+                       messages: int) -> ConversationSummary:
+        """Keep a summary of the messages up to ``through`` (an id), ``messages`` of them; it
+        supersedes the earlier one. Not a message: the count and ``updatedAt`` stay."""
+        ...
+
+    def summary(self, user: str, session_key: str) -> ConversationSummary | None:
+        """The session's newest conversation summary, or None (deleted with the session, and
+        dropped by a ``purge_messages`` that removes a message it covers)."""
         ...
 
     def transcript_path(self, user: str, session_key: str) -> Path:

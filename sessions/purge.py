@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .errors import SessionNotFound, StorageError
 from .fileio import FileIO, append_whole_line, describe_os_error, fsync_path, open_no_links
-from .models import parse_ts
+from .models import SUMMARY_TYPE, parse_ts
 from .transcript import parse_line
 
 __all__ = ["rewrite_file", "without_messages"]
@@ -22,7 +22,7 @@ def without_messages(path: Path, header_end: int, after: datetime | None,
                      before: datetime | None) -> tuple[bytes, int]:
     """The transcript at ``path`` without its messages timed in ``[after, before)`` (every
     message when neither is given), and how many were removed; every other line stays byte
-    for byte. SessionNotFound if the file is gone; UnsafePath for a link, which is never read."""
+    for byte, but a conversation summary covering a removed message is left out too. SessionNotFound if the file is gone; UnsafePath for a link, which is never read."""
     try:
         fd = open_no_links(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -36,11 +36,26 @@ def without_messages(path: Path, header_end: int, after: datetime | None,
         raise StorageError(describe_os_error(err, "reading transcript")) from err
     kept = [data[:header_end]]
     removed = 0
+    position: dict[str, int] = {}  # message id -> its place among the messages read so far
+    first_removed: int | None = None
     for raw in data[header_end:].splitlines(keepends=True):
         obj = parse_line(raw.rstrip(b"\n"))
-        if obj is not None and obj["type"] == "message" and _within(obj.get("ts"), after, before):
-            removed += 1
-            continue
+        if obj is not None and obj["type"] == "message":
+            if isinstance(obj.get("id"), str):
+                position[obj["id"]] = len(position)
+            if _within(obj.get("ts"), after, before):
+                removed += 1
+                if first_removed is None:
+                    first_removed = len(position) - 1
+                continue
+        elif obj is not None and obj["type"] == SUMMARY_TYPE and first_removed is not None:
+            # A summary covers every message up to its ``through``: one that covers a removed
+            # message would keep the forgotten text, so it goes too (an unknown ``through``
+            # cannot be placed, and goes as well).
+            through_id = obj.get("through")
+            through = position.get(through_id) if isinstance(through_id, str) else None
+            if through is None or through >= first_removed:
+                continue
         kept.append(raw)
     return b"".join(kept), removed
 

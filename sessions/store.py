@@ -39,6 +39,7 @@ from .fileio import (
     create_with_line,
     describe_os_error,
 )
+from .idle import idle_query
 from .index import SessionIndex
 from .keys import (
     check_session_key,
@@ -51,13 +52,13 @@ from .keys import (
     new_session_key,
 )
 from .layout import sessions_root, transcript_file
-from .models import Message, Session
+from .models import ConversationSummary, Message, Session
 from .purge import rewrite_file, without_messages
 from .reconcile import catch_up, reconcile_at_open
 from .recovery import recover_tail
 from .rows import IndexRows
 from .shutdown import write_marker
-from .transcript import Header, Summary, header_of, open_sized, read_page
+from .transcript import Header, Summary, header_of, open_sized, read_page, read_summary_backward
 
 __all__ = ["MessagePage", "SessionPage", "SessionStore"]
 
@@ -100,6 +101,9 @@ class SessionStore:
         self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
         self._state_lock = threading.Lock()
         self._validated: dict[_Ident, int] = {}  # transcripts checked this process -> header end
+        # The newest conversation summary of each transcript read this process (None: it has
+        # none), so the prompt of each run finds it without scanning the file again.
+        self._summaries: dict[_Ident, ConversationSummary | None] = {}
         self._closed = False
         self._data_dir = Path(data_dir)
         self._catching_up: threading.Thread | None = None
@@ -313,9 +317,59 @@ class SessionStore:
         log.info("transcript.purged", session=key, messages=removed)
         return removed
 
+    def append_summary(self, user: str, session_key: str, *, content: str, through: str,
+                       messages: int) -> ConversationSummary:
+        """Append a conversation summary line covering the messages up to ``through`` (an id),
+        ``messages`` of them; it supersedes every earlier one. Not a message: neither the count
+        nor ``updatedAt`` moves."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        summary, line = inputs.build_summary(content=content, through=through, messages=messages,
+                                             config=self._config)
+        ident = (user, key)
+        check_free_space(self._root, self._config.min_free_bytes)
+        with self._stripe(key):
+            path, _ = self._ensure_open(user, key)
+            size = self._append_line(ident, path, line)
+            with self._state_lock:
+                self._summaries[ident] = summary
+            self._rows.write(ident, lambda: self._rows.index.record_size(user, key, size))
+        return summary
+
+    def summary(self, user: str, session_key: str) -> ConversationSummary | None:
+        """The session's newest conversation summary, or None. The first call for a session in
+        this process reads the transcript back to it (to the header when there is none)."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        ident = (user, key)
+        with self._stripe(key):
+            path, header_end = self._ensure_open(user, key)
+            with self._state_lock:
+                if ident in self._summaries:
+                    return self._summaries[ident]
+            fd, size = open_sized(path)
+            try:
+                found = read_summary_backward(fd, size, header_end)
+            except OSError as err:
+                raise StorageError(describe_os_error(err, "reading transcript")) from err
+            finally:
+                os.close(fd)
+            with self._state_lock:
+                self._summaries[ident] = found
+        return found
+
     def transcript_path(self, user: str, session_key: str) -> Path:
         """Where the transcript lives (checked names only; the file may not exist)."""
         return transcript_file(self._root, check_user(user), check_session_key(session_key))
+
+    def idle_sessions(self, cutoff: datetime, *, limit: int,
+                      after: tuple[str, str] | None = None) -> builtins.list[tuple[str, str]]:
+        """:meth:`~sessions.protocol.SessionStoreLike.idle_sessions`, from the index (reconciled at
+        open; the sweep's ``get`` before a delete re-derives a row its transcript outgrew)."""
+        self._check_open()
+        self._rows.refresh_pending()
+        with self._rows.op("finding idle sessions"):
+            return self._rows.index.idle(*idle_query(cutoff, limit, after))
 
     def flush(self) -> None:
         """fsync every transcript and directory written since the last flush (``"batch"``);
@@ -401,6 +455,7 @@ class SessionStore:
     def _forget(self, ident: _Ident) -> None:
         with self._state_lock:
             self._validated.pop(ident, None)
+            self._summaries.pop(ident, None)
 
     def _ensure_open(self, user: str, key: str) -> tuple[Path, int]:
         """First use in this process: repair the tail, check the header. Caller holds the stripe.

@@ -27,7 +27,7 @@ import structlog
 
 from .errors import InvalidSessionInput, SessionNotFound, StorageError
 from .fileio import describe_os_error, open_no_links
-from .models import Message, Session, to_ts
+from .models import SUMMARY_TYPE, ConversationSummary, Message, Session, to_ts
 
 __all__ = [
     "Header",
@@ -42,6 +42,7 @@ __all__ = [
     "read_header",
     "read_messages_backward",
     "read_page",
+    "read_summary_backward",
     "summarise",
 ]
 
@@ -56,6 +57,8 @@ HEADER_VERSION = 1
 # orjson keeps key order, so every such line the store writes starts with these bytes.
 UPDATE_TYPE = "update"
 UPDATE_PREFIX = b'{"type":"update"'
+# A conversation summary line (``SessionStore.append_summary``): not a message either.
+SUMMARY_PREFIX = b'{"type":"' + SUMMARY_TYPE.encode() + b'"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +358,7 @@ def summarise(path: Path) -> Summary | None:
         for raw in _lines_forward(fd, header_end, end):
             if raw.startswith(UPDATE_PREFIX):
                 header = header.updated(parse_line(raw))  # later updates win, as they did live
-            else:
+            elif not raw.startswith(SUMMARY_PREFIX):
                 count += 1
         updated_at = header.created_at
         last = read_messages_backward(fd, end, header_end, 1, path)
@@ -367,6 +370,20 @@ def summarise(path: Path) -> Summary | None:
         return Summary(header, header_end, count, updated_at, size)
     finally:
         os.close(fd)
+
+
+def read_summary_backward(fd: int, end: int, header_end: int) -> ConversationSummary | None:
+    """The newest well-formed summary line before offset ``end``, or None. Only lines starting
+    with the summary prefix are parsed, so a transcript without one costs a scan, not a parse."""
+    for offset, raw in iter_lines_backward(fd, end):
+        if offset < header_end:
+            return None
+        if raw.startswith(SUMMARY_PREFIX):
+            obj = parse_line(raw)
+            found = ConversationSummary.from_line(obj) if obj is not None else None
+            if found is not None:
+                return found
+    return None
 
 
 def read_page(

@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from gateway.chat.compaction import COMPACTION_INSTRUCTION
 from gateway.chat.titles import TITLE_INSTRUCTION
 
 __all__ = ["Behaviour", "FakeOpenAI", "RecordedRequest", "echo_reply", "hashed_embedding"]
@@ -75,12 +76,31 @@ def title_reply(messages: Messages) -> str:
     return "Chat about " + " ".join(first.split()[:4])
 
 
-def is_title_request(body: Any) -> bool:
-    """Whether a chat request is the gateway's title request (its system message says so)."""
+def compaction_reply(messages: Messages) -> str:
+    """The default answer to the gateway's summary request: the summary so far, then what the
+    user said in the new messages, word for word (the gateway cuts it to its token bound)."""
+    body = str(next((m.get("content") for m in messages if m.get("role") == "user"), ""))
+    so_far, _, new = body.partition("\n\nNew messages:\n")
+    previous = so_far.partition("Summary so far:\n")[2]
+    said = [p.removeprefix("user: ") for p in new.split("\n\n") if p.startswith("user: ")]
+    return " ".join(([] if previous == "(none yet)" else [previous]) + said)
+
+
+def _system_is(body: Any, instruction: str) -> bool:
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
         return False
-    return messages[0].get("content") == TITLE_INSTRUCTION
+    return bool(messages[0].get("content") == instruction)
+
+
+def is_title_request(body: Any) -> bool:
+    """Whether a chat request is the gateway's title request (its system message says so)."""
+    return _system_is(body, TITLE_INSTRUCTION)
+
+
+def is_compaction_request(body: Any) -> bool:
+    """Whether a chat request is the gateway's conversation summary request."""
+    return _system_is(body, COMPACTION_INSTRUCTION)
 
 
 def hashed_embedding(text: str, dims: int) -> list[float]:
@@ -222,6 +242,10 @@ class FakeOpenAI:
         # ``title_requests``: they come after a first reply, and chat tests count their own.
         self.title_behaviour = Behaviour(reply=title_reply)
         self.title_requests: list[RecordedRequest] = []
+        # Likewise summary requests (compaction, after a run): ``compaction_behaviour`` answers
+        # them (set it to fail or delay them) and ``compaction_requests`` keeps them.
+        self.compaction_behaviour = Behaviour(reply=compaction_reply)
+        self.compaction_requests: list[RecordedRequest] = []
         self.embedding_behaviour = Behaviour()
         self._chat_queue: collections.deque[Behaviour] = collections.deque()
         self._embedding_queue: collections.deque[Behaviour] = collections.deque()
@@ -339,7 +363,12 @@ class FakeOpenAI:
         except orjson.JSONDecodeError:
             parsed = None
         request = RecordedRequest(method, target.split("?", 1)[0], headers, body, parsed, time.monotonic())
-        (self.title_requests if is_title_request(parsed) else self.requests).append(request)
+        if is_title_request(parsed):
+            self.title_requests.append(request)
+        elif is_compaction_request(parsed):
+            self.compaction_requests.append(request)
+        else:
+            self.requests.append(request)
         watcher = asyncio.create_task(conn.watch_eof())
         try:
             keep_open = await self._route(conn, request)
@@ -366,6 +395,8 @@ class FakeOpenAI:
                 "Incorrect API key provided. You can find your API key at https://platform.openai.com.")))
         if req.method == "POST" and req.path == "/v1/chat/completions" and is_title_request(req.json):
             return await self._chat(conn, req, self.title_behaviour)
+        if req.method == "POST" and req.path == "/v1/chat/completions" and is_compaction_request(req.json):
+            return await self._chat(conn, req, self.compaction_behaviour)
         if req.method == "POST" and req.path == "/v1/chat/completions":
             return await self._chat(conn, req, self._next(self._chat_queue, self.chat_behaviour))
         if req.method == "POST" and req.path == "/v1/embeddings":

@@ -2,8 +2,9 @@
 
 A reply that completes is appended with the model, usage, finish reason and the references of
 the chunks recalled into its prompt (``recalled``), then announced by ``chat.final``; after it,
-off the reply's path, the session may be named (:class:`~gateway.chat.titles.Titler`), the
-episode writer is told and the indexer nudged. A failure writes the partial text marked
+off the reply's path, the session may be named (:class:`~gateway.chat.titles.Titler`) and
+compacted (:class:`~gateway.chat.compaction.Compactor`), the episode writer is told and the
+indexer nudged. A failure writes the partial text marked
 ``failed`` and emits ``chat.error``; an abort writes it marked ``aborted`` and emits
 ``chat.aborted``. A run that regenerates a reply writes ``replaces`` on its line in every case.
 Every event takes the run's next ``seq`` here (:meth:`RunEnds.publish`), so a seq is spent only
@@ -19,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from gateway.chat.compaction import Compactor
 from gateway.chat.hub import Hub
 from gateway.chat.lanes import Run
 from gateway.chat.titles import Titler
@@ -36,12 +38,13 @@ class RunEnds:
     """Writes and announces the end of each run."""
 
     def __init__(self, store: SessionStoreLike, hub: Hub, memory: Memory | None, episodes: EpisodeWriter,
-                 titler: Titler) -> None:
+                 titler: Titler, compactor: Compactor) -> None:
         self.store = store
         self.hub = hub
         self.memory = memory
         self.episodes = episodes
         self.titler = titler
+        self.compactor = compactor
 
     async def ok(self, run: Run, model: str, usage: dict[str, Any] | None, finish: str | None,
                  hits: Sequence[SearchHit]) -> None:
@@ -67,6 +70,7 @@ class RunEnds:
         self.log_run(run, "final", recalled=recalled)
         if run.session is not None:
             self.titler.after_reply(run.session, run.message, msg.content)
+            self.compactor.after_run(run.user, run.session_key, run.session.model)
         self.episodes.after_run(run.user, run.session_key, run.memory.write_episodes)
         if self.memory is not None:
             self.memory.nudge()

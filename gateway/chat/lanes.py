@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.chat.gate import RunTicket
+from gateway.chat.prompt import SessionRead
 from gateway.wire import ChatDelta, ChatEventBase
 from memory import RunMemory
-from sessions import Message, Session
+from sessions import Session
 
 __all__ = ["Attempt", "Run", "SessionLane"]
 
@@ -33,7 +34,7 @@ class Run:
     memory: RunMemory = RunMemory()  # what memory does for the run, decided once it starts
     # The session and its recent messages, read right after the user message was appended
     # when the run went into an idle session (ChatRuns.submit); None: the run reads them.
-    prefetched: tuple[Session, list[Message]] | None = None
+    prefetched: SessionRead | None = None
     ticket: RunTicket | None = None  # its place across nodes (postgres backend only)
     # chat.regenerate: the user message the run answers (none is appended) and the reply its
     # line supersedes; None for a run of chat.send or chat.edit (its own user line).

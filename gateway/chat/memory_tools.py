@@ -44,6 +44,8 @@ from memory import (
     MemoryContext,
     MemoryIndexError,
     RunMemory,
+    ShownHistory,
+    drop_shown,
     parse_block,
 )
 
@@ -136,11 +138,12 @@ async def _forget(run: MemoryToolRun, p: ForgetParams) -> ToolResult:
 
 
 async def _search_memory(run: MemoryToolRun, p: SearchMemoryParams) -> ToolResult:
-    response = await run.memory.search(run.user, p.query, k=run.recall_k, exclude_session_key=run.session_key,
-                                       after=p.after, before=p.before)
-    hits = response.results
+    # The whole history of this session but what the prompt shows, as automatic recall does.
+    response = await run.memory.search(run.user, p.query, k=run.recall_k, after=p.after, before=p.before,
+                                       shown=run.shown)
+    hits = drop_shown(response.results, run.shown)
     run.searched.append({"query": p.query, "chunkIds": [str(h.chunk_id) for h in hits]})
-    return format_recall_block(hits) if hits else "No matching excerpts."
+    return format_recall_block(hits, run.session_key) if hits else "No matching excerpts."
 
 
 def memory_toolbox(max_chars: int) -> ToolBox:
@@ -164,8 +167,8 @@ class MemoryTools:
         self.toolbox = memory_toolbox(memory.config.facts_max_chars) if memory is not None else None
 
     def begin(self, user: str, session_key: str, run_id: str, run: RunMemory,
-              context: MemoryContext) -> MemoryToolRun:
-        return MemoryToolRun(self, user, session_key, run_id, run, context)
+              context: MemoryContext, shown: ShownHistory | None = None) -> MemoryToolRun:
+        return MemoryToolRun(self, user, session_key, run_id, run, context, shown=shown)
 
 
 @dataclass(eq=False)
@@ -176,6 +179,7 @@ class MemoryToolRun:
     run_id: str
     run: RunMemory
     context: MemoryContext  # what the prompt was given; its episodes are listed in chat.final
+    shown: ShownHistory | None = None  # the prompt's history window: search_memory leaves it out
     changes: list[FactChange] = field(default_factory=list)
     searched: list[dict[str, Any]] = field(default_factory=list)
 

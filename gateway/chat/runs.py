@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from gateway.chat.compaction import Compactor
 from gateway.chat.episodes import ModelSummarizer
 from gateway.chat.finish import RunEnds, run_error
 from gateway.chat.gate import RunGate, close_soon, run_leased, ungate
@@ -33,13 +34,13 @@ from gateway.chat.hub import Hub
 from gateway.chat.lanes import Attempt, Run, SessionLane
 from gateway.chat.llm import ChatModel, Completion, TextDelta
 from gateway.chat.memory_tools import MemoryTools
-from gateway.chat.prompt import build_prompt, read_session
+from gateway.chat.prompt import SessionRead, build_prompt, read_session
 from gateway.chat.titles import Titler
 from gateway.config import ChatConfig
 from gateway.errors import Conflict, GatewayError, NotConfigured, RateLimited
 from gateway.wire import LiveRun
 from memory import EpisodeWriter, Memory, SearchHit
-from sessions import REPLACES_KEY, Message, Session, SessionStoreLike, visible_history
+from sessions import REPLACES_KEY, Message, SessionStoreLike, visible_history
 
 __all__ = ["ChatRuns", "Run"]
 
@@ -51,7 +52,7 @@ log = structlog.get_logger("recalld.chat")
 _YIELD_EVERY_S = 0.008
 
 # What a run's prompt was read from when it was queued into an idle session (see _enqueue).
-Prefetched = tuple[Session, list[Message]] | None
+Prefetched = SessionRead | None
 
 
 class ChatRuns:
@@ -77,7 +78,8 @@ class ChatRuns:
                       if model is not None and memory is not None else None)
         self.episodes = EpisodeWriter(memory, summarizer, store, config.timezone)
         self.titler = Titler(config, store, hub, model, default_model)
-        self.ends = RunEnds(store, hub, memory, self.episodes, self.titler)
+        self.compactor = Compactor(config, store, model, default_model)
+        self.ends = RunEnds(store, hub, memory, self.episodes, self.titler, self.compactor)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._idempotency: dict[tuple[str, str, str], Attempt] = {}
         self._closing = False
@@ -288,6 +290,7 @@ class ChatRuns:
                     self._abort_in(lane, None)
                 await asyncio.gather(*pending, return_exceptions=True)
         await self.titler.close()
+        await self.compactor.close()
         await self.episodes.close()
         if self.model is not None:
             await self.model.close()
@@ -344,7 +347,7 @@ class ChatRuns:
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
                 tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, prompt.memory,
-                                                prompt.context)
+                                                prompt.context, prompt.shown)
                 async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):

@@ -32,6 +32,7 @@ HELP = """commands:
   /search QUERY   search past conversations
   /regenerate     answer your last message again (the new reply replaces the last one)
   /edit TEXT      replace your last message with TEXT and answer it again
+  /summary        show the summary of this chat's earlier part (what left the model's window)
   /help           show this help
   /quit           exit (end of input does too)
 Ctrl+C aborts a streaming reply; Ctrl+C while idle exits (code 130)."""
@@ -210,6 +211,8 @@ class Chat:
             await self._resend("chat.regenerate", {})
         elif name == "/edit" and rest.strip():
             await self._resend("chat.edit", {"text": rest.strip()})
+        elif name == "/summary" and not rest.strip():
+            await self._summary()
         elif name == "/help":
             _out(HELP + "\n")
         else:
@@ -230,9 +233,21 @@ class Chat:
         self.session_key = key
         title = session.get("title") or "untitled"
         _out(f"session {key} ({title}, {session.get('messageCount', 0)} messages)\n")
+        if session.get("summary"):
+            _print_summary(session["summary"])
         for m in history.get("messages", []):
             _out(f"{m.get('role')}: {_one_line(m.get('content') or '', 300)}\n")
         return True
+
+    async def _summary(self) -> None:
+        if not self.session_key:
+            _out("no session yet\n")
+            return
+        session = await self.client.call("sessions.get", {"sessionKey": self.session_key})
+        if session.get("summary"):
+            _print_summary(session["summary"])
+        else:
+            _out("no summary yet: the whole chat still fits the model's window\n")
 
     async def _list(self) -> None:
         result = await self.client.call("sessions.list", {"limit": 20})
@@ -302,3 +317,7 @@ class Chat:
             elif method == "chat.aborted":
                 _out(("\n" if wrote else "") + "[aborted]\n")
                 return
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    _out(f"earlier in this chat ({summary.get('messages', 0)} messages): {summary.get('text', '')}\n")

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import orjson
 
-from sessions import MESSAGE_ROLES, Header, Message
+from sessions import MESSAGE_ROLES, SUMMARY_TYPE, Header, Message
 
 __all__ = ["Conversation", "ImportFormatError", "Turn", "detect", "parse"]
 
@@ -172,6 +172,8 @@ def _jsonl(data: bytes) -> Iterator[Conversation]:
             if header is None:
                 raise ImportFormatError(f"line {number}: a malformed session header")
             continue
+        if obj.get("type") == SUMMARY_TYPE:
+            continue  # a conversation summary is derived; the daemon writes a new one
         message = Message.from_line(obj)
         if message is None or message.role not in MESSAGE_ROLES:
             raise ImportFormatError(f"line {number}: not a well-formed message line")

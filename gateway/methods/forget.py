@@ -7,9 +7,10 @@ three must be given, so a forgotten parameter never wipes a whole memory. What i
 - the matching chunks from the index and the facts the model saved from those conversations;
 - without ``purgeTranscript``: the transcript keeps the messages, and the range is recorded so
   that no later sync, full reindex or restart indexes them again;
-- with ``purgeTranscript: true``: the messages are removed from the transcripts too (atomic
-  rewrite, fsync, the session index re-derived), so not even a rebuild from the transcripts
-  brings them back; then the rewritten transcripts are re-indexed.
+- with ``purgeTranscript: true``: the messages are removed from the stored sessions too (the
+  store's ``purge_messages``: an atomic rewrite of the transcript, or a delete on PostgreSQL;
+  without a ``sessionKey`` every session the store lists for the caller), so not even a rebuild
+  from the transcripts brings them back; then what is left is re-indexed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import CallContext, Registry, bounded
 from memory import ForgetRange, Memory
-from sessions import SessionStoreLike, parse_ts
+from sessions import SessionNotFound, SessionStoreLike, parse_ts
 
 __all__ = ["ForgetMethods", "declare_forget"]
 
@@ -62,14 +63,28 @@ class ForgetMethods:
         r = ForgetRange(user, p.session_key, _ms(after), _ms(before))
         purged = 0
         if p.purge_transcript:
-            keys = [p.session_key] if p.session_key is not None else await asyncio.to_thread(self._keys_of, user)
-            for key in keys:
-                purged += await asyncio.to_thread(self.store.purge_messages, user, key, after=after, before=before)
+            purged = await self._purge(user, p.session_key, after, before)
         removed = await self.service.forget(r, record=not p.purge_transcript)
         if p.purge_transcript:
             # What is left of the rewritten transcripts goes back into the index.
             self.service.nudge()
         return {"chunks": removed["chunks"], "facts": removed["facts"], "messages": purged}
+
+    async def _purge(self, user: str, session_key: str | None, after: datetime | None,
+                     before: datetime | None) -> int:
+        if session_key is not None:
+            return await asyncio.to_thread(self.store.purge_messages, user, session_key, after=after,
+                                           before=before)
+        purged = 0
+        for key in await asyncio.to_thread(self._keys_of, user):
+            try:
+                purged += await asyncio.to_thread(self.store.purge_messages, user, key, after=after,
+                                                  before=before)
+            except SessionNotFound:
+                # Deleted since it was listed (or unreadable: the store logged it). Failing here
+                # would leave the sessions before it purged and the index not forgotten.
+                continue
+        return purged
 
     def _keys_of(self, user: str) -> list[str]:
         # Asked of the store, not the data dir: on PostgreSQL there are no transcript files to scan.

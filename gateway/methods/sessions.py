@@ -18,9 +18,18 @@ from typing import Literal, NotRequired, TypedDict
 from gateway.chat import ALL_SESSIONS, ChatRuns, Hub, announce, update_session
 from gateway.errors import InvalidParams
 from gateway.rpc import Bound, CallContext, Registry, bounded
-from gateway.wire import LiveRun, MessageWire, SessionWire, message_wire, session_wire
+from gateway.wire import (
+    LiveRun,
+    MessageWire,
+    SessionDetailWire,
+    SessionWire,
+    SummaryWire,
+    message_wire,
+    session_wire,
+    summary_wire,
+)
 from memory import Memory
-from sessions import SessionsConfig, SessionStoreLike, visible_history
+from sessions import ConversationSummary, Message, SessionsConfig, SessionStoreLike, visible_history
 
 __all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
 
@@ -80,6 +89,7 @@ class SessionsPageReply(TypedDict):
 class HistoryReply(TypedDict):
     messages: list[MessageWire]
     next: NotRequired[str]
+    summary: NotRequired[SummaryWire]  # on the newest page (no `before`) when the session has one
 
 
 class DeletedReply(TypedDict):
@@ -132,18 +142,26 @@ class SessionsMethods:
             out["next"] = nxt
         return out
 
-    async def get(self, ctx: CallContext, p: SessionKeyParams) -> SessionWire:
-        session = await asyncio.to_thread(self.store.get, ctx.caller, p.session_key)
-        return session_wire(session)
+    async def get(self, ctx: CallContext, p: SessionKeyParams) -> SessionDetailWire:
+        def read() -> SessionDetailWire:
+            session = self.store.get(ctx.caller, p.session_key)
+            summary = self.store.summary(ctx.caller, p.session_key)
+            return {**session_wire(session), "summary": summary_wire(summary) if summary else None}
+
+        return await asyncio.to_thread(read)
 
     async def history(self, ctx: CallContext, p: HistoryParams) -> HistoryReply:
         # Superseded messages (a regenerated reply, an edited message and its reply) are left out.
-        messages, nxt = await asyncio.to_thread(
-            visible_history, self.store, ctx.caller, p.session_key, limit=p.limit, before=p.before
-        )
+        def read() -> tuple[list[Message], str | None, ConversationSummary | None]:
+            messages, nxt = visible_history(self.store, ctx.caller, p.session_key, limit=p.limit, before=p.before)
+            return messages, nxt, self.store.summary(ctx.caller, p.session_key) if p.before is None else None
+
+        messages, nxt, summary = await asyncio.to_thread(read)
         out: HistoryReply = {"messages": [message_wire(m) for m in messages]}
         if nxt:
             out["next"] = nxt
+        if summary is not None:
+            out["summary"] = summary_wire(summary)
         return out
 
     async def update(self, ctx: CallContext, p: UpdateSessionParams) -> SessionWire:
@@ -182,7 +200,8 @@ def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods |
       bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars)})
     d("sessions.list", ListSessionsParams, "List your sessions, newest first.", h.list if h else None,
       result=SessionsPageReply, bounds=page)
-    d("sessions.get", SessionKeyParams, "One session's metadata.", h.get if h else None, result=SessionWire)
+    d("sessions.get", SessionKeyParams, "One session's metadata and its conversation summary.",
+      h.get if h else None, result=SessionDetailWire)
     d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.",
       h.history if h else None, result=HistoryReply, bounds=page)
     d("sessions.update", UpdateSessionParams, "Change a session's title and/or system prompt.",

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import structlog
 
-from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms
+from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms, visible_entries
 from memory.config import MemoryConfig, SizedConfig
 from memory.forgetting import (
     ForgetRange,
@@ -320,7 +320,12 @@ class FileSync:
     def _index_from(self, path: Path, rel: str, owner: _Owner, offset: int, line: int,
                     first_idx: int, skip_segments: int, known_end: int | None = None) -> tuple[int, int, int, int]:
         reader = ForwardReader(path, offset, line)
-        chunks = chunk_messages(reader, self.sizes.chunk_tokens, self.sizes.overlap_tokens,
+        entries, whole = visible_entries(list(reader), new_from=offset if known_end is None else known_end)
+        if whole and offset > 0:
+            # A new edit or regenerate hid a message older than this read: the chunks before
+            # it change too, so the transcript is re-cut from its start (unchanged chunks stay).
+            return self._index_from(path, rel, owner, 0, 1, 0, 0)
+        chunks = chunk_messages(entries, self.sizes.chunk_tokens, self.sizes.overlap_tokens,
                                 first_idx=first_idx, skip_segments=skip_segments)
         if known_end is not None and reader.end_offset == known_end:
             # Nothing complete was appended (maybe a partial line): the stored chunks stand.

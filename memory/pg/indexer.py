@@ -35,13 +35,13 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms, sha256_text
+from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms, sha256_text, visible_entries
 from memory.config import MemoryConfig, SizedConfig
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.index.quantize import quantize_int8
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
-from sessions import Message, TranscriptEntry
+from sessions import REPLACES_KEY, Message, TranscriptEntry
 
 __all__ = ["EMBED_LOCK", "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
 
@@ -96,7 +96,7 @@ FOR UPDATE OF p SKIP LOCKED
 """
 
 _MESSAGES_SQL = """
-SELECT seq, id, role, content, ts, run_id, name FROM recalld_messages
+SELECT seq, id, role, content, ts, run_id, name, extra->'replaces' FROM recalld_messages
 WHERE session_key = %s AND seq >= %s ORDER BY seq
 """
 
@@ -240,9 +240,13 @@ class PgIndexer:
             report.chunks_deleted += cur.rowcount
         first_idx, start_seq, skip = (0, 0, 0) if last is None else (int(last[0]), int(last[1]), int(last[2]))
         rows = await (await conn.execute(_MESSAGES_SQL, (key, start_seq))).fetchall()
-        entries = [TranscriptEntry(int(seq) + 2, int(seq), Message(str(mid), str(role), str(content), str(ts),
-                                                                   run_id, name))
-                   for seq, mid, role, content, ts, run_id, name in rows]
+        entries, rewind = visible_entries(_entries(rows), new_from=indexed_seq + 1)
+        if rewind and start_seq > 0:
+            # A new edit or regenerate hid a message older than this read (see the SQLite
+            # indexer): re-cut the session from its first message; unchanged chunks stay.
+            first_idx, start_seq, skip = 0, 0, 0
+            rows = await (await conn.execute(_MESSAGES_SQL, (key, 0))).fetchall()
+            entries, _ = visible_entries(_entries(rows), new_from=0)
         chunks = chunk_messages(entries, self.sizes.chunk_tokens, self.sizes.overlap_tokens,
                                 first_idx=first_idx, skip_segments=skip)
         await self._write_chunks(conn, key, user, first_idx, chunks, report)
@@ -343,6 +347,15 @@ class PgIndexer:
                 "INSERT INTO recalld_memory_embedding_cache (provider, model, endpoint_hash, content_hash, dims, "
                 "vector) VALUES (%(provider)s, %(model)s, %(endpoint_hash)s, %(content_hash)s, %(dims)s, "
                 "%(vector)s) ON CONFLICT DO NOTHING", rows)
+
+
+def _entries(rows: Sequence[Sequence[Any]]) -> list[TranscriptEntry]:
+    """Message rows as the chunker reads a transcript: a message's line is its ``seq + 2`` and
+    its offset its ``seq``; only ``replaces`` of the line's other keys matters to indexing."""
+    return [TranscriptEntry(int(seq) + 2, int(seq), Message(
+                str(mid), str(role), str(content), str(ts), run_id, name,
+                {REPLACES_KEY: replaces} if isinstance(replaces, str) else {}))
+            for seq, mid, role, content, ts, run_id, name, replaces in rows]
 
 
 async def _sessions_tables_exist(conn: AsyncConnection[TupleRow]) -> bool:

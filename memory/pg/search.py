@@ -50,6 +50,9 @@ _FILTERS = {
     "exclude_session_key": "\n    AND c.session_key <> %(exclude_session_key)s",
     "after_ms": "\n    AND c.end_ms >= %(after_ms)s",
     "before_ms": "\n    AND c.start_ms < %(before_ms)s",
+    # ShownHistory (binds both names): the chunks of the prompt's history window are left out.
+    "shown_session_key": "",
+    "shown_since_ms": "\n    AND (c.session_key <> %(shown_session_key)s OR c.start_ms < %(shown_since_ms)s)",
 }
 
 # Common words at scale (memory.retrieval.common_terms, same rule and settings): a term found

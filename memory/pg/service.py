@@ -52,9 +52,8 @@ from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch, around_pg
 from memory.pg.vectors import VectorLeg
-from memory.retrieval.neighbours import widen
-from memory.retrieval.recall import for_prompt
-from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
+from memory.retrieval.excerpts import excerpts_for_prompt
+from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
 from memory.status import SyncLog
 
 __all__ = ["PgMemory"]
@@ -223,10 +222,10 @@ class PgMemory:
     async def search(self, user: str, query: str, *, k: int | None = None, mode: str = "hybrid",
                      session_key: str | None = None, exclude_session_key: str | None = None,
                      after: str | None = None, before: str | None = None, now: datetime | None = None,
-                     recency: bool = False) -> SearchResponse:
+                     recency: bool = False, shown: ShownHistory | None = None) -> SearchResponse:
         request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
                                       exclude_session_key=exclude_session_key, after=after, before=before,
-                                      now=now, recency=recency)
+                                      now=now, recency=recency, shown=shown)
         started = time.perf_counter()
         actual, fallback, vector = request.mode, None, None
         if request.mode != "keyword":
@@ -263,24 +262,23 @@ class PgMemory:
         return vector
 
     async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
-                     now: datetime | None = None) -> list[SearchHit]:
+                     now: datetime | None = None, shown: ShownHistory | None = None) -> list[SearchHit]:
         """What to put in a prompt answering ``message``: MemoryService.recall's hybrid search with
-        the recency term, then memory's floor, merging and token budget (``for_prompt``)."""
-        response = await self.search(user, message, k=k, mode="hybrid",
-                                     exclude_session_key=exclude_session_key, now=now, recency=True)
+        the recency term, then memory's rule for excerpts (``excerpts_for_prompt``)."""
+        response = await self.search(user, message, k=k, mode="hybrid", exclude_session_key=exclude_session_key,
+                                     now=now, recency=True, shown=shown)
         floor = self.config.recall_min_similarity
         if floor is None:  # calibrated per model; embedders without one get no floor
             floor = getattr(self.embedder, "relevance_floor", None)
-        excerpts = for_prompt(response.results, vector_ran=response.mode != "keyword", floor=floor,
-                              budget_tokens=self.config.recall_budget_tokens)
-        return await widen(excerpts, self.config, lambda hit: around_pg(self.pool, user, hit))
+        return await excerpts_for_prompt(response, self.config, floor=floor, shown=shown,
+                                         around=lambda hit: around_pg(self.pool, user, hit))
 
-    async def context(self, user: str, message: str, run: RunMemory, *, k: int, exclude_session_key: str,
+    async def context(self, user: str, message: str, run: RunMemory, *, k: int, shown: ShownHistory,
                       tz: tzinfo) -> MemoryContext:
         """A run's recalled chunks, facts and episodes, by memory's rules (gather_context)."""
         return await gather_context(
             self.config, run, message, tz=tz,
-            recall=lambda query: self.recall(user, query, k=k, exclude_session_key=exclude_session_key),
+            recall=lambda query: self.recall(user, query, k=k, shown=shown),
             facts=lambda query, limit, budget: self.facts.relevant(user, query, limit=limit, budget_tokens=budget),
             episodes=lambda query, limit, window, recency: self.episodes.search(
                 user, query, limit=limit, window=window, recency=recency))

@@ -23,6 +23,7 @@ __all__ = [
     "SearchMode",
     "SearchRequest",
     "SearchResponse",
+    "ShownHistory",
     "fts_query",
     "fts_terms",
 ]
@@ -99,6 +100,16 @@ def _parse_time(field_name: str, value: object) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ShownHistory:
+    """The part of a session the prompt already shows: its messages timed ``since_ts`` or later
+    (the history window). Recall leaves those out and may return the session's older messages:
+    a long chat can recall what left its own window. ``since_ts`` None: nothing is shown."""
+
+    session_key: str
+    since_ts: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class SearchRequest:
     """A validated search: every field checked, times as epoch milliseconds."""
 
@@ -113,12 +124,15 @@ class SearchRequest:
     window: TimeWindow | None = None   # a time phrase in the query ("last week"), if any
     now_ms: int | None = None          # when the question is asked: recency counts back from it
     recency: bool = False              # add the recency term (recall into a prompt)
+    # ShownHistory: chunks of this session starting at or after this time are left out.
+    shown_session_key: str | None = None
+    shown_since_ms: int | None = None
 
     @classmethod
     def build(cls, config: MemoryConfig, user: str, query: object, *, k: object = None,
               mode: object = "hybrid", session_key: object = None, exclude_session_key: object = None,
               after: object = None, before: object = None, now: datetime | None = None,
-              recency: bool = False) -> SearchRequest:
+              recency: bool = False, shown: ShownHistory | None = None) -> SearchRequest:
         """Validate every field; ``now`` (default: the clock, local time zone) anchors time phrases
         and, with ``recency``, the recency term of a hybrid search."""
         if not isinstance(query, str) or not query.strip():
@@ -139,8 +153,10 @@ class SearchRequest:
         query = query[:MAX_QUERY_CHARS]
         moment = (now or datetime.now()).astimezone()
         window = find_time_window(query, moment) if config.time_phrases else None
+        since_ms = iso_to_ms(shown.since_ts) if shown is not None else None
         return cls(user, query, k, mode, session_key, exclude_session_key,  # type: ignore[arg-type]
-                   after_ms, before_ms, window, int(moment.timestamp() * 1000), recency)
+                   after_ms, before_ms, window, int(moment.timestamp() * 1000), recency,
+                   shown.session_key if shown is not None and since_ms is not None else None, since_ms)
 
     def within_window(self) -> SearchRequest | None:
         """This search narrowed to its time phrase's window (None when there is none or the

@@ -60,8 +60,14 @@ LIMIT :ranked
 """
 _KEYWORD_EXCLUDED_SQL = """
 SELECT chunks.id FROM json_each(:ids) AS ids CROSS JOIN chunks ON chunks.id = ids.value
-WHERE chunks.session_key = :exclude_session_key
+WHERE {excluded}
 """
+# What each exclusion leaves out of the ranked path's list (ShownHistory: the prompt's window).
+_EXCLUDED = {
+    "exclude_session_key": "chunks.session_key = :exclude_session_key",
+    "shown_since_ms": "(chunks.session_key = :shown_session_key "
+                      "AND (chunks.start_ms >= :shown_since_ms OR chunks.start_ms IS NULL))",
+}
 # Filters the ranked path cannot apply after the cut without risking a short list: a session or
 # a time window may hold few of the best matches, so those searches take the join.
 _NARROWING = ("session_key", "after_ms", "before_ms")
@@ -121,6 +127,7 @@ JOIN embedding_cache
  AND embedding_cache.model = :model
  AND embedding_cache.endpoint_hash = :endpoint_hash
  AND embedding_cache.content_hash = coalesce(chunks.vector_hash, chunks.content_hash)
+WHERE true{outer}
 ORDER BY similarity DESC, vec_pool.chunk_id
 LIMIT :candidates
 """
@@ -128,6 +135,7 @@ LIMIT :candidates
 _KNN_QUERY = {"bit": "vec_quantize_binary(vec_int8(:query_int8))", "int8": "vec_int8(:query_int8)"}
 
 _SESSION_IDS_SQL = "SELECT id FROM chunks WHERE user = ? AND session_key = ? AND embedded = 1"
+_SHOWN_IDS_SQL = _SESSION_IDS_SQL + " AND (start_ms >= ? OR start_ms IS NULL)"
 
 
 def _session_chunk_ids(db: apsw.Connection, user: str, session_key: str | None) -> list[int] | None:
@@ -135,6 +143,17 @@ def _session_chunk_ids(db: apsw.Connection, user: str, session_key: str | None) 
     if session_key is None:
         return None
     return [int(cid) for (cid,) in db.execute(_SESSION_IDS_SQL, (user, session_key))]
+
+
+def _excluded_ids(db: apsw.Connection, request: SearchRequest) -> list[int] | None:
+    """The chunk ids the in-memory scan leaves out: an excluded session's, and the chunks of the
+    prompt's history window (``ShownHistory``)."""
+    ids = _session_chunk_ids(db, request.user, request.exclude_session_key)
+    if request.shown_session_key is None or request.shown_since_ms is None:
+        return ids
+    shown = [int(cid) for (cid,) in db.execute(
+        _SHOWN_IDS_SQL, (request.user, request.shown_session_key, request.shown_since_ms))]
+    return shown if ids is None else ids + shown
 
 # The in-memory pre-filter keeps RERANK_SCAN chunks by Hamming distance, orders them by the
 # query's dot product with their signs, and hands the best RERANK_POOL to the exact re-rank,
@@ -182,6 +201,11 @@ _FILTERS = {
                             "\n      AND session_key != :exclude_session_key"),
     "after_ms": ("\n  AND chunks.end_ms >= :after_ms", "\n      AND end_ms >= :after_ms"),
     "before_ms": ("\n  AND chunks.start_ms < :before_ms", "\n      AND start_ms < :before_ms"),
+    # ShownHistory: binds both names; sqlite-vec's KNN takes no OR, so its leg applies it after
+    # the pool (``_VECTOR_SQL``'s outer filter), and the key alone adds no fragment.
+    "shown_session_key": ("", ""),
+    "shown_since_ms": ("\n  AND (chunks.session_key != :shown_session_key OR chunks.start_ms < :shown_since_ms)",
+                       ""),
 }
 
 
@@ -192,6 +216,7 @@ def build_sql(request: SearchRequest, *, leg: Literal["keyword", "vector"],
     if leg == "keyword":
         return _KEYWORD_SQL.format(filters="".join(_FILTERS[n][0] for n in active)), active
     return (_VECTOR_SQL.format(filters="".join(_FILTERS[n][1] for n in active),
+                               outer=_FILTERS["shown_since_ms"][0] if "shown_since_ms" in active else "",
                                knn_query=_KNN_QUERY[vector_format]), active)
 
 
@@ -274,13 +299,16 @@ class HybridSearch:
         the best matches, so twice the candidates are ranked; if the exclusion leaves fewer than
         ``candidates`` of a full ranking, the join computes the list instead."""
         candidates = self.config.candidates
-        ranked = 2 * candidates if request.exclude_session_key is not None else candidates
+        exclusions = [name for name in _EXCLUDED if getattr(request, name) is not None]
+        ranked = 2 * candidates if exclusions else candidates
         rows = [(int(cid), float(score)) for cid, score in self.db.execute(
             _KEYWORD_RANKED_SQL, {"fts_query": match, "ranked": ranked})]
-        if request.exclude_session_key is None:
+        if not exclusions:
             return rows
-        excluded = {int(cid) for (cid,) in self.db.execute(_KEYWORD_EXCLUDED_SQL, {
-            "ids": json.dumps([cid for cid, _ in rows]), "exclude_session_key": request.exclude_session_key})}
+        sql = _KEYWORD_EXCLUDED_SQL.format(excluded=" OR ".join(_EXCLUDED[name] for name in exclusions))
+        excluded = {int(cid) for (cid,) in self.db.execute(sql, {
+            "ids": json.dumps([cid for cid, _ in rows]), "exclude_session_key": request.exclude_session_key,
+            "shown_session_key": request.shown_session_key, "shown_since_ms": request.shown_since_ms})}
         kept = [row for row in rows if row[0] not in excluded]
         if len(kept) >= candidates or len(rows) < ranked:
             return kept[:candidates]
@@ -308,7 +336,7 @@ class HybridSearch:
             return lambda: self._rows(sql, params)
         filters = knn.Filters(request.after_ms, request.before_ms,
                               _session_chunk_ids(self.db, request.user, request.session_key),
-                              _session_chunk_ids(self.db, request.user, request.exclude_session_key))
+                              _excluded_ids(self.db, request))
         scan = self.signs.prepare(
             self.db, request.user, params["query_int8"], filters,
             scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)

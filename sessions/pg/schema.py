@@ -54,9 +54,24 @@ CREATE TABLE recalld_messages (
 );
 """
 
+# A session's conversation summary (docs/sessions.md, "Conversation summaries"): one row, the
+# newest; ``through_seq`` is the seq of the last message it covers, for purges.
+_M002 = """
+CREATE TABLE recalld_summaries (
+    session_key text COLLATE "C" PRIMARY KEY REFERENCES recalld_sessions ON DELETE CASCADE,
+    id          text NOT NULL,
+    content     text NOT NULL,
+    ts          text NOT NULL,
+    through     text NOT NULL,
+    through_seq bigint NOT NULL,
+    messages    integer NOT NULL
+);
+"""
+
 #: ``(name, sql)`` in the order they apply.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("m001_sessions_and_messages", _M001),
+    ("m002_conversation_summaries", _M002),
 )
 
 

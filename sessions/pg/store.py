@@ -30,6 +30,7 @@ from psycopg_pool import ConnectionPool
 from .. import inputs
 from ..config import SessionsConfig
 from ..errors import InvalidSessionInput, SessionNotFound, StorageError
+from ..idle import idle_query
 from ..keys import (
     check_session_key,
     check_user,
@@ -40,7 +41,7 @@ from ..keys import (
     is_session_key,
     new_session_key,
 )
-from ..models import Message, Session
+from ..models import ConversationSummary, Message, Session
 from ..transcript import Header
 from .schema import migrate
 
@@ -78,6 +79,17 @@ RETURNING next_seq - 1"""
 _INSERT_MESSAGE_SQL = """
 INSERT INTO recalld_messages (session_key, seq, id, role, content, ts, run_id, name, extra, line_bytes)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"""
+# The retention sweep's page: byte order (COLLATE "C") on both columns, as SQLite sorts.
+_IDLE_SQL = """
+SELECT user_id, session_key FROM recalld_sessions
+WHERE updated_at < %s AND (user_id COLLATE "C", session_key) > (%s, %s)
+ORDER BY user_id COLLATE "C", session_key LIMIT %s"""
+_UPSERT_SUMMARY_SQL = """
+INSERT INTO recalld_summaries (session_key, id, content, ts, through, through_seq, messages)
+VALUES (%s, %s, %s, %s, %s,
+        COALESCE((SELECT seq FROM recalld_messages WHERE session_key = %s AND id = %s), %s), %s)
+ON CONFLICT (session_key) DO UPDATE SET id = EXCLUDED.id, content = EXCLUDED.content, ts = EXCLUDED.ts,
+    through = EXCLUDED.through, through_seq = EXCLUDED.through_seq, messages = EXCLUDED.messages"""
 # After a purge the row is re-derived from what is left, as the file store re-derives its index.
 _RECOUNT_SQL = """
 UPDATE recalld_sessions s
@@ -284,16 +296,55 @@ class PgSessionStore:
             cur = conn.execute(
                 "DELETE FROM recalld_messages WHERE session_key = %s"
                 " AND (%s::timestamptz IS NULL OR ts::timestamptz >= %s::timestamptz)"
-                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz)",
+                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz) RETURNING seq",
                 (key, after, after, before, before),
             )
-            removed = cur.rowcount
+            removed_seqs = [int(row[0]) for row in cur.fetchall()]
+            removed = len(removed_seqs)
             if removed:
+                # A summary covering a removed message would keep the forgotten text.
+                conn.execute("DELETE FROM recalld_summaries WHERE session_key = %s AND through_seq >= %s",
+                             (key, min(removed_seqs)))
                 conn.execute(_RECOUNT_SQL, (key, key, key))
                 # The indexers re-chunk what is left now, not at their next poll.
                 conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, key))
         log.info("transcript.purged", session=key, messages=removed)
         return removed
+
+    def append_summary(self, user: str, session_key: str, *, content: str, through: str,
+                       messages: int) -> ConversationSummary:
+        """Keep the session's conversation summary (one row, replaced by the next); the message
+        row's ``seq`` of ``through`` is kept beside it (the newest message's when the id is not
+        one of the session's) so that a purge can tell what it covers."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        summary, _ = inputs.build_summary(content=content, through=through, messages=messages,
+                                          config=self._config)
+        _refuse_nul(("content", summary.content), ("through", summary.through))
+        with self._tx("keeping a conversation summary") as conn:
+            session = conn.execute(
+                "SELECT next_seq FROM recalld_sessions WHERE session_key = %s AND user_id = %s FOR UPDATE",
+                (key, user),
+            ).fetchone()
+            if session is None:
+                raise SessionNotFound()
+            conn.execute(_UPSERT_SUMMARY_SQL, (
+                key, summary.id, summary.content, summary.ts, summary.through, key, summary.through,
+                session[0] - 1, summary.messages,
+            ))
+        return summary
+
+    def summary(self, user: str, session_key: str) -> ConversationSummary | None:
+        """The session's conversation summary, or None."""
+        self._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        with self._tx("reading a conversation summary") as conn:
+            self._session_row(conn, user, key)
+            row = conn.execute(
+                "SELECT id, content, ts, through, messages FROM recalld_summaries WHERE session_key = %s",
+                (key,),
+            ).fetchone()
+        return None if row is None else ConversationSummary(row[0], row[1], row[2], row[3], int(row[4]))
 
     def transcript_path(self, user: str, session_key: str) -> NoReturn:
         """There is no transcript file: a malformed key is SessionNotFound as in the file store,
@@ -302,6 +353,15 @@ class PgSessionStore:
         check_user(user)
         check_session_key(session_key)
         raise StorageError("sessions stored in PostgreSQL have no transcript file")
+
+    def idle_sessions(self, cutoff: datetime, *, limit: int,
+                      after: tuple[str, str] | None = None) -> builtins.list[tuple[str, str]]:
+        """:meth:`~sessions.protocol.SessionStoreLike.idle_sessions`, from ``recalld_sessions``."""
+        self._check_open()
+        bound, limit, (user, key) = idle_query(cutoff, limit, after)
+        with self._tx("finding idle sessions") as conn:
+            rows = conn.execute(_IDLE_SQL, (bound, user, key, limit)).fetchall()
+        return [(str(user), str(key)) for user, key in rows]
 
     def flush(self) -> None:
         """Nothing to do: every call commits before it returns (durability is the server's)."""

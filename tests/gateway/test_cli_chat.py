@@ -188,3 +188,25 @@ async def test_regenerate_and_edit_commands(daemon: Daemon, fake_openai: FakeOpe
     assert "user: second try" in out and "assistant: Echo: second try" in out
     assert "user: first try" not in out and "Another take." not in out
     assert "(Chat about first try, 5 messages)" in out
+
+
+async def test_summary_command_and_resume_print_the_summary(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    """Once messages left the model's window, `/summary` prints the session's summary and
+    resuming the session prints it above the last messages."""
+    from gateway.client import Client
+
+    d = Daemon(tmp_path / "data", env={"OPENAI_BASE_URL": fake_openai.base_url, "RECALLD_LLM_MODEL": "fake-model",
+                                       "RECALLD_CHAT_HISTORY_LIMIT": "2", "RECALLD_CHAT_COMPACTION_EVERY": "2"})
+    try:
+        fake_openai.compaction_behaviour = Behaviour(reply="They spoke of otters.")
+        code, out, err = await chat(d, stdin="one\ntwo\nthree\n")
+        assert code == 0, err
+        key = KEY.search(out).group(1)  # type: ignore[union-attr]
+        async with Client.connect(d.url, TOKEN) as c, asyncio.timeout(30):
+            while (await c.call("sessions.get", {"sessionKey": key}))["summary"] is None:
+                await asyncio.sleep(0.05)  # the summary is written in the background
+        code, out, err = await chat(d, "--session", key, stdin="/summary\n")
+        assert code == 0, err
+        assert len(re.findall(r"earlier in this chat \(\d+ messages\): They spoke of otters\.\n", out)) == 2
+    finally:
+        d.kill()

@@ -93,6 +93,25 @@ async def test_forget_with_purge_removes_the_messages_from_the_transcript(
     await check_after_reindex_and_restart(cfg, "quokka", "narwhal")
 
 
+async def test_forget_purge_without_a_session_key_skips_a_session_gone_since_it_was_listed(
+    config_factory: Callable[..., Config],
+) -> None:
+    """A session that disappears between the listing and its purge (here its transcript removed
+    behind the store's back) is skipped: the caller's other sessions are still purged and
+    forgotten, instead of the call failing half-way with -32002."""
+    cfg = config_factory(memory={"debounce_ms": 20})
+    a, b = seed(cfg)
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        await search_until(c, {"query": "axolotl"})
+        (cfg.data_dir / "sessions" / "default" / f"{b}.jsonl").unlink()
+        result = await c.call("memory.forget", {"before": (DAY1 + timedelta(hours=1)).isoformat(),
+                                                "purgeTranscript": True})
+        assert result["messages"] == 1 and result["chunks"] >= 1
+        history = (await c.call("sessions.history", {"sessionKey": a}))["messages"]
+        assert [m["content"] for m in history] == ["Later we talked about the narwhal tusk."]
+        assert await hits(c, "quokka") == []
+
+
 async def test_forget_removes_facts_saved_in_that_session(
     backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:

@@ -8,7 +8,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from memory import EpisodeDraft, MemoryConfig, RunMemory
+from memory.retrieval.request import ShownHistory
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config, session_key, write_transcript
+
+# The prompt's history window holds the whole current session: none of it is recalled.
+WHOLE = "1970-01-01T00:00:00.000Z"
 
 DEFAULTS = MemoryConfig()
 
@@ -61,7 +65,7 @@ async def test_one_context_call_embeds_the_message_once(tmp_path: Path) -> None:
                                               datetime.now(UTC), 0, await svc.episodes.embed(summary)), None)
         message = "how often should I water my garden tomatoes?"
         before = len(embedder.calls)
-        context = await svc.context("alice", message, decide(), k=3, exclude_session_key=session_key("other"),
+        context = await svc.context("alice", message, decide(), k=3, shown=ShownHistory(session_key("other"), WHOLE),
                                     tz=UTC)
     assert [c for c in embedder.calls[before:] if message in c] == [[message]]
     assert context.chunks and context.facts and context.episodes

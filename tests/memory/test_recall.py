@@ -112,8 +112,9 @@ async def test_service_recall_puts_what_was_said_lately_first(tmp_path: Path) ->
     """Recall into a prompt ranks the same words said yesterday above those said a year ago."""
     embedder = FakeEmbedder()
     day = 24 * 60
+    # The same words (one punctuated otherwise: recall repeats no sentence word for word).
     write_transcript(tmp_path, "alice", "old", ["the quokka ate grass"], start_minute=0)
-    write_transcript(tmp_path, "alice", "new", ["the quokka ate grass"], start_minute=364 * day)
+    write_transcript(tmp_path, "alice", "new", ["the quokka ate grass!"], start_minute=364 * day)
     async with opened(tmp_path, quiet_config(), embedder) as svc:
         recalled = await svc.recall("alice", "quokka", k=2, now=BASE_TIME + timedelta(days=365))
     assert [h.start_ts[:10] for h in recalled] == [ts(364 * day)[:10], ts(0)[:10]]  # type: ignore[index]

@@ -14,8 +14,12 @@ import pytest
 from gateway.methods.memory import StatusReply
 from memory import EpisodeDraft, ForgetRange, Memory, RunMemory
 from memory.pg.service import PgMemory
+from memory.retrieval.request import ShownHistory
 from tests.memory.conftest import FakeEmbedder, quiet_config, session_key
 from tests.memory.pg.conftest import add_session
+
+# The prompt's history window holds the whole current session: none of it is recalled.
+WHOLE = "1970-01-01T00:00:00.000Z"
 
 
 @pytest.fixture
@@ -44,12 +48,12 @@ async def test_one_context_call_gives_chunks_facts_and_episodes(pg_index: str, n
                                       "rust language"), None)
     run = RunMemory(recall=True, facts="block", episodes=True)
     context = await memory.context("alice", "which language is my favourite", run, k=5,
-                                   exclude_session_key=session_key("now"), tz=UTC)
+                                   shown=ShownHistory(session_key("now"), WHOLE), tz=UTC)
     assert {h.session_key for h in context.chunks} == {session_key("old")}
     assert context.facts[0].fact.text == "The user's favourite language is Rust"
     assert [e.episode.theme for e in context.episodes][:1] == ["rust language"]
     off = await memory.context("alice", "which language is my favourite", RunMemory(), k=5,
-                               exclude_session_key=session_key("now"), tz=UTC)
+                               shown=ShownHistory(session_key("now"), WHOLE), tz=UTC)
     assert (off.chunks, off.facts, off.episodes) == ((), (), ())
 
 

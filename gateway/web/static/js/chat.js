@@ -80,6 +80,7 @@ export class ChatView {
     await this.#subscribe(session.sessionKey);
     const page = await this.rpc.call("sessions.history", { sessionKey: session.sessionKey, limit: PAGE });
     this.older = page.next || null;
+    this.#showSummary(page.summary);
     this.#merge(page.messages);
     if (atTs) await this.#scrollToTs(atTs);
     else this.#scrollToEnd();
@@ -97,6 +98,7 @@ export class ChatView {
     this.activeRun = null;
     this.#setBusy(false);
     this.#showTitle();
+    this.#showSummary(null);
     $("welcome").hidden = false;
     for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = true;
     this.input.focus();
@@ -121,6 +123,7 @@ export class ChatView {
     await this.#subscribe(key);
     const page = await this.rpc.call("sessions.history", { sessionKey: key, limit: PAGE });
     if (!this.session || this.session.sessionKey !== key) return;
+    this.#showSummary(page.summary);
     this.#merge(page.messages);
     const live = this.items.find((m) => m.state === "streaming");
     if (live && !this.activeRun) this.activeRun = live.runId;
@@ -242,7 +245,21 @@ export class ChatView {
   async #fetchStored(key, runId) {
     const page = await this.rpc.call("sessions.history", { sessionKey: key, limit: 10 });
     if (!this.session || this.session.sessionKey !== key) return;
+    this.#showSummary(page.summary);
     this.#merge(page.messages.filter((m) => m.runId === runId && m.role === "user"));
+  }
+
+  // The summary of what left the model's window (sessions.history's newest page carries it):
+  // a collapsed block above the messages, its text shown as text, never as markup.
+  #showSummary(summary) {
+    const block = $("earlier");
+    block.hidden = !summary;
+    if (!summary) {
+      block.open = false;
+      return;
+    }
+    $("earlier-text").textContent = summary.text;
+    block.title = `A summary of the ${summary.messages} earliest messages, written by the model`;
   }
 
   async stop() {

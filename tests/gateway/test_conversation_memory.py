@@ -1,0 +1,111 @@
+"""Memory inside a conversation, over the real socket on both storage backends: the index
+follows the visible history (an edited or regenerated line leaves it), and a message that left
+the prompt's history window is recalled into the same session's prompt."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from gateway.client import Client
+from gateway.config import Config
+from tests.conftest import TOKEN, running
+from tests.fake_openai import Behaviour, FakeOpenAI
+from tests.gateway.test_chat import run_to_end
+from tests.gateway.test_memory_methods import chat_config, say, search_until
+
+
+async def _texts(c: Client, query: str) -> list[str]:
+    found = await c.call("memory.search", {"query": query, "mode": "keyword", "k": 20})
+    return [h["content"] for h in found["results"]]
+
+
+async def _until_found(c: Client, query: str, needle: str, timeout: float = 10.0) -> list[str]:
+    async with asyncio.timeout(timeout):
+        while True:
+            texts = await _texts(c, query)
+            if any(needle in t for t in texts):
+                return texts
+            await asyncio.sleep(0.05)
+
+
+async def test_an_edited_away_statement_leaves_the_index(
+        backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+    """After chat.edit, memory.search finds the new text and neither the old message nor the
+    reply that answered it, though the transcript still holds both lines."""
+    cfg = chat_config(backend_config_factory, fake_openai)
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = (await c.call("sessions.create"))["sessionKey"]
+        await say(c, key, "The weather is mild today.")
+        await say(c, key, "My cat is called Tomasz.")
+        await _until_found(c, "cat called", "Tomasz")
+        run_id = (await c.call("chat.edit", {"sessionKey": key, "text": "My cat is called Felix."}))["runId"]
+        await run_to_end(c, run_id)
+        texts = await _until_found(c, "cat called", "Felix")
+        texts = await _texts(c, "cat called Tomasz")
+        assert texts and not any("Tomasz" in t for t in texts)
+        assert any("weather is mild" in t for t in await _texts(c, "weather mild"))
+
+
+async def test_a_regenerated_reply_leaves_the_index(
+        backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+    """After chat.regenerate the superseded reply is not found; the new one and the question are."""
+    cfg = chat_config(backend_config_factory, fake_openai)
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = (await c.call("sessions.create"))["sessionKey"]
+        fake_openai.script(Behaviour(reply="The capital is Marseille."))
+        await say(c, key, "What is the capital of France?")
+        await _until_found(c, "capital", "Marseille")
+        fake_openai.script(Behaviour(reply="The capital is Paris."))
+        run_id = (await c.call("chat.regenerate", {"sessionKey": key}))["runId"]
+        await run_to_end(c, run_id)
+        await _until_found(c, "capital", "Paris")
+        texts = await _texts(c, "capital Marseille")
+        assert not any("Marseille" in t for t in texts)
+        assert any("capital of France" in t for t in texts)
+
+
+def _system(request: dict[str, Any]) -> str:
+    return next((m["content"] for m in request["messages"] if m["role"] == "system"), "")
+
+
+async def test_a_fact_forty_messages_back_reaches_the_prompt(
+        backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+    """A statement that left the history window (20 messages) is recalled into the same
+    session's prompt, marked as earlier in this conversation; what the window holds is not
+    recalled again."""
+    cfg = chat_config(backend_config_factory, fake_openai)
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = (await c.call("sessions.create"))["sessionKey"]
+        await say(c, key, "My storage locker combination is 4471-2963.")
+        for i in range(20):
+            await say(c, key, f"Tell me something about topic number {i} please.")
+        await search_until(c, {"query": "topic number 19", "mode": "keyword"})
+        await _until_found(c, "locker combination", "4471")
+        question = "What is my storage locker combination?"
+        await say(c, key, question)
+        # The reply's own request (an episode's summary request may come after it).
+        asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == question]
+        system = _system(asked[-1])
+        assert "4471-2963" in system
+        assert "earlier in this conversation" in system
+        # The window's own messages are in the history, not repeated in the recall block.
+        assert "topic number 19" not in system
+
+
+async def test_a_short_follow_up_recalls_with_the_previous_turn(
+        backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+    """"and where?" alone shares no word with the old session; searched with the previous user
+    message and its reply's first sentence, it recalls the excerpt about the wedding."""
+    cfg = chat_config(backend_config_factory, fake_openai)
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        old = (await c.call("sessions.create"))["sessionKey"]
+        await say(c, old, "My sister Maria is getting married in Porto in June.")
+        await _until_found(c, "sister Maria", "Porto")
+        new = (await c.call("sessions.create"))["sessionKey"]
+        await say(c, new, "Let's talk about my sister Maria's wedding.")
+        final = await say(c, new, "and where?")
+        asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == "and where?"]
+        assert "Porto" in _system(asked[-1])
+        assert final["params"]["recalled"]
