@@ -2,8 +2,8 @@
 
 The SQLite side is :mod:`bench.scale`'s own measurement of a cached corpus (a fresh child
 process; library ``searchMs`` per mode). The PostgreSQL side loads the same transcripts into
-``recalld_sessions``/``recalld_messages`` (``COPY``: the rows ``PgSessionStore.append_message``
-writes), seeds the shared embedding cache with the SQLite corpus's vectors (the same synthetic
+the sessions' tables (``COPY`` through :mod:`sessions.pg.bulk`: the rows
+``PgSessionStore.append_message`` writes), seeds the shared embedding cache with the SQLite corpus's vectors (the same synthetic
 vectors, keyed the same way), lets ``PgMemory``'s own indexer chunk, fill and build the HNSW
 index, then measures ``PgMemory.search`` in a child process the same way. Recall@10 runs
 ``bench/recall.py`` on ``bench/data/sample.json`` per backend and granularity.
@@ -37,36 +37,29 @@ def load_transcripts(data_dir: Path, dsn: str) -> dict[str, float]:
     import psycopg
 
     from sessions import sessions_root
+    from sessions.pg.bulk import MessageRow, SessionRow, copy_messages, copy_sessions
     from sessions.pg.schema import migrate
 
     started = time.perf_counter()
     files = sorted((sessions_root(data_dir) / USER).glob("*.jsonl"))
-    n_messages = 0
     parsed = []
     for path in files:
         lines = path.read_bytes().splitlines()
         parsed.append((orjson.loads(lines[0]), lines[1:]))
+    sessions = [SessionRow(header["sessionKey"], header["user"], header.get("title") or "", header["createdAt"],
+                           # The store counts a line with its newline, as the file store does.
+                           orjson.loads(lines[-1])["ts"] if lines else header["createdAt"], len(lines),
+                           sum(len(x) + 1 for x in lines), len(lines))
+                for header, lines in parsed]
+    messages = (MessageRow(header["sessionKey"], seq, m["id"], m["role"], m["content"], m["ts"], m.get("runId"),
+                           m.get("name"), len(raw) + 1)
+                for header, lines in parsed for seq, raw in enumerate(lines) for m in (orjson.loads(raw),))
     with psycopg.connect(dsn) as conn:
         migrate(conn)
-        # Sessions first (messages reference them); one COPY at a time on a connection.
-        with conn.cursor() as cur, cur.copy(
-                "COPY recalld_sessions (session_key, user_id, title, created_at, updated_at, message_count, "
-                "bytes, next_seq) FROM STDIN") as copy:
-            for header, lines in parsed:
-                # The store counts a line with its newline, as the file store does.
-                last_ts = orjson.loads(lines[-1])["ts"] if lines else header["createdAt"]
-                copy.write_row((header["sessionKey"], header["user"], header.get("title") or "",
-                                header["createdAt"], last_ts, len(lines), sum(len(x) + 1 for x in lines), len(lines)))
-        with conn.cursor() as cur, cur.copy(
-                "COPY recalld_messages (session_key, seq, id, role, content, ts, run_id, name, line_bytes) "
-                "FROM STDIN") as copy:
-            for header, lines in parsed:
-                for seq, raw in enumerate(lines):
-                    m = orjson.loads(raw)
-                    copy.write_row((header["sessionKey"], seq, m["id"], m["role"], m["content"], m["ts"],
-                                    m.get("runId"), m.get("name"), len(raw) + 1))
-                n_messages += len(lines)
+        copy_sessions(conn, sessions)  # first: messages reference them
+        copy_messages(conn, messages)
         conn.commit()
+    n_messages = sum(len(lines) for _, lines in parsed)
     return {"sessions": len(files), "messages": n_messages, "loadS": time.perf_counter() - started}
 
 

@@ -1,6 +1,6 @@
 """``bench/recall.py --backend postgres --dsn DSN``: the same questions against the PostgreSQL index.
 
-The dataset is written into ``recalld_sessions``/``recalld_messages`` by the sessions store
+The dataset is written into the sessions' tables by the sessions store
 (``sessions.PgSessionStore``): the same sessions, keys, dates,
 speakers and order as ``load_corpus`` writes to JSONL, so message ``i`` of a transcript is line
 ``i + 2`` here too), indexed by ``memory.pg``'s indexer and asked through ``PgMemory.search``

@@ -43,9 +43,8 @@ from .facts import (
 from .facts import Action as FactAction
 from .facts import normalise as normalise_fact
 from .forgetting import ForgetRange
-from .index.indexing import SyncProgress
-from .index.sync import SyncReport
 from .protocols import EpisodesMemory, FactsMemory, Memory
+from .reports import SyncProgress, SyncReport
 from .retrieval.excerpts import drop_shown
 from .retrieval.recall import CUT_MARK, trim_to_tokens
 from .retrieval.request import MAX_QUERY_CHARS, STOPWORDS, SearchHit, SearchResponse, ShownHistory

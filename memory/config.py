@@ -103,9 +103,9 @@ class MemoryConfig:
     recall_budget_tokens: int = 1500
     recall_min_similarity: float | None = None
     recall_neighbours: bool = True
-    # The floor adapts (memory.retrieval.excerpts.relevant): a hit only the vector leg found
-    # must clear it by this margin, and none may fall more than recall_relative_drop below the
-    # best hit's cosine.
+    # The floor adapts (memory.retrieval.excerpts.relevant): a hit that shares no meaningful
+    # word with the message must clear it by recall_vector_only_margin, and none may fall more
+    # than recall_relative_drop below the best hit's cosine.
     recall_vector_only_margin: float = 0.0
     recall_relative_drop: float = 1.0
 

@@ -11,7 +11,6 @@ no SQL and name only value types (``SearchResponse``, ``FactChange``, ``Episode`
 from __future__ import annotations
 
 from datetime import datetime, tzinfo
-from pathlib import Path
 from typing import Any, Protocol
 
 from memory.config import MemoryConfig
@@ -22,8 +21,7 @@ from memory.episodes.store import Episode, EpisodeDraft, EpisodeJob
 from memory.facts.service import FactsPage
 from memory.facts.store import Fact, FactChange
 from memory.forgetting import ForgetRange
-from memory.index.indexing import ProgressCallback
-from memory.index.sync import SyncReport
+from memory.reports import ProgressCallback, SyncReport
 from memory.retrieval.request import SearchHit, SearchResponse, ShownHistory
 
 __all__ = ["EpisodesMemory", "FactsMemory", "Memory"]
@@ -82,9 +80,6 @@ class Memory(Protocol):
     def config(self) -> MemoryConfig: ...
 
     @property
-    def data_dir(self) -> Path: ...
-
-    @property
     def embedder(self) -> Embedder | None: ...
 
     @property
@@ -109,7 +104,9 @@ class Memory(Protocol):
 
     def catch_up(self) -> None: ...
 
-    def nudge(self, path: Path | None = None) -> None: ...
+    def nudge(self) -> None:
+        """Ask for a sync soon; returns at once, coalesces (the SQLite service also takes a
+        transcript's path, for its file watcher)."""
 
     async def sync_now(self, progress: ProgressCallback | None = None, *, full: bool = False) -> SyncReport: ...
 

@@ -41,11 +41,10 @@ from memory.index.db import (
     IntegrityCheck,
     in_thread,
 )
-from memory.index.indexing import ProgressCallback
 from memory.index.scheduler import SyncScheduler
-from memory.index.sync import SyncReport
 from memory.live import LiveIndex
 from memory.pipeline import SearchPipeline
+from memory.reports import ProgressCallback, SyncReport
 from memory.retrieval.excerpts import excerpts_for_prompt
 from memory.retrieval.neighbours import around_sqlite
 from memory.retrieval.previous import PreviousFactory
@@ -398,7 +397,7 @@ class MemoryService:
         response = await self.search(user, message, k=k, mode="hybrid", exclude_session_key=exclude_session_key,
                                      now=now, recency=True, shown=shown)
         return await excerpts_for_prompt(
-            response, self.config, floor=self._search.relevance_floor(response), shown=shown,
+            response, message, self.config, floor=self._search.relevance_floor(response), shown=shown,
             around=lambda hit: self._read(lambda db: around_sqlite(db, user, hit)))
 
     async def context(self, user: str, message: str, run: RunMemory, *, k: int, shown: ShownHistory,

@@ -11,7 +11,7 @@ from typing import Any
 import apsw
 import structlog
 
-from memory.index.sync import SyncReport
+from memory.reports import SyncReport
 
 __all__ = ["DB_NAME", "SyncLog", "count_rows", "db_bytes"]
 

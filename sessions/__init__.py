@@ -8,8 +8,9 @@ transcripts from outside the store (the memory indexer) use the path layout
 (:func:`sessions_root`, :func:`transcript_relpath`, :func:`parse_transcript_relpath`,
 :func:`scan_transcripts`), :class:`ForwardReader` and :func:`read_header`, so the format has
 one owner. :class:`PgSessionStore` (``sessions.pg``, the same API on PostgreSQL) is imported
-on first use only, since it needs psycopg (the ``postgres`` extra). See
-docs/sessions.md.
+on first use only, since it needs psycopg (the ``postgres`` extra), as is ``pg_feed``
+(:mod:`sessions.pg.feed`: what the PostgreSQL memory indexer reads of its tables, and the change
+notifications). See docs/sessions.md.
 """
 
 from __future__ import annotations
@@ -41,19 +42,22 @@ from .models import (
     SUMMARY_TYPE,
     ConversationSummary,
     Message,
+    MessagePage,
     Session,
+    SessionPage,
     format_ts,
     now_ts,
     parse_ts,
 )
 from .protocol import SessionStoreLike
 from .reader import ForwardReader, TranscriptEntry
-from .store import MessagePage, SessionPage, SessionStore
+from .store import SessionStore
 from .supersede import REPLACES_KEY, replaced_id, visible_history, visible_messages
 from .transcript import Header, memory_enabled, read_header
 
 if TYPE_CHECKING:
     from .pg import PgSessionStore as PgSessionStore
+    from .pg import feed as pg_feed  # noqa: F401  (for mypy; __getattr__ imports it at run time)
 
 __all__ = [
     "DEFAULT_TITLE",
@@ -99,9 +103,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Not in __all__: a star import must not pull in psycopg.
+    # Neither is in __all__: a star import must not pull in psycopg.
     if name == "PgSessionStore":
         from .pg import PgSessionStore
 
         return PgSessionStore
+    if name == "pg_feed":
+        from .pg import feed
+
+        return feed
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

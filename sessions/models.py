@@ -1,5 +1,6 @@
-"""Values the store hands out (:class:`Session`, :class:`Message`, :class:`ConversationSummary`)
-and the timestamp format.
+"""Values the store hands out (:class:`Session`, :class:`Message`, :class:`ConversationSummary`,
+the pages :data:`SessionPage` and :data:`MessagePage`) and the timestamp format. Both backends
+and :class:`~sessions.protocol.SessionStoreLike` import them from here.
 
 Timestamps everywhere in transcripts, the index and on the wire are ISO-8601 UTC strings with
 exactly three fractional digits and a ``Z``: ``2026-11-22T10:00:00.123Z``. The fixed width is
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 __all__ = [
     "MESSAGE_ROLES",
@@ -20,8 +21,10 @@ __all__ = [
     "SUMMARY_TYPE",
     "ConversationSummary",
     "Message",
+    "MessagePage",
     "Role",
     "Session",
+    "SessionPage",
     "format_ts",
     "now_ts",
     "parse_ts",
@@ -173,3 +176,8 @@ class ConversationSummary:
                 and isinstance(through, str) and isinstance(count, int) and not isinstance(count, bool)):
             return None
         return cls(sid, content, ts, through, count)
+
+
+# One page of a listing and its next cursor (None on the last page), as every backend returns it.
+SessionPage: TypeAlias = "tuple[list[Session], str | None]"
+MessagePage: TypeAlias = "tuple[list[Message], str | None]"

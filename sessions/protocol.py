@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import builtins
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol
 
-from .models import ConversationSummary, Message, Session
-from .store import MessagePage, SessionPage
+from .models import ConversationSummary, Message, MessagePage, Session, SessionPage
 
 __all__ = ["SessionStoreLike"]
 
@@ -82,10 +80,6 @@ class SessionStoreLike(Protocol):
     def summary(self, user: str, session_key: str) -> ConversationSummary | None:
         """The session's newest conversation summary, or None (deleted with the session, and
         dropped by a ``purge_messages`` that removes a message it covers)."""
-        ...
-
-    def transcript_path(self, user: str, session_key: str) -> Path:
-        """Where the session's transcript lives (``recalld import`` checks it exists)."""
         ...
 
     def flush(self) -> None:

@@ -52,7 +52,7 @@ from .keys import (
     new_session_key,
 )
 from .layout import sessions_root, transcript_file
-from .models import ConversationSummary, Message, Session
+from .models import ConversationSummary, Message, MessagePage, Session, SessionPage
 from .purge import rewrite_file, without_messages
 from .reconcile import catch_up, reconcile_at_open
 from .recovery import recover_tail
@@ -64,9 +64,6 @@ __all__ = ["MessagePage", "SessionPage", "SessionStore"]
 
 log = structlog.get_logger(__name__)
 
-# Aliases at module level: inside the class, `list` names the method, not the builtin.
-SessionPage: TypeAlias = "tuple[builtins.list[Session], str | None]"
-MessagePage: TypeAlias = "tuple[builtins.list[Message], str | None]"
 _Ident: TypeAlias = "tuple[str, str]"
 
 _STRIPES = 64

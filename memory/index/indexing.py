@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -28,8 +27,9 @@ from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import EmbedderError
 from memory.index.db import VectorBackend, WriteConnection
 from memory.index.quantize import quantize_int8
-from memory.index.sync import FileSync, SyncReport
+from memory.index.sync import FileSync
 from memory.index.vectors import EmbedderIdentity, VectorStore
+from memory.reports import ProgressCallback, SyncProgress, SyncReport
 
 __all__ = ["EMBED_ROWS_PER_BATCH", "FILES_PER_BATCH", "Indexer", "ProgressCallback", "SyncProgress"]
 
@@ -40,21 +40,6 @@ EMBED_ROWS_PER_BATCH = 256
 # after which a batch commits early so other writers (facts, deletes) never wait long on it.
 FILES_PER_BATCH = 64
 FILE_BATCH_S = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class SyncProgress:
-    """Passed to a progress callback (on the event loop) after each file and each batch."""
-
-    phase: str            # "files" | "embedding"
-    files_done: int
-    files_total: int
-    chunks_written: int
-    embedded: int
-    pending: int
-
-
-ProgressCallback = Callable[[SyncProgress], None]
 
 
 class Indexer:

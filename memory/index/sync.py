@@ -52,6 +52,7 @@ from memory.forgetting import (
 )
 from memory.index.db import WriteConnection
 from memory.index.vectors import VectorStore
+from memory.reports import SyncReport
 from sessions import (
     ForwardReader,
     Header,
@@ -76,29 +77,6 @@ _Owner = tuple[str, str]  # (user, session_key)
 
 def chunking_fingerprint(sizes: SizedConfig) -> str:
     return f"v1:{sizes.chunk_tokens}:{sizes.overlap_tokens}"
-
-
-@dataclass(slots=True)
-class SyncReport:
-    """What one sync did."""
-
-    files_scanned: int = 0
-    files_changed: int = 0
-    files_deleted: int = 0
-    files_skipped: int = 0
-    chunks_written: int = 0
-    chunks_deleted: int = 0
-    embedded: int = 0
-    cache_hits: int = 0
-    embedder_calls: int = 0
-    pending: int = 0
-    error: str | None = None
-    duration_ms: float = 0.0
-
-    def merge(self, other: SyncReport) -> None:
-        for name in ("files_scanned", "files_changed", "files_deleted", "files_skipped", "chunks_written",
-                     "chunks_deleted", "embedded", "cache_hits", "embedder_calls"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def _now() -> str:

@@ -4,13 +4,14 @@ Importing this package imports psycopg (the ``postgres`` extra); the default ins
 SQLite, never does. Modules:
 
 * :mod:`memory.pg.migrations` — schema, recorded migrations under an advisory lock;
-* :mod:`memory.pg.indexer` — chunking of ``recalld_messages`` claimed per session
+* :mod:`memory.pg.indexer` — chunking of the sessions' messages (read through
+  :mod:`sessions.pg.feed`, which owns their tables) claimed per session
   (``FOR UPDATE SKIP LOCKED``), embedding each distinct text once across nodes;
 * :mod:`memory.pg.vectors` — the vector leg's index, made once the embedder's width is known;
 * :mod:`memory.pg.search` — keyword (BM25), vector and hybrid in one statement;
 * :mod:`memory.pg.facts`, :mod:`memory.pg.episodes` — the SQLite stores' methods, awaited;
 * :mod:`memory.pg.service` — ``PgMemory``, the thin top (search, status, reindex, forget,
-  the indexing loop woken by ``NOTIFY recalld_messages``);
+  the indexing loop woken by the sessions store's change notifications);
 
 Choices, as measured (shared 2-core machine; commands in the phase-1 report):
 

@@ -1,4 +1,7 @@
-"""Indexing as shared work: the messages in ``recalld_messages`` become chunks, on any node.
+"""Indexing as shared work: the sessions' messages on PostgreSQL become chunks, on any node.
+
+What it reads of the sessions' tables comes through :mod:`sessions.pg.feed` (``sessions.pg_feed``),
+which owns them; this module names none of them.
 
 One pass (:meth:`PgIndexer.run_once`) does three things, each in short transactions:
 
@@ -41,7 +44,7 @@ from memory.embedders.embeddings import EmbeddingPipeline
 from memory.index.quantize import quantize_int8
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
-from sessions import REPLACES_KEY, Message, TranscriptEntry
+from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
 __all__ = ["EMBED_LOCK", "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
 
@@ -70,34 +73,28 @@ class IndexReport:
     errors: list[str] = field(default_factory=list)
 
 
-_SEED_SQL = """
+_SEED_SQL = f"""
 INSERT INTO recalld_memory_progress (session_key, user_id)
-SELECT s.session_key, s.user_id FROM recalld_sessions s
-WHERE s.memory
-  AND NOT EXISTS (SELECT 1 FROM recalld_memory_progress p WHERE p.session_key = s.session_key)
+SELECT s.session_key, s.user_id FROM {pg_feed.MEMORY_SESSIONS} s
+WHERE NOT EXISTS (SELECT 1 FROM recalld_memory_progress p WHERE p.session_key = s.session_key)
 ON CONFLICT (session_key) DO NOTHING
 """
 
-_GONE_SQL = """
+_GONE_SQL = f"""
 DELETE FROM recalld_memory_progress p
-WHERE NOT EXISTS (SELECT 1 FROM recalld_sessions s WHERE s.session_key = p.session_key AND s.memory)
+WHERE NOT EXISTS (SELECT 1 FROM {pg_feed.MEMORY_SESSIONS} s WHERE s.session_key = p.session_key)
 RETURNING p.session_key
 """
 
-_CLAIM_SQL = """
+# The sessions changed since this package's mark (seen_updated, seen_count), locked on our side only.
+_CLAIM_SQL = f"""
 SELECT p.session_key, p.user_id, p.indexed_seq, p.indexed_count, p.chunking, s.updated_at, s.message_count
 FROM recalld_memory_progress p
-JOIN recalld_sessions s ON s.session_key = p.session_key
-WHERE s.memory
-  AND (p.seen_updated <> s.updated_at OR p.seen_count <> s.message_count OR p.chunking <> %(chunking)s)
+JOIN {pg_feed.MEMORY_SESSIONS} s ON s.session_key = p.session_key
+WHERE (p.seen_updated <> s.updated_at OR p.seen_count <> s.message_count OR p.chunking <> %(chunking)s)
 ORDER BY p.session_key
 LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED
-"""
-
-_MESSAGES_SQL = """
-SELECT seq, id, role, content, ts, run_id, name, extra->'replaces' FROM recalld_messages
-WHERE session_key = %s AND seq >= %s ORDER BY seq
 """
 
 _UPSERT_CHUNK_SQL = f"""
@@ -185,7 +182,7 @@ class PgIndexer:
         report = IndexReport()
         await self._ensure_identity()
         async with self.pool.connection() as conn:
-            if not await _sessions_tables_exist(conn):
+            if not await pg_feed.ready(conn):
                 return report
             await conn.execute(_SEED_SQL)
             await conn.commit()
@@ -228,10 +225,8 @@ class PgIndexer:
         """Re-chunk one claimed session; ``seen`` is its (updated_at, message_count) at the
         claim, recorded so the session is claimed again only when they move (never in a loop
         when a count disagrees with the rows)."""
-        still = await (await conn.execute(
-            "SELECT count(*) FROM recalld_messages WHERE session_key = %s AND seq <= %s",
-            (key, indexed_seq))).fetchone()
-        whole = chunking != self.chunking or (still is not None and int(still[0]) != indexed_count)
+        still = await pg_feed.count_through(conn, key, indexed_seq)
+        whole = chunking != self.chunking or still != indexed_count
         last = None if whole else await (await conn.execute(
             "SELECT chunk_idx, seq_start, seg_start FROM recalld_memory_chunks WHERE session_key = %s "
             "ORDER BY chunk_idx DESC LIMIT 1", (key,))).fetchone()
@@ -239,21 +234,20 @@ class PgIndexer:
             cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = %s", (key,))
             report.chunks_deleted += cur.rowcount
         first_idx, start_seq, skip = (0, 0, 0) if last is None else (int(last[0]), int(last[1]), int(last[2]))
-        rows = await (await conn.execute(_MESSAGES_SQL, (key, start_seq))).fetchall()
+        rows = await pg_feed.messages_from(conn, key, start_seq)
         entries, rewind = visible_entries(_entries(rows), new_from=indexed_seq + 1)
         if rewind and start_seq > 0:
             # A new edit or regenerate hid a message older than this read (see the SQLite
             # indexer): re-cut the session from its first message; unchanged chunks stay.
             first_idx, start_seq, skip = 0, 0, 0
-            rows = await (await conn.execute(_MESSAGES_SQL, (key, 0))).fetchall()
+            rows = await pg_feed.messages_from(conn, key, 0)
             entries, _ = visible_entries(_entries(rows), new_from=0)
         chunks = chunk_messages(entries, self.sizes.chunk_tokens, self.sizes.overlap_tokens,
                                 first_idx=first_idx, skip_segments=skip)
         await self._write_chunks(conn, key, user, first_idx, chunks, report)
-        top = int(rows[-1][0]) if rows else indexed_seq
-        count = await (await conn.execute(
-            "SELECT count(*) FROM recalld_messages WHERE session_key = %s AND seq <= %s", (key, top))).fetchone()
-        await conn.execute(_PROGRESS_SQL, {"seq": top, "count": int(count[0]) if count else 0, "updated": seen[0],
+        top = int(rows[-1].seq) if rows else indexed_seq
+        count = await pg_feed.count_through(conn, key, top)
+        await conn.execute(_PROGRESS_SQL, {"seq": top, "count": count, "updated": seen[0],
                                            "seen_count": seen[1], "chunking": self.chunking, "session_key": key})
         await conn.execute(SESSION_STATS_SQL, ([key],))
         report.sessions += 1
@@ -349,17 +343,10 @@ class PgIndexer:
                 "%(vector)s) ON CONFLICT DO NOTHING", rows)
 
 
-def _entries(rows: Sequence[Sequence[Any]]) -> list[TranscriptEntry]:
+def _entries(rows: Sequence[pg_feed.FeedMessage]) -> list[TranscriptEntry]:
     """Message rows as the chunker reads a transcript: a message's line is its ``seq + 2`` and
     its offset its ``seq``; only ``replaces`` of the line's other keys matters to indexing."""
     return [TranscriptEntry(int(seq) + 2, int(seq), Message(
                 str(mid), str(role), str(content), str(ts), run_id, name,
                 {REPLACES_KEY: replaces} if isinstance(replaces, str) else {}))
             for seq, mid, role, content, ts, run_id, name, replaces in rows]
-
-
-async def _sessions_tables_exist(conn: AsyncConnection[TupleRow]) -> bool:
-    row = await (await conn.execute(
-        "SELECT to_regclass('recalld_sessions') IS NOT NULL AND to_regclass('recalld_messages') IS NOT NULL"
-    )).fetchone()
-    return bool(row and row[0])

@@ -6,8 +6,8 @@ queue behind each other: the first applies what is missing, the others find ever
 recorded in ``recalld_memory_migrations`` and apply nothing. Never edit an applied migration;
 add the next one.
 
-Tables (prefix ``recalld_memory_``; the sessions package owns ``recalld_sessions`` and
-``recalld_messages``, which the indexer only reads):
+Tables (prefix ``recalld_memory_``; the sessions package owns its own tables, which the
+indexer reads only through :mod:`sessions.pg.feed`):
 
 * ``chunks`` — one row per chunk, as :mod:`memory.chunking` makes it; ``tsv`` (its
   lexemes and positions), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized vector as a

@@ -7,13 +7,13 @@ episodes services (:class:`~memory.pg.facts.PgFacts`, :class:`~memory.pg.episode
 A run's context and recall use memory's own rules (:func:`memory.context.gather_context`,
 :func:`memory.retrieval.recall.for_prompt`).
 
-``start()`` runs this node's indexing loop: it ``LISTEN``s on ``recalld_messages`` (the
-sessions store notifies after each committed append), waits ``debounce_ms`` after a wake-up so
+``start()`` runs this node's indexing loop: it ``LISTEN``s for the sessions store's change
+notifications (:func:`sessions.pg.feed.listen`; the store notifies after each committed append), waits ``debounce_ms`` after a wake-up so
 a burst of appends is one pass, and also runs a pass every ``poll_s`` without one — a
 notification sent while the listening connection was down is never waited for.
 
 What the SQLite service's syncing calls mean here: there are no transcript files, so
-``nudge(path)`` does nothing (every committed append already wakes the loop of every node);
+``nudge()`` does nothing (every committed append already wakes the loop of every node);
 ``catch_up()`` lets the loop run its first pass when ``start(catch_up=False)`` held it back;
 ``sync_now()`` runs one pass of this node at once (``progress`` is not reported: a pass is
 a few claimed sessions, not a walk of files) and ``reindex()`` wakes every node's loop
@@ -44,17 +44,17 @@ from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError
 from memory.forgetting import ForgetRange, retention_cutoff_ms
-from memory.index.indexing import ProgressCallback
-from memory.index.sync import SyncReport
 from memory.pg.episodes import PgEpisodes
 from memory.pg.facts import PgFacts, PgFactStore
 from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch, around_pg
 from memory.pg.vectors import VectorLeg
+from memory.reports import ProgressCallback, SyncReport
 from memory.retrieval.excerpts import excerpts_for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
 from memory.status import SyncLog
+from sessions import pg_feed
 
 __all__ = ["PgMemory"]
 
@@ -134,7 +134,7 @@ class PgMemory:
     def catch_up(self) -> None:
         self._caught_up.set()
 
-    def nudge(self, path: Path | None = None) -> None:
+    def nudge(self) -> None:
         """Nothing to do: each committed append notifies every node's loop (module docstring)."""
 
     async def close(self) -> None:
@@ -157,7 +157,7 @@ class PgMemory:
             try:
                 listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                 async with listener:
-                    await listener.execute("LISTEN recalld_messages")
+                    await pg_feed.listen(listener)
                     while True:
                         await self._pass()
                         woke = False
@@ -215,7 +215,7 @@ class PgMemory:
             if full:
                 await conn.execute("UPDATE recalld_memory_progress SET chunking = 'reset' "
                                    "WHERE %(user)s::text IS NULL OR user_id = %(user)s", {"user": user})
-            await conn.execute("SELECT pg_notify('recalld_messages', '')")
+            await pg_feed.wake(conn)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -270,7 +270,7 @@ class PgMemory:
         floor = self.config.recall_min_similarity
         if floor is None:  # calibrated per model; embedders without one get no floor
             floor = getattr(self.embedder, "relevance_floor", None)
-        return await excerpts_for_prompt(response, self.config, floor=floor, shown=shown,
+        return await excerpts_for_prompt(response, message, self.config, floor=floor, shown=shown,
                                          around=lambda hit: around_pg(self.pool, user, hit))
 
     async def context(self, user: str, message: str, run: RunMemory, *, k: int, shown: ShownHistory,

@@ -23,30 +23,33 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from memory.chunking import iso_to_ms
+from memory.chunking import content_terms, iso_to_ms
 from memory.config import MemoryConfig
 from memory.retrieval.neighbours import FetchAround, messages, widen
 from memory.retrieval.recall import for_prompt
-from memory.retrieval.request import SearchHit, SearchResponse, ShownHistory
+from memory.retrieval.request import STOPWORDS, SearchHit, SearchResponse, ShownHistory
 
-__all__ = ["drop_shown", "excerpts_for_prompt", "relevant", "without_repeats"]
+__all__ = ["drop_shown", "excerpts_for_prompt", "meaningful_words", "relevant", "without_repeats"]
 
 # "who [ts]: " opening a rendered message (memory.chunking's prefix); group 1 is the time.
 _PREFIX = re.compile(r"^[^\n\[\]]{1,80} \[(\d{4}-\d\d-\d\dT[^\]\n]*)\]: ")
+_PREFIXES = re.compile(_PREFIX.pattern, re.MULTILINE)
 # A sentence ends at . ! ? … (or a line break) followed by space; CJK full stops end one too.
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+|\n+")
 
 
-def relevant(hits: Sequence[SearchHit], *, vector_ran: bool, floor: float | None,
+def relevant(hits: Sequence[SearchHit], query: str, *, vector_ran: bool, floor: float | None,
              config: MemoryConfig) -> list[SearchHit]:
     """The hits that clear the relevance floor. Without the vector leg or a floor, all of them.
 
     The fixed floor alone lets most of a small index through: a model's cosines between any
-    two chats of one person sit in a narrow band above it. So the floor adapts:
+    two chats of one person sit in a narrow band above it. So the floor adapts to the query:
 
-    * a hit the keyword leg did not find (``keyword_rank`` None) must clear the floor by
-      ``recall_vector_only_margin``: agreement of the two legs is the evidence a cosine near
-      the floor lacks;
+    * a hit whose messages share no word that carries meaning with ``query`` (words of three
+      letters or more, or any CJK character, that are not function words; the ``who [ts]:``
+      openings do not count) must clear the floor by ``recall_vector_only_margin``: a shared
+      word is the evidence a cosine near the floor lacks. A query with no such word asks
+      nothing of this;
     * a hit more than ``recall_relative_drop`` below the best hit's cosine is left out: it
       ranked only because the index is small.
     """
@@ -56,14 +59,22 @@ def relevant(hits: Sequence[SearchHit], *, vector_ran: bool, floor: float | None
     if not sims:
         return []
     bar = max(floor, max(sims) - config.recall_relative_drop)
+    asked = meaningful_words(query)
     out: list[SearchHit] = []
     for hit in hits:
         if hit.similarity is None or hit.similarity < bar:
             continue
-        if hit.keyword_rank is None and hit.similarity < floor + config.recall_vector_only_margin:
+        if hit.similarity < floor + config.recall_vector_only_margin and asked \
+                and not asked & meaningful_words(_PREFIXES.sub("", hit.content)):
             continue
         out.append(hit)
     return out
+
+
+def meaningful_words(text: str) -> set[str]:
+    """The case-folded words of ``text`` that carry meaning (:func:`content_terms` less the
+    keyword leg's function words)."""
+    return content_terms(text) - STOPWORDS
 
 
 def _rendered_ts(message: str) -> int | None:
@@ -144,10 +155,11 @@ def without_repeats(hits: Sequence[SearchHit]) -> list[SearchHit]:
     return out
 
 
-async def excerpts_for_prompt(response: SearchResponse, config: MemoryConfig, *, floor: float | None,
-                              around: FetchAround, shown: ShownHistory | None = None) -> list[SearchHit]:
-    """Steps 1–5 of the module docstring over ``response`` (a recall's hybrid search)."""
-    hits = relevant(response.results, vector_ran=response.mode != "keyword", floor=floor, config=config)
+async def excerpts_for_prompt(response: SearchResponse, query: str, config: MemoryConfig, *,
+                              floor: float | None, around: FetchAround,
+                              shown: ShownHistory | None = None) -> list[SearchHit]:
+    """Steps 1–5 of the module docstring over ``response``, the hybrid search for ``query``."""
+    hits = relevant(response.results, query, vector_ran=response.mode != "keyword", floor=floor, config=config)
     placed = for_prompt(drop_shown(hits, shown), vector_ran=False, floor=None,
                         budget_tokens=config.recall_budget_tokens)
     widened = await widen(placed, config, around)

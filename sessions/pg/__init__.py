@@ -3,12 +3,15 @@
 
 Importing this package imports psycopg (the ``postgres`` extra); the default install never
 does. The schema, its migrations and the advisory lock they run under are in :mod:`.schema`;
+what the memory indexer reads of the tables (and the change notifications) is :mod:`.feed`;
 docs/sessions.md ("PostgreSQL") has the tables and what differs from the file store.
 """
 
 from __future__ import annotations
 
+from . import feed
+from .feed import NOTIFY_CHANNEL
 from .schema import MIGRATION_LOCK, MIGRATIONS, migrate
-from .store import NOTIFY_CHANNEL, PgSessionStore
+from .store import PgSessionStore
 
-__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "NOTIFY_CHANNEL", "PgSessionStore", "migrate"]
+__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "NOTIFY_CHANNEL", "PgSessionStore", "feed", "migrate"]

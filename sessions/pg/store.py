@@ -41,20 +41,16 @@ from ..keys import (
     is_session_key,
     new_session_key,
 )
-from ..models import ConversationSummary, Message, Session
+from ..models import ConversationSummary, Message, MessagePage, Session, SessionPage
 from ..transcript import Header
+from .feed import NOTIFY_CHANNEL
 from .schema import migrate
 
 __all__ = ["NOTIFY_CHANNEL", "PgSessionStore"]
 
 log = structlog.get_logger(__name__)
 
-SessionPage: TypeAlias = "tuple[builtins.list[Session], str | None]"
-MessagePage: TypeAlias = "tuple[builtins.list[Message], str | None]"
 _Conn: TypeAlias = "psycopg.Connection[tuple[Any, ...]]"
-
-#: The channel an append notifies, with the session key as payload (the indexer listens).
-NOTIFY_CHANNEL = "recalld_messages"
 
 _SESSION_COLUMNS = (
     "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model, memory"

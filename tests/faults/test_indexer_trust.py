@@ -8,13 +8,14 @@ import asyncio
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from gateway.app import App
 from gateway.client import Client
 from gateway.config import Config
+from memory import MemoryService
 from tests.conftest import running
 from tests.fake_openai import FakeOpenAI
 from tests.gateway.test_memory_methods import say, search_until
@@ -99,4 +100,4 @@ def nudge_paths(app: App, *paths: Path) -> None:
     # What the watcher does when a file appears: mark the path for the next sync.
     assert app.memory is not None
     for path in paths:
-        app.memory.service.nudge(path)
+        cast(MemoryService, app.memory.service).nudge(path)  # the SQLite service: it watches files

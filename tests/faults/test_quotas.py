@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import orjson
 import pytest
@@ -111,7 +112,8 @@ async def test_session_updates_and_fact_adds_are_rate_limited_per_user(config_fa
     async with running(two_users(config_factory, quotas={"updates_per_minute": 3})) as app, \
             Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
         key = (await alice.call("sessions.create"))["sessionKey"]
-        size = app.store.transcript_path("alice", key).stat().st_size
+        store = cast(SessionStore, app.store)  # the file store: config_factory is SQLite's
+        size = store.transcript_path("alice", key).stat().st_size
         prompt = "p" * 60_000
         replies = [await alice.request("sessions.update", {"sessionKey": key, "title": f"t{i}",
                                                            "systemPrompt": prompt}) for i in range(5)]
@@ -120,7 +122,7 @@ async def test_session_updates_and_fact_adds_are_rate_limited_per_user(config_fa
         assert error["code"] == -32004 and error["data"]["retryAfterMs"] > 0
         assert "quotas.updates_per_minute" in error["message"]
         assert (await alice.call("sessions.get", {"sessionKey": key}))["title"] == "t2"
-        grown = app.store.transcript_path("alice", key).stat().st_size - size
+        grown = store.transcript_path("alice", key).stat().st_size - size
         assert 3 * 60_000 < grown < 4 * 60_000  # three update lines, not five
         facts = [await alice.request("memory.facts.add", {"text": f"alice fact number {i}"}) for i in range(4)]
         assert [("result" in r) for r in facts] == [True, True, True, False]

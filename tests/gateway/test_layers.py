@@ -4,6 +4,7 @@ breaks them fails here rather than in a reviewer's head."""
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from pathlib import Path
 
@@ -97,6 +98,25 @@ def test_memory_imports_only_the_top_level_of_sessions() -> None:
     outside = {m for ms in _imports("memory").values() for m in ms
                if m.split(".")[0] in FIRST_PARTY and m.split(".")[0] != "memory"}
     assert outside <= {"sessions"}, sorted(outside - {"sessions"})
+
+
+def _sessions_pg_tables() -> set[str]:
+    """The tables the sessions store creates on PostgreSQL, read off its migrations."""
+    schema = (ROOT / "sessions" / "pg" / "schema.py").read_text(encoding="utf-8")
+    return set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", schema))
+
+
+def test_only_sessions_names_its_postgres_tables() -> None:
+    """sessions/ owns its PostgreSQL schema: no module of gateway, memory, testkit, bench or
+    research names one of its tables (nor the change channel, named after one); they read them
+    through ``sessions.pg_feed`` (or load them through ``sessions.pg.bulk``)."""
+    tables = _sessions_pg_tables()
+    assert {"recalld_sessions", "recalld_messages"} <= tables
+    found = sorted(f"{path.relative_to(ROOT)}: {name}"
+                   for package in ("gateway", "memory", "testkit", "bench", "research")
+                   for path in (ROOT / package).rglob("*.py")
+                   for name in sorted(tables) if name in path.read_text(encoding="utf-8"))
+    assert found == []
 
 
 def _module_imports(module: str) -> set[str]:

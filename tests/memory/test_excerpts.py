@@ -22,27 +22,33 @@ def msg(who: str, ts: str, text: str) -> str:
 T1, T2, T3 = "2026-11-01T10:00:00.000Z", "2026-11-01T10:01:00.000Z", "2026-11-01T10:02:00.000Z"
 
 
-def test_a_hit_only_the_vector_leg_found_must_clear_the_floor_by_the_margin() -> None:
-    """With a margin, a vector-only hit near the floor goes while one both legs found stays."""
+def test_a_hit_sharing_no_meaningful_word_must_clear_the_floor_by_the_margin() -> None:
+    """With a margin, a hit near the floor that shares no meaningful word with the question
+    goes (the speaker opening and function words do not count), one that shares a word stays,
+    and one well above the floor stays whatever its words."""
     config = MemoryConfig(recall_vector_only_margin=0.1)
-    hits = [hit(1, "a", similarity=0.55, keyword_rank=1), hit(2, "b", similarity=0.55, keyword_rank=None),
-            hit(3, "c", similarity=0.65, keyword_rank=None)]
-    kept = relevant(hits, vector_ran=True, floor=0.5, config=config)
+    question = "What is the name of my cat?"
+    hits = [hit(1, msg("user", T1, "The cat sleeps all day."), similarity=0.55),
+            hit(2, msg("user", T1, "What is the weather like?"), similarity=0.55),
+            hit(3, msg("user", T1, "We went hiking."), similarity=0.65)]
+    kept = relevant(hits, question, vector_ran=True, floor=0.5, config=config)
     assert [h.chunk_id for h in kept] == [1, 3]
+    # A question made only of function words asks nothing of the words.
+    assert len(relevant(hits, "what is it?", vector_ran=True, floor=0.5, config=config)) == 3
 
 
 def test_hits_far_below_the_best_cosine_are_left_out() -> None:
     """The relative drop keeps what is near the best hit and drops the rest, above the floor too."""
     config = MemoryConfig(recall_relative_drop=0.1)
     hits = [hit(1, "a", similarity=0.9), hit(2, "b", similarity=0.85), hit(3, "c", similarity=0.7)]
-    assert [h.chunk_id for h in relevant(hits, vector_ran=True, floor=0.5, config=config)] == [1, 2]
+    assert [h.chunk_id for h in relevant(hits, "a b c", vector_ran=True, floor=0.5, config=config)] == [1, 2]
 
 
 def test_no_floor_or_no_vector_leg_keeps_every_hit() -> None:
     """Keyword-only recall (no embedder) and an embedder without a floor apply no floor."""
     hits = [hit(1, "a", similarity=None), hit(2, "b", similarity=0.1)]
-    assert relevant(hits, vector_ran=False, floor=0.5, config=MemoryConfig()) == hits
-    assert relevant(hits, vector_ran=True, floor=None, config=MemoryConfig()) == hits
+    assert relevant(hits, "q", vector_ran=False, floor=0.5, config=MemoryConfig()) == hits
+    assert relevant(hits, "q", vector_ran=True, floor=None, config=MemoryConfig()) == hits
 
 
 def test_the_window_s_messages_are_cut_from_a_chunk_of_the_same_session() -> None:
