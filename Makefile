@@ -42,6 +42,8 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench --quick $(ARGS)
 
+# Retrieval quality (bench/recall.py, with --recall --negatives), then each dataset replayed
+# through a real gateway (bench/conversation.py); ARGS="--no-conversation" skips the replays.
 bench-recall: $(STAMP)
 	$(BIN)/python -m bench.recall_all $(ARGS)
 

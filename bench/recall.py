@@ -59,6 +59,8 @@ __all__ = [
     "hits_to_turns",
     "load_corpus",
     "main",
+    "negative_pairs",
+    "negative_scores",
     "mrr",
     "ndcg_at",
     "recall_at",
@@ -70,6 +72,10 @@ MODES = ("keyword", "vector", "hybrid")
 METRICS = ("recall@5", "recall@10", "hit@5", "mrr", "ndcg@10", "tokens@5", "tokens@10")
 # Recall into a prompt (--recall): what MemoryService.recall hands the chat, scored.
 PROMPT_METRICS = ("prompt-recall", "prompt-all", "prompt-tokens")
+# Negatives (--negatives): recall asked for a question in an index that lacks its conversation.
+NEGATIVE_METRICS = ("any-recalled", "excerpts", "tokens")
+NEGATIVE_PAIRING = ("each question asked as the user of the next conversation in the file (the last's as the "
+                    "first's): that user's index holds none of the question's sessions")
 RECALL_K = ChatConfig().recall_k   # the chat's default number of recalled chunks
 UNCATEGORIZED = "uncategorized"
 TURN_STEP = timedelta(minutes=1)   # turn i of a session is dated session date + i minutes
@@ -524,6 +530,7 @@ async def run_benchmark(
     also_as_of: bool = False,
     embedding_cache: Path | None = None,
     prompt: bool = False,
+    negatives: bool = False,
 ) -> RunResult:
     """Load, index and ask; ``embedder`` overrides ``select_embedder`` (tests pass a fake).
     ``also_as_of`` asks a second time as of each question's moment, on the same index; that
@@ -531,9 +538,13 @@ async def run_benchmark(
     vectors seed the run's index cache before indexing and receive its new ones after, so a
     rerun embeds only texts it has never seen (the index's own cache, keyed by model and text).
     ``prompt`` also scores, in the view over the whole history, what recall into a prompt
-    (``MemoryService.recall``, the chat's code) puts before the model."""
+    (``MemoryService.recall``, the chat's code) puts before the model. ``negatives`` also asks
+    that recall for each question as another conversation's user, whose index lacks the
+    question's conversation (:func:`negative_pairs`): what it recalls there is noise."""
     if granularity not in ("chunk", "turn"):
         raise ValueError("granularity must be 'chunk' or 'turn'")
+    if negatives and len(dataset.conversations) < 2:
+        raise ValueError("--negatives needs at least two conversations (a question is asked in another's index)")
     progress = _Progress(progress_stream)
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="recalld-recall-") as tmp:
@@ -581,7 +592,7 @@ async def run_benchmark(
                 started = time.perf_counter()
                 results.append(await _ask(service, dataset, corpus, k, view, progress, dataset_name=dataset_name,
                                           embedder_name=embedder_name, granularity=granularity,
-                                          prompt=prompt and not view))
+                                          prompt=prompt and not view, negatives=negatives and not view))
                 results[-1].seconds.update(seconds, search=time.perf_counter() - started)
         finally:
             await service.close()
@@ -636,9 +647,23 @@ def _share_cache(index_db: Path, cache_file: Path, direction: str) -> int:
         db.close()
 
 
+def negative_pairs(dataset: Dataset) -> dict[str, str]:
+    """Conversation id → the conversation whose index its questions are asked in as negatives:
+    the next one in the file, the last's the first (``NEGATIVE_PAIRING``)."""
+    ids = [c.id for c in dataset.conversations]
+    return {cid: ids[(i + 1) % len(ids)] for i, cid in enumerate(ids)} if len(ids) > 1 else {}
+
+
+def negative_scores(hits: Sequence[SearchHit]) -> dict[str, float]:
+    """What recall put in a prompt where nothing belongs: whether anything, how many excerpts,
+    their approximate tokens (the same count as ``prompt-tokens``)."""
+    return {"any-recalled": 1.0 if hits else 0.0, "excerpts": float(len(hits)),
+            "tokens": float(sum(approx_tokens(h.content) for h in hits))}
+
+
 async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k: int, as_of: bool,
                progress: _Progress, *, dataset_name: str, embedder_name: str, granularity: str,
-               prompt: bool = False) -> RunResult:
+               prompt: bool = False, negatives: bool = False) -> RunResult:
     """Every question in every mode against the loaded index; ``as_of`` hides what was said
     from each question's moment on. ``prompt`` also asks recall into a prompt (recall has no
     ``before``: it is asked over the whole history, at the question's moment)."""
@@ -651,6 +676,9 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
     prompt_rows: list[tuple[str, dict[str, float]]] = []
     recall_ms: list[float] = []       # each recall into a prompt, end to end
     rerank_ms: list[float] = []       # the hybrid searches' re-rank step, where it ran
+    negative_rows: list[tuple[str, dict[str, float]]] = []
+    negative_ms: list[float] = []
+    pairs = negative_pairs(dataset) if negatives else {}
     reranked: list[float] = []        # and how many candidates it read
     turn_text = {t.id: t.text for c in dataset.conversations for s in c.sessions for t in s.turns}
     for qi, q in enumerate(dataset.questions):
@@ -681,6 +709,14 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             scores = prompt_scores(recalled, corpus.line_map, turn_text, q.evidence)
             prompt_rows.append((q.category, scores))
             entry["prompt"] = {"ranked": [hits_to_turns(h, corpus.line_map) for h in recalled], **scores}
+        if negatives:
+            other = pairs[q.conversation]
+            started = time.perf_counter()
+            noise = await service.recall(corpus.users[other], q.question[:RECALL_QUERY_CHARS], k=RECALL_K, now=moment)
+            negative_ms.append((time.perf_counter() - started) * 1000)
+            scores = negative_scores(noise)
+            negative_rows.append((q.category, scores))
+            entry["negative"] = {"askedIn": other, **scores}
         per_question.append(entry)
         progress(f"asking{' (as of)' if as_of else ''}: {qi + 1}/{len(dataset.questions)} questions")
     progress(f"asked: {len(dataset.questions)} questions × {len(MODES)} modes", final=True)
@@ -713,6 +749,16 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             "k": RECALL_K, "budgetTokens": service.config.recall_budget_tokens, "ms": _percentiles(recall_ms),
             "overall": _mean([s for _, s in prompt_rows], PROMPT_METRICS),
             "by_category": {cat: _mean(prompt_by_cat[cat], PROMPT_METRICS) for cat in sorted(prompt_by_cat)},
+        }
+    if negatives:
+        negative_by_cat: dict[str, list[dict[str, float]]] = defaultdict(list)
+        for cat, scores in negative_rows:
+            negative_by_cat[cat].append(scores)
+        report["negatives"] = {
+            "pairing": NEGATIVE_PAIRING, "questions": len(negative_rows), "k": RECALL_K,
+            "ms": _percentiles(negative_ms),
+            "overall": _mean([s for _, s in negative_rows], NEGATIVE_METRICS),
+            "by_category": {cat: _mean(negative_by_cat[cat], NEGATIVE_METRICS) for cat in sorted(negative_by_cat)},
         }
     return RunResult(report, {m: dict(v) for m, v in ran_as.items()}, reasons, 0,
                      corpus.transcripts, corpus.turns, "", {}, per_question)
@@ -766,6 +812,18 @@ def format_table(result: RunResult) -> str:
             cells = "".join(f"{values[m]:>15.0f}" if m == "prompt-tokens" else f"{values[m]:>15.3f}"
                             for m in PROMPT_METRICS)
             lines.append(f"{'prompt' if i == 0 else '':<8} {cat:<14}{cells}")
+        lines.append("")
+    if "negatives" in report:
+        block = report["negatives"]
+        lines.append(f"negatives: recall asked in an index lacking the question's conversation "
+                     f"({block['questions']} questions; p50 {block['ms']['p50']:.0f} ms, "
+                     f"p99 {block['ms']['p99']:.0f} ms):")
+        header = f"{'':<8} {'category':<14}" + "".join(f"{m:>15}" for m in NEGATIVE_METRICS)
+        lines += [header, "-" * len(header)]
+        for i, (cat, values) in enumerate([("overall", block["overall"])] + list(block["by_category"].items())):
+            cells = "".join(f"{values[m]:>15.3f}" if m == "any-recalled" else f"{values[m]:>15.1f}"
+                            for m in NEGATIVE_METRICS)
+            lines.append(f"{'negative' if i == 0 else '':<8} {cat:<14}{cells}")
         lines.append("")
     if any(set(result.ran_as.get(m, {m: 1})) != {m} for m in MODES):
         lines.append("* this mode fell back to another (see NOTE above); its figures are that mode's")
@@ -821,6 +879,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--recall", action="store_true",
                         help="also score what recall into a prompt (the chat's MemoryService.recall) puts "
                              "before the model: the share of evidence inside it, and its tokens")
+    parser.add_argument("--negatives", action="store_true",
+                        help="also ask recall into a prompt for each question in an index that lacks its "
+                             "conversation (the next conversation's user): the share that gets any excerpt, "
+                             "and the tokens recalled")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
     parser.add_argument("--details", type=Path, default=None, metavar="OUT",
                         help="write every question's ranked turn ids and scores as JSON")
@@ -865,8 +927,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             if not args.dsn:
                 err.write("--backend postgres needs --dsn\n")
                 return 2
-            if args.recall:
-                err.write("--recall scores MemoryService.recall (sqlite); not measured on postgres yet\n")
+            if args.recall or args.negatives:
+                err.write("--recall and --negatives score MemoryService.recall (sqlite); not measured on "
+                          "postgres yet\n")
                 return 2
             from bench.recall_pg import run_postgres_benchmark
 
@@ -879,7 +942,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             result = asyncio.run(run_benchmark(
                 dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
                 k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err,
-                as_of=args.as_of, embedding_cache=args.embedding_cache, prompt=args.recall))
+                as_of=args.as_of, embedding_cache=args.embedding_cache, prompt=args.recall,
+                negatives=args.negatives))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2

@@ -6,9 +6,11 @@ Datasets are every ``*.json`` in ``bench/data/`` that loads as a ``bench/recall.
 Each runs at ``turn`` and ``chunk`` granularity through ``bench.recall.run_benchmark`` — the real store, indexer and
 search with the default :class:`memory.MemoryConfig` — and, when its questions carry a moment
 (a ``date`` or ``asked_before_turn``), is asked a second time ``--as-of`` on the same index;
-recall into a prompt is scored too (``bench/recall.py --recall``).
-Each table is printed as it finishes (per category); all figures go to
-``bench/results/recall.json``.
+recall into a prompt is scored too (``bench/recall.py --recall``), and its negatives (``--negatives``).
+Then each dataset is replayed through a real gateway (``bench/conversation.py``: one session and
+separate sessions; ``--conversation-questions N`` keeps N questions a conversation, ``--no-conversation``
+skips it). Each table is printed as it finishes (per category); all figures go to
+``bench/results/recall.json`` (the replays under ``"conversation"``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
+from bench.conversation import format_report, limited, run_conversation_benchmark  # noqa: E402
 from bench.recall import (  # noqa: E402
     DatasetError,
     RunResult,
@@ -61,8 +64,10 @@ def _summary(result: RunResult) -> dict[str, Any]:
 
 
 async def run(paths: list[Path], embedder: str, cache: Path | None,
-              conversations: dict[str, list[str]]) -> list[dict[str, Any]]:
+              conversations: dict[str, list[str]], *, replay: bool = True,
+              replay_questions: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     reports: list[dict[str, Any]] = []
+    replays: list[dict[str, Any]] = []
     base = MemoryConfig(local_threads=os.cpu_count() or 1,
                         embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
                         embeddings_base_url=os.environ.get("OPENAI_BASE_URL"))
@@ -81,14 +86,27 @@ async def run(paths: list[Path], embedder: str, cache: Path | None,
             name = path.name + (f" [{','.join(conversations[path.stem])}]" if path.stem in conversations else "")
             result = await run_benchmark(dataset, dataset_name=name, embedder_name=embedder,
                                          granularity=granularity, base_config=base, progress_stream=sys.stderr,
-                                         also_as_of=timed, embedding_cache=cache, prompt=True)
+                                         also_as_of=timed, embedding_cache=cache, prompt=True,
+                                         negatives=len(dataset.conversations) > 1)
             for view in (result, result.as_of):
                 if view is None:
                     continue
                 print(format_table(view), flush=True)
                 reports.append(_summary(view))
             print(f"({time.perf_counter() - started:.0f} s)", flush=True)
-    return reports
+        if replay:
+            # The gateway's embedder: the local model unless keyword-only was asked for.
+            replay_embedder = "none" if embedder == "none" else "local"
+            print(f"\n=== {path.name} · through the gateway ({replay_embedder}) ===", flush=True)
+            started = time.perf_counter()
+            report = await run_conversation_benchmark(
+                limited(dataset, None, replay_questions), dataset_name=path.name, embedder=replay_embedder,
+                embedding_cache=cache, progress_stream=sys.stderr)
+            print(format_report(report), flush=True)
+            report.pop("perQuestion", None)
+            replays.append(report)
+            print(f"({time.perf_counter() - started:.0f} s)", flush=True)
+    return reports, replays
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,15 +119,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these conversations of a dataset, e.g. realmem_bench:oliver_smith,sophie_dubois")
     parser.add_argument("--embedding-cache", type=Path, default=CACHE, metavar="FILE",
                         help=f"vectors kept across runs (default {CACHE.relative_to(_REPO)}; delete it to re-embed)")
+    parser.add_argument("--no-conversation", action="store_true",
+                        help="skip the replays through a gateway (bench/conversation.py)")
+    parser.add_argument("--conversation-questions", type=int, default=None, metavar="N",
+                        help="replays: at most the first N questions of each conversation (RealMem whole is long)")
     args = parser.parse_args(argv)
     paths = datasets(args.only)
     if not paths:
         print("no datasets found", file=sys.stderr)
         return 2
     subsets = {spec.split(":", 1)[0]: spec.split(":", 1)[1].split(",") for spec in args.conversations if ":" in spec}
-    reports = asyncio.run(run(paths, args.embedder, args.embedding_cache, subsets))
+    reports, replays = asyncio.run(run(paths, args.embedder, args.embedding_cache, subsets,
+                                       replay=not args.no_conversation,
+                                       replay_questions=args.conversation_questions))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"runs": reports}, indent=1) + "\n", encoding="utf-8")
+    out: dict[str, Any] = {"runs": reports}
+    if replays:
+        out["conversation"] = replays
+    args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {args.out}")
     return 0
 

@@ -38,7 +38,7 @@ from memory import (
     approx_tokens,
     content_terms,
 )
-from sessions import ConversationSummary, Message, Session, SessionStoreLike, visible_messages
+from sessions import ConversationSummary, Message, Session, SessionStoreLike, visible_history
 
 __all__ = [
     "FACTS_CLOSE", "FACTS_OPEN", "MESSAGE_OVERHEAD_TOKENS", "RECALL_QUERY_CHARS", "SUMMARY_CLOSE", "SUMMARY_OPEN",
@@ -145,10 +145,23 @@ def _date(ts: str | None) -> str:
 def read_session(config: ChatConfig, store: SessionStoreLike, user: str, session_key: str) -> SessionRead:
     """The session, the recent messages and the conversation summary (``chat.compaction``) a
     prompt is built from (blocking: call it off the loop). Enough messages are read to cover
-    the runs that may be queued behind this one."""
-    return store.get(user, session_key), store.recent_messages(
-        user, session_key, config.history_limit + config.max_queued_runs
+    the runs that may be queued behind this one: that many *shown* messages (superseded ones
+    left out), so edits and regenerations do not shrink the history window."""
+    return store.get(user, session_key), recent_shown(
+        store, user, session_key, config.history_limit + config.max_queued_runs
     ), store.summary(user, session_key) if config.compaction else None
+
+
+def recent_shown(store: SessionStoreLike, user: str, session_key: str, n: int) -> list[Message]:
+    """The last ``n`` shown messages of a session, oldest first (``sessions.visible_history``
+    pages, read back until ``n`` are shown or the session's start)."""
+    shown: list[Message] = []
+    cursor: str | None = None
+    while True:
+        page, cursor = visible_history(store, user, session_key, limit=n, before=cursor)
+        shown = page + shown
+        if len(shown) >= n or cursor is None:
+            return shown[-n:]
 
 
 def format_summary_block(summary: ConversationSummary) -> str:
@@ -227,10 +240,11 @@ async def build_prompt(
 
 
 def history_window(config: ChatConfig, recent: Sequence[Message], run_id: str, own_id: str | None) -> list[Message]:
-    """The shown messages the prompt's history may hold, oldest first: superseded ones left out
-    (``sessions.visible_messages``), ending at the run's own user message, at most
-    ``chat.history_limit`` of them (before the token trim)."""
-    shown = visible_messages(recent)
+    """The shown messages the prompt's history may hold, oldest first: ``recent`` (already
+    without superseded messages, :func:`read_session`) ending at the run's own user message, at
+    most ``chat.history_limit`` of them (before the token trim). ``recent`` is not filtered
+    again: a shown message naming one already left out would hide everything before it."""
+    shown = list(recent)
     own = next((i for i, m in enumerate(shown)
                 if (m.id == own_id if own_id is not None else m.run_id == run_id and m.role == "user")), None)
     if own is not None:

@@ -109,3 +109,22 @@ async def test_a_short_follow_up_recalls_with_the_previous_turn(
         asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == "and where?"]
         assert "Porto" in _system(asked[-1])
         assert final["params"]["recalled"]
+
+
+async def test_regenerations_do_not_shrink_the_history_window(
+        backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+    """The prompt holds chat.history_limit shown messages however many superseded replies lie
+    between them: the window is counted after they are left out."""
+    cfg = backend_config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
+                                      "max_retries": 0},
+                                 chat={"history_limit": 4, "max_queued_runs": 1})
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = (await c.call("sessions.create"))["sessionKey"]
+        for text in ("first question", "second question", "third question"):
+            await say(c, key, text)
+        for _ in range(3):
+            await run_to_end(c, (await c.call("chat.regenerate", {"sessionKey": key}))["runId"])
+        await say(c, key, "fourth question")
+        asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == "fourth question"]
+        sent = [m["content"] for m in asked[-1]["messages"] if m["role"] != "system"]
+        assert sent == ["Echo: second question", "third question", "Echo: third question", "fourth question"]

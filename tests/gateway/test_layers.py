@@ -207,3 +207,85 @@ def test_a_module_over_600_lines_is_reported() -> None:
             for p in (ROOT / package).rglob("*.py") if (n := len(p.read_text().splitlines())) > LONG_MODULE}
     for path, n in sorted(long.items()):
         warnings.warn(f"{path} has {n} lines: does it hold more than one responsibility?", stacklevel=1)
+
+
+# The storage drivers: a module that imports one of these is an implementation of a backend.
+DRIVERS = {"apsw", "sqlite_vec", "psycopg", "psycopg_pool"}
+# The seams the gateway depends on; they name value types only, never a backend's module.
+NEUTRAL_SEAMS = ("memory.protocols", "sessions.protocol", "memory.context")
+
+
+def _is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _dependencies(path: Path, module: str, modules: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """The first-party modules ``module`` imports and the drivers it imports, at any depth of its
+    body (a function's import runs when it is called) but under ``if TYPE_CHECKING``. A name taken
+    from a package's ``__init__`` is followed to the module that ``__init__`` has it from, so a
+    facade that gathers both backends (memory/, sessions/) does not count against a module that
+    takes one neutral value through it; ``import package`` takes the whole facade."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    first_party: set[str] = set()
+    drivers: set[str] = set()
+
+    def walk(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if _is_type_checking(node):
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    (drivers if alias.name.split(".")[0] in DRIVERS else first_party).add(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                if base.split(".")[0] in DRIVERS:
+                    drivers.add(base)
+                for alias in node.names:
+                    first_party.add(_defining_module(base, alias.name, modules))
+            walk([child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)])
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return (first_party & set(modules)) - {module}, drivers
+
+
+def _defining_module(base: str, name: str, modules: dict[str, Path]) -> str:
+    """Where ``from base import name`` gets ``name``: the submodule ``base.name``, or, for a name a
+    package's ``__init__`` imports from one of its modules, that module (followed on), else ``base``."""
+    if f"{base}.{name}" in modules:
+        return f"{base}.{name}"
+    path = modules.get(base)
+    if path is None or path.name != "__init__.py":
+        return base
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            if any((alias.asname or alias.name) == name for alias in node.names):
+                return _defining_module(f"{base}.{node.module}", name, modules)
+    return base
+
+
+def test_the_seams_import_no_storage_driver_directly_or_through_others() -> None:
+    """memory/protocols.py, sessions/protocol.py and memory/context.py reach no module that imports
+    apsw, sqlite-vec or psycopg, directly or through the modules of gateway, sessions and memory
+    they import: the Protocols stand on value types, and a backend plugs in beneath them."""
+    modules: dict[str, Path] = {}
+    for package in ("gateway", "sessions", "memory"):
+        for path in (ROOT / package).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            modules[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    graph = {name: _dependencies(path, name, modules) for name, path in modules.items()}
+    found: list[str] = []
+    for seam in NEUTRAL_SEAMS:
+        trail = {seam: [seam]}
+        todo = [seam]
+        while todo:
+            node = todo.pop()
+            imports, drivers = graph[node]
+            if drivers:
+                found.append(f"{' -> '.join(trail[node])} imports {', '.join(sorted(drivers))}")
+            for nxt in sorted(imports - trail.keys()):
+                trail[nxt] = [*trail[node], nxt]
+                todo.append(nxt)
+    assert found == []
