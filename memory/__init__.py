@@ -42,7 +42,7 @@ from .facts import (
 )
 from .facts import Action as FactAction
 from .facts import normalise as normalise_fact
-from .forgetting import ForgetRange
+from .forget_range import ForgetRange
 from .protocols import EpisodesMemory, FactsMemory, Memory
 from .reports import SyncProgress, SyncReport
 from .retrieval.excerpts import drop_shown

@@ -18,9 +18,9 @@ from datetime import datetime, tzinfo
 import structlog
 
 from memory.config import FactsMode, MemoryConfig
-from memory.episodes.service import ScoredEpisode
+from memory.episodes.values import ScoredEpisode
 from memory.errors import MemoryIndexError
-from memory.facts.service import ScoredFact
+from memory.facts.values import ScoredFact
 from memory.retrieval.request import MAX_QUERY_CHARS, SearchHit
 from memory.retrieval.timephrases import find_time_window
 

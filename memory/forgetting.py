@@ -14,30 +14,22 @@ so no sync can find them. One that keeps the transcript records its range in ``f
 A chunk is dropped when it *overlaps* a forgotten range (it may hold a message outside the
 range too: forgetting errs on the side of forgetting), and when its *newest* message is older
 than the retention cutoff. Functions here are blocking; callers hold the write lock.
+:class:`ForgetRange` lives in :mod:`memory.forget_range`; it is re-exported here.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import apsw
+
+from memory.forget_range import ForgetRange
 
 __all__ = ["ForgetRange", "chunk_ids_for_file", "matching_chunk_ids", "old_chunk_ids", "record_forgotten",
            "retention_cutoff_ms"]
 
 _DAY_MS = 86_400_000
-
-
-@dataclass(frozen=True, slots=True)
-class ForgetRange:
-    """What ``memory.forget`` names: a user, optionally one session and a time window [after, before)."""
-
-    user: str
-    session_key: str | None = None
-    after_ms: int | None = None
-    before_ms: int | None = None
 
 
 def retention_cutoff_ms(retention_days: int, now_ms: int | None = None) -> int | None:

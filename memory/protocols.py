@@ -16,11 +16,9 @@ from typing import Any, Protocol
 from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory
 from memory.embedders.base import Embedder
-from memory.episodes.service import ScoredEpisode
-from memory.episodes.store import Episode, EpisodeDraft, EpisodeJob
-from memory.facts.service import FactsPage
-from memory.facts.store import Fact, FactChange
-from memory.forgetting import ForgetRange
+from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob, ScoredEpisode
+from memory.facts.values import Fact, FactChange, FactsPage
+from memory.forget_range import ForgetRange
 from memory.reports import ProgressCallback, SyncReport
 from memory.retrieval.request import SearchHit, SearchResponse, ShownHistory
 

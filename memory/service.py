@@ -34,7 +34,8 @@ from memory.embedders.embeddings import Embedder
 from memory.episodes import Episodes
 from memory.errors import MemoryUnavailable
 from memory.facts import Facts, FactStore
-from memory.forgetting import ForgetRange, retention_cutoff_ms
+from memory.forget_range import ForgetRange
+from memory.forgetting import retention_cutoff_ms
 from memory.index import knn
 from memory.index.db import (
     DEFAULT_VEC_EXTENSION,

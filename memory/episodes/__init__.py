@@ -5,8 +5,9 @@ package's values, so it is imported from its module, not from here."""
 
 from __future__ import annotations
 
-from .service import Episodes, ScoredEpisode
-from .store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore, dated
+from .service import Episodes
+from .store import EpisodeStore, dated
+from .values import Episode, EpisodeDraft, EpisodeJob, ScoredEpisode
 
 __all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "Episodes", "ScoredEpisode",
            "dated"]

@@ -4,7 +4,8 @@ Search over episodes is a small hybrid in Python, like facts (a user has at most
 ``w · keyword + (1 − w) · cosine``, then mixed with recency, ``(1 − r) · relevance + r · 0.5^(age
 / half-life)``, so a question about "what we talked about" prefers recent conversations when
 relevance is close. A time window (from a time phrase) keeps only episodes whose conversation
-reached into it.
+reached into it. :class:`ScoredEpisode` lives in :mod:`memory.episodes.values`; it is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import apsw
@@ -21,7 +21,8 @@ import structlog
 
 from memory.chunking import content_terms
 from memory.embedders.embeddings import EmbeddingPipeline
-from memory.episodes.store import Episode, EpisodeDraft, EpisodeJob, EpisodeStore
+from memory.episodes.store import EpisodeStore
+from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob, ScoredEpisode
 from memory.errors import EmbedderError
 from memory.facts.store import cosine
 from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
@@ -33,13 +34,6 @@ log = structlog.get_logger("memory.episodes")
 _DAY_MS = 86_400_000
 _CANDIDATES = 500  # newest episodes scored per search: months of them at the daily cap
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class ScoredEpisode:
-    episode: Episode
-    score: float
-
 
 
 class Episodes:

@@ -5,17 +5,20 @@ decided and done by the gateway (it owns the chat model); this module keeps the 
 durable queue of summaries still to write (a failed summary stays queued with its error and
 its next try, until ``max_attempts``), and the numbers the rules need: when a session's last
 episode was written, what it covered, and how many episodes a user got today.
+
+The values (:class:`Episode`, :class:`EpisodeDraft`, :class:`EpisodeJob`) live in
+:mod:`memory.episodes.values`, storage-neutral; they are re-exported here.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import apsw
+
+from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob
 
 __all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "dated"]
 
@@ -26,48 +29,6 @@ def dated(moment: datetime) -> tuple[str, str, int]:
     """ISO date, ISO week (``2026-W47``) and year of ``moment`` in its own time zone."""
     iso = moment.isocalendar()
     return moment.date().isoformat(), f"{iso.year}-W{iso.week:02d}", moment.year
-
-
-@dataclass(frozen=True, slots=True)
-class Episode:
-    id: int
-    user: str
-    session_key: str
-    text: str
-    theme: str
-    day: str
-    week: str
-    year: int
-    created_ms: int
-    updated_ms: int
-    covered_ms: int
-    merges: int
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Episode:
-        return cls(int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
-                   int(row[7]), int(row[8]), int(row[9]), int(row[10]), int(row[11]))
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeDraft:
-    user: str
-    session_key: str
-    text: str
-    theme: str
-    moment: datetime  # when it was written, in the user's time zone
-    covered_ms: int
-    vector: Sequence[float] | None = None
-    vector_model: str | None = None
-    job_id: int | None = None  # the queued job this finishes, in the same transaction
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeJob:
-    id: int
-    user: str
-    session_key: str
-    attempts: int
 
 
 def _blob(vector: Sequence[float] | None) -> bytes | None:

@@ -31,7 +31,7 @@ import orjson
 import structlog
 
 from memory.config import MemoryConfig
-from memory.episodes.store import EpisodeDraft, EpisodeJob
+from memory.episodes.values import EpisodeDraft, EpisodeJob
 from memory.errors import MemoryIndexError, SummarizerError
 from memory.protocols import EpisodesMemory
 from sessions import Message, SessionError, SessionStoreLike, parse_ts

@@ -4,8 +4,9 @@ de-duplicated exactly and semantically, versioned, and picked for a prompt (docs
 from __future__ import annotations
 
 from .block import BLOCK_CLOSE, BLOCK_OPEN, BlockFilter, FactBlock, MalformedBlock, parse_block
-from .service import Facts, FactsPage, ScoredFact
-from .store import Action, Fact, FactChange, FactStore, normalise, text_hash
+from .service import Facts
+from .store import FactStore, normalise, text_hash
+from .values import Action, Fact, FactChange, FactsPage, ScoredFact
 
 __all__ = ["Action", "BLOCK_CLOSE", "BLOCK_OPEN", "BlockFilter", "FactBlock", "MalformedBlock", "parse_block",
            "Fact", "FactChange", "FactStore", "Facts", "FactsPage", "ScoredFact",

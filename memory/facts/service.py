@@ -10,13 +10,15 @@ embedder that fails leaves only the exact tier; the fact is still saved.
 active facts (keyword overlap and cosine, weighted like the chunk search), cut to a count and a
 token budget. Per-user fact sets are small (``memory.facts_max_per_user``), so both legs are
 scored in Python over every active fact rather than through FTS5 and sqlite-vec.
+
+:class:`FactsPage` and :class:`ScoredFact` live in :mod:`memory.facts.values`; they are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import apsw
@@ -25,7 +27,8 @@ import structlog
 from memory.chunking import approx_tokens, content_terms
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import EmbedderError
-from memory.facts.store import Fact, FactChange, FactDraft, FactStore, cosine
+from memory.facts.store import FactStore, cosine
+from memory.facts.values import Fact, FactChange, FactDraft, FactsPage, ScoredFact
 from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
 
 __all__ = ["Facts", "FactsPage", "ScoredFact"]
@@ -36,19 +39,6 @@ log = structlog.get_logger("memory.facts")
 # none was active, or under another one): a bound on the work one run can cause.
 _BACKFILL_PER_CALL = 64
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class FactsPage:
-    facts: list[Fact]
-    next: int | None  # pass as ``before`` for the next page
-
-
-@dataclass(frozen=True, slots=True)
-class ScoredFact:
-    fact: Fact
-    score: float
-
 
 
 class Facts:

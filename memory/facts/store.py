@@ -7,6 +7,9 @@ another run saving a fact for the same user. Callers run these functions off the
 A change never edits a fact's text in place: it inserts the next version (``previous_id``
 pointing back, ``origin_id`` shared by every version) and marks the old one inactive, so
 ``history`` can show how a fact changed. Deleting a fact removes every version of it.
+
+The values (:class:`Fact`, :class:`FactChange`, :class:`FactDraft`) live in
+:mod:`memory.facts.values`, storage-neutral; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,20 +21,14 @@ import re
 import unicodedata
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
 
 import apsw
 
 from memory.errors import FactNotFound, InvalidFact
+from memory.facts.values import Action, Fact, FactChange, FactDraft
 
 __all__ = ["Action", "Fact", "FactChange", "FactDraft", "FactStore", "normalise", "text_hash"]
-
-# What a save or delete did to a fact (docs/protocol.md, chat.final's facts).
-Action = Literal["added", "updated", "replaced", "unchanged", "deleted"]
-
-
 
 _SPACE = re.compile(r"\s+")
 _COLUMNS = ("id, user, text, active, previous_id, origin_id, source, session_key, run_id, "
@@ -54,53 +51,6 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     # a run with facts on (bench/facts.py).
     na, nb = math.hypot(*a), math.hypot(*b)
     return sum(map(operator.mul, a, b)) / (na * nb) if na and nb else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Fact:
-    """One version of a remembered fact."""
-
-    id: int
-    user: str
-    text: str
-    active: bool
-    previous_id: int | None
-    origin_id: int
-    source: str
-    session_key: str | None
-    run_id: str | None
-    created_at: str
-    updated_at: str
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Fact:
-        return cls(int(row[0]), str(row[1]), str(row[2]), bool(row[3]),
-                   None if row[4] is None else int(row[4]), int(row[5] if row[5] is not None else row[0]),
-                   str(row[6]), row[7], row[8], str(row[9]), str(row[10]))
-
-
-@dataclass(frozen=True, slots=True)
-class FactChange:
-    """What one save or delete did: the fact as it now stands, and the version it replaced."""
-
-    action: Action
-    fact: Fact
-    previous_id: int | None = None
-    similarity: float | None = None  # for a semantic merge: the cosine that decided it
-
-
-@dataclass(frozen=True, slots=True)
-class FactDraft:
-    """A fact about to be saved, with its vector when an embedder is active."""
-
-    user: str
-    text: str
-    source: str
-    replaces: int | None = None
-    session_key: str | None = None
-    run_id: str | None = None
-    vector: Sequence[float] | None = None
-    vector_model: str | None = None
 
 
 def _now() -> tuple[str, int]:

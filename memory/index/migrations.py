@@ -1,7 +1,8 @@
 """Ordered, named, recorded schema migrations (``m001_…``); never edit an applied one.
 
 Each migration is a function taking the connection; :func:`migrate` runs the ones not yet
-recorded in ``migrations``, each in its own transaction together with its record row.
+recorded in ``migrations``, each in its own transaction together with its record row (the
+runner is ``sessions.apply_migrations``, shared with the PostgreSQL schemas).
 
 The vector table ``chunks_vec`` is not created here: its width is the embedder's dimension
 count, which is known only at run time, so the writer creates (and re-creates on an embedder
@@ -11,10 +12,10 @@ change) it — see ``memory.vectors.ensure_vector_table``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import apsw
 
+from sessions import apply_migrations, sqlite_ledger
 from memory.index.quantize import cached_vector_to_int8
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
@@ -234,19 +235,4 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 def migrate(db: apsw.Connection) -> list[str]:
     """Apply every migration not yet recorded; returns the names applied now."""
-    db.execute(
-        "CREATE TABLE IF NOT EXISTS migrations(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
-    )
-    done = {row[0] for row in db.execute("SELECT name FROM migrations")}
-    applied: list[str] = []
-    for name, step in MIGRATIONS:
-        if name in done:
-            continue
-        with db:
-            step(db)
-            db.execute(
-                "INSERT INTO migrations(name, applied_at) VALUES (?, ?)",
-                (name, datetime.now(UTC).isoformat()),
-            )
-        applied.append(name)
-    return applied
+    return apply_migrations(sqlite_ledger(db, "migrations"), MIGRATIONS)

@@ -24,7 +24,8 @@ from psycopg.rows import TupleRow
 
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.episodes.service import Episodes
-from memory.episodes.store import Episode, EpisodeDraft, EpisodeJob, dated
+from memory.episodes.store import dated
+from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob
 from memory.pg.steps import Pool, pooled_step
 
 __all__ = ["CLAIM_S", "PgEpisodeStore", "PgEpisodes"]

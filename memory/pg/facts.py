@@ -24,7 +24,8 @@ from psycopg.rows import TupleRow
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import FactNotFound, InvalidFact
 from memory.facts.service import Facts
-from memory.facts.store import Fact, FactChange, FactDraft, cosine, text_hash
+from memory.facts.store import cosine, text_hash
+from memory.facts.values import Fact, FactChange, FactDraft
 from memory.pg.steps import Pool, pooled_step
 
 __all__ = ["FACTS_LOCK", "PgFactStore", "PgFacts"]

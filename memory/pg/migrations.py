@@ -32,6 +32,8 @@ from collections.abc import Sequence
 
 import psycopg
 
+from sessions import apply_migrations, pg_ledger
+
 __all__ = ["MIGRATIONS", "MIGRATION_LOCK", "TS_CONFIG", "migrate"]
 
 # A constant per package (the sessions package has its own): ASCII "rcldmem" folded into 63 bits.
@@ -195,27 +197,10 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m002_facts_episodes_forgotten", _M002),
 )
 
-_LEDGER = """
-CREATE TABLE IF NOT EXISTS recalld_memory_migrations (
-  name       text PRIMARY KEY,
-  applied_at timestamptz NOT NULL DEFAULT now())
-"""
-
-
 def migrate(conn: psycopg.Connection[object]) -> list[str]:
     """Apply every migration not yet recorded, in order, in one transaction under the lock;
     return the names applied here (empty when another node, or an earlier start, did it)."""
-    applied_here: list[str] = []
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        # CREATE EXTENSION takes its own lock; IF NOT EXISTS under ours keeps two nodes from racing it.
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute(_LEDGER)
-        done = {str(row[0]) for row in conn.execute("SELECT name FROM recalld_memory_migrations").fetchall()}  # type: ignore[index]
-        for name, sql in MIGRATIONS:
-            if name in done:
-                continue
-            conn.execute(sql.encode())
-            conn.execute("INSERT INTO recalld_memory_migrations(name) VALUES (%s)", (name,))
-            applied_here.append(name)
-    return applied_here
+    # CREATE EXTENSION takes its own lock; IF NOT EXISTS under ours keeps two nodes from racing it.
+    with pg_ledger(conn, table="recalld_memory_migrations", lock=MIGRATION_LOCK,
+                   prelude=("CREATE EXTENSION IF NOT EXISTS vector",)) as ledger:
+        return apply_migrations(ledger, MIGRATIONS)

@@ -43,7 +43,8 @@ from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.errors import EmbedderError, MemoryStorageError
-from memory.forgetting import ForgetRange, retention_cutoff_ms
+from memory.forget_range import ForgetRange
+from memory.forgetting import retention_cutoff_ms
 from memory.pg.episodes import PgEpisodes
 from memory.pg.facts import PgFacts, PgFactStore
 from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
