@@ -7,7 +7,9 @@ the methods the gateway calls, for a second backend) with its values (:class:`Se
 transcripts from outside the store (the memory indexer) use the path layout
 (:func:`sessions_root`, :func:`transcript_relpath`, :func:`parse_transcript_relpath`,
 :func:`scan_transcripts`), :class:`ForwardReader` and :func:`read_header`, so the format has
-one owner. :class:`PgSessionStore` (``sessions.pg``, the same API on PostgreSQL) is imported
+one owner. Every database of recalld (the memory index, and on PostgreSQL the sessions',
+memory's and cluster's tables) applies its ordered, named, recorded migrations through
+:func:`apply_migrations` and a ledger (:mod:`sessions.migrations`). :class:`PgSessionStore` (``sessions.pg``, the same API on PostgreSQL) is imported
 on first use only, since it needs psycopg (the ``postgres`` extra), as is ``pg_feed``
 (:mod:`sessions.pg.feed`: what the PostgreSQL memory indexer reads of its tables, and the change
 notifications). See docs/sessions.md.
@@ -37,6 +39,18 @@ from .layout import (
     transcript_file,
     transcript_relpath,
 )
+from .migrations import (
+    AsyncLedger,
+    AsyncPgLedger,
+    Ledger,
+    PgLedger,
+    SqliteLedger,
+    apply_migrations,
+    apply_migrations_async,
+    async_pg_ledger,
+    pg_ledger,
+    sqlite_ledger,
+)
 from .models import (
     MESSAGE_ROLES,
     SUMMARY_TYPE,
@@ -60,6 +74,16 @@ if TYPE_CHECKING:
     from .pg import feed as pg_feed  # noqa: F401  (for mypy; __getattr__ imports it at run time)
 
 __all__ = [
+    "AsyncLedger",
+    "AsyncPgLedger",
+    "Ledger",
+    "PgLedger",
+    "SqliteLedger",
+    "apply_migrations",
+    "apply_migrations_async",
+    "async_pg_ledger",
+    "pg_ledger",
+    "sqlite_ledger",
     "DEFAULT_TITLE",
     "MESSAGE_ROLES",
     "REPLACES_KEY",

@@ -1,6 +1,7 @@
 """The tables the cross-node primitives share, and their recorded migrations.
 
-The same scheme as ``sessions.pg.schema``: named migrations recorded in
+The same scheme as ``sessions.pg.schema``, through the same runner
+(``sessions.apply_migrations_async``): named migrations recorded in
 ``recalld_cluster_migrations``, all pending ones applied in one transaction holding
 ``pg_advisory_xact_lock(MIGRATION_LOCK)``, so nodes starting together do not race.
 """
@@ -8,6 +9,8 @@ The same scheme as ``sessions.pg.schema``: named migrations recorded in
 from __future__ import annotations
 
 import psycopg
+
+from sessions import apply_migrations_async, async_pg_ledger
 
 __all__ = ["MIGRATIONS", "MIGRATION_LOCK", "connect", "migrate"]
 
@@ -41,21 +44,8 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
 
 async def migrate(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> list[str]:
     """Apply the pending migrations under the advisory lock; returns the names applied now."""
-    applied_now: list[str] = []
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS recalld_cluster_migrations ("
-            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        cur = await conn.execute("SELECT name FROM recalld_cluster_migrations")
-        done = {str(row[0]) for row in await cur.fetchall()}
-        for name, sql in MIGRATIONS:
-            if name not in done:
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO recalld_cluster_migrations (name) VALUES (%s)", (name,))
-                applied_now.append(name)
-    return applied_now
+    async with async_pg_ledger(conn, table="recalld_cluster_migrations", lock=MIGRATION_LOCK) as ledger:
+        return await apply_migrations_async(ledger, MIGRATIONS)
 
 
 async def connect(dsn: str, *, connect_timeout_s: float, application_name: str,

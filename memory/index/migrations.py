@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import apsw
 
-from sessions import apply_migrations, sqlite_ledger
 from memory.index.quantize import cached_vector_to_int8
+from sessions import apply_migrations, sqlite_ledger
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 

@@ -1,9 +1,10 @@
 """The PostgreSQL schema of the sessions store and its recorded migrations.
 
 Migrations are ordered and named (``m001_…``); an applied one is never edited, the next is
-added. :func:`migrate` runs every pending one in ONE transaction that first takes
-``pg_advisory_xact_lock(MIGRATION_LOCK)``: nodes starting together on an empty database queue
-on the lock, and each later one finds the work recorded in ``recalld_sessions_migrations``.
+added. :func:`migrate` runs every pending one (through :mod:`sessions.migrations`) in ONE
+transaction that first takes ``pg_advisory_xact_lock(MIGRATION_LOCK)``: nodes starting together
+on an empty database queue on the lock, and each later one finds the work recorded in
+``recalld_sessions_migrations``.
 
 The two tables are a contract with the memory indexer, which reads them (docs/sessions.md,
 "PostgreSQL"): columns may be added, never renamed or dropped. Keys and timestamps are
@@ -14,6 +15,8 @@ list cursor expect, whatever the database's default collation is.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from sessions.migrations import apply_migrations, pg_ledger
 
 if TYPE_CHECKING:
     import psycopg
@@ -77,18 +80,5 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
 
 def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
     """Apply the pending migrations under the advisory lock; returns the names applied now."""
-    applied_now: list[str] = []
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS recalld_sessions_migrations ("
-            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {str(row[0]) for row in conn.execute("SELECT name FROM recalld_sessions_migrations")}
-        for name, sql in MIGRATIONS:
-            if name in done:
-                continue
-            conn.execute(sql)
-            conn.execute("INSERT INTO recalld_sessions_migrations (name) VALUES (%s)", (name,))
-            applied_now.append(name)
-    return applied_now
+    with pg_ledger(conn, table="recalld_sessions_migrations", lock=MIGRATION_LOCK) as ledger:
+        return apply_migrations(ledger, MIGRATIONS)
