@@ -235,16 +235,18 @@ def _tokens(i: int) -> str:
     return f"bench-conversation-token-{i:05d}-0123456789abcdef"
 
 
-def _bench_config(data_dir: Path, fake: FakeOpenAI, users: dict[str, str], embedder: str) -> Config:
+def _bench_config(data_dir: Path, fake: FakeOpenAI, users: dict[str, str], embedder: str,
+                  compaction: bool = True) -> Config:
     """A gateway with the product's defaults but for: one ``[[auth.users]]`` entry per
     conversation, the fake model, the chosen embedder, no episodes (their summaries would be the
-    fake model's replies) and a session quota no replay hits."""
+    fake model's replies), a session quota no replay hits and ``chat.compaction`` as asked."""
     return make_config(
         data_dir,
         llm={"base_url": fake.base_url, "api_key": "sk-bench", "model": "fake-model", "max_retries": 0},
         auth={"token": None, "users": [{"name": user, "token": _tokens(i)} for i, user in enumerate(users.values())]},
         memory={"embedder": embedder, "episodes": False},
         quotas={"sessions_per_minute": 1_000_000},
+        chat={"compaction": compaction},
     )
 
 
@@ -389,7 +391,7 @@ def _jobs(dataset: Dataset, negatives: bool) -> Iterator[tuple[Question, bool, s
 
 
 async def _run_mode(mode: str, dataset: Dataset, *, embedder: str, cache: Path | None, negatives: bool,
-                    progress: _Progress, warmup: int = 1) -> ModeRun:
+                    progress: _Progress, warmup: int = 1, compaction: bool = True) -> ModeRun:
     result = ModeRun()
     users = {c.id: user_name(ci, c.id) for ci, c in enumerate(dataset.conversations)}
     convs = {c.id: c for c in dataset.conversations}
@@ -398,7 +400,7 @@ async def _run_mode(mode: str, dataset: Dataset, *, embedder: str, cache: Path |
     async with FakeOpenAI() as fake:
         fake.configure(reply=fake_reply)
         with tempfile.TemporaryDirectory(prefix=f"recalld-conversation-{mode}-") as tmp:
-            config = _bench_config(Path(tmp), fake, users, embedder)
+            config = _bench_config(Path(tmp), fake, users, embedder, compaction)
             if mode == "separate":
                 await _import_and_index(config, dataset, users, cache, progress, result)
 
@@ -556,6 +558,7 @@ def per_question(mode: str, run: ModeRun) -> list[dict[str, Any]]:
 async def run_conversation_benchmark(dataset: Dataset, *, dataset_name: str, embedder: str = "none",
                                      modes: Sequence[str] = MODES, negatives: bool = True,
                                      embedding_cache: Path | None = None, warmup: int = 1,
+                                     compaction: bool = True,
                                      progress_stream: TextIO | None = None) -> dict[str, Any]:
     """Every mode of ``modes`` on ``dataset``; the report (the ``--json`` shape)."""
     if negatives and len(dataset.conversations) < 2:
@@ -565,14 +568,14 @@ async def run_conversation_benchmark(dataset: Dataset, *, dataset_name: str, emb
         "dataset": dataset_name, "embedder": embedder, "granularity": "chunk", "granularityNote": GRANULARITY_NOTE,
         "conversations": len(dataset.conversations), "questions": len(dataset.questions),
         "turns": dataset.turn_count, "negatives": negatives, "summaryTag": SUMMARY_OPEN, "warmup": warmup,
-        "compaction": COMPACTION_INSTRUCTION is not None,
+        "compaction": COMPACTION_INSTRUCTION is not None and compaction,
         "latencyNote": "recallMs: MemoryService.recall inside the gateway, timed around the call; "
                        "firstDeltaMs: chat.send sent -> first chat.delta at the client",
         "modes": {}, "perQuestion": [],
     }
     for mode in modes:
         run = await _run_mode(mode, dataset, embedder=embedder, cache=embedding_cache, negatives=negatives,
-                              progress=progress, warmup=warmup)
+                              progress=progress, warmup=warmup, compaction=compaction)
         report["modes"][mode] = summarise(mode, run)
         report["perQuestion"] += per_question(mode, run)
         report["embedderReason"] = run.embedder_reason
@@ -586,7 +589,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"embedder {report['embedder']} ({report.get('embedderReason', '')}); granularity chunk: "
         f"{report['granularityNote']}",
         f"evidence reached the prompt (share of evidence turns), by where; summary = {SUMMARY_OPEN} "
-        f"in the system message (compaction {'in the product' if report['compaction'] else 'absent'}; the fake "
+        f"in the system message (compaction {'on' if report['compaction'] else 'off or absent'}; the fake "
         f"model summarises extractively); one-session: {report['warmup']} warm-up message(s) before each question",
     ]
     cols = (*PLACES, "any", "all")
@@ -663,6 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--granularity", choices=("chunk", "turn"), default="chunk",
                         help="chunk only: " + GRANULARITY_NOTE)
     parser.add_argument("--no-negatives", action="store_true", help="skip the negatives")
+    parser.add_argument("--compaction", choices=("on", "off"), default="on",
+                        help="chat.compaction in the replaying gateway (off: what in-session recall does alone)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N",
                         help="one-session: messages sent into the replayed session before each question, "
                              "each followed by the compaction it triggers (default 1; 0: the question first)")
@@ -696,7 +701,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         report = asyncio.run(run_conversation_benchmark(
             dataset, dataset_name=str(args.dataset), embedder=args.embedder, modes=modes,
             negatives=not args.no_negatives, embedding_cache=args.embedding_cache, warmup=max(0, args.warmup),
-            progress_stream=err))
+            compaction=args.compaction == "on", progress_stream=err))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2

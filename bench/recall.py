@@ -863,6 +863,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--neighbours", choices=("on", "off"), default=None,
                         help="memory.recall_neighbours: --recall widens excerpts by the message before "
                              "and after (default: the memory default, on)")
+    parser.add_argument("--recall-margin", type=float, default=None, metavar="COSINE",
+                        help="memory.recall_vector_only_margin: how far above the floor a recalled hit that "
+                             "shares no meaningful word with the question must be (default: the memory default)")
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or asked_before_turn): "
                              "only what was said before it is searched")
@@ -922,6 +925,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             rerank={"true": True, "false": False, "auto": "auto", None: defaults.rerank}[args.rerank],
             rerank_budget_ms=args.rerank_budget_ms or defaults.rerank_budget_ms,
             recall_neighbours=(args.neighbours == "on") if args.neighbours else defaults.recall_neighbours,
+            recall_vector_only_margin=(args.recall_margin if args.recall_margin is not None
+                                       else defaults.recall_vector_only_margin),
         )
         if args.backend == "postgres":
             if not args.dsn:

@@ -6,7 +6,8 @@ child process with ``memory.rerank = "auto"``. Every query then runs, in both se
 after the other (which one first alternates per query, two passes): a hybrid
 ``MemoryService.search`` (the default k) and the chat's ``MemoryService.recall`` (k 6). A
 search reports the fused search's ``searchMs``, the re-rank step's ``rerankMs`` and how many
-candidates it read (``reranked``); a recall is timed around the call.
+candidates it read (``reranked``); a recall is timed around the call, as a chat in the corpus's
+newest session asks it (its newest chunk inside the history window: the in-session filter on).
 
 What is synthetic, and why the step's cost is still the real one: the corpus's vectors come from
 :class:`bench.realdist.RealDistEmbedder`, not a model, and "auto" re-ranks only where the embedder
@@ -33,8 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import apsw
+
 from bench.corpus import USER, bench_memory_config, queries
 from bench.stats import Figure, machine_info, pct, print_table, summary_ms
+from memory.retrieval.request import ShownHistory
 
 __all__ = ["figures_for", "main", "open_rerank_gate", "run"]
 
@@ -98,6 +102,7 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
     if not encoder.ready:
         raise RuntimeError("the re-ranker did not calibrate at start")
     calibrated = encoder.ms_per_token
+    shown = _newest_window(data_dir)
     search: dict[str, list[float]] = {"false": [], "auto": []}       # searchMs (the fused search)
     call: dict[str, list[float]] = {"false": [], "auto": []}         # the whole search call
     recall: dict[str, list[float]] = {"false": [], "auto": []}
@@ -129,7 +134,7 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
                 elif turn == 0 and i < 20:
                     passages += [h.content for h in r.results]
                 t = time.perf_counter()
-                await svc.recall(USER, q, k=RECALL_K)
+                await svc.recall(USER, q, k=RECALL_K, shown=shown)
                 recall[name].append(time.perf_counter() - t)
     await svc.close()
     budget = auto.rerank_budget_ms
@@ -148,6 +153,18 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
                  "mean": statistics.fmean(read) if read else 0.0, "zero": sum(n == 0 for n in read)},
         "tokensPerWord": _tokens_per_word(passages),
     }
+
+
+def _newest_window(data_dir: Path) -> ShownHistory | None:
+    """The recall of a chat in the corpus's newest session: its newest chunk's start as the
+    history window's (so the search carries the in-session filter, as a chat's recall does)."""
+    db = apsw.Connection(str(data_dir / "memory.db"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = db.execute("SELECT session_key, start_ts FROM chunks WHERE start_ts IS NOT NULL "
+                         "ORDER BY start_ms DESC LIMIT 1").fetchone()
+    finally:
+        db.close()
+    return ShownHistory(str(row[0]), str(row[1])) if row else None
 
 
 def _child(size: int, n_queries: int, budget_ms: int | None) -> dict[str, Any]:

@@ -106,7 +106,7 @@ class MemoryConfig:
     # The floor adapts (memory.retrieval.excerpts.relevant): a hit that shares no meaningful
     # word with the message must clear it by recall_vector_only_margin, and none may fall more
     # than recall_relative_drop below the best hit's cosine.
-    recall_vector_only_margin: float = 0.0
+    recall_vector_only_margin: float = 0.02
     recall_relative_drop: float = 1.0
 
     # Remembered facts (memory.facts): "tool" offers the model remember/forget/search_memory
