@@ -2,10 +2,11 @@
 
 Each part is constructed here with exactly what it uses, so this is the one module that
 knows them all; nothing else imports it but the CLI. Each part that must be stopped is pushed
-on one ``AsyncExitStack`` as it starts, so stop is start reversed, and a start that fails or is
-cancelled part-way stops exactly what had started: stop accepting → close connections 1001 →
-let runs finish within ``server.shutdown_grace_s`` → cancel the background tasks → flush
-transcripts → close the index → release the data dir. ``App.close()`` is safe to call twice.
+on one ``AsyncExitStack`` as it starts, by a small function of its own that ``_start`` calls in
+start order, so stop is start reversed, and a start that fails or is cancelled part-way stops
+exactly what had started: stop accepting → close connections 1001 → let runs finish within
+``server.shutdown_grace_s`` → cancel the background tasks → flush transcripts → close the index
+→ release the data dir. ``App.close()`` is safe to call twice.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ from gateway.private import (
 from gateway.retention import RetentionSweeper
 from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots, fair_threads
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
-from gateway.transport import GatewayServer
-from memory import Embedder
+from gateway.transport import GatewayServer, ServerSettings
+from memory import Embedder, Memory
 from sessions import FileIO, SessionStoreLike
 
 if TYPE_CHECKING:
@@ -202,53 +203,105 @@ async def start_app(config: Config, *, file_io: FileIO | None = None,
 async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                  embedder: tuple[Embedder | None, str] | None) -> App:
     """Start each part onto ``stack``; what is pushed last is stopped first."""
+    loose_mode = _private_data_dir(config.data_dir)
+    fair_threads(config.limits.max_user_threads)  # the worker threads, before any job goes to one
+    audit = _claim_data_dir(stack, config.data_dir)
+    authenticator = _authenticator(config)
+    service = await _open_memory(stack, config, embedder)
+    # Opening the store reconciles its index with the transcripts: disk work, off the loop.
+    store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
+    await _audited(config.data_dir, audit, loose_mode)
+    cluster = await _join_cluster(stack, config, store)
+    if service is not None:
+        service.catch_up()  # after the reconcile: it may cut a torn transcript tail
+    else:
+        log.info("memory.disabled")
+    hub = Hub() if cluster is None else cluster.hub
+    runs = _chat_runs(config, store, hub, service, cluster)
+    sweeper = _start_background(stack, config, store, runs, service)
+    # Runs finish (within the grace period) before the background tasks and the store stop.
+    stack.push_async_callback(runs.drain, config.server.shutdown_grace_s)
+    registry = Registry()
+    core = _rpc_core(config, registry)
+    app_version = package_version()
+    server = _server(config, core, authenticator, app_version, hub)
+    sessions, chat, memory = _declare_handlers(registry, config, store, hub, runs, service,
+                                               authenticator, server, app_version)
+    await _listen(stack, config, server, service)
+    mcp = await _start_mcp(stack, config, authenticator, app_version, server)
+    return App(config, server, store, runs, sessions, chat, memory,
+               sweeper if sweeper.enabled else None, stack.pop_all(), mcp, cluster)
+
+
+def _private_data_dir(data_dir: Path) -> int | None:
+    """The data dir, made owner-only before anything is written into it; its loose mode, if any
+    (None: nothing to tighten once the audit has named what others could reach)."""
     # First, before any file is opened: everything the daemon creates is 0600/0700, the
     # SQLite WAL and SHM files included (gateway.private).
     set_private_umask()
     # A data dir another user owns with group or world access refuses the start here
     # (DataDirExposed, an OSError), before anything is written into it.
-    loose_mode = make_private_dir(config.data_dir)
-    fair_threads(config.limits.max_user_threads)  # the worker threads, before any job goes to one
+    return make_private_dir(data_dir)
+
+
+def _claim_data_dir(stack: AsyncExitStack, data_dir: Path) -> asyncio.Future[bool]:
+    """Start the mode audit and take the data dir's lock; the audit, awaited by :func:`_audited`."""
     # Start-up disk work runs side by side (each a walk or a read of its own): the mode audit
     # of every file, the memory index's own start work (its sign bits, its integrity check;
     # started first, without its catch-up sync), and the sessions store's reconcile of its
     # index with the transcripts (docs/scaling.md).
-    audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, config.data_dir))
+    audit = asyncio.ensure_future(asyncio.to_thread(_warn_if_exposed, data_dir))
     stack.push_async_callback(_settle, audit)
-    lock_fd = _lock_data_dir(config.data_dir)
+    lock_fd = _lock_data_dir(data_dir)
     stack.callback(os.close, lock_fd)  # releases the data dir lock
     # Stopped just before the lock is released: the next start may then skip the per-file audit.
-    stack.push_async_callback(_mark_clean_stop, audit, config.data_dir)
-    stack.callback(remove_runtime_file, config.data_dir)  # written once listening
-    authenticator = _authenticator(config)
-    service = None
-    if config.memory.enabled:
-        service = await _opened(stack, open_memory(config, embedder=embedder, catch_up=False), close_memory)
-    # Opening the store reconciles its index with the transcripts: disk work, off the loop.
-    store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
+    stack.push_async_callback(_mark_clean_stop, audit, data_dir)
+    stack.callback(remove_runtime_file, data_dir)  # written once listening
+    return audit
+
+
+async def _open_memory(stack: AsyncExitStack, config: Config,
+                       embedder: tuple[Embedder | None, str] | None) -> Memory | None:
+    """The memory service, started without its catch-up sync (None when memory is off)."""
+    if not config.memory.enabled:
+        return None
+    opening = open_memory(config, embedder=embedder, catch_up=False)
+    return await _opened(stack, opening, close_memory)
+
+
+async def _audited(data_dir: Path, audit: asyncio.Future[bool], loose_mode: int | None) -> None:
     await audit
     if loose_mode is not None:
         # After the audit, so that it still names the data dir others could reach until now.
-        tighten_private_dir(config.data_dir, loose_mode)
-        log.warning("data_dir.tightened", data_dir=str(config.data_dir), mode=f"{loose_mode:04o}")
-    cluster = None
-    if config.storage.backend == "postgres":
-        cluster = await join_cluster(config, store)  # closes what it opened if it fails
-        stack.push_async_callback(cluster.close)  # after the runs drain, before the store closes
-    if service is not None:
-        service.catch_up()  # after the reconcile: it may cut a torn transcript tail
-    else:
-        log.info("memory.disabled")
-    llm = config.llm
+        tighten_private_dir(data_dir, loose_mode)
+        log.warning("data_dir.tightened", data_dir=str(data_dir), mode=f"{loose_mode:04o}")
+
+
+async def _join_cluster(stack: AsyncExitStack, config: Config,
+                        store: SessionStoreLike) -> ClusterNode | None:
+    """The node among the others on one database (storage.backend = "postgres"), else None."""
+    if config.storage.backend != "postgres":
+        return None
+    cluster = await join_cluster(config, store)  # closes what it opened if it fails
+    stack.push_async_callback(cluster.close)  # after the runs drain, before the store closes
+    return cluster
+
+
+def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memory | None,
+               cluster: ClusterNode | None) -> ChatRuns:
+    llm, quotas = config.llm, config.quotas
     model = create_chat_model(
         base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
         timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
     )
-    hub = Hub() if cluster is None else cluster.hub
-    quotas = config.quotas
-    runs = ChatRuns(config.chat, llm.model, store, hub, model, service,
+    return ChatRuns(config.chat, llm.model, store, hub, model, service,
                     max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user,
                     gate=None if cluster is None else cluster.runs)
+
+
+def _start_background(stack: AsyncExitStack, config: Config, store: SessionStoreLike,
+                      runs: ChatRuns, service: Memory | None) -> RetentionSweeper:
+    """The batched flush, the episode writer and the retention sweep, each when it is on."""
     if config.sessions.fsync == "batch":
         _background(stack, _flush_loop(store, config.sessions.fsync_interval_s))
     if runs.episodes.enabled:
@@ -257,10 +310,12 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                                memory_days=config.memory.retention_days)
     if sweeper.enabled:
         _background(stack, sweeper.run())
-    # Runs finish (within the grace period) before the background tasks and the store stop.
-    stack.push_async_callback(runs.drain, config.server.shutdown_grace_s)
-    registry = Registry()
-    core = RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
+    return sweeper
+
+
+def _rpc_core(config: Config, registry: Registry) -> RpcCore:
+    quotas = config.quotas
+    return RpcCore(registry, max_batch=config.limits.max_batch, on_crash=_log_crash,
                    auth_timeout_s=config.auth.timeout_s,
                    reply_reserve=page_capped(config).max_page_bytes,
                    user_slots=UserSlots(config.limits.max_user_running),
@@ -271,8 +326,14 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                                    "memory.facts.update": (quotas.updates_per_minute, "quotas.updates_per_minute")},
                        in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
                    ))
-    app_version = package_version()
-    server = _server(config, core, authenticator, app_version, hub)
+
+
+def _declare_handlers(registry: Registry, config: Config, store: SessionStoreLike, hub: Hub,
+                      runs: ChatRuns, service: Memory | None, authenticator: Authenticator,
+                      server: GatewayServer, app_version: str,
+                      ) -> tuple[SessionsMethods, ChatMethods, MemoryMethods | None]:
+    """One handler object per namespace, declared on ``registry``; those the app keeps."""
+    llm, quotas = config.llm, config.quotas
     sessions = SessionsMethods(store, hub, runs, service, llm.choices())
     chat = ChatMethods(config.chat, store, hub, runs, ByteRate(quotas.message_bytes_per_minute,
                        "quotas.message_bytes_per_minute", largest=config.chat.max_message_bytes))
@@ -286,6 +347,12 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     episodes = EpisodesMethods(service) if service is not None else None
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
                     forget=forget, episodes=episodes)
+    return sessions, chat, memory
+
+
+async def _listen(stack: AsyncExitStack, config: Config, server: GatewayServer,
+                  service: Memory | None) -> None:
+    """Start listening, then write the runtime file that names the URL (and warn on plain ws://)."""
     # Stopped first: no new connection, the open ones closed 1001.
     stack.push_async_callback(server.close)
     await server.start()
@@ -297,37 +364,29 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
         log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
                     fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
                         "tunnel or a TLS reverse proxy (docs/remote.md)")
-    mcp = None
-    if config.mcp.port:
-        from gateway.mcp import start_http  # the optional `mcp` extra: imported only when on
-
-        mcp = await start_http(config, authenticator, version=app_version,
-                               daemon_url=client_url(server.scheme, config.server.host, server.port))
-        stack.push_async_callback(mcp.close)  # stopped first: its tools are clients of the server
-    return App(config, server, store, runs, sessions, chat, memory, sweeper if sweeper.enabled else None,
-               stack.pop_all(), mcp, cluster)
 
 
-def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str, hub: Hub) -> GatewayServer:
-    s, limits = config.server, config.limits
+async def _start_mcp(stack: AsyncExitStack, config: Config, authenticator: Authenticator,
+                     app_version: str, server: GatewayServer) -> McpHttpServer | None:
+    """/mcp on [mcp] port, when set."""
+    if not config.mcp.port:
+        return None
+    from gateway.mcp import start_http  # the optional `mcp` extra: imported only when on
+
+    mcp = await start_http(config, authenticator, version=app_version,
+                           daemon_url=client_url(server.scheme, config.server.host, server.port))
+    stack.push_async_callback(mcp.close)  # stopped first: its tools are clients of the server
+    return mcp
+
+
+def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str,
+            hub: Hub) -> GatewayServer:
     ssl_context = None
     if config.tls.cert and config.tls.key:
         ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ssl_context.load_cert_chain(config.tls.cert, config.tls.key)
-    return GatewayServer(
-        core, authenticator, version=app_version, on_disconnect=hub.drop,
-        host=s.host, port=s.port, ssl_context=ssl_context,
-        allowed_hosts=s.allowed_hosts, allowed_origins=s.allowed_origins,
-        max_connections=s.max_connections, reserved_fds=s.reserved_fds,
-        max_size=s.max_size, max_queue=s.max_queue, write_limit=s.write_limit,
-        open_timeout_s=s.open_timeout_s, ping_interval_s=s.ping_interval_s, ping_timeout_s=s.ping_timeout_s,
-        close_timeout_s=s.close_timeout_s,
-        auth_timeout_s=config.auth.timeout_s, preauth_max_size=config.auth.preauth_max_size,
-        max_pending=config.auth.max_pending, max_pending_per_address=config.auth.max_pending_per_address,
-        max_inflight=limits.max_inflight, max_reply_bytes=limits.max_reply_bytes,
-        max_user_reply_bytes=limits.max_user_reply_bytes,
-        max_outbox_bytes=limits.max_outbox_bytes, max_control_frames_per_s=limits.max_control_frames_per_s,
-    )
+    return GatewayServer(core, authenticator, ServerSettings.from_config(config),
+                         version=app_version, ssl_context=ssl_context, on_disconnect=hub.drop)
 
 
 async def _opened(stack: AsyncExitStack, opening: Awaitable[T], close: Callable[[T], Awaitable[None]]) -> T:

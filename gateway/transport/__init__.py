@@ -7,5 +7,6 @@ from __future__ import annotations
 from gateway.transport.connection import Connection
 from gateway.transport.outbox import Outbox
 from gateway.transport.server import GatewayServer
+from gateway.transport.settings import ServerSettings
 
-__all__ = ["Connection", "GatewayServer", "Outbox"]
+__all__ = ["Connection", "GatewayServer", "Outbox", "ServerSettings"]

@@ -35,6 +35,7 @@ from gateway.transport.guard import (
     connection_budget,
     guarded_connection,
 )
+from gateway.transport.settings import ServerSettings
 from gateway.transport.writes import HeldWrites
 from gateway.web import StaticSite, is_websocket_upgrade
 from gateway.wire import server_info
@@ -52,68 +53,41 @@ _ACCEPT_LOG_INTERVAL_S = 10.0
 class GatewayServer:
     """Owns the listening socket and every connection; ``close()`` is safe to call twice.
 
-    Takes the limits it enforces as keyword arguments, named as their settings are
-    (``[server]``, ``[auth]``, ``[limits]``), the way ``websockets.serve(max_size=…)`` does.
+    Takes the limits it enforces as one :class:`ServerSettings`, its fields named as their
+    settings are (``[server]``, ``[auth]``, ``[limits]``), the way uvicorn's ``Server(config)``
+    takes its ``Config``.
     """
 
     def __init__(
         self,
         core: RpcCore,
         auth: Authenticator,
+        settings: ServerSettings,
         *,
         version: str,
-        host: str,
-        port: int,
         ssl_context: ssl.SSLContext | None,
-        allowed_hosts: tuple[str, ...],
-        allowed_origins: tuple[str, ...],
-        max_connections: int,
-        reserved_fds: int,
-        max_size: int,
-        max_queue: int,
-        write_limit: int,
-        open_timeout_s: float,
-        ping_interval_s: float,
-        ping_timeout_s: float,
-        close_timeout_s: float,
-        auth_timeout_s: float,
-        preauth_max_size: int,
-        max_pending: int,
-        max_pending_per_address: int,
-        max_inflight: int,
-        max_reply_bytes: int,
-        max_user_reply_bytes: int,
-        max_outbox_bytes: int,
-        max_control_frames_per_s: int,
         on_disconnect: Callable[[CallContext], None] = lambda conn: None,
     ) -> None:
         self.core = core
         self.auth = auth
         self.version = version
-        self.host = host
-        self._port = port
+        self.settings = settings
+        self.host = settings.host
         self._ssl = ssl_context
-        self._allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
-        self._allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
-        self._configured_connections = max_connections
-        self._reserved_fds = reserved_fds
-        self.max_size = max_size
-        self._max_queue = max_queue
-        self._write_limit = write_limit
-        self._open_timeout_s = open_timeout_s
-        self._ping_interval_s = ping_interval_s
-        self._ping_timeout_s = ping_timeout_s
-        self.close_timeout_s = close_timeout_s
-        self.auth_timeout_s = auth_timeout_s
-        self.preauth_max_size = preauth_max_size
+        self._allowed_hosts = frozenset(h.lower() for h in settings.allowed_hosts)
+        self._allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
+        self.max_size = settings.max_size
+        self.close_timeout_s = settings.close_timeout_s
+        self.auth_timeout_s = settings.auth_timeout_s
+        self.preauth_max_size = settings.preauth_max_size
         # Connections not authenticated yet hold places here, not only among max_connections.
-        self.pending = PendingPool(max_pending, max_pending_per_address)
-        self.max_inflight = max_inflight
-        self.max_reply_bytes = max_reply_bytes
+        self.pending = PendingPool(settings.max_pending, settings.max_pending_per_address)
+        self.max_inflight = settings.max_inflight
+        self.max_reply_bytes = settings.max_reply_bytes
         # A user's connections together hold at most this (never less than one connection may).
-        self.user_budgets = UserBudgets(max(max_user_reply_bytes, max_reply_bytes))
-        self.max_outbox_bytes = max_outbox_bytes
-        self.max_control_frames_per_s = max_control_frames_per_s
+        self.user_budgets = UserBudgets(max(settings.max_user_reply_bytes, settings.max_reply_bytes))
+        self.max_outbox_bytes = settings.max_outbox_bytes
+        self.max_control_frames_per_s = settings.max_control_frames_per_s
         self.started = time.monotonic()
         self.connections: set[Connection] = set()
         self._server: Server | None = None
@@ -126,32 +100,33 @@ class GatewayServer:
         self.scheme = "ws"
         # The web client's files (gateway/web), answered for plain GETs on this same port.
         self.site = StaticSite.from_package()
-        self.max_connections = max_connections
+        self.max_connections = settings.max_connections  # lowered by start() to fit the fd limit
         self.refused_sockets = 0
         self._accept_log = AcceptErrorLog(_ACCEPT_LOG_INTERVAL_S)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        configured = self._configured_connections
-        self.max_connections = connection_budget(configured, self._reserved_fds + _HANDSHAKE_SLACK)
+        settings = self.settings
+        configured = settings.max_connections
+        self.max_connections = connection_budget(configured, settings.reserved_fds + _HANDSHAKE_SLACK)
         if self.max_connections < configured:
             log.warning("server.max_connections_lowered", configured=configured,
-                        effective=self.max_connections, reserved_fds=self._reserved_fds)
+                        effective=self.max_connections, reserved_fds=settings.reserved_fds)
         self._accept_log.install(asyncio.get_running_loop())
         self._server = await serve(
             self._handle,
             self.host,
-            self._port,
+            settings.port,
             ssl=self._ssl,
             process_request=self._process_request,
             compression=None,
             max_size=self.max_size,
-            max_queue=self._max_queue,
-            write_limit=self._write_limit,
-            open_timeout=self._open_timeout_s,
-            ping_interval=self._ping_interval_s or None,
-            ping_timeout=self._ping_timeout_s or None,
+            max_queue=settings.max_queue,
+            write_limit=settings.write_limit,
+            open_timeout=settings.open_timeout_s,
+            ping_interval=settings.ping_interval_s or None,
+            ping_timeout=settings.ping_timeout_s or None,
             close_timeout=self.close_timeout_s,
             server_header=None,
             create_connection=guarded_connection(

@@ -289,3 +289,41 @@ def test_the_seams_import_no_storage_driver_directly_or_through_others() -> None
                 trail[nxt] = [*trail[node], nxt]
                 todo.append(nxt)
     assert found == []
+
+
+# The composition root stays flat (issue 30): a part receives its settings as one value, and
+# each part started in gateway/app.py has a function of its own.
+MAX_SERVER_PARAMETERS = 8
+MAX_APP_FUNCTION_LINES = 60
+
+
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def _gateway_server_init() -> ast.FunctionDef:
+    tree = ast.parse((ROOT / "gateway" / "transport" / "server.py").read_text(encoding="utf-8"))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GatewayServer"]
+    (init,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    return init
+
+
+def test_gateway_server_takes_its_settings_not_unrolled_fields() -> None:
+    """``GatewayServer.__init__`` takes at most 8 parameters besides ``self``: its limits come as
+    one settings value, not one keyword per config field."""
+    args = _gateway_server_init().args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    assert names[0] == "self"
+    assert len(names) - 1 <= MAX_SERVER_PARAMETERS, names[1:]
+
+
+def test_no_function_of_the_composition_root_is_over_60_lines() -> None:
+    """No function or method of gateway/app.py spans more than 60 lines (decorators and
+    docstring included): each part it starts is a small function of its own."""
+    spans = {f"{f.name}:{f.lineno}": (f.end_lineno or f.lineno) - first + 1
+             for f in _functions(ROOT / "gateway" / "app.py")
+             for first in [min([f.lineno, *(d.lineno for d in f.decorator_list)])]}
+    assert spans  # the file was read
+    assert {name: n for name, n in spans.items() if n > MAX_APP_FUNCTION_LINES} == {}
