@@ -32,7 +32,7 @@ from gateway.client import Client
 from gateway.logs import configure_logging
 from memory import MemoryConfig, MemoryService, select_embedder
 from memory.embedders.embeddings import EmbeddingPipeline
-from memory.facts.store import cosine, text_hash
+from memory.facts.rules import cosine, text_hash
 from testkit.fake_openai import FakeOpenAI
 from testkit.gateway import TOKEN, make_config, running_gateway
 

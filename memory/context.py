@@ -11,9 +11,9 @@ prompt, and how, is the gateway's (``gateway/chat/prompt.py``).
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
+from typing import Protocol
 
 import structlog
 
@@ -21,10 +21,11 @@ from memory.config import FactsMode, MemoryConfig
 from memory.episodes.values import ScoredEpisode
 from memory.errors import MemoryIndexError
 from memory.facts.values import ScoredFact
-from memory.retrieval.request import MAX_QUERY_CHARS, SearchHit
+from memory.retrieval.request import MAX_QUERY_CHARS, SearchHit, ShownHistory
 from memory.retrieval.timephrases import find_time_window
 
-__all__ = ["RECALL_INTENT", "RECALL_QUERY_CHARS", "MemoryContext", "RunMemory", "gather_context"]
+__all__ = ["RECALL_INTENT", "RECALL_QUERY_CHARS", "ContextSources", "MemoryContext", "RunMemory",
+           "gather_context"]
 
 log = structlog.get_logger("memory.context")
 
@@ -80,22 +81,46 @@ class MemoryContext:
     episodes: tuple[ScoredEpisode, ...] = ()
 
 
-# Each part of the context, bound to the user by the service: recall(query); facts(query,
-# limit, budget_tokens); episodes(query, limit, window, recency).
-Recall = Callable[[str], Awaitable[list[SearchHit]]]
-FactsFor = Callable[[str, int, int], Awaitable[list[ScoredFact]]]
-EpisodesFor = Callable[[str, int, tuple[int, int] | None, float], Awaitable[list[ScoredEpisode]]]
+class _FactsSource(Protocol):
+    async def relevant(self, user: str, query: str, *, limit: int,
+                       budget_tokens: int) -> list[ScoredFact]: ...
 
 
-async def gather_context(config: MemoryConfig, run: RunMemory, message: str, *, recall: Recall,
-                         facts: FactsFor, episodes: EpisodesFor, tz: tzinfo) -> MemoryContext:
-    """The chunks, facts and episodes of ``run`` for ``message``; each part that fails is logged
-    and left empty (memory is a help, never a reason to fail the reply)."""
+class _EpisodesSource(Protocol):
+    async def search(self, user: str, query: str, *, limit: int,
+                     window: tuple[int, int] | None = None, recency: float = 0.0,
+                     half_life_days: float = 30.0) -> list[ScoredEpisode]: ...
+
+
+class ContextSources(Protocol):
+    """What :func:`gather_context` reads of a memory service (either backend's)."""
+
+    @property
+    def config(self) -> MemoryConfig: ...
+
+    @property
+    def facts(self) -> _FactsSource: ...
+
+    @property
+    def episodes(self) -> _EpisodesSource: ...
+
+    async def recall(self, user: str, message: str, *, k: int,
+                     exclude_session_key: str | None = None, now: datetime | None = None,
+                     shown: ShownHistory | None = None) -> list[SearchHit]: ...
+
+
+async def gather_context(memory: ContextSources, user: str, message: str, run: RunMemory, *, k: int,
+                         shown: ShownHistory, tz: tzinfo) -> MemoryContext:
+    """``Memory.context`` on either backend: the chunks (``k`` at most, of every session but
+    what ``shown``'s window holds), facts and episodes of ``run`` for ``user``'s ``message``;
+    each part that fails is logged and left empty (memory is a help, never a reason to fail
+    the reply)."""
+    config = memory.config
     query = message[:RECALL_QUERY_CHARS][:MAX_QUERY_CHARS]
     chunks: list[SearchHit] = []
     if run.recall:
         try:
-            chunks = await recall(query)
+            chunks = await memory.recall(user, query, k=k, shown=shown)
         except Exception as exc:
             log.warning("chat.recall_failed", error=str(exc))
     if chunks:
@@ -103,7 +128,8 @@ async def gather_context(config: MemoryConfig, run: RunMemory, message: str, *, 
     picked: list[ScoredFact] = []
     if run.facts != "off":
         try:
-            picked = await facts(query, config.facts_prompt_max, config.facts_prompt_budget_tokens)
+            picked = await memory.facts.relevant(user, query, limit=config.facts_prompt_max,
+                                                 budget_tokens=config.facts_prompt_budget_tokens)
         except MemoryIndexError as exc:
             log.warning("chat.facts_failed", error=str(exc))
     found: list[ScoredEpisode] = []
@@ -114,8 +140,9 @@ async def gather_context(config: MemoryConfig, run: RunMemory, message: str, *, 
             phrase = find_time_window(query, datetime.now(tz))
             window = (phrase.start_ms, phrase.end_ms) if phrase is not None else None
         try:
-            found = await episodes(query, config.episode_intent_k if intent else config.episode_recall_k,
-                                   window, 0.5 if intent else 0.2)
+            found = await memory.episodes.search(
+                user, query, limit=config.episode_intent_k if intent else config.episode_recall_k,
+                window=window, recency=0.5 if intent else 0.2)
         except MemoryIndexError as exc:
             log.warning("chat.episodes_failed", error=str(exc))
     return MemoryContext(tuple(chunks), tuple(picked), tuple(found))

@@ -405,13 +405,8 @@ class MemoryService:
                       tz: tzinfo) -> MemoryContext:
         """What a prompt answering ``message`` gets from memory: recalled chunks (of every session
         but what ``shown``'s window holds), the facts most related, and episodes, as far as
-        ``run`` turns each on."""
-        return await gather_context(
-            self.config, run, message, tz=tz,
-            recall=lambda query: self.recall(user, query, k=k, shown=shown),
-            facts=lambda query, limit, budget: self.facts.relevant(user, query, limit=limit, budget_tokens=budget),
-            episodes=lambda query, limit, window, recency: self.episodes.search(
-                user, query, limit=limit, window=window, recency=recency))
+        ``run`` turns each on; the rule both backends share (:func:`memory.context.gather_context`)."""
+        return await gather_context(self, user, message, run, k=k, shown=shown, tz=tz)
 
     async def status(self, user: str | None = None) -> dict[str, Any]:
         """Counts and state, camelCase, ready for the wire.

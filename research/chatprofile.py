@@ -163,7 +163,7 @@ def _install_gateway_trace(path: str) -> None:
         finally:
             _mark(f"append_{role}.out")
 
-    SessionStore.append_message = traced_append  # type: ignore[method-assign]
+    SessionStore.append_message = traced_append  # type: ignore[method-assign, assignment]
 
     publish = finish.RunEnds.publish_delta
     state = {"first": True}

@@ -23,14 +23,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import apsw
 import structlog
 
 from . import inputs
+from .checked import CheckedSessionStore
 from .config import SessionsConfig
-from .errors import InvalidSessionInput, SessionNotFound, StorageError
+from .errors import SessionNotFound, StorageError
 from .fileio import (
     Durability,
     FileIO,
@@ -41,16 +42,7 @@ from .fileio import (
 )
 from .idle import idle_query
 from .index import SessionIndex
-from .keys import (
-    check_session_key,
-    check_user,
-    decode_history_cursor,
-    decode_list_cursor,
-    encode_history_cursor,
-    encode_list_cursor,
-    is_session_key,
-    new_session_key,
-)
+from .keys import check_session_key, check_user, encode_history_cursor, new_session_key
 from .layout import sessions_root, transcript_file
 from .models import ConversationSummary, Message, MessagePage, Session, SessionPage
 from .purge import rewrite_file, without_messages
@@ -70,8 +62,12 @@ _STRIPES = 64
 _DIR_MODE = 0o700  # transcripts are private conversations
 
 
-class SessionStore:
-    """All sessions under ``<data_dir>/sessions`` plus the index ``<data_dir>/sessions.db``."""
+class SessionStore(CheckedSessionStore):
+    """All sessions under ``<data_dir>/sessions`` plus the index ``<data_dir>/sessions.db``.
+
+    ``create``, ``list``, ``history``, ``recent_messages`` and ``append_message`` (their checks and
+    paging) are :class:`~sessions.checked.CheckedSessionStore`'s; this class gives their storage
+    steps over transcripts."""
 
     def __init__(
         self,
@@ -128,44 +124,6 @@ class SessionStore:
 
     # ----------------------------------------------------------------- public API
 
-    def create(
-        self,
-        user: str,
-        *,
-        title: str | None = None,
-        system_prompt: str | None = None,
-        model: str | None = None,
-        created_at: datetime | str | None = None,
-        memory: bool = True,
-    ) -> Session:
-        """Start a session: a new transcript holding only its header, and its index row.
-        ``memory=False``: incognito (kept, but the memory index never reads it)."""
-        self._check_open()
-        user = check_user(user)
-        header, line = inputs.build_header(
-            user,
-            session_key=self._new_key(),
-            title=title,
-            system_prompt=system_prompt,
-            model=model,
-            created_at=created_at,
-            config=self._config,
-            memory=memory,
-        )
-        key = header.session_key
-        user_dir = self._root / user
-        check_free_space(self._root, self._config.min_free_bytes)
-        with self._stripe(key):
-            new_dirs = self._make_user_dir(user_dir)
-            path = transcript_file(self._root, user, key)
-            create_with_line(self._io, path, line, sync=self._durability.sync_each_write)
-            self._durability.written(path, user_dir, *new_dirs)
-            with self._state_lock:
-                self._validated[(user, key)] = len(line)
-            summary = Summary(header, len(line), 0, header.created_at, len(line))
-            self._rows.write((user, key), lambda: self._rows.index.put(user, summary))
-        return summary.session(user)
-
     def get(self, user: str, session_key: str) -> Session:
         """The session's metadata; SessionNotFound for unknown, foreign or malformed keys."""
         self._check_open()
@@ -174,80 +132,6 @@ class SessionStore:
             self._ensure_open(user, key)
         self._rows.refresh_pending()
         return self._rows.session(user, key)
-
-    def list(self, user: str, *, limit: int = 50, before: str | None = None) -> SessionPage:
-        """One page of ``user``'s sessions, newest ``updatedAt`` first (ties: key descending).
-
-        Returns the page and the cursor for the next one (None at the end). Keyset paging: a
-        session updated between two calls moves to the front and is not repeated further on.
-        """
-        self._check_open()
-        user = check_user(user)
-        limit = inputs.check_limit(limit, self._config)
-        after = decode_list_cursor(before) if before is not None else None
-        self._rows.refresh_pending()
-        with self._rows.op("listing sessions"):
-            rows = self._rows.index.page(user, after, limit + 1)
-        if len(rows) <= limit:
-            return rows, None
-        last = rows[limit - 1]
-        return rows[:limit], encode_list_cursor(last.updated_at, last.session_key)
-
-    def history(
-        self, user: str, session_key: str, *, limit: int = 50, before: str | None = None
-    ) -> MessagePage:
-        """The latest ``limit`` messages before the cursor, oldest first, and the next cursor.
-
-        Reads backwards from the end of the transcript: cost grows with the page, not the file.
-        The page also stops before the message that would take its lines past
-        ``max_page_bytes`` (it always holds one), and the cursor then resumes exactly there.
-        """
-        self._check_open()
-        user, key = check_user(user), check_session_key(session_key)
-        limit = inputs.check_limit(limit, self._config)
-        offset = decode_history_cursor(before, key) if before is not None else None
-        return self._read_back(user, key, limit, offset, self._config.max_page_bytes)
-
-    def recent_messages(self, user: str, session_key: str, n: int) -> builtins.list[Message]:
-        """The last ``n`` messages in order for the model's context, within ``max_context_bytes``."""
-        self._check_open()
-        user, key = check_user(user), check_session_key(session_key)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InvalidSessionInput("n", "must be a non-negative integer")
-        return self._read_back(user, key, n, None, self._config.max_context_bytes)[0]
-
-    def append_message(
-        self,
-        user: str,
-        session_key: str,
-        *,
-        role: str,
-        content: str,
-        run_id: str | None = None,
-        name: str | None = None,
-        ts: datetime | str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> Message:
-        """Append one message line with one ``write``; nothing is written if anything is wrong.
-
-        ``ts`` defaults to now (the benchmark harness passes dataset dates). ``extra`` adds keys
-        such as ``model``, ``usage``, ``finishReason``, ``aborted``, ``failed`` to the line.
-        """
-        self._check_open()
-        user, key = check_user(user), check_session_key(session_key)
-        message, line = inputs.build_message(
-            role=role, content=content, run_id=run_id, name=name, ts=ts, extra=extra,
-            config=self._config,
-        )
-        ident = (user, key)
-        check_free_space(self._root, self._config.min_free_bytes)
-        with self._stripe(key):
-            path, _ = self._ensure_open(user, key)
-            new_size = self._append_line(ident, path, line)
-            self._rows.write(
-                ident, lambda: self._rows.index.record_append(user, key, message.ts, new_size)
-            )
-        return message
 
     def update(
         self, user: str, session_key: str, *, title: str | None = None,
@@ -401,6 +285,45 @@ class SessionStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # ----------------------------------------------------------------- storage steps
+    # The public methods they serve (create, list, history, recent_messages, append_message)
+    # and their checks are CheckedSessionStore's, the same on PostgreSQL.
+
+    def _create(self, user: str, header: Header, line: bytes) -> Session:
+        """A new transcript holding only its header, and its index row."""
+        key = header.session_key
+        user_dir = self._root / user
+        check_free_space(self._root, self._config.min_free_bytes)
+        with self._stripe(key):
+            new_dirs = self._make_user_dir(user_dir)
+            path = transcript_file(self._root, user, key)
+            create_with_line(self._io, path, line, sync=self._durability.sync_each_write)
+            self._durability.written(path, user_dir, *new_dirs)
+            with self._state_lock:
+                self._validated[(user, key)] = len(line)
+            summary = Summary(header, len(line), 0, header.created_at, len(line))
+            self._rows.write((user, key), lambda: self._rows.index.put(user, summary))
+        return summary.session(user)
+
+    def _list_page(self, user: str, after: tuple[str, str] | None,
+                   limit: int) -> builtins.list[Session]:
+        """From the index, once the rows waiting to be refreshed are."""
+        self._rows.refresh_pending()
+        with self._rows.op("listing sessions"):
+            return self._rows.index.page(user, after, limit)
+
+    def _append_message(self, user: str, key: str, message: Message, line: bytes) -> Message:
+        """One line with one ``write`` under the session's stripe; then its index row."""
+        ident = (user, key)
+        check_free_space(self._root, self._config.min_free_bytes)
+        with self._stripe(key):
+            path, _ = self._ensure_open(user, key)
+            new_size = self._append_line(ident, path, line)
+            self._rows.write(
+                ident, lambda: self._rows.index.record_append(user, key, message.ts, new_size)
+            )
+        return message
+
     # ----------------------------------------------------------------- transcripts
 
     def _catch_up_logged(self) -> None:
@@ -409,19 +332,8 @@ class SessionStore:
         except Exception as err:  # noqa: BLE001 - a background check; each session's first use re-checks
             log.error("sessions.catch_up_failed", error=str(err), error_type=type(err).__name__)
 
-    def _new_key(self) -> str:
-        key = self._key_factory()
-        if not is_session_key(key):
-            # A programming error in the caller's factory, not bad input from a client.
-            raise ValueError(f"key_factory returned {key!r}, which is not a session key")
-        return key
-
     def _stripe(self, session_key: str) -> threading.Lock:
         return self._stripes[int(session_key[:8], 16) % _STRIPES]
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageError("the session store is closed")
 
     def _make_user_dir(self, user_dir: Path) -> tuple[Path, ...]:
         """Create the user's directory if needed; returns the directories whose entries changed."""
@@ -485,6 +397,7 @@ class SessionStore:
 
     def _read_back(self, user: str, key: str, limit: int, before: int | None,
                    max_bytes: int | None = None) -> MessagePage:
+        """Backwards from the end of the transcript: cost grows with the page, not the file."""
         with self._stripe(key):
             path, header_end = self._ensure_open(user, key)
             # Sized under the stripe lock, so no append is half-way through: the size is a

@@ -43,7 +43,9 @@ MCP_PATH = "/mcp"
 _request_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("recalld_mcp_token", default=None)
 
 
-class Verdict(Protocol):
+class TokenVerdict(Protocol):
+    """What this listener reads of the daemon's :class:`gateway.auth.Verdict`."""
+
     @property
     def ok(self) -> bool: ...
     @property
@@ -53,7 +55,7 @@ class Verdict(Protocol):
 class TokenCheck(Protocol):
     """The daemon's :class:`gateway.auth.Authenticator`, as this listener uses it."""
 
-    def check(self, token: str | None, address: str) -> Verdict: ...
+    def check(self, token: str | None, address: str) -> TokenVerdict: ...
 
 
 class McpHttpServer:

@@ -23,7 +23,7 @@ from gateway.client import Client
 from gateway.mcp.link import DaemonLink, DaemonRefused, McpError, call_on
 from memory import normalise_fact
 
-__all__ = ["FACTS_URI", "INSTRUCTIONS", "MemoryTools", "build_server"]
+__all__ = ["FACTS_URI", "INSTRUCTIONS", "McpMemoryTools", "build_server"]
 
 FACTS_URI = "recalld://facts"
 # Pages of memory.facts.list read to find a fact by its text: the daemon's per-user cap
@@ -100,7 +100,7 @@ class SessionList(TypedDict):
     next: Annotated[str | None, Field(description="pass as `before` for older sessions")]
 
 
-class Message(TypedDict):
+class MessageItem(TypedDict):
     id: str
     role: str
     content: str
@@ -110,7 +110,7 @@ class Message(TypedDict):
 class SessionPage(TypedDict):
     session_key: str
     title: str
-    messages: list[Message]
+    messages: list[MessageItem]
     next: Annotated[str | None, Field(description="pass as `before` for the earlier messages")]
 
 
@@ -122,7 +122,7 @@ def _no_none(**params: Any) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
-class MemoryTools:
+class McpMemoryTools:
     """The tools, each a method; :func:`build_server` registers them on an ``MCPServer``."""
 
     def __init__(self, link: DaemonLink) -> None:
@@ -235,8 +235,8 @@ class MemoryTools:
                 raise ToolError(f"no session {session_key}")
             page = await self._call(client, "sessions.history",
                                     _no_none(sessionKey=session_key, limit=limit, before=before))
-        messages: list[Message] = [{"id": m["id"], "role": m["role"], "content": m["content"], "ts": m["ts"]}
-                                   for m in page["messages"]]
+        messages: list[MessageItem] = [
+            {"id": m["id"], "role": m["role"], "content": m["content"], "ts": m["ts"]} for m in page["messages"]]
         return {"session_key": session_key, "title": session["title"], "messages": messages,
                 "next": page.get("next")}
 
@@ -307,7 +307,7 @@ def _match(facts: list[FactItem], text: str) -> tuple[FactItem | None, list[Fact
 
 def build_server(link: DaemonLink, *, version: str) -> MCPServer:
     """An ``MCPServer`` whose tools and facts resource go through ``link``."""
-    tools = MemoryTools(link)
+    tools = McpMemoryTools(link)
     server: MCPServer = MCPServer("recalld", version=version, instructions=INSTRUCTIONS)
     reading = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     writing = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,

@@ -30,7 +30,7 @@ __all__ = ["ForgetMethods", "declare_forget"]
 
 
 @dataclass(frozen=True, slots=True)
-class ForgetParams:
+class MemoryForgetParams:
     session_key: str | None = bounded(None, max_len=MAX_KEY)
     after: str | None = bounded(None, max_len=64, doc="ISO-8601: forget what was said at or after it")
     before: str | None = bounded(None, max_len=64, doc="ISO-8601: forget what was said before it")
@@ -50,7 +50,7 @@ class ForgetMethods:
         self.service = service
         self.store = store
 
-    async def forget(self, ctx: CallContext, p: ForgetParams) -> ForgetReply:
+    async def forget(self, ctx: CallContext, p: MemoryForgetParams) -> ForgetReply:
         user = ctx.caller
         if p.session_key is None and p.after is None and p.before is None:
             raise InvalidParams("sessionKey", "name a sessionKey, after or before (all three absent would "
@@ -111,6 +111,6 @@ def _ms(moment: datetime | None) -> int | None:
 
 
 def declare_forget(reg: Registry, h: ForgetMethods | None) -> None:
-    reg.declare("memory.forget", ForgetParams,
+    reg.declare("memory.forget", MemoryForgetParams,
                 "Forget messages (of a session, in a time window) from memory; purgeTranscript also "
                 "removes them from the transcript.", h.forget if h else None, result=ForgetReply)

@@ -78,7 +78,7 @@ class VectorBackendState(TypedDict):
     reason: str
 
 
-class RebuildState(TypedDict):
+class VectorRebuildState(TypedDict):
     embedded: int
     total: int
     previous: EmbedderName | None
@@ -89,7 +89,7 @@ class VectorSearchState(TypedDict):
     ready: bool
     reason: str | None
     servedBy: EmbedderName | None  # whose vectors answer the vector leg now
-    rebuild: RebuildState | None  # only while an embedder change is being rebuilt
+    rebuild: VectorRebuildState | None  # only while an embedder change is being rebuilt
 
 
 class RemovedCounts(TypedDict):

@@ -24,7 +24,7 @@ from memory.embedders.embeddings import EmbeddingPipeline
 from memory.episodes.store import EpisodeStore
 from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob, ScoredEpisode
 from memory.errors import EmbedderError
-from memory.facts.store import cosine
+from memory.facts.rules import cosine
 from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
 
 __all__ = ["Episodes", "ScoredEpisode"]

@@ -27,7 +27,8 @@ import structlog
 from memory.chunking import approx_tokens, content_terms
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import EmbedderError
-from memory.facts.store import FactStore, cosine
+from memory.facts.rules import cosine
+from memory.facts.store import FactStore
 from memory.facts.values import Fact, FactChange, FactDraft, FactsPage, ScoredFact
 from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
 

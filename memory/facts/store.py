@@ -9,70 +9,38 @@ pointing back, ``origin_id`` shared by every version) and marks the old one inac
 ``history`` can show how a fact changed. Deleting a fact removes every version of it.
 
 The values (:class:`Fact`, :class:`FactChange`, :class:`FactDraft`) live in
-:mod:`memory.facts.values`, storage-neutral; they are re-exported here.
+:mod:`memory.facts.values` and the dedup rule and limits in :mod:`memory.facts.rules`, both
+storage-neutral (PostgreSQL runs the same ones); the values and ``normalise``/``text_hash`` are
+re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import operator
-import re
-import unicodedata
-from array import array
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 import apsw
 
-from memory.errors import FactNotFound, InvalidFact
+from memory.errors import FactNotFound
+from memory.facts.rules import (
+    FactRules,
+    check_replaceable,
+    normalise,
+    now_stamps,
+    saved,
+    text_hash,
+    vector_blob,
+    vector_of,
+)
 from memory.facts.values import Action, Fact, FactChange, FactDraft
 
 __all__ = ["Action", "Fact", "FactChange", "FactDraft", "FactStore", "normalise", "text_hash"]
 
-_SPACE = re.compile(r"\s+")
 _COLUMNS = ("id, user, text, active, previous_id, origin_id, source, session_key, run_id, "
             "created_at, updated_at")
 
 
-def normalise(text: str) -> str:
-    """What exact dedup compares: NFKC, case-folded, spaces collapsed, end punctuation dropped,
-    so "Luna is 3." and "luna is 3" are one fact."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    return _SPACE.sub(" ", folded).strip().rstrip(".!。 ")
-
-
-def text_hash(text: str) -> str:
-    return hashlib.sha256(normalise(text).encode()).hexdigest()
-
-
-def cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    # map/hypot loop in C; a Python generator over zip made the facts pick the slowest step of
-    # a run with facts on (bench/facts.py).
-    na, nb = math.hypot(*a), math.hypot(*b)
-    return sum(map(operator.mul, a, b)) / (na * nb) if na and nb else 0.0
-
-
-def _now() -> tuple[str, int]:
-    now = datetime.now(UTC)
-    return now.isoformat(timespec="milliseconds").replace("+00:00", "Z"), int(now.timestamp() * 1000)
-
-
-def _blob(vector: Sequence[float] | None) -> bytes | None:
-    return None if vector is None else array("f", vector).tobytes()
-
-
-def _vector(blob: bytes) -> list[float]:
-    return list(array("f", bytes(blob)))
-
-
-class FactStore:
+class FactStore(FactRules):
     """Facts on an apsw connection; every method is blocking."""
-
-    def __init__(self, dedup_threshold: float, max_chars: int, max_per_user: int) -> None:
-        self.dedup_threshold = dedup_threshold
-        self.max_chars = max_chars
-        self.max_per_user = max_per_user
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -106,20 +74,11 @@ class FactStore:
                           "ORDER BY id", (user,))
         out: list[tuple[Fact, list[float] | None]] = []
         for row in rows:
-            vec = _vector(row[11]) if row[11] is not None and vector_model and row[12] == vector_model else None
+            vec = vector_of(row[11]) if row[11] is not None and vector_model and row[12] == vector_model else None
             out.append((Fact.from_row(row), vec))
         return out
 
     # -- writes --------------------------------------------------------------------------
-
-    def check_text(self, text: str) -> str:
-        clean = " ".join(text.split())
-        if not clean:
-            raise InvalidFact("text", "must not be empty")
-        if len(clean) > self.max_chars:
-            raise InvalidFact("text", f"is {len(clean)} characters; the limit is {self.max_chars} "
-                                      "(memory.facts_max_chars)")
-        return clean
 
     def save(self, db: apsw.Connection, draft: FactDraft) -> FactChange:
         """Insert, merge or replace, in one transaction (see the module docstring)."""
@@ -128,9 +87,7 @@ class FactStore:
         with db:
             replaced: Fact | None = None
             if draft.replaces is not None:
-                replaced = self.get(db, draft.user, draft.replaces)
-                if not replaced.active:
-                    raise InvalidFact("replaces", f"fact {draft.replaces} was already replaced or deleted")
+                replaced = check_replaceable(self.get(db, draft.user, draft.replaces))
             same = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE user = ? AND text_hash = ? AND active = 1",
                               (draft.user, digest)).fetchone()
             if same is not None:
@@ -145,14 +102,9 @@ class FactStore:
             if replaced is None:
                 count = db.execute("SELECT count(*) FROM facts WHERE user = ? AND active = 1",
                                    (draft.user,)).fetchone()
-                if count is not None and int(count[0]) >= self.max_per_user:
-                    raise InvalidFact("text", f"{self.max_per_user} facts are remembered already "
-                                              "(memory.facts_max_per_user); delete some first")
+                self.check_room(int(count[0]) if count is not None else 0)
             new = self._insert(db, draft, text, digest, replaced)
-        if replaced is None:
-            return FactChange("added", new)
-        action: Action = "updated" if similarity is not None else "replaced"
-        return FactChange(action, new, replaced.id, similarity)
+        return saved(new, replaced, similarity)
 
     def delete(self, db: apsw.Connection, user: str, fact_id: int) -> FactChange:
         """Remove the fact and every earlier version of it."""
@@ -188,22 +140,15 @@ class FactStore:
     def store_vectors(self, db: apsw.Connection, rows: Sequence[tuple[int, Sequence[float]]], model: str) -> None:
         with db:
             for fact_id, vec in rows:
-                db.execute("UPDATE facts SET vector = ?, vector_model = ? WHERE id = ?", (_blob(vec), model, fact_id))
+                db.execute("UPDATE facts SET vector = ?, vector_model = ? WHERE id = ?", (vector_blob(vec), model, fact_id))
 
     def _closest(self, db: apsw.Connection, draft: FactDraft) -> tuple[Fact | None, float | None]:
         assert draft.vector is not None
-        best: tuple[Fact, float] | None = None
-        for fact, vec in self.active_with_vectors(db, draft.user, draft.vector_model):
-            if vec is None or len(vec) != len(draft.vector):
-                continue
-            sim = cosine(draft.vector, vec)
-            if sim >= self.dedup_threshold and (best is None or sim > best[1]):
-                best = (fact, sim)
-        return (best[0], best[1]) if best else (None, None)
+        return self.closest(draft.vector, self.active_with_vectors(db, draft.user, draft.vector_model))
 
     def _insert(self, db: apsw.Connection, draft: FactDraft, text: str, digest: str,
                 replaced: Fact | None) -> Fact:
-        stamp, ms = _now()
+        stamp, ms = now_stamps()
         if replaced is not None:
             self._retire(db, replaced.id)
         origin = replaced.origin_id if replaced is not None else None
@@ -212,16 +157,16 @@ class FactStore:
             "run_id, created_at, updated_at, said_ms, vector, vector_model) "
             "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (draft.user, text, digest, replaced.id if replaced else None, origin, draft.source,
-             draft.session_key, draft.run_id, stamp, stamp, ms, _blob(draft.vector),
+             draft.session_key, draft.run_id, stamp, stamp, ms, vector_blob(draft.vector),
              draft.vector_model if draft.vector is not None else None),
         )
         return self.get(db, draft.user, db.last_insert_rowid())
 
     def _retire(self, db: apsw.Connection, fact_id: int) -> None:
-        stamp, _ = _now()
+        stamp, _ = now_stamps()
         db.execute("UPDATE facts SET active = 0, updated_at = ? WHERE id = ?", (stamp, fact_id))
 
     def _touch(self, db: apsw.Connection, fact: Fact) -> Fact:
-        stamp, ms = _now()
+        stamp, ms = now_stamps()
         db.execute("UPDATE facts SET updated_at = ?, said_ms = ? WHERE id = ?", (stamp, ms, fact.id))
         return self.get(db, fact.user, fact.id)

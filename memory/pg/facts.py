@@ -1,9 +1,9 @@
 """Remembered facts in PostgreSQL: :class:`memory.facts.store.FactStore`'s methods, on a
 psycopg connection (coroutines instead of blocking calls).
 
-The rules are the SQLite store's (the module docstring of :mod:`memory.facts.store`): a change
-inserts the next version and retires the old one; exact then semantic de-duplication decide
-in one transaction. That transaction first takes ``pg_advisory_xact_lock(FACTS_LOCK,
+The rules are the SQLite store's (the module docstring of :mod:`memory.facts.store`), from
+the same :mod:`memory.facts.rules`: a change inserts the next version and retires the old one;
+exact then semantic de-duplication decide in one transaction. That transaction first takes ``pg_advisory_xact_lock(FACTS_LOCK,
 hashtext(user))``: SQLite's single writer kept two runs from racing a user's dedup; across
 nodes the lock does, per user.
 
@@ -13,18 +13,24 @@ each store step awaited on a pooled connection: what ``PgMemory.facts`` hands th
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
 from memory.embedders.embeddings import EmbeddingPipeline
-from memory.errors import FactNotFound, InvalidFact
+from memory.errors import FactNotFound
+from memory.facts.rules import (
+    FactRules,
+    check_replaceable,
+    now_stamps,
+    saved,
+    text_hash,
+    vector_blob,
+    vector_of,
+)
 from memory.facts.service import Facts
-from memory.facts.store import cosine, text_hash
 from memory.facts.values import Fact, FactChange, FactDraft
 from memory.pg.steps import Pool, pooled_step
 
@@ -38,23 +44,8 @@ _COLUMNS = ("id, user_id, text, active, previous_id, origin_id, source, session_
             "created_at, updated_at")
 
 
-def _now() -> tuple[str, int]:
-    """The SQLite store's stamps: ISO milliseconds with ``Z``, and epoch milliseconds."""
-    now = datetime.now(UTC)
-    return now.isoformat(timespec="milliseconds").replace("+00:00", "Z"), int(now.timestamp() * 1000)
-
-
-def _blob(vector: Sequence[float] | None) -> bytes | None:
-    return None if vector is None else array("f", vector).tobytes()
-
-
-class PgFactStore:
+class PgFactStore(FactRules):
     """Facts on an async psycopg connection; the same methods as the SQLite ``FactStore``."""
-
-    def __init__(self, dedup_threshold: float, max_chars: int, max_per_user: int) -> None:
-        self.dedup_threshold = dedup_threshold
-        self.max_chars = max_chars
-        self.max_per_user = max_per_user
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -90,21 +81,11 @@ class PgFactStore:
             "ORDER BY id", (user,))).fetchall()
         out: list[tuple[Fact, list[float] | None]] = []
         for row in rows:
-            vec = (list(array("f", bytes(row[11]))) if row[11] is not None and vector_model
-                   and row[12] == vector_model else None)
+            vec = vector_of(row[11]) if row[11] is not None and vector_model and row[12] == vector_model else None
             out.append((Fact.from_row(row), vec))
         return out
 
     # -- writes --------------------------------------------------------------------------
-
-    def check_text(self, text: str) -> str:
-        clean = " ".join(text.split())
-        if not clean:
-            raise InvalidFact("text", "must not be empty")
-        if len(clean) > self.max_chars:
-            raise InvalidFact("text", f"is {len(clean)} characters; the limit is {self.max_chars} "
-                                      "(memory.facts_max_chars)")
-        return clean
 
     async def save(self, db: Conn, draft: FactDraft) -> FactChange:
         """Insert, merge or replace, in one transaction under the user's lock."""
@@ -115,9 +96,7 @@ class PgFactStore:
             await db.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (FACTS_LOCK, draft.user))
             replaced: Fact | None = None
             if draft.replaces is not None:
-                replaced = await self.get(db, draft.user, draft.replaces)
-                if not replaced.active:
-                    raise InvalidFact("replaces", f"fact {draft.replaces} was already replaced or deleted")
+                replaced = check_replaceable(await self.get(db, draft.user, draft.replaces))
             same = await (await db.execute(
                 f"SELECT {_COLUMNS} FROM recalld_memory_facts WHERE user_id = %s AND text_hash = %s AND active",
                 (draft.user, digest))).fetchone()
@@ -132,13 +111,9 @@ class PgFactStore:
                 count = await (await db.execute(
                     "SELECT count(*) FROM recalld_memory_facts WHERE user_id = %s AND active",
                     (draft.user,))).fetchone()
-                if count is not None and int(count[0]) >= self.max_per_user:
-                    raise InvalidFact("text", f"{self.max_per_user} facts are remembered already "
-                                              "(memory.facts_max_per_user); delete some first")
+                self.check_room(int(count[0]) if count is not None else 0)
             new = await self._insert(db, draft, text, digest, replaced)
-        if replaced is None:
-            return FactChange("added", new)
-        return FactChange("updated" if similarity is not None else "replaced", new, replaced.id, similarity)
+        return saved(new, replaced, similarity)
 
     async def delete(self, db: Conn, user: str, fact_id: int) -> FactChange:
         """Remove the fact and every earlier version of it."""
@@ -175,21 +150,14 @@ class PgFactStore:
     async def store_vectors(self, db: Conn, rows: Sequence[tuple[int, Sequence[float]]], model: str) -> None:
         async with db.transaction(), db.cursor() as cur:
             await cur.executemany("UPDATE recalld_memory_facts SET vector = %s, vector_model = %s WHERE id = %s",
-                                  [(_blob(vec), model, fact_id) for fact_id, vec in rows])
+                                  [(vector_blob(vec), model, fact_id) for fact_id, vec in rows])
 
     async def _closest(self, db: Conn, draft: FactDraft) -> tuple[Fact | None, float | None]:
         assert draft.vector is not None
-        best: tuple[Fact, float] | None = None
-        for fact, vec in await self.active_with_vectors(db, draft.user, draft.vector_model):
-            if vec is None or len(vec) != len(draft.vector):
-                continue
-            sim = cosine(draft.vector, vec)
-            if sim >= self.dedup_threshold and (best is None or sim > best[1]):
-                best = (fact, sim)
-        return (best[0], best[1]) if best else (None, None)
+        return self.closest(draft.vector, await self.active_with_vectors(db, draft.user, draft.vector_model))
 
     async def _insert(self, db: Conn, draft: FactDraft, text: str, digest: str, replaced: Fact | None) -> Fact:
-        stamp, ms = _now()
+        stamp, ms = now_stamps()
         if replaced is not None:
             await self._retire(db, replaced.id)
         origin = replaced.origin_id if replaced is not None else None
@@ -198,18 +166,18 @@ class PgFactStore:
             "session_key, run_id, created_at, updated_at, said_ms, vector, vector_model) "
             "VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
             (draft.user, text, digest, replaced.id if replaced else None, origin, draft.source, draft.session_key,
-             draft.run_id, stamp, stamp, ms, _blob(draft.vector),
+             draft.run_id, stamp, stamp, ms, vector_blob(draft.vector),
              draft.vector_model if draft.vector is not None else None))).fetchone()
         assert row is not None
         return await self.get(db, draft.user, int(row[0]))
 
     async def _retire(self, db: Conn, fact_id: int) -> None:
-        stamp, _ = _now()
+        stamp, _ = now_stamps()
         await db.execute("UPDATE recalld_memory_facts SET active = false, updated_at = %s WHERE id = %s",
                          (stamp, fact_id))
 
     async def _touch(self, db: Conn, fact: Fact) -> Fact:
-        stamp, ms = _now()
+        stamp, ms = now_stamps()
         await db.execute("UPDATE recalld_memory_facts SET updated_at = %s, said_ms = %s WHERE id = %s",
                          (stamp, ms, fact.id))
         return await self.get(db, fact.user, fact.id)

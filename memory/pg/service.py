@@ -277,12 +277,7 @@ class PgMemory:
     async def context(self, user: str, message: str, run: RunMemory, *, k: int, shown: ShownHistory,
                       tz: tzinfo) -> MemoryContext:
         """A run's recalled chunks, facts and episodes, by memory's rules (gather_context)."""
-        return await gather_context(
-            self.config, run, message, tz=tz,
-            recall=lambda query: self.recall(user, query, k=k, shown=shown),
-            facts=lambda query, limit, budget: self.facts.relevant(user, query, limit=limit, budget_tokens=budget),
-            episodes=lambda query, limit, window, recency: self.episodes.search(
-                user, query, limit=limit, window=window, recency=recency))
+        return await gather_context(self, user, message, run, k=k, shown=shown, tz=tz)
 
     async def status(self, user: str | None = None) -> dict[str, Any]:
         """``memory.status``'s keys (gateway StatusReply): ``files`` counts the sessions the

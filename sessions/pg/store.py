@@ -28,20 +28,12 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from .. import inputs
+from ..checked import CheckedSessionStore
 from ..config import SessionsConfig
 from ..errors import InvalidSessionInput, SessionNotFound, StorageError
 from ..idle import idle_query
-from ..keys import (
-    check_session_key,
-    check_user,
-    decode_history_cursor,
-    decode_list_cursor,
-    encode_history_cursor,
-    encode_list_cursor,
-    is_session_key,
-    new_session_key,
-)
-from ..models import ConversationSummary, Message, MessagePage, Session, SessionPage
+from ..keys import check_session_key, check_user, encode_history_cursor, new_session_key
+from ..models import ConversationSummary, Message, MessagePage, Session
 from ..transcript import Header
 from .feed import NOTIFY_CHANNEL
 from .schema import migrate
@@ -96,8 +88,9 @@ FROM (SELECT count(*) AS n, COALESCE(sum(line_bytes), 0) AS b,
 WHERE s.session_key = %s"""
 
 
-class PgSessionStore:
-    """Every user's sessions and messages in ``recalld_sessions`` / ``recalld_messages``."""
+class PgSessionStore(CheckedSessionStore):
+    """Every user's sessions and messages in ``recalld_sessions`` / ``recalld_messages``;
+    the checked public methods are :class:`~sessions.checked.CheckedSessionStore`'s."""
 
     def __init__(
         self,
@@ -138,116 +131,12 @@ class PgSessionStore:
 
     # ----------------------------------------------------------------- public API
 
-    def create(
-        self,
-        user: str,
-        *,
-        title: str | None = None,
-        system_prompt: str | None = None,
-        model: str | None = None,
-        created_at: datetime | str | None = None,
-        memory: bool = True,
-    ) -> Session:
-        """Start a session (one row). ``memory=False``: incognito, never indexed."""
-        self._check_open()
-        user = check_user(user)
-        header, _ = inputs.build_header(
-            user, session_key=self._new_key(), title=title, system_prompt=system_prompt,
-            model=model, created_at=created_at, config=self._config, memory=memory,
-        )
-        _refuse_nul(("title", header.title), ("systemPrompt", header.system_prompt), ("model", header.model))
-        with self._tx("creating a session") as conn:
-            try:
-                conn.execute(
-                    "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt, model,"
-                    " memory, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    (header.session_key, user, header.title, header.system_prompt, header.model,
-                     header.memory, header.created_at, header.created_at),
-                )
-            except psycopg.errors.UniqueViolation:
-                raise StorageError("a session with this key already exists") from None
-        return Session(header.session_key, user, header.title, header.created_at, header.created_at,
-                       0, header.system_prompt, header.model, header.memory)
-
     def get(self, user: str, session_key: str) -> Session:
         """The session's metadata; SessionNotFound for unknown, foreign or malformed keys."""
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         with self._tx("reading a session") as conn:
             return self._session_row(conn, user, key)
-
-    def list(self, user: str, *, limit: int = 50, before: str | None = None) -> SessionPage:
-        """One page of ``user``'s sessions, newest ``updatedAt`` first (ties: key descending),
-        and the cursor of the next page (None at the end); keyset paging as in the file store."""
-        self._check_open()
-        user = check_user(user)
-        limit = inputs.check_limit(limit, self._config)
-        after = decode_list_cursor(before) if before is not None else None
-        with self._tx("listing sessions") as conn:
-            if after is None:
-                rows = conn.execute(_FIRST_PAGE_SQL, (user, limit + 1)).fetchall()
-            else:
-                rows = conn.execute(_PAGE_SQL, (user, after[0], after[1], limit + 1)).fetchall()
-        sessions = [_session(row) for row in rows]
-        if len(sessions) <= limit:
-            return sessions, None
-        last = sessions[limit - 1]
-        return sessions[:limit], encode_list_cursor(last.updated_at, last.session_key)
-
-    def history(
-        self, user: str, session_key: str, *, limit: int = 50, before: str | None = None
-    ) -> MessagePage:
-        """The latest ``limit`` messages before the cursor, oldest first, and the next cursor;
-        the page also stops before the message that would take its lines past
-        ``max_page_bytes`` (it always holds one). The cursor is the ``seq`` of the oldest
-        message on the page, so it stays valid while messages are appended."""
-        self._check_open()
-        user, key = check_user(user), check_session_key(session_key)
-        limit = inputs.check_limit(limit, self._config)
-        end = decode_history_cursor(before, key) if before is not None else None
-        return self._read_back(user, key, limit, end, self._config.max_page_bytes)
-
-    def recent_messages(self, user: str, session_key: str, n: int) -> builtins.list[Message]:
-        """The last ``n`` messages in order for the model's context, within ``max_context_bytes``."""
-        self._check_open()
-        user, key = check_user(user), check_session_key(session_key)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InvalidSessionInput("n", "must be a non-negative integer")
-        return self._read_back(user, key, n, None, self._config.max_context_bytes)[0]
-
-    def append_message(
-        self,
-        user: str,
-        session_key: str,
-        *,
-        role: str,
-        content: str,
-        run_id: str | None = None,
-        name: str | None = None,
-        ts: datetime | str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> Message:
-        """Append one message: the next ``seq`` of the session and the ``INSERT`` commit
-        together, with the notify; nothing is written if anything is wrong."""
-        self._check_open()
-        user, key = check_user(user), check_session_key(session_key)
-        message, line = inputs.build_message(
-            role=role, content=content, run_id=run_id, name=name, ts=ts, extra=extra,
-            config=self._config,
-        )
-        _refuse_nul(("content", message.content), ("name", message.name), ("runId", message.run_id))
-        if _holds_nul(message.extra):
-            raise InvalidSessionInput("extra", "must not contain NUL characters")
-        with self._tx("appending a message") as conn:
-            row = conn.execute(_APPEND_SQL, (len(line), message.ts, key, user)).fetchone()
-            if row is None:
-                raise SessionNotFound()
-            conn.execute(_INSERT_MESSAGE_SQL, (
-                key, row[0], message.id, message.role, message.content, message.ts,
-                message.run_id, message.name, Jsonb(message.extra), len(line),
-            ))
-            conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, key))
-        return message
 
     def update(
         self, user: str, session_key: str, *, title: str | None = None,
@@ -375,17 +264,52 @@ class PgSessionStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # ----------------------------------------------------------------- storage steps
+    # The public methods they serve (create, list, history, recent_messages, append_message)
+    # and their checks are CheckedSessionStore's, the same as the file store's.
+
+    def _create(self, user: str, header: Header, line: bytes) -> Session:
+        """One row."""
+        _refuse_nul(("title", header.title), ("systemPrompt", header.system_prompt), ("model", header.model))
+        with self._tx("creating a session") as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt, model,"
+                    " memory, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (header.session_key, user, header.title, header.system_prompt, header.model,
+                     header.memory, header.created_at, header.created_at),
+                )
+            except psycopg.errors.UniqueViolation:
+                raise StorageError("a session with this key already exists") from None
+        return Session(header.session_key, user, header.title, header.created_at, header.created_at,
+                       0, header.system_prompt, header.model, header.memory)
+
+    def _list_page(self, user: str, after: tuple[str, str] | None,
+                   limit: int) -> builtins.list[Session]:
+        with self._tx("listing sessions") as conn:
+            if after is None:
+                rows = conn.execute(_FIRST_PAGE_SQL, (user, limit)).fetchall()
+            else:
+                rows = conn.execute(_PAGE_SQL, (user, after[0], after[1], limit)).fetchall()
+        return [_session(row) for row in rows]
+
+    def _append_message(self, user: str, key: str, message: Message, line: bytes) -> Message:
+        """The next ``seq`` of the session and the ``INSERT`` commit together, with the notify."""
+        _refuse_nul(("content", message.content), ("name", message.name), ("runId", message.run_id))
+        if _holds_nul(message.extra):
+            raise InvalidSessionInput("extra", "must not contain NUL characters")
+        with self._tx("appending a message") as conn:
+            row = conn.execute(_APPEND_SQL, (len(line), message.ts, key, user)).fetchone()
+            if row is None:
+                raise SessionNotFound()
+            conn.execute(_INSERT_MESSAGE_SQL, (
+                key, row[0], message.id, message.role, message.content, message.ts,
+                message.run_id, message.name, Jsonb(message.extra), len(line),
+            ))
+            conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, key))
+        return message
+
     # ----------------------------------------------------------------- internals
-
-    def _new_key(self) -> str:
-        key = self._key_factory()
-        if not is_session_key(key):
-            raise ValueError(f"key_factory returned {key!r}, which is not a session key")
-        return key
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageError("the session store is closed")
 
     @contextlib.contextmanager
     def _tx(self, action: str) -> Iterator[_Conn]:
@@ -412,10 +336,12 @@ class PgSessionStore:
             raise SessionNotFound()
         return _session(row)
 
-    def _read_back(self, user: str, key: str, limit: int, end: int | None,
+    def _read_back(self, user: str, key: str, limit: int, before: int | None,
                    max_bytes: int | None) -> MessagePage:
-        """Up to ``limit`` messages with ``seq < end`` (default: all), oldest first, capped by
-        the bytes of their lines; sizes are read first so a page never loads what it leaves."""
+        """Up to ``limit`` messages with ``seq < before`` (default: all), oldest first, capped by
+        the bytes of their lines; sizes are read first so a page never loads what it leaves.
+        The history cursor is the ``seq`` of the oldest message on the page, so it stays valid
+        while messages are appended."""
         with self._tx("reading messages") as conn:
             next_seq = conn.execute(
                 "SELECT next_seq FROM recalld_sessions WHERE session_key = %s AND user_id = %s",
@@ -423,11 +349,11 @@ class PgSessionStore:
             ).fetchone()
             if next_seq is None:
                 raise SessionNotFound()
-            if end is not None and not 0 <= end <= next_seq[0]:
+            if before is not None and not 0 <= before <= next_seq[0]:
                 raise InvalidSessionInput("before", "is not a cursor returned by this server")
             if limit <= 0:
                 return [], None
-            bound = next_seq[0] if end is None else end
+            bound = next_seq[0] if before is None else before
             sizes = conn.execute(
                 "SELECT seq, line_bytes FROM recalld_messages WHERE session_key = %s AND seq < %s"
                 " ORDER BY seq DESC LIMIT %s",
