@@ -143,9 +143,9 @@ def summary_wire(s: ConversationSummary) -> SummaryWire:
 
 
 class SessionDetailWire(SessionWire):
-    """``sessions.get``: the session's metadata and its conversation summary (null: none)."""
+    """``sessions.get``: the session's metadata and, when it has one, its conversation summary."""
 
-    summary: SummaryWire | None
+    summary: NotRequired[SummaryWire]
 
 
 class RecalledRef(TypedDict):

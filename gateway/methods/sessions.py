@@ -146,7 +146,10 @@ class SessionsMethods:
         def read() -> SessionDetailWire:
             session = self.store.get(ctx.caller, p.session_key)
             summary = self.store.summary(ctx.caller, p.session_key)
-            return {**session_wire(session), "summary": summary_wire(summary) if summary else None}
+            out: SessionDetailWire = {**session_wire(session)}  # type: ignore[typeddict-item]
+            if summary is not None:  # as on sessions.history's newest page: the key only when there is one
+                out["summary"] = summary_wire(summary)
+            return out
 
         return await asyncio.to_thread(read)
 

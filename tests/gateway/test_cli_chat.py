@@ -203,7 +203,7 @@ async def test_summary_command_and_resume_print_the_summary(tmp_path: Path, fake
         assert code == 0, err
         key = KEY.search(out).group(1)  # type: ignore[union-attr]
         async with Client.connect(d.url, TOKEN) as c, asyncio.timeout(30):
-            while (await c.call("sessions.get", {"sessionKey": key}))["summary"] is None:
+            while (await c.call("sessions.get", {"sessionKey": key})).get("summary") is None:
                 await asyncio.sleep(0.05)  # the summary is written in the background
         code, out, err = await chat(d, "--session", key, stdin="/summary\n")
         assert code == 0, err
