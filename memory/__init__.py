@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .chunking import approx_tokens, content_terms
+from .chunking import approx_tokens, content_terms, iso_to_ms
 from .config import EmbedderChoice, MemoryConfig
 from .context import RECALL_QUERY_CHARS, MemoryContext, RunMemory
 from .embedders.embeddings import Embedder, probe_auto_embedder, select_embedder
@@ -106,6 +106,7 @@ __all__ = [
     "approx_tokens",
     "content_terms",
     "drop_shown",
+    "iso_to_ms",
     "trim_to_tokens",
     "normalise_fact",
     "probe_auto_embedder",

@@ -238,24 +238,19 @@ def chunk_messages(
 def visible_entries(entries: Sequence[TranscriptEntry], *, new_from: int) -> tuple[list[TranscriptEntry], bool]:
     """The entries a reader of history sees (messages superseded by ``chat.edit`` or
     ``chat.regenerate`` left out, the rule of :func:`sessions.visible_messages`), and whether
-    the read reaches far enough back for that.
+    the transcript must be re-chunked from its start instead.
 
     ``entries`` is a suffix of a transcript (an indexer's tail read), so hiding within it is
-    exact; what it cannot see is a *new* entry (``offset >= new_from``: not indexed before)
-    superseding a message older than the read. Then the second value is True and the caller
-    re-chunks the whole transcript: the chunks before the tail hold text that history no longer
-    shows. An old superseding entry was applied when it was new, so it never asks again.
+    exact for the lines the suffix holds. But the chunks before the tail overlap it (a chunk
+    carries the head of the next), and the tail's first chunk may begin inside the very message
+    a new line hides, so a *new* superseding entry (``offset >= new_from``: not indexed before)
+    asks for the whole transcript: the second value is True. Edits and regenerations are rare
+    next to appends, the unchanged chunks stay and their vectors come from the cache. An old
+    superseding entry was applied when it was new, so it never asks again.
     """
-    seen: set[str] = set()
-    whole = False
-    for entry in entries:
-        target = replaced_id(entry.message)
-        if target is not None and entry.offset >= new_from and target not in seen:
-            whole = True
-        seen.add(entry.message.id)
+    whole = any(e.offset >= new_from and replaced_id(e.message) is not None for e in entries)
     shown_ids = {m.id for m in visible_messages([e.message for e in entries])}
-    shown = [e for e in entries if e.message.id in shown_ids]
-    return shown, whole
+    return [e for e in entries if e.message.id in shown_ids], whole
 
 
 def iso_to_ms(ts: str | None) -> int | None:

@@ -19,13 +19,14 @@ Each call is counted (:attr:`Compactor.calls`) and logged as one ``chat.compacti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 import structlog
 
 from gateway.chat.episodes import ModelSummarizer
 from gateway.chat.llm import ChatModel
-from gateway.chat.prompt import message_tokens
+from gateway.chat.prompt import MESSAGE_OVERHEAD_TOKENS, message_tokens
 from gateway.config import ChatConfig
 from memory import CUT_MARK, SummarizerError, approx_tokens, trim_to_tokens
 from sessions import ConversationSummary, Message, SessionError, SessionStoreLike, visible_messages
@@ -111,7 +112,11 @@ def plan_compaction(config: ChatConfig, store: SessionStoreLike, user: str, sess
     batch: list[Message] = []
     spend = config.max_context_tokens - (approx_tokens(previous.content) if previous else 0)
     for m in left:
-        if batch and _cost(m) > spend:
+        if _cost(m) > spend:
+            if not batch:  # one message larger than a call's input: its start stands for it,
+                # or every later call would fail on it and nothing after it be summarised
+                room = max(1, spend - MESSAGE_OVERHEAD_TOKENS)
+                batch.append(dataclasses.replace(m, content=trim_to_tokens(m.content, room)))
             break
         spend -= _cost(m)
         batch.append(m)

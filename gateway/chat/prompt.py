@@ -37,6 +37,7 @@ from memory import (
     ShownHistory,
     approx_tokens,
     content_terms,
+    iso_to_ms,
 )
 from sessions import ConversationSummary, Message, Session, SessionStoreLike, visible_history
 
@@ -136,6 +137,11 @@ def recall_query(message: str, history: Sequence[Message]) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _ts_order(ts: str) -> int:
+    ms = iso_to_ms(ts)
+    return ms if ms is not None else 1 << 62  # an unreadable time never sets the window's start
+
+
 def _date(ts: str | None) -> str:
     # The date comes from a transcript line too: only a real date is shown.
     date = (ts or "")[:10]
@@ -198,7 +204,9 @@ async def build_prompt(
     window = history_window(config, recent, run_id, own_id)
     # Recall covers this session too, but not what the window shows: a message that left the
     # window is found again as soon as it is indexed (the token trim below may drop more).
-    shown = ShownHistory(session_key, window[0].ts if window else None)
+    # The earliest time in the window, not its first message's: clocks of several nodes, or an
+    # import, may time a later message before an earlier one.
+    shown = ShownHistory(session_key, min((m.ts for m in window), key=_ts_order) if window else None)
     context = MemoryContext()
     if memory is not None and run.any:
         earlier = window[:-1] if window and window[-1].content == message else window

@@ -300,8 +300,8 @@ class FileSync:
         reader = ForwardReader(path, offset, line)
         entries, whole = visible_entries(list(reader), new_from=offset if known_end is None else known_end)
         if whole and offset > 0:
-            # A new edit or regenerate hid a message older than this read: the chunks before
-            # it change too, so the transcript is re-cut from its start (unchanged chunks stay).
+            # A new edit or regenerate: the chunks before this read may hold what it hides, so
+            # the transcript is re-cut from its start (unchanged chunks stay, by index and hash).
             return self._index_from(path, rel, owner, 0, 1, 0, 0)
         chunks = chunk_messages(entries, self.sizes.chunk_tokens, self.sizes.overlap_tokens,
                                 first_idx=first_idx, skip_segments=skip_segments)

@@ -237,8 +237,8 @@ class PgIndexer:
         rows = await pg_feed.messages_from(conn, key, start_seq)
         entries, rewind = visible_entries(_entries(rows), new_from=indexed_seq + 1)
         if rewind and start_seq > 0:
-            # A new edit or regenerate hid a message older than this read (see the SQLite
-            # indexer): re-cut the session from its first message; unchanged chunks stay.
+            # A new edit or regenerate (see the SQLite indexer): re-cut the session from its
+            # first message; unchanged chunks stay.
             first_idx, start_seq, skip = 0, 0, 0
             rows = await pg_feed.messages_from(conn, key, 0)
             entries, _ = visible_entries(_entries(rows), new_from=0)

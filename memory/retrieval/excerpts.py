@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from memory.chunking import content_terms, iso_to_ms
+from memory.chunking import CONTINUED, content_terms, iso_to_ms
 from memory.config import MemoryConfig
 from memory.retrieval.neighbours import FetchAround, messages, widen
 from memory.retrieval.recall import for_prompt
@@ -36,6 +36,8 @@ _PREFIX = re.compile(r"^[^\n\[\]]{1,80} \[(\d{4}-\d\d-\d\dT[^\]\n]*)\]: ")
 _PREFIXES = re.compile(_PREFIX.pattern, re.MULTILINE)
 # A sentence ends at . ! ? … (or a line break) followed by space; CJK full stops end one too.
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+|\n+")
+# A repeated sentence shorter than this many words stays: "Yes." twice is an answer each time.
+REPEAT_MIN_WORDS = 3
 
 
 def relevant(hits: Sequence[SearchHit], query: str, *, vector_ran: bool, floor: float | None,
@@ -99,20 +101,30 @@ def drop_shown(hits: Sequence[SearchHit], shown: ShownHistory | None) -> list[Se
             if start is not None and start < since:
                 out.append(hit)
             continue
-        kept = [m for m in found if (ts := _rendered_ts(m)) is None or ts < since]
-        if not kept:
+        # The window is the session's newest messages, so what goes is the hit's tail: from the
+        # first message timed in the window on (a later line that only looks older — a pasted
+        # log — goes with it).
+        cut = next((i for i, m in enumerate(found) if (ts := _rendered_ts(m)) is not None and ts >= since),
+                   len(found))
+        if cut == 0:
             continue
-        if len(kept) == len(found):
+        if cut == len(found):
             out.append(hit)
             continue
-        # The window is the session's newest messages, so what goes is the hit's tail. Its line
-        # range shrinks exactly when the chunk held one message per line of its span.
-        exact = len(found) == hit.line_end - hit.line_start + 1
-        line_end = hit.line_start + len(kept) - 1 if exact else hit.line_end
-        stamps = [opened.group(1) for m in kept if (opened := _PREFIX.match(m)) is not None]
-        out.append(replace(hit, content="\n".join(kept), line_end=line_end,
-                           end_ts=max(stamps) if stamps else hit.end_ts))
+        out.append(_narrowed(hit, found, range(cut)))
     return out
+
+
+def _narrowed(hit: SearchHit, found: list[str], kept: range | list[int]) -> SearchHit:
+    """``hit`` holding only its messages ``kept`` (indices into ``found``, its messages): the
+    text, the times, and the line range where the chunk held one message per line of its span."""
+    exact = len(found) == hit.line_end - hit.line_start + 1
+    idx = list(kept)
+    line_start = hit.line_start + idx[0] if exact else hit.line_start
+    line_end = hit.line_start + idx[-1] if exact else hit.line_end
+    stamps = [opened.group(1) for i in idx if (opened := _PREFIX.match(found[i])) is not None]
+    return replace(hit, content="\n".join(found[i] for i in idx), line_start=line_start, line_end=line_end,
+                   start_ts=min(stamps) if stamps else hit.start_ts, end_ts=max(stamps) if stamps else hit.end_ts)
 
 
 def _sentences(text: str) -> list[str]:
@@ -125,33 +137,42 @@ def _key(sentence: str) -> str:
 
 def without_repeats(hits: Sequence[SearchHit]) -> list[SearchHit]:
     """``hits`` in order, each without the sentences an earlier one already holds (compared
-    case- and space-insensitively, a message's ``who [ts]:`` opening aside); a message left with
-    no sentence goes, and an excerpt left with no message."""
+    case- and space-insensitively; a message's ``who [ts]:`` opening and a segment's ``…`` mark
+    aside; sentences of fewer than :data:`REPEAT_MIN_WORDS` words, a "Yes." or "Thanks!", are
+    never taken out); a message left with no sentence goes, and an excerpt left with no
+    message. An excerpt that loses messages at its edges has its line range and times narrowed."""
     seen: set[str] = set()
     out: list[SearchHit] = []
     for hit in hits:
-        parts = messages(hit.content) or [hit.content]
-        kept_parts: list[str] = []
-        changed = False
-        for part in parts:
+        found = messages(hit.content)
+        parts = found or [hit.content]
+        kept: list[int] = []
+        texts: list[str] = []
+        for i, part in enumerate(parts):
             opened = _PREFIX.match(part)
             prefix, body = (part[:opened.end()], part[opened.end():]) if opened else ("", part)
-            sentences = _sentences(body)
+            mark = CONTINUED if body.startswith(CONTINUED) else ""
+            sentences = _sentences(body[len(mark):])
             fresh = []
             for sentence in sentences:
                 key = _key(sentence)
-                if key not in seen:
+                if len(key.split()) < REPEAT_MIN_WORDS or key not in seen:
                     seen.add(key)
                     fresh.append(sentence.strip())
             if len(fresh) == len(sentences):
-                kept_parts.append(part)
-                continue
-            changed = True
-            if fresh:
-                kept_parts.append(prefix + " ".join(fresh))
-        if not kept_parts:
+                kept.append(i)
+                texts.append(part)
+            elif fresh:
+                kept.append(i)
+                texts.append(prefix + mark + " ".join(fresh))
+        if not kept:
             continue
-        out.append(replace(hit, content="\n".join(kept_parts)) if changed else hit)
+        if len(kept) == len(parts) and texts == parts:
+            out.append(hit)
+        elif found is None:
+            out.append(replace(hit, content="\n".join(texts)))
+        else:
+            out.append(replace(_narrowed(hit, found, kept), content="\n".join(texts)))
     return out
 
 

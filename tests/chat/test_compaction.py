@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gateway.app import App
+from gateway.chat.compaction import plan_compaction
 from gateway.chat.prompt import SUMMARY_CLOSE, SUMMARY_OPEN
 from gateway.client import Client
-from gateway.config import Config
+from gateway.config import ChatConfig, Config
 from memory import approx_tokens
+from sessions import SessionsConfig, SessionStore
 from testkit.fake_openai import Behaviour, RecordedRequest
 from tests.conftest import TOKEN, running
 from tests.fake_openai import FakeOpenAI
@@ -150,3 +153,17 @@ async def test_summary_is_bounded_in_tokens_and_off_when_disabled(
             await _turn(app, c, key, f"turn {i}")
         assert fake_openai.compaction_requests == []
         assert SUMMARY_OPEN not in _prompt(fake_openai, "turn 3")[0]["content"]
+
+
+def test_a_message_larger_than_a_call_s_input_is_summarised_by_its_start(tmp_path: Path) -> None:
+    """The first message left to summarise is larger than one call may send: the plan holds its
+    start, cut to fit, instead of a call that could never succeed (nothing after it summarised)."""
+    config = ChatConfig(history_limit=4, compaction_every=2, max_context_tokens=500)
+    with SessionStore(tmp_path, SessionsConfig()) as store:
+        key = store.create("alice").session_key
+        store.append_message("alice", key, role="user", content="word " * 5000)
+        for i in range(8):
+            store.append_message("alice", key, role="user" if i % 2 == 0 else "assistant", content=f"short {i}")
+        plan = plan_compaction(config, store, "alice", key)
+    assert plan is not None and len(plan.batch) == 1
+    assert approx_tokens(plan.batch[0].content) < 500 and plan.batch[0].content.startswith("word word")

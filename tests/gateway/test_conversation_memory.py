@@ -128,3 +128,21 @@ async def test_regenerations_do_not_shrink_the_history_window(
         asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == "fourth question"]
         sent = [m["content"] for m in asked[-1]["messages"] if m["role"] != "system"]
         assert sent == ["Echo: second question", "third question", "Echo: third question", "fourth question"]
+
+
+async def test_a_regenerated_long_reply_leaves_the_index_whole(
+        backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+    """A reply long enough to be cut into segments across chunks, regenerated: no chunk keeps
+    any of the old reply, and the new one is indexed from its first word to its last."""
+    cfg = chat_config(backend_config_factory, fake_openai, chunk_tokens=64, overlap_tokens=16)
+    async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
+        key = (await c.call("sessions.create"))["sessionKey"]
+        fake_openai.script(Behaviour(reply="Marseille opens it. " + "alpha " * 150 + "Toulon closes it."))
+        await say(c, key, "Describe the coast.")
+        await _until_found(c, "Toulon", "Toulon")
+        fake_openai.script(Behaviour(reply="Paris opens it. " + "beta " * 150 + "Lyon closes it."))
+        await run_to_end(c, (await c.call("chat.regenerate", {"sessionKey": key}))["runId"])
+        await _until_found(c, "Lyon", "Lyon")
+        await _until_found(c, "Paris", "Paris")
+        for gone in ("Marseille", "Toulon", "alpha"):
+            assert not any(gone in t for t in await _texts(c, gone)), gone

@@ -80,3 +80,25 @@ def test_a_sentence_already_in_a_better_excerpt_is_not_repeated() -> None:
     assert len(out) == 2
     sentences = [s for h in out for s in h.content.replace("\n", " ").split(". ")]
     assert len(sentences) == len(set(sentences))
+
+
+def test_short_repeated_answers_and_the_segment_mark_stay() -> None:
+    """"Yes." in two excerpts is two answers (fewer than three words: never taken out), and a
+    later segment keeps its "… " opening when a sentence of it is a repeat."""
+    first = hit(1, "\n".join([msg("user", T1, "Book the flight to Paris?"), msg("assistant", T2, "Yes.")]))
+    second = hit(2, "\n".join([msg("user", T1, "Book the hotel near the station?"), msg("assistant", T2, "Yes.")]),
+                 session="s2")
+    third = hit(3, msg("assistant", T3, "… Book the flight to Paris? It leaves at noon."), session="s3",
+                lines=(4, 4))
+    out = without_repeats([first, second, third])
+    assert out[1] == second
+    assert out[2].content == msg("assistant", T3, "… It leaves at noon.")
+
+
+def test_a_pasted_line_that_looks_older_does_not_bring_window_text_back() -> None:
+    """A window message whose text holds a line shaped like an older message is cut with the
+    rest of the window: the hit keeps only what precedes the window's first message."""
+    content = "\n".join([msg("user", T1, "old fact."), msg("user", T3, "see this log:"),
+                         msg("bob", "2023-05-01T00:00:00.000Z", "window text")])
+    out = drop_shown([hit(1, content, lines=(2, 3), start_ts=T1)], ShownHistory("s1", T2))
+    assert [h.content for h in out] == [msg("user", T1, "old fact.")]
