@@ -10,9 +10,12 @@ import os
 from datetime import datetime
 from pathlib import Path
 
+import orjson
+
 from .errors import SessionNotFound, StorageError
 from .fileio import FileIO, append_whole_line, describe_os_error, fsync_path, open_no_links
 from .models import SUMMARY_TYPE, parse_ts
+from .supersede import REPLACES_KEY, retarget
 from .transcript import parse_line
 
 __all__ = ["rewrite_file", "without_messages"]
@@ -22,7 +25,9 @@ def without_messages(path: Path, header_end: int, after: datetime | None,
                      before: datetime | None) -> tuple[bytes, int]:
     """The transcript at ``path`` without its messages timed in ``[after, before)`` (every
     message when neither is given), and how many were removed; every other line stays byte
-    for byte, but a conversation summary covering a removed message is left out too. SessionNotFound if the file is gone; UnsafePath for a link, which is never read."""
+    for byte, but a conversation summary covering a removed message is left out too, and a kept
+    message whose ``replaces`` names a removed one names the first kept message of the range it
+    hid instead (or loses the key: :func:`sessions.supersede.retarget`). SessionNotFound if the file is gone; UnsafePath for a link, which is never read."""
     try:
         fd = open_no_links(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -34,12 +39,24 @@ def without_messages(path: Path, header_end: int, after: datetime | None,
             data = fh.read()
     except OSError as err:
         raise StorageError(describe_os_error(err, "reading transcript")) from err
+    lines = data[header_end:].splitlines(keepends=True)
+    parsed = [parse_line(raw.rstrip(b"\n")) for raw in lines]
+    order: list[str] = []
+    gone: set[str] = set()
+    targets: dict[str, str] = {}
+    for obj in parsed:
+        if obj is not None and obj["type"] == "message" and isinstance(obj.get("id"), str):
+            order.append(obj["id"])
+            if _within(obj.get("ts"), after, before):
+                gone.add(obj["id"])
+            elif isinstance(obj.get(REPLACES_KEY), str):
+                targets[obj["id"]] = obj[REPLACES_KEY]
+    moved = retarget(order, gone, targets)
     kept = [data[:header_end]]
     removed = 0
     position: dict[str, int] = {}  # message id -> its place among the messages read so far
     first_removed: int | None = None
-    for raw in data[header_end:].splitlines(keepends=True):
-        obj = parse_line(raw.rstrip(b"\n"))
+    for raw, obj in zip(lines, parsed, strict=True):
         if obj is not None and obj["type"] == "message":
             if isinstance(obj.get("id"), str):
                 position[obj["id"]] = len(position)
@@ -48,6 +65,11 @@ def without_messages(path: Path, header_end: int, after: datetime | None,
                 if first_removed is None:
                     first_removed = len(position) - 1
                 continue
+            if obj.get("id") in moved:  # its target goes: what it hid must stay hidden, no more
+                line = {k: v for k, v in obj.items() if k != REPLACES_KEY}
+                if moved[obj["id"]] is not None:
+                    line[REPLACES_KEY] = moved[obj["id"]]
+                raw = orjson.dumps(line) + b"\n"
         elif obj is not None and obj["type"] == SUMMARY_TYPE and first_removed is not None:
             # A summary covers every message up to its ``through``: one that covers a removed
             # message would keep the forgotten text, so it goes too (an unknown ``through``

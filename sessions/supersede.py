@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from .models import Message
 from .protocol import SessionStoreLike
 
-__all__ = ["REPLACES_KEY", "replaced_id", "visible_history", "visible_messages"]
+__all__ = ["REPLACES_KEY", "replaced_id", "retarget", "visible_history", "visible_messages"]
 
 # The line key (in ``Message.extra``) naming the message a new one supersedes.
 REPLACES_KEY = "replaces"
@@ -30,6 +30,25 @@ def replaced_id(message: Message) -> str | None:
     """The id this message supersedes, or None."""
     value = message.extra.get(REPLACES_KEY)
     return value if isinstance(value, str) else None
+
+
+def retarget(order: Sequence[str], removed: set[str], targets: dict[str, str]) -> dict[str, str | None]:
+    """What a purge must do to the ``replaces`` of the messages it keeps: a kept message whose
+    target is removed would otherwise hide every message before it (its range never closes).
+
+    ``order``: the transcript's message ids, oldest first; ``removed``: those the purge takes;
+    ``targets``: kept message id → the id its ``replaces`` names. Answers kept id → the new
+    target, the first kept message of the range it hid (so what it hid stays hidden), or None
+    when nothing of that range is left (the key goes). Ranges whose target is kept are absent.
+    """
+    where = {mid: i for i, mid in enumerate(order)}
+    out: dict[str, str | None] = {}
+    for mid, target in targets.items():
+        if target not in removed or target not in where or mid not in where:
+            continue
+        between = order[where[target] + 1:where[mid]]
+        out[mid] = next((m for m in between if m not in removed), None)
+    return out
 
 
 class _Hider:

@@ -34,6 +34,7 @@ from ..errors import InvalidSessionInput, SessionNotFound, StorageError
 from ..idle import idle_query
 from ..keys import check_session_key, check_user, encode_history_cursor, new_session_key
 from ..models import ConversationSummary, Message, MessagePage, Session
+from ..supersede import retarget
 from ..transcript import Header
 from .feed import NOTIFY_CHANNEL
 from .schema import migrate
@@ -178,15 +179,18 @@ class PgSessionStore(CheckedSessionStore):
         user, key = check_user(user), check_session_key(session_key)
         with self._tx("purging messages") as conn:
             self._session_row(conn, user, key, lock=True)
+            moved = self._retargets(conn, key, after, before)
             cur = conn.execute(
                 "DELETE FROM recalld_messages WHERE session_key = %s"
                 " AND (%s::timestamptz IS NULL OR ts::timestamptz >= %s::timestamptz)"
-                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz) RETURNING seq",
+                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz) RETURNING seq, id",
                 (key, after, after, before, before),
             )
-            removed_seqs = [int(row[0]) for row in cur.fetchall()]
+            gone = cur.fetchall()
+            removed_seqs = [int(row[0]) for row in gone]
             removed = len(removed_seqs)
             if removed:
+                self._apply_retargets(conn, key, moved)
                 # A summary covering a removed message would keep the forgotten text.
                 conn.execute("DELETE FROM recalld_summaries WHERE session_key = %s AND through_seq >= %s",
                              (key, min(removed_seqs)))
@@ -195,6 +199,31 @@ class PgSessionStore(CheckedSessionStore):
                 conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, key))
         log.info("transcript.purged", session=key, messages=removed)
         return removed
+
+    @staticmethod
+    def _retargets(conn: Any, key: str, after: datetime | None, before: datetime | None) -> dict[str, str | None]:
+        """Before a purge: what becomes of the ``replaces`` of the messages it keeps
+        (``sessions.supersede.retarget``: one naming a purged message would hide every message
+        before it). Reads the session's ids in order, in the purge's transaction."""
+        rows = conn.execute(
+            "SELECT id, extra->>'replaces',"
+            " (%s::timestamptz IS NULL OR ts::timestamptz >= %s::timestamptz)"
+            " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz)"
+            " FROM recalld_messages WHERE session_key = %s ORDER BY seq",
+            (after, after, before, before, key)).fetchall()
+        gone = {str(mid) for mid, _, within in rows if within}
+        targets = {str(mid): str(target) for mid, target, within in rows if target is not None and not within}
+        return retarget([str(mid) for mid, _, _ in rows], gone, targets)
+
+    @staticmethod
+    def _apply_retargets(conn: Any, key: str, moved: dict[str, str | None]) -> None:
+        for mid, target in moved.items():
+            if target is None:
+                conn.execute("UPDATE recalld_messages SET extra = extra - 'replaces'"
+                             " WHERE session_key = %s AND id = %s", (key, mid))
+            else:
+                conn.execute("UPDATE recalld_messages SET extra = jsonb_set(extra, '{replaces}', to_jsonb(%s::text))"
+                             " WHERE session_key = %s AND id = %s", (target, key, mid))
 
     def append_summary(self, user: str, session_key: str, *, content: str, through: str,
                        messages: int) -> ConversationSummary:

@@ -17,6 +17,8 @@ from sessions import (
     SessionNotFound,
     SessionsConfig,
     SessionStore,
+    visible_history,
+    visible_messages,
 )
 
 from .conftest import fill
@@ -94,6 +96,31 @@ def test_purge_removes_the_window_and_recounts(store: SessionStore) -> None:
     assert (after.message_count, after.updated_at) == (0, s.created_at)
     with pytest.raises(SessionNotFound):
         store.purge_messages("bob", s.session_key)
+
+
+def test_purging_an_edited_message_keeps_the_history_before_it(store: SessionStore) -> None:
+    """Purging a message that a later edit replaced keeps what it hid hidden and nothing more:
+    the messages before it stay shown (the edit's ``replaces`` names the first message left of
+    the range it hid, or goes when none is left)."""
+    day = datetime(2026, 3, 1, tzinfo=UTC)
+    key = store.create("alice", created_at=day - timedelta(days=1)).session_key
+    say = lambda text, i, **extra: store.append_message(  # noqa: E731
+        "alice", key, role="user" if text.startswith("q") else "assistant", content=text,
+        ts=day + timedelta(hours=i), extra=extra or None)
+    say("q1", 0), say("a1", 1)
+    old = say("q2 old", 2)
+    say("a2 old", 3)
+    say("q2 new", 4, replaces=old.id), say("a2 new", 5)
+    shown = lambda: [m.content for m in visible_messages(store.recent_messages("alice", key, 50))]  # noqa: E731
+    assert shown() == ["q1", "a1", "q2 new", "a2 new"]
+    # Purge the edited-away message only: its reply stays hidden, the first exchange stays shown.
+    assert store.purge_messages("alice", key, after=day + timedelta(hours=2), before=day + timedelta(hours=3)) == 1
+    assert shown() == ["q1", "a1", "q2 new", "a2 new"]
+    assert [m.content for m in visible_history(store, "alice", key, limit=50)[0]] == ["q1", "a1", "q2 new", "a2 new"]
+    # Purge the hidden reply too: nothing of the range is left and the edit no longer names one.
+    assert store.purge_messages("alice", key, after=day + timedelta(hours=3), before=day + timedelta(hours=4)) == 1
+    assert shown() == ["q1", "a1", "q2 new", "a2 new"]
+    assert all("replaces" not in m.extra for m in store.recent_messages("alice", key, 50))
 
 
 def test_incognito_flag_is_kept_through_updates(store: SessionStore) -> None:
