@@ -14,6 +14,7 @@ from gateway.wire import session_wire
 from sessions import (
     InvalidSessionInput,
     LineTooLarge,
+    Message,
     SessionNotFound,
     SessionsConfig,
     SessionStore,
@@ -104,14 +105,20 @@ def test_purging_an_edited_message_keeps_the_history_before_it(store: SessionSto
     the range it hid, or goes when none is left)."""
     day = datetime(2026, 3, 1, tzinfo=UTC)
     key = store.create("alice", created_at=day - timedelta(days=1)).session_key
-    say = lambda text, i, **extra: store.append_message(  # noqa: E731
-        "alice", key, role="user" if text.startswith("q") else "assistant", content=text,
-        ts=day + timedelta(hours=i), extra=extra or None)
-    say("q1", 0), say("a1", 1)
+
+    def say(text: str, hour: int, **extra: str) -> Message:
+        return store.append_message("alice", key, role="user" if text.startswith("q") else "assistant",
+                                    content=text, ts=day + timedelta(hours=hour), extra=extra or None)
+
+    def shown() -> list[str]:
+        return [m.content for m in visible_messages(store.recent_messages("alice", key, 50))]
+
+    say("q1", 0)
+    say("a1", 1)
     old = say("q2 old", 2)
     say("a2 old", 3)
-    say("q2 new", 4, replaces=old.id), say("a2 new", 5)
-    shown = lambda: [m.content for m in visible_messages(store.recent_messages("alice", key, 50))]  # noqa: E731
+    say("q2 new", 4, replaces=old.id)
+    say("a2 new", 5)
     assert shown() == ["q1", "a1", "q2 new", "a2 new"]
     # Purge the edited-away message only: its reply stays hidden, the first exchange stays shown.
     assert store.purge_messages("alice", key, after=day + timedelta(hours=2), before=day + timedelta(hours=3)) == 1
