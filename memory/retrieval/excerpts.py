@@ -25,15 +25,12 @@ from dataclasses import replace
 
 from memory.chunking import CONTINUED, content_terms, iso_to_ms
 from memory.config import MemoryConfig
-from memory.retrieval.neighbours import FetchAround, messages, widen
-from memory.retrieval.recall import for_prompt
+from memory.retrieval.neighbours import OPENS, FetchAround, message_ts, messages, widen
+from memory.retrieval.recall import above_floor, for_prompt
 from memory.retrieval.request import STOPWORDS, SearchHit, SearchResponse, ShownHistory
 
 __all__ = ["drop_shown", "excerpts_for_prompt", "meaningful_words", "relevant", "without_repeats"]
 
-# "who [ts]: " opening a rendered message (memory.chunking's prefix); group 1 is the time.
-_PREFIX = re.compile(r"^[^\n\[\]]{1,80} \[(\d{4}-\d\d-\d\dT[^\]\n]*)\]: ")
-_PREFIXES = re.compile(_PREFIX.pattern, re.MULTILINE)
 # A sentence ends at . ! ? … (or a line break) followed by space; CJK full stops end one too.
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+|\n+")
 # A repeated sentence shorter than this many words stays: "Yes." twice is an answer each time.
@@ -57,20 +54,11 @@ def relevant(hits: Sequence[SearchHit], query: str, *, vector_ran: bool, floor: 
     """
     if not vector_ran or floor is None:
         return list(hits)
-    sims = [h.similarity for h in hits if h.similarity is not None]
-    if not sims:
-        return []
-    bar = max(floor, max(sims) - config.recall_relative_drop)
+    best = max((h.similarity for h in hits if h.similarity is not None), default=floor)
     asked = meaningful_words(query)
-    out: list[SearchHit] = []
-    for hit in hits:
-        if hit.similarity is None or hit.similarity < bar:
-            continue
-        if hit.similarity < floor + config.recall_vector_only_margin and asked \
-                and not asked & meaningful_words(_PREFIXES.sub("", hit.content)):
-            continue
-        out.append(hit)
-    return out
+    return [hit for hit in above_floor(hits, vector_ran=True, floor=max(floor, best - config.recall_relative_drop))
+            if hit.similarity is None or hit.similarity >= floor + config.recall_vector_only_margin or not asked
+            or asked & meaningful_words(OPENS.sub("", hit.content))]
 
 
 def meaningful_words(text: str) -> set[str]:
@@ -80,8 +68,7 @@ def meaningful_words(text: str) -> set[str]:
 
 
 def _rendered_ts(message: str) -> int | None:
-    opened = _PREFIX.match(message)
-    return iso_to_ms(opened.group(1)) if opened else None
+    return iso_to_ms(message_ts(message))
 
 
 def drop_shown(hits: Sequence[SearchHit], shown: ShownHistory | None) -> list[SearchHit]:
@@ -122,7 +109,7 @@ def _narrowed(hit: SearchHit, found: list[str], kept: range | list[int]) -> Sear
     idx = list(kept)
     line_start = hit.line_start + idx[0] if exact else hit.line_start
     line_end = hit.line_start + idx[-1] if exact else hit.line_end
-    stamps = [opened.group(1) for i in idx if (opened := _PREFIX.match(found[i])) is not None]
+    stamps = [ts for i in idx if (ts := message_ts(found[i])) is not None]
     return replace(hit, content="\n".join(found[i] for i in idx), line_start=line_start, line_end=line_end,
                    start_ts=min(stamps) if stamps else hit.start_ts, end_ts=max(stamps) if stamps else hit.end_ts)
 
@@ -149,7 +136,7 @@ def without_repeats(hits: Sequence[SearchHit]) -> list[SearchHit]:
         kept: list[int] = []
         texts: list[str] = []
         for i, part in enumerate(parts):
-            opened = _PREFIX.match(part)
+            opened = OPENS.match(part)
             prefix, body = (part[:opened.end()], part[opened.end():]) if opened else ("", part)
             mark = CONTINUED if body.startswith(CONTINUED) else ""
             sentences = _sentences(body[len(mark):])

@@ -33,14 +33,15 @@ from memory.errors import MemoryIndexError
 from memory.retrieval.recall import CUT_MARK, merge_overlapping
 from memory.retrieval.request import SearchHit
 
-__all__ = ["AROUND_SQL", "ChunkSpan", "around_sqlite", "message_at", "messages", "spans", "widen"]
+__all__ = ["AROUND_SQL", "OPENS", "ChunkSpan", "around_sqlite", "message_at", "message_ts", "messages", "spans",
+           "widen"]
 
 log = structlog.get_logger("memory.recall")
 
 # "who [2026-11-27T10:00:00.000Z]: " at the start of a line opens a message (``_prefix`` in
 # memory.chunking). A message's own line that looks like this would split it wrongly; the
 # count check below then refuses the chunk, or the text is still the message's own.
-_OPENS = re.compile(r"^[^\n\[\]]{1,80} \[(\d{4}-\d\d-\d\dT[^\]\n]*)\]: ", re.MULTILINE)
+OPENS = re.compile(r"^[^\n\[\]]{1,80} \[(\d{4}-\d\d-\d\dT[^\]\n]*)\]: ", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +74,14 @@ def around_sqlite(db: apsw.Connection, user: str, hit: SearchHit) -> list[ChunkS
 
 def messages(content: str) -> list[str] | None:
     """``content`` split into its rendered messages; None when it does not open with one."""
-    starts = [m.start() for m in _OPENS.finditer(content)]
+    starts = [m.start() for m in OPENS.finditer(content)]
     if not starts or starts[0] != 0:
         return None
     return [content[a:b].rstrip("\n") for a, b in zip(starts, [*starts[1:], len(content)], strict=True)]
 
 
 def _continued(message: str) -> bool:
-    opened = _OPENS.match(message)
+    opened = OPENS.match(message)
     return opened is not None and message[opened.end():].startswith(CONTINUED)
 
 
@@ -112,8 +113,9 @@ def message_at(chunks: list[ChunkSpan], line: int) -> str | None:
     return None
 
 
-def _ts(message: str) -> str | None:
-    opened = _OPENS.match(message)
+def message_ts(message: str) -> str | None:
+    """The time in a rendered message's ``who [ts]: `` opening, or None."""
+    opened = OPENS.match(message)
     return opened.group(1) if opened else None
 
 
@@ -125,7 +127,7 @@ def _held(excerpts: list[SearchHit], i: int, line: int) -> bool:
 
 
 def _with(hit: SearchHit, message: str, line: int, *, before: bool) -> SearchHit:
-    ts = _ts(message)
+    ts = message_ts(message)
     stamps = [t for t in (hit.start_ts, hit.end_ts, ts) if t]
     content = f"{message}\n{hit.content}" if before else f"{hit.content}\n{message}"
     return replace(hit, content=content, line_start=min(hit.line_start, line), line_end=max(hit.line_end, line),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from memory.chunking import approx_tokens
 from memory.retrieval.request import SearchHit
 
-__all__ = ["CUT_MARK", "for_prompt", "merge_overlapping", "trim_to_tokens"]
+__all__ = ["CUT_MARK", "above_floor", "for_prompt", "merge_overlapping", "trim_to_tokens"]
 
 # Ends the excerpt the budget cut (neighbour widening and the benchmark's scoring read it).
 CUT_MARK = " …"
@@ -72,11 +72,18 @@ def trim_to_tokens(text: str, budget: int) -> str:
     return " ".join(words[:lo]) + CUT_MARK if lo else ""
 
 
+def above_floor(hits: Sequence[SearchHit], *, vector_ran: bool, floor: float | None) -> list[SearchHit]:
+    """The hits whose cosine reaches ``floor`` when the vector leg ran (a hit it did not find
+    has none, and goes); all of them without the leg or a floor."""
+    if not vector_ran or floor is None:
+        return list(hits)
+    return [h for h in hits if h.similarity is not None and h.similarity >= floor]
+
+
 def for_prompt(hits: Sequence[SearchHit], *, vector_ran: bool, floor: float | None,
                budget_tokens: int) -> list[SearchHit]:
     """The hits worth putting in a prompt, merged and within ``budget_tokens``, best first."""
-    if vector_ran and floor is not None:
-        hits = [h for h in hits if h.similarity is not None and h.similarity >= floor]
+    hits = above_floor(hits, vector_ran=vector_ran, floor=floor)
     out: list[SearchHit] = []
     left = budget_tokens
     for hit in merge_overlapping(hits):
