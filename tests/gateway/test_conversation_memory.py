@@ -8,12 +8,26 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from gateway.client import Client
+from gateway.client import Client, RpcError
 from gateway.config import Config
 from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.gateway.test_chat import run_to_end
 from tests.gateway.test_memory_methods import chat_config, say, search_until
+
+
+async def _resend(c: Client, method: str, params: dict[str, Any], timeout: float = 10.0) -> str:
+    """chat.regenerate / chat.edit once the session is idle: on PostgreSQL the run's lease is
+    released a moment after its chat.final, and until then the session answers "session busy"
+    (-32003: resends run only in an idle session, docs/protocol.md)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return str((await c.call(method, params))["runId"])
+            except RpcError as exc:
+                if exc.code != -32003 or "busy" not in exc.message:
+                    raise
+                await asyncio.sleep(0.02)
 
 
 async def _texts(c: Client, query: str) -> list[str]:
@@ -40,7 +54,7 @@ async def test_an_edited_away_statement_leaves_the_index(
         await say(c, key, "The weather is mild today.")
         await say(c, key, "My cat is called Tomasz.")
         await _until_found(c, "cat called", "Tomasz")
-        run_id = (await c.call("chat.edit", {"sessionKey": key, "text": "My cat is called Felix."}))["runId"]
+        run_id = await _resend(c, "chat.edit", {"sessionKey": key, "text": "My cat is called Felix."})
         await run_to_end(c, run_id)
         texts = await _until_found(c, "cat called", "Felix")
         texts = await _texts(c, "cat called Tomasz")
@@ -58,7 +72,7 @@ async def test_a_regenerated_reply_leaves_the_index(
         await say(c, key, "What is the capital of France?")
         await _until_found(c, "capital", "Marseille")
         fake_openai.script(Behaviour(reply="The capital is Paris."))
-        run_id = (await c.call("chat.regenerate", {"sessionKey": key}))["runId"]
+        run_id = await _resend(c, "chat.regenerate", {"sessionKey": key})
         await run_to_end(c, run_id)
         await _until_found(c, "capital", "Paris")
         texts = await _texts(c, "capital Marseille")
@@ -123,7 +137,7 @@ async def test_regenerations_do_not_shrink_the_history_window(
         for text in ("first question", "second question", "third question"):
             await say(c, key, text)
         for _ in range(3):
-            await run_to_end(c, (await c.call("chat.regenerate", {"sessionKey": key}))["runId"])
+            await run_to_end(c, await _resend(c, "chat.regenerate", {"sessionKey": key}))
         await say(c, key, "fourth question")
         asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == "fourth question"]
         sent = [m["content"] for m in asked[-1]["messages"] if m["role"] != "system"]
@@ -141,7 +155,7 @@ async def test_a_regenerated_long_reply_leaves_the_index_whole(
         await say(c, key, "Describe the coast.")
         await _until_found(c, "Toulon", "Toulon")
         fake_openai.script(Behaviour(reply="Paris opens it. " + "beta " * 150 + "Lyon closes it."))
-        await run_to_end(c, (await c.call("chat.regenerate", {"sessionKey": key}))["runId"])
+        await run_to_end(c, await _resend(c, "chat.regenerate", {"sessionKey": key}))
         await _until_found(c, "Lyon", "Lyon")
         await _until_found(c, "Paris", "Paris")
         for gone in ("Marseille", "Toulon", "alpha"):
