@@ -46,8 +46,23 @@ export class ChatView {
     this.sendBtn = $("send");
     this.stopBtn = $("stop");
     document.addEventListener("keydown", (ev) => {
-      if (ev.key === "Escape" && !ev.defaultPrevented && this.activeRun && !document.querySelector("dialog[open]")) this.stop();
+      if (ev.key === "Escape" && !ev.shiftKey && !ev.defaultPrevented && this.activeRun
+        && !document.querySelector("dialog[open]")) this.stop();
     });
+    // The view follows the end of the chat while the reader is at the end: a reply growing,
+    // its final text, the Recalled block that comes after it and the Regenerate button all
+    // change the list's height without a scroll event, so a ResizeObserver keeps the end in
+    // view. Only a move up that leaves the end stops following (until the reader is back at
+    // the end): a scroll event is handled a frame after it happened, when the reply may
+    // already have grown, so "not near the end" alone would mistake growth for the reader.
+    this.follow = true;
+    this.lastTop = 0;
+    this.scroller.addEventListener("scroll", () => {
+      const top = this.scroller.scrollTop;
+      this.follow = this.#nearEnd() || (this.follow && top >= this.lastTop);
+      this.lastTop = top;
+    }, { passive: true });
+    new ResizeObserver(() => { if (this.follow) this.#scrollToEnd(); }).observe(this.list);
     this.stopBtn.addEventListener("click", () => this.stop());
     // Events sent while the socket was down are lost: a reply still streaming grows again only
     // from the resubscription's snapshot of it, or once it proves by seq that it missed nothing
@@ -75,13 +90,14 @@ export class ChatView {
     this.activeRun = null;
     this.#setBusy(false);
     this.#showTitle();
-    $("welcome").hidden = true;
+    $("welcome").hidden = true; // until its history says it has none (#showWelcome)
     for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = false;
     await this.#subscribe(session.sessionKey);
     const page = await this.rpc.call("sessions.history", { sessionKey: session.sessionKey, limit: PAGE });
     this.older = page.next || null;
     this.#showSummary(page.summary);
     this.#merge(page.messages);
+    this.#showWelcome();
     if (atTs) await this.#scrollToTs(atTs);
     else this.#scrollToEnd();
     this.input.focus();
@@ -99,7 +115,7 @@ export class ChatView {
     this.#setBusy(false);
     this.#showTitle();
     this.#showSummary(null);
-    $("welcome").hidden = false;
+    this.#showWelcome();
     for (const id of ["rename-session", "edit-prompt", "delete-session", "export-session"]) $(id).disabled = true;
     this.input.focus();
   }
@@ -191,6 +207,7 @@ export class ChatView {
     const target = this.items.find((m) => m.ts && m.ts >= ts) || this.items[this.items.length - 1];
     const node = target && this.nodes.get(target.key);
     if (!node) return;
+    this.follow = false; // the reader asked for this message: later growth must not move it away
     node.classList.add("flash");
     node.scrollIntoView({ block: "center" });
     node.focus({ preventScroll: true });
@@ -262,6 +279,12 @@ export class ChatView {
     block.title = `A summary of the ${summary.messages} earliest messages, written by the model`;
   }
 
+  // Ctrl+Shift+C: the newest reply's text, through its own Copy button (which says "Copied").
+  copyLastReply() {
+    const reply = [...this.items].reverse().find((m) => m.role === "assistant" && m.content);
+    this.nodes.get(reply?.key)?.querySelector(".msg-actions .copy[aria-label='Copy message']")?.click();
+  }
+
   async stop() {
     if (!this.session || !this.activeRun) return;
     try {
@@ -292,7 +315,8 @@ export class ChatView {
     if (method === "chat.delta") {
       this.#onDelta(reply, p);
     } else if (method === "chat.final") {
-      Object.assign(reply, { id: p.message.id, content: p.message.content, ts: p.message.ts, state: "done", note: "" });
+      Object.assign(reply, { id: p.message.id, content: p.message.content, ts: p.message.ts, state: "done", note: "",
+        usage: p.usage || p.message.usage, model: p.message.model });
       this.#render(reply);
       this.#dropSuperseded(p.message);
       const refs = p.message.recalled || p.recalled;
@@ -379,7 +403,7 @@ export class ChatView {
         || (x.state === "pending" && x.role === m.role && x.content === m.content));
       const state = m.aborted ? "aborted" : m.failed ? "error" : "done";
       const fields = { id: m.id, role: m.role, content: m.content, ts: m.ts, runId: m.runId, state,
-        error: m.failed ? m.error || "the reply failed" : "" };
+        error: m.failed ? m.error || "the reply failed" : "", usage: m.usage, model: m.model };
       let item = same;
       if (same) {
         if (same.state === "streaming" && m.role === "assistant") this.#runEnded(m.runId);
@@ -402,6 +426,7 @@ export class ChatView {
       if (at < 0) at = this.items.length;
     }
     this.items.splice(at, 0, item);
+    $("welcome").hidden = true;
     const node = this.#node(item);
     const next = this.items[at + 1] && this.nodes.get(this.items[at + 1].key);
     this.list.insertBefore(node, next || null);
@@ -440,6 +465,14 @@ export class ChatView {
       sessionTitle: (key) => this.sessionTitle?.(key), onOpenSource: (key, ts) => this.onOpenSource(key, ts) });
   }
 
+  // The welcome fills a chat with nothing in it: a draft, or a session opened without messages
+  // (whose model is already chosen, so the welcome's model picker is left out there).
+  #showWelcome() {
+    const welcome = $("welcome");
+    welcome.hidden = this.items.length > 0;
+    welcome.classList.toggle("in-session", Boolean(this.session));
+  }
+
   #showTitle() {
     $("chat-title").textContent = this.session ? this.session.title : "New chat";
     this.onTitle?.(this.session);
@@ -463,6 +496,7 @@ export class ChatView {
   }
 
   #scrollToEnd() {
+    this.follow = true;
     this.scroller.scrollTop = this.scroller.scrollHeight;
   }
 }

@@ -8,6 +8,7 @@ import { ChatView } from "./chat.js";
 import { $, refreshTimes } from "./dom.js";
 import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
+import { installShortcuts } from "./keys.js";
 import { ModelPicker } from "./models.js";
 import { Rpc, redeemCode, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
@@ -58,7 +59,7 @@ async function startApp(conn) {
   new StatusFooter(conn);
 
   const sidebar = new Sidebar(conn, {
-    onSelect: (s) => openSession(s),
+    onSelect: (s, atTs) => openSession(s, atTs),
     onAction: (action, s) => sessionAction(conn, chat, action, s),
   });
   const chat = new ChatView(conn, {
@@ -78,11 +79,31 @@ async function startApp(conn) {
     onOpen: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
   });
   // The two side panels share one column: opening one closes the other.
-  const facts = new FactsPanel(conn, { onShow: () => { search.toggle(false); closeDrawer(); } });
-  $("open-search").addEventListener("click", () => { facts.toggle(false, { refocus: false }); closeDrawer(); });
+  const facts = new FactsPanel(conn, { onShow: () => { search.toggle(false); closeDrawer(); navigated(); } });
+  const openSearch = () => {
+    facts.toggle(false, { refocus: false });
+    closeDrawer();
+    navigated();
+  };
+  $("open-search").addEventListener("click", openSearch);
   panels = { search, facts };
 
+  // A banner speaks of what was on screen ("This session was deleted."): going somewhere else
+  // (a session, a new chat, Search, Facts) clears it. A lost connection's banner stays until
+  // the connection is back, since it is still true.
+  function navigated() {
+    if (conn.state === "open") banner("");
+  }
+
+  function newChat() {
+    sidebar.select(null);
+    closeDrawer();
+    navigated();
+    chat.startDraft();
+  }
+
   async function openSession(session, atTs) {
+    navigated();
     sidebar.select(session.sessionKey);
     closeDrawer();
     try {
@@ -121,10 +142,25 @@ async function startApp(conn) {
     if (!document.hidden && conn.state === "open") sidebar.reload().catch(() => {});
   });
 
-  $("new-session").addEventListener("click", () => {
-    sidebar.select(null);
-    closeDrawer();
-    chat.startDraft();
+  $("new-session").addEventListener("click", newChat);
+  installShortcuts({
+    newChat,
+    search: () => {
+      openSearch();
+      search.toggle(true);
+    },
+    focusInput: () => {
+      // Below 720 px the drawer or a sheet makes the chat inert: it must close to be typed in.
+      closeDrawer();
+      if (NARROW.matches) {
+        search.toggle(false);
+        facts.toggle(false, { refocus: false });
+      }
+      chat.input.focus();
+    },
+    previousSession: () => { const s = sidebar.neighbour(-1); if (s) openSession(s); },
+    nextSession: () => { const s = sidebar.neighbour(1); if (s) openSession(s); },
+    copyLastReply: () => chat.copyLastReply(),
   });
   $("rename-session").addEventListener("click", () => editField(conn, chat, "title", chat.session));
   $("edit-prompt").addEventListener("click", () => editField(conn, chat, "systemPrompt", chat.session));
@@ -289,6 +325,17 @@ function editField(conn, chat, field, session) {
 }
 
 // -- boot ----------------------------------------------------------------------------------
+
+// Theme (account menu): js/theme.js has applied the stored choice before the first paint; this
+// changes and stores it, and follows a change made in another tab.
+const themeSelect = $("theme-select");
+themeSelect.value = window.recalldTheme?.get() || "system";
+themeSelect.addEventListener("change", () => window.recalldTheme?.set(themeSelect.value));
+window.addEventListener("storage", (ev) => {
+  if (ev.key !== "recalld.theme") return;
+  window.recalldTheme?.set(ev.newValue || "system");
+  themeSelect.value = window.recalldTheme?.get() || "system";
+});
 
 $("signin-form").addEventListener("submit", (ev) => {
   ev.preventDefault();

@@ -17,7 +17,8 @@ export function renderMessage(li, item, { sessionTitle, onOpenSource }) {
   if (item.id) li.dataset.id = item.id;
   if (item.runId) li.dataset.runId = item.runId;
   const [meta, body, extras] = li.children;
-  meta.replaceChildren(item.role === "user" ? "You" : "Assistant", ...(item.ts ? [" · ", timeEl(item.ts)] : []));
+  meta.replaceChildren(item.role === "user" ? "You" : "Assistant", ...(item.ts ? [" · ", timeEl(item.ts)] : []),
+    ...(item.state === "done" && item.usage ? [" ", usageEl(item.usage, item.model)] : []));
   if (item.role === "assistant") {
     // The live reply is announced once it is complete, not token by token.
     body.setAttribute("aria-live", "polite");
@@ -37,4 +38,18 @@ export function renderMessage(li, item, { sessionTitle, onOpenSource }) {
   if (item.recalled && item.recalled.length) {
     extras.append(recalledBlock(item.recalled, { sessionTitle, onOpen: onOpenSource }));
   }
+}
+
+// A finished reply's token count, as the endpoint reported it (chat.final's `usage`, kept on
+// the stored message): the total shown on hover (app.css), prompt and completion in its title.
+function usageEl(usage, model) {
+  const prompt = usage.prompt_tokens;
+  const completion = usage.completion_tokens;
+  const total = usage.total_tokens ?? (prompt ?? 0) + (completion ?? 0);
+  if (!Number.isFinite(total)) return null;
+  const parts = [];
+  if (Number.isFinite(prompt)) parts.push(`${prompt} in`);
+  if (Number.isFinite(completion)) parts.push(`${completion} out`);
+  if (model) parts.push(model);
+  return h("span", { class: "usage", title: parts.join(" · ") || undefined }, `${total} tokens`);
 }

@@ -8,7 +8,51 @@ import { chunkText, h, highlighted, plainText, snippet, timeEl } from "./dom.js"
 export const EXCERPT_CHARS = 240;
 
 export function excerptOf(hit, max = EXCERPT_CHARS) {
-  return hit.content ? snippet(plainText(chunkText(hit.content)), max) : "";
+  return hit.content ? cut(readableText(chunkText(hit.content)), max) : "";
+}
+
+const FENCE = /^\s*(```|~~~)/;
+const TABLE_ROW = /^\s*\|.*\|\s*$/;
+const TABLE_RULE = /^[\s|:-]*-[\s|:-]*$/;
+
+// A markdown table row "| Rust | static |" as its cells, "Rust · static" ("\|" is a pipe in a cell).
+function tableCells(row) {
+  return row.trim().replace(/^\||\|$/g, "").split(/(?<!\\)\|/)
+    .map((cell) => plainText(cell.replace(/\\\|/g, "|")).trim()).filter(Boolean).join(" · ");
+}
+
+// Markdown as plain text a person reads: prose flows as one paragraph (its marks removed),
+// while a fenced block's code and a table's rows keep their own lines (the excerpt's element
+// shows line breaks), since code or a table run together on one line cannot be read. Code is
+// kept as written: `*` and `_` in it are not emphasis.
+export function readableText(md) {
+  const out = [];
+  let prose = [];
+  let inCode = false;
+  const flush = () => {
+    const text = snippet(plainText(prose.join("\n")), Infinity);
+    if (text) out.push(text);
+    prose = [];
+  };
+  for (const line of md.split("\n")) {
+    if (FENCE.test(line)) {
+      flush();
+      inCode = !inCode;
+    } else if (inCode) {
+      if (line.trim()) out.push(line.replace(/\s+$/, ""));
+    } else if (TABLE_ROW.test(line)) {
+      flush();
+      if (!TABLE_RULE.test(line)) out.push(tableCells(line));
+    } else {
+      prose.push(line);
+    }
+  }
+  flush();
+  return out.filter(Boolean).join("\n");
+}
+
+function cut(text, max) {
+  return text.length > max ? `${text.slice(0, max - 1).trimEnd()}…` : text;
 }
 
 // "Lisbon trip · 2 days ago" as nodes.
