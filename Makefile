@@ -15,12 +15,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# -qq (pip's ERROR level): a first install otherwise shows setuptools' "Editable installation"
+# notice in a box of asterisks, which is information only but reads like an error; pip's errors
+# still show.
 $(RUNTIME): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[local]'
+	$(BIN)/python -m pip install -qq -e '.[local]'
 	touch $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
-	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
+	$(BIN)/python -m pip install -qq -e '.[local,dev]'
 	touch $(STAMP)
 
 serve: $(RUNTIME)

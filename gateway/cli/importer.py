@@ -13,7 +13,8 @@ memory index are SQLite in WAL mode, so a running daemon and this command take t
   short) gets the rest appended; every message is one whole-line write.
 * **Per user**: ``--user`` names whose sessions they become (default ``default``).
 * **Skips what the store refuses, and goes on**: a title, model or system prompt the store
-  refuses (too long) is left out of its session; a message whose line would pass
+  refuses (too long) is left out of its session, and so is a model the daemon does not offer
+  (``llm.model`` and ``llm.models``, as ``sessions.create`` checks); a message whose line would pass
   ``sessions.max_line_bytes`` is written as a one-line placeholder saying so, so the transcript
   still holds one line per message and a resumed import lines up the same way. Each is reported.
 
@@ -73,9 +74,11 @@ Progress = Callable[[int, int, int, int], None]  # conversations done/total, mes
 
 def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt: str,
                          conversations: Sequence[Conversation], progress: Progress | None = None,
-                         *, storage: StorageConfig = StorageConfig()) -> ImportReport:  # noqa: B008 - frozen
+                         *, storage: StorageConfig = StorageConfig(),  # noqa: B008 - frozen
+                         models: tuple[str, ...] | None = None) -> ImportReport:
     """Write ``conversations`` as ``user``'s sessions in the store ``storage`` names (by
-    default the transcripts under ``data_dir``); blocking."""
+    default the transcripts under ``data_dir``); blocking. ``models``: the models a session may
+    keep (LlmConfig.choices); None: any."""
     user = check_user(user)
     started = time.perf_counter()
     total_messages = sum(len(c.turns) for c in conversations)
@@ -93,6 +96,11 @@ def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt:
                 have = store.get(user, key).message_count
             except SessionNotFound:
                 header = {"title": conv.title, "system_prompt": conv.system_prompt, "model": conv.model}
+                if conv.model is not None and models is not None and conv.model not in models:
+                    # Every run goes out on the operator's key: only an offered model is kept.
+                    header["model"] = None
+                    skipped.append(f"conversation {conv.source_id!r}: model left out: {conv.model!r} is not "
+                                   f"offered here (llm.model, llm.models)")
                 while True:
                     next_key[:] = [key]
                     try:
@@ -204,7 +212,7 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     bar = _Bar()
     try:
         report = import_conversations(config.data_dir, config.sessions, args.user, fmt, conversations, bar,
-                                      storage=config.storage)
+                                      storage=config.storage, models=config.llm.choices())
     except StorageUnavailable as exc:
         bar.end()
         print(f"recalld: {exc}", file=sys.stderr)
@@ -262,18 +270,19 @@ async def _index_with(config: Config) -> int:
     from gateway.app import close_memory, open_memory
     from gateway.cli.embedder import index_embedder
     from gateway.cli.memory import _Bar as SyncBar  # the same bar as `recalld memory index`
+    from gateway.cli.memory import import_index_summary
+    from gateway.cli.target import daemon_target
 
     service = await open_memory(config, watch=False, catch_up=False, embedder=await index_embedder(config))
     bar = SyncBar()
     try:
         started = time.perf_counter()
         report = await service.sync_now(progress=bar)
+        summary = await import_index_summary(service, report, time.perf_counter() - started, daemon_target(config))
     finally:
         bar.end()
         await close_memory(service)
-    took = time.perf_counter() - started
-    print(f"indexed: {report.chunks_written} chunks written, {report.embedded} embedded "
-          f"({report.cache_hits} from cache), {report.pending} pending, {took:.1f} s")
+    print(summary)
     if report.error:
         print(f"warning: {report.error}", file=sys.stderr)
     return 0

@@ -11,7 +11,11 @@ is half-imported. Formats:
   non-text parts (images, files) are dropped.
 * **jsonl** — recalld transcripts, one or more concatenated: a ``"type":"session"`` header line
   starts a session, ``"type":"message"`` lines follow (docs/sessions.md). Keys, ids are
-  re-made; roles, text, times, names and extra keys are kept.
+  re-made; roles, text, times and names are kept, and the extra keys of every line but a
+  user's (``chat.send`` writes none there, so an imported one keeps none either).
+
+Titles are cleaned as a title made from a message is (:func:`sessions.plain_title`): the control
+characters ``sessions.create`` refuses (NUL, a terminal's escape sequences) become spaces.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Literal
 
 import orjson
 
-from sessions import MESSAGE_ROLES, SUMMARY_TYPE, Header, Message
+from sessions import DEFAULT_TITLE, MESSAGE_ROLES, SUMMARY_TYPE, Header, Message, plain_title
 
 __all__ = ["Conversation", "ImportFormatError", "Turn", "detect", "parse"]
 
@@ -149,7 +153,7 @@ def _chatgpt(data: bytes) -> Iterator[Conversation]:
                 turns.append(Turn(str(role), text, _epoch(msg.get("create_time")),
                                   extra={"model": model} if isinstance(model, str) and role == "assistant" else {}))
         title = conv.get("title")
-        yield Conversation(source, title if isinstance(title, str) and title else "Imported conversation",
+        yield Conversation(source, (plain_title(title) if isinstance(title, str) else None) or "Imported conversation",
                            _epoch(conv.get("create_time")), tuple(turns))
 
 
@@ -180,12 +184,12 @@ def _jsonl(data: bytes) -> Iterator[Conversation]:
         if header is None:
             raise ImportFormatError(f"line {number}: a message before any session header")
         turns.append(Turn(message.role, message.content, message.ts, message.name, message.run_id,
-                          message.extra))
+                          {} if message.role == "user" else message.extra))
     if header is None:
         raise ImportFormatError("no session header line ('\"type\":\"session\"') in the file")
     yield _from_header(header, turns)
 
 
 def _from_header(header: Header, turns: list[Turn]) -> Conversation:
-    return Conversation(header.session_key, header.title, header.created_at, tuple(turns),
-                        header.system_prompt, header.model)
+    return Conversation(header.session_key, plain_title(header.title) or DEFAULT_TITLE, header.created_at,
+                        tuple(turns), header.system_prompt, header.model)

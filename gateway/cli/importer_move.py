@@ -20,12 +20,14 @@ from pathlib import Path
 
 from gateway.storage import StorageConfig, open_session_store
 from sessions import (
+    DEFAULT_TITLE,
     MESSAGE_ROLES,
     ForwardReader,
     InvalidSessionInput,
     SessionNotFound,
     SessionsConfig,
     SessionStore,
+    plain_title,
     scan_transcripts,
     sessions_root,
     transcript_file,
@@ -67,14 +69,17 @@ def move_data_dir(source: Path, storage: StorageConfig, target_dir: Path, config
             except SessionNotFound:
                 unreadable += 1
                 continue
+            # A title written before the store refused control characters is cleaned, as an
+            # import cleans one, rather than stopping the move at a session nobody can fix.
+            title = plain_title(meta.title) or DEFAULT_TITLE
             try:
                 there = dst.get(user, key)
                 have = there.message_count
-                if (there.title, there.system_prompt) != (meta.title, meta.system_prompt):
-                    dst.update(user, key, title=meta.title, system_prompt=meta.system_prompt)
+                if (there.title, there.system_prompt) != (title, meta.system_prompt):
+                    dst.update(user, key, title=title, system_prompt=meta.system_prompt)
             except SessionNotFound:
                 next_key.append(key)
-                dst.create(user, title=meta.title, system_prompt=meta.system_prompt, model=meta.model,
+                dst.create(user, title=title, system_prompt=meta.system_prompt, model=meta.model,
                            created_at=meta.created_at, memory=meta.memory)
                 have = -1
             count = 0

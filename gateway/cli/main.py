@@ -106,11 +106,24 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
 
 
+def _startup_facts(config: Config, url: str, *, chat_model: bool) -> tuple[str, str]:
+    """The web client's address and what ``chat.send`` will do, as the start-up line says them."""
+    from gateway.cli.web import page_url
+
+    if not chat_model:
+        return page_url(url, None), "no model configured (set [llm] base_url or api_key in config.toml and restart)"
+    where = config.llm.base_url or "OpenAI"
+    return page_url(url, None), f"model {config.llm.model} at {where}"
+
+
 def _serve(config: Config, args: argparse.Namespace) -> int:
+    import structlog
+
     from gateway.app import PLAINTEXT_WARNING, start_app
     from gateway.logs import configure_logging
 
     configure_logging(config.log.level, config.log.format)
+    startup_log = structlog.get_logger("recalld.app")
 
     async def run() -> int:
         loop = asyncio.get_running_loop()
@@ -128,8 +141,13 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
         app = await start_app(config)
-        if sys.stderr.isatty() and config.auth.mode == "token":
-            print(f"recalld listening on {app.url} (token: {config.data_dir / 'token'})", file=sys.stderr)
+        web, chat = _startup_facts(config, app.url, chat_model=app.runs.model is not None)
+        # The log line names the web client and the chat model too, for a daemon run under a
+        # service manager (JSON logs); on a terminal, one readable line says it.
+        startup_log.info("recalld.ready", url=app.url, web=web, chat=chat)
+        if sys.stderr.isatty():
+            token = f"; token: {config.data_dir / 'token'}" if config.auth.mode == "token" else ""
+            print(f"recalld listening on {app.url} — web client: {web} — chat: {chat}{token}", file=sys.stderr)
         if sys.stderr.isatty() and app.url.startswith("ws://") and not is_loopback(config.server.host):
             # The log line says it too; on a terminal it should not scroll by unnoticed.
             bar = "!" * 78

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gateway.cli.target import TargetError, connection_target
 from gateway.config import Config
 
-__all__ = ["add_mcp_parser"]
+__all__ = ["add_mcp_parser", "install_mcp_command"]
 
 
 def add_mcp_parser(sub: Any, flags: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -26,13 +28,24 @@ def add_mcp_parser(sub: Any, flags: Callable[[argparse.ArgumentParser], None]) -
     p.set_defaults(run=_run)
 
 
+def install_mcp_command() -> str:
+    """The exact command that adds the ``mcp`` extra to the environment running this command:
+    its own interpreter's pip (``make serve``'s .venv holds no pip on PATH), in the checkout
+    when recalld runs from one (an editable install), else from the package index."""
+    python = shlex.quote(sys.executable)
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "gateway").is_dir():
+        return f"cd {shlex.quote(str(checkout))} && {python} -m pip install -e '.[mcp]'"
+    return f"{python} -m pip install 'recalld[mcp]'"
+
+
 def _run(config: Config, args: argparse.Namespace) -> int:
     from gateway.mcp import DaemonLink, DaemonUnreachable, Route, SdkMissing, require_sdk
 
     try:
         require_sdk()
     except SdkMissing as exc:
-        print(f"recalld: {exc}", file=sys.stderr)
+        print(f"recalld: {exc}; run: {install_mcp_command()}", file=sys.stderr)
         return 2
     from gateway.app import package_version
     from gateway.logs import configure_logging

@@ -21,7 +21,7 @@ from pathlib import Path
 from gateway.config import Config
 from gateway.runtime import client_url, read_runtime_url
 
-__all__ = ["Target", "TargetError", "add_connection_flags", "connection_target"]
+__all__ = ["Target", "TargetError", "add_connection_flags", "connection_target", "daemon_target"]
 
 
 class TargetError(Exception):
@@ -48,10 +48,10 @@ def _config_url(config: Config) -> str:
     return client_url("wss" if config.tls.cert else "ws", config.server.host, config.server.port)
 
 
-def _token(config: Config, args: argparse.Namespace) -> str | None:
-    if args.token:
+def _token(config: Config, args: argparse.Namespace | None) -> str | None:
+    if args is not None and args.token:
         return str(args.token)
-    token_file: Path | None = args.token_file
+    token_file: Path | None = args.token_file if args is not None else None
     if token_file is not None:
         try:
             from_file = token_file.read_text(encoding="utf-8").strip()
@@ -91,3 +91,15 @@ def connection_target(config: Config, args: argparse.Namespace) -> Target:
            or _config_url(config))
     context = _ssl_context(config, args.cacert) if url.startswith("wss://") else None
     return Target(url, _token(config, args), context)
+
+
+def daemon_target(config: Config) -> Target | None:
+    """The daemon serving this data dir (its ``daemon.json``), with the token and TLS trust a
+    flagless client command would use; None when no daemon runs there. For the commands about
+    this data dir's own index (``recalld memory status``), which must not reach another one
+    through ``$RECALLD_URL``."""
+    url = read_runtime_url(config.data_dir)
+    if url is None:
+        return None
+    context = _ssl_context(config, None) if url.startswith("wss://") else None
+    return Target(url, _token(config, None), context)
