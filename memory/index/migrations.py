@@ -222,6 +222,44 @@ def m006_compact_cache(db: apsw.Connection) -> None:
         )
 
 
+def m007_fact_ids_never_reused(db: apsw.Connection) -> None:
+    """A fact's id is never given again: an agent holding a deleted fact's id must not reach
+    (and forget) the next fact saved. A plain ``INTEGER PRIMARY KEY`` hands out ``max(id) + 1``,
+    so deleting the newest fact freed its id; ``AUTOINCREMENT`` keeps the highest id ever given
+    in ``sqlite_sequence``. SQLite cannot add it to a table, so ``facts`` is rebuilt with the
+    same columns, rows and indexes (an id deleted before this migration is past knowing)."""
+    db.execute(
+        """
+        CREATE TABLE facts_new(
+            id           INTEGER PRIMARY KEY AUTOINCREMENT,
+            user         TEXT NOT NULL,
+            text         TEXT NOT NULL,
+            text_hash    TEXT NOT NULL,
+            active       INTEGER NOT NULL DEFAULT 1,
+            previous_id  INTEGER,
+            origin_id    INTEGER,
+            source       TEXT NOT NULL,
+            session_key  TEXT,
+            run_id       TEXT,
+            created_at   TEXT NOT NULL,
+            updated_at   TEXT NOT NULL,
+            said_ms      INTEGER NOT NULL,
+            vector       BLOB,
+            vector_model TEXT
+        );
+        INSERT INTO facts_new(id, user, text, text_hash, active, previous_id, origin_id, source, session_key,
+                              run_id, created_at, updated_at, said_ms, vector, vector_model)
+            SELECT id, user, text, text_hash, active, previous_id, origin_id, source, session_key,
+                   run_id, created_at, updated_at, said_ms, vector, vector_model FROM facts;
+        DROP TABLE facts;
+        ALTER TABLE facts_new RENAME TO facts;
+        CREATE UNIQUE INDEX facts_active_hash ON facts(user, text_hash) WHERE active = 1;
+        CREATE INDEX facts_user ON facts(user, active, id);
+        CREATE INDEX facts_origin ON facts(origin_id);
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_quantized_vectors", m002_quantized_vectors),
@@ -229,6 +267,7 @@ MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m004_forgotten", m004_forgotten),
     ("m005_episodes", m005_episodes),
     ("m006_compact_cache", m006_compact_cache),
+    ("m007_fact_ids_never_reused", m007_fact_ids_never_reused),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
