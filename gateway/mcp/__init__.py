@@ -26,6 +26,7 @@ from gateway.mcp.link import (
 
 if TYPE_CHECKING:
     from gateway.mcp.http import McpHttpServer, TokenCheck
+    from gateway.transport.guard import SocketBudget
 
 __all__ = ["DaemonLink", "DaemonRefused", "DaemonUnreachable", "McpError", "Route", "SdkMissing", "require_sdk",
            "start_http"]
@@ -41,12 +42,14 @@ def require_sdk() -> None:
         raise SdkMissing
 
 
-async def start_http(config: Config, tokens: TokenCheck, *, daemon_url: str, version: str) -> McpHttpServer:
-    """The started ``/mcp`` listener of ``config`` (the daemon's, with its token check and its
-    own URL); :class:`SdkMissing` (an OSError: the start fails with its message) without the SDK."""
+async def start_http(config: Config, tokens: TokenCheck, *, daemon_url: str, version: str,
+                     sockets: SocketBudget) -> McpHttpServer:
+    """The started ``/mcp`` listener of ``config`` (the daemon's, with its token check, its own
+    URL and its socket budget); :class:`SdkMissing` (an OSError: the start fails with its
+    message) without the SDK."""
     require_sdk()
     from gateway.mcp.http import McpHttpServer
 
-    server = McpHttpServer(config, tokens, daemon_url=daemon_url, version=version)
+    server = McpHttpServer(config, tokens, daemon_url=daemon_url, version=version, sockets=sockets)
     await server.start()
     return server

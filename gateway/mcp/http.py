@@ -9,7 +9,13 @@ against the real peer address. Each request's token is then the token of every d
 connection its tools open, so a second user's token sees only that user's memory.
 
 The transport is stateless (a fresh MCP server per request, JSON answers): nothing of one
-request, its token least of all, outlives it.
+request, its token least of all, outlives it. So there is nothing to stream: ``GET /mcp`` (the
+optional SSE stream of server-initiated messages) answers 405, as the MCP spec allows, rather
+than hold a socket open for ever.
+
+Its sockets count in the gateway's descriptor budget (:class:`SocketBudget`, fitted to the
+open-file limit), with the gateway's ``server.header_timeout_s``: a request whose headers are
+not in within it is closed, also between the requests of a kept-alive connection.
 """
 
 from __future__ import annotations
@@ -20,17 +26,20 @@ import socket
 import ssl
 from typing import Protocol
 
+import h11
 import structlog
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.config import Config
 from gateway.mcp.link import DaemonLink, Route
 from gateway.mcp.tools import build_server
 from gateway.origins import host_allowed, origin_allowed
+from gateway.transport.guard import SocketBudget
 
 __all__ = ["MCP_PATH", "McpHttpServer", "TokenCheck"]
 
@@ -62,7 +71,8 @@ class McpHttpServer:
     """``await start()`` binds and serves; ``await close()`` (safe twice) stops accepting,
     lets requests being answered finish within ``server.shutdown_grace_s``, then stops."""
 
-    def __init__(self, config: Config, tokens: TokenCheck, *, daemon_url: str, version: str) -> None:
+    def __init__(self, config: Config, tokens: TokenCheck, *, daemon_url: str, version: str,
+                 sockets: SocketBudget) -> None:
         self.config = config
         self.tokens = tokens
         tls = config.tls
@@ -84,7 +94,10 @@ class McpHttpServer:
             # failed tokens are counted against: the peer is the socket's, as on the gateway.
             proxy_headers=False,
             ssl_certfile=tls.cert, ssl_keyfile=tls.key,
-            limit_concurrency=config.server.max_connections,
+            # The gateway's socket budget bounds the connections (and so the requests: h11 serves
+            # one at a time per connection); uvicorn's own limit_concurrency would count the
+            # sockets a slowloris holds and answer every legitimate request 503.
+            http=_guarded_h11(sockets),
             timeout_graceful_shutdown=max(1, int(config.server.shutdown_grace_s)),
         ))
         self._task: asyncio.Task[None] | None = None
@@ -140,6 +153,12 @@ class McpHttpServer:
     async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        if scope["method"] == "GET" and scope["path"].rstrip("/") == MCP_PATH:
+            # Stateless: no session, so no server-initiated message would ever go down the
+            # stream; an open one would only hold a descriptor.
+            await PlainTextResponse("no SSE stream: this server is stateless (use POST)\n", 405,
+                                    headers={"Allow": "POST"})(scope, receive, send)
+            return
         refusal = self._refusal(scope)
         if refusal is not None:
             await refusal(scope, receive, send)
@@ -187,6 +206,34 @@ class McpHttpServer:
     def _origin_allowed(self, origin: str, host_header: str) -> bool:
         return origin_allowed(origin, host_header, port=self.port, page_scheme=self.scheme,
                               allowed_origins=self.config.server.allowed_origins)
+
+
+def _guarded_h11(sockets: SocketBudget) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with its sockets in ``sockets``: counted from accept to close, and
+    closed unless each request's headers arrive within ``sockets.header_timeout_s`` (uvicorn
+    itself never times out a first request's headers, and its keep-alive timer stops at the
+    first byte of the next one)."""
+
+    class GuardedH11(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            sockets.admit(self, transport)  # aborted at once when nothing fits
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            sockets.release(self)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # a request's headers are in (or it failed)
+                sockets.headers_done(self)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                sockets.await_headers(self, self.transport)
+
+    return GuardedH11
 
 
 def _bearer(headers: Headers) -> str | None:

@@ -16,8 +16,9 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from gateway.errors import Conflict
+from gateway.errors import Conflict, RateLimited
 from gateway.rpc import Notification, ReplyBudget, UserBudgets
+from gateway.transport.guard import UserConnections
 from gateway.transport.outbox import Outbox
 
 __all__ = ["CLOSE_POLICY", "Connection", "peer_address"]
@@ -37,7 +38,8 @@ class Connection:
     """One client; handlers see it as their :class:`~gateway.rpc.CallContext`."""
 
     def __init__(self, ws: ServerConnection, user: str | None, *, max_outbox_bytes: int,
-                 max_reply_bytes: int, close_timeout_s: float, user_budgets: UserBudgets | None = None) -> None:
+                 max_reply_bytes: int, close_timeout_s: float, user_budgets: UserBudgets | None = None,
+                 user_connections: UserConnections | None = None) -> None:
         self.id = next(_conn_ids)
         self.ws = ws
         self.user = user
@@ -54,6 +56,9 @@ class Connection:
         self._user_budgets = user_budgets
         if user is not None and user_budgets is not None:
             user_budgets.join(user, self.budget)
+        # Each user's connections (server.max_connections_per_user); one authenticated in the
+        # handshake took its place there already. Given back when the socket closes (guard).
+        self._user_connections = user_connections
         self.requests = 0
         self.errors = 0
         self.opened = time.monotonic()
@@ -77,6 +82,13 @@ class Connection:
             # switching would hand that user's events to the second.
             raise Conflict(f"this connection is authenticated as {self.user!r}; "
                            "open a new connection to act as another user")
+        if self.user is None and self._user_connections is not None:
+            refusal = self._user_connections.refusal(user)
+            if refusal is not None:
+                # The connection stays unauthenticated (auth.timeout_s still runs): closing one
+                # of the user's other connections makes room.
+                raise RateLimited(refusal + "; close another connection of this user first", 1000)
+            self._user_connections.enter(self.ws, user)
         if self.user is None and self._user_budgets is not None:
             self._user_budgets.join(user, self.budget)
         self.user = user

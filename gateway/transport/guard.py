@@ -7,10 +7,14 @@ before authentication as well as after. :func:`guarded_connection` builds the
 more than ``limits.max_control_frames_per_s`` control frames in a second, and refuses TCP
 connections past the descriptor budget before the handshake reads a byte, so a flood of half-open
 sockets cannot use the descriptors the transcripts need. :func:`connection_budget` derives
-that budget from the process's open-file limit. :class:`AcceptErrorLog` turns asyncio's
-traceback per failed ``accept()`` into one warning per interval. :class:`PendingPool` keeps
-connections that have not authenticated yet in a smaller pool of their own, with a cap per
-address, so sockets that never authenticate cannot hold the slots of users who do.
+that budget from the process's open-file limit; :class:`SocketBudget` holds it for both
+listeners (the gateway's port and ``/mcp``'s), closes a socket that has not sent its request
+headers within ``server.header_timeout_s``, and, when full, closes the oldest such socket to
+make room for a new one. :class:`AcceptErrorLog` turns asyncio's traceback per failed
+``accept()`` into one warning per interval. :class:`PendingPool` keeps connections that have
+not authenticated yet in a smaller pool of their own, with a cap per address, so sockets that
+never authenticate cannot hold the slots of users who do; :class:`UserConnections` caps the
+authenticated connections of each user, so one user cannot hold the slots of the others.
 """
 
 from __future__ import annotations
@@ -18,16 +22,17 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from collections.abc import Callable
 from typing import Any
 
 import structlog
 from websockets.frames import CloseCode, Frame, Opcode
+from websockets.http11 import Request
 from websockets.protocol import Event
 
 from gateway.transport.writes import HeldWrites
 
-__all__ = ["AcceptErrorLog", "PendingPool", "connection_budget", "guarded_connection"]
+__all__ = ["AcceptErrorLog", "PendingPool", "SocketBudget", "UserConnections", "connection_budget",
+           "guarded_connection"]
 
 log = structlog.get_logger("recalld.server")
 
@@ -39,6 +44,133 @@ def connection_budget(configured: int, reserved_fds: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return configured
     return max(1, min(configured, soft - reserved_fds))
+
+
+class SocketBudget:
+    """The TCP sockets of both listeners, against one budget of ``max_sockets``.
+
+    A socket is counted from its ``connection_made`` (:meth:`admit`) to its ``connection_lost``
+    (:meth:`release`, safe twice) and waits for its request headers meanwhile: not complete
+    within ``header_timeout_s``, it is closed. When the budget is full, a new socket takes the
+    place of the oldest one still waiting for headers (a slowloris's sockets are older than a
+    client's new one, whose headers follow at once); with none waiting, the new one is closed
+    before a byte is read. Either way the descriptor is freed at once: a flood of half-sent
+    requests never reaches the open-file limit the transcripts and databases need.
+    """
+
+    __slots__ = ("_last_log", "_open", "_waiting", "evicted", "header_timeout_s", "max_sockets",
+                 "refused", "timed_out")
+
+    def __init__(self, max_sockets: int, header_timeout_s: float) -> None:
+        self.max_sockets = max_sockets
+        self.header_timeout_s = header_timeout_s
+        self._open: set[object] = set()
+        # Sockets waiting for request headers, oldest first, each with the timer that closes it.
+        self._waiting: dict[object, tuple[asyncio.Transport, asyncio.TimerHandle]] = {}
+        self.refused = 0
+        self.evicted = 0
+        self.timed_out = 0
+        self._last_log = float("-inf")
+
+    @property
+    def count(self) -> int:
+        return len(self._open)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def admit(self, owner: object, transport: asyncio.Transport) -> bool:
+        """Count a socket just accepted, waiting for its headers; False (and closed) if none fits."""
+        if len(self._open) >= self.max_sockets and not self._evict_oldest():
+            self.refused += 1
+            self._log_full()
+            transport.abort()
+            return False
+        self._open.add(owner)
+        self.await_headers(owner, transport)
+        return True
+
+    def await_headers(self, owner: object, transport: asyncio.Transport) -> None:
+        """(Again) wait for a request's headers: a kept-alive HTTP connection between requests."""
+        if owner not in self._open:
+            return
+        self.headers_done(owner)
+        timer = asyncio.get_running_loop().call_later(self.header_timeout_s, self._expire, owner)
+        self._waiting[owner] = (transport, timer)
+
+    def headers_done(self, owner: object) -> None:
+        entry = self._waiting.pop(owner, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def release(self, owner: object) -> None:
+        self.headers_done(owner)
+        self._open.discard(owner)
+
+    def _expire(self, owner: object) -> None:
+        entry = self._waiting.pop(owner, None)
+        if entry is not None:
+            self.timed_out += 1
+            entry[0].abort()
+
+    def _evict_oldest(self) -> bool:
+        if not self._waiting:
+            return False
+        owner = next(iter(self._waiting))
+        transport, timer = self._waiting.pop(owner)
+        timer.cancel()
+        # Its place is the newcomer's from now: its connection_lost comes a loop turn later.
+        self._open.discard(owner)
+        self.evicted += 1
+        self._log_full()
+        transport.abort()
+        return True
+
+    def _log_full(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= _FULL_LOG_INTERVAL_S:
+            self._last_log = now
+            log.warning("server.sockets_full", max_sockets=self.max_sockets, waiting_for_headers=len(self._waiting),
+                        evicted=self.evicted, refused=self.refused, header_timeouts=self.timed_out)
+
+
+_FULL_LOG_INTERVAL_S = 10.0
+
+
+class UserConnections:
+    """Authenticated connections per user, at most ``max_per_user`` each: a place is taken when
+    a connection authenticates and given back when its socket closes (:meth:`leave` is safe to
+    call twice)."""
+
+    __slots__ = ("_held", "by_user", "max_per_user")
+
+    def __init__(self, max_per_user: int) -> None:
+        self.max_per_user = max_per_user
+        self.by_user: dict[str, int] = {}
+        self._held: dict[object, str] = {}
+
+    def refusal(self, user: str) -> str | None:
+        """Why another connection of ``user`` is refused, or None."""
+        if self.by_user.get(user, 0) >= self.max_per_user:
+            return f"too many connections for this user (server.max_connections_per_user {self.max_per_user})"
+        return None
+
+    def enter(self, conn: object, user: str) -> None:
+        if conn in self._held:
+            return
+        self._held[conn] = user
+        self.by_user[user] = self.by_user.get(user, 0) + 1
+
+    def leave(self, conn: object) -> None:
+        user = self._held.pop(conn, None)
+        if user is None:
+            return
+        left = self.by_user[user] - 1
+        if left:
+            self.by_user[user] = left
+        else:
+            del self.by_user[user]
 
 
 class PendingPool:
@@ -83,38 +215,29 @@ class PendingPool:
             del self.by_bucket[bucket]
 
 
-def guarded_connection(*, max_control_per_s: int, max_sockets: int, pending: PendingPool,
-                       on_refused: Callable[[], None]) -> type[HeldWrites]:
-    """A ``ServerConnection`` class enforcing these limits (one class per server: the count
-    of open sockets is shared by its connections), with :class:`HeldWrites`' burst writes."""
+def guarded_connection(*, max_control_per_s: int, sockets: SocketBudget, pending: PendingPool,
+                       users: UserConnections) -> type[HeldWrites]:
+    """A ``ServerConnection`` class enforcing these limits, its sockets counted in ``sockets``
+    (shared with the ``/mcp`` listener), with :class:`HeldWrites`' burst writes."""
 
     class GuardedConnection(HeldWrites):
-        open_sockets = 0
-
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._counted = False
             self._window = 0.0
             self._controls = 0
             self._flooded = False
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
-            cls = type(self)
-            if cls.open_sockets >= max_sockets:
-                # Refused before the handshake: no HTTP parsing, and the descriptor is freed now.
-                on_refused()
-                self.transport.abort()
-                return
-            cls.open_sockets += 1
-            self._counted = True
+            # Refused (aborted) before the handshake when nothing fits: no HTTP parsing, and
+            # the descriptor is freed now.
+            sockets.admit(self, self.transport)
 
         def connection_lost(self, exc: Exception | None) -> None:
             # At the latest here, so a handshake that fails after taking a place leaks none.
+            sockets.release(self)
             pending.leave(self)
-            if self._counted:
-                type(self).open_sockets -= 1
-                self._counted = False
+            users.leave(self)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -130,7 +253,11 @@ def guarded_connection(*, max_control_per_s: int, max_sockets: int, pending: Pen
                 self.loop.call_later(timeout, self._abort_if_open)
 
         def process_event(self, event: Event) -> None:
-            if isinstance(event, Frame) and event.opcode in (Opcode.PING, Opcode.PONG):
+            if isinstance(event, Request):
+                # The rest of the handshake is bounded by open_timeout_s; the socket is no
+                # longer the first one closed when the budget is full.
+                sockets.headers_done(self)
+            elif isinstance(event, Frame) and event.opcode in (Opcode.PING, Opcode.PONG):
                 now = time.monotonic()
                 if now - self._window >= 1.0:
                     self._window, self._controls = now, 0

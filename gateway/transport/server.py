@@ -32,6 +32,8 @@ from gateway.transport.connection import CLOSE_POLICY, Connection, peer_address
 from gateway.transport.guard import (
     AcceptErrorLog,
     PendingPool,
+    SocketBudget,
+    UserConnections,
     connection_budget,
     guarded_connection,
 )
@@ -45,7 +47,8 @@ __all__ = ["GatewayServer"]
 log = structlog.get_logger("recalld.server")
 
 # TCP connections allowed beyond max_connections, so that an upgrade past the limit is still
-# answered 503 rather than reset; they count against the descriptor budget too.
+# answered 503 rather than reset; they count against the descriptor budget too, which the /mcp
+# listener's sockets share (SocketBudget).
 _HANDSHAKE_SLACK = 32
 _ACCEPT_LOG_INTERVAL_S = 10.0
 
@@ -67,8 +70,10 @@ class GatewayServer:
         version: str,
         ssl_context: ssl.SSLContext | None,
         on_disconnect: Callable[[CallContext], None] = lambda conn: None,
+        unready: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.core = core
+        self.unready = unready  # why GET /readyz answers 503 now (gateway.readiness), or None
         self.auth = auth
         self.version = version
         self.settings = settings
@@ -100,8 +105,12 @@ class GatewayServer:
         self.scheme = "ws"
         # The web client's files (gateway/web), answered for plain GETs on this same port.
         self.site = StaticSite.from_package()
-        self.max_connections = settings.max_connections  # lowered by start() to fit the fd limit
-        self.refused_sockets = 0
+        # As configured, lowered to fit the fd limit (logged by start()).
+        self.max_connections = connection_budget(settings.max_connections,
+                                                 settings.reserved_fds + _HANDSHAKE_SLACK)
+        # Every TCP socket of this port and of the /mcp listener (gateway.mcp.http) counts here.
+        self.sockets = SocketBudget(self.max_connections + _HANDSHAKE_SLACK, settings.header_timeout_s)
+        self.users = UserConnections(min(settings.max_connections_per_user, self.max_connections))
         self._accept_log = AcceptErrorLog(_ACCEPT_LOG_INTERVAL_S)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -109,7 +118,6 @@ class GatewayServer:
     async def start(self) -> None:
         settings = self.settings
         configured = settings.max_connections
-        self.max_connections = connection_budget(configured, settings.reserved_fds + _HANDSHAKE_SLACK)
         if self.max_connections < configured:
             log.warning("server.max_connections_lowered", configured=configured,
                         effective=self.max_connections, reserved_fds=settings.reserved_fds)
@@ -131,9 +139,9 @@ class GatewayServer:
             server_header=None,
             create_connection=guarded_connection(
                 max_control_per_s=self.max_control_frames_per_s,
-                max_sockets=self.max_connections + _HANDSHAKE_SLACK,
+                sockets=self.sockets,
                 pending=self.pending,
-                on_refused=self._count_refused,
+                users=self.users,
             ),
         )
         self.port = next(iter(self._server.sockets)).getsockname()[1]
@@ -162,8 +170,10 @@ class GatewayServer:
         self._accept_log.uninstall(asyncio.get_running_loop())
         log.info("gateway.closed")
 
-    def _count_refused(self) -> None:
-        self.refused_sockets += 1
+    @property
+    def refused_sockets(self) -> int:
+        """TCP connections closed unread because the descriptor budget was full (both ports)."""
+        return self.sockets.refused
 
     # -- handshake -----------------------------------------------------------------------
 
@@ -177,6 +187,10 @@ class GatewayServer:
             return _respond(ws, http.HTTPStatus.MISDIRECTED_REQUEST, "Host not allowed\n")
         if path == "/healthz":
             return _respond(ws, http.HTTPStatus.OK, "ok\n")
+        if path == "/readyz":  # no details without auth: the reason is in gateway.health
+            if self.unready() is None:
+                return _respond(ws, http.HTTPStatus.OK, "ready\n")
+            return _respond(ws, http.HTTPStatus.SERVICE_UNAVAILABLE, "not ready\n")
         if not is_websocket_upgrade(request):
             return self.site.respond(request)  # the web client's page and files; 404 otherwise
         if path != "/":
@@ -199,10 +213,18 @@ class GatewayServer:
                 resp = _respond(ws, http.HTTPStatus.UNAUTHORIZED, "invalid token\n")
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="recalld"'
                 return resp
-            self._header_users[ws] = verdict.user or "default"
-        elif self.auth.mode == "none":
-            self._header_users[ws] = "default"
-        if ws not in self._header_users:
+            user: str | None = verdict.user or "default"
+        else:
+            user = "default" if self.auth.mode == "none" else None
+        if user is not None:
+            refusal = self.users.refusal(user)
+            if refusal is not None:
+                resp = _respond(ws, http.HTTPStatus.SERVICE_UNAVAILABLE, refusal + "\n")
+                resp.headers["Retry-After"] = "1"
+                return resp
+            self.users.enter(ws, user)
+            self._header_users[ws] = user
+        else:
             bucket = bucket_of(peer_address(ws))
             refusal = self.pending.refusal(bucket)
             if refusal is not None:
@@ -225,7 +247,7 @@ class GatewayServer:
     async def _handle(self, ws: ServerConnection) -> None:
         conn = Connection(ws, self._header_users.pop(ws, None), max_outbox_bytes=self.max_outbox_bytes,
                           max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s,
-                          user_budgets=self.user_budgets)
+                          user_budgets=self.user_budgets, user_connections=self.users)
         self.connections.add(conn)
         structlog.contextvars.bind_contextvars(conn=conn.id, user=conn.user)
         log.info("connection.open", address=conn.address, authenticated=conn.authenticated)
@@ -342,7 +364,12 @@ class GatewayServer:
         token = msg.get("token")
         verdict = self.auth.check(token if isinstance(token, str) else None, conn.address)
         if verdict.ok:
-            conn.authenticate(verdict.user or "default")
+            try:
+                conn.authenticate(verdict.user or "default")
+            except RateLimited as exc:  # server.max_connections_per_user
+                await self._send_own(conn, orjson.dumps({"type": "auth", "ok": False, "error": str(exc)}))
+                await conn.ws.close(CLOSE_POLICY, "too many connections for this user")
+                return False
             await self._send_own(conn, orjson.dumps({"type": "auth", "ok": True, "user": conn.user,
                                                      "server": server_info(self.version)}))
             return True

@@ -25,11 +25,13 @@ class ServerSettings:
     # As configured: GatewayServer.start lowers it to fit the open-file limit less reserved_fds
     # (and a handshake slack), so GatewayServer.max_connections may be smaller.
     max_connections: int
+    max_connections_per_user: int  # never above max_connections in effect (GatewayServer)
     reserved_fds: int
     max_size: int  # after authentication; preauth_max_size before it
     max_queue: int
     write_limit: int
     open_timeout_s: float
+    header_timeout_s: float  # on the /mcp listener's sockets too (they share GatewayServer.sockets)
     ping_interval_s: float  # 0: no pings
     ping_timeout_s: float  # 0: no timeout
     close_timeout_s: float
@@ -51,9 +53,10 @@ class ServerSettings:
         return cls(
             host=s.host, port=s.port,
             allowed_hosts=s.allowed_hosts, allowed_origins=s.allowed_origins,
-            max_connections=s.max_connections, reserved_fds=s.reserved_fds,
+            max_connections=s.max_connections, max_connections_per_user=s.max_connections_per_user,
+            reserved_fds=s.reserved_fds,
             max_size=s.max_size, max_queue=s.max_queue, write_limit=s.write_limit,
-            open_timeout_s=s.open_timeout_s,
+            open_timeout_s=s.open_timeout_s, header_timeout_s=s.header_timeout_s,
             ping_interval_s=s.ping_interval_s, ping_timeout_s=s.ping_timeout_s,
             close_timeout_s=s.close_timeout_s,
             auth_timeout_s=auth.timeout_s, preauth_max_size=auth.preauth_max_size,

@@ -203,7 +203,8 @@ async def test_500_connections_and_a_flood_leave_health_served(tmp_path: Path) -
     being answered throughout; the flood gets -32004 past limits.max_inflight and every flood
     request exactly one answer; the well-behaved client never sees -32004. (Its latency is
     printed as a figure, not used as a pass mark.)"""
-    d = await FaultDaemon.start(tmp_path / "data", env=daemon_env())
+    # One user opens all 500: past the default server.max_connections_per_user (64).
+    d = await FaultDaemon.start(tmp_path / "data", env=daemon_env(RECALLD_SERVER_MAX_CONNECTIONS_PER_USER="1024"))
     try:
         latencies: list[float] = []
         done = asyncio.Event()
