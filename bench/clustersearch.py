@@ -142,6 +142,7 @@ async def _explain_hybrid(service: Any, query: str) -> list[str]:
             sql = build_statement(request, keyword=bool(words), dims=dims, leg="hnsw")
             params = {"user": USER, "words": words, "query": _halfvec(vector), "candidates": config.candidates,
                       "pool": max(BIT_POOL, config.candidates), "keyword_weight": config.keyword_weight,
+                      "depth": config.fusion_depth,  # PgSearch._fused's parameters, every one of them
                       "rrf": config.fusion == "rrf", "rrf_k": config.rrf_k,
                       "common_share": config.keyword_common_share, "common_min": config.keyword_common_min_chunks}
             rows = await (await conn.execute(b"EXPLAIN (ANALYZE, BUFFERS) " + sql.encode(), params)).fetchall()

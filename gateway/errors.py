@@ -8,7 +8,7 @@ Tree::
     ├── MethodNotFound           -32601  unknown or not-yet-implemented method
     ├── InvalidParams            -32602  ``data`` = {field, reason}
     ├── InternalError            -32603  ``data`` = {errorId}; the traceback goes to the log
-    ├── StorageFailed            -32603  ``data`` = {retryable}; "storage error: …", no errorId
+    ├── StorageFailed            -32603  ``data`` = {retryable, retryAfterMs?}; "storage error: …", no errorId
     ├── Unauthorized             -32001
     ├── NotFound                 -32002  unknown key, or another user's
     ├── Conflict                 -32003  busy / conflicting state
@@ -22,11 +22,19 @@ only (tests/gateway/test_errors.py pins every row). A disk failure is a storage 
 bug: it keeps -32603 (docs/protocol.md) but carries no errorId and is not logged as a crash.
 An embedder failure is an upstream failure and keeps its HTTP status and retry flag. Anything
 not in a table is a bug: -32603 with an ``errorId``, and its text never reaches the wire.
+
+PostgreSQL (``storage.backend = "postgres"``) fails the same way: a database that is down,
+restarting, failing over or past ``statement_timeout``/``lock_timeout`` is the storage error
+with ``retryAfterMs``, whether psycopg's error reached the gateway bare (a pool timeout) or
+inside a sessions or memory error. Only the server's own one-line message reaches the wire
+(never libpq's connection text, which names the host); a psycopg error that is not
+operational (bad SQL) is a bug like any other.
 """
 
 from __future__ import annotations
 
 import secrets
+import sys
 from typing import Any
 
 from gateway.wire import ErrorObject
@@ -55,6 +63,7 @@ __all__ = [
     "Unauthorized",
     "UpstreamError",
     "new_error_id",
+    "pg_reason",
     "to_error_object",
     "wire_error",
 ]
@@ -114,9 +123,21 @@ class StorageFailed(GatewayError):
     code = -32603
     retryable = True
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
-        super().__init__(f"storage error: {message}", {"retryable": retryable})
+    def __init__(self, message: str, *, retryable: bool = True, retry_after_ms: int | None = None) -> None:
+        # Some layers already say "storage error: …"; the wire says it once.
+        reason = message.removeprefix(_PREFIX) or "unknown"
+        data: dict[str, Any] = {"retryable": retryable}
+        if retry_after_ms is not None:
+            data["retryAfterMs"] = retry_after_ms
+        super().__init__(_PREFIX + reason, data)
         self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
+
+
+_PREFIX = "storage error: "
+# What a client waits before retrying a call that PostgreSQL failed: the pools try a new
+# connection about once a second (storage.reconnect_timeout_s), so a retry sooner finds none.
+PG_RETRY_AFTER_MS = 1000
 
 
 class Unauthorized(GatewayError):
@@ -162,7 +183,7 @@ def wire_error(exc: BaseException) -> GatewayError | None:
     with an errorId and logs the traceback under that id)."""
     if isinstance(exc, GatewayError):
         return exc
-    return _from_sessions(exc) or _from_memory(exc)
+    return _from_sessions(exc) or _from_memory(exc) or _from_postgres(exc)
 
 
 def _from_sessions(exc: BaseException) -> GatewayError | None:
@@ -174,6 +195,10 @@ def _from_sessions(exc: BaseException) -> GatewayError | None:
     if isinstance(exc, UnsafePath):
         return StorageFailed(exc.message, retryable=False)  # a planted link stays until removed
     if isinstance(exc, StorageError):
+        cause = exc.__cause__
+        if cause is not None and _is_pg(cause):
+            # The store names the action ("… while appending a message"); this, what failed.
+            return StorageFailed(f"{exc.message}: {pg_reason(cause)}", retry_after_ms=_pg_retry_after(exc))
         return StorageFailed(exc.message)
     return None  # SessionError itself is never raised on purpose: a bug
 
@@ -193,7 +218,60 @@ def _from_memory(exc: BaseException) -> GatewayError | None:
     if isinstance(exc, MemoryUnavailable):
         return NotConfigured(message)
     # MemoryStorageError, and the root itself, which memory documents as an index failure.
-    return StorageFailed(message)
+    cause = exc.__cause__
+    if cause is not None and message.endswith(type(cause).__name__) and _is_pg(cause):
+        # memory's PostgreSQL steps name only the driver's class: say what happened instead.
+        message = message.removesuffix(type(cause).__name__) + pg_reason(cause)
+    return StorageFailed(message, retry_after_ms=_pg_retry_after(exc))
+
+
+def _is_pg(exc: BaseException) -> bool:
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.Error)
+
+
+def _from_postgres(exc: BaseException) -> GatewayError | None:
+    """A psycopg error that reached the gateway bare: operational ones (the server down or
+    restarting, a pool timeout, a statement or lock timeout) are the storage error."""
+    # psycopg is the postgres extra: never imported here, so the default install needs none.
+    # An exception of it can only exist once something else imported it.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.Error):
+        return None
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        # The database role lacks a grant: no retry helps until an operator fixes it.
+        return StorageFailed(f"the database refused: {pg_reason(exc)}", retryable=False)
+    if not isinstance(exc, psycopg.OperationalError):
+        return None  # bad SQL, a type the driver cannot adapt: a bug
+    return StorageFailed(f"the database failed: {pg_reason(exc)}", retry_after_ms=PG_RETRY_AFTER_MS)
+
+
+def pg_reason(exc: BaseException) -> str:
+    """The wire-safe reason of a psycopg error: the server's message ("canceling statement due
+    to lock timeout"), a pool's own ("couldn't get a connection after 5.00 sec"), or, for a
+    client-side failure, libpq's last words without the host it names ("connection failed:
+    Connection refused")."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if getattr(exc, "sqlstate", None) else None
+    if primary:
+        return str(primary)
+    if type(exc).__module__.startswith("psycopg_pool"):  # PoolTimeout, PoolClosed, TooManyRequests
+        return str(exc) or type(exc).__name__
+    # 'connection failed: connection to server at "db", port 5432 failed: Connection refused'
+    lines = str(exc).strip().splitlines()
+    last = lines[0].rsplit("failed: ", 1)[-1].strip() if lines else ""
+    return f"connection failed: {last}" if last and '"' not in last else "the connection to the database failed"
+
+
+def _pg_retry_after(exc: BaseException) -> int | None:
+    """``retryAfterMs`` for an error caused by an operational PostgreSQL failure, else None."""
+    psycopg = sys.modules.get("psycopg")
+    cause = exc.__cause__
+    while psycopg is not None and cause is not None:
+        if isinstance(cause, psycopg.OperationalError):
+            return PG_RETRY_AFTER_MS
+        cause = cause.__cause__
+    return None
 
 
 def to_error_object(exc: BaseException, error_id: str | None = None) -> ErrorObject:

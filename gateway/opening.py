@@ -9,7 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from gateway.config import Config
-from gateway.storage import StorageUnavailable, open_session_store
+from gateway.storage import StorageUnavailable, open_session_store, pool_settings
 from memory import (
     Embedder,
     Memory,
@@ -86,10 +86,13 @@ async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | Non
     from memory import PgMemory  # psycopg: the postgres extra, loaded only for that backend
 
     assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
+    pool = pool_settings(config.storage)
     try:
         return await PgMemory.open(config.storage.dsn, cfg, embedder, data_dir=config.data_dir,
                                    embedder_reason=reason, max_size=config.storage.pool_size,
-                                   connect_timeout_s=config.storage.connect_timeout_s)
+                                   connect_timeout_s=config.storage.connect_timeout_s,
+                                   call_timeout_s=pool.call_timeout_s,
+                                   reconnect_timeout_s=pool.reconnect_timeout_s, options=pool.options)
     except MemoryStorageError as err:
         raise StorageUnavailable(f"storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not be opened "
                                  f"({err})") from err
@@ -122,7 +125,8 @@ async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
     s = config.storage
     assert s.dsn is not None  # StorageConfig refuses postgres without one
     node = ClusterNode(s.dsn, ClusterHub(s.max_outbound_events), store, connect_timeout_s=s.connect_timeout_s,
-                       bus_wait_s=s.bus_wait_s, close_flush_s=s.close_flush_s)
+                       bus_wait_s=s.bus_wait_s, close_flush_s=s.close_flush_s,
+                       lease_ttl_s=config.cluster.lease_ttl_s, lease_renew_s=config.cluster.lease_renew_s)
     try:
         await node.start()
     except psycopg.Error as err:

@@ -24,7 +24,7 @@ from sessions import FileIO, SessionsConfig, SessionStore, StorageError
 if TYPE_CHECKING:
     from sessions import PgSessionStore
 
-__all__ = ["StorageConfig", "StorageUnavailable", "open_session_store"]
+__all__ = ["PoolSettings", "StorageConfig", "StorageUnavailable", "open_session_store", "pool_settings"]
 
 _DSN_FORMS = (
     "a URI such as postgresql://user@host:5432/recalld, or key=value pairs such as "
@@ -40,6 +40,19 @@ class StorageConfig:
     dsn: str | None = None
     pool_size: int = field(default=10, metadata={"min": 1, "max": 1000})
     connect_timeout_s: float = field(default=10.0, metadata={"min": 1, "max": 300})
+    # A call waits at most this long for a pooled connection (and a new connection this long to
+    # open): while the database is down, calls answer the storage error after it, not later.
+    call_timeout_s: float = field(default=4.0, metadata={"min": 0.5, "max": 300})
+    # A pool retries a lost connection in the background for this long, then at the next call;
+    # short, so the first call after the database is back connects at once (no long backoff).
+    reconnect_timeout_s: float = field(default=1.0, metadata={"min": 0.1, "max": 3600})
+    # Set on every pooled connection (libpq options); 0 turns one off, as in PostgreSQL.
+    statement_timeout_s: float = field(default=30.0, metadata={"min": 0, "max": 86_400})
+    lock_timeout_s: float = field(default=5.0, metadata={"min": 0, "max": 86_400})
+    # Above the longest embedding call (the indexer holds a transaction across one).
+    idle_in_transaction_timeout_s: float = field(default=300.0, metadata={"min": 0, "max": 86_400})
+    # How often the readiness check (gateway.health, GET /readyz) asks the database.
+    check_interval_s: float = field(default=1.0, metadata={"min": 0.1, "max": 300})
     # Events waiting for the cluster bus beyond this many are dropped (logged): a database that
     # stalls must not grow a node's memory without bound; clients see the seq gap.
     max_outbound_events: int = field(default=10_000, metadata={"min": 100})
@@ -58,6 +71,35 @@ class StorageConfig:
         problem = dsn_problem(self.dsn)
         if problem is not None:
             raise ValueError(problem)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """What every PostgreSQL pool of a node is opened with (the sessions store, memory and the
+    cluster's), so that all of them answer and recover the same way."""
+
+    call_timeout_s: float
+    reconnect_timeout_s: float
+    # libpq ``options`` for each pooled connection: the timeouts, then the DSN's own options
+    # (a later ``-c`` wins, so a DSN that sets one keeps its value).
+    options: str
+
+    @property
+    def connect_timeout(self) -> int:
+        """libpq's ``connect_timeout`` (whole seconds; libpq treats less than 2 as 2)."""
+        return max(2, round(self.call_timeout_s))
+
+
+def pool_settings(storage: StorageConfig) -> PoolSettings:
+    """The pool settings of ``[storage]`` (postgres only: needs a DSN)."""
+    assert storage.dsn is not None  # StorageConfig refuses postgres without one
+    from psycopg.conninfo import conninfo_to_dict
+
+    timeouts = {"statement_timeout": storage.statement_timeout_s, "lock_timeout": storage.lock_timeout_s,
+                "idle_in_transaction_session_timeout": storage.idle_in_transaction_timeout_s}
+    ours = " ".join(f"-c {name}={round(s * 1000)}" for name, s in timeouts.items())
+    theirs = str(conninfo_to_dict(storage.dsn).get("options") or "")
+    return PoolSettings(storage.call_timeout_s, storage.reconnect_timeout_s, f"{ours} {theirs}".strip())
 
 
 class StorageUnavailable(Exception):
@@ -106,8 +148,10 @@ def open_session_store(
     from sessions import PgSessionStore
 
     try:
+        pool = pool_settings(storage)
         return PgSessionStore(storage.dsn, sessions, pool_size=storage.pool_size,
-                              connect_timeout_s=storage.connect_timeout_s, **keys)
+                              connect_timeout_s=storage.connect_timeout_s, call_timeout_s=pool.call_timeout_s,
+                              reconnect_timeout_s=pool.reconnect_timeout_s, options=pool.options, **keys)
     except StorageError as err:
         raise StorageUnavailable(
             f"storage.dsn (RECALLD_STORAGE_DSN): {err.message}; is the PostgreSQL server "

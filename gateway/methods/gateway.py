@@ -8,11 +8,13 @@ connection's read loop, and a connection at its in-flight limit can still check 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NotRequired, Protocol, TypedDict
 
 from gateway.auth import Authenticator
 from gateway.errors import InvalidParams, RateLimited, Unauthorized
+from gateway.readiness import StorageState
 from gateway.rpc import CallContext, OpenRpcDocument, Registry, bounded
 from gateway.wire import MemoryHealth, ServerInfo, server_info
 from memory import Memory
@@ -54,12 +56,20 @@ class CodeReply(TypedDict):
     expiresInS: float
 
 
+class StorageHealth(TypedDict):
+    backend: Literal["sqlite", "postgres"]
+    status: Literal["ok", "degraded"]
+    reason: str | None  # why not ok: the database's last check (gateway.readiness)
+    sinceS: float  # seconds since the status last changed (since start while it never did)
+
+
 class HealthReply(TypedDict):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"]  # "degraded": storage is not ok (GET /readyz answers 503)
     version: str
     uptimeS: float
     connections: int
     memory: MemoryHealth
+    storage: StorageHealth
 
 
 class ModelsReply(TypedDict):
@@ -69,8 +79,10 @@ class ModelsReply(TypedDict):
 
 class GatewayMethods:
     def __init__(self, authenticator: Authenticator, registry: Registry, server: ServerState,
-                 version: str, memory: Memory | None, models: tuple[str, ...] = ()) -> None:
+                 version: str, memory: Memory | None, models: tuple[str, ...] = (), *,
+                 storage: Callable[[], StorageState] = lambda: StorageState("sqlite")) -> None:
         self.authenticator = authenticator
+        self.storage = storage  # the database check's last answer (no I/O: health is inline)
         self.registry = registry  # rpc.discover describes it
         self.server = server
         self.version = version
@@ -105,12 +117,18 @@ class GatewayMethods:
         return {"code": codes.issue(ctx.caller), "expiresInS": codes.ttl_s}
 
     async def health(self, ctx: CallContext, p: Empty) -> HealthReply:
+        state = self.storage()
+        now = time.monotonic()
+        storage: StorageHealth = {
+            "backend": state.backend, "status": "ok" if state.ok else "degraded", "reason": state.reason,
+            "sinceS": round(now - max(state.since, self.server.started), 3)}
         return {
-            "status": "ok",
+            "status": storage["status"],
             "version": self.version,
-            "uptimeS": round(time.monotonic() - self.server.started, 3),
+            "uptimeS": round(now - self.server.started, 3),
             "connections": self.server.connection_count,
             "memory": self._memory_health(),
+            "storage": storage,
         }
 
     async def discover(self, ctx: CallContext, p: Empty) -> OpenRpcDocument:
@@ -139,7 +157,8 @@ def declare_gateway(reg: Registry, h: GatewayMethods | None) -> None:
     reg.declare("auth.code", Empty, "A one-time sign-in code for this connection's user, redeemed "
                 "once by `auth {code}` within auth.code_ttl_s (what `recalld open` hands a browser).",
                 h.code if h else None, result=CodeReply, inline=True)
-    reg.declare("gateway.health", Empty, "Liveness, version, uptime, connections and memory summary.",
+    reg.declare("gateway.health", Empty, "Liveness, version, uptime, connections, memory summary and "
+                "storage (degraded while the database is unreachable).",
                 h.health if h else None, result=HealthReply, inline=True)
     reg.declare("rpc.discover", Empty, "This OpenRPC document.", h.discover if h else None,
                 result=OpenRpcDocument, inline=True)

@@ -99,21 +99,31 @@ class PgMemory:
     @classmethod
     async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *, data_dir: Path,
                    embedder_reason: str = "", vector_leg: VectorLeg = "hnsw", max_size: int = 8,
-                   poll_s: float = 30.0, connect_timeout_s: float = 10.0) -> PgMemory:
-        """Migrate (under the advisory lock) and open a pool, each connection attempt bounded by
-        ``connect_timeout_s``; raises MemoryStorageError with the server's reason (never the DSN)."""
-        timeout = max(1, round(connect_timeout_s))
+                   poll_s: float = 30.0, connect_timeout_s: float = 10.0, call_timeout_s: float = 4.0,
+                   reconnect_timeout_s: float = 1.0, options: str = "") -> PgMemory:
+        """Migrate (under the advisory lock) and open a pool, the opening bounded by
+        ``connect_timeout_s``; raises MemoryStorageError with the server's reason (never the DSN).
+
+        The pool then behaves as the sessions store's (:class:`sessions.PgSessionStore`): a call
+        waits at most ``call_timeout_s`` for a connection, each connection is checked before it
+        is handed out (one a database restart killed is replaced, not used), a lost one is
+        retried in the background for ``reconnect_timeout_s`` and then at the next call, and
+        every pooled connection gets the libpq ``options`` (statement and lock timeouts)."""
+        timeout = max(2, round(connect_timeout_s))
         try:
             await asyncio.to_thread(_migrate, dsn, timeout)
             pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
-                dsn, min_size=1, max_size=max_size, kwargs={"connect_timeout": timeout}, open=False)
+                dsn, min_size=1, max_size=max_size, open=False, name="recalld-memory",
+                kwargs={"connect_timeout": max(2, round(call_timeout_s)), **({"options": options} if options else {})},
+                check=AsyncConnectionPool.check_connection, timeout=call_timeout_s,
+                reconnect_timeout=reconnect_timeout_s)
             try:
                 await pool.open(wait=True, timeout=connect_timeout_s)
             except BaseException:
                 await pool.close()
                 raise
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+            raise MemoryStorageError(_why(exc)) from exc
         return cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
                    vector_leg=vector_leg, poll_s=poll_s)
 
@@ -156,7 +166,9 @@ class PgMemory:
         await self._caught_up.wait()
         while True:
             try:
-                listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                # Bounded as the pool's connections are: a server that does not answer is retried.
+                listener = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=max(2, round(self.pool.timeout)))
                 async with listener:
                     await pg_feed.listen(listener)
                     while True:
@@ -167,8 +179,8 @@ class PgMemory:
                         if woke:
                             await asyncio.sleep(self.config.debounce_ms / 1000)
             except psycopg.Error as exc:
-                self._syncs.last_error = f"storage error: {type(exc).__name__}"
-                log.warning("memory.pg.listen_failed", error=self._syncs.last_error)
+                self._syncs.last_error = f"storage error: {_shown(exc)}"
+                log.warning("memory.pg.listen_failed", error=_why(exc))
                 await asyncio.sleep(self.poll_s)
 
     async def _pass(self) -> None:
@@ -192,11 +204,11 @@ class PgMemory:
                 done = await self.indexer.run_once()
                 pending = await self.indexer.pending()
             except (psycopg.Error, EmbedderError) as exc:
-                why = str(exc) if isinstance(exc, EmbedderError) else f"storage error: {type(exc).__name__}"
-                self._syncs.last_error = why
                 if isinstance(exc, EmbedderError):
+                    self._syncs.last_error = str(exc)
                     raise
-                raise MemoryStorageError(why) from exc
+                self._syncs.last_error = f"storage error: {_shown(exc)}"
+                raise MemoryStorageError(f"memory index failed while indexing: {type(exc).__name__}") from exc
             finally:
                 self._syncs.syncing = False
             report = SyncReport(files_scanned=done.sessions, files_changed=done.sessions,
@@ -242,7 +254,7 @@ class PgMemory:
         try:
             hits = await self.searcher.search(request, query_vector=vector, keyword=actual != "vector")
         except psycopg.Error as exc:
-            raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+            raise MemoryStorageError(f"memory index failed while searching: {type(exc).__name__}") from exc
         done = time.perf_counter()
         timings = {"embedMs": round((embedded_at - started) * 1000, 2),
                    "searchMs": round((done - embedded_at) * 1000, 2)}
@@ -369,17 +381,32 @@ class PgMemory:
                     return cur.rowcount
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 if attempt + 1 == _DELETE_ATTEMPTS:
-                    raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+                    raise MemoryStorageError(f"memory index failed while deleting: {type(exc).__name__}") from exc
                 log.info("memory.pg.delete_retried", attempt=attempt + 1, error=type(exc).__name__)
                 await asyncio.sleep(0.05 * (attempt + 1))
             except psycopg.Error as exc:
-                raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc
+                raise MemoryStorageError(f"memory index failed while deleting: {type(exc).__name__}") from exc
         raise AssertionError("unreachable")
 
 
 async def _one(conn: AsyncConnection[TupleRow], sql: str, args: dict[str, Any]) -> int:
     row = await (await conn.execute(sql.encode(), args)).fetchone()
     return int(row[0]) if row else 0
+
+
+def _why(exc: BaseException) -> str:
+    """The class and the first line of the driver's or server's message ("OperationalError:
+    connection failed: …", "InsufficientPrivilege: permission denied for schema public"), never
+    the DSN (libpq does not repeat it); for logs, status and start errors."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _shown(exc: BaseException) -> str:
+    """What ``memory.status`` shows of a failure (every user reads it): the server's own
+    message when it sent one, else the class: libpq's connection text names the host."""
+    primary = exc.diag.message_primary if isinstance(exc, psycopg.Error) and exc.sqlstate else None
+    return f"{type(exc).__name__}: {primary}" if primary else type(exc).__name__
 
 
 def _migrate(dsn: str, connect_timeout: int) -> None:
