@@ -20,7 +20,7 @@ from gateway.chat.hub import ALL_SESSIONS, Hub
 from gateway.chat.llm import ChatModel
 from gateway.config import ChatConfig
 from gateway.wire import SessionWire, session_wire
-from sessions import DEFAULT_TITLE, Session, SessionError, SessionStoreLike
+from sessions import DEFAULT_TITLE, Session, SessionError, SessionStoreLike, plain_title
 
 __all__ = ["TITLE_INSTRUCTION", "TITLE_MAX_CHARS", "Titler", "announce", "heuristic_title", "update_session"]
 
@@ -59,7 +59,9 @@ def plain(text: str) -> str:
 
 def heuristic_title(text: str, max_chars: int = TITLE_MAX_CHARS) -> str:
     """The first line of ``text`` as plain text, whitespace collapsed, cut at a word near ``max_chars``."""
-    line = " ".join(plain(next((ln for ln in text.splitlines() if ln.strip()), "")).split())
+    # plain_title: no control character (pasted terminal output's escapes) reaches the store,
+    # which would refuse the title.
+    line = plain_title(plain(next((ln for ln in text.splitlines() if ln.strip()), ""))) or ""
     if len(line) <= max_chars:
         return line or DEFAULT_TITLE
     cut = line[: max_chars - 1]

@@ -64,10 +64,14 @@ class FactRules:
         self.max_per_user = max_per_user
 
     def check_text(self, text: str) -> str:
-        """The text a fact is saved with (spaces collapsed); InvalidFact when empty or too long."""
+        """The text a fact is saved with (spaces collapsed); InvalidFact when empty, too long or
+        holding a NUL."""
         clean = " ".join(text.split())
         if not clean:
             raise InvalidFact("text", "must not be empty")
+        if "\x00" in clean:
+            # PostgreSQL text cannot hold it: refused on both fact stores alike, as bad input.
+            raise InvalidFact("text", "must not contain NUL characters")
         if len(clean) > self.max_chars:
             raise InvalidFact("text", f"is {len(clean)} characters; the limit is {self.max_chars} "
                                       "(memory.facts_max_chars)")

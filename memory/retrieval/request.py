@@ -60,7 +60,9 @@ def fts_terms(text: str, max_terms: int = 32) -> list[str]:
     ``col:``, parentheses) plain text; the quote character itself never survives the split.
     English function words (:data:`STOPWORDS`) are left out unless nothing else remains.
     """
-    runs = [m.group() for m in _QUERY_RUN.finditer(text)]
+    # Each distinct run once, in order of first appearance (the order terms are kept in): a
+    # long query repeats its words, and each one casefolded is Python work per word.
+    runs = list(dict.fromkeys(_QUERY_RUN.findall(text)))
     content = [run for run in runs if run.casefold() not in STOPWORDS]
     terms: list[str] = []
     seen: set[str] = set()

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import calendar
 import re
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, tzinfo
 
-__all__ = ["TimeWindow", "find_time_window", "strip_time_phrase"]
+__all__ = ["MAX_TIME_WORDS", "TimeWindow", "find_time_window", "strip_time_phrase"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,22 +247,86 @@ _RULES: list[_Rule] = [(re.compile(p, re.IGNORECASE), f) for p, f in [
 ]]
 
 
+# Indexes into _RULES, by the words a phrase of each rule must hold (a four-digit number too:
+# _digits). Every phrase holds one, so the rules run only on the text around these words.
+_REL, _CAL, _WD, _SEA, _AGO, _PAST, _SOFT, _MONTH, _MDAY, _DMON, _ISO, _YR = range(len(_RULES))
+_UNITS = (_CAL, _AGO, _PAST)
+_ANCHORS: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(("yesterday", "today", "tonight", "morning", "afternoon", "evening"), (_REL,)),
+    **dict.fromkeys(("night", "nights"), (_REL, *_UNITS)),
+    **dict.fromkeys(("day", "days"), (_AGO, _PAST, _SOFT)),
+    **dict.fromkeys(("week", "weeks", "weekend", "weekends", "month", "months", "year", "years"), _UNITS),
+    **dict.fromkeys(_WEEKDAYS, (_WD,)),
+    **dict.fromkeys(_SEASONS, (_SEA,)),
+    **dict.fromkeys(("recently", "lately"), (_SOFT,)),
+    **dict.fromkeys(_MONTHS, (_MONTH, _MDAY, _DMON)),
+}
+_DIGITS = (_ISO, _YR)  # a four-digit word: "2023-05-01", "in 2023" (a month or season names its own)
+_WORD = re.compile(r"[^\W\d_]+|\d+")
+# How far before the word it is found by a phrase may start ("during the previous couple of
+# weeks", "the day before yesterday"); one with longer runs of spaces there is missed.
+_BEFORE = 48
+# The words looked at around, at most, in one question: past them no phrase is looked for, so
+# a question made of such words costs as much as one that has a phrase early. A missed phrase
+# only ranks the answer lower (see the module docstring).
+MAX_TIME_WORDS = 32
+
+
 def find_time_window(text: str, now: datetime) -> TimeWindow | None:
-    """The window meant by the leftmost (then longest) time phrase in ``text``, or None."""
+    """The window meant by the leftmost (then longest) time phrase in ``text``, or None.
+
+    Linear in ``text``: one pass over its words, and the rules are tried only at the word
+    starts just before each of the first :data:`MAX_TIME_WORDS` words a phrase must hold,
+    up to the first phrase found (a phrase starting later cannot win).
+    """
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
-    found: list[tuple[int, int, _Raw]] = []
-    for pattern, resolve in _RULES:
-        for m in pattern.finditer(text):
-            raw = resolve(m, now)
-            # A window in the future says nothing of memory; compare in ms, the unit of the
-            # result, so "today" asked in the first millisecond of a day is not an empty window.
-            if raw is not None and _ms(raw[0]) < _ms(now):
-                found.append((m.start(), m.end(), raw))
-    if not found:
+    lowered = text.lower()
+    same = len(lowered) == len(text)  # a few characters lower to two ("İ"): then word by word
+    source = lowered if same else text
+    present = {w if same else w.lower() for w in _WORD.findall(source)}
+    if present.isdisjoint(_ANCHORS) and not any(len(w) == 4 and w.isdigit() for w in present):
+        return None  # most questions: no word a phrase needs
+    best: tuple[int, int, _Raw] | None = None
+    starts: deque[int] = deque()  # the word starts within _BEFORE of the current word
+    looked = 0
+    for word in _WORD.finditer(source):
+        at = word.start()
+        if best is not None and at - _BEFORE > best[0]:
+            break
+        starts.append(at)
+        while starts[0] < at - _BEFORE:
+            starts.popleft()
+        key = word.group() if same else word.group().lower()
+        rules = _ANCHORS.get(key) or (_DIGITS if len(key) == 4 and key.isdigit() else None)
+        if rules is None:
+            continue
+        looked += 1
+        if looked > MAX_TIME_WORDS:
+            break
+        for index in rules:
+            hit = _first_phrase(index, text, starts, now)
+            if hit is not None and (best is None or (hit[0], -hit[1]) < (best[0], -best[1])):
+                best = hit
+    if best is None:
         return None
-    start, end, (lo, hi, exact) = min(found, key=lambda f: (f[0], -f[1]))
+    start, end, (lo, hi, exact) = best
     return TimeWindow(_ms(lo), _ms(min(hi, now)), text[start:end], exact, (start, end))
+
+
+def _first_phrase(index: int, text: str, starts: Iterable[int], now: datetime) -> tuple[int, int, _Raw] | None:
+    """The first phrase of rule ``index`` at one of ``starts`` that names a past window."""
+    pattern, resolve = _RULES[index]
+    for at in starts:
+        m = pattern.match(text, at)
+        if m is None:
+            continue
+        raw = resolve(m, now)
+        # A window in the future says nothing of memory; compare in ms, the unit of the
+        # result, so "today" asked in the first millisecond of a day is not an empty window.
+        if raw is not None and _ms(raw[0]) < _ms(now):
+            return m.start(), m.end(), raw
+    return None
 
 
 def strip_time_phrase(text: str, window: TimeWindow) -> str:
