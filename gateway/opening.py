@@ -124,9 +124,12 @@ async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
 
     s = config.storage
     assert s.dsn is not None  # StorageConfig refuses postgres without one
+    pool = pool_settings(s)
     node = ClusterNode(s.dsn, ClusterHub(s.max_outbound_events), store, connect_timeout_s=s.connect_timeout_s,
                        bus_wait_s=s.bus_wait_s, close_flush_s=s.close_flush_s,
-                       lease_ttl_s=config.cluster.lease_ttl_s, lease_renew_s=config.cluster.lease_renew_s)
+                       lease_ttl_s=config.cluster.lease_ttl_s, lease_renew_s=config.cluster.lease_renew_s,
+                       call_timeout_s=pool.call_timeout_s, reconnect_timeout_s=pool.reconnect_timeout_s,
+                       options=pool.options)
     try:
         await node.start()
     except psycopg.Error as err:

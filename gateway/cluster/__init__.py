@@ -1,7 +1,8 @@
 """Cross-node primitives on PostgreSQL, for several gateway nodes on one database
-(docs/scaling.md): the session event bus (:class:`EventBus`, LISTEN/NOTIFY), the per-session
-run lease (:class:`SessionLeases`, advisory locks) and shared ``chat.send`` idempotency keys
-(:class:`IdempotencyKeys`). Their tables and migrations are in :mod:`.schema`.
+(docs/scaling.md): the session event bus (:class:`EventBus`, LISTEN/NOTIFY), the fenced
+per-session run leases (:class:`RunLeases`, rows renewed by their node) and shared
+``chat.send`` idempotency keys (:class:`IdempotencyKeys`). Their tables and migrations are in
+:mod:`.schema`.
 
 These modules import psycopg (the ``postgres`` extra); only the postgres backend imports them.
 The primitives know nothing of the gateway's rooms (the bus delivers to anything with
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from .bus import CHANNEL, MAX_NOTIFY_BYTES, EventBus, LocalHub
 from .idempotency import IdempotencyKeys
-from .leases import LEASE_CLASS, Lease, SessionLeases, lease_key
+from .leases import HeldLease, Orphan, RunLeases, Taken
 from .node import ClusterHub, ClusterNode
 from .runs import ClusterRuns, LeaseTicket
 from .schema import MIGRATION_LOCK, MIGRATIONS, connect, migrate
@@ -22,17 +23,17 @@ __all__ = [
     "ClusterHub",
     "ClusterNode",
     "ClusterRuns",
-    "LEASE_CLASS",
     "MAX_NOTIFY_BYTES",
     "MIGRATIONS",
     "MIGRATION_LOCK",
     "EventBus",
+    "HeldLease",
     "IdempotencyKeys",
     "LeaseTicket",
-    "Lease",
     "LocalHub",
-    "SessionLeases",
+    "Orphan",
+    "RunLeases",
+    "Taken",
     "connect",
-    "lease_key",
     "migrate",
 ]

@@ -15,6 +15,10 @@ A node ignores its own events (each bus has a ``node_id``): its hub got them dir
   events sent meanwhile are not replayed. Events carry ``seq``: a client that sees a gap reads
   ``sessions.history`` (docs/protocol.md). A publish that fails is logged, not raised: the
   store, not the bus, holds the truth.
+* **Internal messages.** Besides events the channel carries a node's barrier pings (``b``, for
+  itself alone) and lease releases (``l``, handed to ``on_released`` so a session's waiters on
+  every node try again at once). A node ignores the other nodes' pings and anything that is not
+  one of these: they are not errors.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -68,6 +72,7 @@ class EventBus:
         connect_timeout_s: float = 10.0,
         retain_s: float = 300.0,
         max_notify_bytes: int = MAX_NOTIFY_BYTES,
+        on_released: Callable[[str], None] | None = None,
     ) -> None:
         self.node_id = node_id or uuid.uuid4().hex
         self._dsn = dsn
@@ -77,6 +82,7 @@ class EventBus:
         self._connect_timeout_s = connect_timeout_s
         self._retain_s = retain_s
         self._max_notify_bytes = max_notify_bytes
+        self._on_released = on_released
         self._conn: _Conn | None = None
         self._lock = asyncio.Lock()
         self._listener: asyncio.Task[None] | None = None
@@ -237,13 +243,21 @@ class EventBus:
             if arrived is not None and not arrived.done():
                 arrived.set_result(None)
             return
+        if "l" in body:
+            if self._on_released is not None:
+                self._on_released(str(body["l"]))
+            return
         if "id" in body:
             loaded = await self._load_large(body["id"])
             if loaded is None:
                 return
             body = loaded
+        user, key, method, params = body.get("u"), body.get("k"), body.get("m"), body.get("p")
+        if not (isinstance(user, str) and isinstance(key, str) and isinstance(method, str)
+                and isinstance(params, dict)):
+            return  # another node's barrier ping, or a message of a newer version: not for us
         try:
-            self._hub.publish(str(body["u"]), str(body["k"]), str(body["m"]), body["p"])
+            self._hub.publish(user, key, method, params)
         except Exception:
             # A bad event must not stop the listener for every later one.
             log.exception("cluster.event_failed", method=body.get("m"))

@@ -36,9 +36,38 @@ CREATE TABLE recalld_idempotency (
 CREATE INDEX recalld_idempotency_expires ON recalld_idempotency (expires_at);
 """
 
+# Run leases (gateway.cluster.leases): one row per session being run, its holder and a fencing
+# token from one sequence, so a token is never handed out twice even after a row is deleted;
+# `partial` is the holder's checkpoint of the reply streamed so far. `recalld_runs` lists the
+# runs appended but not finished, each renewed by its node: a run whose row expired is dead.
+_M002 = """
+CREATE SEQUENCE recalld_lease_tokens;
+CREATE TABLE recalld_run_leases (
+    session_key text PRIMARY KEY,
+    user_id     text NOT NULL,
+    run_id      text NOT NULL,
+    node        text NOT NULL,
+    token       bigint NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    partial     text NOT NULL DEFAULT ''
+);
+CREATE INDEX recalld_run_leases_expires ON recalld_run_leases (expires_at);
+CREATE TABLE recalld_runs (
+    run_id      text PRIMARY KEY,
+    session_key text NOT NULL,
+    user_id     text NOT NULL,
+    node        text NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX recalld_runs_session ON recalld_runs (session_key);
+CREATE INDEX recalld_runs_node ON recalld_runs (node);
+CREATE INDEX recalld_runs_expires ON recalld_runs (expires_at);
+"""
+
 #: ``(name, sql)`` in the order they apply; an applied one is never edited.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("m001_events_and_idempotency", _M001),
+    ("m002_run_leases", _M002),
 )
 
 

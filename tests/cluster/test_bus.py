@@ -116,3 +116,33 @@ async def test_events_past_max_outbound_are_dropped_not_queued(pg_dsn: str) -> N
         forward.cancel()
         await a.close()
         await b.close()
+
+
+async def test_a_flooding_user_neither_delays_nor_drops_another_users_end(pg_dsn: str) -> None:
+    """With bob's flood filling the node's outbound queue, alice's delta and chat.final still
+    reach the other node, among the first events sent (users take turns), and bob's own
+    chat.final is kept although his deltas past the limit are dropped."""
+    from gateway.cluster import ClusterHub
+
+    hub, other = ClusterHub(max_outbound=100), RecordingHub()
+    for seq in range(300):
+        hub.publish("bob", "s-bob", "chat.delta", {"runId": "rb", "seq": seq, "delta": "x"})
+    hub.publish("bob", "s-bob", "chat.final", {"runId": "rb", "seq": 300, "message": {}})
+    hub.publish("alice", "s-alice", "chat.delta", {"runId": "ra", "seq": 0, "delta": "hi"})
+    hub.publish("alice", "s-alice", "chat.final", {"runId": "ra", "seq": 1, "message": {}})
+    a, b = EventBus(pg_dsn, RecordingHub(), node_id="a"), EventBus(pg_dsn, other, node_id="b")
+    await a.start()
+    await b.start()
+    forward = asyncio.create_task(hub.forward(a))
+    try:
+        async with asyncio.timeout(60):
+            await hub.sent()
+        assert await b.barrier()
+        got = [(e[0], e[2]) for e in other.events]
+        assert got.index(("alice", "chat.final")) < 5
+        assert ("alice", "chat.delta") in got and got[-1] == ("bob", "chat.final")
+        assert sum(1 for _, method in got if method == "chat.delta") <= 100  # the limit held
+    finally:
+        forward.cancel()
+        await a.close()
+        await b.close()

@@ -44,7 +44,7 @@ def test_the_cluster_hub_ends_a_dead_run_with_the_seq_after_the_last_one_seen() 
     hub.run_ended_elsewhere("u", "s", "r")
     hub.run_ended_elsewhere("u", "s", "other")
     hub.run_ended_elsewhere("u", "s", "r")  # its end was announced already
-    sent = [hub._outbound.get_nowait() for _ in range(hub._outbound.qsize())]
+    sent = [event for queue in hub._queues.values() for _, event in queue]
     assert [(m, p["runId"], p["seq"]) for _, _, m, p in sent] == [
         ("chat.delta", "r", 4), ("chat.aborted", "r", 5), ("chat.aborted", "other", 0)]
 
