@@ -34,7 +34,22 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
    to start on a loaded machine) until alice is done; bob's answers per second meanwhile say
    that the flood was on.
 
-``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4, t16).
+10. *M3, phrase-dense searches*: alice's ``memory.search`` p50 alone, then while bob keeps 4
+    ``memory.search`` of 8,000 characters dense in time phrases running (his quota), in a child
+    process, timed as t16 is.
+
+11. *H1, half-sent /mcp requests*: under a 1024 open-file limit, 1,100 ``POST /mcp`` whose
+    headers never end (no token; each reopened 0.5 s after the daemon closes it), then 10
+    ``sessions.create`` from a client connected before and 10 fresh gateway connections.
+
+12. *M1, half-sent page requests*: the same with 1,100 ``GET /`` on the gateway's own port;
+    10 fresh connections with the token.
+
+13. *H2, one user's connections*: bob opens 1,100 authenticated connections and holds them;
+    then 10 fresh connections of alice.
+
+``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4, t16, m3,
+h1, m1, h2).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -473,6 +488,98 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
             d.stop()
 
 
+# M3's question: MAX_QUERY_CHARS (8,000) characters dense in time phrases.
+PHRASE_DENSE = ("yesterday morning last week in May 2023 two days ago on March 3rd the past 3 months recently "
+                "2024-01-02 last Monday in 2022 summer 2021 ") * 80
+
+
+async def search_child(url: str, depth: int = 4) -> None:
+    """Bob's phrase-dense searches (runs in its own process): ``depth`` ``memory.search`` in
+    flight (quotas.max_searches_per_user), one sent as each answer arrives; prints ``ready``
+    after ``depth`` answers, goes on until its stdin closes, then prints what it was answered."""
+    answered = Counter[str]()
+    stop = asyncio.Event()
+    on = asyncio.Event()
+    frame = orjson.dumps({"id": 0, "method": "memory.search", "params": {"query": PHRASE_DENSE[:8000]}}).decode()
+    async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"}, max_size=None) as ws:
+        async def run() -> None:
+            for _ in range(depth):
+                await ws.send(frame)
+            while not stop.is_set():
+                msg = orjson.loads(await ws.recv())
+                answered["ok" if "result" in msg else str(msg["error"]["code"])] += 1
+                if answered.total() >= depth:
+                    on.set()
+                await ws.send(frame)
+
+        task = asyncio.create_task(run())
+        await on.wait()
+        before = answered.total()
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.read)
+        during = answered.total() - before
+        stop.set()
+        await asyncio.wait([task], timeout=5)
+    print(orjson.dumps({**answered, "during": during}).decode(), flush=True)
+
+
+async def phrase_searches(root: Path | None, samples: int = 300) -> None:
+    """M3: alice's ``memory.search`` p50 alone, then while bob keeps 4 phrase-dense searches running."""
+    from sessions import SessionsConfig, SessionStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, data = Path(tmp) / "config.toml", Path(tmp) / "data"
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n')
+        with SessionStore(data, SessionsConfig(fsync="never")) as store:  # something to find, for both
+            for user in ("alice", "bob"):
+                for i in range(100):
+                    key = store.create(user, title=f"{user} {i}").session_key
+                    for j in range(10):
+                        store.append_message(user, key, role="user" if j % 2 == 0 else "assistant",
+                                             content=f"we planned the trip to Lisbon {i} with Anna, step {j}: "
+                                                     f"trains, {j + 2} days, the museum on day {i % 7}")
+        d = Daemon(data, root, None, {"RECALLD_TOKEN": ""}, config=cfg)
+        try:
+            async with Client.connect(d.url, ALICE) as alice:
+                async with asyncio.timeout(300):  # the index caught up before anything is timed
+                    while True:
+                        status = await alice.call("memory.status")
+                        if status.get("chunks", 0) and status.get("syncCount", 1) >= 1 and not status.get("syncing"):
+                            break
+                        await asyncio.sleep(0.2)
+
+                async def p50() -> float:
+                    took = []
+                    for _ in range(samples):
+                        t0 = time.perf_counter()
+                        await alice.call("memory.search", {"query": "what did Anna say about the trip to Lisbon"})
+                        took.append(time.perf_counter() - t0)
+                    return sorted(took)[len(took) // 2] * 1000
+
+                quiet = await p50()
+                with Sampler(d.proc.pid) as s:
+                    child = await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "bench.attacks", "--search-child", d.url,
+                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                    assert child.stdin is not None and child.stdout is not None
+                    line = await asyncio.wait_for(child.stdout.readline(), 120)
+                    if line.strip() != b"ready":
+                        raise RuntimeError(f"bob's searches did not start: {line!r}")
+                    t0 = time.monotonic()
+                    flooded = await p50()
+                    window = time.monotonic() - t0
+                    child.stdin.close()
+                    out, _ = await child.communicate()
+            bob_answers = orjson.loads(out)
+            _report("M3 phrase-dense searches: alice's memory.search while bob keeps 4 of 8,000 characters running",
+                    d, s, alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
+                    ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
+                    bob_searches_per_s_meanwhile=f"{bob_answers.pop('during') / window:.0f}",
+                    bob=orjson.dumps(bob_answers).decode())
+        finally:
+            d.stop()
+
+
 async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Daemon(Path(tmp) / "data", root, None, {})
@@ -515,7 +622,111 @@ async def preauth_flood(root: Path | None, n: int = 1100, fresh: int = 10) -> No
             d.stop()
 
 
-ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16")
+async def _half_sent(port: int, head: bytes, stop: asyncio.Event, held: Counter[str]) -> None:
+    """Send ``head`` (a request's headers without their end) and wait; reopen 0.5 s after the
+    daemon closes it."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            held["refused"] += 1
+            await asyncio.sleep(0.5)
+            continue
+        held["opened"] += 1
+        try:
+            writer.write(head)
+            await reader.read()
+            held["closed_by_daemon"] += 1
+        except OSError:
+            held["reset_by_daemon"] += 1
+        finally:
+            writer.close()
+        await asyncio.sleep(0.5)
+
+
+async def _fresh(url: str, token: str, n: int) -> Counter[str]:
+    outcomes: Counter[str] = Counter()
+    for _ in range(n):
+        try:
+            async with asyncio.timeout(15), Client.connect(url, token) as c:
+                await c.call("gateway.health")
+                outcomes["ok"] += 1
+        except Exception as exc:
+            outcomes[type(exc).__name__ + " " + str(exc)[:40]] += 1
+    return outcomes
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def slowloris(root: Path | None, on_mcp: bool, n: int = 1100, fresh: int = 10) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        mcp_port = _free_port()
+        d = Daemon(Path(tmp) / "data", root, 1024, {"RECALLD_MCP_PORT": str(mcp_port)} if on_mcp else {})
+        stop = asyncio.Event()
+        held = Counter[str]()
+        try:
+            async with asyncio.timeout(30):
+                while on_mcp and not any(r.get("event") == "mcp.listening" for r in d.log):
+                    await asyncio.sleep(0.05)
+            port = mcp_port if on_mcp else int(d.url.rsplit(":", 1)[1].strip("/"))
+            head = f"{'POST /mcp' if on_mcp else 'GET /'} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+            async with Client.connect(d.url, TOKEN) as good:
+                with Sampler(d.proc.pid) as s:
+                    squatters = [asyncio.create_task(_half_sent(port, head, stop, held)) for _ in range(n)]
+                    await asyncio.sleep(3)  # every squatter has tried once
+                    fds = d.fds
+                    creates = Counter("ok" if "result" in r else r["error"]["message"][:60]
+                                      for r in [await good.request("sessions.create") for _ in range(fresh)])
+                    outcomes = await _fresh(d.url, TOKEN, fresh)
+                    stop.set()
+                    for t in squatters:
+                        t.cancel()
+                    await asyncio.gather(*squatters, return_exceptions=True)
+            name = "H1 half-sent POST /mcp" if on_mcp else "M1 half-sent GET / (gateway port)"
+            _report(f"{name} ({n} held and reopened, open-file limit 1024)", d, s,
+                    fresh_gateway_ok=f"{outcomes['ok']}/{fresh}", outcomes=dict(outcomes),
+                    creates=dict(creates), fds_under_attack=fds, squatters=dict(held))
+        finally:
+            d.stop()
+
+
+async def user_connections(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "config.toml"
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n')
+        d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
+        opened: list[ClientConnection] = []
+        refused: Counter[str] = Counter()
+
+        async def bob() -> None:
+            try:
+                opened.append(await connect(d.url, additional_headers={"Authorization": f"Bearer {BOB}"},
+                                            open_timeout=30, ping_interval=None))
+            except Exception as exc:
+                refused[type(exc).__name__ + " " + str(exc)[:60]] += 1
+
+        try:
+            with Sampler(d.proc.pid) as s:
+                t0 = time.monotonic()
+                for i in range(0, n, 100):  # in waves, as a client opening them as fast as it can would
+                    await asyncio.gather(*(bob() for _ in range(min(100, n - i))))
+                took = time.monotonic() - t0
+                outcomes = await _fresh(d.url, ALICE, fresh)
+            _report(f"H2 bob holds authenticated connections ({n} tried)", d, s,
+                    alice_ok=f"{outcomes['ok']}/{fresh}", outcomes=dict(outcomes), bob_held=len(opened),
+                    bob_opening_s=f"{took:.1f}", bob_refused=dict(refused))
+        finally:
+            await asyncio.gather(*(w.close() for w in opened), return_exceptions=True)
+            d.stop()
+
+
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16", "m3", "h1", "m1", "h2")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -525,8 +736,13 @@ async def main(args: argparse.Namespace) -> None:
     only = set(args.only.split(",")) if args.only else set(ATTACKS)
     if only & {"prompts", "pings", "flood"}:
         with tempfile.TemporaryDirectory() as tmp:
-            # Quotas off for the set-up: 200 sessions are created as fast as the socket goes.
-            d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"})
+            # Quotas off for the set-up: 200 sessions are created as fast as the socket goes; the
+            # request flood's 500 connections are one user's (server.max_connections_per_user,
+            # which an older checkout measured with --root does not know: unknown keys are errors).
+            env = {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"}
+            if "max_connections_per_user" in ((root or Path.cwd()) / "gateway" / "sections.py").read_text():
+                env["RECALLD_SERVER_MAX_CONNECTIONS_PER_USER"] = "1024"
+            d = Daemon(Path(tmp) / "data", root, None, env)
             try:
                 print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: {d.rss_mib:.0f} MiB at start",
                       flush=True)
@@ -552,6 +768,14 @@ async def main(args: argparse.Namespace) -> None:
         await chat_bytes(root)
     if "t16" in only:
         await fairness(root)
+    if "m3" in only:
+        await phrase_searches(root)
+    if "h1" in only:
+        await slowloris(root, on_mcp=True)
+    if "m1" in only:
+        await slowloris(root, on_mcp=False)
+    if "h2" in only:
+        await user_connections(root)
 
 
 if __name__ == "__main__":
@@ -564,11 +788,14 @@ if __name__ == "__main__":
     parser.add_argument("--n2-connections", default="1,6", help="N2's connection counts, comma-separated")
     parser.add_argument("--flood-child", metavar="URL")
     parser.add_argument("--bob-child", metavar="URL")
+    parser.add_argument("--search-child", metavar="URL")
     parser.add_argument("--only", help=f"comma-separated, of: {', '.join(ATTACKS)}")
     args = parser.parse_args()
     if args.flood_child:
         asyncio.run(flood_child(args.flood_child, 500, 6000))
     elif args.bob_child:
         asyncio.run(bob_child(args.bob_child))
+    elif args.search_child:
+        asyncio.run(search_child(args.search_child))
     else:
         asyncio.run(main(args))

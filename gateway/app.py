@@ -61,6 +61,7 @@ from gateway.private import (
     take_clean_stop,
     tighten_private_dir,
 )
+from gateway.readiness import DatabaseCheck, StorageState
 from gateway.retention import RetentionSweeper
 from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots, fair_threads
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
@@ -212,6 +213,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
     await _audited(config.data_dir, audit, loose_mode)
     cluster = await _join_cluster(stack, config, store)
+    check = _database_check(stack, config)
     if service is not None:
         service.catch_up()  # after the reconcile: it may cut a torn transcript tail
     else:
@@ -224,9 +226,11 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     registry = Registry()
     core = _rpc_core(config, registry)
     app_version = package_version()
-    server = _server(config, core, authenticator, app_version, hub)
-    sessions, chat, memory = _declare_handlers(registry, config, store, hub, runs, service,
-                                               authenticator, server, app_version)
+    server = _server(config, core, authenticator, app_version, hub,
+                     check.unready_reason if check is not None else lambda: None)
+    sessions, chat, memory = _declare_handlers(
+        registry, config, store, hub, runs, service, authenticator, server, app_version,
+        (lambda: check.state) if check is not None else (lambda: StorageState("sqlite")))
     await _listen(stack, config, server, service)
     mcp = await _start_mcp(stack, config, authenticator, app_version, server)
     return App(config, server, store, runs, sessions, chat, memory,
@@ -287,6 +291,16 @@ async def _join_cluster(stack: AsyncExitStack, config: Config,
     return cluster
 
 
+def _database_check(stack: AsyncExitStack, config: Config) -> DatabaseCheck | None:
+    """On postgres, the check behind gateway.health's storage and GET /readyz, running."""
+    s = config.storage
+    if s.backend != "postgres" or s.dsn is None:
+        return None
+    check = DatabaseCheck(s.dsn, interval_s=s.check_interval_s, timeout_s=s.call_timeout_s)
+    _background(stack, check.run())
+    return check
+
+
 def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memory | None,
                cluster: ClusterNode | None) -> ChatRuns:
     llm, quotas = config.llm, config.quotas
@@ -296,7 +310,8 @@ def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memor
     )
     return ChatRuns(config.chat, llm.model, store, hub, model, service,
                     max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user,
-                    gate=None if cluster is None else cluster.runs)
+                    gate=None if cluster is None else cluster.runs, models=llm.choices(),
+                    max_temperature=llm.max_temperature, max_tokens_limit=llm.max_tokens_limit)
 
 
 def _start_background(stack: AsyncExitStack, config: Config, store: SessionStoreLike,
@@ -330,18 +345,21 @@ def _rpc_core(config: Config, registry: Registry) -> RpcCore:
 
 def _declare_handlers(registry: Registry, config: Config, store: SessionStoreLike, hub: Hub,
                       runs: ChatRuns, service: Memory | None, authenticator: Authenticator,
-                      server: GatewayServer, app_version: str,
+                      server: GatewayServer, app_version: str, storage: Callable[[], StorageState],
                       ) -> tuple[SessionsMethods, ChatMethods, MemoryMethods | None]:
     """One handler object per namespace, declared on ``registry``; those the app keeps."""
     llm, quotas = config.llm, config.quotas
-    sessions = SessionsMethods(store, hub, runs, service, llm.choices())
-    chat = ChatMethods(config.chat, store, hub, runs, ByteRate(quotas.message_bytes_per_minute,
-                       "quotas.message_bytes_per_minute", largest=config.chat.max_message_bytes))
+    # One bucket for what a user writes as messages and as system prompts (issue 33, L1).
+    written = ByteRate(quotas.message_bytes_per_minute, "quotas.message_bytes_per_minute",
+                       largest=config.chat.max_message_bytes)
+    sessions = SessionsMethods(store, hub, runs, service, llm.choices(), written)
+    chat = ChatMethods(config.chat, store, hub, runs, written)
     memory = MemoryMethods(
         service, store, admin=_memory_admin(config),
         full_reindex_interval_s=config.limits.full_reindex_interval_s,
     ) if service is not None else None
-    gateway = GatewayMethods(authenticator, registry, server, app_version, service, llm.choices())
+    gateway = GatewayMethods(authenticator, registry, server, app_version, service, llm.choices(),
+                             storage=storage)
     facts = FactsMethods(service) if service is not None else None
     forget = ForgetMethods(service, store) if service is not None else None
     episodes = EpisodesMethods(service) if service is not None else None
@@ -373,20 +391,21 @@ async def _start_mcp(stack: AsyncExitStack, config: Config, authenticator: Authe
         return None
     from gateway.mcp import start_http  # the optional `mcp` extra: imported only when on
 
-    mcp = await start_http(config, authenticator, version=app_version,
+    mcp = await start_http(config, authenticator, version=app_version, sockets=server.sockets,
                            daemon_url=client_url(server.scheme, config.server.host, server.port))
     stack.push_async_callback(mcp.close)  # stopped first: its tools are clients of the server
     return mcp
 
 
 def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_version: str,
-            hub: Hub) -> GatewayServer:
+            hub: Hub, unready: Callable[[], str | None]) -> GatewayServer:
     ssl_context = None
     if config.tls.cert and config.tls.key:
         ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ssl_context.load_cert_chain(config.tls.cert, config.tls.key)
     return GatewayServer(core, authenticator, ServerSettings.from_config(config),
-                         version=app_version, ssl_context=ssl_context, on_disconnect=hub.drop)
+                         version=app_version, ssl_context=ssl_context, on_disconnect=hub.drop,
+                         unready=unready)
 
 
 async def _opened(stack: AsyncExitStack, opening: Awaitable[T], close: Callable[[T], Awaitable[None]]) -> T:

@@ -28,6 +28,7 @@ from gateway.sections import (
     AuthConfig,
     AuthUser,
     ChatConfig,
+    ClusterConfig,
     LimitsConfig,
     LlmConfig,
     LogConfig,
@@ -45,6 +46,7 @@ __all__ = [
     "AuthConfig",
     "AuthUser",
     "ChatConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "LimitsConfig",
@@ -80,6 +82,7 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     quotas: QuotasConfig = field(default_factory=QuotasConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     mcp: McpConfig = field(default_factory=McpConfig)
     config_path: Path | None = None
 

@@ -15,6 +15,7 @@ __all__ = [
     "AuthConfig",
     "AuthUser",
     "ChatConfig",
+    "ClusterConfig",
     "LimitsConfig",
     "LlmConfig",
     "LogConfig",
@@ -42,10 +43,17 @@ class ServerConfig:
     max_queue: int = field(default=16, metadata=_limit(1))
     write_limit: int = field(default=32 * 1024, metadata=_limit(1024))
     open_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
+    # Seconds a TCP connection on either port (the gateway's, /mcp's) may take to send a request's
+    # headers; slower is closed (a slowloris would otherwise hold its descriptor until open_timeout_s,
+    # or for ever on /mcp). Such sockets are also the first closed when the descriptor budget is full.
+    header_timeout_s: float = field(default=5.0, metadata=_limit(0.1))
     ping_interval_s: float = field(default=20.0, metadata=_limit(0))
     ping_timeout_s: float = field(default=20.0, metadata=_limit(0))
     close_timeout_s: float = field(default=5.0, metadata=_limit(0.1))
     max_connections: int = field(default=1024, metadata=_limit(1))
+    # Authenticated connections of one user at once (never more than max_connections): one user
+    # cannot hold every slot. Past it: HTTP 503 at the upgrade, or auth refused (-32004 / close 1008).
+    max_connections_per_user: int = field(default=64, metadata=_limit(1))
     shutdown_grace_s: float = field(default=10.0, metadata=_limit(0))  # for runs, then cancelled
     # Descriptors kept for files and upstream sockets (max_connections fits the fd limit minus it).
     reserved_fds: int = field(default=256, metadata=_limit(16))
@@ -121,8 +129,26 @@ class QuotasConfig:
     # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket refilled
     # continuously): an update line carries the whole prompt, so it writes as much as a create.
     updates_per_minute: int = field(default=60, metadata=_limit(1))
-    # Bytes of chat.send messages per user per minute: far above typing, far below a full disk.
+    # Bytes of chat.send messages and system prompts per user per minute: far above typing, far
+    # below a full disk.
     message_bytes_per_minute: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Run leases between nodes on one database (``storage.backend = "postgres"``; docs/scaling.md)."""
+
+    # A run's lease on its session lasts this long past its node's last renew: a node that dies
+    # or hangs mid-run has its run ended by another node about this long after (chat.error,
+    # retryable), and a database outage longer than it ends the runs it interrupted.
+    lease_ttl_s: float = field(default=10.0, metadata=_limit(1, 300))
+    # How often a node renews its leases (and checkpoints the partial replies, and looks for
+    # other nodes' expired ones): at most half the TTL, so one late renew loses nothing.
+    lease_renew_s: float = field(default=2.5, metadata=_limit(0.1, 150))
+
+    def __post_init__(self) -> None:
+        if self.lease_renew_s * 2 > self.lease_ttl_s:
+            raise ValueError("cluster.lease_renew_s must be at most half of cluster.lease_ttl_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +167,13 @@ class LlmConfig:
     timeout_s: float = field(default=60.0, metadata=_limit(0.1))
     connect_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     max_retries: int = field(default=2, metadata=_limit(0, 10))
+    # The highest temperature a session may ask for (sessions.update {temperature}, from 0); the
+    # API's own range is 0-2. A session without one sends none: the endpoint's default.
+    max_temperature: float = field(default=2.0, metadata=_limit(0, 2))
+    # The most reply tokens a session may ask for (sessions.update {maxTokens}), sent as
+    # max_tokens; a session without one sends none. A lower setting also caps sessions that
+    # chose more before.
+    max_tokens_limit: int = field(default=32768, metadata=_limit(1))
 
     def choices(self) -> tuple[str, ...]:
         """The models a session may run on: the configured one first, then ``models``."""

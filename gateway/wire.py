@@ -109,6 +109,8 @@ class SessionWire(TypedDict):
     systemPrompt: NotRequired[str]
     model: NotRequired[str]
     memory: NotRequired[bool]  # only ever false: an incognito session
+    temperature: NotRequired[float]  # chosen by sessions.update; absent: the endpoint's default
+    maxTokens: NotRequired[int]
 
 
 def session_wire(s: Session) -> SessionWire:
@@ -125,6 +127,10 @@ def session_wire(s: Session) -> SessionWire:
         wire["model"] = s.model
     if not s.memory:
         wire["memory"] = False
+    if s.temperature is not None:
+        wire["temperature"] = s.temperature
+    if s.max_tokens is not None:
+        wire["maxTokens"] = s.max_tokens
     return wire
 
 
@@ -182,6 +188,7 @@ class MessageWire(TypedDict):
     error: NotRequired[str]
     recalled: NotRequired[list[RecalledRef]]  # what recall put into this reply's prompt
     replaces: NotRequired[str]  # the id of the message this one supersedes (regenerate, edit)
+    continues: NotRequired[str]  # chat.continue: the cut reply this one carries on (and replaces)
 
 
 def message_wire(m: Message) -> MessageWire:

@@ -12,7 +12,8 @@ memory's and cluster's tables) applies its ordered, named, recorded migrations t
 :func:`apply_migrations` and a ledger (:mod:`sessions.migrations`). :class:`PgSessionStore` (``sessions.pg``, the same API on PostgreSQL) is imported
 on first use only, since it needs psycopg (the ``postgres`` extra), as is ``pg_feed``
 (:mod:`sessions.pg.feed`: what the PostgreSQL memory indexer reads of its tables, and the change
-notifications). See docs/sessions.md.
+notifications). :class:`RunFence` (:mod:`sessions.fence`) is the run lease a PostgreSQL append
+of a chat run carries. See docs/sessions.md.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from .errors import (
     StorageError,
     UnsafePath,
 )
+from .fence import RUN_FENCE, LeaseLost, RunFence
 from .fileio import FileIO, check_free_space
-from .inputs import DEFAULT_TITLE
+from .inputs import DEFAULT_TITLE, plain_title
 from .keys import check_user
 from .layout import (
     TRANSCRIPT_SUFFIX,
@@ -66,7 +68,7 @@ from .models import (
 from .protocol import SessionStoreLike
 from .reader import ForwardReader, TranscriptEntry
 from .store import SessionStore
-from .supersede import REPLACES_KEY, replaced_id, visible_history, visible_messages
+from .supersede import CONTINUES_KEY, REPLACES_KEY, replaced_id, visible_history, visible_messages
 from .transcript import Header, memory_enabled, read_header
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ __all__ = [
     "sqlite_ledger",
     "DEFAULT_TITLE",
     "MESSAGE_ROLES",
+    "CONTINUES_KEY",
     "REPLACES_KEY",
     "SUMMARY_TYPE",
     "TRANSCRIPT_SUFFIX",
@@ -93,10 +96,13 @@ __all__ = [
     "FileIO",
     "ForwardReader",
     "FsyncPolicy",
+    "LeaseLost",
     "Header",
     "InvalidSessionInput",
     "LineTooLarge",
     "Message",
+    "RUN_FENCE",
+    "RunFence",
     "MessagePage",
     "Session",
     "SessionError",
@@ -115,6 +121,7 @@ __all__ = [
     "now_ts",
     "parse_transcript_relpath",
     "parse_ts",
+    "plain_title",
     "read_header",
     "replaced_id",
     "scan_transcripts",

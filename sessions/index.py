@@ -25,13 +25,13 @@ import structlog
 
 from .errors import UnsafePath
 from .models import Session
-from .transcript import Summary
+from .transcript import Header, Summary
 
 __all__ = ["SCHEMA_VERSION", "SessionIndex"]
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_VERSION = "2"  # 2: the memory column
+SCHEMA_VERSION = "3"  # 2: the memory column; 3: temperature, max_tokens
 _OPEN_FLAGS = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
 
 _SCHEMA = """
@@ -47,13 +47,16 @@ CREATE TABLE IF NOT EXISTS sessions(
     model         TEXT,
     size          INTEGER NOT NULL,
     memory        INTEGER NOT NULL DEFAULT 1,
+    temperature   REAL,
+    max_tokens    INTEGER,
     PRIMARY KEY (user, session_key)
 ) WITHOUT ROWID;
 -- list() walks this index from the newest end: one seek, then `limit` steps.
 CREATE INDEX IF NOT EXISTS sessions_newest ON sessions(user, updated_at DESC, session_key DESC);
 """
 
-_COLUMNS = "session_key, user, title, created_at, updated_at, message_count, system_prompt, model, memory"
+_COLUMNS = ("session_key, user, title, created_at, updated_at, message_count, system_prompt, model, memory,"
+            " temperature, max_tokens")
 # Pages leave the system prompt out (up to max_line_bytes each, 200 to a page): a list must
 # cost the same whatever the prompts hold; get() returns it.
 _LIST_COLUMNS = _COLUMNS.replace("system_prompt", "NULL")
@@ -82,7 +85,7 @@ def _int(value: object) -> int:
 
 
 def _session(row: tuple[object, ...]) -> Session:
-    key, user, title, created, updated, count, prompt, model, memory = row
+    key, user, title, created, updated, count, prompt, model, memory, temperature, max_tokens = row
     return Session(
         session_key=str(key),
         user=str(user),
@@ -93,6 +96,8 @@ def _session(row: tuple[object, ...]) -> Session:
         system_prompt=None if prompt is None else str(prompt),
         model=None if model is None else str(model),
         memory=bool(memory),
+        temperature=float(temperature) if isinstance(temperature, int | float) else None,
+        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
     )
 
 
@@ -200,10 +205,12 @@ class SessionIndex:
         h = summary.header
         self._conn.execute(
             "INSERT OR REPLACE INTO sessions(session_key, user, title, created_at, updated_at,"
-            " message_count, system_prompt, model, size, memory) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " message_count, system_prompt, model, size, memory, temperature, max_tokens)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 h.session_key, user, h.title, h.created_at, summary.updated_at,
                 summary.message_count, h.system_prompt, h.model, summary.size, h.memory,
+                h.temperature, h.max_tokens,
             ),
         )
 
@@ -214,12 +221,13 @@ class SessionIndex:
             (updated_at, size, user, session_key),
         )
 
-    def record_update(self, user: str, session_key: str, title: str, system_prompt: str | None,
-                      size: int) -> None:
-        """A title or system prompt changed: neither ``updated_at`` nor the count moves."""
+    def record_update(self, user: str, session_key: str, header: Header, size: int) -> None:
+        """An ``update`` line changed the header: neither ``updated_at`` nor the count moves."""
         self._conn.execute(
-            "UPDATE sessions SET title = ?, system_prompt = ?, size = ? WHERE user = ? AND session_key = ?",
-            (title, system_prompt, size, user, session_key),
+            "UPDATE sessions SET title = ?, system_prompt = ?, model = ?, temperature = ?, max_tokens = ?,"
+            " size = ? WHERE user = ? AND session_key = ?",
+            (header.title, header.system_prompt, header.model, header.temperature, header.max_tokens, size,
+             user, session_key),
         )
 
     def record_size(self, user: str, session_key: str, size: int) -> None:

@@ -8,7 +8,8 @@ wire.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ from .models import MESSAGE_ROLES, RESERVED_LINE_KEYS, ConversationSummary, Mess
 from .transcript import UPDATE_TYPE, Header
 
 __all__ = [
+    "CLEARABLE",
     "DEFAULT_TITLE",
     "build_header",
     "build_message",
@@ -29,18 +31,26 @@ __all__ = [
     "check_content",
     "check_extra",
     "check_limit",
+    "check_max_tokens",
     "check_model",
     "check_name",
     "check_role",
     "check_run_id",
     "check_system_prompt",
+    "check_temperature",
     "check_title",
     "check_ts",
+    "plain_title",
 ]
 
 DEFAULT_TITLE = "New session"
+# The session settings sessions.update can set back to the default (wire names, as on the line).
+CLEARABLE = ("model", "temperature", "maxTokens")
 # Run ids come from the gateway (uuid hex); anything this long is not one.
 _MAX_RUN_ID_CHARS = 200
+# C0 and C1 control characters (NUL, ESC, BEL, newline, …): a title is one line of plain text,
+# shown in sidebars and terminals, where an escape sequence would act instead of showing.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _check_text(field: str, value: object, max_chars: int) -> str:
@@ -63,7 +73,19 @@ def _check_encodable(field: str, value: str) -> None:
 
 
 def check_title(value: object, config: SessionsConfig) -> str:
-    return DEFAULT_TITLE if value is None else _check_text("title", value, config.max_title_chars)
+    if value is None:
+        return DEFAULT_TITLE
+    title = _check_text("title", value, config.max_title_chars)
+    if _CONTROL.search(title):
+        raise InvalidSessionInput("title", "must not contain control characters (U+0000-U+001F, U+007F-U+009F)")
+    return title
+
+
+def plain_title(text: str) -> str | None:
+    """``text`` as a title :func:`check_title` accepts, for writers that clean rather than refuse
+    (an import, a title made from a message): control characters become spaces, runs of spaces
+    one; None when nothing is left."""
+    return " ".join(_CONTROL.sub(" ", text).split()) or None
 
 
 def check_model(value: object, config: SessionsConfig) -> str | None:
@@ -217,20 +239,51 @@ def build_summary(*, content: object, through: object, messages: object,
     return summary, line
 
 
+def check_temperature(value: object) -> float | None:
+    """A finite number from 0 (the operator's upper bound is the gateway's, llm.max_temperature)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1e6:
+        raise InvalidSessionInput("temperature", "must be a number from 0")
+    return float(value)
+
+
+def check_max_tokens(value: object) -> int | None:
+    """A positive integer (the operator's bound is the gateway's, llm.max_tokens_limit)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise InvalidSessionInput("maxTokens", "must be a positive integer")
+    return value
+
+
 def build_update(
-    header: Header, *, title: object, system_prompt: object, config: SessionsConfig
+    header: Header, *, title: object, system_prompt: object, config: SessionsConfig,
+    model: object = None, temperature: object = None, max_tokens: object = None,
+    clear: Collection[str] = (),
 ) -> tuple[Header, bytes]:
     """The header after a ``sessions.update`` and the ``update`` line that records it.
 
-    ``None`` leaves a field as it is; an empty ``system_prompt`` clears the prompt's effect.
+    ``None`` leaves a field as it is; an empty ``system_prompt`` clears the prompt's effect;
+    ``clear`` names fields (of :data:`CLEARABLE`) set back to the default, written as ``null``.
     """
-    if title is None and system_prompt is None:
-        raise InvalidSessionInput("title", "give a title, a systemPrompt, or both")
+    unknown = set(clear) - set(CLEARABLE)
+    if unknown:
+        raise InvalidSessionInput("clear", f"may name only {', '.join(CLEARABLE)}")
+    given = (title, system_prompt, model, temperature, max_tokens)
+    if all(v is None for v in given) and not clear:
+        raise InvalidSessionInput("title", "give a title, a systemPrompt, a model, a temperature or maxTokens")
     line_obj: dict[str, Any] = {"type": UPDATE_TYPE, "ts": now_ts()}
     if title is not None:
         line_obj["title"] = check_title(title, config)
     if system_prompt is not None:
         line_obj["systemPrompt"] = check_system_prompt(system_prompt)
+    for wire, value in (("model", check_model(model, config)), ("temperature", check_temperature(temperature)),
+                        ("maxTokens", check_max_tokens(max_tokens))):
+        if wire in clear and value is not None:
+            raise InvalidSessionInput(wire, "is both given and cleared")
+        if value is not None or wire in clear:
+            line_obj[wire] = value
     line = orjson.dumps(line_obj) + b"\n"
     if len(line) > config.max_line_bytes:
         raise LineTooLarge(len(line), config.max_line_bytes, field="systemPrompt")

@@ -91,6 +91,9 @@ class Session:
     system_prompt: str | None = None
     model: str | None = None
     memory: bool = True  # False: incognito (the transcript's header says so)
+    # Sampling the session chose (sessions.update); None: the endpoint's default, none sent.
+    temperature: float | None = None
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

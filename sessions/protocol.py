@@ -9,6 +9,7 @@ and ``sessions.db``. Every method is synchronous and thread-safe (the gateway ca
 from __future__ import annotations
 
 import builtins
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -50,8 +51,10 @@ class SessionStoreLike(Protocol):
         ...
 
     def update(self, user: str, session_key: str, *, title: str | None = None,
-               system_prompt: str | None = None) -> Session:
-        """Change the title and/or system prompt; ``updatedAt`` does not move."""
+               system_prompt: str | None = None, model: str | None = None, temperature: float | None = None,
+               max_tokens: int | None = None, clear: Collection[str] = ()) -> Session:
+        """Change the title, system prompt, model or sampling (``clear`` names those of
+        ``sessions.inputs.CLEARABLE`` set back to the default); ``updatedAt`` does not move."""
         ...
 
     def delete(self, user: str, session_key: str) -> None:

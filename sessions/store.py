@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -135,10 +135,12 @@ class SessionStore(CheckedSessionStore):
 
     def update(
         self, user: str, session_key: str, *, title: str | None = None,
-        system_prompt: str | None = None,
+        system_prompt: str | None = None, model: str | None = None, temperature: float | None = None,
+        max_tokens: int | None = None, clear: Collection[str] = (),
     ) -> Session:
-        """Change the title and/or system prompt: one ``update`` line is appended (the header
-        is never rewritten) and the index row follows. ``updatedAt`` does not move."""
+        """Change the title, system prompt, model or sampling (``clear``: back to the default):
+        one ``update`` line is appended (the header is never rewritten) and the index row
+        follows. ``updatedAt`` does not move."""
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         ident = (user, key)
@@ -147,13 +149,15 @@ class SessionStore(CheckedSessionStore):
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
             now = self._rows.session(user, key)
-            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model)
-            new, line = inputs.build_update(header, title=title, system_prompt=system_prompt,
+            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model, now.memory,
+                            now.temperature, now.max_tokens)
+            new, line = inputs.build_update(header, title=title, system_prompt=system_prompt, model=model,
+                                            temperature=temperature, max_tokens=max_tokens, clear=clear,
                                             config=self._config)
             size = self._append_line(ident, path, line)
-            self._rows.write(ident, lambda: self._rows.index.record_update(
-                user, key, new.title, new.system_prompt, size))
-        return replace(now, title=new.title, system_prompt=new.system_prompt)
+            self._rows.write(ident, lambda: self._rows.index.record_update(user, key, new, size))
+        return replace(now, title=new.title, system_prompt=new.system_prompt, model=new.model,
+                       temperature=new.temperature, max_tokens=new.max_tokens)
 
     def delete(self, user: str, session_key: str) -> None:
         """Remove the transcript, any ``.corrupt-*`` tails saved beside it, and its index row."""

@@ -20,10 +20,13 @@ from collections.abc import Sequence
 from .models import Message
 from .protocol import SessionStoreLike
 
-__all__ = ["REPLACES_KEY", "replaced_id", "retarget", "visible_history", "visible_messages"]
+__all__ = ["CONTINUES_KEY", "REPLACES_KEY", "replaced_id", "retarget", "visible_history", "visible_messages"]
 
 # The line key (in ``Message.extra``) naming the message a new one supersedes.
 REPLACES_KEY = "replaces"
+# Beside ``replaces`` on a reply ``chat.continue`` wrote: it is the reply it names, carried on
+# past the length limit (its text starts with that reply's), not another version of it.
+CONTINUES_KEY = "continues"
 
 
 def replaced_id(message: Message) -> str | None:

@@ -73,6 +73,10 @@ class Header:
     model: str | None = None
     # False: an incognito session — kept, but never indexed, recalled or remembered from.
     memory: bool = True
+    # Chosen by sessions.update (an ``update`` line), so a header only has them when written so
+    # by hand or an import; None: nothing is sent, the endpoint's default applies.
+    temperature: float | None = None
+    max_tokens: int | None = None
 
     def to_line(self) -> dict[str, Any]:
         line: dict[str, Any] = {
@@ -89,6 +93,10 @@ class Header:
             line["model"] = self.model
         if not self.memory:
             line["memory"] = False
+        if self.temperature is not None:
+            line["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            line["maxTokens"] = self.max_tokens
         return line
 
     @classmethod
@@ -112,18 +120,36 @@ class Header:
             created = to_ts(created)
         except ValueError:
             return None
-        return cls(key, user, created, title, prompt, model, obj.get("memory") is not False)
+        return cls(key, user, created, title, prompt, model, obj.get("memory") is not False,
+                   _temperature(obj.get("temperature")), _max_tokens(obj.get("maxTokens")))
 
     def updated(self, obj: Mapping[str, Any] | None) -> Header:
-        """This header with an ``update`` line's title and system prompt applied (a malformed
-        line changes nothing: the header stays what it was)."""
+        """This header with an ``update`` line's title, system prompt, model and sampling
+        applied (``null`` for one of the last three: back to the default). A malformed line
+        changes nothing: the header stays what it was."""
         if obj is None or obj.get("type") != UPDATE_TYPE:
             return self
         title, prompt = obj.get("title", self.title), obj.get("systemPrompt", self.system_prompt)
-        if not isinstance(title, str) or not (prompt is None or isinstance(prompt, str)):
+        model = obj.get("model", self.model)
+        temperature = _temperature(obj["temperature"]) if "temperature" in obj else self.temperature
+        max_tokens = _max_tokens(obj["maxTokens"]) if "maxTokens" in obj else self.max_tokens
+        if (not isinstance(title, str) or not (prompt is None or isinstance(prompt, str))
+                or not (model is None or isinstance(model, str))):
             return self
         # replace(), not a new Header: every other field (the incognito flag among them) stays.
-        return replace(self, title=title, system_prompt=prompt)
+        return replace(self, title=title, system_prompt=prompt, model=model, temperature=temperature,
+                       max_tokens=max_tokens)
+
+
+def _temperature(value: object) -> float | None:
+    # A hand-edited line may hold anything: only a number is a temperature (else the default).
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
+
+
+def _max_tokens(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +174,8 @@ class Summary:
             system_prompt=h.system_prompt,
             model=h.model,
             memory=h.memory,
+            temperature=h.temperature,
+            max_tokens=h.max_tokens,
         )
 
 

@@ -27,7 +27,7 @@ from gateway.chat.titles import Titler
 from gateway.errors import GatewayError, InternalError, new_error_id, wire_error
 from gateway.wire import ErrorObject, message_wire, recalled_refs
 from memory import EpisodeWriter, Memory, SearchHit
-from sessions import REPLACES_KEY, Message, SessionStoreLike
+from sessions import CONTINUES_KEY, REPLACES_KEY, Message, SessionStoreLike
 
 __all__ = ["RunEnds", "event_error", "run_error"]
 
@@ -99,6 +99,8 @@ class RunEnds:
         store = self.store
         if run.replaces is not None:
             extra[REPLACES_KEY] = run.replaces
+        if run.continues is not None:
+            extra[CONTINUES_KEY] = run.continues  # the same reply, longer: not another version
 
         def write() -> Message:
             msg = store.append_message(run.user, run.session_key, role="assistant",

@@ -40,6 +40,9 @@ class Run:
     # line supersedes; None for a run of chat.send or chat.edit (its own user line).
     answers: str | None = None
     replaces: str | None = None
+    # chat.continue: the id of the reply cut at the length limit that this run carries on (it
+    # also ``replaces`` it; ``partial`` starts with its text, so the line holds the whole reply).
+    continues: str | None = None
     session: Session | None = None  # as the run's prompt read it (its title decides naming)
 
     def next_event(self) -> ChatEventBase:

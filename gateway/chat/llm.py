@@ -56,6 +56,8 @@ __all__ = [
     "ChatModel",
     "Completion",
     "OpenAIChatModel",
+    "SampledModel",
+    "Sampling",
     "TextDelta",
     "ToolCall",
     "create_chat_model",
@@ -104,6 +106,23 @@ ChatEvent: TypeAlias = TextDelta | ToolCall | Completion
 Messages: TypeAlias = Sequence[Mapping[str, Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """A session's request parameters (``sessions.update``); None: not sent, the endpoint's default."""
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The request body's fields for these, as the chat completions API names them."""
+        out: dict[str, Any] = {}
+        if self.temperature is not None:
+            out["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
+        return out
+
+
 class ChatModel(Protocol):
     """Anything that can stream a reply to a list of chat messages (``role``, ``content``, and
     for tool turns ``tool_calls`` / ``tool_call_id``)."""
@@ -113,7 +132,7 @@ class ChatModel(Protocol):
 
     def stream(
         self, messages: Messages, *, model: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None, sampling: Sampling | None = None,
     ) -> AsyncGenerator[ChatEvent, None]:
         """Yield ``TextDelta``s, then the ``ToolCall``s, then exactly one ``Completion``, or
         raise ``UpstreamError``."""
@@ -169,11 +188,11 @@ class OpenAIChatModel:
 
     async def stream(
         self, messages: Messages, *, model: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None, sampling: Sampling | None = None,
     ) -> AsyncGenerator[ChatEvent, None]:
         """Stream one reply; see the module docstring for the events and the failure contract."""
         chosen = model or self.name
-        response = await self._open(messages, chosen, tools if self.supports_tools else None)
+        response = await self._open(messages, chosen, tools if self.supports_tools else None, sampling)
         received = 0
         finish: str | None = None
         usage: dict[str, int] | None = None
@@ -254,7 +273,8 @@ class OpenAIChatModel:
         return response.choices[0].message.content or ""
 
     async def _open(
-        self, messages: Messages, model: str, tools: Sequence[Mapping[str, Any]] | None
+        self, messages: Messages, model: str, tools: Sequence[Mapping[str, Any]] | None,
+        sampling: Sampling | None = None,
     ) -> httpx2.Response:
         """Send the request and return the answer's response with its body still unread; the
         SDK's retries happen in here, before any text exists.
@@ -276,6 +296,8 @@ class OpenAIChatModel:
                 body["stream_options"] = {"include_usage": True}
             if tools:
                 body["tools"] = list(tools)
+            if sampling is not None:
+                body.update(sampling.body())
             try:
                 return await self._client.post(
                     "/chat/completions", body=body, cast_to=httpx2.Response, stream=True,
@@ -353,6 +375,37 @@ class OpenAIChatModel:
             text = text.replace(self._api_key, "***")
         text = _BEARER.sub(r"\1***", _KEY_LIKE.sub(r"\1***", text))
         return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
+
+
+class SampledModel:
+    """``inner`` with a run's :class:`Sampling` on every streamed request: what the run hands
+    the memory tools, whose rounds then all go out with the session's parameters. Closing it
+    leaves ``inner`` open (the gateway's one model outlives every run)."""
+
+    def __init__(self, inner: ChatModel, sampling: Sampling) -> None:
+        self.inner = inner
+        self.sampling = sampling
+        self.name = inner.name
+
+    @property
+    def supports_tools(self) -> bool:
+        return self.inner.supports_tools  # learnt by the inner model, for every run
+
+    @supports_tools.setter
+    def supports_tools(self, value: bool) -> None:
+        self.inner.supports_tools = value
+
+    def stream(
+        self, messages: Messages, *, model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None, sampling: Sampling | None = None,
+    ) -> AsyncGenerator[ChatEvent, None]:
+        return self.inner.stream(messages, model=model, tools=tools, sampling=sampling or self.sampling)
+
+    async def complete(self, messages: Messages, *, model: str | None = None) -> str:
+        return await self.inner.complete(messages, model=model)
+
+    async def close(self) -> None:
+        pass
 
 
 def create_chat_model(

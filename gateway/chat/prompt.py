@@ -182,7 +182,7 @@ async def build_prompt(
     config: ChatConfig, store: SessionStoreLike, memory: Memory | None,
     user: str, session_key: str, message: str, run_id: str,
     read: SessionRead | None = None, *, recall: bool = True, tools: bool = True,
-    own_id: str | None = None,
+    own_id: str | None = None, carry_on: str | None = None,
 ) -> Prompt:
     """The prompt of the run ``run_id`` whose user message is ``message``.
 
@@ -194,7 +194,8 @@ async def build_prompt(
     idle session, see ``ChatRuns.submit``). What memory does for the run is decided once the
     session is known (:class:`RunMemory`: an incognito session, ``memory: false``, uses none;
     ``recall`` is ``chat.send``'s flag; ``tools`` whether the model takes tool calls), so
-    nothing is recalled before that flag is known.
+    nothing is recalled before that flag is known. ``carry_on`` (``chat.continue``): the reply
+    cut at the length limit, put after the user message for the model to write on from.
     """
     if read is None:
         read = await asyncio.to_thread(read_session, config, store, user, session_key)
@@ -244,6 +245,8 @@ async def build_prompt(
     history.reverse()
     if not history or history[-1]["content"] != message:
         history.append({"role": "user", "content": message})
+    if carry_on is not None:
+        history.append({"role": "assistant", "content": carry_on})
     return Prompt(out + history, session, run, context, shown)
 
 

@@ -32,7 +32,7 @@ from gateway.chat.finish import RunEnds, run_error
 from gateway.chat.gate import RunGate, close_soon, run_leased, ungate
 from gateway.chat.hub import Hub
 from gateway.chat.lanes import Attempt, Run, SessionLane
-from gateway.chat.llm import ChatModel, Completion, TextDelta
+from gateway.chat.llm import ChatModel, Completion, SampledModel, Sampling, TextDelta
 from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import SessionRead, build_prompt, read_session
 from gateway.chat.titles import Titler
@@ -40,7 +40,7 @@ from gateway.config import ChatConfig
 from gateway.errors import Conflict, GatewayError, NotConfigured, RateLimited
 from gateway.wire import LiveRun
 from memory import EpisodeWriter, Memory, SearchHit
-from sessions import REPLACES_KEY, Message, SessionStoreLike, visible_history
+from sessions import REPLACES_KEY, Message, Session, SessionStoreLike, visible_history
 
 __all__ = ["ChatRuns", "Run"]
 
@@ -61,8 +61,16 @@ class ChatRuns:
     def __init__(self, config: ChatConfig, default_model: str, store: SessionStoreLike, hub: Hub,
                  model: ChatModel | None, memory: Memory | None, *,
                  max_runs: int | None = None, max_runs_per_user: int | None = None,
-                 gate: RunGate | None = None) -> None:
+                 gate: RunGate | None = None, models: tuple[str, ...] | None = None,
+                 max_temperature: float | None = None, max_tokens_limit: int | None = None) -> None:
         self.config = config
+        # llm.max_temperature / llm.max_tokens_limit, applied at every run: a session that chose
+        # more before the operator lowered them goes out with the bound.
+        self.max_temperature = max_temperature
+        self.max_tokens_limit = max_tokens_limit
+        # The models a run may go out on (LlmConfig.choices); None: any. Checked at every run,
+        # not only at sessions.create: the operator may have taken a session's model off the list.
+        self.models = models
         self.gate = gate  # other nodes on one database (gateway.chat.gate); None on one node
         # Busy sessions (a run streaming or queued), all users / one user ([quotas]): each is
         # an upstream connection while it runs.
@@ -113,20 +121,23 @@ class ChatRuns:
                                asyncio.get_running_loop().create_future())
             self._idempotency[idem] = attempt
             self._prune_idempotency(now)
-        await self._enqueue(lane, run, lambda read: self._append_user(run, read), idem, attempt)
+        await self._enqueue(lane, run, lambda read: self._prepare_send(run, read), idem, attempt)
         return run.run_id, False
 
-    async def resend(self, user: str, session_key: str, text: str | None, *, recall: bool = True) -> str:
+    async def resend(self, user: str, session_key: str, text: str | None, *, recall: bool = True,
+                     carry_on: bool = False) -> str:
         """``chat.regenerate`` (``text`` None: answer the last user message again, the new reply
-        superseding the last one) or ``chat.edit`` (append ``text`` superseding the last user
-        message and its reply, then answer it). Only into an idle session; returns the runId."""
+        superseding the last one), ``chat.edit`` (append ``text`` superseding the last user
+        message and its reply, then answer it) or, with ``carry_on``, ``chat.continue`` (the
+        last reply, cut at the length limit, written on). Only into an idle session; returns
+        the runId."""
         self._check_open()
         if (user, session_key) in self._lanes:
             raise Conflict("session busy: a reply is being written; wait for it or chat.abort it")
         run_id = secrets.token_hex(8)
         lane = await self._lane(user, session_key, None, run_id)
         run = Run(run_id, user, session_key, text or "", recall=recall)
-        await self._enqueue(lane, run, lambda read: self._prepare_resend(run, text, read), None, None)
+        await self._enqueue(lane, run, lambda read: self._prepare_resend(run, text, read, carry_on), None, None)
         return run.run_id
 
     def _check_open(self) -> None:
@@ -186,6 +197,17 @@ class ChatRuns:
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._work(user, session_key, lane))
 
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and self.models is not None and model not in self.models:
+            raise NotConfigured(f"this session's model {model!r} is no longer offered here (llm.models: "
+                                f"{list(self.models)}); start a new session to go on")
+
+    def _prepare_send(self, run: Run, read: bool) -> Prefetched:
+        """A chat.send's message appended (see _append_user), unless its session's model is no
+        longer offered: then nothing is. Runs in a worker thread."""
+        self._check_model(self.store.get(run.user, run.session_key).model)
+        return self._append_user(run, read)
+
     def _append_user(self, run: Run, read: bool, extra: dict[str, Any] | None = None) -> Prefetched:
         """Append the run's user message; with ``read``, then read what its prompt needs.
         Runs in a worker thread."""
@@ -200,9 +222,10 @@ class ChatRuns:
             # starts and reports what fails then, as it would have without this read.
             return None
 
-    def _prepare_resend(self, run: Run, text: str | None, read: bool) -> Prefetched:
-        """Find what a regenerate or an edit replaces in the shown messages and, for an edit,
-        append the new user line. Runs in a worker thread."""
+    def _prepare_resend(self, run: Run, text: str | None, read: bool, carry_on: bool = False) -> Prefetched:
+        """Find what a regenerate, an edit or a continue replaces in the shown messages and, for
+        an edit, append the new user line. Runs in a worker thread."""
+        self._check_model(self.store.get(run.user, run.session_key).model)
         # The shown messages back to the last user message, however much was superseded between.
         recent: list[Message] = []
         cursor: str | None = None
@@ -217,9 +240,27 @@ class ChatRuns:
                 raise Conflict("nothing to edit: the session has no message of yours")
             return self._append_user(run, read, {REPLACES_KEY: last_user.id})
         if not recent or recent[-1].role != "assistant" or last_user is None:
-            raise Conflict("nothing to regenerate: the session's last message is not a reply")
-        run.message, run.answers, run.replaces = last_user.content, last_user.id, recent[-1].id
+            what = "continue" if carry_on else "regenerate"
+            raise Conflict(f"nothing to {what}: the session's last message is not a reply")
+        reply = recent[-1]
+        if carry_on:
+            if reply.extra.get("finishReason") != "length":
+                raise Conflict("nothing to continue: the last reply did not stop at the length limit")
+            # The new line holds the whole reply (append-only: it supersedes the cut one), so
+            # the run's text so far starts with it; only the new text streams as chat.delta.
+            run.continues = reply.id
+            run.partial.append(reply.content)
+        run.message, run.answers, run.replaces = last_user.content, last_user.id, reply.id
         return read_session(self.config, self.store, run.user, run.session_key) if read else None
+
+    def _sampling(self, session: Session) -> Sampling:
+        """The session's temperature and max tokens within the operator's bounds now."""
+        temperature, max_tokens = session.temperature, session.max_tokens
+        if temperature is not None and self.max_temperature is not None:
+            temperature = min(temperature, self.max_temperature)
+        if max_tokens is not None and self.max_tokens_limit is not None:
+            max_tokens = min(max_tokens, self.max_tokens_limit)
+        return Sampling(temperature, max_tokens)
 
     def _check_run_quota(self, user: str) -> None:
         if self.max_runs is not None and len(self._lanes) >= self.max_runs:
@@ -340,15 +381,18 @@ class ChatRuns:
                 read, run.prefetched = run.prefetched, None
                 prompt = await build_prompt(self.config, self.store, self.memory, run.user, run.session_key,
                                             run.message, run.run_id, read, recall=run.recall,
-                                            tools=model.supports_tools, own_id=run.answers)
+                                            tools=model.supports_tools, own_id=run.answers,
+                                            carry_on="".join(run.partial) if run.continues else None)
                 run.memory, run.session = prompt.memory, prompt.session
+                self._check_model(prompt.session.model)  # never sent upstream, even if queued before
                 hits = prompt.context.chunks
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
                 tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, prompt.memory,
                                                 prompt.context, prompt.shown)
-                async with contextlib.aclosing(tools.stream(model, prompt.messages, model_name)) as events:
+                sampled = SampledModel(model, self._sampling(prompt.session))
+                async with contextlib.aclosing(tools.stream(sampled, prompt.messages, model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
                             text = event.text

@@ -32,6 +32,8 @@ HELP = """commands:
   /search QUERY   search past conversations
   /regenerate     answer your last message again (the new reply replaces the last one)
   /edit TEXT      replace your last message with TEXT and answer it again
+  /continue       write on a reply that stopped at the length limit
+  /model [NAME]   show this chat's model and those offered, or switch to NAME
   /summary        show the summary of this chat's earlier part (what left the model's window)
   /help           show this help
   /quit           exit (end of input does too)
@@ -211,6 +213,10 @@ class Chat:
             await self._resend("chat.regenerate", {})
         elif name == "/edit" and rest.strip():
             await self._resend("chat.edit", {"text": rest.strip()})
+        elif name == "/continue" and not rest.strip():
+            await self._resend("chat.continue", {})
+        elif name == "/model":
+            await self._model(rest.strip())
         elif name == "/summary" and not rest.strip():
             await self._summary()
         elif name == "/help":
@@ -238,6 +244,20 @@ class Chat:
         for m in history.get("messages", []):
             _out(f"{m.get('role')}: {_one_line(m.get('content') or '', 300)}\n")
         return True
+
+    async def _model(self, name: str) -> None:
+        """``/model``: the session's model and what models.list offers; ``/model NAME`` switches."""
+        if not self.session_key:
+            _out("no session yet\n")
+            return
+        if name:
+            session = await self.client.call("sessions.update", {"sessionKey": self.session_key, "model": name})
+            _out(f"model: {session.get('model', name)}\n")
+            return
+        session = await self.client.call("sessions.get", {"sessionKey": self.session_key})
+        offered = await self.client.call("models.list")
+        current = session.get("model") or offered.get("default")
+        _out(f"model: {current} (offered: {', '.join(offered.get('models', []))})\n")
 
     async def _summary(self) -> None:
         if not self.session_key:
@@ -277,7 +297,7 @@ class Chat:
         await self._resend("chat.send", {"message": message})
 
     async def _resend(self, method: str, params: dict[str, Any]) -> None:
-        """chat.send, chat.regenerate or chat.edit into this session, its reply streamed."""
+        """chat.send, chat.regenerate, chat.edit or chat.continue into this session, its reply streamed."""
         result = await self.client.call(method, {"sessionKey": self.session_key, **params})
         self.run_id, self.abort_sent = result["runId"], False
         try:

@@ -33,7 +33,7 @@ def declare_methods(
     episodes: EpisodesMethods | None = None,
 ) -> None:
     declare_gateway(registry, gateway)
-    declare_sessions(registry, config.sessions, sessions)
+    declare_sessions(registry, config.sessions, sessions, config.llm)
     declare_chat(registry, config.chat, chat)
     declare_memory(registry, config.memory, memory)
     declare_facts(registry, config.memory, facts)

@@ -1,5 +1,5 @@
-"""``chat.send``, ``chat.abort``, ``chat.regenerate`` and ``chat.edit``: check the call, then hand
-it to :class:`ChatRuns`."""
+"""``chat.send``, ``chat.abort``, ``chat.regenerate``, ``chat.continue`` and ``chat.edit``: check
+the call, then hand it to :class:`ChatRuns`."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict
 
-import orjson
-
 from gateway.chat import ChatRuns, Hub
 from gateway.config import ChatConfig
 from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
-from gateway.rpc import Bound, ByteRate, CallContext, Registry, bounded
+from gateway.rpc import Bound, ByteRate, CallContext, Registry, bounded, written_size
 from sessions import SessionStoreLike
 
 __all__ = ["ChatMethods", "declare_chat"]
@@ -35,6 +33,12 @@ class ChatAbortParams:
 
 @dataclass(frozen=True, slots=True)
 class ChatRegenerateParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatContinueParams:
     session_key: str = bounded(max_len=MAX_KEY)
     recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
 
@@ -72,9 +76,9 @@ class ChatMethods:
         self.message_bytes = message_bytes
 
     def _measure(self, field: str, text: str) -> int:
-        # Measured as it will be written: JSON escaping makes a control character six bytes, so
-        # the raw length could pass here and the transcript line still be refused later.
-        size = len(orjson.dumps(text)) - 2
+        # Measured as it will be written, so the raw length cannot pass here and the
+        # transcript line still be refused later.
+        size = written_size(text)
         if size > self.config.max_message_bytes:
             raise InvalidParams(
                 field, f"is {size} bytes as written (JSON-escaped UTF-8); the limit is "
@@ -86,6 +90,10 @@ class ChatMethods:
 
     async def send(self, ctx: CallContext, p: ChatSendParams) -> SendReply:
         user = ctx.caller
+        if p.idempotency_key is not None and "\x00" in p.idempotency_key:
+            # PostgreSQL text cannot hold it (the key is stored there across nodes): refused on
+            # every backend alike, before anything is counted or written.
+            raise InvalidParams("idempotencyKey", "must not contain NUL characters")
         size = self._measure("message", p.message)
         rate = self.message_bytes
         if rate is not None:
@@ -110,6 +118,13 @@ class ChatMethods:
         user = ctx.caller
         await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
         run_id = await self.runs.resend(user, p.session_key, None, recall=p.recall)
+        self.hub.attach(ctx, user, p.session_key)
+        return {"runId": run_id, "status": "started"}
+
+    async def carry_on(self, ctx: CallContext, p: ChatContinueParams) -> ResendReply:
+        user = ctx.caller
+        await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
+        run_id = await self.runs.resend(user, p.session_key, None, recall=p.recall, carry_on=True)
         self.hub.attach(ctx, user, p.session_key)
         return {"runId": run_id, "status": "started"}
 
@@ -141,6 +156,9 @@ def declare_chat(reg: Registry, config: ChatConfig, h: ChatMethods | None) -> No
                 h.send if h else None, result=SendReply, bounds={"message": Bound(max_len=config.max_message_bytes)})
     reg.declare("chat.regenerate", ChatRegenerateParams, "Answer the last message again; the new reply "
                 "supersedes the last one (an idle session only).", h.regenerate if h else None, result=ResendReply)
+    reg.declare("chat.continue", ChatContinueParams, "Write on the last reply where it stopped at the length "
+                "limit; the longer reply supersedes it (an idle session only).", h.carry_on if h else None,
+                result=ResendReply)
     reg.declare("chat.edit", ChatEditParams, "Replace the last user message (and its reply) with text and "
                 "answer it (an idle session only).", h.edit if h else None, result=ResendReply,
                 bounds={"text": Bound(max_len=config.max_message_bytes)})

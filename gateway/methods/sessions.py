@@ -12,12 +12,15 @@ sizes and text lengths are bounded by the same ``[sessions]`` settings the store
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict
 
-from gateway.chat import ALL_SESSIONS, ChatRuns, Hub, announce, update_session
+from gateway.chat import ALL_SESSIONS, ChatRuns, Hub, announce
+from gateway.config import LlmConfig
 from gateway.errors import InvalidParams
-from gateway.rpc import Bound, CallContext, Registry, bounded
+from gateway.rpc import Bound, ByteRate, CallContext, Registry, bounded, written_size
 from gateway.wire import (
     LiveRun,
     MessageWire,
@@ -31,15 +34,16 @@ from gateway.wire import (
 from memory import Memory
 from sessions import ConversationSummary, Message, SessionsConfig, SessionStoreLike, visible_history
 
-__all__ = ["MAX_KEY", "SessionsMethods", "declare_sessions"]
+__all__ = ["MAX_KEY", "MAX_SYSTEM_PROMPT_CHARS", "SessionsMethods", "declare_sessions"]
 
 MAX_KEY = 128
+MAX_SYSTEM_PROMPT_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class CreateSessionParams:
     title: str | None = None
-    system_prompt: str | None = bounded(None, max_len=64 * 1024)
+    system_prompt: str | None = bounded(None, max_len=MAX_SYSTEM_PROMPT_CHARS)
     model: str | None = None
     memory: bool = bounded(True, doc="false: incognito; kept, never indexed, recalled or remembered from")
 
@@ -59,7 +63,12 @@ class SessionKeyParams:
 class UpdateSessionParams:
     session_key: str = bounded(max_len=MAX_KEY)
     title: str | None = None
-    system_prompt: str | None = bounded(None, max_len=64 * 1024, doc="an empty string clears it")
+    system_prompt: str | None = bounded(None, max_len=MAX_SYSTEM_PROMPT_CHARS, doc="an empty string clears it")
+    model: str | None = bounded(None, doc="one models.list offers; the next run uses it")
+    temperature: float | None = bounded(None, min=0, doc="sent to the model; up to llm.max_temperature")
+    max_tokens: int | None = bounded(None, min=1, doc="the reply's bound in tokens; up to llm.max_tokens_limit")
+    clear: tuple[Literal["model", "temperature", "maxTokens"], ...] | None = bounded(
+        None, doc="set these back to the operator's default")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,22 +120,39 @@ class UnsubscribedReply(TypedDict):
 
 class SessionsMethods:
     def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory | None,
-                 models: tuple[str, ...] | None = None) -> None:
+                 models: tuple[str, ...] | None = None, prompt_bytes: ByteRate | None = None) -> None:
         self.store = store
         self.hub = hub
         self.runs = runs  # a deleted session's runs are aborted first
         self.memory = memory  # and its index rows go with it
         # The models a session may choose (LlmConfig.choices); None: any.
         self.models = models
+        # quotas.message_bytes_per_minute, shared with chat.send: a system prompt is written to
+        # the transcript (again by each update) as a message is, so it spends the same bytes.
+        self.prompt_bytes = prompt_bytes
 
-    async def create(self, ctx: CallContext, p: CreateSessionParams) -> CreatedReply:
-        if p.model is not None and self.models is not None and p.model not in self.models:
+    @contextlib.contextmanager
+    def _spending(self, user: str, system_prompt: str | None) -> Iterator[None]:
+        rate = self.prompt_bytes
+        if rate is None or not system_prompt:
+            yield
+            return
+        with rate.spending(user, written_size(system_prompt)):
+            yield
+
+    def _check_offered(self, model: str | None) -> None:
+        # sessions.create and sessions.update alike: every request goes out on the operator's key.
+        if model is not None and self.models is not None and model not in self.models:
             raise InvalidParams("model", f"not offered here; choose one of {list(self.models)} "
                                 "(llm.models, listed by models.list)")
-        session = await asyncio.to_thread(
-            self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model,
-            memory=p.memory,
-        )
+
+    async def create(self, ctx: CallContext, p: CreateSessionParams) -> CreatedReply:
+        self._check_offered(p.model)
+        with self._spending(ctx.caller, p.system_prompt):
+            session = await asyncio.to_thread(
+                self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model,
+                memory=p.memory,
+            )
         self.hub.attach(ctx, ctx.caller, session.session_key)
         wire = session_wire(session)
         announce(self.hub, ctx.caller, session.session_key, "sessions.created", {"session": wire})
@@ -168,8 +194,15 @@ class SessionsMethods:
         return out
 
     async def update(self, ctx: CallContext, p: UpdateSessionParams) -> SessionWire:
-        return await update_session(self.store, self.hub, ctx.caller, p.session_key, title=p.title,
-                                    system_prompt=p.system_prompt)
+        self._check_offered(p.model)
+        with self._spending(ctx.caller, p.system_prompt):
+            session = await asyncio.to_thread(
+                self.store.update, ctx.caller, p.session_key, title=p.title, system_prompt=p.system_prompt,
+                model=p.model, temperature=p.temperature, max_tokens=p.max_tokens, clear=p.clear or (),
+            )
+        wire = session_wire(session)
+        announce(self.hub, ctx.caller, p.session_key, "sessions.updated", {"session": wire})
+        return wire
 
     async def delete(self, ctx: CallContext, p: SessionKeyParams) -> DeletedReply:
         user = ctx.caller
@@ -196,7 +229,8 @@ class SessionsMethods:
         return {"unsubscribed": self.hub.detach(ctx, ctx.caller, p.session_key)}
 
 
-def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods | None) -> None:
+def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods | None,
+                     llm: LlmConfig = LlmConfig()) -> None:  # noqa: B008 - frozen, so sharing is safe
     page = {"limit": Bound(max=config.max_page_size)}
     d = reg.declare
     d("sessions.create", CreateSessionParams, "Create a session.", h.create if h else None, result=CreatedReply,
@@ -207,8 +241,10 @@ def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods |
       h.get if h else None, result=SessionDetailWire)
     d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.",
       h.history if h else None, result=HistoryReply, bounds=page)
-    d("sessions.update", UpdateSessionParams, "Change a session's title and/or system prompt.",
-      h.update if h else None, result=SessionWire, bounds={"title": Bound(max_len=config.max_title_chars)})
+    d("sessions.update", UpdateSessionParams, "Change a session's title, system prompt, model, temperature or "
+      "maxTokens.", h.update if h else None, result=SessionWire,
+      bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars),
+              "temperature": Bound(max=llm.max_temperature), "maxTokens": Bound(max=llm.max_tokens_limit)})
     d("sessions.watch", WatchParams, "Receive sessions.created/updated/deleted for all your sessions.",
       h.watch if h else None, result=WatchingReply, inline=True)
     d("sessions.delete", SessionKeyParams, "Delete a session, its transcript and index rows.",

@@ -8,7 +8,7 @@ from gateway.rpc.budget import ReplyBudget, UserBudgets, over_budget
 from gateway.rpc.context import CallContext, Notification, Reply
 from gateway.rpc.core import Call, RpcCore
 from gateway.rpc.fairness import CALLER, FairThreads, UserSlots, fair_threads
-from gateway.rpc.quota import ByteRate, Quotas
+from gateway.rpc.quota import ByteRate, Quotas, written_size
 from gateway.rpc.registry import (
     Bound,
     Handler,
@@ -41,4 +41,5 @@ __all__ = [
     "fair_threads",
     "over_budget",
     "parse_params",
+    "written_size",
 ]

@@ -4,8 +4,8 @@ Two kinds, each keyed by (user, method): a *rate* (a bucket of ``per_minute`` ca
 refills continuously, so a burst of that size is allowed after a quiet minute) and a cap on
 calls *in flight* at once. Past either, the call answers -32004 with ``retryAfterMs``. Quotas
 count per user, not per connection: a client that opens more connections gains nothing.
-:class:`ByteRate` is a rate of bytes rather than calls (the chat messages a user appends), taken
-by the handler that knows the size.
+:class:`ByteRate` is a rate of bytes rather than calls (the chat messages and system prompts a
+user writes), taken by the handler that knows the size (:func:`written_size`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,20 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import orjson
+
 from gateway.errors import RateLimited
 
-__all__ = ["ByteRate", "Quotas"]
+__all__ = ["ByteRate", "Quotas", "written_size"]
+
+
+def written_size(text: str) -> int:
+    """The bytes ``text`` takes in a transcript line: JSON escaping makes a control character
+    six bytes, so the raw length would undercount what reaches the disk."""
+    try:
+        return len(orjson.dumps(text)) - 2
+    except orjson.JSONEncodeError:  # a lone surrogate: never written, the store refuses it as bad input
+        return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(slots=True)
@@ -128,6 +139,17 @@ class ByteRate:
             raise RateLimited(f"too many message bytes for this user ({self.per_minute} a minute, {self.name}); "
                               f"this message is {size}", wait_ms)
         bucket.tokens -= size
+
+    @contextmanager
+    def spending(self, user: str, size: int) -> Iterator[None]:
+        """Take ``size`` bytes for a write done inside the block; given back if it raises
+        (refused, failed or cancelled: nothing was written)."""
+        self.take(user, size)
+        try:
+            yield
+        except BaseException:
+            self.refund(user, size)
+            raise
 
     def refund(self, user: str, size: int) -> None:
         """Give back bytes taken for a write that did not happen."""

@@ -71,10 +71,16 @@ CREATE TABLE recalld_summaries (
 );
 """
 
+# A session's sampling (sessions.update {temperature, maxTokens}); NULL: the endpoint's default.
+_M003 = """
+ALTER TABLE recalld_sessions ADD COLUMN temperature double precision, ADD COLUMN max_tokens integer;
+"""
+
 #: ``(name, sql)`` in the order they apply.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("m001_sessions_and_messages", _M001),
     ("m002_conversation_summaries", _M002),
+    ("m003_session_sampling", _M003),
 )
 
 

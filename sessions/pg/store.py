@@ -10,14 +10,15 @@ the same on both.
 An append is ONE ``INSERT`` whose ``seq`` comes from the session row, bumped in the same
 transaction (``UPDATE … RETURNING``): the row lock orders appends to one session across every
 node, and the ``NOTIFY recalld_messages, '<sessionKey>'`` sent in that transaction reaches
-listeners only once the message is committed.
+listeners only once the message is committed. An append made by a run carries its session
+lease's fencing token (:mod:`sessions.fence`) and is refused once another node took that lease over.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, NoReturn, TypeAlias
@@ -31,6 +32,7 @@ from .. import inputs
 from ..checked import CheckedSessionStore
 from ..config import SessionsConfig
 from ..errors import InvalidSessionInput, SessionNotFound, StorageError
+from ..fence import RUN_FENCE, LeaseLost
 from ..idle import idle_query
 from ..keys import check_session_key, check_user, encode_history_cursor, new_session_key
 from ..models import ConversationSummary, Message, MessagePage, Session
@@ -46,7 +48,8 @@ log = structlog.get_logger(__name__)
 _Conn: TypeAlias = "psycopg.Connection[tuple[Any, ...]]"
 
 _SESSION_COLUMNS = (
-    "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model, memory"
+    "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model, memory,"
+    " temperature, max_tokens"
 )
 # Pages leave the system prompt out, as the file store's index does: get() has it.
 _LIST_COLUMNS = _SESSION_COLUMNS.replace("system_prompt", "NULL")
@@ -65,6 +68,12 @@ UPDATE recalld_sessions
 SET message_count = message_count + 1, bytes = bytes + %s, next_seq = next_seq + 1, updated_at = %s
 WHERE session_key = %s AND user_id = %s
 RETURNING next_seq - 1"""
+# A fenced append (sessions.fence) first takes a share lock on its lease row: a takeover,
+# which updates that row, then waits for the append to commit, or the append sees the new
+# token (READ COMMITTED re-reads the locked row) and is refused.
+_FENCE_SQL = """
+SELECT 1 FROM recalld_run_leases
+WHERE session_key = %s AND token = %s AND expires_at > clock_timestamp() FOR SHARE"""
 _INSERT_MESSAGE_SQL = """
 INSERT INTO recalld_messages (session_key, seq, id, role, content, ts, run_id, name, extra, line_bytes)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"""
@@ -101,9 +110,18 @@ class PgSessionStore(CheckedSessionStore):
         key_factory: Callable[[], str] = new_session_key,
         pool_size: int = 10,
         connect_timeout_s: float = 10.0,
+        call_timeout_s: float = 4.0,
+        reconnect_timeout_s: float = 1.0,
+        options: str = "",
     ) -> None:
         """Connect at once (StorageError naming the server's answer when it cannot), apply the
-        pending migrations, then open the pool. ``key_factory`` is as for the file store."""
+        pending migrations, then open the pool. ``key_factory`` is as for the file store.
+
+        ``connect_timeout_s`` bounds the opening; afterwards a call waits at most
+        ``call_timeout_s`` for a connection (StorageError after it), a lost connection is
+        retried in the background for ``reconnect_timeout_s`` and then at the next call, and
+        every pooled connection gets the libpq ``options`` (the gateway's statement, lock and
+        idle-transaction timeouts; not the migrations, which may wait for another node's)."""
         self._config = config
         self._key_factory = key_factory
         self._closed = False
@@ -117,10 +135,11 @@ class PgSessionStore(CheckedSessionStore):
             dsn,
             min_size=1,
             max_size=pool_size,
-            kwargs={"connect_timeout": timeout},
+            kwargs={"connect_timeout": max(2, round(call_timeout_s)), **({"options": options} if options else {})},
             # A connection the server dropped (a restart, a failover) is replaced, not handed out.
             check=ConnectionPool.check_connection,
-            timeout=connect_timeout_s,
+            timeout=call_timeout_s,
+            reconnect_timeout=reconnect_timeout_s,
             open=False,
             name="recalld-sessions",
         )
@@ -141,23 +160,29 @@ class PgSessionStore(CheckedSessionStore):
 
     def update(
         self, user: str, session_key: str, *, title: str | None = None,
-        system_prompt: str | None = None,
+        system_prompt: str | None = None, model: str | None = None, temperature: float | None = None,
+        max_tokens: int | None = None, clear: Collection[str] = (),
     ) -> Session:
-        """Change the title and/or system prompt; ``updatedAt`` and the count do not move."""
+        """Change the title, system prompt, model or sampling (``clear``: back to the default);
+        ``updatedAt`` and the count do not move."""
         self._check_open()
         user, key = check_user(user), check_session_key(session_key)
         with self._tx("updating a session") as conn:
             now = self._session_row(conn, user, key, lock=True)
-            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model)
+            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model, now.memory,
+                            now.temperature, now.max_tokens)
             # The same check as the file store's update line, so the same values are refused.
-            new, _ = inputs.build_update(header, title=title, system_prompt=system_prompt,
+            new, _ = inputs.build_update(header, title=title, system_prompt=system_prompt, model=model,
+                                         temperature=temperature, max_tokens=max_tokens, clear=clear,
                                          config=self._config)
-            _refuse_nul(("title", new.title), ("systemPrompt", new.system_prompt))
+            _refuse_nul(("title", new.title), ("systemPrompt", new.system_prompt), ("model", new.model))
             conn.execute(
-                "UPDATE recalld_sessions SET title = %s, system_prompt = %s WHERE session_key = %s",
-                (new.title, new.system_prompt, key),
+                "UPDATE recalld_sessions SET title = %s, system_prompt = %s, model = %s, temperature = %s,"
+                " max_tokens = %s WHERE session_key = %s",
+                (new.title, new.system_prompt, new.model, new.temperature, new.max_tokens, key),
             )
-        return replace(now, title=new.title, system_prompt=new.system_prompt)
+        return replace(now, title=new.title, system_prompt=new.system_prompt, model=new.model,
+                       temperature=new.temperature, max_tokens=new.max_tokens)
 
     def delete(self, user: str, session_key: str) -> None:
         """Remove the session and (by cascade) its messages."""
@@ -304,14 +329,17 @@ class PgSessionStore(CheckedSessionStore):
             try:
                 conn.execute(
                     "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt, model,"
-                    " memory, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    " memory, created_at, updated_at, temperature, max_tokens)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (header.session_key, user, header.title, header.system_prompt, header.model,
-                     header.memory, header.created_at, header.created_at),
+                     header.memory, header.created_at, header.created_at, header.temperature,
+                     header.max_tokens),
                 )
             except psycopg.errors.UniqueViolation:
                 raise StorageError("a session with this key already exists") from None
         return Session(header.session_key, user, header.title, header.created_at, header.created_at,
-                       0, header.system_prompt, header.model, header.memory)
+                       0, header.system_prompt, header.model, header.memory, header.temperature,
+                       header.max_tokens)
 
     def _list_page(self, user: str, after: tuple[str, str] | None,
                    limit: int) -> builtins.list[Session]:
@@ -327,7 +355,13 @@ class PgSessionStore(CheckedSessionStore):
         _refuse_nul(("content", message.content), ("name", message.name), ("runId", message.run_id))
         if _holds_nul(message.extra):
             raise InvalidSessionInput("extra", "must not contain NUL characters")
+        fence = RUN_FENCE.get()
+        if fence is not None and fence.session_key != key:
+            fence = None
         with self._tx("appending a message") as conn:
+            if fence is not None and (fence.lost or conn.execute(_FENCE_SQL, (key, fence.token)).fetchone() is None):
+                fence.lost = True
+                raise LeaseLost()
             row = conn.execute(_APPEND_SQL, (len(line), message.ts, key, user)).fetchone()
             if row is None:
                 raise SessionNotFound()
@@ -408,8 +442,9 @@ class PgSessionStore(CheckedSessionStore):
 
 
 def _session(row: tuple[Any, ...]) -> Session:
-    key, user, title, created, updated, count, prompt, model, memory = row
-    return Session(key, user, title, created, updated, count, prompt, model, bool(memory))
+    key, user, title, created, updated, count, prompt, model, memory, temperature, max_tokens = row
+    return Session(key, user, title, created, updated, count, prompt, model, bool(memory),
+                   None if temperature is None else float(temperature), max_tokens)
 
 
 def _refuse_nul(*fields: tuple[str, str | None]) -> None:

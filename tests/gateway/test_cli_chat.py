@@ -210,3 +210,14 @@ async def test_summary_command_and_resume_print_the_summary(tmp_path: Path, fake
         assert len(re.findall(r"earlier in this chat \(\d+ messages\): They spoke of otters\.\n", out)) == 2
     finally:
         d.kill()
+
+
+async def test_model_and_continue_commands(daemon: Daemon, fake_openai: FakeOpenAI) -> None:
+    """/model shows the chat's model and those offered, /model NAME switches (a model not offered
+    is refused with the gateway's reason), and /continue writes on a reply cut at the length limit."""
+    fake_openai.script(Behaviour(reply="Half a", finish_reason="length"), Behaviour(reply=" story."))
+    code, out, err = await chat(daemon, stdin="tell me\n/continue\n/model\n/model fake-model\n/model gpt-9\n")
+    assert code == 0, err
+    assert "Half a" in out and " story.\n" in out
+    assert "model: fake-model (offered: fake-model)\n" in out and "model: fake-model\n" in out
+    assert "not offered here" in err

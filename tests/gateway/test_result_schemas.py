@@ -11,7 +11,7 @@ from gateway.client import Client
 from gateway.config import Config
 from gateway.rpc.registry import result_schema
 from tests.conftest import TOKEN, running
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.gateway.test_memory_methods import chat_config, search_until
 
 _TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
@@ -91,6 +91,7 @@ async def test_replies_validate_against_their_published_schema(
         key = (await call("sessions.create", {"title": "langs"}))["sessionKey"]
         await call("sessions.create", {"title": "secret", "memory": False})
         await call("sessions.update", {"sessionKey": key, "systemPrompt": "Be brief."})
+        await call("sessions.update", {"sessionKey": key, "temperature": 0.5, "maxTokens": 100})
         await call("sessions.get", {"sessionKey": key})
         await call("sessions.list", {"limit": 1})
         await call("sessions.watch")
@@ -100,8 +101,10 @@ async def test_replies_validate_against_their_published_schema(
             event = await c.next_event("chat.final")
             if event["params"]["runId"] == run_id:
                 break
+        fake_openai.script(Behaviour(), Behaviour(finish_reason="length"))  # the edit's reply is cut
         for method, params in (("chat.regenerate", {"sessionKey": key}),
-                               ("chat.edit", {"sessionKey": key, "text": "I like Go"})):
+                               ("chat.edit", {"sessionKey": key, "text": "I like Go"}),
+                               ("chat.continue", {"sessionKey": key})):
             run_id = (await call(method, params))["runId"]
             while (await c.next_event("chat.final"))["params"]["runId"] != run_id:
                 pass

@@ -121,5 +121,5 @@ async def test_discover_lists_update_and_watch(client: Client) -> None:
     methods = {m["name"]: m for m in doc["methods"]}
     assert "sessions.watch" in methods
     params = {p["name"]: p for p in methods["sessions.update"]["params"]}
-    assert set(params) == {"sessionKey", "title", "systemPrompt"}
+    assert set(params) == {"sessionKey", "title", "systemPrompt", "model", "temperature", "maxTokens", "clear"}
     assert {"type": "string", "maxLength": 200} in params["title"]["schema"]["oneOf"]

@@ -31,12 +31,17 @@ export class ChatView {
       session: () => this.session, items: () => this.items, busy: () => Boolean(this.activeRun),
       body: (item) => this.nodes.get(item.key)?.children[1], render: (item) => this.#render(item),
       remove: (item) => this.#remove(item), banner: (text) => this.#banner(text),
-      started: (runId, text) => {
+      started: (runId, text, carried) => {
         const early = this.items.find((m) => m.runId === runId); // its events may beat the answer
         if (early) this.#remove(early);
         if (text !== undefined) this.#upsert({ key: `local:${runId}`, role: "user", content: text, runId, state: "done" });
         if (early) this.#upsert(early);
-        this.#liveReply(runId);
+        const reply = this.#liveReply(runId);
+        // chat.continue: the deltas carry on the cut reply, so its text stays at the start.
+        if (carried !== undefined && reply.state === "streaming") {
+          reply.content = carried + reply.content;
+          this.#render(reply);
+        }
         if (text !== undefined) this.#fetchStored(this.session.sessionKey, runId).catch(() => {});
       },
     });
@@ -125,6 +130,9 @@ export class ChatView {
   setSession(session) {
     if (this.session && session.sessionKey === this.session.sessionKey) {
       this.session = { ...this.session, ...session };
+      // A sessions.update answer (and sessions.updated) is the whole session: a setting it
+      // leaves out was set back to the default.
+      for (const k of ["model", "temperature", "maxTokens"]) if (!(k in session)) delete this.session[k];
       this.#showTitle();
     }
   }
@@ -316,7 +324,7 @@ export class ChatView {
       this.#onDelta(reply, p);
     } else if (method === "chat.final") {
       Object.assign(reply, { id: p.message.id, content: p.message.content, ts: p.message.ts, state: "done", note: "",
-        usage: p.usage || p.message.usage, model: p.message.model });
+        usage: p.usage || p.message.usage, model: p.message.model, finishReason: p.message.finishReason });
       this.#render(reply);
       this.#dropSuperseded(p.message);
       const refs = p.message.recalled || p.recalled;
@@ -403,7 +411,8 @@ export class ChatView {
         || (x.state === "pending" && x.role === m.role && x.content === m.content));
       const state = m.aborted ? "aborted" : m.failed ? "error" : "done";
       const fields = { id: m.id, role: m.role, content: m.content, ts: m.ts, runId: m.runId, state,
-        error: m.failed ? m.error || "the reply failed" : "", usage: m.usage, model: m.model };
+        error: m.failed ? m.error || "the reply failed" : "", usage: m.usage, model: m.model,
+        finishReason: m.finishReason };
       let item = same;
       if (same) {
         if (same.state === "streaming" && m.role === "assistant") this.#runEnded(m.runId);

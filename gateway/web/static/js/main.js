@@ -10,6 +10,7 @@ import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
 import { installShortcuts } from "./keys.js";
 import { ModelPicker } from "./models.js";
+import { SessionTuning } from "./tuning.js";
 import { Rpc, redeemCode, whoIs } from "./rpc.js";
 import { SearchPanel } from "./search.js";
 import { Sidebar } from "./sessions.js";
@@ -58,13 +59,17 @@ async function startApp(conn) {
   $("app").hidden = false;
   new StatusFooter(conn);
 
+  let tuning = null; // the header's model and reply settings, once the chat view exists
   const sidebar = new Sidebar(conn, {
     onSelect: (s, atTs) => openSession(s, atTs),
     onAction: (action, s) => sessionAction(conn, chat, action, s),
   });
   const chat = new ChatView(conn, {
     onOpenSource: (key, ts) => openSession(sidebar.get(key) || { sessionKey: key, title: "…" }, ts),
-    onTitle: (s) => { document.title = s ? `${s.title} · recalld` : "recalld"; },
+    onTitle: (s) => {
+      document.title = s ? `${s.title} · recalld` : "recalld";
+      tuning?.show(s);
+    },
     onCreated: (s) => {
       sidebar.onEvent("sessions.created", { sessionKey: s.sessionKey, session: s });
       sidebar.select(s.sessionKey);
@@ -73,6 +78,7 @@ async function startApp(conn) {
   });
   const models = new ModelPicker(conn);
   chat.createOptions = () => models.createParams(); // a draft's first send creates its session with these
+  tuning = new SessionTuning(conn, { models, session: () => chat.session, onUpdated: (s) => chat.setSession(s) });
   const search = new SearchPanel(conn, {
     currentSession: () => chat.session?.sessionKey || null,
     sessionTitle: (key) => sidebar.get(key)?.title,
@@ -191,6 +197,7 @@ async function startApp(conn) {
   setInterval(() => refreshTimes(), TIMES_REFRESH_MS);
 
   await Promise.all([sidebar.reload(), models.load()]);
+  tuning.show(chat.session); // the list has come: the header can offer it
   const first = sidebar.first();
   if (first) await openSession(first);
   else chat.startDraft();
@@ -198,7 +205,8 @@ async function startApp(conn) {
 
 const NARROW = window.matchMedia("(max-width: 720px)");
 // Innermost first: Esc closes the export menu before the session-actions menu holding it.
-const MENUS = [["export-session", "export-menu"], ["account", "account-menu"], ["more-actions", "session-actions"]];
+const MENUS = [["export-session", "export-menu"], ["tune-session", "tune-menu"], ["account", "account-menu"],
+  ["more-actions", "session-actions"]];
 const TIMES_REFRESH_MS = 30000;
 let panels = null; // {search, facts} once signed in
 

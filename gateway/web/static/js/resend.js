@@ -1,8 +1,11 @@
-// Regenerate (the last reply) and Edit (the last user message): the buttons, the inline edit
-// form, and which shown messages a stored line with `replaces` supersedes (docs/sessions.md:
-// the message it names and every one after it, up to the new line).
+// Regenerate (the last reply), Continue (the last reply, when it stopped at the length limit)
+// and Edit (the last user message): the buttons, the inline edit form, and which shown messages
+// a stored line with `replaces` supersedes (docs/sessions.md: the message it names and every one
+// after it, up to the new line).
 
 import { h } from "./dom.js";
+
+const METHODS = { Regenerate: "chat.regenerate", Edit: "chat.edit", Continue: "chat.continue" };
 
 // What the chat view does with them; `hooks` are the view's own steps (its items, rendering,
 // and what to show once a run has started).
@@ -21,6 +24,18 @@ export class Resend {
     await this.#call("Regenerate", { sessionKey: session().sessionKey }, (res) => {
       if (lastReply) remove(lastReply);
       started(res.runId);
+    }, banner);
+  }
+
+  // The cut reply stays on screen and grows: the run's deltas carry on from its last word.
+  async carryOn() {
+    const { session, items, busy, remove, banner, started } = this.hooks;
+    if (!session() || busy()) return;
+    const { lastReply } = resendTargets(items());
+    if (!lastReply) return;
+    await this.#call("Continue", { sessionKey: session().sessionKey }, (res) => {
+      remove(lastReply);
+      started(res.runId, undefined, lastReply.content);
     }, banner);
   }
 
@@ -43,7 +58,7 @@ export class Resend {
   async #call(what, params, then, fail) {
     this.pending = true;
     try {
-      then(await this.rpc.call(what === "Edit" ? "chat.edit" : "chat.regenerate", params));
+      then(await this.rpc.call(METHODS[what], params));
     } catch (err) {
       fail(`${what} failed: ${err.message}`);
     } finally {
@@ -56,20 +71,25 @@ export class Resend {
   refresh() {
     const { session, items, busy, body } = this.hooks;
     const { lastReply, lastUser } = busy() || !session() ? {} : resendTargets(items());
-    const shown = [lastReply?.key, lastUser?.key].join("|");
+    const shown = [lastReply?.key, lastUser?.key, lastReply?.finishReason].join("|");
     if (shown === this.shown) return;
     this.shown = shown;
     for (const m of items()) {
       body(m)?.parentElement?.querySelector(".resend")?.replaceChildren(...resendButtons(m, {
-        lastReply, lastUser, onRegenerate: () => this.regenerate(), onEdit: (x) => this.startEdit(x) }));
+        lastReply, lastUser, onRegenerate: () => this.regenerate(), onEdit: (x) => this.startEdit(x),
+        onContinue: () => this.carryOn() }));
     }
   }
 }
 
 // The buttons a message gets: only the newest reply and the newest user message, while no
 // reply is being written.
-export function resendButtons(item, { lastReply, lastUser, onRegenerate, onEdit }) {
+export function resendButtons(item, { lastReply, lastUser, onRegenerate, onEdit, onContinue }) {
   const out = [];
+  if (item === lastReply && item.finishReason === "length" && onContinue) {
+    out.push(h("button", { type: "button", class: "copy", title: "The reply stopped at its length limit",
+      onclick: onContinue }, "Continue"));
+  }
   if (item === lastReply) {
     out.push(h("button", { type: "button", class: "copy", onclick: onRegenerate }, "Regenerate"));
   }
