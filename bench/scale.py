@@ -304,6 +304,10 @@ def main() -> int:
                         help="measure the re-ranker's budget and search/recall with it off and on instead "
                              "(bench/scalererank.py)")
     parser.add_argument("--budget-ms", type=int, default=None, help="with --rerank: memory.rerank_budget_ms")
+    parser.add_argument("--keyword-build", type=int, default=0, metavar="RUNS",
+                        help="only time the keyword-only index build RUNS times over each size's cached "
+                             "transcripts with this checkout's code (the figure otherwise comes from the "
+                             "corpus's READY, written by whichever code built it)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--overrides", type=json.loads, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -315,6 +319,8 @@ def main() -> int:
         from bench.scalererank import run
 
         return run([int(s) for s in args.sizes.split(",")], args.queries, args.budget_ms)
+    if args.keyword_build:
+        return keyword_builds([int(s) for s in args.sizes.split(",")], args.keyword_build)
     overrides = {key: value for key, value in (("keyword_common_share", args.keyword_common_share),
                                                ("read_mmap_mb", args.read_mmap_mb)) if value is not None}
     from bench.scalecorpus import build
@@ -352,6 +358,23 @@ def main() -> int:
     print(f"wrote {RESULTS / 'scale.json'}" + (f" and {RESULTS / 'scale.png'}" if plot(results, RESULTS / "scale.png")
                                               else " (no plot: pip install -e '.[bench]' for matplotlib)"))
     return 0 if all(f.ok is not False for f in figures) else 1
+
+
+def keyword_builds(sizes: list[int], runs: int) -> int:
+    """``--keyword-build``: the keyword-only build rate of each size, ``runs`` times, printed."""
+    from bench.scalecorpus import build, keyword_build
+
+    for size in sizes:
+        corpus = build(size, log=lambda line: print(line, flush=True))
+        rates = []
+        for run in range(runs):
+            chunks, seconds = keyword_build(corpus.data_dir)
+            rates.append(chunks / seconds)
+            print(f"{size:,}: run {run + 1}: {chunks:,} chunks keyword-only in {seconds:.1f} s = "
+                  f"{rates[-1]:,.0f} chunks/s (load average {os.getloadavg()[0]:.1f})", flush=True)
+        print(f"{size:,}: median {float(np.median(rates)):,.0f} chunks/s over {runs} runs; the cached build's "
+              f"READY says {corpus.chunks / corpus.build['keyword_s']:,.0f}")
+    return 0
 
 
 def structlog_quiet() -> None:

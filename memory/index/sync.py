@@ -1,7 +1,7 @@
 """Transcripts → chunk rows (+ their FTS rows): the file half of a sync.
 
-Incremental algorithm (per file, one savepoint each; :meth:`FileSync.sync_files` commits a
-batch of files at once):
+Incremental algorithm (per file; :meth:`FileSync.sync_file` commits one file,
+:meth:`FileSync.sync_files` a batch of files at once):
 
 1. ``stat``; (size, mtime) unchanged and chunk settings unchanged → nothing to do.
 2. The indexed prefix is fingerprinted by sha256 of its first and last 4 KiB plus its length.
@@ -34,6 +34,7 @@ import hashlib
 import os
 import stat
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +74,8 @@ _FINGERPRINT_BYTES = 4096
 _MAX_HEADER_BYTES = 1 << 20
 
 _Owner = tuple[str, str]  # (user, session_key)
+# A file's writes inside FileSync.sync_files: the batch's transaction covers them.
+_IN_BATCH: AbstractContextManager[object] = nullcontext()
 
 
 def chunking_fingerprint(sizes: SizedConfig) -> str:
@@ -182,7 +185,14 @@ class FileSync:
     # --- one file ----------------------------------------------------------------------
 
     def sync_file(self, path: Path) -> SyncReport:
-        """Bring one transcript's rows in step with the file (see the module docstring)."""
+        """Bring one transcript's rows in step with the file (see the module docstring), in
+        its own transaction."""
+        with self._conn.lock:
+            return self._sync_file(path, self.db)
+
+    def _sync_file(self, path: Path, atomic: AbstractContextManager[object]) -> SyncReport:
+        """:meth:`sync_file`, each write inside ``atomic``: the connection (a transaction, or a
+        savepoint within one), or nothing when the caller's transaction covers it whole."""
         report = SyncReport(files_scanned=1)
         rel = self.rel_path(path)
         owner = parse_transcript_relpath(rel)
@@ -193,7 +203,7 @@ class FileSync:
                 st = path.lstat()  # never follows a symlink
             except FileNotFoundError:
                 self.skipped.pop(rel, None)
-                with self.db:
+                with atomic:
                     report.chunks_deleted = self._delete_path(rel)
                     deleted = self.db.changes()
                 report.files_deleted = 1 if deleted or report.chunks_deleted else 0
@@ -213,17 +223,17 @@ class FileSync:
             # Checked on every change, incremental or not: the same read gives the memory flag.
             header = _own_header(path, st, owner)
             if isinstance(header, str):
-                self._skip(rel, header, report)
+                self._skip(rel, header, report, atomic)
                 return report
             self.skipped.pop(rel, None)
             if header is not None and not header.memory:
                 # Incognito: the transcript is kept but never indexed; rows from before are dropped.
-                with self.db:
+                with atomic:
                     report.chunks_deleted = self._delete_path(rel)
                 return report
             # Below the free-disk floor the sync stops here, rolled back whole; a later one redoes it.
             self._conn.check_room("indexing a transcript")
-            with self.db:
+            with atomic:
                 if incremental:
                     assert row is not None
                     written, deleted, end_offset, end_line = self._index_tail(path, rel, owner, row)
@@ -255,11 +265,13 @@ class FileSync:
         """:meth:`sync_file` for ``paths[start:]`` in one transaction, until ``max_files`` are
         done or ``max_s`` has passed; returns the merged report and the index to go on from.
 
-        Each file keeps its own savepoint (apsw nests ``with db``), and one commit covers the
-        batch: a commit per file — FTS5 writing its pending terms as a new segment each time —
-        was a quarter of a keyword-only build, and one worker-thread hop per file another
-        tenth (bench/README.md, "Scale"). ``max_s`` bounds how long other writers wait on the
-        lock. An error rolls the whole batch back; the next sync redoes it.
+        One commit covers the batch, and the files in it take no savepoint of their own: FTS5
+        writes its pending terms as a new segment at every commit *and* every savepoint, so a
+        commit per file was a quarter of a keyword-only build, a savepoint per file then half
+        of what was left, and one worker-thread hop per file another tenth (bench/README.md,
+        "Scale"). A file's own savepoint would buy nothing: an error in any file rolls the
+        whole batch back (the next sync redoes it). ``max_s`` bounds how long other writers
+        wait on the lock.
         """
         report = SyncReport()
         deadline = time.perf_counter() + max_s
@@ -267,19 +279,19 @@ class FileSync:
         i = start
         with self._conn.lock, self.db:
             while i < end:
-                report.merge(self.sync_file(paths[i]))
+                report.merge(self._sync_file(paths[i], _IN_BATCH))
                 i += 1
                 if time.perf_counter() >= deadline:
                     break
         return report, i
 
-    def _skip(self, rel: str, reason: str, report: SyncReport) -> None:
+    def _skip(self, rel: str, reason: str, report: SyncReport, atomic: AbstractContextManager[object]) -> None:
         if self.skipped.get(rel) != reason:  # logged once per file and reason, not every sync
             log.warning("memory.file_skipped", path=rel, reason=reason,
                         effect="not indexed; its text is not searchable")
         self.skipped[rel] = reason
         report.files_skipped = 1
-        with self.db:
+        with atomic:
             report.chunks_deleted = self._delete_path(rel)
 
     def _index_tail(self, path: Path, rel: str, owner: _Owner, row: _FileRow) -> tuple[int, int, int, int]:

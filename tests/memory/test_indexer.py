@@ -158,6 +158,37 @@ async def test_embedder_failure_leaves_chunks_pending_then_recovers(tmp_path: Pa
     assert response.mode == "hybrid" and response.results[0].vector_rank == 1
 
 
+class FailsAfter(FakeEmbedder):
+    """Answers its first ``good`` calls, then fails every call."""
+
+    def __init__(self, good: int, *, batch_size: int) -> None:
+        super().__init__(batch_size=batch_size)
+        self.good = good
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
+        if len(self.calls) >= self.good:
+            self.fail = embedder_down()
+        return await super().embed(texts, kind)
+
+
+async def test_each_embedder_call_is_committed_before_the_next(tmp_path: Path) -> None:
+    """The vectors of every embedder call that answered are stored even when a later call of the same
+    sync fails (and the cached vectors with them): a slow local backfill shows progress and keeps it."""
+    write_transcript(tmp_path, "alice", "s0", ["a text the cache will hold"])
+    async with opened(tmp_path, quiet_config(), FakeEmbedder(batch_size=2)) as svc:
+        assert (await svc.status())["embedded"] == 1
+    for i in range(3):
+        write_transcript(tmp_path, "alice", f"s{i + 1}", [f"session {i} talks about {w}" for w in ("owls", "tea")])
+    write_transcript(tmp_path, "alice", "s4", ["a text the cache will hold"])
+    embedder = FailsAfter(1, batch_size=2)
+    async with opened(tmp_path, quiet_config(), embedder) as svc:
+        status = await svc.status()
+        assert len(embedder.calls) == 2 and len(embedder.calls[0]) == 2
+        # s0, the first call's two chunks and s4's cached one; the call that failed left its chunk pending.
+        assert (status["chunks"], status["embedded"], status["pending"]) == (5, 4, 1)
+        assert "503" in status["lastError"]
+
+
 async def test_sqlite_vec_load_failure_runs_keyword_only(tmp_path: Path) -> None:
     """If sqlite-vec cannot load, indexing and search still work keyword-only and status says why."""
     write_transcript(tmp_path, "alice", "s1", ["an otter holds hands"])
