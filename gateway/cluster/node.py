@@ -251,7 +251,7 @@ class ClusterNode:
             dsn, min_size=1, max_size=pool_size, open=False,
             timeout=connect_timeout_s if call_timeout_s is None else call_timeout_s,
             kwargs=kwargs, name="recalld-cluster", check=AsyncConnectionPool.check_connection,
-            **({} if reconnect_timeout_s is None else {"reconnect_timeout": reconnect_timeout_s}))
+            reconnect_timeout=300.0 if reconnect_timeout_s is None else reconnect_timeout_s)  # psycopg's default
         leases = RunLeases(self._pool, node_id=self.node_id, ttl_s=lease_ttl_s, channel=CHANNEL)
         hooks = RunHooks(recovered=hub.run_ended_elsewhere, orphaned=hub.run_orphaned, ended=hub.ended,
                          hold=hub.hold, let_go=hub.let_go, caught_up=self._caught_up, sent=hub.sent,
