@@ -26,7 +26,7 @@ import orjson
 from bench.corpus import USER, bench_memory_config, queries
 from bench.stats import summary_ms
 
-__all__ = ["index_postgres", "load_transcripts", "measure_postgres", "recall_runs"]
+__all__ = ["index_postgres", "load_transcripts", "measure_postgres", "recall_runs", "sqlite_keyword_build"]
 
 MODES = ("keyword", "vector", "hybrid")
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +75,7 @@ async def index_postgres(data_dir: Path, dsn: str) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrate(conn)
     seeded = seed_cache(dsn, data_dir / "memory.db")
+    keyword = await _keyword_only_postgres(dsn)
     started = time.perf_counter()
     service = await PgMemory.open(dsn, bench_memory_config(), make_embedder(),  # type: ignore[arg-type]
                                   data_dir=Path(tempfile.gettempdir()), embedder_reason="bench: synthetic",
@@ -85,7 +86,59 @@ async def index_postgres(data_dir: Path, dsn: str) -> dict[str, Any]:
     finally:
         await service.close()
     return {"indexS": time.perf_counter() - started, "chunks": int(status["chunks"]),
-            "pending": int(status["pending"]), "cacheSeeded": seeded, "error": report.error}
+            "pending": int(status["pending"]), "cacheSeeded": seeded, "error": report.error, **keyword}
+
+
+async def _keyword_only_postgres(dsn: str) -> dict[str, Any]:
+    """The keyword index alone, timed as SQLite's ``keyword_s`` is: chunks and postings, no
+    embedder (the pass that follows fills the vectors and builds the HNSW index)."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from memory.pg.indexer import PgIndexer
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
+    await pool.open()
+    try:
+        started = time.perf_counter()
+        report = await PgIndexer(pool, bench_memory_config(), None).run_once()
+        seconds = time.perf_counter() - started
+    finally:
+        await pool.close()
+    return {"keywordS": seconds, "keywordChunks": report.chunks_written}
+
+
+def sqlite_keyword_build(data_dir: Path) -> dict[str, Any]:
+    """SQLite's keyword-only index of the same transcripts, rebuilt now in a scratch copy, so
+    both backends' build rates come from one run on one machine load."""
+    import shutil
+
+    from sessions import sessions_root
+
+    with tempfile.TemporaryDirectory(prefix="recalld-sqlite-build-") as tmp:
+        scratch = Path(tmp)
+        shutil.copytree(sessions_root(data_dir), sessions_root(scratch))
+        for name in ("sessions.db", "sessions.clean"):
+            if (data_dir / name).exists():
+                shutil.copy2(data_dir / name, scratch / name)
+        chunks, seconds = asyncio.run(_index_keyword_only(scratch))
+    return {"keywordS": seconds, "keywordChunks": chunks}
+
+
+async def _index_keyword_only(data_dir: Path) -> tuple[int, float]:
+    """``bench.corpus.index_corpus``'s first, timed phase: the real indexer with no embedder."""
+    from memory.index.db import WriteConnection, open_index
+    from memory.index.indexing import Indexer
+    from sessions import sessions_root
+
+    opened = open_index(data_dir / "memory.db")
+    conn = WriteConnection(opened.db)
+    try:
+        indexer = Indexer.on(conn, opened.vectors, sessions_root(data_dir), bench_memory_config())
+        started = time.perf_counter()
+        report = await indexer.sync(None)
+        return report.chunks_written, time.perf_counter() - started
+    finally:
+        conn.close()
 
 
 async def _measure_pg(dsn: str, n_queries: int) -> dict[str, Any]:
@@ -125,7 +178,7 @@ async def _explain_hybrid(service: Any, query: str) -> list[str]:
     """EXPLAIN (ANALYZE, BUFFERS) of the hybrid statement as ``PgSearch`` runs it for ``query``."""
     from psycopg import IsolationLevel
 
-    from memory.pg.search import BIT_POOL, _halfvec, build_statement
+    from memory.pg.search import BIT_POOL, _halfvec, build_statement, set_hnsw_search
     from memory.pg.vectors import vector_dims
     from memory.retrieval.request import SearchRequest, fts_terms
 
@@ -136,8 +189,7 @@ async def _explain_hybrid(service: Any, query: str) -> list[str]:
     async with service.pool.connection() as conn:
         await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
         async with conn.transaction():
-            await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(100, 2 * config.candidates)),))
-            await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            await set_hnsw_search(conn, config)
             dims = await vector_dims(conn)
             sql = build_statement(request, keyword=bool(words), dims=dims, leg="hnsw")
             params = {"user": USER, "words": words, "query": _halfvec(vector), "candidates": config.candidates,

@@ -15,7 +15,10 @@ One pass (:meth:`PgIndexer.run_once`) does three things, each in short transacti
    same messages (a message's line is its ``seq + 2``, as in a transcript whose line 1 is the
    header) — and compared by ``chunk_idx``: identical chunks stay, changed or new ones are
    written, surplus ones deleted. Fewer message rows up to the indexed ``seq`` than were
-   indexed (a purge) re-chunks the session whole.
+   indexed (a purge) re-chunks the session whole. A claim takes ``sessions_per_claim``
+   sessions; each is read and cut on its own, then the batch is written in one transaction of
+   a few multi-row statements (chunks through ``unnest`` of one array per column; their
+   postings by one statement-level trigger, m003).
 2. **Sweep.** Progress rows of sessions that were deleted or are incognito go, with their chunks.
 3. **Embed.** Each distinct pending text is embedded once across every node: a node takes
    ``pg_try_advisory_xact_lock(EMBED_LOCK, hashtext(hash))`` for the texts it will embed, looks
@@ -46,7 +49,14 @@ from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
 from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
-__all__ = ["EMBED_LOCK", "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
+__all__ = ["CHUNKS_PER_STATEMENT", "EMBED_LOCK", "SESSIONS_PER_CLAIM", "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
+
+# Sessions one claim locks and indexes in one transaction. Bigger batches cost fewer statements
+# per chunk; the locks are held until the batch commits (another node skips those sessions, it
+# never waits on them), and a failed batch is retried whole at the next pass.
+SESSIONS_PER_CLAIM = 64
+# Chunks per multi-row INSERT (a statement's arrays stay a few MB at 400-token chunks).
+CHUNKS_PER_STATEMENT = 1000
 
 # The first key of the two-key advisory lock a node holds on a text while it embeds it.
 EMBED_LOCK = 0x72636C64
@@ -97,12 +107,19 @@ LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED
 """
 
-_UPSERT_CHUNK_SQL = f"""
+# A batch's chunks in one statement: one array per column, unnested in the batch's order (so ids
+# are handed out as a row-by-row insert would: by session key, then chunk index).
+_CHUNK_COLUMNS = ("user_id", "session_key", "chunk_idx", "content", "line_start", "line_end", "seq_start",
+                  "seg_start", "start_ts", "end_ts", "start_ms", "end_ms", "content_hash", "vector_hash",
+                  "fts", "doc_len")
+_CHUNK_TYPES = ("text", "text", "int4", "text", "int4", "int4", "int8", "int4", "text", "text", "int8", "int8",
+                "text", "text", "text", "int4")
+_UPSERT_CHUNKS_SQL = f"""
 INSERT INTO recalld_memory_chunks (user_id, session_key, chunk_idx, content, line_start, line_end, seq_start,
   seg_start, start_ts, end_ts, start_ms, end_ms, content_hash, vector_hash, tsv, doc_len)
-VALUES (%(user)s, %(session_key)s, %(idx)s, %(content)s, %(line_start)s, %(line_end)s, %(seq_start)s,
-  %(seg_start)s, %(start_ts)s, %(end_ts)s, %(start_ms)s, %(end_ms)s, %(content_hash)s, %(vector_hash)s,
-  to_tsvector('{TS_CONFIG}', %(fts)s), %(doc_len)s)
+SELECT user_id, session_key, chunk_idx, content, line_start, line_end, seq_start, seg_start, start_ts, end_ts,
+  start_ms, end_ms, content_hash, vector_hash, to_tsvector('{TS_CONFIG}', fts), doc_len
+FROM unnest({", ".join(f"%s::{t}[]" for t in _CHUNK_TYPES)}) AS r({", ".join(_CHUNK_COLUMNS)})
 ON CONFLICT (session_key, chunk_idx) DO UPDATE SET
   content = excluded.content, line_start = excluded.line_start, line_end = excluded.line_end,
   seq_start = excluded.seq_start, seg_start = excluded.seg_start, start_ts = excluded.start_ts,
@@ -111,18 +128,38 @@ ON CONFLICT (session_key, chunk_idx) DO UPDATE SET
   doc_len = excluded.doc_len, embedding = NULL
 """
 
+# Each claimed session's last chunk (where an append resumes), in one look-up for the batch.
+_LAST_CHUNKS_SQL = """
+SELECT DISTINCT ON (session_key) session_key, chunk_idx, seq_start, seg_start FROM recalld_memory_chunks
+WHERE session_key = ANY(%s) ORDER BY session_key, chunk_idx DESC
+"""
+
+# The stored hashes from each session's first re-cut chunk on.
+_STORED_SQL = """
+SELECT c.session_key, c.chunk_idx, c.content_hash
+FROM recalld_memory_chunks c JOIN unnest(%s::text[], %s::int4[]) AS f(session_key, first_idx)
+  ON c.session_key = f.session_key AND c.chunk_idx >= f.first_idx
+"""
+
+_SURPLUS_SQL = """
+DELETE FROM recalld_memory_chunks c USING unnest(%s::text[], %s::int4[]) AS s(session_key, chunk_idx)
+WHERE c.session_key = s.session_key AND c.chunk_idx = s.chunk_idx
+"""
+
 _FORGOTTEN_SQL = """
 DELETE FROM recalld_memory_chunks c USING recalld_memory_forgotten f
-WHERE c.session_key = %(session_key)s AND f.user_id = c.user_id
+WHERE c.session_key = ANY(%(keys)s) AND f.user_id = c.user_id
   AND (f.session_key IS NULL OR f.session_key = c.session_key)
   AND (f.after_ms IS NULL OR coalesce(c.end_ms, c.start_ms) >= f.after_ms)
   AND (f.before_ms IS NULL OR c.start_ms < f.before_ms)
 """
 
 _PROGRESS_SQL = """
-UPDATE recalld_memory_progress SET indexed_seq = %(seq)s, indexed_count = %(count)s,
-  seen_updated = %(updated)s, seen_count = %(seen_count)s, chunking = %(chunking)s, indexed_at = now()
-WHERE session_key = %(session_key)s
+UPDATE recalld_memory_progress p SET indexed_seq = u.seq, indexed_count = u.count, seen_updated = u.updated,
+  seen_count = u.seen_count, chunking = %s, indexed_at = now()
+FROM unnest(%s::text[], %s::int8[], %s::int4[], %s::text[], %s::int4[]) AS u(session_key, seq, count, updated,
+                                                                           seen_count)
+WHERE p.session_key = u.session_key
 """
 
 # The session's share of BM25's corpus statistics, after any change to its chunks.
@@ -153,12 +190,27 @@ WHERE c.embedding IS NULL AND c.vector_hash = ANY(%(hashes)s)
 """
 
 
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """One claimed session re-chunked, before anything of it is written."""
+
+    key: str
+    user: str
+    whole: bool                 # every stored chunk goes (settings changed, or messages purged)
+    first_idx: int              # stored chunks from this index on are compared with ``chunks``
+    chunks: Sequence[Chunk]
+    top: int                    # the last message seq read
+    count: int                  # messages through ``top``
+    seen: tuple[str, int]       # the session's (updated_at, message_count) at the claim
+
+
 class PgIndexer:
     """One node's share of the indexing; every method is a coroutine on a connection pool."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig,
-                 pipeline: EmbeddingPipeline | None, *, sessions_per_claim: int = 8,
-                 texts_per_pass: int = 256, vector_leg: VectorLeg = "hnsw") -> None:
+                 pipeline: EmbeddingPipeline | None, *, sessions_per_claim: int = SESSIONS_PER_CLAIM,
+                 chunks_per_statement: int = CHUNKS_PER_STATEMENT, texts_per_pass: int = 256,
+                 vector_leg: VectorLeg = "hnsw") -> None:
         self.pool = pool
         self.vector_leg: VectorLeg = vector_leg
         self.config = config
@@ -167,6 +219,7 @@ class PgIndexer:
         self.sizes = config.sized_for(window)
         self.chunking = chunking_fingerprint(self.sizes)
         self.sessions_per_claim = sessions_per_claim
+        self.chunks_per_statement = chunks_per_statement
         self.texts_per_pass = texts_per_pass
         self._salt = secrets.token_hex(8)
 
@@ -212,28 +265,35 @@ class PgIndexer:
                 report.chunks_deleted += cur.rowcount
 
     async def _claim_and_chunk(self, conn: AsyncConnection[TupleRow], report: IndexReport) -> bool:
+        """One batch of claimed sessions in one transaction: each session's messages are read
+        and cut on its own, then the batch's chunks, deletes and progress are written in a few
+        statements (a batch of chunks costs about what one chunk did, row by row)."""
         async with conn.transaction():
             claimed = await (await conn.execute(
                 _CLAIM_SQL, {"chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
-            for key, user, indexed_seq, indexed_count, chunking, updated, seen_count in claimed:
-                await self._chunk_session(conn, str(key), str(user), int(indexed_seq), int(indexed_count),
-                                          str(chunking), (str(updated), int(seen_count)), report)
-        return bool(claimed)
+            if not claimed:
+                return False
+            keys = [str(k) for k, *_ in claimed]
+            last = {str(k): (int(i), int(q), int(g)) for k, i, q, g in
+                    await (await conn.execute(_LAST_CHUNKS_SQL, (keys,))).fetchall()}
+            cuts = [await self._cut_session(conn, str(key), str(user), int(indexed_seq), int(indexed_count),
+                                            str(chunking), (str(updated), int(seen_count)), last.get(str(key)))
+                    for key, user, indexed_seq, indexed_count, chunking, updated, seen_count in claimed]
+            await self._write_cuts(conn, cuts, report)
+        return True
 
-    async def _chunk_session(self, conn: AsyncConnection[TupleRow], key: str, user: str, indexed_seq: int,
-                             indexed_count: int, chunking: str, seen: tuple[str, int], report: IndexReport) -> None:
-        """Re-chunk one claimed session; ``seen`` is its (updated_at, message_count) at the
-        claim, recorded so the session is claimed again only when they move (never in a loop
-        when a count disagrees with the rows)."""
-        still = await pg_feed.count_through(conn, key, indexed_seq)
+    async def _cut_session(self, conn: AsyncConnection[TupleRow], key: str, user: str, indexed_seq: int,
+                           indexed_count: int, chunking: str, seen: tuple[str, int],
+                           last: tuple[int, int, int] | None) -> _Cut:
+        """Re-chunk one claimed session (nothing written yet); ``seen`` is its (updated_at,
+        message_count) at the claim, recorded so the session is claimed again only when they
+        move (never in a loop when a count disagrees with the rows)."""
+        # No message has a seq below 0: a session never indexed needs no count.
+        still = await pg_feed.count_through(conn, key, indexed_seq) if indexed_seq >= 0 else 0
         whole = chunking != self.chunking or still != indexed_count
-        last = None if whole else await (await conn.execute(
-            "SELECT chunk_idx, seq_start, seg_start FROM recalld_memory_chunks WHERE session_key = %s "
-            "ORDER BY chunk_idx DESC LIMIT 1", (key,))).fetchone()
         if whole:
-            cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = %s", (key,))
-            report.chunks_deleted += cur.rowcount
-        first_idx, start_seq, skip = (0, 0, 0) if last is None else (int(last[0]), int(last[1]), int(last[2]))
+            last = None
+        first_idx, start_seq, skip = (0, 0, 0) if last is None else last
         rows = await pg_feed.messages_from(conn, key, start_seq)
         entries, rewind = visible_entries(_entries(rows), new_from=indexed_seq + 1)
         if rewind and start_seq > 0:
@@ -244,41 +304,49 @@ class PgIndexer:
             entries, _ = visible_entries(_entries(rows), new_from=0)
         chunks = chunk_messages(entries, self.sizes.chunk_tokens, self.sizes.overlap_tokens,
                                 first_idx=first_idx, skip_segments=skip)
-        await self._write_chunks(conn, key, user, first_idx, chunks, report)
         top = int(rows[-1].seq) if rows else indexed_seq
-        count = await pg_feed.count_through(conn, key, top)
-        await conn.execute(_PROGRESS_SQL, {"seq": top, "count": count, "updated": seen[0],
-                                           "seen_count": seen[1], "chunking": self.chunking, "session_key": key})
-        await conn.execute(SESSION_STATS_SQL, ([key],))
-        report.sessions += 1
+        # Read from seq 0, the rows are every message through ``top`` (one snapshot, no count).
+        count = len(rows) if start_seq == 0 else await pg_feed.count_through(conn, key, top)
+        return _Cut(key, user, whole, first_idx, chunks, top, count, seen)
 
-    async def _write_chunks(self, conn: AsyncConnection[TupleRow], key: str, user: str, first_idx: int,
-                            chunks: Sequence[Chunk], report: IndexReport) -> None:
-        stored: dict[int, str] = dict(await (await conn.execute(
-            "SELECT chunk_idx, content_hash FROM recalld_memory_chunks WHERE session_key = %s AND chunk_idx >= %s",
-            (key, first_idx))).fetchall())
-        fresh = [c for c in chunks if stored.get(c.idx) != c.content_hash]
-        if fresh:
-            async with conn.cursor() as cur:
-                await cur.executemany(_UPSERT_CHUNK_SQL, [self._row(user, key, c) for c in fresh])
-            report.chunks_written += len(fresh)
-        surplus = [idx for idx in stored if idx >= first_idx + len(chunks)]
-        if surplus:
-            cur = await conn.execute(
-                "DELETE FROM recalld_memory_chunks WHERE session_key = %s AND chunk_idx = ANY(%s)", (key, surplus))
+    async def _write_cuts(self, conn: AsyncConnection[TupleRow], cuts: Sequence[_Cut], report: IndexReport) -> None:
+        """A batch's cuts: sessions re-cut whole lose every chunk, then identical chunks stay,
+        changed or new ones are written, surplus ones deleted, forgotten ranges applied, and
+        each session's progress and BM25 statistics recorded."""
+        keys = [c.key for c in cuts]
+        whole = [c.key for c in cuts if c.whole]
+        if whole:
+            cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%s)", (whole,))
             report.chunks_deleted += cur.rowcount
-        await conn.execute(_FORGOTTEN_SQL, {"session_key": key})
+        kept = [c for c in cuts if not c.whole]
+        stored: dict[str, dict[int, str]] = {c.key: {} for c in cuts}
+        if kept:
+            for key, idx, content_hash in await (await conn.execute(
+                    _STORED_SQL, ([c.key for c in kept], [c.first_idx for c in kept]))).fetchall():
+                stored[str(key)][int(idx)] = str(content_hash)
+        fresh = [(c, chunk) for c in cuts for chunk in c.chunks if stored[c.key].get(chunk.idx) != chunk.content_hash]
+        for start in range(0, len(fresh), self.chunks_per_statement):
+            part = fresh[start:start + self.chunks_per_statement]
+            columns = list(zip(*(self._row(c.user, c.key, chunk) for c, chunk in part), strict=True))
+            await conn.execute(_UPSERT_CHUNKS_SQL, [list(col) for col in columns])
+        report.chunks_written += len(fresh)
+        surplus = [(c.key, idx) for c in cuts for idx in stored[c.key] if idx >= c.first_idx + len(c.chunks)]
+        if surplus:
+            cur = await conn.execute(_SURPLUS_SQL, ([k for k, _ in surplus], [i for _, i in surplus]))
+            report.chunks_deleted += cur.rowcount
+        await conn.execute(_FORGOTTEN_SQL, {"keys": keys})
+        await conn.execute(_PROGRESS_SQL, (self.chunking, keys, [c.top for c in cuts], [c.count for c in cuts],
+                                           [c.seen[0] for c in cuts], [c.seen[1] for c in cuts]))
+        await conn.execute(SESSION_STATS_SQL, (keys,))
+        report.sessions += len(cuts)
 
-    def _row(self, user: str, key: str, c: Chunk) -> dict[str, Any]:
+    def _row(self, user: str, key: str, c: Chunk) -> tuple[Any, ...]:
+        """One chunk's values in ``_CHUNK_COLUMNS``' order."""
         sent = self.pipeline.text_to_send(c.content) if self.pipeline is not None else c.content
-        return {
-            "user": user, "session_key": key, "idx": c.idx, "content": c.content, "line_start": c.line_start,
-            "line_end": c.line_end, "seq_start": c.byte_start, "seg_start": c.seg_start,
-            "start_ts": c.start_ts, "end_ts": c.end_ts, "start_ms": iso_to_ms(c.start_ts),
-            "end_ms": iso_to_ms(c.end_ts), "content_hash": c.content_hash,
-            "vector_hash": c.content_hash if sent == c.content else sha256_text(sent),
-            "fts": fts_text(c.content), "doc_len": doc_length(c.content),
-        }
+        return (user, key, c.idx, c.content, c.line_start, c.line_end, c.byte_start, c.seg_start,
+                c.start_ts, c.end_ts, iso_to_ms(c.start_ts), iso_to_ms(c.end_ts), c.content_hash,
+                c.content_hash if sent == c.content else sha256_text(sent), fts_text(c.content),
+                doc_length(c.content))
 
     # --- vectors ------------------------------------------------------------------------
 

@@ -14,11 +14,14 @@ indexer reads only through :mod:`sessions.pg.feed`):
   ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The vector
   index is created by :mod:`memory.pg.index` once the embedder's width is known.
 * ``postings`` — the keyword leg's inverted index (lexeme, user, chunk → tf), kept from
-  ``chunks.tsv`` by a trigger on every insert, update and delete of a chunk.
+  ``chunks.tsv`` by triggers: one per INSERT statement (a batch of chunks at once, m003), one
+  per updated or deleted chunk.
 * ``progress`` — per session, how far its messages are chunked (the claim row, locked with
   ``FOR UPDATE SKIP LOCKED`` by whichever node indexes it), and its chunks' count and total
-  length: summed, BM25's N and average length without scanning the chunks, and without one
-  hot row every node would update.
+  length (the rows ``corpus`` sums).
+* ``corpus`` — BM25's N and total length in ``CORPUS_SHARDS`` rows, kept from ``progress`` by a
+  trigger (m003): a search sums a fixed number of rows, however many sessions there are, and
+  there is no one hot row every node would update.
 * ``embedding_cache`` — (provider, model, endpoint_hash, content_hash) → int8 vector and its
   width, shared by every node.
 * ``meta`` — key/value: the embedder identity whose vectors fill ``chunks.embedding``, and
@@ -34,7 +37,7 @@ import psycopg
 
 from sessions import apply_migrations, pg_ledger
 
-__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "TS_CONFIG", "migrate"]
+__all__ = ["CORPUS_SHARDS", "MIGRATIONS", "MIGRATION_LOCK", "TS_CONFIG", "migrate"]
 
 # A constant per package (the sessions package has its own): ASCII "rcldmem" folded into 63 bits.
 MIGRATION_LOCK = 0x72636C646D656D
@@ -43,6 +46,9 @@ MIGRATION_LOCK = 0x72636C646D656D
 # counts it in a chunk's length, and BM25 here must see the same words (the query side drops
 # function words itself, memory.retrieval.request.STOPWORDS).
 TS_CONFIG = "recalld_memory_fts"
+
+# Rows of ``recalld_memory_corpus`` (m003): enough that concurrent writers seldom share one.
+CORPUS_SHARDS = 16
 
 _M001 = f"""
 CREATE TEXT SEARCH DICTIONARY recalld_memory_stem (TEMPLATE = snowball, Language = english);
@@ -192,9 +198,93 @@ CREATE TABLE recalld_memory_forgotten (
   created_at  timestamptz NOT NULL DEFAULT now());
 """
 
+# Bulk indexing writes a batch of chunks in one statement; a per-row trigger would still pay one
+# function call and one small INSERT per chunk. A chunk's postings now come from one statement
+# per INSERT (its transition table); updates of a chunk's words and deletes stay per row (rare,
+# and a per-row DELETE finds the postings by chunk id instead of a plan over a transition table).
+#
+# BM25's N and average length were summed over every progress row by each keyword search (a
+# cost that grows with the sessions). ``corpus`` keeps the same sums in CORPUS_SHARDS rows,
+# moved by a trigger on every change of a progress row's counts; a writer adds its change to
+# the row of its backend (``pg_backend_pid() % CORPUS_SHARDS``), so two nodes' indexers rarely
+# wait on one row, and a search sums a fixed number of rows.
+#
+# Each posting costs a btree insert per index, most of a bulk build's time: the second index
+# (by chunk id) goes, and a chunk's postings are found by the primary key from its own ``tsv``
+# (which they were made from), so a batch's postings are inserted in key order.
+_M003 = f"""
+CREATE FUNCTION recalld_memory_postings_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO recalld_memory_postings (lexeme, user_id, chunk_id, tf, doc_len)
+  SELECT u.lexeme, n.user_id, n.id, coalesce(array_length(u.positions, 1), 1), n.doc_len
+  FROM inserted n CROSS JOIN LATERAL unnest(n.tsv) AS u
+  ORDER BY u.lexeme, n.user_id, n.id;
+  RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION recalld_memory_postings_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    DELETE FROM recalld_memory_postings p USING unnest(OLD.tsv) AS u
+    WHERE p.lexeme = u.lexeme AND p.user_id = OLD.user_id AND p.chunk_id = OLD.id;
+  END IF;
+  IF TG_OP = 'UPDATE' THEN
+    INSERT INTO recalld_memory_postings (lexeme, user_id, chunk_id, tf, doc_len)
+    SELECT u.lexeme, NEW.user_id, NEW.id, coalesce(array_length(u.positions, 1), 1), NEW.doc_len
+    FROM unnest(NEW.tsv) AS u;
+  END IF;
+  RETURN NULL;
+END $$;
+DROP INDEX recalld_memory_postings_chunk;
+DROP TRIGGER recalld_memory_postings_sync ON recalld_memory_chunks;
+CREATE TRIGGER recalld_memory_postings_rows
+  AFTER DELETE OR UPDATE OF tsv, doc_len, user_id ON recalld_memory_chunks
+  FOR EACH ROW EXECUTE FUNCTION recalld_memory_postings_sync();
+CREATE TRIGGER recalld_memory_postings_inserted
+  AFTER INSERT ON recalld_memory_chunks REFERENCING NEW TABLE AS inserted
+  FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_postings_insert();
+
+CREATE TABLE recalld_memory_corpus (
+  shard     integer PRIMARY KEY,
+  n_chunks  bigint NOT NULL DEFAULT 0,
+  total_len bigint NOT NULL DEFAULT 0);
+INSERT INTO recalld_memory_corpus (shard) SELECT generate_series(0, {CORPUS_SHARDS - 1});
+UPDATE recalld_memory_corpus SET (n_chunks, total_len) =
+  (SELECT coalesce(sum(n_chunks), 0), coalesce(sum(total_len), 0) FROM recalld_memory_progress)
+WHERE shard = 0;
+CREATE FUNCTION recalld_memory_corpus_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  d_chunks bigint;
+  d_len    bigint;
+BEGIN
+  IF TG_OP = 'UPDATE' THEN
+    SELECT coalesce(sum(n.n_chunks - o.n_chunks), 0), coalesce(sum(n.total_len - o.total_len), 0)
+    INTO d_chunks, d_len FROM new_rows n JOIN old_rows o USING (session_key);
+  ELSIF TG_OP = 'INSERT' THEN
+    SELECT coalesce(sum(n_chunks), 0), coalesce(sum(total_len), 0) INTO d_chunks, d_len FROM new_rows;
+  ELSE
+    SELECT -coalesce(sum(n_chunks), 0), -coalesce(sum(total_len), 0) INTO d_chunks, d_len FROM old_rows;
+  END IF;
+  IF d_chunks <> 0 OR d_len <> 0 THEN
+    UPDATE recalld_memory_corpus SET n_chunks = n_chunks + d_chunks, total_len = total_len + d_len
+    WHERE shard = pg_backend_pid() % {CORPUS_SHARDS};
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER recalld_memory_corpus_updated
+  AFTER UPDATE ON recalld_memory_progress REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_corpus_sync();
+CREATE TRIGGER recalld_memory_corpus_inserted
+  AFTER INSERT ON recalld_memory_progress REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_corpus_sync();
+CREATE TRIGGER recalld_memory_corpus_deleted
+  AFTER DELETE ON recalld_memory_progress REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_corpus_sync();
+"""
+
 MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m001_chunks_cache_progress", _M001),
     ("m002_facts_episodes_forgotten", _M002),
+    ("m003_statement_postings_corpus_totals", _M003),
 )
 
 def migrate(conn: psycopg.Connection[object]) -> list[str]:

@@ -14,7 +14,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from memory.embedders.embeddings import EmbeddingPipeline
-from memory.pg.indexer import PgIndexer
+from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from sessions import parse_ts
 from tests.memory.conftest import (
     FakeEmbedder,
@@ -136,3 +136,40 @@ async def test_a_session_is_claimed_again_only_when_it_changes(pg_index: str, po
     assert (await indexer(pool).run_once()).sessions == 1
     assert [c for _, _, c, _, _ in chunk_rows(pg_index)] == [
         "user [2026-11-22T10:00:00.000Z]: first words\nuser [2026-11-22T10:01:00.000Z]: more words"]
+
+
+def _totals(dsn: str) -> dict[str, tuple[int, int]]:
+    """BM25's totals as searches read them, as the chunks hold them, and postings vs lexemes."""
+    with psycopg.connect(dsn) as conn:
+        def one(sql: str) -> tuple[int, int]:
+            row = conn.execute(sql).fetchone()
+            assert row is not None
+            return int(row[0] or 0), int(row[1] or 0)
+        return {"corpus": one("SELECT sum(n_chunks), sum(total_len) FROM recalld_memory_corpus"),
+                "chunks": one("SELECT count(*), sum(doc_len) FROM recalld_memory_chunks"),
+                "postings": one("SELECT (SELECT count(*) FROM recalld_memory_postings), "
+                                "(SELECT sum(length(tsv)) FROM recalld_memory_chunks)")}
+
+
+async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, pool: Pool) -> None:
+    """The few rows keyword search reads BM25's N and length from equal the chunks' own count and
+    length, and the postings the chunks' lexemes, after batched writes, appends that rewrite a
+    chunk, purges, deleted sessions and deletes outside the indexer."""
+    for i in range(5):
+        add_session(pg_index, "alice", f"s{i}", FIRST)
+    add_session(pg_index, "bob", "b1", MORE)
+    await PgIndexer(pool, CONFIG, None, sessions_per_claim=2, chunks_per_statement=3).run_once()
+    first = _totals(pg_index)
+    assert first["corpus"] == first["chunks"] and first["corpus"][0] > 6
+    assert first["postings"][0] == first["postings"][1]
+    add_session(pg_index, "alice", "s1", MORE, start_minute=10, create=False)
+    with sessions_store(pg_index) as store:
+        store.delete("alice", key_of("s2"))
+        assert store.purge_messages("alice", key_of("s3"), after=parse_ts(ts(0.5)), before=parse_ts(ts(1.5))) == 1
+    await indexer(pool).run_once()
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = %s", (key_of("s4"),))
+        conn.execute(SESSION_STATS_SQL, ([key_of("s4")],))
+    after = _totals(pg_index)
+    assert after["corpus"] == after["chunks"] != first["chunks"]
+    assert after["postings"][0] == after["postings"][1]
