@@ -36,7 +36,13 @@ async def test_appends_through_another_node_are_indexed_without_a_call(pg_index:
         assert node.loop_passes == 1
         add_session(pg_index, "alice", "k1", ["my favourite language is rust"])
         assert await found(node, "favourite language") == ["k1"]
-        status = await node.status()
+        # The keyword leg finds the chunk as soon as it is written; its vector is stored by the
+        # same pass a moment later, so status is read once nothing is pending (boundedly).
+        for _ in range(200):
+            status = await node.status()
+            if status["pending"] == 0:
+                break
+            await asyncio.sleep(0.05)
         assert (status["chunks"], status["pending"], status["lastError"]) == (1, 0, None)
     finally:
         await node.close()
