@@ -33,5 +33,6 @@ Choices, as measured (shared 2-core machine; commands in the phase-1 report):
   words (power-law ranks), 20 three-word queries each, load average ~9: BM25 unpacking the
   ``tsvector`` of every GIN match took p50 49 / 244 / 812 ms for rare / mid / common words;
   read from ``recalld_memory_postings`` 41 / 73 / 147 ms (``keyword_common_share`` 0: 76 / 94 /
-  276). The trigger that keeps the postings made that build 183 s instead of 58 s.
+  276). The trigger that keeps the postings made that build 183 s instead of 58 s (a per-row
+  trigger then; since m003 one call per INSERT statement, and no by-chunk postings index).
 """
