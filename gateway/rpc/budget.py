@@ -129,11 +129,28 @@ class ReplyBudget:
     def hold(self, size: int) -> None:
         self._count(0, 0, size)
 
+    def hold_if_fits(self, size: int) -> bool:
+        """:meth:`hold` ``size`` bytes if they :meth:`fits`; False, holding nothing, if not.
+        What every reply does once encoded: one call, and the counting inlined (as in
+        :meth:`release`), where fits, hold and ``_count`` were three per reply."""
+        u = self.shared
+        if self.held + size > self.limit or (u is not None and u.held + size > u.limit):
+            return False
+        self.held += size
+        if u is not None:
+            u.held += size
+        return True
+
     def release(self, size: int) -> None:
         """The socket took ``size`` bytes of held replies (or they were given up)."""
-        self._count(0, 0, -size)
+        self.held -= size  # _count(0, 0, -size), inlined: once per reply
         u = self.shared
-        if self._waiters or (u is not None and u._waiters):  # nearly always nobody waits
+        if u is not None:
+            u.held -= size
+            if u._waiters:
+                self._wake_all()
+                return
+        if self._waiters:  # nearly always nobody waits
             self._wake_all()
 
     def refusal(self, size: int) -> GatewayError:
