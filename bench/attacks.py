@@ -48,8 +48,13 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
 13. *H2, one user's connections*: bob opens 1,100 authenticated connections and holds them;
     then 10 fresh connections of alice.
 
+14. *M2, big MCP bodies*: alice's ``sessions.list`` p50 alone, then while bob (a child process)
+    keeps 2 streams of ``POST /mcp`` with 4 MiB bodies (a ``tools/call`` whose argument is one
+    long string) going, each sent as the last is answered; timed as t16 is. Then again with 16
+    streams of 252 KiB bodies (under ``mcp.max_request_bytes``).
+
 ``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4, t16, m3,
-h1, m1, h2).
+h1, m1, h2, m2).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -726,7 +731,108 @@ async def user_connections(root: Path | None, n: int = 1100, fresh: int = 10) ->
             d.stop()
 
 
-ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16", "m3", "h1", "m1", "h2")
+async def mcp_child(url: str, streams: int = 2, body_bytes: int = 4 * 1024 * 1024 - 4096) -> None:
+    """Bob's big MCP bodies (runs in its own process): ``streams`` kept-alive connections, each
+    POSTing a ``tools/call`` of ``body_bytes`` as the last is answered; prints ``ready`` after
+    each stream's first answer, goes on until stdin closes, then prints the statuses it got."""
+    answered = Counter[str]()
+    stop = asyncio.Event()
+    on = asyncio.Event()
+    host, port = url.removeprefix("http://").split("/")[0].rsplit(":", 1)
+    filler = "x" * (body_bytes - 200)
+    body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "search_memory", "arguments": {"query": filler}}})
+    head = (f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {BOB}\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while not stop.is_set():
+                writer.write(head + body)
+                await writer.drain()
+                status = (await reader.readline()).split(b" ")[1].decode()
+                length, close = 0, False
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                    close |= name.lower() == "connection" and "close" in value.lower()
+                await reader.readexactly(length)
+                answered[status] += 1
+                if answered.total() >= streams:
+                    on.set()
+                if close:  # the listener ended the connection after answering: open another
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(host, int(port))
+        finally:
+            writer.close()
+
+    tasks = [asyncio.create_task(one()) for _ in range(streams)]
+    await on.wait()
+    before = answered.total()
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    during = answered.total() - before
+    stop.set()
+    await asyncio.wait(tasks, timeout=5)
+    print(orjson.dumps({**answered, "during": during}).decode(), flush=True)
+
+
+async def mcp_bodies(root: Path | None, samples: int = 3000, streams: int = 2,
+                     body_bytes: int = 4 * 1024 * 1024 - 4096) -> None:
+    """M2: alice's ``sessions.list`` p50 alone, then while bob keeps ``streams`` streams of MCP
+    bodies of ``body_bytes`` going."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, mcp_port = Path(tmp) / "config.toml", _free_port()
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n'
+                       f'[mcp]\nport = {mcp_port}\n')
+        d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
+        try:
+            async with asyncio.timeout(30):
+                while not any(r.get("event") == "mcp.listening" for r in d.log):
+                    await asyncio.sleep(0.05)
+            async with Client.connect(d.url, ALICE) as alice:
+                for i in range(20):
+                    await alice.call("sessions.create", {"title": f"alice {i}"})
+
+                async def p50() -> float:
+                    took = []
+                    for _ in range(samples):
+                        t0 = time.perf_counter()
+                        await alice.call("sessions.list", {"limit": 20})
+                        took.append(time.perf_counter() - t0)
+                    return sorted(took)[len(took) // 2] * 1000
+
+                quiet = await p50()
+                with Sampler(d.proc.pid) as s:
+                    child = await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "bench.attacks", "--mcp-child", f"http://127.0.0.1:{mcp_port}/",
+                        "--mcp-streams", str(streams), "--mcp-body", str(body_bytes),
+                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                    assert child.stdin is not None and child.stdout is not None
+                    line = await asyncio.wait_for(child.stdout.readline(), 120)
+                    if line.strip() != b"ready":
+                        raise RuntimeError(f"bob's MCP bodies did not start: {line!r}")
+                    t0 = time.monotonic()
+                    flooded = await p50()
+                    window = time.monotonic() - t0
+                    child.stdin.close()
+                    out, _ = await child.communicate()
+            bob_answers = orjson.loads(out)
+            _report(f"M2 big MCP bodies: alice's sessions.list while bob keeps {streams} streams of "
+                    f"{body_bytes / 1024:,.0f} KiB POST /mcp",
+                    d, s, alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
+                    ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
+                    bob_bodies_per_s_meanwhile=f"{bob_answers.pop('during') / window:.0f}",
+                    bob=orjson.dumps(bob_answers).decode())
+        finally:
+            d.stop()
+
+
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16", "m3", "h1", "m1", "h2",
+           "m2")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -776,6 +882,9 @@ async def main(args: argparse.Namespace) -> None:
         await slowloris(root, on_mcp=False)
     if "h2" in only:
         await user_connections(root)
+    if "m2" in only:
+        await mcp_bodies(root)  # the review's attack: 4 MiB bodies
+        await mcp_bodies(root, streams=16, body_bytes=252 * 1024)  # under mcp.max_request_bytes, more streams
 
 
 if __name__ == "__main__":
@@ -789,6 +898,9 @@ if __name__ == "__main__":
     parser.add_argument("--flood-child", metavar="URL")
     parser.add_argument("--bob-child", metavar="URL")
     parser.add_argument("--search-child", metavar="URL")
+    parser.add_argument("--mcp-child", metavar="URL")
+    parser.add_argument("--mcp-streams", type=int, default=2)
+    parser.add_argument("--mcp-body", type=int, default=4 * 1024 * 1024 - 4096)
     parser.add_argument("--only", help=f"comma-separated, of: {', '.join(ATTACKS)}")
     args = parser.parse_args()
     if args.flood_child:
@@ -797,5 +909,7 @@ if __name__ == "__main__":
         asyncio.run(bob_child(args.bob_child))
     elif args.search_child:
         asyncio.run(search_child(args.search_child))
+    elif args.mcp_child:
+        asyncio.run(mcp_child(args.mcp_child, args.mcp_streams, args.mcp_body))
     else:
         asyncio.run(main(args))

@@ -214,3 +214,12 @@ class McpConfig:
 
     # Port of /mcp, on server.host with [tls] as the gateway's; 0 leaves the listener off.
     port: int = field(default=0, metadata=_limit(0, 65535))
+    # A request body's bound (never above server.max_size). A tool call's arguments are a query
+    # or a fact of a few kB; the SDK parses a body on the event loop, so a 4 MiB one costs every
+    # other user's calls tens of milliseconds. Larger bodies get 413 before they are read.
+    max_request_bytes: int = field(default=256 * 1024, metadata=_limit(4096))
+    # Requests of one user served at once; more wait, unread, for a place.
+    max_requests_per_user: int = field(default=4, metadata=_limit(1, 1024))
+    # Request body bytes one user may send a minute (at least one max_request_bytes body fits);
+    # beyond, 429 with Retry-After, unread. Tool calls are a few kB: 16 MiB is thousands of them.
+    request_bytes_per_minute: int = field(default=16 * 1024 * 1024, metadata=_limit(4096))

@@ -21,9 +21,11 @@ not in within it is closed, also between the requests of a kept-alive connection
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 import h11
@@ -36,9 +38,11 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.config import Config
+from gateway.errors import RateLimited
 from gateway.mcp.link import DaemonLink, Route
 from gateway.mcp.tools import build_server
 from gateway.origins import host_allowed, origin_allowed
+from gateway.rpc import ByteRate
 from gateway.transport.guard import SocketBudget
 
 __all__ = ["MCP_PATH", "McpHttpServer", "TokenCheck"]
@@ -46,6 +50,8 @@ __all__ = ["MCP_PATH", "McpHttpServer", "TokenCheck"]
 log = structlog.get_logger("recalld.mcp")
 
 MCP_PATH = "/mcp"
+# The longest a request waits for its bytes to fit in its user's rate before it gets a 429.
+PACE_LIMIT_S = 30.0
 
 # The token of the HTTP request being served: a stateless request runs its MCP server in
 # tasks started from the request's own context, so its tools read this request's token.
@@ -59,6 +65,8 @@ class TokenVerdict(Protocol):
     def ok(self) -> bool: ...
     @property
     def retry_after_s(self) -> float: ...
+    @property
+    def user(self) -> str | None: ...
 
 
 class TokenCheck(Protocol):
@@ -84,7 +92,7 @@ class McpHttpServer:
         # with its fixed list of names, is off.
         self._app = self._mcp.streamable_http_app(
             streamable_http_path=MCP_PATH, json_response=True, stateless_http=True,
-            max_request_body_size=config.server.max_size,
+            max_request_body_size=min(config.mcp.max_request_bytes, config.server.max_size),  # 413 unread
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
         self._uvicorn = uvicorn.Server(uvicorn.Config(
@@ -103,6 +111,13 @@ class McpHttpServer:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.port = 0
+        # Each user's requests in flight and body bytes a minute (the SDK parses a body on the
+        # event loop, outside the gateway's per-user fairness): a waiting request's body stays
+        # unread in its socket, one over the rate is refused unread.
+        self._body_limit = min(config.mcp.max_request_bytes, config.server.max_size)
+        self._places = _Places(config.mcp.max_requests_per_user)
+        self._bytes = ByteRate(config.mcp.request_bytes_per_minute, "mcp.request_bytes_per_minute",
+                               largest=self._body_limit)
 
     @property
     def url(self) -> str:
@@ -159,18 +174,46 @@ class McpHttpServer:
             await PlainTextResponse("no SSE stream: this server is stateless (use POST)\n", 405,
                                     headers={"Allow": "POST"})(scope, receive, send)
             return
-        refusal = self._refusal(scope)
-        if refusal is not None:
-            await refusal(scope, receive, send)
+        admitted = self._admit(scope)
+        if not isinstance(admitted, str):
+            await admitted(scope, receive, send)
             return
-        token = _bearer(Headers(scope=scope))
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")
+        # Charged before the body is read: what it says it is, else as much as it may be; one
+        # that says it is too big costs nothing (the SDK answers 413 without reading it).
+        size = int(declared) if declared.isdigit() else self._body_limit
+        token = _bearer(headers)
         reset = _request_token.set(token)
         try:
-            await self._app(scope, receive, send)
+            async with self._places.of(admitted):
+                refusal = await self._paced(admitted, size) if size <= self._body_limit else None
+                await (refusal or self._app)(scope, receive, send)
         finally:
             _request_token.reset(reset)
 
-    def _refusal(self, scope: Scope) -> PlainTextResponse | None:
+    async def _paced(self, user: str, size: int) -> PlainTextResponse | None:
+        """Wait, holding the request's place and leaving its body unread, until ``size`` bytes
+        fit in the user's ``mcp.request_bytes_per_minute``; a 429 when that would be longer than
+        PACE_LIMIT_S. Pacing rather than refusing at once: a refused client retries at once,
+        and a flood of cheap refusals costs the loop what the bodies did."""
+        waited = 0.0
+        while True:
+            try:
+                self._bytes.take(user, size)
+                return None
+            except RateLimited as exc:
+                wait_s = exc.retry_after_ms / 1000
+                if waited + wait_s > PACE_LIMIT_S:
+                    return PlainTextResponse(
+                        f"too many request bytes for this user ({self.config.mcp.request_bytes_per_minute} a "
+                        f"minute, mcp.request_bytes_per_minute); retry in {exc.retry_after_ms} ms\n", 429,
+                        headers={"Retry-After": str(exc.retry_after_ms // 1000 + 1)})
+                await asyncio.sleep(wait_s)
+                waited += wait_s
+
+    def _admit(self, scope: Scope) -> PlainTextResponse | str:
+        """The refusal of a request, or the user it is served as."""
         headers = Headers(scope=scope)
         if scope["path"].rstrip("/") != MCP_PATH:
             return PlainTextResponse("not found\n", 404)
@@ -184,15 +227,15 @@ class McpHttpServer:
             return PlainTextResponse("Origin not allowed\n", 403)
         authzs = headers.getlist("authorization")
         if not authzs and self.config.auth.mode == "none":
-            return None
+            return "default"
         if not authzs:
             # Not counted as a failure: a client's first request often comes without one.
             return _unauthorized("a bearer token is required (Authorization: Bearer <token>)\n")
         client = scope.get("client")
         verdict = self.tokens.check(_bearer(headers) if len(authzs) == 1 else None,
                                     client[0] if client else "")
-        if verdict.ok:
-            return None
+        if verdict.ok and verdict.user is not None:
+            return verdict.user
         if verdict.retry_after_s:
             return PlainTextResponse("too many failed attempts\n", 429,
                                      headers={"Retry-After": str(int(verdict.retry_after_s) + 1)})
@@ -206,6 +249,31 @@ class McpHttpServer:
     def _origin_allowed(self, origin: str, host_header: str) -> bool:
         return origin_allowed(origin, host_header, port=self.port, page_scheme=self.scheme,
                               allowed_origins=self.config.server.allowed_origins)
+
+
+class _Places:
+    """At most ``limit`` requests of one user served at once (``mcp.max_requests_per_user``),
+    whatever number of connections they come on. A user's entry lives while one of their
+    requests is waiting or served."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._held: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def of(self, user: str) -> AsyncIterator[None]:
+        sem, users = self._held.setdefault(user, (asyncio.Semaphore(self._limit), [0]))
+        users[0] += 1
+        try:
+            async with sem:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._held[user]
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 def _guarded_h11(sockets: SocketBudget) -> type[H11Protocol]:

@@ -23,8 +23,9 @@ ALLOWED = {
     "gateway.methods": {"gateway.rpc", "gateway.chat"},
     "gateway.cli": {"gateway.app", "gateway.mcp"},
     # An MCP server whose tools are clients of the daemon (gateway/client.py); its listener's
-    # sockets count in the transport's one descriptor budget (transport/guard.py).
-    "gateway.mcp": {"gateway.transport"},
+    # sockets count in the transport's one descriptor budget (transport/guard.py), and its
+    # per-user body bytes in a quota bucket of rpc/ (rpc/quota.py's ByteRate).
+    "gateway.mcp": {"gateway.transport", "gateway.rpc"},
     "gateway.retention": set(),
     "gateway.cluster": {"gateway.chat"},  # its hub is the chat hub that also reaches other nodes
     "gateway.opening": {"gateway.cluster"},  # the store, memory and cluster node [storage] picks
