@@ -29,6 +29,8 @@ from gateway.auth import (
     DEFAULT_USER,
     STRONG_TOKEN_CHARS,
     Authenticator,
+    ClientTokens,
+    clients_path,
     load_or_create_token,
     token_path,
 )
@@ -177,7 +179,7 @@ def _authenticator(config: Config) -> Authenticator:
             log.warning("auth.token_generated", path=str(token_path(config.data_dir)))
         else:
             log.info("auth.token_file", path=str(token_path(config.data_dir)))
-    authenticator = Authenticator(config.auth, generated)
+    authenticator = Authenticator(config.auth, generated, ClientTokens(clients_path(config.data_dir)))
     for user in authenticator.weak_token_users:
         log.warning("auth.weak_token", user=user, min_chars=STRONG_TOKEN_CHARS,
                     effect="a lockout refuses this token too; use `python -c 'import secrets; "

@@ -23,26 +23,35 @@
   hand a browser something other than the token: random, single use, valid ``auth.code_ttl_s``
   seconds, kept in this process's memory only, at most :data:`MAX_CODES_PER_USER` per user.
   Redeeming one goes through the same failure limiter as a token.
+* Client tokens (:class:`ClientTokens`, ``recalld token add NAME``) let a user's other clients
+  (an MCP agent, a phone) sign in as that user under their own name, each revocable alone and
+  optionally read-only. Only their SHA-256 is kept, in ``<data dir>/clients.json`` (0600,
+  replaced atomically); the daemon re-reads that file when it changes, so a token added or
+  revoked takes effect without a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import ipaddress
+import json
 import os
+import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.config import AuthConfig
 
 __all__ = [
-    "MAX_CODES_PER_USER", "STRONG_TOKEN_CHARS", "Authenticator", "FailureLimiter", "SignInCodes",
-    "bucket_of", "load_or_create_token", "rotate_token", "token_path",
+    "MAX_CODES_PER_USER", "STRONG_TOKEN_CHARS", "Authenticator", "ClientToken", "ClientTokenError", "ClientTokens",
+    "FailureLimiter", "SignInCodes", "bucket_of", "clients_path", "load_or_create_token", "rotate_token", "token_path",
 ]
 
 DEFAULT_USER = "default"
@@ -61,13 +70,22 @@ def token_path(data_dir: Path) -> Path:
     return data_dir / "token"
 
 
+def clients_path(data_dir: Path) -> Path:
+    """Where client tokens are kept (their hashes only), next to the generated token."""
+    return data_dir / "clients.json"
+
+
 def _write_token(path: Path, token: str) -> None:
+    _write_private(path, token + "\n")
+
+
+def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     # Created 0600 from the start: never a moment where another user could read it.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, (token + "\n").encode())
+        os.write(fd, text.encode())
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -95,10 +113,126 @@ def rotate_token(data_dir: Path) -> str:
     return token
 
 
+# A client's name: what `recalld token list` shows and a saved fact records ("added by claude").
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_CLIENTS_VERSION = 1
+
+
+class ClientTokenError(Exception):
+    """A client name refused, unknown or taken, or an unreadable clients file; the message is
+    written for the person at the CLI."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientToken:
+    """One client's token, as kept: its SHA-256, never the token."""
+
+    name: str
+    user: str
+    read_only: bool
+    created: str  # ISO 8601, UTC
+    digest: bytes
+
+
+def _read_clients(path: Path) -> tuple[ClientToken, ...]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return ()
+    except (OSError, ValueError) as exc:
+        raise ClientTokenError(f"{path}: unreadable ({exc})") from exc
+    try:
+        if data.get("version") != _CLIENTS_VERSION:
+            raise ClientTokenError(f"{path}: unknown version {data.get('version')!r}")
+        return tuple(ClientToken(str(t["name"]), str(t["user"]), bool(t["readOnly"]), str(t["created"]),
+                                 bytes.fromhex(t["sha256"])) for t in data["tokens"])
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ClientTokenError(f"{path}: malformed ({exc!r})") from exc
+
+
+def _write_clients(path: Path, tokens: tuple[ClientToken, ...]) -> None:
+    entries = [{"name": t.name, "user": t.user, "readOnly": t.read_only, "created": t.created,
+                "sha256": t.digest.hex()} for t in tokens]
+    _write_private(path, json.dumps({"version": _CLIENTS_VERSION, "tokens": entries}, indent=2) + "\n")
+
+
+class ClientTokens:
+    """The client tokens of ``<data dir>/clients.json``, re-read whenever the file changes.
+
+    A stat per sign-in (not per call) is the whole cost of seeing a token added or revoked by
+    ``recalld token`` while the daemon runs; the file is replaced atomically, so a reader sees
+    the old list or the new one, never half of one. An unreadable file signs nobody in
+    (fail closed) until it is fixed; ``recalld token list`` says what is wrong with it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._tokens: tuple[ClientToken, ...] = ()
+
+    def current(self) -> tuple[ClientToken, ...]:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self._seen, self._tokens = None, ()
+            return ()
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen != self._seen:
+            try:
+                self._tokens = _read_clients(self.path)
+            except ClientTokenError:
+                self._tokens = ()
+            self._seen = seen
+        return self._tokens
+
+    def listed(self) -> tuple[ClientToken, ...]:
+        """Every client token, oldest first; raises :class:`ClientTokenError` for a bad file."""
+        return _read_clients(self.path)
+
+    def add(self, name: str, *, user: str = DEFAULT_USER, read_only: bool = False) -> str:
+        """Mint a token for client ``name`` of ``user``; returns the token (kept nowhere else)."""
+        if not _CLIENT_NAME.fullmatch(name):
+            raise ClientTokenError(f"client name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+                                   "starting with a letter or digit")
+        with self._locked():
+            tokens = _read_clients(self.path)
+            if any(t.name == name for t in tokens):
+                raise ClientTokenError(f"a client named {name!r} already has a token; "
+                                       f"`recalld token revoke {name}` first")
+            token = secrets.token_urlsafe(32)
+            created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            _write_clients(self.path, (*tokens, ClientToken(name, user, read_only, created, _digest(token))))
+        return token
+
+    def revoke(self, name: str) -> ClientToken:
+        with self._locked():
+            tokens = _read_clients(self.path)
+            gone = next((t for t in tokens if t.name == name), None)
+            if gone is None:
+                known = ", ".join(t.name for t in tokens) or "none"
+                raise ClientTokenError(f"no client named {name!r} (clients: {known})")
+            _write_clients(self.path, tuple(t for t in tokens if t is not gone))
+        return gone
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # Two `recalld token add` at once must not lose one of the two writes.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     user: str | None
     retry_after_s: float = 0.0
+    # The client token's name (None for the user's own token) and whether it may only read.
+    client: str | None = None
+    read_only: bool = False
 
     @property
     def ok(self) -> bool:
@@ -238,8 +372,10 @@ def _digest(code: str) -> bytes:
 class Authenticator:
     """Maps tokens to users, in constant time, with the failure limiter in front."""
 
-    def __init__(self, config: AuthConfig, generated_token: str | None = None) -> None:
+    def __init__(self, config: AuthConfig, generated_token: str | None = None,
+                 clients: ClientTokens | None = None) -> None:
         self.mode = config.mode
+        self.clients = clients
         self.codes = SignInCodes(config.code_ttl_s)
         pairs: list[tuple[str, str]] = [(u.token, u.name) for u in config.users]
         if config.token:
@@ -258,18 +394,18 @@ class Authenticator:
             return Verdict(DEFAULT_USER)
         bucket = bucket_of(address)
         presented = token or ""
-        user = self._match(presented)
+        found = self._match(presented)
         locked = self.limiter.locked_for(bucket)
         if locked:
             # Wrong tokens are not counted while locked: the lockout is already running.
-            if user is not None and len(presented) >= STRONG_TOKEN_CHARS:
-                return Verdict(user)
+            if found.user is not None and len(presented) >= STRONG_TOKEN_CHARS:
+                return found
             return Verdict(None, locked)
-        if user is None:
+        if found.user is None:
             self.limiter.record_failure(bucket)
             return Verdict(None, self.limiter.locked_for(bucket))
         self.limiter.record_success(bucket)
-        return Verdict(user)
+        return found
 
     def redeem_code(self, code: str, address: str) -> Verdict:
         """Verdict for a sign-in code presented from ``address``: its user, once. A wrong or
@@ -294,11 +430,17 @@ class Authenticator:
             return None
         return next((t.decode() for t, u in self._pairs if u == user), None)
 
-    def _match(self, token: str) -> str | None:
+    def _match(self, token: str) -> Verdict:
         presented = token.encode()
-        found: str | None = None
+        found = Verdict(None)
         # Compare against every token, never stopping early, so timing reveals nothing.
         for candidate, user in self._pairs:
-            if hmac.compare_digest(presented, candidate) and found is None:
-                found = user
+            if hmac.compare_digest(presented, candidate) and found.user is None:
+                found = Verdict(user)
+        if self.clients is not None:
+            # Client tokens are kept as SHA-256 only: the presented token's digest is compared.
+            digest = _digest(token)
+            for client in self.clients.current():
+                if hmac.compare_digest(digest, client.digest) and found.user is None:
+                    found = Verdict(client.user, client=client.name, read_only=client.read_only)
         return found

@@ -13,6 +13,7 @@ Tree::
     ├── NotFound                 -32002  unknown key, or another user's
     ├── Conflict                 -32003  busy / conflicting state
     ├── RateLimited              -32004  ``data`` = {retryAfterMs}
+    ├── Forbidden                -32005  the connection's token may not do this (read-only)
     ├── UpstreamError            -32010  ``data`` = {status, retryable}
     └── NotConfigured            -32011  a feature needs a setting that is missing
 
@@ -50,6 +51,7 @@ from sessions import InvalidSessionInput, SessionNotFound, StorageError, UnsafeP
 
 __all__ = [
     "Conflict",
+    "Forbidden",
     "GatewayError",
     "InternalError",
     "InvalidParams",
@@ -158,6 +160,13 @@ class RateLimited(GatewayError):
     def __init__(self, message: str, retry_after_ms: int) -> None:
         super().__init__(message, {"retryAfterMs": retry_after_ms})
         self.retry_after_ms = retry_after_ms
+
+
+class Forbidden(GatewayError):
+    """Signed in, but this connection's token may not call the method (a read-only client
+    token and a method that writes): no retry helps with the same token."""
+
+    code = -32005
 
 
 class UpstreamError(GatewayError):

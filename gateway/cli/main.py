@@ -21,6 +21,7 @@ from gateway.cli.importer import add_import_parser
 from gateway.cli.mcp import add_mcp_parser
 from gateway.cli.memory import add_memory_parser
 from gateway.cli.target import TargetError, add_connection_flags, connection_target
+from gateway.cli.token import add_token_subcommands, run_token_command
 from gateway.cli.web import add_open_parser
 from gateway.config import Config, ConfigError, is_loopback, load
 from gateway.private import set_private_umask
@@ -53,9 +54,10 @@ def _base_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 18789; 0 picks a free one)")
 
-    token = sub.add_parser("token", help="show or rotate the generated token")
+    token = sub.add_parser("token", help="show or rotate the generated token; add, list or revoke client tokens")
     command_flags(token)
     token.add_argument("--rotate", action="store_true", help="replace the generated token")
+    add_token_subcommands(token, command_flags)
 
     call = sub.add_parser("call", help="send one request and print the result as JSON")
     command_flags(call)
@@ -167,6 +169,8 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
 def _token(config: Config, args: argparse.Namespace) -> int:
     from gateway.auth import load_or_create_token, rotate_token, token_path
 
+    if getattr(args, "token_command", None):  # add, list, revoke: client tokens (gateway.cli.token)
+        return run_token_command(config, args)
     if config.auth.token or config.auth.users:
         print("recalld: tokens come from the config or RECALLD_TOKEN here; "
               "the generated token file is not used", file=sys.stderr)

@@ -66,6 +66,8 @@ class FactItem(TypedDict):
     updated_at: str
     source: Annotated[str, Field(description='"user" (added by a person or an agent) or "model" '
                                              '(saved by the chat assistant)')]
+    client: Annotated[str | None, Field(description="the client token it was saved through (an agent's "
+                                                    "name); null when added with the user's own token")]
 
 
 class Remembered(TypedDict):
@@ -115,7 +117,8 @@ class SessionPage(TypedDict):
 
 
 def _fact(wire: dict[str, Any]) -> FactItem:
-    return {"id": wire["id"], "text": wire["text"], "updated_at": wire["updatedAt"], "source": wire["source"]}
+    return {"id": wire["id"], "text": wire["text"], "updated_at": wire["updatedAt"], "source": wire["source"],
+            "client": wire.get("client")}
 
 
 def _no_none(**params: Any) -> dict[str, Any]:

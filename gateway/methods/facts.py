@@ -65,10 +65,11 @@ class FactsMethods:
         return out
 
     async def add(self, ctx: CallContext, p: AddFactParams) -> FactChangeWire:
-        return fact_change_wire(await self.service.facts.add(ctx.caller, p.text, source="user"))
+        # The client token's name goes with the fact, so the Facts panel says who added it.
+        return fact_change_wire(await self.service.facts.add(ctx.caller, p.text, source="user", client=ctx.client))
 
     async def update(self, ctx: CallContext, p: UpdateFactParams) -> FactChangeWire:
-        return fact_change_wire(await self.service.facts.update(ctx.caller, p.id, p.text))
+        return fact_change_wire(await self.service.facts.update(ctx.caller, p.id, p.text, client=ctx.client))
 
     async def delete(self, ctx: CallContext, p: FactIdParams) -> FactDeleted:
         change = await self.service.facts.delete(ctx.caller, p.id)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, NotRequired, Protocol, TypedDict
 
 from gateway.auth import Authenticator
-from gateway.errors import InvalidParams, RateLimited, Unauthorized
+from gateway.errors import Forbidden, InvalidParams, RateLimited, Unauthorized
 from gateway.readiness import StorageState
 from gateway.rpc import CallContext, OpenRpcDocument, Registry, bounded
 from gateway.wire import MemoryHealth, ServerInfo, server_info
@@ -104,7 +104,7 @@ class GatewayMethods:
                                    f"(a code works once, within {self.authenticator.codes.ttl_s:g} s); "
                                    "run `recalld open` again")
             raise Unauthorized("unauthorized: invalid token")
-        ctx.authenticate(verdict.user)
+        ctx.authenticate(verdict.user, verdict.client, verdict.read_only)
         info = server_info(self.version)
         reply: AuthReply = {"user": verdict.user, "server": info, "protocol": info["protocol"]}
         token = self.authenticator.token_of(verdict.user) if p.code is not None else None
@@ -113,6 +113,11 @@ class GatewayMethods:
         return reply
 
     async def code(self, ctx: CallContext, p: Empty) -> CodeReply:
+        if ctx.client is not None:
+            # A redeemed code hands the page the user's own token: a client token must not be
+            # a way to that (revoking the client would leave the page signed in for good).
+            raise Forbidden("forbidden: auth.code needs the user's own token, not client "
+                            f"{ctx.client!r}'s")
         codes = self.authenticator.codes
         return {"code": codes.issue(ctx.caller), "expiresInS": codes.ttl_s}
 

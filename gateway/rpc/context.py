@@ -6,16 +6,18 @@ imports another's caller."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
 __all__ = ["CallContext", "Notification", "Reply"]
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):
+    """A frame's answer. A named tuple rather than a frozen dataclass, immutable all the same:
+    one is made per frame, and a frozen dataclass's ``__init__`` (``object.__setattr__`` per
+    field) cost as much as encoding a ``gateway.health`` reply."""
+
     data: bytes
     # True when the reply, or any entry of a batch reply, is an error (for the connection's
     # error counter; nobody has to search the bytes).
@@ -59,7 +61,17 @@ class CallContext(Protocol):
         """The client's IP address (the auth failure limiter counts per address)."""
         ...
 
-    def authenticate(self, user: str) -> None: ...
+    @property
+    def client(self) -> str | None:
+        """The client token's name the connection signed in with (None: the user's own token)."""
+        ...
+
+    @property
+    def read_only(self) -> bool:
+        """True when that client token may only read: methods that write are refused."""
+        ...
+
+    def authenticate(self, user: str, client: str | None = None, read_only: bool = False) -> None: ...
 
     def notify(self, note: Notification) -> None:
         """Queue a notification for this caller behind its pending events."""

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import (
+    Forbidden,
     GatewayError,
     InternalError,
     InvalidRequest,
@@ -101,21 +102,31 @@ class RpcCore:
             lambda m: self.answer(m, ctx, find(m.get("method")) if isinstance(m, dict) else None),
             budget, self.reply_reserve)
 
-    async def answer(self, message: Any, ctx: CallContext, method: Method | None,
-                     budget: ReplyBudget | None = None) -> Reply | None:
-        """The encoded reply to one call (None for a notification): a frame that is one
-        object, or a batch entry. ``method`` is the one its name finds, looked up by the
+    def answer(self, message: Any, ctx: CallContext, method: Method | None,
+               budget: ReplyBudget | None = None) -> Awaitable[Reply | None]:
+        """The encoded reply to one call (None for a notification; await it): a frame that is
+        one object, or a batch entry. ``method`` is the one its name finds, looked up by the
         caller. With ``budget``, a call that may build a big reply first waits for room for
         :attr:`reply_reserve` bytes (refused unbuilt when unread replies leave none), and the
-        reply is held in it, or refused if it does not fit. No coroutine between this one and
-        the handler's: nearly every frame comes here."""
+        reply is held in it, or refused if it does not fit.
+
+        Not a coroutine itself: nearly every frame is a call of an inline method (or of none),
+        which never waits, so it takes no reservation, no user slot and no caller mark, and
+        awaits :meth:`_reply` directly, with no coroutine between this one and the handler's.
+        Only a call that may wait goes through :meth:`_waiting`."""
         if not isinstance(message, dict):
-            return self._encode(error_response(None, InvalidRequest("invalid request: expected an object").to_object()),
-                                budget)
+            return _ready(self._encode(
+                error_response(None, InvalidRequest("invalid request: expected an object").to_object()), budget))
         req_id = message.get("id", _NO_ID)
-        # An inline method never waits, so it builds one small reply at a time: no reservation.
-        reserving = budget if budget is not None and self.reply_reserve and method is not None \
-            and not method.inline else None
+        if method is None or method.inline:
+            return self._reply(message, req_id, ctx, method, budget)
+        return self._waiting(message, req_id, ctx, method, budget)
+
+    async def _waiting(self, message: dict[str, Any], req_id: Any, ctx: CallContext, method: Method,
+                       budget: ReplyBudget | None) -> Reply | None:
+        """:meth:`_reply` for a call of a method that may wait (a worker thread, the disk,
+        upstream): within its reservation, its user's slot and its caller mark."""
+        reserving = budget if budget is not None and self.reply_reserve else None
         if reserving is not None:
             if req_id is _NO_ID:  # a notification holds no reply: it is never refused for room
                 await reserving.start(self.reply_reserve)
@@ -123,24 +134,17 @@ class RpcCore:
                 refused = reserving.refusal_unstarted(self.reply_reserve)
                 return self._encode(error_response(req_id if _valid_id(req_id) else None,
                                                    refused.to_object()), budget)
-        # Only calls that may wait (a worker thread, the disk, upstream) take one of the user's
-        # slots, and only after their reservation, as batch entries do: a call holding a slot
-        # never waits for budget room, so the two waits cannot close a cycle.
-        waits = method is not None and not method.inline and ctx.authenticated
-        slots = self.user_slots if waits else None
+        # Calls take one of the user's slots only after their reservation, as batch entries
+        # do: a call holding a slot never waits for budget room, so the two waits cannot
+        # close a cycle.
+        slots = self.user_slots if ctx.authenticated else None
         # The jobs this call puts in the worker threads count as its user's (FairThreads).
-        caller = CALLER.set(ctx.caller) if waits else None
+        caller = CALLER.set(ctx.caller) if ctx.authenticated else None
         try:
             if slots is not None:
                 await slots.enter(ctx.caller)
             try:
-                self._validate(message, req_id)
-                result = await self._invoke(method, message, ctx)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                error = self._failure(exc, message, req_id)
-                return None if error is None else self._encode(error, budget)
+                return await self._reply(message, req_id, ctx, method, budget)
             finally:
                 if slots is not None:
                     slots.leave(ctx.caller)
@@ -149,6 +153,18 @@ class RpcCore:
                 CALLER.reset(caller)
             if reserving is not None:  # after the reply is held: no other call slips in between
                 reserving.finish(self.reply_reserve)
+
+    async def _reply(self, message: dict[str, Any], req_id: Any, ctx: CallContext, method: Method | None,
+                     budget: ReplyBudget | None) -> Reply | None:
+        """Validate, run and encode one call (held in ``budget``); every failure an error reply."""
+        try:
+            self._validate(message, req_id)
+            result = await self._invoke(method, message, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = self._failure(exc, message, req_id)
+            return None if error is None else self._encode(error, budget)
         if req_id is _NO_ID:
             return None
         return self._encode({"jsonrpc": "2.0", "id": req_id, "result": result}, budget)
@@ -162,15 +178,14 @@ class RpcCore:
             error_id = new_error_id()
             self.on_crash(exc, error_id, "<encode>")
             data, is_error = orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
-        if budget is None:
+        if budget is None or budget.hold_if_fits(len(data)):
             return Reply(data, is_error)
-        if not budget.fits(len(data)):
-            # Refused after it was built (its size is known only then), but never held: what a
-            # connection (and its user's) keeps waiting for its reader stays under the budget.
-            error = budget.refusal(len(data))
-            data, is_error = orjson.dumps(error_response(reply.get("id"), error.to_object())), True
+        # Refused after it was built (its size is known only then), but never held: what a
+        # connection (and its user's) keeps waiting for its reader stays under the budget.
+        error = budget.refusal(len(data))
+        data = orjson.dumps(error_response(reply.get("id"), error.to_object()))
         budget.hold(len(data))
-        return Reply(data, is_error)
+        return Reply(data, True)
 
     def _failure(self, exc: Exception, message: dict[str, Any], req_id: Any) -> dict[str, Any] | None:
         """The error reply for a call that raised ``exc`` (None for a notification, unless
@@ -212,10 +227,15 @@ class RpcCore:
                 '(auth.timeout_s): send the frame {"type":"auth","token":"<token>"} or call '
                 '{"jsonrpc":"2.0","id":1,"method":"auth","params":{"token":"<token>"}}'
             )
+        if method.writes and ctx.read_only:
+            raise Forbidden(f"forbidden: {name} changes data, and this connection signed in with the read-only "
+                            f"token of client {ctx.client!r}; use a token made without --read-only")
         if method.handler is None:
             raise MethodNotFound(f"method not implemented yet: {name}")
         params = parse_params(method, message.get("params"))
-        if self.quotas is None or not ctx.authenticated or not self.quotas.limits(name):
+        quotas = self.quotas
+        # Most methods have no quota: that is asked first, before the caller.
+        if quotas is None or not quotas.limits(name) or not ctx.authenticated:
             return method.handler(ctx, params)
         return self._admitted(method.handler, ctx, params, name)
 

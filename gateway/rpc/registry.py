@@ -97,6 +97,9 @@ class Method:
     fields: typing.Mapping[str, _FieldSpec]
     accepted: str  # the wire names, listed when an unknown parameter is refused
     result: typing.Mapping[str, Any]  # the result's JSON schema, generated once from its type
+    # Whether the method changes anything (or hands out more than reading would): a read-only
+    # client token's connection is refused it (see :func:`_writes`).
+    writes: bool = True
 
 
 class OpenRpcDocument(TypedDict):
@@ -129,15 +132,18 @@ class Registry:
         bounds: typing.Mapping[str, Bound] | None = None,
         requires_auth: bool = True,
         inline: bool = False,
+        writes: bool | None = None,
     ) -> None:
         """Declare a method; ``result`` is the TypedDict its handler returns (a method declared
-        without one is published as a bare ``object``)."""
+        without one is published as a bare ``object``). ``writes`` says whether a read-only
+        token is refused it; left out, it follows the method's last name part (:func:`_writes`)."""
         if name in self._methods:
             raise ValueError(f"method {name} declared twice")
         fields = _field_specs(params, bounds or {})
         schema = {"type": "object"} if result is None else result_schema(result)
         self._methods[name] = Method(
-            name, params, summary, handler, requires_auth, inline, fields, ", ".join(fields) or "none", schema
+            name, params, summary, handler, requires_auth, inline, fields, ", ".join(fields) or "none", schema,
+            _writes(name) if writes is None else writes,
         )
 
     def is_inline(self, name: Any) -> bool:
@@ -171,10 +177,23 @@ class Registry:
                     "params": [_param_schema(f) for f in m.fields.values()],
                     "result": {"name": "result", "schema": m.result},
                     **({} if m.handler else {"x-implemented": False}),
+                    # Refused to a read-only client token (docs/protocol.md, Authentication).
+                    **({"x-writes": True} if m.writes else {}),
                 }
                 for m in self
             ],
         }
+
+
+# Last name parts of methods that only read. Any other method counts as writing unless declared
+# otherwise, so a method added later is refused to read-only tokens until someone decides it
+# only reads: failing closed, with no list of methods to keep in step anywhere.
+_READ_VERBS = frozenset({"auth", "discover", "get", "health", "history", "list", "search", "status", "subscribe",
+                         "unsubscribe", "watch"})
+
+
+def _writes(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] not in _READ_VERBS
 
 
 def _field_specs(cls: type[Any], bounds: typing.Mapping[str, Bound]) -> dict[str, _FieldSpec]:

@@ -39,10 +39,15 @@ class Connection:
 
     def __init__(self, ws: ServerConnection, user: str | None, *, max_outbox_bytes: int,
                  max_reply_bytes: int, close_timeout_s: float, user_budgets: UserBudgets | None = None,
-                 user_connections: UserConnections | None = None) -> None:
+                 user_connections: UserConnections | None = None, client: str | None = None,
+                 read_only: bool = False) -> None:
         self.id = next(_conn_ids)
         self.ws = ws
         self.user = user
+        # Which client token signed in (None: the user's own token), and whether it may only
+        # read: the RPC core refuses methods that write, saved facts record the name.
+        self.client = client
+        self.read_only = read_only
         self.address = peer_address(ws)
         self.outbox = Outbox(max_outbox_bytes)
         self.close_timeout_s = close_timeout_s
@@ -76,7 +81,7 @@ class Connection:
             raise RuntimeError("caller read on an unauthenticated connection")
         return self.user
 
-    def authenticate(self, user: str) -> None:
+    def authenticate(self, user: str, client: str | None = None, read_only: bool = False) -> None:
         if self.user is not None and user != self.user:
             # The connection's subscriptions and run attachments belong to the first user;
             # switching would hand that user's events to the second.
@@ -92,8 +97,12 @@ class Connection:
         if self.user is None and self._user_budgets is not None:
             self._user_budgets.join(user, self.budget)
         self.user = user
+        # The latest sign-in names the client: a second `auth` of the same user with another
+        # of its tokens gets that token's rights, no more (its holder could open a new
+        # connection with it anyway).
+        self.client, self.read_only = client, read_only
         structlog.contextvars.bind_contextvars(user=user)
-        log.info("auth.ok")
+        log.info("auth.ok", client=client, read_only=read_only)
 
     def leave_budgets(self) -> None:
         """The connection closed: it no longer counts in its user's reply budget."""

@@ -100,6 +100,9 @@ class GatewayServer:
         self._on_disconnect = on_disconnect
         # The user an Authorization header authenticated, from the handshake to the handler.
         self._header_users: weakref.WeakKeyDictionary[ServerConnection, str] = weakref.WeakKeyDictionary()
+        # The client token (name, read-only) of an upgrade that signed in with one.
+        self._header_clients: weakref.WeakKeyDictionary[ServerConnection, tuple[str, bool]] = \
+            weakref.WeakKeyDictionary()
         self._closed = False
         self.port = 0
         self.scheme = "ws"
@@ -214,6 +217,8 @@ class GatewayServer:
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="recalld"'
                 return resp
             user: str | None = verdict.user or "default"
+            if verdict.client is not None:
+                self._header_clients[ws] = (verdict.client, verdict.read_only)
         else:
             user = "default" if self.auth.mode == "none" else None
         if user is not None:
@@ -245,7 +250,9 @@ class GatewayServer:
     # -- connections ---------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
-        conn = Connection(ws, self._header_users.pop(ws, None), max_outbox_bytes=self.max_outbox_bytes,
+        client, read_only = self._header_clients.pop(ws, (None, False))
+        conn = Connection(ws, self._header_users.pop(ws, None), client=client, read_only=read_only,
+                          max_outbox_bytes=self.max_outbox_bytes,
                           max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s,
                           user_budgets=self.user_budgets, user_connections=self.users)
         self.connections.add(conn)
@@ -365,7 +372,7 @@ class GatewayServer:
         verdict = self.auth.check(token if isinstance(token, str) else None, conn.address)
         if verdict.ok:
             try:
-                conn.authenticate(verdict.user or "default")
+                conn.authenticate(verdict.user or "default", verdict.client, verdict.read_only)
             except RateLimited as exc:  # server.max_connections_per_user
                 await self._send_own(conn, orjson.dumps({"type": "auth", "ok": False, "error": str(exc)}))
                 await conn.ws.close(CLOSE_POLICY, "too many connections for this user")

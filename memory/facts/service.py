@@ -55,20 +55,22 @@ class Facts:
         self._keyword_weight = keyword_weight
 
     async def add(self, user: str, text: str, *, source: str, replaces: int | None = None,
-                  session_key: str | None = None, run_id: str | None = None) -> FactChange:
-        """Save ``text`` for ``user``: added, merged into a near-duplicate, or replacing ``replaces``."""
+                  session_key: str | None = None, run_id: str | None = None,
+                  client: str | None = None) -> FactChange:
+        """Save ``text`` for ``user``: added, merged into a near-duplicate, or replacing ``replaces``;
+        ``client`` names the client token it came through (None: the user's own token)."""
         clean = self.store.check_text(text)
         vector = await self._embed_passage(clean)
         draft = FactDraft(user, clean, source, replaces, session_key, run_id, vector,
-                          self._model if vector is not None else None)
+                          self._model if vector is not None else None, client)
         change = await self._write("saving a fact", self.store.save, draft, grows=True)
         log.info("memory.fact", action=change.action, fact=change.fact.id, previous=change.previous_id,
                  source=source)
         return change
 
-    async def update(self, user: str, fact_id: int, text: str) -> FactChange:
+    async def update(self, user: str, fact_id: int, text: str, *, client: str | None = None) -> FactChange:
         """The user's own correction: a new version of ``fact_id``, never merged elsewhere."""
-        return await self.add(user, text, source="user", replaces=fact_id)
+        return await self.add(user, text, source="user", replaces=fact_id, client=client)
 
     async def delete(self, user: str, fact_id: int) -> FactChange:
         change = await self._write("deleting a fact", self.store.delete, user, fact_id)

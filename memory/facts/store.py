@@ -36,7 +36,7 @@ from memory.facts.values import Action, Fact, FactChange, FactDraft
 __all__ = ["Action", "Fact", "FactChange", "FactDraft", "FactStore", "normalise", "text_hash"]
 
 _COLUMNS = ("id, user, text, active, previous_id, origin_id, source, session_key, run_id, "
-            "created_at, updated_at")
+            "created_at, updated_at, client")
 
 
 class FactStore(FactRules):
@@ -74,7 +74,7 @@ class FactStore(FactRules):
                           "ORDER BY id", (user,))
         out: list[tuple[Fact, list[float] | None]] = []
         for row in rows:
-            vec = vector_of(row[11]) if row[11] is not None and vector_model and row[12] == vector_model else None
+            vec = vector_of(row[12]) if row[12] is not None and vector_model and row[13] == vector_model else None
             out.append((Fact.from_row(row), vec))
         return out
 
@@ -154,11 +154,11 @@ class FactStore(FactRules):
         origin = replaced.origin_id if replaced is not None else None
         db.execute(
             "INSERT INTO facts(user, text, text_hash, active, previous_id, origin_id, source, session_key, "
-            "run_id, created_at, updated_at, said_ms, vector, vector_model) "
-            "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "run_id, created_at, updated_at, said_ms, vector, vector_model, client) "
+            "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (draft.user, text, digest, replaced.id if replaced else None, origin, draft.source,
              draft.session_key, draft.run_id, stamp, stamp, ms, vector_blob(draft.vector),
-             draft.vector_model if draft.vector is not None else None),
+             draft.vector_model if draft.vector is not None else None, draft.client),
         )
         return self.get(db, draft.user, db.last_insert_rowid())
 

@@ -35,12 +35,15 @@ class Fact:
     run_id: str | None
     created_at: str
     updated_at: str
+    # The client token's name it was saved through ("claude"); None for the user's own token,
+    # the CLI and the chat's model.
+    client: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Fact:
         return cls(int(row[0]), str(row[1]), str(row[2]), bool(row[3]),
                    None if row[4] is None else int(row[4]), int(row[5] if row[5] is not None else row[0]),
-                   str(row[6]), row[7], row[8], str(row[9]), str(row[10]))
+                   str(row[6]), row[7], row[8], str(row[9]), str(row[10]), row[11])
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class FactDraft:
     run_id: str | None = None
     vector: Sequence[float] | None = None
     vector_model: str | None = None
+    client: str | None = None  # the client token's name (Fact.client)
 
 
 @dataclass(frozen=True, slots=True)

@@ -260,6 +260,11 @@ def m007_fact_ids_never_reused(db: apsw.Connection) -> None:
     )
 
 
+def m008_fact_client(db: apsw.Connection) -> None:
+    # The client token a fact was saved through (`recalld token add NAME`); NULL: the user's own.
+    db.execute("ALTER TABLE facts ADD COLUMN client TEXT")
+
+
 MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_quantized_vectors", m002_quantized_vectors),
@@ -268,6 +273,7 @@ MIGRATIONS: list[tuple[str, Callable[[apsw.Connection], None]]] = [
     ("m005_episodes", m005_episodes),
     ("m006_compact_cache", m006_compact_cache),
     ("m007_fact_ids_never_reused", m007_fact_ids_never_reused),
+    ("m008_fact_client", m008_fact_client),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -41,7 +41,7 @@ FACTS_LOCK = 0x72636C66
 Conn = AsyncConnection[TupleRow]
 
 _COLUMNS = ("id, user_id, text, active, previous_id, origin_id, source, session_key, run_id, "
-            "created_at, updated_at")
+            "created_at, updated_at, client")
 
 
 class PgFactStore(FactRules):
@@ -81,7 +81,7 @@ class PgFactStore(FactRules):
             "ORDER BY id", (user,))).fetchall()
         out: list[tuple[Fact, list[float] | None]] = []
         for row in rows:
-            vec = vector_of(row[11]) if row[11] is not None and vector_model and row[12] == vector_model else None
+            vec = vector_of(row[12]) if row[12] is not None and vector_model and row[13] == vector_model else None
             out.append((Fact.from_row(row), vec))
         return out
 
@@ -163,11 +163,11 @@ class PgFactStore(FactRules):
         origin = replaced.origin_id if replaced is not None else None
         row = await (await db.execute(
             "INSERT INTO recalld_memory_facts (user_id, text, text_hash, active, previous_id, origin_id, source, "
-            "session_key, run_id, created_at, updated_at, said_ms, vector, vector_model) "
-            "VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            "session_key, run_id, created_at, updated_at, said_ms, vector, vector_model, client) "
+            "VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
             (draft.user, text, digest, replaced.id if replaced else None, origin, draft.source, draft.session_key,
              draft.run_id, stamp, stamp, ms, vector_blob(draft.vector),
-             draft.vector_model if draft.vector is not None else None))).fetchone()
+             draft.vector_model if draft.vector is not None else None, draft.client))).fetchone()
         assert row is not None
         return await self.get(db, draft.user, int(row[0]))
 

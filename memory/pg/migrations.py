@@ -281,10 +281,16 @@ CREATE TRIGGER recalld_memory_corpus_deleted
   FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_corpus_sync();
 """
 
+# The client token a fact was saved through (``recalld token add NAME``); NULL: the user's own.
+_M004 = """
+ALTER TABLE recalld_memory_facts ADD COLUMN client TEXT;
+"""
+
 MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m001_chunks_cache_progress", _M001),
     ("m002_facts_episodes_forgotten", _M002),
     ("m003_statement_postings_corpus_totals", _M003),
+    ("m004_fact_client", _M004),
 )
 
 def migrate(conn: psycopg.Connection[object]) -> list[str]:

@@ -37,12 +37,14 @@ def test_m007_keeps_every_fact_and_stops_reusing_ids(tmp_path: Path) -> None:
     and its newest fact's id, once deleted, is not given to the next."""
     db = apsw.Connection(str(tmp_path / "memory.db"))
     apply_migrations(sqlite_ledger(db), MIGRATIONS[:6])
+    # Today's store writes m008's column too; m007 rebuilds the table without it, m008 adds it back.
+    db.execute("ALTER TABLE facts ADD COLUMN client TEXT")
     facts = FactStore(dedup_threshold=0.92, max_chars=200, max_per_user=10)
     first = facts.save(db, FactDraft("alice", "Luna is 3", "user")).fact
     fixed = facts.save(db, FactDraft("alice", "Luna is 4", "user", replaces=first.id)).fact
     newest = facts.save(db, FactDraft("alice", "I live by the sea", "model", vector=[1.0, 0.0],
                                       vector_model="m")).fact
-    assert migrate(db) == ["m007_fact_ids_never_reused"]
+    assert migrate(db)[0] == "m007_fact_ids_never_reused"
     assert [f.text for f in facts.history(db, "alice", fixed.id)] == ["Luna is 3", "Luna is 4"]
     assert facts.get(db, "alice", newest.id) == newest
     assert facts.active_with_vectors(db, "alice", "m")[1][1] == [1.0, 0.0]

@@ -24,6 +24,8 @@ class Ctx:
 
     user: str | None = "default"
     address: str = "127.0.0.1"
+    client: str | None = None
+    read_only: bool = False
 
     @property
     def authenticated(self) -> bool:
@@ -34,7 +36,7 @@ class Ctx:
         assert self.user is not None
         return self.user
 
-    def authenticate(self, user: str) -> None:
+    def authenticate(self, user: str, client: str | None = None, read_only: bool = False) -> None:
         self.user = user
 
     def notify(self, note: Notification) -> None:

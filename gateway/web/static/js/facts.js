@@ -84,7 +84,8 @@ export class FactsPanel {
   }
 
   #item(fact) {
-    const by = fact.source === "user" ? "added by you" : "remembered from a chat";
+    // A fact saved through a client token (an MCP agent) names it: not the user's own word.
+    const by = fact.client ? `added by ${fact.client}` : fact.source === "user" ? "added by you" : "remembered from a chat";
     const edit = h("button", { type: "button", "aria-label": `Edit fact: ${fact.text}` }, "Edit");
     const del = h("button", { type: "button", "aria-label": `Delete fact: ${fact.text}` }, "Delete");
     const li = h("li", { class: "fact", dataset: { id: fact.id } },
