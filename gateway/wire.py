@@ -33,6 +33,7 @@ __all__ = [
     "SessionDetailWire",
     "SessionWire",
     "SummaryWire",
+    "VersionsWire",
     "episode_wire",
     "fact_change_wire",
     "fact_wire",
@@ -189,6 +190,16 @@ class MessageWire(TypedDict):
     recalled: NotRequired[list[RecalledRef]]  # what recall put into this reply's prompt
     replaces: NotRequired[str]  # the id of the message this one supersedes (regenerate, edit)
     continues: NotRequired[str]  # chat.continue: the cut reply this one carries on (and replaces)
+    restores: NotRequired[str]  # chat.choose: the version this line is a copy of (made current again)
+    versions: NotRequired[VersionsWire]  # sessions.history: when its place has several versions
+
+
+class VersionsWire(TypedDict):
+    """Where a shown message stands among the versions of its place (regenerate, edit)."""
+
+    index: int  # from 1: which of them is shown
+    count: int
+    ids: list[str]  # each version's id, oldest first (what chat.choose and sessions.versions take)
 
 
 def message_wire(m: Message) -> MessageWire:
@@ -208,6 +219,7 @@ class FactWire(TypedDict):
     text: str
     active: bool
     source: str
+    client: str | None  # the client token it was saved through ("claude"); null: the user's own
     createdAt: str
     updatedAt: str
     replaces: NotRequired[int]  # the version this one replaced
@@ -215,7 +227,7 @@ class FactWire(TypedDict):
 
 
 def fact_wire(f: Fact) -> FactWire:
-    out: FactWire = {"id": f.id, "text": f.text, "active": f.active, "source": f.source,
+    out: FactWire = {"id": f.id, "text": f.text, "active": f.active, "source": f.source, "client": f.client,
                      "createdAt": f.created_at, "updatedAt": f.updated_at}
     if f.previous_id is not None:
         out["replaces"] = f.previous_id

@@ -70,6 +70,7 @@ from .reader import ForwardReader, TranscriptEntry
 from .store import SessionStore
 from .supersede import CONTINUES_KEY, REPLACES_KEY, replaced_id, visible_history, visible_messages
 from .transcript import Header, memory_enabled, read_header
+from .versions import RESTORES_KEY, Restore, Versions, read_all
 
 if TYPE_CHECKING:
     from .pg import PgSessionStore as PgSessionStore
@@ -90,6 +91,10 @@ __all__ = [
     "MESSAGE_ROLES",
     "CONTINUES_KEY",
     "REPLACES_KEY",
+    "RESTORES_KEY",
+    "Restore",
+    "Versions",
+    "read_all",
     "SUMMARY_TYPE",
     "TRANSCRIPT_SUFFIX",
     "ConversationSummary",

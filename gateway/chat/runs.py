@@ -37,10 +37,18 @@ from gateway.chat.memory_tools import MemoryTools
 from gateway.chat.prompt import SessionRead, build_prompt, read_session
 from gateway.chat.titles import Titler
 from gateway.config import ChatConfig
-from gateway.errors import Conflict, GatewayError, NotConfigured, RateLimited
+from gateway.errors import Conflict, GatewayError, InvalidParams, NotConfigured, RateLimited
 from gateway.wire import LiveRun
 from memory import EpisodeWriter, Memory, SearchHit
-from sessions import REPLACES_KEY, Message, Session, SessionStoreLike, visible_history
+from sessions import (
+    REPLACES_KEY,
+    Message,
+    Session,
+    SessionStoreLike,
+    Versions,
+    read_all,
+    visible_history,
+)
 
 __all__ = ["ChatRuns", "Run"]
 
@@ -125,20 +133,54 @@ class ChatRuns:
         return run.run_id, False
 
     async def resend(self, user: str, session_key: str, text: str | None, *, recall: bool = True,
-                     carry_on: bool = False) -> str:
+                     carry_on: bool = False, edits: str | None = None) -> str:
         """``chat.regenerate`` (``text`` None: answer the last user message again, the new reply
         superseding the last one), ``chat.edit`` (append ``text`` superseding the last user
         message and its reply, then answer it) or, with ``carry_on``, ``chat.continue`` (the
-        last reply, cut at the length limit, written on). Only into an idle session; returns
-        the runId."""
+        last reply, cut at the length limit, written on). ``edits``: the id of the shown user
+        message an edit replaces (default the last): what followed it leaves the shown history.
+        Only into an idle session; returns the runId."""
         self._check_open()
         if (user, session_key) in self._lanes:
             raise Conflict("session busy: a reply is being written; wait for it or chat.abort it")
         run_id = secrets.token_hex(8)
         lane = await self._lane(user, session_key, None, run_id)
         run = Run(run_id, user, session_key, text or "", recall=recall)
-        await self._enqueue(lane, run, lambda read: self._prepare_resend(run, text, read, carry_on), None, None)
+        await self._enqueue(lane, run, lambda read: self._prepare_resend(run, text, read, carry_on, edits),
+                            None, None)
         return run.run_id
+
+    async def choose(self, user: str, session_key: str, message_id: str) -> list[Message]:
+        """``chat.choose``: append the lines that make version ``message_id`` of a message (and
+        the branch that followed it) the shown one again (``sessions.Versions.restore``); the
+        lines appended, none when it is shown already. Only into an idle session, and holding
+        its append lock, so a send arriving meanwhile is written after these lines."""
+        if (user, session_key) in self._lanes:
+            raise Conflict("session busy: a reply is being written; wait for it or chat.abort it")
+        lane = self._lanes[(user, session_key)] = SessionLane()
+        lane.submitters += 1
+        try:
+            async with lane.append_lock:
+                written = await asyncio.to_thread(self._restore, user, session_key, message_id)
+        finally:
+            lane.submitters -= 1
+            self._forget_if_idle(user, session_key, lane)
+        if written and self.memory is not None:
+            self.memory.nudge()  # the index follows the shown branch (a new ``replaces`` re-cuts it)
+        return written
+
+    def _restore(self, user: str, session_key: str, message_id: str) -> list[Message]:
+        marks = Versions(read_all(self.store, user, session_key))
+        if message_id not in marks.by_id:
+            raise InvalidParams("messageId", "is not a message of this session")
+        lines = marks.restore(message_id)
+        if lines is None:
+            raise Conflict("nothing to choose: no version of that message is shown now")
+        written = [self.store.append_message(user, session_key, role=r.role, content=r.content, name=r.name,
+                                             extra=r.extra) for r in lines]
+        if written:
+            self.store.flush()
+        return written
 
     def _check_open(self) -> None:
         if self.model is None:
@@ -222,23 +264,29 @@ class ChatRuns:
             # starts and reports what fails then, as it would have without this read.
             return None
 
-    def _prepare_resend(self, run: Run, text: str | None, read: bool, carry_on: bool = False) -> Prefetched:
+    def _prepare_resend(self, run: Run, text: str | None, read: bool, carry_on: bool = False,
+                        edits: str | None = None) -> Prefetched:
         """Find what a regenerate, an edit or a continue replaces in the shown messages and, for
         an edit, append the new user line. Runs in a worker thread."""
         self._check_model(self.store.get(run.user, run.session_key).model)
         # The shown messages back to the last user message, however much was superseded between.
         recent: list[Message] = []
         cursor: str | None = None
-        while not any(m.role == "user" for m in recent):
+        while not any(m.role == "user" and edits in (None, m.id) for m in recent):
             page, cursor = visible_history(self.store, run.user, run.session_key, limit=4, before=cursor)
             recent = page + recent
             if cursor is None:
                 break
         last_user = next((m for m in reversed(recent) if m.role == "user"), None)
         if text is not None:
-            if last_user is None:
-                raise Conflict("nothing to edit: the session has no message of yours")
-            return self._append_user(run, read, {REPLACES_KEY: last_user.id})
+            # An earlier one forks: its replaces hides it and all after it (they stay browsable
+            # as the other version of that message, sessions.versions).
+            edited = last_user if edits is None else next(
+                (m for m in recent if m.role == "user" and m.id == edits), None)
+            if edited is None:
+                raise Conflict("nothing to edit: " + ("the session has no message of yours" if edits is None
+                                                      else "that id is not a shown message of yours"))
+            return self._append_user(run, read, {REPLACES_KEY: edited.id})
         if not recent or recent[-1].role != "assistant" or last_user is None:
             what = "continue" if carry_on else "regenerate"
             raise Conflict(f"nothing to {what}: the session's last message is not a reply")

@@ -1,4 +1,4 @@
-"""``chat.send``, ``chat.abort``, ``chat.regenerate``, ``chat.continue`` and ``chat.edit``: check
+"""``chat.send``, ``chat.abort``, ``chat.regenerate``, ``chat.continue``, ``chat.edit`` and ``chat.choose``: check
 the call, then hand it to :class:`ChatRuns`."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from gateway.config import ChatConfig
 from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
 from gateway.rpc import Bound, ByteRate, CallContext, Registry, bounded, written_size
+from gateway.wire import MessageWire, message_wire
 from sessions import SessionStoreLike
 
 __all__ = ["ChatMethods", "declare_chat"]
@@ -48,6 +49,18 @@ class ChatEditParams:
     session_key: str = bounded(max_len=MAX_KEY)
     text: str = bounded(doc="the new text of the session's last user message")
     recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
+    message_id: str | None = bounded(None, max_len=MAX_KEY, doc="a shown user message to edit instead of the "
+                                     "last; what followed it leaves the shown history (a fork)")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChooseParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    message_id: str = bounded(max_len=MAX_KEY, doc="the version to show (one of sessions.history's versions.ids)")
+
+
+class ChooseReply(TypedDict):
+    messages: list[MessageWire]  # the lines appended (none when that version was shown already)
 
 
 class SendReply(TypedDict):
@@ -136,13 +149,19 @@ class ChatMethods:
         if rate is not None:
             rate.take(user, size)
         try:
-            run_id = await self.runs.resend(user, p.session_key, p.text, recall=p.recall)
+            run_id = await self.runs.resend(user, p.session_key, p.text, recall=p.recall, edits=p.message_id)
         except BaseException:
             if rate is not None:
                 rate.refund(user, size)
             raise
         self.hub.attach(ctx, user, p.session_key)
         return {"runId": run_id, "status": "started"}
+
+    async def choose(self, ctx: CallContext, p: ChatChooseParams) -> ChooseReply:
+        user = ctx.caller
+        await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not ours
+        written = await self.runs.choose(user, p.session_key, p.message_id)
+        return {"messages": [message_wire(m) for m in written]}
 
     async def abort(self, ctx: CallContext, p: ChatAbortParams) -> AbortReply:
         user = ctx.caller
@@ -159,8 +178,11 @@ def declare_chat(reg: Registry, config: ChatConfig, h: ChatMethods | None) -> No
     reg.declare("chat.continue", ChatContinueParams, "Write on the last reply where it stopped at the length "
                 "limit; the longer reply supersedes it (an idle session only).", h.carry_on if h else None,
                 result=ResendReply)
-    reg.declare("chat.edit", ChatEditParams, "Replace the last user message (and its reply) with text and "
-                "answer it (an idle session only).", h.edit if h else None, result=ResendReply,
+    reg.declare("chat.edit", ChatEditParams, "Replace the last user message (or messageId: an earlier one, "
+                "forking) and what followed it with text and answer it (an idle session only).", h.edit if h else None, result=ResendReply,
                 bounds={"text": Bound(max_len=config.max_message_bytes)})
+    reg.declare("chat.choose", ChatChooseParams, "Show an earlier version of a message again (and the branch "
+                "that followed it), appended as new lines (an idle session only).", h.choose if h else None,
+                result=ChooseReply)
     reg.declare("chat.abort", ChatAbortParams, "Abort the running reply of a session.", h.abort if h else None,
                 result=AbortReply)

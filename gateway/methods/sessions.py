@@ -27,12 +27,22 @@ from gateway.wire import (
     SessionDetailWire,
     SessionWire,
     SummaryWire,
+    VersionsWire,
     message_wire,
     session_wire,
     summary_wire,
 )
 from memory import Memory
-from sessions import ConversationSummary, Message, SessionsConfig, SessionStoreLike, visible_history
+from sessions import (
+    ConversationSummary,
+    Message,
+    SessionsConfig,
+    SessionStoreLike,
+    Versions,
+    read_all,
+    visible_history,
+    visible_messages,
+)
 
 __all__ = ["MAX_KEY", "MAX_SYSTEM_PROMPT_CHARS", "SessionsMethods", "declare_sessions"]
 
@@ -81,6 +91,18 @@ class HistoryParams:
     session_key: str = bounded(max_len=MAX_KEY)
     limit: int = bounded(50, min=1)
     before: str | None = bounded(None, max_len=512)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionsParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    message_id: str = bounded(max_len=MAX_KEY, doc="any version of the message (sessions.history's id)")
+
+
+class VersionsReply(TypedDict):
+    index: int  # from 1: the version shown now (0: none of them is shown)
+    count: int
+    versions: list[MessageWire]  # each version's newest line, oldest version first
 
 
 class CreatedReply(TypedDict):
@@ -187,11 +209,34 @@ class SessionsMethods:
 
         messages, nxt, summary = await asyncio.to_thread(read)
         out: HistoryReply = {"messages": [message_wire(m) for m in messages]}
+        # A shown message of a place with several versions is a later version (``replaces``) or
+        # a chosen copy (``restores``), so a page without either costs no whole-transcript read.
+        if any("replaces" in m or "restores" in m for m in out["messages"]):
+            marks = await asyncio.to_thread(lambda: Versions(read_all(self.store, ctx.caller, p.session_key)))
+            for wire in out["messages"]:
+                mark = marks.mark(wire["id"])
+                if mark is not None:
+                    wire["versions"] = VersionsWire(index=mark[0], count=mark[1], ids=mark[2])
         if nxt:
             out["next"] = nxt
         if summary is not None:
             out["summary"] = summary_wire(summary)
         return out
+
+    async def versions(self, ctx: CallContext, p: VersionsParams) -> VersionsReply:
+        def read() -> VersionsReply:
+            store, user = self.store, ctx.caller
+            all_lines = read_all(store, user, p.session_key)
+            marks = Versions(all_lines)
+            if p.message_id not in marks.by_id:
+                raise InvalidParams("messageId", "is not a message of this session")
+            ids = marks.of(p.message_id)
+            shown = {marks.canon(m.id) for m in visible_messages(all_lines)}
+            index = next((i + 1 for i, v in enumerate(ids) if v in shown), 0)
+            return {"index": index, "count": len(ids),
+                    "versions": [message_wire(marks.latest(v)) for v in ids]}
+
+        return await asyncio.to_thread(read)
 
     async def update(self, ctx: CallContext, p: UpdateSessionParams) -> SessionWire:
         self._check_offered(p.model)
@@ -241,6 +286,8 @@ def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods |
       h.get if h else None, result=SessionDetailWire)
     d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.",
       h.history if h else None, result=HistoryReply, bounds=page)
+    d("sessions.versions", VersionsParams, "Every version of a message (regenerated replies, edited messages), "
+      "oldest first; chat.choose makes one current.", h.versions if h else None, result=VersionsReply)
     d("sessions.update", UpdateSessionParams, "Change a session's title, system prompt, model, temperature or "
       "maxTokens.", h.update if h else None, result=SessionWire,
       bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars),

@@ -110,6 +110,10 @@ async def test_replies_validate_against_their_published_schema(
                 pass
         history = await call("sessions.history", {"sessionKey": key})
         assert [m["role"] for m in history["messages"]] == ["user", "assistant"]
+        edited = history["messages"][0]  # 2/2: the edit made it a second version (a marked history)
+        await call("sessions.versions", {"sessionKey": key, "messageId": edited["id"]})
+        await call("chat.choose", {"sessionKey": key, "messageId": edited["versions"]["ids"][0]})
+        await call("sessions.history", {"sessionKey": key})
         await call("sessions.subscribe", {"sessionKey": key})
         await call("sessions.unsubscribe", {"sessionKey": key})
         await call("chat.abort", {"sessionKey": key})

@@ -327,6 +327,7 @@ export class ChatView {
         usage: p.usage || p.message.usage, model: p.message.model, finishReason: p.message.finishReason });
       this.#render(reply);
       this.#dropSuperseded(p.message);
+      if (p.message.replaces) this.#fetchVersions(p.sessionKey).catch(() => {});
       const refs = p.message.recalled || p.recalled;
       if (refs && refs.length) this.#loadChips(reply, refs);
       this.#runEnded(p.runId);
@@ -412,7 +413,7 @@ export class ChatView {
       const state = m.aborted ? "aborted" : m.failed ? "error" : "done";
       const fields = { id: m.id, role: m.role, content: m.content, ts: m.ts, runId: m.runId, state,
         error: m.failed ? m.error || "the reply failed" : "", usage: m.usage, model: m.model,
-        finishReason: m.finishReason };
+        finishReason: m.finishReason, versions: m.versions };
       let item = same;
       if (same) {
         if (same.state === "streaming" && m.role === "assistant") this.#runEnded(m.runId);
@@ -471,7 +472,35 @@ export class ChatView {
   #render(item) {
     const li = this.nodes.get(item.key);
     if (li) renderMessage(li, item, {
-      sessionTitle: (key) => this.sessionTitle?.(key), onOpenSource: (key, ts) => this.onOpenSource(key, ts) });
+      sessionTitle: (key) => this.sessionTitle?.(key), onOpenSource: (key, ts) => this.onOpenSource(key, ts),
+      onChoose: (x, id) => this.#choose(id) });
+  }
+
+  // ‹ › on a message: chat.choose makes that version (and the branch after it) the shown one;
+  // the history is read again, since a whole branch may have changed below it.
+  async #choose(messageId) {
+    if (!this.session || this.activeRun) return;
+    try {
+      await this.rpc.call("chat.choose", { sessionKey: this.session.sessionKey, messageId });
+    } catch (err) {
+      this.#banner(`Switching versions failed: ${err.message}`);
+      return;
+    }
+    await this.open(this.session);
+  }
+
+  // A regenerated reply or an edited message is one more version: its ‹ n/n › comes from the
+  // newest history page (chat.final's message carries no `versions`).
+  async #fetchVersions(key) {
+    const page = await this.rpc.call("sessions.history", { sessionKey: key, limit: 10 });
+    if (!this.session || this.session.sessionKey !== key) return;
+    for (const m of page.messages) {
+      const item = this.items.find((x) => x.id === m.id);
+      if (item && m.versions) {
+        item.versions = m.versions;
+        this.#render(item);
+      }
+    }
   }
 
   // The welcome fills a chat with nothing in it: a draft, or a session opened without messages

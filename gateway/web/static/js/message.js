@@ -8,10 +8,11 @@ import { recalledBlock } from "./recalled.js";
 export function messageNode(item) {
   return h("li", { class: `msg ${item.role}`, tabindex: "-1" },
     h("div", { class: "meta" }), h("div", { class: "body" }), h("div", { class: "extras" }),
-    h("div", { class: "msg-actions" }, h("span", { class: "resend" }), copyButton(() => item.content, "Copy message")));
+    h("div", { class: "msg-actions" }, h("span", { class: "versions" }), h("span", { class: "resend" }),
+      copyButton(() => item.content, "Copy message")));
 }
 
-export function renderMessage(li, item, { sessionTitle, onOpenSource }) {
+export function renderMessage(li, item, { sessionTitle, onOpenSource, onChoose }) {
   li.className = `msg ${item.role} ${item.state}`;
   li.dataset.state = item.state;
   if (item.id) li.dataset.id = item.id;
@@ -38,6 +39,22 @@ export function renderMessage(li, item, { sessionTitle, onOpenSource }) {
   if (item.recalled && item.recalled.length) {
     extras.append(recalledBlock(item.recalled, { sessionTitle, onOpen: onOpenSource }));
   }
+  li.querySelector(".msg-actions .versions")?.replaceChildren(...versionsNav(item, onChoose));
+}
+
+// ‹ 1/2 › on a message whose place has several versions (sessions.history's `versions`): each
+// arrow makes the version beside it current (chat.choose), with the branch that followed it.
+function versionsNav(item, onChoose) {
+  const v = item.versions;
+  if (!v || v.count < 2 || !onChoose || item.state !== "done") return [];
+  const go = (to) => () => onChoose(item, v.ids[to - 1]);
+  return [
+    h("button", { type: "button", class: "version-prev", "aria-label": "Previous version",
+      disabled: v.index <= 1, onclick: go(v.index - 1) }, "‹"),
+    h("span", { class: "version-index" }, `${v.index}/${v.count}`),
+    h("button", { type: "button", class: "version-next", "aria-label": "Next version",
+      disabled: v.index >= v.count, onclick: go(v.index + 1) }, "›"),
+  ];
 }
 
 // A finished reply's token count, as the endpoint reported it (chat.final's `usage`, kept on

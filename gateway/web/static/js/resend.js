@@ -1,5 +1,5 @@
 // Regenerate (the last reply), Continue (the last reply, when it stopped at the length limit)
-// and Edit (the last user message): the buttons, the inline edit form, and which shown messages
+// and Edit (any user message: an earlier one forks from it): the buttons, the inline edit form, and which shown messages
 // a stored line with `replaces` supersedes (docs/sessions.md: the message it names and every one
 // after it, up to the new line).
 
@@ -45,8 +45,10 @@ export class Resend {
     if (!el || busy()) return;
     el.replaceChildren(editForm(item.content, {
       onCancel: () => { render(item); el.parentElement?.focus(); },
-      onSave: (text) => this.#call("Edit", { sessionKey: this.hooks.session().sessionKey, text }, (res) => {
-        // The old message and its reply go once the edit is accepted; a refusal keeps them.
+      onSave: (text) => this.#call("Edit", { sessionKey: this.hooks.session().sessionKey, text,
+        messageId: item.id }, (res) => {
+        // The old message and all after it go once the edit is accepted (they stay one ‹ › away
+        // as that message's other version); a refusal keeps them.
         const items = this.hooks.items();
         for (const x of items.slice(items.indexOf(item))) if (x.id) this.hooks.remove(x);
         this.hooks.started(res.runId, text);
@@ -66,25 +68,27 @@ export class Resend {
     }
   }
 
-  // Regenerate sits on the newest reply, Edit on the newest user message, while nothing runs;
+  // Regenerate sits on the newest reply, Edit on every stored user message, while nothing runs;
   // rebuilt only when that changes, so a focused button is not replaced under the keyboard.
   refresh() {
     const { session, items, busy, body } = this.hooks;
-    const { lastReply, lastUser } = busy() || !session() ? {} : resendTargets(items());
-    const shown = [lastReply?.key, lastUser?.key, lastReply?.finishReason].join("|");
+    const idle = !busy() && Boolean(session());
+    const { lastReply, lastUser } = idle ? resendTargets(items()) : {};
+    const users = idle ? items().filter((m) => m.role === "user" && m.id && m.state === "done").map((m) => m.key) : [];
+    const shown = [lastReply?.key, lastUser?.key, lastReply?.finishReason, ...users].join("|");
     if (shown === this.shown) return;
     this.shown = shown;
     for (const m of items()) {
       body(m)?.parentElement?.querySelector(".resend")?.replaceChildren(...resendButtons(m, {
-        lastReply, lastUser, onRegenerate: () => this.regenerate(), onEdit: (x) => this.startEdit(x),
+        lastReply, lastUser, editable: users.includes(m.key), onRegenerate: () => this.regenerate(), onEdit: (x) => this.startEdit(x),
         onContinue: () => this.carryOn() }));
     }
   }
 }
 
-// The buttons a message gets: only the newest reply and the newest user message, while no
-// reply is being written.
-export function resendButtons(item, { lastReply, lastUser, onRegenerate, onEdit, onContinue }) {
+// The buttons a message gets, while no reply is being written: Regenerate (and Continue) on the
+// newest reply, Edit on the user messages (`editable`; without it, the newest only).
+export function resendButtons(item, { lastReply, lastUser, editable, onRegenerate, onEdit, onContinue }) {
   const out = [];
   if (item === lastReply && item.finishReason === "length" && onContinue) {
     out.push(h("button", { type: "button", class: "copy", title: "The reply stopped at its length limit",
@@ -93,7 +97,7 @@ export function resendButtons(item, { lastReply, lastUser, onRegenerate, onEdit,
   if (item === lastReply) {
     out.push(h("button", { type: "button", class: "copy", onclick: onRegenerate }, "Regenerate"));
   }
-  if (item === lastUser) {
+  if (editable ?? item === lastUser) {
     out.push(h("button", { type: "button", class: "copy", onclick: () => onEdit(item) }, "Edit"));
   }
   return out;
