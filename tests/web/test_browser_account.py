@@ -39,7 +39,7 @@ async def test_link_for_another_user_asks_before_switching(browser: Browser, two
     ctx = await browser.new_context()
     page = await ctx.new_page()
     await page.goto(page_url(two_users))
-    await page.get_by_label("Token").fill(ALICE)
+    await page.get_by_label("Token", exact=True).fill(ALICE)
     await page.get_by_label("Remember on this device").check()
     await page.get_by_role("button", name="Sign in").click()
     await signed_in_as(page, "alice")

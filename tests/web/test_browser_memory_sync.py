@@ -62,7 +62,7 @@ async def test_memory_search_panel(browser: Browser, web_app: App) -> None:
     await new_session(page)
     await page.get_by_role("button", name="Search memory").click()
     await page.get_by_label("Query").fill("Lisbon weather")
-    await page.get_by_label("Mode").select_option("keyword")
+    await page.get_by_label("Mode", exact=True).select_option("keyword")
     await page.locator("#search-form").get_by_role("button", name="Search").click()
     result = page.locator("#search-results .result").first
     await expect(result.locator("mark").first).to_have_text("weather")
