@@ -74,6 +74,7 @@ def _ask_daemon(target: Target, args: argparse.Namespace) -> int | None:
     """Answer ``status`` or ``search`` from the daemon; None when it cannot be reached (the
     caller then opens the index itself)."""
     from gateway.client import Client, RpcError
+    from gateway.errors import Unauthorized
 
     async def ask() -> Any:
         async with Client.connect(target.url, target.token, ssl_context=target.ssl) as client:
@@ -87,6 +88,11 @@ def _ask_daemon(target: Target, args: argparse.Namespace) -> int | None:
     try:
         answer = asyncio.run(ask())
     except RpcError as exc:
+        if exc.code == Unauthorized.code:  # no token for it here (it may take its own from the
+            # environment): the index is this data dir's all the same
+            print(f"recalld: the daemon at {target.url} refused this shell's token ({exc.message}); "
+                  "reading the index directly", file=sys.stderr)
+            return None
         print(f"recalld: the daemon at {target.url} answered: {exc.message}", file=sys.stderr)
         return 1
     except Exception as exc:  # OSError, a refused token (websockets' InvalidStatus), a timeout
