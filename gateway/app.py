@@ -313,7 +313,8 @@ def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memor
     return ChatRuns(config.chat, llm.model, store, hub, model, service,
                     max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user,
                     gate=None if cluster is None else cluster.runs, models=llm.choices(),
-                    max_temperature=llm.max_temperature, max_tokens_limit=llm.max_tokens_limit)
+                    max_temperature=llm.max_temperature, max_tokens_limit=llm.max_tokens_limit,
+                    vision_models=llm.vision_models)
 
 
 def _start_background(stack: AsyncExitStack, config: Config, store: SessionStoreLike,
@@ -355,7 +356,9 @@ def _declare_handlers(registry: Registry, config: Config, store: SessionStoreLik
     written = ByteRate(quotas.message_bytes_per_minute, "quotas.message_bytes_per_minute",
                        largest=config.chat.max_message_bytes)
     sessions = SessionsMethods(store, hub, runs, service, llm.choices(), written)
-    chat = ChatMethods(config.chat, store, hub, runs, written)
+    files = ByteRate(quotas.attachment_bytes_per_minute, "quotas.attachment_bytes_per_minute",
+                     largest=config.chat.max_attachment_bytes)
+    chat = ChatMethods(config.chat, store, hub, runs, written, files)
     memory = MemoryMethods(
         service, store, admin=_memory_admin(config),
         full_reindex_interval_s=config.limits.full_reindex_interval_s,

@@ -132,6 +132,9 @@ class QuotasConfig:
     # Bytes of chat.send messages and system prompts per user per minute: far above typing, far
     # below a full disk.
     message_bytes_per_minute: int = field(default=4 * 1024 * 1024, metadata=_limit(1024))
+    # Bytes of chat.send attachments (decoded) per user per minute: a bucket holding at least one
+    # chat.max_attachment_bytes file.
+    attachment_bytes_per_minute: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,9 @@ class LlmConfig:
     # max_tokens; a session without one sends none. A lower setting also caps sessions that
     # chose more before.
     max_tokens_limit: int = field(default=32768, metadata=_limit(1))
+    # Models that take images (chat.send attachments of image/*, sent as image_url parts); an
+    # image sent to a session on any other model answers -32602.
+    vision_models: tuple[str, ...] = ()
 
     def choices(self) -> tuple[str, ...]:
         """The models a session may run on: the configured one first, then ``models``."""
@@ -206,6 +212,18 @@ class ChatConfig:
     compaction_max_tokens: int = field(default=300, metadata=_limit(50, 4000))
     # One summary call's bound; a call that takes longer is dropped and tried at the next trigger.
     compaction_timeout_s: float = field(default=60.0, metadata=_limit(1))
+    # Files one chat.send may carry (docs/protocol.md, "Attachments"), and the largest one after
+    # base64 decoding. A whole call is one frame, so server.max_size bounds them together too:
+    # the default is the largest file whose base64 fits in the default 4 MiB frame.
+    max_attachments: int = field(default=8, metadata=_limit(0, 64))
+    max_attachment_bytes: int = field(default=3 * 1024 * 1024, metadata=_limit(1))
+    # The text kept of one text file or PDF: what the model is given and memory indexes (it is
+    # written on the user's transcript line, bounded by sessions.max_line_bytes with the rest).
+    attachment_text_chars: int = field(default=20_000, metadata=_limit(100, 1_000_000))
+    # A PDF's pages read for text (the rest are left out), and the time one extraction may take:
+    # a crafted PDF (a page bomb, a compression bomb) costs at most this.
+    attachment_pdf_pages: int = field(default=200, metadata=_limit(1, 100_000))
+    attachment_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
 
 
 @dataclass(frozen=True, slots=True)

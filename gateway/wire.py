@@ -17,6 +17,7 @@ from sessions import ConversationSummary, Message, Session
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "AttachmentWire",
     "ChatDelta",
     "ChatEventBase",
     "EpisodeWire",
@@ -192,6 +193,17 @@ class MessageWire(TypedDict):
     continues: NotRequired[str]  # chat.continue: the cut reply this one carries on (and replaces)
     restores: NotRequired[str]  # chat.choose: the version this line is a copy of (made current again)
     versions: NotRequired[VersionsWire]  # sessions.history: when its place has several versions
+    attachments: NotRequired[list[AttachmentWire]]  # a user message's files (chat.send attachments)
+
+
+class AttachmentWire(TypedDict):
+    """A file sent with a user message: its metadata (the bytes: sessions.attachment)."""
+
+    name: str
+    mediaType: str
+    sha256: str
+    bytes: int
+    text: NotRequired[str]  # a text file's or a PDF's text as the model is given it (bounded)
 
 
 class VersionsWire(TypedDict):

@@ -155,8 +155,18 @@ def _segments(text: str, limit: int) -> list[str]:
     return [p for p in pieces if p]
 
 
+def _with_files(content: str, files: object) -> str:
+    """A message's text and its attachments' text (``attachments[i].text`` on the line, written
+    by chat.send), each under a ``[file: name]`` header so a hit names its source."""
+    parts = [content] if content else []
+    for f in files if isinstance(files, list) else ():
+        if isinstance(f, dict) and isinstance(f.get("text"), str) and f["text"].strip():
+            parts.append(f"[file: {f.get('name')}] {f['text'].strip()}")
+    return "\n\n".join(parts)
+
+
 def message_units(entry: TranscriptEntry, chunk_tokens: int, overlap_tokens: int) -> list[Unit]:
-    text = entry.message.content.strip()
+    text = _with_files(entry.message.content.strip(), entry.message.extra.get("attachments"))
     if not text:
         return []
     prefix = _prefix(entry)

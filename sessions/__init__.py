@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .attachments import AttachmentFiles, AttachmentStore, is_sha256
 from .config import FsyncPolicy, SessionsConfig
 from .errors import (
     InvalidSessionInput,
@@ -77,6 +78,9 @@ if TYPE_CHECKING:
     from .pg import feed as pg_feed  # noqa: F401  (for mypy; __getattr__ imports it at run time)
 
 __all__ = [
+    "AttachmentFiles",
+    "AttachmentStore",
+    "is_sha256",
     "AsyncLedger",
     "AsyncPgLedger",
     "Ledger",

@@ -29,6 +29,7 @@ import apsw
 import structlog
 
 from . import inputs
+from .attachments import AttachmentStore, attachment_hashes
 from .checked import CheckedSessionStore
 from .config import SessionsConfig
 from .errors import SessionNotFound, StorageError
@@ -99,6 +100,8 @@ class SessionStore(CheckedSessionStore):
         self._summaries: dict[_Ident, ConversationSummary | None] = {}
         self._closed = False
         self._data_dir = Path(data_dir)
+        # chat.send's files (sessions.attachments), deleted with their session.
+        self.attachments = AttachmentStore(self._data_dir, config.min_free_bytes, self._io)
         self._catching_up: threading.Thread | None = None
         try:
             self._root.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
@@ -174,6 +177,7 @@ class SessionStore(CheckedSessionStore):
                 raise StorageError(describe_os_error(err, "deleting transcript")) from err
             for aside in path.parent.glob(f"{path.name}.corrupt-*"):
                 aside.unlink(missing_ok=True)
+            self.attachments.delete_session(user, key)
             self._forget(ident)
             self._durability.forget(path)
             self._durability.written(path.parent)
@@ -196,6 +200,8 @@ class SessionStore(CheckedSessionStore):
             content, removed = without_messages(path, header_end, after, before)
             if removed:
                 rewrite_file(self._io, path, content)
+                # A forgotten message's files go with it; those the kept lines name stay.
+                self.attachments.keep_only(user, key, attachment_hashes(content))
                 self._forget(ident)
                 self._durability.forget(path)
                 self._rows.refresh(user, key)

@@ -44,6 +44,8 @@ class Run:
     # also ``replaces`` it; ``partial`` starts with its text, so the line holds the whole reply).
     continues: str | None = None
     session: Session | None = None  # as the run's prompt read it (its title decides naming)
+    # chat.send's checked attachments (gateway.chat.attachments.Upload), stored with its line.
+    uploads: tuple[Any, ...] = ()
 
     def next_event(self) -> ChatEventBase:
         """The fields every chat event carries, taking this run's next ``seq``: call it once

@@ -16,12 +16,15 @@ separators. The budget is a guard against oversized prompts, not an exact fit.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from gateway.chat.attachments import text_block
 from gateway.config import ChatConfig
 from memory import (
     BLOCK_CLOSE,
@@ -65,6 +68,11 @@ SUMMARY_CLOSE = "</conversation_summary>"
 SessionRead = tuple[Session, list[Message], ConversationSummary | None]
 # Chat-format tokens around each message (role, separators) that the content does not show.
 MESSAGE_OVERHEAD_TOKENS = 4
+# What one image part is counted as against chat.max_context_tokens (a vision model's tiles of a
+# mid-sized picture cost several hundred tokens).
+IMAGE_TOKENS = 800
+# Reads an attachment's bytes, (session key, sha256) -> bytes; None: the store keeps no files.
+ImageReader = Callable[[str, str], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +80,7 @@ class Prompt:
     """The messages for the model, the session, what memory does for the run, what it gave the
     prompt, and the part of the session the history window shows (what recall left out)."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     session: Session
     memory: RunMemory = RunMemory()
     context: MemoryContext = MemoryContext()
@@ -183,6 +191,7 @@ async def build_prompt(
     user: str, session_key: str, message: str, run_id: str,
     read: SessionRead | None = None, *, recall: bool = True, tools: bool = True,
     own_id: str | None = None, carry_on: str | None = None,
+    images: Callable[[Session], ImageReader | None] | None = None,
 ) -> Prompt:
     """The prompt of the run ``run_id`` whose user message is ``message``.
 
@@ -196,10 +205,15 @@ async def build_prompt(
     ``recall`` is ``chat.send``'s flag; ``tools`` whether the model takes tool calls), so
     nothing is recalled before that flag is known. ``carry_on`` (``chat.continue``): the reply
     cut at the length limit, put after the user message for the model to write on from.
+    A user message's attachments (docs/protocol.md, "Attachments"): its text files' text is
+    given after its own text under ``[file: name]`` headers; its images as ``image_url`` parts
+    read by what ``images`` gives for the session (None when its model takes no images: then
+    each is an ``[image: name]`` note).
     """
     if read is None:
         read = await asyncio.to_thread(read_session, config, store, user, session_key)
     session, recent, summary = read
+    see = images(session) if images is not None else None
     run = RunMemory.decide(memory.config if memory is not None else None, incognito=not session.memory,
                            recall=recall, chunk_recall=config.recall, tools=tools)
     window = history_window(config, recent, run_id, own_id)
@@ -226,28 +240,59 @@ async def build_prompt(
     if summary is not None:  # after the memory sections, before the history; out of its budget
         system_parts.append(format_summary_block(summary))
         budget -= message_tokens(system_parts[-1])
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     if system_parts:
         out.append({"role": "system", "content": "\n\n".join(system_parts)})
 
-    history: list[dict[str, str]] = []
+    history: list[dict[str, Any]] = []
+    own_text: list[str] = []  # each entry's message text as written, before its files were added
+    pictures: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     for msg in reversed(window):
         if msg.extra.get("failed") or (msg.role == "assistant" and not msg.content):
             continue  # failed or empty partials would only confuse the model
-        cost = message_tokens(msg.content)
+        files = msg.extra.get("attachments") if msg.role == "user" else None
+        files = [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
+        content = text_block(msg.content, files) if files else msg.content
+        shots = [f for f in files if str(f.get("mediaType", "")).startswith("image/")]
+        if shots and see is None:
+            content += "".join(f"\n[image: {f.get('name')}]" for f in shots)
+        cost = message_tokens(content) + (IMAGE_TOKENS * len(shots) if see is not None else 0)
         if history and cost > budget:
             break
         budget -= cost
-        entry = {"role": msg.role if msg.role in ("user", "assistant") else "user", "content": msg.content}
+        entry: dict[str, Any] = {"role": msg.role if msg.role in ("user", "assistant") else "user", "content": content}
         if msg.name:
             entry["name"] = msg.name
+        if shots and see is not None:
+            pictures.append((entry, shots))
         history.append(entry)
+        own_text.append(msg.content)
     history.reverse()
-    if not history or history[-1]["content"] != message:
+    own_text.reverse()
+    if pictures and see is not None:
+        await asyncio.to_thread(_add_images, pictures, see, session_key)
+    if not history or own_text[-1] != message:
         history.append({"role": "user", "content": message})
     if carry_on is not None:
         history.append({"role": "assistant", "content": carry_on})
     return Prompt(out + history, session, run, context, shown)
+
+
+def _add_images(pictures: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]], images: ImageReader,
+                session_key: str) -> None:
+    """Turn each entry with images into OpenAI content parts: its text, then one ``image_url``
+    data URL per image (a file gone meanwhile becomes a note). Blocking: file reads."""
+    for entry, shots in pictures:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": entry["content"]}] if entry["content"] else []
+        for meta in shots:
+            try:
+                data = images(session_key, str(meta.get("sha256")))
+            except Exception:  # noqa: BLE001 - forgotten or unreadable: the model is told, the run goes on
+                parts.append({"type": "text", "text": f"[image: {meta.get('name')} (no longer stored)]"})
+                continue
+            url = f"data:{meta.get('mediaType')};base64,{base64.b64encode(data).decode('ascii')}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        entry["content"] = parts
 
 
 def history_window(config: ChatConfig, recent: Sequence[Message], run_id: str, own_id: str | None) -> list[Message]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from gateway.chat.attachments import Upload, line_meta, pdf_text
 from gateway.chat.compaction import Compactor
 from gateway.chat.episodes import ModelSummarizer
 from gateway.chat.finish import RunEnds, run_error
@@ -42,6 +43,7 @@ from gateway.wire import LiveRun
 from memory import EpisodeWriter, Memory, SearchHit
 from sessions import (
     REPLACES_KEY,
+    AttachmentFiles,
     Message,
     Session,
     SessionStoreLike,
@@ -70,8 +72,15 @@ class ChatRuns:
                  model: ChatModel | None, memory: Memory | None, *,
                  max_runs: int | None = None, max_runs_per_user: int | None = None,
                  gate: RunGate | None = None, models: tuple[str, ...] | None = None,
-                 max_temperature: float | None = None, max_tokens_limit: int | None = None) -> None:
+                 max_temperature: float | None = None, max_tokens_limit: int | None = None,
+                 vision_models: tuple[str, ...] = ()) -> None:
         self.config = config
+        # llm.vision_models: the models given images; an image for any other is refused at send.
+        self.vision_models = vision_models
+        # Where chat.send's files are kept: the store's (files beside the transcripts, or a
+        # PostgreSQL table); None for a store without any, which refuses attachments.
+        found = getattr(store, "attachments", None)
+        self.files: AttachmentFiles | None = found if isinstance(found, AttachmentFiles) else None
         # llm.max_temperature / llm.max_tokens_limit, applied at every run: a session that chose
         # more before the operator lowered them goes out with the bound.
         self.max_temperature = max_temperature
@@ -101,7 +110,8 @@ class ChatRuns:
         self._closing = False
 
     async def submit(self, user: str, session_key: str, message: str,
-                     idempotency_key: str | None, *, recall: bool = True) -> tuple[str, bool]:
+                     idempotency_key: str | None, *, recall: bool = True,
+                     uploads: Sequence[Upload] = ()) -> tuple[str, bool]:
         """Append the user message and queue its run; returns (runId, whether it is a
         duplicate of an earlier send with the same idempotency key)."""
         self._check_open()
@@ -120,7 +130,7 @@ class ChatRuns:
             if owner != run_id:
                 return owner, True
         lane = await self._lane(user, session_key, idem, run_id)
-        run = Run(run_id, user, session_key, message, recall=recall)
+        run = Run(run_id, user, session_key, message, recall=recall, uploads=tuple(uploads))
         attempt: Attempt | None = None
         if idem is not None:
             # Recorded before the first await so a duplicate racing this one finds it.
@@ -247,8 +257,22 @@ class ChatRuns:
     def _prepare_send(self, run: Run, read: bool) -> Prefetched:
         """A chat.send's message appended (see _append_user), unless its session's model is no
         longer offered: then nothing is. Runs in a worker thread."""
-        self._check_model(self.store.get(run.user, run.session_key).model)
-        return self._append_user(run, read)
+        model = self.store.get(run.user, run.session_key).model
+        self._check_model(model)
+        extra = self._store_uploads(run, model or self.default_model) if run.uploads else None
+        return self._append_user(run, read, extra)
+
+    def _store_uploads(self, run: Run, model: str) -> dict[str, Any]:
+        """Check the run's attachments against the session (its backend, its model), read
+        PDFs' text and store each file; the line's ``attachments`` metadata. Worker thread."""
+        files = self.files
+        if files is None:
+            raise InvalidParams("attachments", "are not kept by this gateway's session store")
+        if any(u.kind == "image" for u in run.uploads) and model not in self.vision_models:
+            raise InvalidParams("attachments", f"this model ({model}) does not take images; the models that do "
+                                f"are llm.vision_models ({list(self.vision_models)})")
+        uploads = [pdf_text(i, u, self.config) if u.kind == "pdf" else u for i, u in enumerate(run.uploads)]
+        return {"attachments": [line_meta(u, files.put(run.user, run.session_key, u.data)) for u in uploads]}
 
     def _append_user(self, run: Run, read: bool, extra: dict[str, Any] | None = None) -> Prefetched:
         """Append the run's user message; with ``read``, then read what its prompt needs.
@@ -286,7 +310,10 @@ class ChatRuns:
             if edited is None:
                 raise Conflict("nothing to edit: " + ("the session has no message of yours" if edits is None
                                                       else "that id is not a shown message of yours"))
-            return self._append_user(run, read, {REPLACES_KEY: edited.id})
+            extra: dict[str, Any] = {REPLACES_KEY: edited.id}
+            if "attachments" in edited.extra:  # an edit changes the text; the files stay attached
+                extra["attachments"] = edited.extra["attachments"]
+            return self._append_user(run, read, extra)
         if not recent or recent[-1].role != "assistant" or last_user is None:
             what = "continue" if carry_on else "regenerate"
             raise Conflict(f"nothing to {what}: the session's last message is not a reply")
@@ -300,6 +327,18 @@ class ChatRuns:
             run.partial.append(reply.content)
         run.message, run.answers, run.replaces = last_user.content, last_user.id, reply.id
         return read_session(self.config, self.store, run.user, run.session_key) if read else None
+
+    def _images(self, run: Run) -> Callable[[Session], Callable[[str, str], bytes] | None]:
+        """How the prompt reads the images of the run's session once it knows the session: only
+        when its model takes them (llm.vision_models)."""
+        files = self.files
+
+        def reader(session: Session) -> Callable[[str, str], bytes] | None:
+            if files is None or (session.model or self.default_model) not in self.vision_models:
+                return None
+            return lambda key, sha: files.get(run.user, key, sha)
+
+        return reader
 
     def _sampling(self, session: Session) -> Sampling:
         """The session's temperature and max tokens within the operator's bounds now."""
@@ -430,7 +469,8 @@ class ChatRuns:
                 prompt = await build_prompt(self.config, self.store, self.memory, run.user, run.session_key,
                                             run.message, run.run_id, read, recall=run.recall,
                                             tools=model.supports_tools, own_id=run.answers,
-                                            carry_on="".join(run.partial) if run.continues else None)
+                                            carry_on="".join(run.partial) if run.continues else None,
+                                            images=self._images(run))
                 run.memory, run.session = prompt.memory, prompt.session
                 self._check_model(prompt.session.model)  # never sent upstream, even if queued before
                 hits = prompt.context.chunks

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import mimetypes
 import os
 import signal
 import ssl
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
@@ -35,6 +38,7 @@ HELP = """commands:
   /continue       write on a reply that stopped at the length limit
   /model [NAME]   show this chat's model and those offered, or switch to NAME
   /summary        show the summary of this chat's earlier part (what left the model's window)
+  /attach PATH    attach a file (text, source, PDF, image) to your next message
   /help           show this help
   /quit           exit (end of input does too)
 Ctrl+C aborts a streaming reply; Ctrl+C while idle exits (code 130)."""
@@ -131,6 +135,7 @@ class Chat:
         self.abort_sent = False
         self.tty = sys.stdin.isatty()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.attached: list[dict[str, Any]] = []  # /attach: sent with the next message
 
     async def main(self, url: str, token: str, ssl_context: ssl.SSLContext | None = None) -> int:
         loop = asyncio.get_running_loop()
@@ -219,6 +224,8 @@ class Chat:
             await self._model(rest.strip())
         elif name == "/summary" and not rest.strip():
             await self._summary()
+        elif name == "/attach" and rest.strip():
+            self._attach(rest.strip())
         elif name == "/help":
             _out(HELP + "\n")
         else:
@@ -293,8 +300,28 @@ class Chat:
             date = str(hit.get("startTs") or "")[:10] or "undated"
             _out(f"{i}. {date}  session {hit.get('sessionKey')}  {_one_line(hit.get('content', ''))}\n")
 
+    def _attach(self, path: str) -> None:
+        """``/attach PATH``: read the file now; it goes with the next message (the gateway checks
+        its type and size, and says which file it refuses)."""
+        file = Path(path).expanduser()
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            _err(f"error: cannot read {path}: {exc.strerror or exc}")
+            return
+        kind = mimetypes.guess_type(file.name)[0]
+        # Source files mimetypes does not know (.rs, .go, …) go as text; the gateway checks they are.
+        kind = kind if kind and kind != "application/octet-stream" else "text/plain"
+        self.attached.append({"name": file.name, "mediaType": kind, "data": base64.b64encode(data).decode("ascii")})
+        _out(f"attached {file.name} ({kind}, {len(data)} bytes); it goes with your next message\n")
+
     async def _send(self, message: str) -> None:
-        await self._resend("chat.send", {"message": message})
+        files, self.attached = self.attached, []
+        try:
+            await self._resend("chat.send", {"message": message, **({"attachments": files} if files else {})})
+        except RpcError:
+            self.attached = files + self.attached  # refused: kept for the next try (or /new)
+            raise
 
     async def _resend(self, method: str, params: dict[str, Any]) -> None:
         """chat.send, chat.regenerate, chat.edit or chat.continue into this session, its reply streamed."""

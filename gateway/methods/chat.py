@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from gateway.chat import ChatRuns, Hub
+from gateway.chat.attachments import parse_attachments
 from gateway.config import ChatConfig
 from gateway.errors import InvalidParams
 from gateway.methods.sessions import MAX_KEY
@@ -24,6 +25,9 @@ class ChatSendParams:
     message: str = bounded()
     idempotency_key: str | None = bounded(None, max_len=200)
     recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
+    # Checked by gateway.chat.attachments (each field named in its -32602), not by the registry.
+    attachments: list[Any] | None = bounded(None, doc="files sent with the message: [{name, mediaType, data "
+                                            "(base64)}] (docs/protocol.md, Attachments)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +84,17 @@ class AbortReply(TypedDict):
 
 class ChatMethods:
     def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, runs: ChatRuns,
-                 message_bytes: ByteRate | None = None) -> None:
+                 message_bytes: ByteRate | None = None, attachment_bytes: ByteRate | None = None) -> None:
         self.config = config
         self.store = store
         self.hub = hub
         self.runs = runs
         # quotas.message_bytes_per_minute: what a user's messages may add to the transcripts.
         self.message_bytes = message_bytes
+        # quotas.attachment_bytes_per_minute: what a user's files may add to the disk.
+        self.attachment_bytes = attachment_bytes
 
-    def _measure(self, field: str, text: str) -> int:
+    def _measure(self, field: str, text: str, *, may_be_empty: bool = False) -> int:
         # Measured as it will be written, so the raw length cannot pass here and the
         # transcript line still be refused later.
         size = written_size(text)
@@ -97,7 +103,7 @@ class ChatMethods:
                 field, f"is {size} bytes as written (JSON-escaped UTF-8); the limit is "
                 f"{self.config.max_message_bytes} (chat.max_message_bytes)"
             )
-        if not text.strip():
+        if not text.strip() and not may_be_empty:
             raise InvalidParams(field, "must not be empty")
         return size
 
@@ -107,25 +113,41 @@ class ChatMethods:
             # PostgreSQL text cannot hold it (the key is stored there across nodes): refused on
             # every backend alike, before anything is counted or written.
             raise InvalidParams("idempotencyKey", "must not contain NUL characters")
-        size = self._measure("message", p.message)
-        rate = self.message_bytes
+        # Checked here, without an await (decoding and sniffing only); PDF text, the model's
+        # check and the writes come with the append, in ChatRuns.
+        uploads = parse_attachments(p.attachments, self.config)
+        size = self._measure("message", p.message, may_be_empty=bool(uploads))
+        files = sum(len(u.data) for u in uploads)
+        rate, file_rate = self.message_bytes, self.attachment_bytes if uploads else None
         if rate is not None:
             rate.take(user, size)
+        if file_rate is not None:
+            try:
+                file_rate.take(user, files)
+            except BaseException:
+                if rate is not None:
+                    rate.refund(user, size)
+                raise
         # Nothing is awaited before submit(): arrival order is transcript order (see ChatRuns).
         try:
             run_id, duplicate = await self.runs.submit(user, p.session_key, p.message, p.idempotency_key,
-                                                       recall=p.recall)
+                                                       recall=p.recall, uploads=uploads)
         except BaseException:
-            if rate is not None:
-                rate.refund(user, size)  # refused (or cancelled) before the append
+            self._refund(user, size, files)  # refused (or cancelled) before the append
             raise
-        if duplicate and rate is not None:
-            rate.refund(user, size)  # the first send appended it; this one appends nothing
+        if duplicate:
+            self._refund(user, size, files)  # the first send appended it; this one appends nothing
         # Attached before returning, hence before the worker publishes this run's first event.
         self.hub.attach(ctx, user, p.session_key)
         if duplicate:
             return {"runId": run_id, "status": "started", "duplicate": True}
         return {"runId": run_id, "status": "started"}
+
+    def _refund(self, user: str, size: int, files: int) -> None:
+        if self.message_bytes is not None:
+            self.message_bytes.refund(user, size)
+        if files and self.attachment_bytes is not None:
+            self.attachment_bytes.refund(user, files)
 
     async def regenerate(self, ctx: CallContext, p: ChatRegenerateParams) -> ResendReply:
         user = ctx.caller

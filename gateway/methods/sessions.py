@@ -12,6 +12,7 @@ sizes and text lengths are bounded by the same ``[sessions]`` settings the store
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from gateway.wire import (
 )
 from memory import Memory
 from sessions import (
+    AttachmentFiles,
     ConversationSummary,
     Message,
     SessionsConfig,
@@ -103,6 +105,18 @@ class VersionsReply(TypedDict):
     index: int  # from 1: the version shown now (0: none of them is shown)
     count: int
     versions: list[MessageWire]  # each version's newest line, oldest version first
+
+
+@dataclass(frozen=True, slots=True)
+class AttachmentParams:
+    session_key: str = bounded(max_len=MAX_KEY)
+    sha256: str = bounded(max_len=64, doc="an attachment's sha256, as sessions.history's message names it")
+
+
+class AttachmentReply(TypedDict):
+    sha256: str
+    bytes: int
+    data: str  # the file, base64
 
 
 class CreatedReply(TypedDict):
@@ -258,6 +272,19 @@ class SessionsMethods:
         announce(self.hub, user, p.session_key, "sessions.deleted", {})
         return {"deleted": True}
 
+    async def attachment(self, ctx: CallContext, p: AttachmentParams) -> AttachmentReply:
+        found = getattr(self.store, "attachments", None)
+        if not isinstance(found, AttachmentFiles):
+            raise InvalidParams("sha256", "attachments are not kept by this gateway's session store")
+        files: AttachmentFiles = found
+
+        def read() -> bytes:
+            self.store.get(ctx.caller, p.session_key)  # -32002 if not ours
+            return files.get(ctx.caller, p.session_key, p.sha256)
+
+        data = await asyncio.to_thread(read)
+        return {"sha256": p.sha256, "bytes": len(data), "data": base64.b64encode(data).decode("ascii")}
+
     async def watch(self, ctx: CallContext, p: WatchParams) -> WatchingReply:
         self.hub.attach(ctx, ctx.caller, ALL_SESSIONS)
         return {"watching": True}
@@ -288,6 +315,8 @@ def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods |
       h.history if h else None, result=HistoryReply, bounds=page)
     d("sessions.versions", VersionsParams, "Every version of a message (regenerated replies, edited messages), "
       "oldest first; chat.choose makes one current.", h.versions if h else None, result=VersionsReply)
+    d("sessions.attachment", AttachmentParams, "One file sent with a message of the session (chat.send "
+      "attachments), base64.", h.attachment if h else None, result=AttachmentReply, writes=False)
     d("sessions.update", UpdateSessionParams, "Change a session's title, system prompt, model, temperature or "
       "maxTokens.", h.update if h else None, result=SessionWire,
       bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars),

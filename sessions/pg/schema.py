@@ -76,11 +76,25 @@ _M003 = """
 ALTER TABLE recalld_sessions ADD COLUMN temperature double precision, ADD COLUMN max_tokens integer;
 """
 
+# chat.send's files (docs/protocol.md, "Attachments"), content-addressed per session and
+# deleted with it by the cascade (sessions.delete, retention); the message rows carry only
+# their metadata (``extra.attachments``).
+_M004 = """
+CREATE TABLE recalld_attachments (
+    session_key text COLLATE "C" NOT NULL REFERENCES recalld_sessions ON DELETE CASCADE,
+    sha256      text COLLATE "C" NOT NULL,
+    bytes       bigint NOT NULL,
+    data        bytea NOT NULL,
+    PRIMARY KEY (session_key, sha256)
+);
+"""
+
 #: ``(name, sql)`` in the order they apply.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("m001_sessions_and_messages", _M001),
     ("m002_conversation_summaries", _M002),
     ("m003_session_sampling", _M003),
+    ("m004_attachments", _M004),
 )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -29,6 +30,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from .. import inputs
+from ..attachments import is_sha256
 from ..checked import CheckedSessionStore
 from ..config import SessionsConfig
 from ..errors import InvalidSessionInput, SessionNotFound, StorageError
@@ -148,6 +150,8 @@ class PgSessionStore(CheckedSessionStore):
         except Exception as err:
             self._pool.close()
             raise StorageError(f"could not open the session database: {err}") from err
+        # chat.send's files (recalld_attachments), deleted with their session by the cascade.
+        self.attachments = PgAttachments(self)
 
     # ----------------------------------------------------------------- public API
 
@@ -216,6 +220,12 @@ class PgSessionStore(CheckedSessionStore):
             removed = len(removed_seqs)
             if removed:
                 self._apply_retargets(conn, key, moved)
+                # A forgotten message's files go with it; those a kept message names stay.
+                conn.execute(
+                    "DELETE FROM recalld_attachments a WHERE a.session_key = %s AND NOT EXISTS ("
+                    " SELECT 1 FROM recalld_messages m, jsonb_array_elements(CASE WHEN"
+                    " jsonb_typeof(m.extra->'attachments') = 'array' THEN m.extra->'attachments' ELSE '[]' END) f"
+                    " WHERE m.session_key = a.session_key AND f->>'sha256' = a.sha256)", (key,))
                 # A summary covering a removed message would keep the forgotten text.
                 conn.execute("DELETE FROM recalld_summaries WHERE session_key = %s AND through_seq >= %s",
                              (key, min(removed_seqs)))
@@ -469,3 +479,36 @@ def _reason(err: psycopg.Error) -> str:
     """The server's or libpq's one-line reason (never the DSN, which may hold a password)."""
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
+
+
+class PgAttachments:
+    """:class:`sessions.AttachmentFiles` on PostgreSQL: ``recalld_attachments`` rows (bytea),
+    one per file and session."""
+
+    def __init__(self, store: PgSessionStore) -> None:
+        self._store = store
+
+    def put(self, user: str, session_key: str, data: bytes) -> str:
+        store = self._store
+        store._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        sha = hashlib.sha256(data).hexdigest()
+        with store._tx("storing an attachment") as conn:
+            store._session_row(conn, user, key)
+            conn.execute("INSERT INTO recalld_attachments (session_key, sha256, bytes, data) VALUES (%s, %s, %s, %s)"
+                         " ON CONFLICT DO NOTHING", (key, sha, len(data), data))
+        return sha
+
+    def get(self, user: str, session_key: str, sha256: str) -> bytes:
+        store = self._store
+        store._check_open()
+        user, key = check_user(user), check_session_key(session_key)
+        if not is_sha256(sha256):
+            raise InvalidSessionInput("sha256", "must be 64 lowercase hex digits")
+        with store._tx("reading an attachment") as conn:
+            store._session_row(conn, user, key)
+            row = conn.execute("SELECT data FROM recalld_attachments WHERE session_key = %s AND sha256 = %s",
+                               (key, sha256)).fetchone()
+        if row is None:
+            raise InvalidSessionInput("sha256", "is not an attachment of this session")
+        return bytes(row[0])

@@ -132,6 +132,13 @@ async def test_replies_validate_against_their_published_schema(
         assert "vectorRank" in found["results"][0]
         replies.append(("memory.search", found))
         await call("memory.status")
+        filed = (await call("sessions.create"))["sessionKey"]
+        run_id = (await call("chat.send", {"sessionKey": filed, "message": "see file", "attachments": [
+            {"name": "a.txt", "mediaType": "text/plain", "data": "aGVsbG8="}]}))["runId"]
+        while (await c.next_event("chat.final"))["params"]["runId"] != run_id:
+            pass
+        sha = (await call("sessions.history", {"sessionKey": filed}))["messages"][0]["attachments"][0]["sha256"]
+        await call("sessions.attachment", {"sessionKey": filed, "sha256": sha})
         await call("memory.forget", {"sessionKey": key})
         await call("sessions.delete", {"sessionKey": key})
     assert {method for method, _ in replies} == set(schemas) - {"rpc.discover"}

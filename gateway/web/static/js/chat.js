@@ -223,9 +223,13 @@ export class ChatView {
 
   // -- sending ----------------------------------------------------------------------------
 
-  async send(text = this.input.value) {
-    if (!text.trim() || this.creating) return;
-    const local = { key: `local:${crypto.randomUUID()}`, role: "user", content: text, state: "pending" };
+  async send(text = this.input.value, files = null) {
+    if (this.creating) return;
+    files = files || (text === this.input.value ? this.input.takeFiles() : []);
+    if (!text.trim() && !files.length) return;
+    const attachments = files.map(({ name, mediaType, bytes }) => ({ name, mediaType, bytes }));
+    const local = { key: `local:${crypto.randomUUID()}`, role: "user", content: text, state: "pending",
+      attachments };
     $("welcome").hidden = true;
     this.#upsert(local);
     if (text === this.input.value) this.input.clear();
@@ -234,7 +238,9 @@ export class ChatView {
       if (!this.session) await this.#create(text);
       const key = this.session.sessionKey;
       // The idempotency key makes a retried send (after a dropped reply) start one run, not two.
-      const res = await this.rpc.call("chat.send", { sessionKey: key, message: text, idempotencyKey: local.key });
+      const params = { sessionKey: key, message: text, idempotencyKey: local.key };
+      if (files.length) params.attachments = files.map(({ name, mediaType, data }) => ({ name, mediaType, data }));
+      const res = await this.rpc.call("chat.send", params);
       local.runId = res.runId;
       local.state = "done";
       this.#render(local);
@@ -243,7 +249,7 @@ export class ChatView {
     } catch (err) {
       local.state = "error";
       local.error = err.message;
-      local.retry = () => { this.#remove(local); this.send(text); };
+      local.retry = () => { this.#remove(local); this.send(text, files); };
       this.#render(local);
     }
   }
@@ -413,7 +419,7 @@ export class ChatView {
       const state = m.aborted ? "aborted" : m.failed ? "error" : "done";
       const fields = { id: m.id, role: m.role, content: m.content, ts: m.ts, runId: m.runId, state,
         error: m.failed ? m.error || "the reply failed" : "", usage: m.usage, model: m.model,
-        finishReason: m.finishReason, versions: m.versions };
+        finishReason: m.finishReason, versions: m.versions, attachments: m.attachments };
       let item = same;
       if (same) {
         if (same.state === "streaming" && m.role === "assistant") this.#runEnded(m.runId);
@@ -473,7 +479,18 @@ export class ChatView {
     const li = this.nodes.get(item.key);
     if (li) renderMessage(li, item, {
       sessionTitle: (key) => this.sessionTitle?.(key), onOpenSource: (key, ts) => this.onOpenSource(key, ts),
-      onChoose: (x, id) => this.#choose(id) });
+      onChoose: (x, id) => this.#choose(id), onThumb: (sha) => this.#thumb(sha) });
+  }
+
+  // An image attachment's bytes as a data: URL (sessions.attachment), fetched once per file.
+  #thumb(sha) {
+    this.thumbs = this.thumbs || new Map();
+    const key = `${this.session?.sessionKey}:${sha}`;
+    if (!this.thumbs.has(key)) {
+      this.thumbs.set(key, this.rpc.call("sessions.attachment", { sessionKey: this.session.sessionKey, sha256: sha })
+        .then((r) => r.data));
+    }
+    return this.thumbs.get(key);
   }
 
   // ‹ › on a message: chat.choose makes that version (and the branch after it) the shown one;

@@ -1,6 +1,7 @@
 // One message's DOM: its node (meta, body, extras, actions) and how a message item renders into
 // it. Model text goes through the sanitising markdown renderer; everything else is text nodes.
 
+import { formatBytes } from "./composer.js";
 import { h, timeEl } from "./dom.js";
 import { copyButton, renderMarkdown } from "./markdown.js";
 import { recalledBlock } from "./recalled.js";
@@ -12,7 +13,7 @@ export function messageNode(item) {
       copyButton(() => item.content, "Copy message")));
 }
 
-export function renderMessage(li, item, { sessionTitle, onOpenSource, onChoose }) {
+export function renderMessage(li, item, { sessionTitle, onOpenSource, onChoose, onThumb }) {
   li.className = `msg ${item.role} ${item.state}`;
   li.dataset.state = item.state;
   if (item.id) li.dataset.id = item.id;
@@ -29,6 +30,7 @@ export function renderMessage(li, item, { sessionTitle, onOpenSource, onChoose }
     body.textContent = item.content;
   }
   extras.replaceChildren();
+  if (item.attachments && item.attachments.length) extras.append(filesList(item.attachments, onThumb));
   if (item.state === "streaming" && !item.content) extras.append(h("span", { class: "typing" }, "Thinking…"));
   if (item.note) extras.append(h("p", { class: "note" }, item.note));
   if (item.state === "aborted") extras.append(h("p", { class: "note" }, "Stopped."));
@@ -40,6 +42,21 @@ export function renderMessage(li, item, { sessionTitle, onOpenSource, onChoose }
     extras.append(recalledBlock(item.recalled, { sessionTitle, onOpen: onOpenSource }));
   }
   li.querySelector(".msg-actions .versions")?.replaceChildren(...versionsNav(item, onChoose));
+}
+
+// A user message's files: name and size, an image as a thumbnail once its bytes are fetched
+// (sessions.attachment; only a stored one, which has a sha256). Names are text nodes.
+function filesList(files, onThumb) {
+  return h("ul", { class: "msg-files", "aria-label": "Attached files" }, files.map((f) => {
+    const li = h("li", { class: "file" }, h("span", { class: "file-name" }, f.name),
+      h("span", { class: "file-size" }, formatBytes(f.bytes ?? 0)));
+    if (f.sha256 && onThumb && /^image\/(png|jpeg|gif|webp)$/.test(f.mediaType || "")) {
+      onThumb(f.sha256).then((data) => {
+        li.prepend(h("img", { src: `data:${f.mediaType};base64,${data}`, alt: f.name }));
+      }).catch(() => {});
+    }
+    return li;
+  }));
 }
 
 // ‹ 1/2 › on a message whose place has several versions (sessions.history's `versions`): each
