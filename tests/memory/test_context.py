@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from pathlib import Path
 
 from memory import EpisodeDraft, MemoryConfig, RunMemory
 from memory.retrieval.request import ShownHistory
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config, session_key, write_transcript
+from tests.memory.conftest import FakeEmbedder, MemoryBackend, quiet_config, session_key
 
 # The prompt's history window holds the whole current session: none of it is recalled.
 WHOLE = "1970-01-01T00:00:00.000Z"
@@ -52,12 +51,12 @@ def test_a_model_without_tools_gets_the_block_and_settings_turn_parts_off() -> N
     assert not decide(dataclasses.replace(config, episode_recall_k=0)).episodes
 
 
-async def test_one_context_call_embeds_the_message_once(tmp_path: Path) -> None:
+async def test_one_context_call_embeds_the_message_once(memory_backend: MemoryBackend) -> None:
     """MemoryService.context recalls chunks, facts and episodes for a message with one query
     embedding, and each part answers from the user's rows."""
-    write_transcript(tmp_path, "alice", "garden", ["tomatoes in the garden need water daily", "noted"])
+    memory_backend.write("alice", "garden", ["tomatoes in the garden need water daily", "noted"])
     embedder = FakeEmbedder()
-    async with opened(tmp_path, quiet_config(), embedder) as svc:
+    async with memory_backend.opened(quiet_config(), embedder) as svc:
         await svc.sync_now()
         await svc.facts.add("alice", "My garden has twelve tomato plants", source="user")
         summary = "The user asked how often to water the garden tomatoes"

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from memory.errors import FactNotFound, InvalidFact
 from memory.facts import normalise
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config
+from tests.memory.conftest import FakeEmbedder, MemoryBackend, quiet_config
 
 
-async def test_exact_duplicate_is_one_fact(tmp_path: Path) -> None:
+async def test_exact_duplicate_is_one_fact(memory_backend: MemoryBackend) -> None:
     """The same text up to case, spacing and end punctuation is recognised and not stored twice."""
-    async with opened(tmp_path, quiet_config(), None) as svc:
+    async with memory_backend.opened(quiet_config(), None) as svc:
         first = await svc.facts.add("alice", "My cat is called Luna.", source="model")
         again = await svc.facts.add("alice", "  my cat is CALLED luna ", source="model")
         assert first.action == "added" and again.action == "unchanged"
@@ -22,10 +20,10 @@ async def test_exact_duplicate_is_one_fact(tmp_path: Path) -> None:
         assert [f.text for f in page.facts] == ["My cat is called Luna."]
 
 
-async def test_near_duplicate_updates_the_existing_fact(tmp_path: Path) -> None:
+async def test_near_duplicate_updates_the_existing_fact(memory_backend: MemoryBackend) -> None:
     """A new fact whose vector is within the threshold of an active one becomes its next version."""
     emb = FakeEmbedder()
-    async with opened(tmp_path, quiet_config(facts_dedup_threshold=0.8), emb) as svc:
+    async with memory_backend.opened(quiet_config(facts_dedup_threshold=0.8), emb) as svc:
         first = await svc.facts.add("alice", "I live in Berlin with my partner Sam", source="model")
         merged = await svc.facts.add("alice", "I live in Berlin with my partner Sam now", source="model")
         other = await svc.facts.add("alice", "My favourite food is ramen", source="model")
@@ -37,9 +35,9 @@ async def test_near_duplicate_updates_the_existing_fact(tmp_path: Path) -> None:
                                                   "My favourite food is ramen"]
 
 
-async def test_correction_replaces_and_keeps_history(tmp_path: Path) -> None:
+async def test_correction_replaces_and_keeps_history(memory_backend: MemoryBackend) -> None:
     """``replaces`` retires the old fact; its version stays, inactive, in the fact's history."""
-    async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+    async with memory_backend.opened(quiet_config(), FakeEmbedder()) as svc:
         old = await svc.facts.add("alice", "Luna is 3 years old", source="model")
         new = await svc.facts.add("alice", "Luna turned 4", source="model", replaces=old.fact.id)
         assert new.action == "replaced" and new.fact.previous_id == old.fact.id
@@ -52,9 +50,9 @@ async def test_correction_replaces_and_keeps_history(tmp_path: Path) -> None:
         assert info.value.field == "replaces"
 
 
-async def test_delete_removes_every_version(tmp_path: Path) -> None:
+async def test_delete_removes_every_version(memory_backend: MemoryBackend) -> None:
     """Deleting a fact removes it and its earlier versions; the id is then unknown."""
-    async with opened(tmp_path, quiet_config(), None) as svc:
+    async with memory_backend.opened(quiet_config(), None) as svc:
         old = await svc.facts.add("alice", "I work at Acme", source="user")
         new = await svc.facts.update("alice", old.fact.id, "I work at Initech")
         await svc.facts.delete("alice", new.fact.id)
@@ -63,9 +61,9 @@ async def test_delete_removes_every_version(tmp_path: Path) -> None:
             await svc.facts.get("alice", old.fact.id)
 
 
-async def test_facts_are_scoped_per_user(tmp_path: Path) -> None:
+async def test_facts_are_scoped_per_user(memory_backend: MemoryBackend) -> None:
     """One user's fact is invisible to another: not listed, not deletable, not a duplicate."""
-    async with opened(tmp_path, quiet_config(), None) as svc:
+    async with memory_backend.opened(quiet_config(), None) as svc:
         mine = await svc.facts.add("alice", "I am vegetarian", source="user")
         theirs = await svc.facts.add("bob", "I am vegetarian", source="user")
         assert theirs.action == "added" and theirs.fact.id != mine.fact.id
@@ -74,9 +72,9 @@ async def test_facts_are_scoped_per_user(tmp_path: Path) -> None:
         assert [f.id for f in (await svc.facts.page("bob", limit=10)).facts] == [theirs.fact.id]
 
 
-async def test_bad_text_is_refused_and_nothing_saved(tmp_path: Path) -> None:
+async def test_bad_text_is_refused_and_nothing_saved(memory_backend: MemoryBackend) -> None:
     """Empty and over-long facts are refused naming the field; the store stays empty."""
-    async with opened(tmp_path, quiet_config(facts_max_chars=20), None) as svc:
+    async with memory_backend.opened(quiet_config(facts_max_chars=20), None) as svc:
         for text in ("   ", "x" * 21):
             with pytest.raises(InvalidFact) as info:
                 await svc.facts.add("alice", text, source="user")
@@ -84,9 +82,9 @@ async def test_bad_text_is_refused_and_nothing_saved(tmp_path: Path) -> None:
         assert (await svc.facts.page("alice", limit=10)).facts == []
 
 
-async def test_pagination_walks_every_fact_once(tmp_path: Path) -> None:
+async def test_pagination_walks_every_fact_once(memory_backend: MemoryBackend) -> None:
     """Pages of two, following ``next``, list five facts newest first, each exactly once."""
-    async with opened(tmp_path, quiet_config(), None) as svc:
+    async with memory_backend.opened(quiet_config(), None) as svc:
         for i in range(5):
             await svc.facts.add("alice", f"fact number {i}", source="user")
         seen: list[str] = []
@@ -100,9 +98,9 @@ async def test_pagination_walks_every_fact_once(tmp_path: Path) -> None:
         assert seen == [f"fact number {i}" for i in (4, 3, 2, 1, 0)]
 
 
-async def test_relevant_puts_related_facts_first_within_the_limit(tmp_path: Path) -> None:
+async def test_relevant_puts_related_facts_first_within_the_limit(memory_backend: MemoryBackend) -> None:
     """The prompt pick ranks facts sharing the message's words first and stops at the limit."""
-    async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+    async with memory_backend.opened(quiet_config(), FakeEmbedder()) as svc:
         for text in ("My dog Rex loves the beach", "I am allergic to peanuts", "I play the cello",
                      "My sister lives in Lisbon"):
             await svc.facts.add("alice", text, source="user")
@@ -111,11 +109,11 @@ async def test_relevant_puts_related_facts_first_within_the_limit(tmp_path: Path
         assert picked[0].fact.text == "I am allergic to peanuts"
 
 
-async def test_facts_survive_a_restart_and_a_full_reindex(tmp_path: Path) -> None:
+async def test_facts_survive_a_restart_and_a_full_reindex(memory_backend: MemoryBackend) -> None:
     """Facts are not derived from transcripts: reopening and a full reindex keep them."""
-    async with opened(tmp_path, quiet_config(), None) as svc:
+    async with memory_backend.opened(quiet_config(), None) as svc:
         await svc.facts.add("alice", "I prefer tea over coffee", source="user")
-    async with opened(tmp_path, quiet_config(), None) as svc:
+    async with memory_backend.opened(quiet_config(), None) as svc:
         await svc.sync_now(full=True)
         assert [f.text for f in (await svc.facts.page("alice", limit=10)).facts] == ["I prefer tea over coffee"]
 

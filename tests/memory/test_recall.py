@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
+
+import pytest
 
 from memory.chunking import approx_tokens
 from memory.retrieval.recall import for_prompt, merge_overlapping, trim_to_tokens
@@ -12,10 +13,9 @@ from memory.retrieval.request import SearchHit
 from tests.memory.conftest import (
     BASE_TIME,
     FakeEmbedder,
-    opened,
+    MemoryBackend,
     quiet_config,
     ts,
-    write_transcript,
 )
 
 
@@ -59,7 +59,7 @@ def test_budget_cuts_the_last_excerpt_at_a_word() -> None:
     assert trim_to_tokens("tiny", 10) == "tiny"
 
 
-async def test_service_recall_leaves_out_an_unrelated_memory(tmp_path: Path) -> None:
+async def test_service_recall_leaves_out_an_unrelated_memory(memory_backend: MemoryBackend) -> None:
     """A gardening question does not pull in the bank PIN, though search ranks it first."""
     embedder = FakeEmbedder()
     embedder.relevance_floor = 0.5  # type: ignore[attr-defined]
@@ -70,9 +70,9 @@ async def test_service_recall_leaves_out_an_unrelated_memory(tmp_path: Path) -> 
         "how much water do tomatoes in the garden need": [0.0, 0.9, 0.1] + [0.0] * (embedder.dims - 3),
         "when do roses bloom": [0.3, 0.0, 0.95] + [0.0] * (embedder.dims - 3),  # nearest the PIN, still far
     }
-    write_transcript(tmp_path, "alice", "bank", ["my bank PIN is 4711"])
-    write_transcript(tmp_path, "alice", "garden", ["tomatoes need sun and water in the garden"])
-    async with opened(tmp_path, quiet_config(), embedder) as svc:
+    memory_backend.write("alice", "bank", ["my bank PIN is 4711"])
+    memory_backend.write("alice", "garden", ["tomatoes need sun and water in the garden"])
+    async with memory_backend.opened(quiet_config(), embedder) as svc:
         assert (await svc.search("alice", "when do roses bloom", k=2)).results  # search still ranks
         recalled = await svc.recall("alice", "how much water do tomatoes in the garden need", k=2)
         unrelated = await svc.recall("alice", "when do roses bloom", k=2)
@@ -80,10 +80,9 @@ async def test_service_recall_leaves_out_an_unrelated_memory(tmp_path: Path) -> 
     assert unrelated == []
 
 
-async def test_rerank_reorders_by_the_cross_encoder(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason="PgMemory.search has no re-rank step: memory.rerank is ignored on PostgreSQL")
+async def test_rerank_reorders_by_the_cross_encoder(memory_backend: MemoryBackend) -> None:
     """With memory.rerank on, the real local cross-encoder puts the passage that answers first."""
-    import pytest
-
     pytest.importorskip("onnxruntime")
     from memory.embedders.local_embedder import package_dir
 
@@ -97,24 +96,24 @@ async def test_rerank_reorders_by_the_cross_encoder(tmp_path: Path) -> None:
     axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
     embedder.vectors = {query: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3)}  # nearest a, then c, then b
     for i, (name, text) in enumerate(texts.items()):
-        write_transcript(tmp_path, "alice", name, [text])
+        memory_backend.write("alice", name, [text])
         embedder.vectors[f"user [{ts(0)}]: {text}"] = axis(i if name != "c" else 2)
-    async with opened(tmp_path, quiet_config(), embedder) as svc:
+    async with memory_backend.opened(quiet_config(), embedder) as svc:
         plain = await svc.search("alice", query, k=2)
-    async with opened(tmp_path, quiet_config(rerank=True, rerank_candidates=3), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank=True, rerank_candidates=3), embedder) as svc:
         reranked = await svc.search("alice", query, k=2)
     assert "Lisbon" in plain.results[0].content and "rerankMs" not in plain.timings_ms
     assert "passport" in reranked.results[0].content
     assert len(reranked.results) == 2 and "rerankMs" in reranked.timings_ms
 
 
-async def test_service_recall_puts_what_was_said_lately_first(tmp_path: Path) -> None:
+async def test_service_recall_puts_what_was_said_lately_first(memory_backend: MemoryBackend) -> None:
     """Recall into a prompt ranks the same words said yesterday above those said a year ago."""
     embedder = FakeEmbedder()
     day = 24 * 60
     # The same words (one punctuated otherwise: recall repeats no sentence word for word).
-    write_transcript(tmp_path, "alice", "old", ["the quokka ate grass"], start_minute=0)
-    write_transcript(tmp_path, "alice", "new", ["the quokka ate grass!"], start_minute=364 * day)
-    async with opened(tmp_path, quiet_config(), embedder) as svc:
+    memory_backend.write("alice", "old", ["the quokka ate grass"], start_minute=0)
+    memory_backend.write("alice", "new", ["the quokka ate grass!"], start_minute=364 * day)
+    async with memory_backend.opened(quiet_config(), embedder) as svc:
         recalled = await svc.recall("alice", "quokka", k=2, now=BASE_TIME + timedelta(days=365))
     assert [h.start_ts[:10] for h in recalled] == [ts(364 * day)[:10], ts(0)[:10]]  # type: ignore[index]

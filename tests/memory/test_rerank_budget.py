@@ -24,7 +24,13 @@ from memory.embedders.rerank import (
 )
 from memory.pipeline import legs_agree
 from memory.retrieval.request import SearchHit
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config, ts, write_transcript
+from tests.memory.conftest import (
+    FakeEmbedder,
+    MemoryBackend,
+    opened,
+    quiet_config,
+    ts,
+)
 
 
 class LocalFakeEmbedder(FakeEmbedder):
@@ -127,29 +133,36 @@ PARAPHRASE = "until when is my travel document valid"   # no word in common with
 AGREED = "sunny weather in Lisbon"
 
 
-def _index(tmp_path: Path, embedder: FakeEmbedder) -> None:
+def _index(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
     axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
     embedder.vectors = {PARAPHRASE: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3),  # nearest a, then c, then b
                         AGREED: axis(0)}
     for i, (name, text) in enumerate(TEXTS.items()):
-        write_transcript(tmp_path, "alice", name, [text])
+        memory_backend.write("alice", name, [text])
         embedder.vectors[f"user [{ts(0)}]: {text}"] = axis(i if name != "c" else 2)
 
 
+def _index_files(tmp_path: Path, embedder: FakeEmbedder) -> None:
+    """:func:`_index` for a test of the SQLite service's own parts."""
+    _index(MemoryBackend("sqlite", tmp_path), embedder)
+
+
+NO_PG_RERANK = "PgMemory.search has no re-rank step: memory.rerank is ignored on PostgreSQL"
 needs_model = pytest.mark.skipif(not reranker_installed(), reason="the 'local' extra is not installed")
 
 
+@pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
-async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_fused_order(tmp_path: Path) -> None:
+async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_fused_order(memory_backend: MemoryBackend) -> None:
     """A budget that fits every candidate lets the cross-encoder read them all and put the answer
     first; one that fits none leaves the fused order, with zero candidates read."""
     embedder = LocalFakeEmbedder()
-    _index(tmp_path, embedder)
-    async with opened(tmp_path, quiet_config(rerank_candidates=3, rerank_budget_ms=600_000), embedder) as svc:
+    _index(memory_backend, embedder)
+    async with memory_backend.opened(quiet_config(rerank_candidates=3, rerank_budget_ms=600_000), embedder) as svc:
         roomy = await svc.search("alice", PARAPHRASE, k=3)
-    async with opened(tmp_path, quiet_config(rerank_candidates=3, rerank_budget_ms=1), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank_candidates=3, rerank_budget_ms=1), embedder) as svc:
         tight = await svc.search("alice", PARAPHRASE, k=3)
-    async with opened(tmp_path, quiet_config(rerank=False), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank=False), embedder) as svc:
         fused = await svc.search("alice", PARAPHRASE, k=3)
     assert roomy.timings_ms["reranked"] == 3 and "passport" in roomy.results[0].content
     assert tight.timings_ms["reranked"] == 0
@@ -157,12 +170,13 @@ async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_f
     assert "Lisbon" in fused.results[0].content
 
 
+@pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
-async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(tmp_path: Path) -> None:
+async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(memory_backend: MemoryBackend) -> None:
     """When the keyword and vector legs agree on the top hit, no candidate is re-ranked."""
     embedder = LocalFakeEmbedder()
-    _index(tmp_path, embedder)
-    async with opened(tmp_path, quiet_config(rerank_budget_ms=600_000), embedder) as svc:
+    _index(memory_backend, embedder)
+    async with memory_backend.opened(quiet_config(rerank_budget_ms=600_000), embedder) as svc:
         agreed = await svc.search("alice", AGREED, k=3)
         disputed = await svc.search("alice", PARAPHRASE, k=3)
     assert "Lisbon" in agreed.results[0].content and "rerankMs" not in agreed.timings_ms
@@ -170,16 +184,16 @@ async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(tmp_p
 
 
 @needs_model
-async def test_rerank_false_and_a_remote_embedder_keep_the_fused_path(tmp_path: Path) -> None:
+async def test_rerank_false_and_a_remote_embedder_keep_the_fused_path(memory_backend: MemoryBackend) -> None:
     """``rerank = false`` (and "auto" where the embedder is not the local one) is the fused
     order, no re-rank step; the same index re-ranks under "auto" with the local embedder."""
     local = LocalFakeEmbedder()
-    _index(tmp_path, local)
-    async with opened(tmp_path, quiet_config(rerank=False), local) as svc:
+    _index(memory_backend, local)
+    async with memory_backend.opened(quiet_config(rerank=False), local) as svc:
         off = await svc.search("alice", PARAPHRASE, k=3)
     remote = FakeEmbedder()
-    _index(tmp_path, remote)
-    async with opened(tmp_path, quiet_config(), remote) as svc:
+    _index(memory_backend, remote)
+    async with memory_backend.opened(quiet_config(), remote) as svc:
         not_local = await svc.search("alice", PARAPHRASE, k=3)
     for response in (off, not_local):
         assert "rerankMs" not in response.timings_ms and "Lisbon" in response.results[0].content
@@ -223,17 +237,18 @@ def test_a_probe_records_what_a_batch_would_cost_not_its_own_cost() -> None:
     assert encoder.recorded == [pytest.approx(encoder.raw[0] * 0.5)]
 
 
+@pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
 @pytest.mark.parametrize("rerank", ["auto", True])
-async def test_a_query_longer_than_the_models_input_is_cut_not_failed(tmp_path: Path, rerank: Any) -> None:
+async def test_a_query_longer_than_the_models_input_is_cut_not_failed(memory_backend: MemoryBackend, rerank: Any) -> None:
     """A search whose query runs past the cross-encoder's 256-token input (a pasted page as a chat
     message) is re-ranked on the query's first QUERY_TOKENS tokens; it used to fail the whole
     search with the tokenizer's "Truncation error: Second sequence not provided"."""
     long_query = PARAPHRASE + " " + " ".join(f"filler{i}" for i in range(400))
     embedder = LocalFakeEmbedder()
-    _index(tmp_path, embedder)
+    _index(memory_backend, embedder)
     embedder.vectors[long_query] = embedder.vectors[PARAPHRASE]
-    async with opened(tmp_path, quiet_config(rerank=rerank, rerank_budget_ms=600_000), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank=rerank, rerank_budget_ms=600_000), embedder) as svc:
         response = await svc.search("alice", long_query, k=3)
     assert "rerankMs" in response.timings_ms and len(response.results) == 3
     assert response.fallback_reason is None
@@ -253,7 +268,7 @@ async def test_a_fault_in_the_re_ranker_answers_in_fused_order(tmp_path: Path) -
     """An unexpected error inside the re-rank step does not fail the search: it answers in the
     fused order, naming the fault in fallbackReason."""
     embedder = LocalFakeEmbedder()
-    _index(tmp_path, embedder)
+    _index_files(tmp_path, embedder)
     async with opened(tmp_path, quiet_config(rerank=False), embedder) as svc:
         fused = await svc.search("alice", PARAPHRASE, k=3)
     async with opened(tmp_path, quiet_config(rerank=True), embedder) as svc:
@@ -265,7 +280,7 @@ async def test_a_fault_in_the_re_ranker_answers_in_fused_order(tmp_path: Path) -
 
 @needs_model
 async def test_a_fault_while_loading_the_re_ranker_leaves_auto_off_and_the_daemon_up(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        memory_backend: MemoryBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fault other than an EmbedderError in warm() (which loads and times the model after a
     sync) turns the "auto" step off for this run; it used to fail the start of the service."""
     def broken_warm(self: CrossEncoder) -> None:
@@ -273,8 +288,8 @@ async def test_a_fault_while_loading_the_re_ranker_leaves_auto_off_and_the_daemo
 
     monkeypatch.setattr(CrossEncoder, "warm", broken_warm)
     embedder = LocalFakeEmbedder()
-    _index(tmp_path, embedder)
-    async with opened(tmp_path, quiet_config(rerank="auto", rerank_budget_ms=600_000), embedder) as svc:
+    _index(memory_backend, embedder)
+    async with memory_backend.opened(quiet_config(rerank="auto", rerank_budget_ms=600_000), embedder) as svc:
         response = await svc.search("alice", PARAPHRASE, k=3)
         status = await svc.status()
     assert len(response.results) == 3 and "rerankMs" not in response.timings_ms

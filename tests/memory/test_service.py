@@ -9,6 +9,7 @@ from memory.errors import MemoryUnavailable
 from memory.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,
+    MemoryBackend,
     append_messages,
     name_of,
     opened,
@@ -62,9 +63,9 @@ async def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
         raise AssertionError("search after close should fail")
 
 
-async def test_search_does_not_wait_for_a_running_sync(tmp_path: Path) -> None:
+async def test_search_does_not_wait_for_a_running_sync(memory_backend: MemoryBackend) -> None:
     """A search answers while a sync is stuck waiting on a slow embedder."""
-    write_transcript(tmp_path, "alice", "s1", ["first: the heron fishes"])
+    memory_backend.write("alice", "s1", ["first: the heron fishes"])
     gate, waiting = asyncio.Event(), asyncio.Event()
 
     class SlowEmbedder(FakeEmbedder):
@@ -74,8 +75,8 @@ async def test_search_does_not_wait_for_a_running_sync(tmp_path: Path) -> None:
                 await gate.wait()
             return await super().embed(texts)
 
-    async with opened(tmp_path, quiet_config(), SlowEmbedder()) as svc:
-        write_transcript(tmp_path, "alice", "s2", ["second: the heron sleeps"])
+    async with memory_backend.opened(quiet_config(), SlowEmbedder()) as svc:
+        memory_backend.write("alice", "s2", ["second: the heron sleeps"])
         syncing = asyncio.create_task(svc.sync_now())
         await waiting.wait()  # the sync holds: its chunks are written, their vectors are not
         assert not syncing.done()
