@@ -26,6 +26,7 @@ sweep come back on a full reindex until the next sweep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict
 from datetime import datetime, tzinfo
@@ -63,6 +64,8 @@ log = structlog.get_logger("memory.pg")
 
 # Tries of a delete that PostgreSQL aborted as a deadlock with an indexer (see _delete_chunks).
 _DELETE_ATTEMPTS = 4
+# How long close() waits for the indexing loop to take its cancel before it ends the loop's wait.
+_CLOSE_WAIT_S = 5.0
 
 _QUERY_CACHE = 16
 
@@ -94,6 +97,7 @@ class PgMemory:
         self._sync_lock = asyncio.Lock()  # one pass of this node at a time (the loop, sync_now)
         self._caught_up = asyncio.Event()  # set: the loop may run its first pass
         self._loop: asyncio.Task[None] | None = None
+        self._listener: psycopg.AsyncConnection[Any] | None = None  # the loop's LISTEN connection
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
 
     @classmethod
@@ -153,13 +157,23 @@ class PgMemory:
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.cancel()
-            try:
-                await loop
-            except asyncio.CancelledError:
-                pass
-            except Exception as exc:  # the loop is over either way; the pool must still close
+            done, _ = await asyncio.wait({loop}, timeout=_CLOSE_WAIT_S)
+            if not done:
+                # A cancel landing in psycopg's notifies() wait was seen to be absorbed (the loop
+                # went on waiting, and close() with it, for good): closing the LISTEN connection
+                # ends that wait with an error, and the loop's retry sleep takes the cancel.
+                log.warning("memory.pg.loop_stop_slow", waited_s=_CLOSE_WAIT_S)
+                if self._listener is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self._listener.close(), _CLOSE_WAIT_S)
+                loop.cancel()
+                await asyncio.wait({loop}, timeout=_CLOSE_WAIT_S)
+            if loop.done() and not loop.cancelled() and loop.exception() is not None:
                 # psycopg can turn a cancel landing inside a pipeline into an AssertionError of its own.
+                exc = loop.exception()
                 log.warning("memory.pg.loop_stopped_with", error=f"{type(exc).__name__}: {exc}")
+            elif not loop.done():
+                log.error("memory.pg.loop_not_stopped")  # left behind: the pool closes all the same
         await self.pool.close()
 
     async def _index_loop(self) -> None:
@@ -167,7 +181,7 @@ class PgMemory:
         while True:
             try:
                 # Bounded as the pool's connections are: a server that does not answer is retried.
-                listener = await psycopg.AsyncConnection.connect(
+                listener = self._listener = await psycopg.AsyncConnection.connect(
                     self.dsn, autocommit=True, connect_timeout=max(2, round(self.pool.timeout)))
                 async with listener:
                     await pg_feed.listen(listener)
