@@ -63,7 +63,7 @@ from gateway.private import (
     take_clean_stop,
     tighten_private_dir,
 )
-from gateway.readiness import DatabaseCheck, StorageState
+from gateway.readiness import SQLITE_STATE, DatabaseCheck, StorageState
 from gateway.retention import RetentionSweeper
 from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots, fair_threads
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
@@ -232,7 +232,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                      check.unready_reason if check is not None else lambda: None)
     sessions, chat, memory = _declare_handlers(
         registry, config, store, hub, runs, service, authenticator, server, app_version,
-        (lambda: check.state) if check is not None else (lambda: StorageState("sqlite")))
+        (lambda: check.state) if check is not None else (lambda: SQLITE_STATE))
     await _listen(stack, config, server, service)
     mcp = await _start_mcp(stack, config, authenticator, app_version, server)
     return App(config, server, store, runs, sessions, chat, memory,

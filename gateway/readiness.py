@@ -38,6 +38,11 @@ class StorageState:
     since: float = 0.0  # time.monotonic() of the last change
 
 
+# The embedded store has no server to lose: its state never changes (one object, not one a call:
+# gateway.health is the benchmarks' inline method, and runs on every health poll).
+SQLITE_STATE = StorageState("sqlite")
+
+
 class DatabaseCheck:
     """The periodic ``SELECT 1`` behind readiness; :meth:`run` until cancelled."""
 

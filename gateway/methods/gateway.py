@@ -14,7 +14,7 @@ from typing import Literal, NotRequired, Protocol, TypedDict
 
 from gateway.auth import Authenticator
 from gateway.errors import Forbidden, InvalidParams, RateLimited, Unauthorized
-from gateway.readiness import StorageState
+from gateway.readiness import SQLITE_STATE, StorageState
 from gateway.rpc import CallContext, OpenRpcDocument, Registry, bounded
 from gateway.wire import MemoryHealth, ServerInfo, server_info
 from memory import Memory
@@ -80,7 +80,7 @@ class ModelsReply(TypedDict):
 class GatewayMethods:
     def __init__(self, authenticator: Authenticator, registry: Registry, server: ServerState,
                  version: str, memory: Memory | None, models: tuple[str, ...] = (), *,
-                 storage: Callable[[], StorageState] = lambda: StorageState("sqlite")) -> None:
+                 storage: Callable[[], StorageState] = lambda: SQLITE_STATE) -> None:
         self.authenticator = authenticator
         self.storage = storage  # the database check's last answer (no I/O: health is inline)
         self.registry = registry  # rpc.discover describes it
