@@ -65,6 +65,7 @@ async def test_page_has_no_inline_script_or_style() -> None:
     ("/js/main.js", "text/javascript; charset=utf-8"),
     ("/vendor/dompurify/purify.es.mjs", "text/javascript; charset=utf-8"),
     ("/vendor/highlight/highlight.min.js", "text/javascript; charset=utf-8"),
+    ("/vendor/katex/katex.min.js", "text/javascript; charset=utf-8"),
     ("/app.css", "text/css; charset=utf-8"),
     ("/manifest.webmanifest", "application/manifest+json"),
     ("/icons/icon-192.png", "image/png"),
@@ -85,7 +86,8 @@ async def test_etag_answers_304_when_unchanged(app: App) -> None:
     assert status == 200 and body
 
 
-@pytest.mark.parametrize("path", ["/nope.js", "/../pyproject.toml", "/vendor/marked/LICENSE", "/vendor/highlight/LICENSE", "/static.py",
+@pytest.mark.parametrize("path", ["/nope.js", "/../pyproject.toml", "/vendor/marked/LICENSE", "/vendor/highlight/LICENSE", "/vendor/katex/LICENSE",
+                                  "/static.py",
                                   "/js/", "/%2e%2e/gateway/web/static.py"])
 async def test_unknown_paths_are_404(app: App, path: str) -> None:
     """Only shipped files of a served type exist: traversal, licences and source files are 404."""
@@ -126,7 +128,8 @@ async def test_foreign_origin_is_still_403(app: App, origin: str) -> None:
 def test_vendored_files_match_their_recorded_hashes() -> None:
     """Each vendored library file's sha256 is the one vendor/README.md records, and its licence is beside it."""
     readme = (STATIC / "vendor" / "README.md").read_text(encoding="utf-8")
-    for rel in ("marked/marked.esm.js", "dompurify/purify.es.mjs", "highlight/highlight.min.js"):
+    for rel in ("marked/marked.esm.js", "dompurify/purify.es.mjs", "highlight/highlight.min.js",
+                "katex/katex.min.js"):
         digest = hashlib.sha256((STATIC / "vendor" / rel).read_bytes()).hexdigest()
         assert f"`{rel}` | `{digest}`" in readme
         assert (STATIC / "vendor" / rel).with_name("LICENSE").is_file()

@@ -4,6 +4,8 @@
 // Raw HTML inside the markdown is not passed through at all: it is shown as literal text.
 // Code is highlighted *before* DOMPurify, so its markup goes through the same sanitiser as
 // everything else; the only thing DOMPurify is told to keep for it is highlight.js's classes.
+// Math ($…$ inline, $$…$$ display) is typeset by the vendored KaTeX *after* DOMPurify, in text
+// nodes outside code only, building DOM nodes (MathML) rather than writing HTML.
 
 import { Marked } from "../vendor/marked/marked.esm.js";
 import DOMPurify from "../vendor/dompurify/purify.es.mjs";
@@ -12,6 +14,11 @@ import { h } from "./dom.js";
 
 const escapeHtml = (s) =>
   s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+
+// $$…$$ (display), or $…$ (inline) with no space just inside either dollar and no digit right
+// after the closing one, so "costs $5 and $10" stays prose (pandoc's rule).
+const MATH_SRC = String.raw`\$\$([\s\S]+?)\$\$|\$(?!\s)((?:\\.|[^\\$\n])+?)(?<!\s)\$(?!\d)`;
+const MATH_AT = new RegExp("^(?:" + MATH_SRC + ")");
 
 const marked = new Marked({
   gfm: true,
@@ -36,6 +43,23 @@ const marked = new Marked({
       return `<a href="${escapeHtml(token.href || "")}">${escapeHtml(`image: ${token.text || token.href || ""}`)}</a>`;
     },
   },
+  // Math passes through marked untouched, as plain (escaped) text: otherwise `\,` would lose its
+  // backslash and `a_1 b_1` turn into emphasis before KaTeX ever saw it.
+  extensions: [{
+    name: "math",
+    level: "inline",
+    start(src) {
+      const at = src.indexOf("$");
+      return at < 0 ? undefined : at;
+    },
+    tokenizer(src) {
+      const m = MATH_AT.exec(src);
+      return m ? { type: "math", raw: m[0] } : undefined;
+    },
+    renderer(token) {
+      return escapeHtml(token.raw);
+    },
+  }],
 });
 
 const SAFE_URL = /^(https?:|mailto:|#)/i;
@@ -81,10 +105,48 @@ export function copyButton(text, label) {
   return button;
 }
 
+// KaTeX options: no \href/\url/\htmlClass (trust), sizes and macro expansion bounded.
+// MathML only: the page's style-src allows no style attributes, which KaTeX's HTML output sets
+// on some nodes; MathML needs none, nor KaTeX's CSS or fonts. An expression KaTeX cannot parse
+// stays as its literal text (throwOnError: false would write a style attribute for its colour).
+const KATEX = { output: "mathml", throwOnError: true, trust: false, strict: "ignore", maxSize: 10, maxExpand: 1000 };
+
+// Typeset the math in `el`'s text nodes, skipping code. KaTeX is a classic deferred script
+// (window.katex); without it the text stays as written.
+function renderMath(el) {
+  const katex = globalThis.katex;
+  if (!katex || !el.textContent.includes("$")) return;
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT, {
+    acceptNode: (n) => (n.parentElement.closest("code, pre") ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT),
+  });
+  const nodes = [];
+  while (walker.nextNode()) if (walker.currentNode.data.includes("$")) nodes.push(walker.currentNode);
+  for (const node of nodes) {
+    const text = node.data;
+    const frag = document.createDocumentFragment();
+    let last = 0;
+    for (const m of text.matchAll(new RegExp(MATH_SRC, "g"))) {
+      const display = m[1] !== undefined;
+      const span = h("span", { class: display ? "katex-display" : "katex-inline" });
+      try {
+        katex.render(display ? m[1] : m[2], span, { ...KATEX, displayMode: display });
+      } catch {
+        continue; // not TeX KaTeX can parse: leave it as text
+      }
+      frag.append(text.slice(last, m.index), span);
+      last = m.index + m[0].length;
+    }
+    if (last === 0) continue;
+    frag.append(text.slice(last));
+    node.replaceWith(frag);
+  }
+}
+
 // Fill `el` with the rendered markdown of `text`, code blocks getting a copy button and their
 // language's name (the copy is the block's text: highlighting adds no characters).
 export function renderMarkdown(el, text) {
   el.innerHTML = DOMPurify.sanitize(marked.parse(text), PURIFY);
+  renderMath(el);
   for (const pre of el.querySelectorAll("pre")) {
     const code = pre.textContent;
     pre.prepend(copyButton(() => code, "Copy code"));
