@@ -1,5 +1,5 @@
 // The message box: Enter sends, Shift+Enter adds a line, it grows with its text up to a cap and
-// then scrolls, and the welcome's starters fill it. Files are attached with the 📎 button, by
+// then scrolls, and the welcome's starters fill it. Files are attached with the paperclip button, by
 // pasting or by dropping them on the composer, and shown as removable chips until sent
 // (chat.send `attachments`). Also what a draft's first message titles.
 
