@@ -25,9 +25,10 @@ The identity (``model_id``) names the model, and the window when it is cut below
 model's own, so vectors of different models or windows never share a cache entry.
 
 Memory stays bounded: the ORT memory pattern is off (its plans are per input shape, and every
-sub-batch has another), the CPU arena on (measured: 160 texts of 5–450 words, 6 rounds, 2
-threads: arena off 6.8–7.4 texts/s at 395–408 MiB resident, peak 1,079 MiB, as malloc keeps
-what each shape freed; arena on 14.9–16.0 texts/s at a steady 384 MiB), and texts run in
+sub-batch has another), the CPU arena on (``python -m research.embedder_arena``: 160 texts
+of 5–450 words, 6 rounds, 2 threads: arena off 6.3–6.7 texts/s at 924–935 MiB resident, peak
+1,157 MiB, as malloc keeps what each shape freed; arena on 15.2–16.0 texts/s at a steady 351
+MiB), and texts run in
 sub-batches sorted by length, at most ``batch_size`` (≤ 16) texts and about
 :data:`MAX_BATCH_TOKENS` padded tokens each. Loading and inference run in a worker thread;
 ``embed`` never blocks the event loop. Intra-op threads default to ``min(2, cpu_count)``.
