@@ -73,6 +73,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -446,6 +447,38 @@ async def bob_child(url: str, connections: int = 8, depth: int = 32) -> None:
     print(orjson.dumps({**answered, "during": during}).decode(), flush=True)
 
 
+async def _alice_under_bob(d: Daemon, call: Callable[[], Awaitable[object]], samples: int,
+                           child_args: list[str], what: str) -> tuple[float, float, float, dict[str, int], Sampler]:
+    """Alice's p50 (ms) of ``call`` alone, then while bob's child process (``python -m
+    bench.attacks CHILD_ARGS``) runs; timed only once bob's flood is on, from his ``ready`` (his
+    process takes seconds to start on a loaded machine) until she is done. Returns quiet p50,
+    flooded p50, the seconds she was timed, what bob was answered, and the daemon's sampler."""
+
+    async def p50() -> float:
+        took = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            await call()
+            took.append(time.perf_counter() - t0)
+        return sorted(took)[len(took) // 2] * 1000
+
+    quiet = await p50()
+    with Sampler(d.proc.pid) as sampler:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.attacks", *child_args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        assert child.stdin is not None and child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 120)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"{what} did not start: {line!r}")
+        t0 = time.monotonic()
+        flooded = await p50()
+        window = time.monotonic() - t0
+        child.stdin.close()
+        out, _ = await child.communicate()
+    return quiet, flooded, window, orjson.loads(out), sampler
+
+
 async def fairness(root: Path | None, samples: int = 300) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.toml"
@@ -459,31 +492,8 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
                 for i in range(20):
                     await alice.call("sessions.create", {"title": f"alice {i}"})
 
-                async def p50() -> float:
-                    took = []
-                    for _ in range(samples):
-                        t0 = time.perf_counter()
-                        await alice.call("sessions.list", {"limit": 20})
-                        took.append(time.perf_counter() - t0)
-                    return sorted(took)[len(took) // 2] * 1000
-
-                quiet = await p50()
-                with Sampler(d.proc.pid) as s:
-                    child = await asyncio.create_subprocess_exec(
-                        sys.executable, "-m", "bench.attacks", "--bob-child", d.url,
-                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-                    assert child.stdin is not None and child.stdout is not None
-                    # Alice is timed only while bob's flood is on: from his first answers (his
-                    # process takes seconds to start on a loaded machine) until she is done.
-                    line = await asyncio.wait_for(child.stdout.readline(), 120)
-                    if line.strip() != b"ready":
-                        raise RuntimeError(f"bob's flood did not start: {line!r}")
-                    t0 = time.monotonic()
-                    flooded = await p50()
-                    window = time.monotonic() - t0
-                    child.stdin.close()
-                    out, _ = await child.communicate()
-            bob_answers = orjson.loads(out)
+                quiet, flooded, window, bob_answers, s = await _alice_under_bob(
+                    d, lambda: alice.call("sessions.list", {"limit": 20}), samples, ["--bob-child", d.url], "bob's flood")
             _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 in flight)", d, s,
                     alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
                     ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
@@ -553,29 +563,8 @@ async def phrase_searches(root: Path | None, samples: int = 300) -> None:
                             break
                         await asyncio.sleep(0.2)
 
-                async def p50() -> float:
-                    took = []
-                    for _ in range(samples):
-                        t0 = time.perf_counter()
-                        await alice.call("memory.search", {"query": "what did Anna say about the trip to Lisbon"})
-                        took.append(time.perf_counter() - t0)
-                    return sorted(took)[len(took) // 2] * 1000
-
-                quiet = await p50()
-                with Sampler(d.proc.pid) as s:
-                    child = await asyncio.create_subprocess_exec(
-                        sys.executable, "-m", "bench.attacks", "--search-child", d.url,
-                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-                    assert child.stdin is not None and child.stdout is not None
-                    line = await asyncio.wait_for(child.stdout.readline(), 120)
-                    if line.strip() != b"ready":
-                        raise RuntimeError(f"bob's searches did not start: {line!r}")
-                    t0 = time.monotonic()
-                    flooded = await p50()
-                    window = time.monotonic() - t0
-                    child.stdin.close()
-                    out, _ = await child.communicate()
-            bob_answers = orjson.loads(out)
+                quiet, flooded, window, bob_answers, s = await _alice_under_bob(
+                    d, lambda: alice.call("memory.search", {"query": "what did Anna say about the trip to Lisbon"}), samples, ["--search-child", d.url], "bob's searches")
             _report("M3 phrase-dense searches: alice's memory.search while bob keeps 4 of 8,000 characters running",
                     d, s, alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
                     ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
@@ -797,30 +786,10 @@ async def mcp_bodies(root: Path | None, samples: int = 3000, streams: int = 2,
                 for i in range(20):
                     await alice.call("sessions.create", {"title": f"alice {i}"})
 
-                async def p50() -> float:
-                    took = []
-                    for _ in range(samples):
-                        t0 = time.perf_counter()
-                        await alice.call("sessions.list", {"limit": 20})
-                        took.append(time.perf_counter() - t0)
-                    return sorted(took)[len(took) // 2] * 1000
-
-                quiet = await p50()
-                with Sampler(d.proc.pid) as s:
-                    child = await asyncio.create_subprocess_exec(
-                        sys.executable, "-m", "bench.attacks", "--mcp-child", f"http://127.0.0.1:{mcp_port}/",
-                        "--mcp-streams", str(streams), "--mcp-body", str(body_bytes),
-                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-                    assert child.stdin is not None and child.stdout is not None
-                    line = await asyncio.wait_for(child.stdout.readline(), 120)
-                    if line.strip() != b"ready":
-                        raise RuntimeError(f"bob's MCP bodies did not start: {line!r}")
-                    t0 = time.monotonic()
-                    flooded = await p50()
-                    window = time.monotonic() - t0
-                    child.stdin.close()
-                    out, _ = await child.communicate()
-            bob_answers = orjson.loads(out)
+                quiet, flooded, window, bob_answers, s = await _alice_under_bob(
+                    d, lambda: alice.call("sessions.list", {"limit": 20}), samples,
+                    ["--mcp-child", f"http://127.0.0.1:{mcp_port}/", "--mcp-streams", str(streams),
+                     "--mcp-body", str(body_bytes)], "bob's MCP bodies")
             _report(f"M2 big MCP bodies: alice's sessions.list while bob keeps {streams} streams of "
                     f"{body_bytes / 1024:,.0f} KiB POST /mcp",
                     d, s, alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
