@@ -126,8 +126,8 @@ def sqlite_keyword_build(data_dir: Path) -> dict[str, Any]:
 
 async def _index_keyword_only(data_dir: Path) -> tuple[int, float]:
     """``bench.corpus.index_corpus``'s first, timed phase: the real indexer with no embedder."""
-    from memory.index.db import WriteConnection, open_index
-    from memory.index.indexing import Indexer
+    from memory.sqlite.index.db import WriteConnection, open_index
+    from memory.sqlite.index.indexing import Indexer
     from sessions import sessions_root
 
     opened = open_index(data_dir / "memory.db")

@@ -7,7 +7,7 @@ everything, topic words match a cluster). Vectors: 384-dim unit vectors, the top
 plus Gaussian noise seeded by the text's hash, so they have cluster structure.
 
 Transcripts are written by the real ``SessionStore`` (keys from a counter, so files and chunk
-ids come in the same order every run), then indexed by the real ``memory.indexing.Indexer``;
+ids come in the same order every run), then indexed by the real ``memory.sqlite.index.indexing.Indexer``;
 vectors come from :class:`SyntheticEmbedder` through the real embedding pipeline and cache, so
 the local model is never run on 100k texts. Built databases are kept in ``bench/.cache`` keyed
 by the corpus parameters.
@@ -245,9 +245,9 @@ async def index_corpus(data_dir: Path, make_embedder: Callable[[], Any],
     the vectors of ``make_embedder()`` (called only then, so it may still be preparing)."""
     from memory import SyncReport
     from memory.embedders.embeddings import EmbeddingPipeline
-    from memory.index.db import WriteConnection, open_index
-    from memory.index.indexing import Indexer
-    from memory.index.vectors import EmbedderIdentity
+    from memory.sqlite.index.db import WriteConnection, open_index
+    from memory.sqlite.index.indexing import Indexer
+    from memory.sqlite.index.vectors import EmbedderIdentity
     from sessions import sessions_root
 
     config = bench_memory_config()

@@ -14,8 +14,8 @@ from bench.stats import Figure, summary_ms
 from gateway.client import Client
 from memory.config import MemoryConfig
 from memory.embedders.local_embedder import LocalEmbedder, package_dir
-from memory.index.db import WriteConnection, open_index
-from memory.index.indexing import Indexer
+from memory.sqlite.index.db import WriteConnection, open_index
+from memory.sqlite.index.indexing import Indexer
 from sessions import SessionsConfig, SessionStore, sessions_root
 from testkit.gateway import TOKEN, gateway_config, running_gateway
 

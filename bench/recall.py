@@ -45,7 +45,7 @@ from memory.context import RECALL_QUERY_CHARS  # noqa: E402
 from memory.embedders.embeddings import Embedder, select_embedder  # noqa: E402
 from memory.retrieval.recall import CUT_MARK  # noqa: E402
 from memory.retrieval.request import SearchHit  # noqa: E402
-from memory.service import MemoryService  # noqa: E402
+from memory.sqlite.service import MemoryService  # noqa: E402
 from sessions import ForwardReader, SessionsConfig, SessionStore  # noqa: E402
 
 __all__ = [

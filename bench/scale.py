@@ -90,7 +90,7 @@ async def _measure(data_dir: Path, n_queries: int, gateway: bool,
                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """In the child: the figures of one corpus (see the module doc)."""
     from bench.scalecorpus import embedder as make_embedder
-    from memory.service import MemoryService
+    from memory.sqlite.service import MemoryService
 
     qs = queries(n_queries)
     emb = make_embedder()

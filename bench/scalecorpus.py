@@ -115,8 +115,8 @@ def keyword_build(data_dir: Path) -> tuple[int, float]:
     they are): chunks written and seconds."""
     import tempfile
 
-    from memory.index.db import WriteConnection, open_index
-    from memory.index.indexing import Indexer
+    from memory.sqlite.index.db import WriteConnection, open_index
+    from memory.sqlite.index.indexing import Indexer
     from sessions import sessions_root
 
     with tempfile.TemporaryDirectory(dir=data_dir.parent) as scratch:

@@ -85,7 +85,7 @@ def _tokens_per_word(texts: list[str]) -> float:
 async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dict[str, Any]:
     """In the child: one corpus's figures (module doc)."""
     from bench.scalecorpus import embedder as make_embedder
-    from memory.service import MemoryService
+    from memory.sqlite.service import MemoryService
 
     load_start = os.getloadavg()
     qs = queries(n_queries)

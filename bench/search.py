@@ -22,9 +22,9 @@ from bench.corpus import (
 )
 from bench.stats import Figure, summary_ms
 from gateway.client import Client
-from memory.index import knn
-from memory.retrieval.search import RERANK_POOL, RERANK_SCAN
-from memory.service import MemoryService
+from memory.sqlite.index import knn
+from memory.sqlite.search import RERANK_POOL, RERANK_SCAN
+from memory.sqlite.service import MemoryService
 from testkit.gateway import TOKEN, gateway_config, running_gateway
 
 MODES = ("keyword", "vector", "hybrid")

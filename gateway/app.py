@@ -68,7 +68,7 @@ from gateway.retention import RetentionSweeper
 from gateway.rpc import ByteRate, Quotas, Registry, RpcCore, UserSlots, fair_threads
 from gateway.runtime import client_url, remove_runtime_file, write_runtime_file
 from gateway.transport import GatewayServer, ServerSettings
-from memory import Embedder, Memory
+from memory import Embedder, Memory, MemoryOff
 from sessions import FileIO, SessionStoreLike
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
                  embedder: tuple[Embedder | None, str] | None) -> App:
     """Start each part onto ``stack``; what is pushed last is stopped first."""
     loose_mode = _private_data_dir(config.data_dir)
-    fair_threads(config.limits.max_user_threads)  # the worker threads, before any job goes to one
+    _ration_threads(config)
     audit = _claim_data_dir(stack, config.data_dir)
     authenticator = _authenticator(config)
     service = await _open_memory(stack, config, embedder)
@@ -216,10 +216,7 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     await _audited(config.data_dir, audit, loose_mode)
     cluster = await _join_cluster(stack, config, store)
     check = _database_check(stack, config)
-    if service is not None:
-        service.catch_up()  # after the reconcile: it may cut a torn transcript tail
-    else:
-        log.info("memory.disabled")
+    service.catch_up()  # after the reconcile: it may cut a torn transcript tail
     hub = Hub() if cluster is None else cluster.hub
     runs = _chat_runs(config, store, hub, service, cluster)
     sweeper = _start_background(stack, config, store, runs, service)
@@ -237,6 +234,19 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     mcp = await _start_mcp(stack, config, authenticator, app_version, server)
     return App(config, server, store, runs, sessions, chat, memory,
                sweeper if sweeper.enabled else None, stack.pop_all(), mcp, cluster)
+
+
+def _ration_threads(config: Config) -> None:
+    """Ration the loop's worker threads per user, before any job goes to one.
+
+    This is where every ``asyncio.to_thread`` of the daemon is rationed: sessions/ and memory/
+    stay plain asyncio (usable without the gateway) and hand blocking work to the loop's default
+    executor, which becomes a :class:`gateway.rpc.FairThreads` here: at most
+    ``limits.max_user_threads`` jobs of the calling user (``gateway.rpc.CALLER``, set by the RPC
+    core for each call) run at once, the rest wait in that user's queue; work of no call (the
+    indexer, start-up) is not rationed. docs/architecture.md, "Worker threads".
+    """
+    fair_threads(config.limits.max_user_threads)
 
 
 def _private_data_dir(data_dir: Path) -> int | None:
@@ -267,10 +277,11 @@ def _claim_data_dir(stack: AsyncExitStack, data_dir: Path) -> asyncio.Future[boo
 
 
 async def _open_memory(stack: AsyncExitStack, config: Config,
-                       embedder: tuple[Embedder | None, str] | None) -> Memory | None:
-    """The memory service, started without its catch-up sync (None when memory is off)."""
+                       embedder: tuple[Embedder | None, str] | None) -> Memory:
+    """The memory service, started without its catch-up sync (:class:`MemoryOff` when off)."""
     if not config.memory.enabled:
-        return None
+        log.info("memory.disabled")
+        return MemoryOff()
     opening = open_memory(config, embedder=embedder, catch_up=False)
     return await _opened(stack, opening, close_memory)
 
@@ -303,7 +314,7 @@ def _database_check(stack: AsyncExitStack, config: Config) -> DatabaseCheck | No
     return check
 
 
-def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memory | None,
+def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memory,
                cluster: ClusterNode | None) -> ChatRuns:
     llm, quotas = config.llm, config.quotas
     model = create_chat_model(
@@ -318,7 +329,7 @@ def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memor
 
 
 def _start_background(stack: AsyncExitStack, config: Config, store: SessionStoreLike,
-                      runs: ChatRuns, service: Memory | None) -> RetentionSweeper:
+                      runs: ChatRuns, service: Memory) -> RetentionSweeper:
     """The batched flush, the episode writer and the retention sweep, each when it is on."""
     if config.sessions.fsync == "batch":
         _background(stack, _flush_loop(store, config.sessions.fsync_interval_s))
@@ -347,7 +358,7 @@ def _rpc_core(config: Config, registry: Registry) -> RpcCore:
 
 
 def _declare_handlers(registry: Registry, config: Config, store: SessionStoreLike, hub: Hub,
-                      runs: ChatRuns, service: Memory | None, authenticator: Authenticator,
+                      runs: ChatRuns, service: Memory, authenticator: Authenticator,
                       server: GatewayServer, app_version: str, storage: Callable[[], StorageState],
                       ) -> tuple[SessionsMethods, ChatMethods, MemoryMethods | None]:
     """One handler object per namespace, declared on ``registry``; those the app keeps."""
@@ -359,28 +370,30 @@ def _declare_handlers(registry: Registry, config: Config, store: SessionStoreLik
     files = ByteRate(quotas.attachment_bytes_per_minute, "quotas.attachment_bytes_per_minute",
                      largest=config.chat.max_attachment_bytes)
     chat = ChatMethods(config.chat, store, hub, runs, written, files)
+    # A node without memory declares its methods unhandled: they answer "not available".
+    on = service.config.enabled
     memory = MemoryMethods(
         service, store, admin=_memory_admin(config),
         full_reindex_interval_s=config.limits.full_reindex_interval_s,
-    ) if service is not None else None
+    ) if on else None
     gateway = GatewayMethods(authenticator, registry, server, app_version, service, llm.choices(),
                              storage=storage)
-    facts = FactsMethods(service) if service is not None else None
-    forget = ForgetMethods(service, store) if service is not None else None
-    episodes = EpisodesMethods(service) if service is not None else None
+    facts = FactsMethods(service) if on else None
+    forget = ForgetMethods(service, store) if on else None
+    episodes = EpisodesMethods(service) if on else None
     declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
                     forget=forget, episodes=episodes)
     return sessions, chat, memory
 
 
 async def _listen(stack: AsyncExitStack, config: Config, server: GatewayServer,
-                  service: Memory | None) -> None:
+                  service: Memory) -> None:
     """Start listening, then write the runtime file that names the URL (and warn on plain ws://)."""
     # Stopped first: no new connection, the open ones closed 1001.
     stack.push_async_callback(server.close)
     await server.start()
     # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
-    indexing = service.embedder if service is not None else None
+    indexing = service.embedder
     write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port),
                        (indexing.provider, indexing.model_id, indexing.endpoint_hash) if indexing else None)
     if server.scheme == "ws" and not is_loopback(config.server.host):

@@ -41,7 +41,7 @@ class SessionRuns(Protocol):
 
 
 class RetentionSweeper:
-    def __init__(self, store: SessionStoreLike, runs: SessionRuns, memory: Memory | None, *,
+    def __init__(self, store: SessionStoreLike, runs: SessionRuns, memory: Memory, *,
                  sessions_days: int, memory_days: int, first_delay_s: float = FIRST_SWEEP_DELAY_S,
                  interval_s: float = SWEEP_INTERVAL_S, page: int = SWEEP_PAGE) -> None:
         self.store = store
@@ -56,7 +56,7 @@ class RetentionSweeper:
 
     @property
     def enabled(self) -> bool:
-        return self.sessions_days > 0 or (self.memory is not None and self.memory_days > 0)
+        return self.sessions_days > 0 or (self.memory.config.enabled and self.memory_days > 0)
 
     async def run(self) -> None:
         """The loop; cancel it to stop."""
@@ -79,7 +79,7 @@ class RetentionSweeper:
         removed = {"sessions": 0, "chunks": 0, "facts": 0}
         if self.sessions_days > 0:
             removed["sessions"] = await self._sweep_sessions(now - timedelta(days=self.sessions_days))
-        if self.memory is not None and self.memory_days > 0:
+        if self.memory_days > 0:
             removed.update(await self.memory.sweep_retention(int(now.timestamp() * 1000)))
         self.sweeps += 1
         log.info("retention.sweep", **removed, memory_days=self.memory_days, sessions_days=self.sessions_days)
@@ -107,14 +107,11 @@ class RetentionSweeper:
             await asyncio.to_thread(self.store.delete, user, key)
         except SessionNotFound:
             return 0  # deleted meanwhile, or unreadable (the store logged it)
-        if self.memory is not None:
-            await self.memory.delete_session(user, key)
+        await self.memory.delete_session(user, key)
         return 1
 
     def _note(self, *, next_at: float | None = None, last: datetime | None = None,
               removed: dict[str, int] | None = None, error: str | None = None) -> None:
-        if self.memory is None:
-            return
         status = self.memory.retention_status
         status["sessionsDays"] = self.sessions_days
         if next_at is not None:

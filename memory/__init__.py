@@ -1,6 +1,9 @@
-"""The memory index: chunks of transcripts in SQLite, keyword (FTS5) and vector (sqlite-vec) search.
+"""The memory index: chunks of transcripts, keyword and vector search, facts and episodes.
 
-The public surface is :class:`MemoryService` (lifecycle, indexing, search, status) with its
+memory's rules (search requests, fusion, recall, excerpts, facts, episodes, forgetting) live in
+this package's neutral modules; each backend is one folder: ``memory/sqlite/`` (the default:
+FTS5 and sqlite-vec in one file) and ``memory/pg/`` (PostgreSQL + pgvector). The public surface
+is :class:`MemoryService` (the SQLite backend: lifecycle, indexing, search, status) with its
 settings (:class:`MemoryConfig`), the embedder choice (:func:`select_embedder`), progress
 values and the error tree rooted at :class:`MemoryIndexError`. Modules inside the package may
 move; importers outside it use these names. :class:`PgMemory` (``memory.pg``, the same
@@ -43,13 +46,14 @@ from .facts import (
 from .facts import Action as FactAction
 from .facts import normalise as normalise_fact
 from .forget_range import ForgetRange
+from .off import MEMORY_OFF_REASON, MemoryOff
 from .protocols import EpisodesMemory, FactsMemory, Memory
 from .reports import SyncProgress, SyncReport
 from .retrieval.excerpts import drop_shown
 from .retrieval.recall import CUT_MARK, trim_to_tokens
 from .retrieval.request import MAX_QUERY_CHARS, STOPWORDS, SearchHit, SearchResponse, ShownHistory
 from .retrieval.timephrases import TimeWindow, find_time_window
-from .service import MemoryService
+from .sqlite.service import MemoryService
 
 if TYPE_CHECKING:
     from .pg.service import PgMemory as PgMemory
@@ -94,6 +98,8 @@ __all__ = [
     "MemoryIndexError",
     "Memory",
     "MemoryService",
+    "MemoryOff",
+    "MEMORY_OFF_REASON",
     "FactsMemory",
     "EpisodesMemory",
     "MemoryStorageError",

@@ -15,7 +15,7 @@ __all__ = ["CHUNK_TOKENS_CAP", "RETRY_MAX_S", "EmbedderChoice", "FactsMode", "Fu
 # 2,000 tokens of prompt, and smaller chunks were worse for keyword recall on every dataset
 # (docs/memory.md, "Chunk size").
 CHUNK_TOKENS_CAP = 256
-# The longest wait between retries of a failed sync (memory.index.scheduler doubles up to it).
+# The longest wait between retries of a failed sync (memory.sqlite.index.scheduler doubles up to it).
 RETRY_MAX_S = 300.0
 # An embedder's window is in its own tokens; approx_tokens can undercount WordPiece by ~20%
 # and a query/passage prefix takes a few, so an automatic chunk uses 4/5 of the window.
@@ -83,11 +83,11 @@ class MemoryConfig:
     # The keyword leg leaves out a query word found in at least keyword_common_share of all
     # chunks (and at least keyword_common_min_chunks of them) when the query has rarer words:
     # FTS5 scores every row an OR query matches, and BM25 gives such a word little weight
-    # (memory.retrieval.common_terms). 0 keeps every word.
+    # (memory.sqlite.common_terms). 0 keeps every word.
     keyword_common_share: float = 0.05
     keyword_common_min_chunks: int = 5000
     # On a user's partition of at least this many chunks, the vector leg's in-memory scan runs
-    # on its own thread while the keyword leg runs its SQL (memory.retrieval.search); below it
+    # on its own thread while the keyword leg runs its SQL (memory.sqlite.search); below it
     # the hand-over costs more than the overlap saves. 0 runs the legs one after the other.
     overlap_min_chunks: int = 50_000
     # Read connections map up to this many MiB of memory.db (PRAGMA mmap_size): row reads become
@@ -163,7 +163,7 @@ class MemoryConfig:
     embeddings_timeout_s: float = 30.0
     embeddings_max_retries: int = 4
 
-    # Local (ONNX) embedder. local_model: a name from memory.local_embedder.MODELS (None: the
+    # Local (ONNX) embedder. local_model: a name from memory.embedders.local_embedder.MODELS (None: the
     # default model, else the first installed); local_max_tokens: None is the model's own
     # window; local_threads: None is both cores of a 2-core machine (min(2, cpu_count)).
     local_model: str | None = None

@@ -2,7 +2,7 @@
 
 :class:`Memory` is the service surface — life cycle, syncing, the one context call of a chat
 run, search, status, forgetting — with :class:`FactsMemory` and :class:`EpisodesMemory` for
-the user's facts and episodes. Today :class:`~memory.service.MemoryService` (SQLite FTS5 and
+the user's facts and episodes. Today :class:`~memory.sqlite.service.MemoryService` (SQLite FTS5 and
 sqlite-vec, with :class:`~memory.facts.Facts` and :class:`~memory.episodes.Episodes`)
 implements all three; a PostgreSQL backend implements the same surface. The Protocols carry
 no SQL and name only value types (``SearchResponse``, ``FactChange``, ``Episode``…).

@@ -1,8 +1,9 @@
-"""What a sync reports, on either backend: :class:`SyncReport` (what one sync did) and
-:class:`SyncProgress` (passed to a :data:`ProgressCallback` while it runs).
+"""What a sync reports, on either backend: :class:`SyncReport` (what one sync did),
+:class:`SyncProgress` (passed to a :data:`ProgressCallback` while it runs) and :class:`SyncLog`
+(how the syncs went, for ``memory.status``).
 
 Plain values with no storage behind them, so :mod:`memory.protocols` and both indexers
-(:mod:`memory.index.indexing` over SQLite, :mod:`memory.pg.service` over PostgreSQL) import
+(:mod:`memory.sqlite.index.indexing` over SQLite, :mod:`memory.pg.service` over PostgreSQL) import
 them from here rather than from each other.
 """
 
@@ -10,8 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
-__all__ = ["ProgressCallback", "SyncProgress", "SyncReport"]
+import structlog
+
+__all__ = ["ProgressCallback", "SyncLog", "SyncProgress", "SyncReport"]
+
+# The sync log keeps the name it logged under before the backends had folders of their own.
+log = structlog.get_logger("memory.service")
 
 
 @dataclass(slots=True)
@@ -50,3 +58,35 @@ class SyncProgress:
 
 
 ProgressCallback = Callable[[SyncProgress], None]
+
+
+@dataclass(slots=True)
+class SyncLog:
+    """Whether a sync runs now, how many ran, and how the last one ended."""
+
+    syncing: bool = False
+    count: int = 0
+    last_sync: str | None = None
+    last_report: SyncReport | None = None
+    last_error: str | None = None
+
+    def record(self, report: SyncReport) -> None:
+        self.count += 1
+        self.last_sync = datetime.now(UTC).isoformat()
+        self.last_report = report
+        self.last_error = report.error
+        if report.files_changed or report.files_deleted or report.embedded or report.error:
+            log.info("memory.sync", files=report.files_scanned, changed=report.files_changed,
+                     deleted=report.files_deleted, chunks=report.chunks_written,
+                     embedded=report.embedded, cache_hits=report.cache_hits, pending=report.pending,
+                     ms=round(report.duration_ms, 1), error=report.error)
+
+    def wire(self) -> dict[str, Any]:
+        report = self.last_report
+        return {
+            "syncing": self.syncing,
+            "syncCount": self.count,
+            "lastSync": self.last_sync,
+            "lastSyncMs": round(report.duration_ms, 1) if report else None,
+            "lastError": self.last_error,
+        }

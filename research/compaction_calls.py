@@ -29,11 +29,13 @@ async def measure(turns: int, every: int | None) -> dict[str, float]:
     try:
         with tempfile.TemporaryDirectory(prefix="recalld-compaction-") as tmp:
             config = make_config(Path(tmp) / "data", chat=chat, llm={
-                "base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0})
+                "base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model",
+                "max_retries": 0})
             async with running_gateway(config) as app, Client.connect(app.url, TOKEN) as c:
                 key = (await c.call("sessions.create"))["sessionKey"]
                 for i in range(turns):
-                    run_id = (await c.call("chat.send", {"sessionKey": key, "message": f"message number {i}"}))["runId"]
+                    run_id = (await c.call("chat.send", {
+                        "sessionKey": key, "message": f"message number {i}"}))["runId"]
                     while True:
                         event = await c.next_event()
                         if event.get("params", {}).get("runId") == run_id and \
@@ -52,14 +54,17 @@ async def measure(turns: int, every: int | None) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m research.compaction_calls", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m research.compaction_calls",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=50)
-    parser.add_argument("--every", type=int, default=None, help="chat.compaction_every (default: the default)")
+    parser.add_argument("--every", type=int, default=None,
+                        help="chat.compaction_every (default: the default)")
     args = parser.parse_args()
     r = asyncio.run(measure(args.turns, args.every))
-    print(f"{r['messages']:.0f} messages: {r['calls']:.0f} summary calls (gateway counted {r['gateway_calls']:.0f}), "
-          f"{r['per_100']:.1f} per 100 messages; the last summary covers {r['covered']:.0f} messages")
+    print(f"{r['messages']:.0f} messages: {r['calls']:.0f} summary calls (gateway counted"
+          f" {r['gateway_calls']:.0f}), {r['per_100']:.1f} per 100 messages; the last summary"
+          f" covers {r['covered']:.0f} messages")
     return 0
 
 

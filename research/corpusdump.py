@@ -58,7 +58,8 @@ def load(run: str, subsets: dict[str, list[str]], root: Path = ROOT, cache: Path
         print(f"dumping {name} …", file=sys.stderr)
         folder.mkdir(parents=True, exist_ok=True)
         vectors: dict[str, Any] = {}
-        legs = asyncio.run(dump(path, granularity, subset, cache, vectors, keep_db=folder / "memory.db"))
+        legs = asyncio.run(dump(path, granularity, subset, cache, vectors,
+                                keep_db=folder / "memory.db"))
         legs["texts"] = {str(int(i)): t for i, t in zip(vectors["ids"], vectors["texts"])}
         legs["asked"] = vectors["asked"]
         legs["users"] = {str(int(i)): u for i, u in zip(vectors["ids"], vectors["users"])}

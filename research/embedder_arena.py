@@ -19,9 +19,9 @@ from typing import Any
 
 import memory.embedders.local_embedder as local
 
-WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
-         "have an they you were her she there been one all we their has would when if so no will can more "
-         "out up what about who into do time only").split()
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
+         "which but have an they you were her she there been one all we their has would when if "
+         "so no will can more out up what about who into do time only").split()
 
 
 def _resident_mib() -> int:
@@ -44,7 +44,8 @@ def _with_arena(arena: bool) -> None:
         options.enable_mem_pattern = False
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), sess_options=options,
+                                    providers=["CPUExecutionProvider"])
 
     local.onnx_session = session
 
@@ -52,7 +53,8 @@ def _with_arena(arena: bool) -> None:
 async def main(args: argparse.Namespace) -> None:
     _with_arena(args.mode == "on")
     rng = random.Random(1)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 450))) for _ in range(args.texts)]
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 450)))
+             for _ in range(args.texts)]
     embedder = local.LocalEmbedder()
     await embedder.embed(texts[:4])  # load the model outside the timed rounds
     for r in range(args.rounds):

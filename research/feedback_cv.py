@@ -40,7 +40,8 @@ CANDIDATES = 50
 Leg = list[tuple[int, float]]
 
 
-def load(run: str, subsets: dict[str, list[str]], cache: Path, dumps: Path) -> tuple[str, dict[str, Any], Any]:
+def load(run: str, subsets: dict[str, list[str]], cache: Path,
+         dumps: Path) -> tuple[str, dict[str, Any], Any]:
     import numpy as np
 
     path_text, _, granularity = run.rpartition(":")
@@ -60,7 +61,8 @@ def load(run: str, subsets: dict[str, list[str]], cache: Path, dumps: Path) -> t
     return name, json.loads(legs_file.read_text(encoding="utf-8")), np.load(vec_file)
 
 
-def ranker(d: dict[str, Any], v: Any, m: int, beta: float) -> Callable[[int, dict[str, Any]], list[int]]:
+def ranker(d: dict[str, Any], v: Any, m: int,
+           beta: float) -> Callable[[int, dict[str, Any]], list[int]]:
     """Chunk ids for question ``qi``: the default fusion, then (``m`` > 0) feedback and again."""
     import numpy as np
 
@@ -83,7 +85,8 @@ def ranker(d: dict[str, Any], v: Any, m: int, beta: float) -> Callable[[int, dic
     return rank
 
 
-def scores(d: dict[str, Any], rank: Callable[[int, dict[str, Any]], list[int]]) -> tuple[float, float, float]:
+def scores(d: dict[str, Any],
+           rank: Callable[[int, dict[str, Any]], list[int]]) -> tuple[float, float, float]:
     r5 = r10 = nd = 0.0
     for qi, q in enumerate(d["questions"]):
         ranked = [d["turns"][str(c)] for c in rank(qi, q)]
@@ -107,17 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     loaded = [load(run, subsets, args.embedding_cache, args.dumps) for run in args.runs]
     names = [n for n, _, _ in loaded]
     settings = {"default (no feedback)": (0, 0.0), **{f"m {m}, beta {b}": (m, b) for m, b in GRID}}
-    table = {label: [scores(d, ranker(d, v, m, b)) for _, d, v in loaded] for label, (m, b) in settings.items()}
+    table = {label: [scores(d, ranker(d, v, m, b)) for _, d, v in loaded]
+             for label, (m, b) in settings.items()}
     print("R@5 / R@10 / nDCG@10".ljust(24) + "".join(n.rjust(24) for n in names))
     for label, row in table.items():
         print(label.ljust(24) + "".join(f"{a:.3f}/{b:.3f}/{c:.3f}".rjust(24) for a, b, c in row))
     print("union of both legs' top 10".ljust(24) + "".join(f"R@20 {union_bound(d):.3f}".rjust(24)
                                                            for _, d, _ in loaded))
     if len(names) > 1:
-        print("\nleave one out: setting chosen on the others (mean R@10), scored on the one left out")
+        print("\nleave one out: setting chosen on the others (mean R@10), scored on the one left"
+              " out")
         for h, held in enumerate(names):
-            best = max(table, key=lambda label: sum(table[label][i][1] for i in range(len(names)) if i != h))
-            print(f"  {held}: {best} → R@10 {table[best][h][1]:.3f} (default {table['default (no feedback)'][h][1]:.3f})")
+            best = max(table, key=lambda label: sum(table[label][i][1] for i in range(len(names))
+                                                    if i != h))
+            print(f"  {held}: {best} → R@10 {table[best][h][1]:.3f}"
+                  f" (default {table['default (no feedback)'][h][1]:.3f})")
     return 0
 
 

@@ -45,48 +45,56 @@ from memory.embedders.embeddings import select_embedder
 from memory.retrieval.excerpts import relevant, without_repeats
 from memory.retrieval.recall import for_prompt
 from memory.retrieval.request import SearchHit
-from memory.service import MemoryService
+from memory.sqlite.service import MemoryService
 
 MARGINS = (0.0, 0.03, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2)
 DROPS = (1.0, 0.15, 0.1, 0.08, 0.05)
 
 
-async def collect(path: Path, embedder_name: str, granularity: str, cache: Path | None) -> dict[str, Any]:
+async def collect(path: Path, embedder_name: str, granularity: str,
+                  cache: Path | None) -> dict[str, Any]:
     dataset = load_dataset(path)
     pairs = negative_pairs(dataset)
     with tempfile.TemporaryDirectory(prefix="recalld-floor-") as tmp:
         root = Path(tmp)
-        config = memory_config(granularity, embedder=embedder_name, k=max(10, RECALL_K), rrf_k=60, candidates=50,
-                               max_turn_tokens=longest_turn_tokens(dataset), base=MemoryConfig())
+        config = memory_config(granularity, embedder=embedder_name, k=max(10, RECALL_K), rrf_k=60,
+                               candidates=50, max_turn_tokens=longest_turn_tokens(dataset),
+                               base=MemoryConfig())
         embedder, reason = select_embedder(config)
         if embedder is None:
             raise SystemExit(f"no embedder: {reason}")
         service = MemoryService(root, config, embedder, embedder_reason=reason)
         await service.start(catch_up=False)
         try:
-            corpus = await asyncio.to_thread(load_corpus, dataset, root, granularity, lambda *a, **k: None)
+            corpus = await asyncio.to_thread(load_corpus, dataset, root, granularity,
+                                             lambda *a, **k: None)
             if cache is not None:
                 await asyncio.to_thread(_share_cache, root / "memory.db", cache, "seed")
                 await _keeping(service.sync_now(), root / "memory.db", cache)
             else:
                 await service.sync_now()
             floor = service._search.relevance_floor  # noqa: SLF001 - the product's own floor
-            turn_text = {t.id: t.text for c in dataset.conversations for s in c.sessions for t in s.turns}
+            turn_text = {t.id: t.text for c in dataset.conversations for s in c.sessions
+                         for t in s.turns}
             rows = []
             for q, moment in zip(dataset.questions, question_moments(dataset), strict=True):
                 asked = {}
                 for side, conv in (("pos", q.conversation), ("neg", pairs[q.conversation])):
-                    response = await service.search(corpus.users[conv], q.question[:2000], k=RECALL_K,
-                                                    mode="hybrid", now=moment, recency=True)
+                    response = await service.search(corpus.users[conv], q.question[:2000],
+                                                    k=RECALL_K, mode="hybrid", now=moment,
+                                                    recency=True)
                     asked[side] = (response.results, response.mode != "keyword", floor(response))
                 rows.append((q, asked))
-            return {"rows": rows, "line_map": corpus.line_map, "turn_text": turn_text, "config": config}
+            return {"rows": rows, "line_map": corpus.line_map, "turn_text": turn_text,
+                    "config": config}
         finally:
             await service.close()
 
 
-def score(data: dict[str, Any], margin: float, drop: float, keep: set[str] | None) -> dict[str, float]:
-    config: MemoryConfig = replace(data["config"], recall_vector_only_margin=margin, recall_relative_drop=drop)
+def score(data: dict[str, Any], margin: float, drop: float,
+          keep: set[str] | None) -> dict[str, float]:
+    config: MemoryConfig = replace(data["config"], recall_vector_only_margin=margin,
+                                   recall_relative_drop=drop)
     pos: list[float] = []
     neg: list[float] = []
     tokens: list[float] = []
@@ -96,8 +104,9 @@ def score(data: dict[str, Any], margin: float, drop: float, keep: set[str] | Non
         for side in ("pos", "neg"):
             hits, vector_ran, floor = asked[side]
             chosen: list[SearchHit] = without_repeats(for_prompt(
-                relevant(hits, q.question[:2000], vector_ran=vector_ran, floor=floor, config=config), vector_ran=False, floor=None,
-                budget_tokens=config.recall_budget_tokens))
+                relevant(hits, q.question[:2000], vector_ran=vector_ran, floor=floor,
+                         config=config),
+                vector_ran=False, floor=None, budget_tokens=config.recall_budget_tokens))
             if side == "pos":
                 s = prompt_scores(chosen, data["line_map"], data["turn_text"], q.evidence)
                 pos.append(s["prompt-recall"])
@@ -111,7 +120,8 @@ def score(data: dict[str, Any], margin: float, drop: float, keep: set[str] | Non
 
 def choose(data: dict[str, Any], keep: set[str], max_loss: float) -> tuple[float, float]:
     """The setting with the fewest negatives among those that keep prompt-recall within
-    ``max_loss`` of the fixed floor's on ``keep`` (ties: more prompt-recall, then the smaller change)."""
+    ``max_loss`` of the fixed floor's on ``keep`` (ties: more prompt-recall, then the smaller
+    change)."""
     base = score(data, 0.0, 1.0, keep)["prompt-recall"]
     grid = [(m, d, score(data, m, d, keep)) for m, d in itertools.product(MARGINS, DROPS)]
     ok = [g for g in grid if g[2]["prompt-recall"] >= base - max_loss]
@@ -127,18 +137,21 @@ def main() -> int:
     parser.add_argument("--granularity", choices=("chunk", "turn"), default="chunk")
     parser.add_argument("--embedding-cache", type=Path, default=None)
     parser.add_argument("--max-loss", type=float, default=0.01,
-                        help="the prompt-recall a setting may lose against the fixed floor (default 0.01)")
+                        help="the prompt-recall a setting may lose against the fixed floor"
+                             " (default 0.01)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     data = asyncio.run(collect(args.dataset, args.embedder, args.granularity, args.embedding_cache))
     convs = sorted({q.conversation for q, _ in data["rows"]})
-    print(f"{args.dataset} · {args.granularity} · {len(data['rows'])} questions · {len(convs)} conversations")
+    print(f"{args.dataset} · {args.granularity} · {len(data['rows'])} questions · "
+          f"{len(convs)} conversations")
     print(f"{'margin':>7} {'drop':>5} {'prompt-recall':>14} {'negatives':>10} {'neg words':>10}")
     table = []
     for m, d in itertools.product(MARGINS, DROPS):
         s = score(data, m, d, None)
         table.append({"margin": m, "drop": d, **s})
-        print(f"{m:>7.2f} {d:>5.2f} {s['prompt-recall']:>14.3f} {s['negatives']:>10.3f} {s['neg-words']:>10.1f}")
+        print(f"{m:>7.2f} {d:>5.2f} {s['prompt-recall']:>14.3f} {s['negatives']:>10.3f} "
+              f"{s['neg-words']:>10.1f}")
     folds = []
     for held in convs:
         m, d = choose(data, set(convs) - {held}, args.max_loss)
@@ -146,17 +159,22 @@ def main() -> int:
         base = score(data, 0.0, 1.0, {held})
         folds.append({"held_out": held, "margin": m, "drop": d, **s, "base": base})
     n = sum(f["questions"] for f in folds)
-    pooled = {k: sum(f[k] * f["questions"] for f in folds) / n for k in ("prompt-recall", "negatives")}
-    base = {k: sum(f["base"][k] * f["questions"] for f in folds) / n for k in ("prompt-recall", "negatives")}
-    print("\nleave-one-conversation-out (setting chosen on the others, scored on the held-out one):")
+    pooled = {k: sum(f[k] * f["questions"] for f in folds) / n
+              for k in ("prompt-recall", "negatives")}
+    base = {k: sum(f["base"][k] * f["questions"] for f in folds) / n
+            for k in ("prompt-recall", "negatives")}
+    print("\nleave-one-conversation-out (setting chosen on the others, scored on the held-out "
+          "one):")
     for f in folds:
         print(f"  {f['held_out']:<24} margin {f['margin']:.2f} drop {f['drop']:.2f}: prompt-recall "
               f"{f['prompt-recall']:.3f} (fixed floor {f['base']['prompt-recall']:.3f}), negatives "
               f"{f['negatives']:.3f} (fixed floor {f['base']['negatives']:.3f})")
-    print(f"  held-out, pooled: prompt-recall {pooled['prompt-recall']:.3f} (fixed floor {base['prompt-recall']:.3f}), "
-          f"negatives {pooled['negatives']:.3f} (fixed floor {base['negatives']:.3f})")
+    print(f"  held-out, pooled: prompt-recall {pooled['prompt-recall']:.3f} (fixed floor "
+          f"{base['prompt-recall']:.3f}), negatives {pooled['negatives']:.3f} (fixed floor "
+          f"{base['negatives']:.3f})")
     if args.json is not None:
-        args.json.write_text(json.dumps({"grid": table, "folds": folds}, indent=1, default=str) + "\n")
+        args.json.write_text(json.dumps({"grid": table, "folds": folds}, indent=1, default=str)
+                             + "\n")
     return 0
 
 

@@ -84,8 +84,8 @@ def _cached_vectors(cache: Path, texts: Sequence[str], model_id: str) -> dict[st
     try:
         wanted = {hashlib.sha256(t.encode()).hexdigest() for t in texts}
         out: dict[str, Any] = {}
-        for key, blob in db.execute("SELECT content_hash, vector FROM embedding_cache WHERE provider = 'local' "
-                                    "AND model = ?", (model_id,)):
+        for key, blob in db.execute("SELECT content_hash, vector FROM embedding_cache "
+                                    "WHERE provider = 'local' AND model = ?", (model_id,)):
             if key in wanted:
                 out[key] = np.frombuffer(bytes(blob), dtype=np.int8).astype(np.float32)
         return out
@@ -94,7 +94,8 @@ def _cached_vectors(cache: Path, texts: Sequence[str], model_id: str) -> dict[st
 
 
 async def dump(dataset_path: Path, granularity: str, conversations: list[str] | None, cache: Path,
-               vectors: dict[str, Any] | None = None, keep_db: Path | None = None) -> dict[str, Any]:
+               vectors: dict[str, Any] | None = None,
+               keep_db: Path | None = None) -> dict[str, Any]:
     """Both legs of every question, with the line map reduced to each chunk's turn ids.
 
     ``vectors``, when given, receives the unit chunk vectors (``matrix``, rows in chunk-id
@@ -124,8 +125,10 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
         await service.sync_now()
         await service.close()
         db = apsw.Connection(str(root / "memory.db"))
-        rows = list(db.execute("SELECT id, user, session_key, line_start, line_end, content FROM chunks ORDER BY id"))
-        turns = {cid: hits_to_turns(_Span(sk, ls, le), corpus.line_map) for cid, _, sk, ls, le, _ in rows}
+        rows = list(db.execute("SELECT id, user, session_key, line_start, line_end, content "
+                               "FROM chunks ORDER BY id"))
+        turns = {cid: hits_to_turns(_Span(sk, ls, le), corpus.line_map)
+                 for cid, _, sk, ls, le, _ in rows}
         said = dict(db.execute("SELECT id, COALESCE(end_ms, start_ms) FROM chunks"))
         moments = question_moments(dataset)
         texts = [r[5] for r in rows]
@@ -136,10 +139,12 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
             for start in range(0, len(missing), 64):
                 part = missing[start:start + 64]
                 for text, vec in zip(part, await embedder.embed(part, "passage")):
-                    found[hashlib.sha256(text.encode()).hexdigest()] = np.asarray(vec, dtype=np.float32)
+                    found[hashlib.sha256(text.encode()).hexdigest()] = np.asarray(
+                        vec, dtype=np.float32)
         matrix = np.stack([found[hashlib.sha256(t.encode()).hexdigest()] for t in texts])
         matrix /= np.clip(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12, None)
-        queries = np.asarray(await embedder.embed([q.question for q in dataset.questions], "query"), dtype=np.float32)
+        queries = np.asarray(await embedder.embed([q.question for q in dataset.questions],
+                                                  "query"), dtype=np.float32)
         by_user: dict[str, list[int]] = {}
         for i, row in enumerate(rows):
             by_user.setdefault(row[1], []).append(i)
@@ -148,25 +153,31 @@ async def dump(dataset_path: Path, granularity: str, conversations: list[str] | 
             user = corpus.users[q.conversation]
             match = fts_query(q.question, 32)
             kw: Leg = [] if match is None else [(int(c), float(s)) for c, s in db.execute(
-                "SELECT chunks.id, -bm25(chunks_fts) FROM chunks_fts JOIN chunks ON chunks.id = chunks_fts.rowid "
-                "WHERE chunks_fts MATCH ? AND chunks.user = ? ORDER BY bm25(chunks_fts), chunks.id LIMIT ?",
+                "SELECT chunks.id, -bm25(chunks_fts) FROM chunks_fts "
+                "JOIN chunks ON chunks.id = chunks_fts.rowid "
+                "WHERE chunks_fts MATCH ? AND chunks.user = ? "
+                "ORDER BY bm25(chunks_fts), chunks.id LIMIT ?",
                 (match, user, DEPTH))]
             idx = by_user[user]
             sims = matrix[idx] @ queries[qi]
             order = np.argsort(-sims, kind="stable")[:DEPTH]
             near: Leg = [(int(rows[idx[j]][0]), float(sims[j])) for j in order]
             moment = moments[qi]
-            out_q.append({"evidence": list(q.evidence), "category": q.category, "kw": kw, "vec": near,
+            out_q.append({"evidence": list(q.evidence), "category": q.category, "kw": kw,
+                          "vec": near,
                           "conversation": q.conversation,
                           "now": None if moment is None else int(moment.timestamp() * 1000)})
         db.close()
         if keep_db is not None:
             shutil.copyfile(root / "memory.db", keep_db)
         if vectors is not None:
-            vectors.update(matrix=matrix, queries=queries, ids=np.array([r[0] for r in rows], dtype=np.int64),
-                           users=[r[1] for r in rows], user_of=[corpus.users[q.conversation] for q in dataset.questions],
+            vectors.update(matrix=matrix, queries=queries,
+                           ids=np.array([r[0] for r in rows], dtype=np.int64),
+                           users=[r[1] for r in rows],
+                           user_of=[corpus.users[q.conversation] for q in dataset.questions],
                            texts=texts, asked=[q.question for q in dataset.questions])
-    return {"turns": {str(k): v for k, v in turns.items()}, "said": {str(k): v for k, v in said.items()},
+    return {"turns": {str(k): v for k, v in turns.items()},
+            "said": {str(k): v for k, v in said.items()},
             "questions": out_q}
 
 
@@ -185,7 +196,8 @@ def score(d: dict[str, Any], rank: Callable[[Leg, Leg], list[int]]) -> tuple[flo
     return r10 / n, nd / n
 
 
-def fused(fusion: FusionMethod, weight: float, candidates: int = 50) -> Callable[[Leg, Leg], list[int]]:
+def fused(fusion: FusionMethod, weight: float,
+          candidates: int = 50) -> Callable[[Leg, Leg], list[int]]:
     # Min-max over every candidate, as in the tables before issue 25 (depth: depth_table).
     config = MemoryConfig(fusion=fusion, keyword_weight=weight, fusion_depth=DEPTH)
     return lambda kw, vec: [f.chunk_id for f in fuse(kw[:candidates], vec[:candidates], config)]
@@ -210,7 +222,8 @@ def combined(norm: Callable[[Leg, bool], dict[int, float]], weight: float,
     def rank(kw: Leg, vec: Leg) -> list[int]:
         k, v = norm(kw[:candidates], False), norm(vec[:candidates], True)
         k_floor, v_floor = min(k.values(), default=0.0), min(v.values(), default=0.0)
-        score = {c: weight * k.get(c, k_floor) + (1 - weight) * v.get(c, v_floor) for c in {**k, **v}}
+        score = {c: weight * k.get(c, k_floor) + (1 - weight) * v.get(c, v_floor)
+                 for c in {**k, **v}}
         return sorted(score, key=lambda c: (-score[c], c))
     return rank
 
@@ -231,10 +244,12 @@ def settings() -> dict[str, Callable[[Leg, Leg], list[int]]]:
     return out
 
 
-RECENCY = ((0.0, 60.0), (0.1, 60.0), (0.2, 30.0), (0.2, 60.0), (0.2, 120.0), (0.3, 60.0), (0.4, 60.0))
+RECENCY = ((0.0, 60.0), (0.1, 60.0), (0.2, 30.0), (0.2, 60.0), (0.2, 120.0), (0.3, 60.0),
+           (0.4, 60.0))
 
 
-def recency_scores(d: dict[str, Any], weight: float, half_life: float, as_of: bool) -> tuple[float, float]:
+def recency_scores(d: dict[str, Any], weight: float, half_life: float,
+                   as_of: bool) -> tuple[float, float]:
     """R@10 / nDCG@10 of the default fusion plus the recency term, over the dated questions."""
     config = MemoryConfig(recency_weight=weight, recency_half_life_days=half_life)
     said = {int(k): v for k, v in d["said"].items()}
@@ -270,7 +285,8 @@ def neighbours(said: dict[int, int], mode: str, gamma: float) -> Callable[[Leg, 
         for c, s in base.items():
             t = said.get(c)
             near = [] if t is None else [
-                base[o] for o in base if o != c and (u := said.get(o)) is not None and abs(u - t) <= NEIGHBOUR_WINDOW_MS]
+                base[o] for o in base
+                if o != c and (u := said.get(o)) is not None and abs(u - t) <= NEIGHBOUR_WINDOW_MS]
             lift = max(near, default=0.0) if mode == "max" else sum(near) / (1 + len(near))
             score[c] = s + gamma * lift
         return sorted(score, key=lambda c: (-score[c], c))
@@ -283,22 +299,26 @@ def neighbour_table(dumps: dict[str, dict[str, Any]]) -> None:
     rows: dict[str, dict[str, tuple[float, float]]] = {"default": {n: score(d, fused("convex", 0.4))
                                                                   for n, d in dumps.items()}}
     for mode, gamma in NEIGHBOURS:
-        rows[f"{mode} {gamma}"] = {n: score(d, neighbours({int(k): v for k, v in d["said"].items()}, mode, gamma))
-                                   for n, d in dumps.items()}
+        rows[f"{mode} {gamma}"] = {
+            n: score(d, neighbours({int(k): v for k, v in d["said"].items()}, mode, gamma))
+            for n, d in dumps.items()}
     print(f"\ntime neighbours (within {NEIGHBOUR_WINDOW_MS // 60_000} min), R@10 / nDCG@10")
     for label, row in rows.items():
-        print(label.ljust(20) + "".join(f"{row[n][0]:.3f} / {row[n][1]:.3f}".rjust(26) for n in names))
+        print(label.ljust(20) + "".join(
+            f"{row[n][0]:.3f} / {row[n][1]:.3f}".rjust(26) for n in names))
     for held in names:
         best = max(rows, key=lambda k: sum(rows[k][n][0] for n in names if n != held))
         print(f"  leave one out, {held:<28} {best}: R@10 {rows[best][held][0]:.3f} "
-              f"(default {rows['default'][held][0]:.3f}, {rows[best][held][0] - rows['default'][held][0]:+.3f})")
+              f"(default {rows['default'][held][0]:.3f}, "
+              f"{rows[best][held][0] - rows['default'][held][0]:+.3f})")
 
 
 DEPTH_WEIGHTS = (0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
 DEPTHS = (10, 15, 20, 30, 50)
 
 
-def _per_question(d: dict[str, Any], rank: Callable[[Leg, Leg], list[int]]) -> list[tuple[str, float, float, float]]:
+def _per_question(d: dict[str, Any],
+                  rank: Callable[[Leg, Leg], list[int]]) -> list[tuple[str, float, float, float]]:
     out = []
     for q in d["questions"]:
         ranked = [d["turns"][str(c)] for c in rank(q["kw"], q["vec"])]
@@ -308,15 +328,18 @@ def _per_question(d: dict[str, Any], rank: Callable[[Leg, Leg], list[int]]) -> l
 
 
 def depth_table(dumps: dict[str, dict[str, Any]]) -> None:
-    """Convex fusion by keyword weight and normalisation depth, and its leave-one-conversation-out."""
+    """Convex fusion by keyword weight and normalisation depth, and its
+    leave-one-conversation-out."""
     rules: dict[str, Callable[[Leg, Leg], list[int]]] = {
-        "keyword": lambda kw, vec: [c for c, _ in kw], "vector": lambda kw, vec: [c for c, _ in vec]}
+        "keyword": lambda kw, vec: [c for c, _ in kw],
+        "vector": lambda kw, vec: [c for c, _ in vec]}
     for w in DEPTH_WEIGHTS:
         for depth in DEPTHS:
             config = MemoryConfig(keyword_weight=w, fusion_depth=depth)
             rules[f"convex {w} C{depth}"] = (lambda cfg: lambda kw, vec: [
                 f.chunk_id for f in fuse(kw[:50], vec[:50], cfg)])(config)
-    rows = {n: {label: _per_question(d, rank) for label, rank in rules.items()} for n, d in dumps.items()}
+    rows = {n: {label: _per_question(d, rank) for label, rank in rules.items()}
+            for n, d in dumps.items()}
 
     def mean(values: list[tuple[str, float, float, float]], i: int) -> float:
         return sum(float(v[i]) for v in values) / max(1, len(values))
@@ -324,13 +347,15 @@ def depth_table(dumps: dict[str, dict[str, Any]]) -> None:
     print("\nnormalisation depth, R@5 / R@10 / nDCG@10")
     for label in rules:
         print(label.ljust(20) + "".join(
-            f"{mean(rows[n][label], 1):.3f} / {mean(rows[n][label], 2):.3f} / {mean(rows[n][label], 3):.3f}".rjust(26)
+            (f"{mean(rows[n][label], 1):.3f} / {mean(rows[n][label], 2):.3f} / "
+             f"{mean(rows[n][label], 3):.3f}").rjust(26)
             for n in dumps))
 
     def margin(label: str, out: tuple[str, str] | None) -> float:
         total = 0.0
         for n in dumps:
-            def keep(values: list[tuple[str, float, float, float]]) -> list[tuple[str, float, float, float]]:
+            def keep(values: list[tuple[str, float, float, float]]
+                     ) -> list[tuple[str, float, float, float]]:
                 return [v for v in values if (n, v[0]) != out]  # noqa: B023
             h, k, v = keep(rows[n][label]), keep(rows[n]["keyword"]), keep(rows[n]["vector"])
             total += min(mean(h, i) - max(mean(k, i), mean(v, i)) for i in (1, 2))
@@ -349,15 +374,18 @@ def depth_table(dumps: dict[str, dict[str, Any]]) -> None:
               f"nDCG@10 {mean(held[n], 3):.3f}")
 
 
-def dump_args(prog: str, description: str, argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, list[str]]]:
-    """The arguments this module and research.feedback_cv share, and the conversation subsets by stem."""
+def dump_args(prog: str, description: str,
+              argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, list[str]]]:
+    """The arguments this module and research.feedback_cv share, and the conversation subsets by
+    stem."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
     parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
     parser.add_argument("--embedding-cache", type=Path, default=CACHE)
     parser.add_argument("--dumps", type=Path, default=DUMPS)
     args = parser.parse_args(argv)
-    return args, {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+    return args, {s.split(":", 1)[0]: s.split(":", 1)[1].split(",")
+                  for s in args.conversations if ":" in s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(path_text)
         subset = subsets.get(path.stem)
         name = f"{path.stem}{'[' + str(len(subset)) + ']' if subset else ''}:{granularity}"
-        # v3: dumps carry when each chunk was said, when each question was asked and its conversation.
+        # v3: dumps carry when each chunk was said, when each question was asked and its
+        # conversation.
         file = args.dumps / (name.replace(":", "-").replace("[", "-").replace("]", "") + "-v3.json")
         if not file.exists():
             print(f"dumping {name} …", file=sys.stderr)
@@ -376,26 +405,34 @@ def main(argv: list[str] | None = None) -> int:
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_text(json.dumps(data), encoding="utf-8")
         dumps[name] = json.loads(file.read_text(encoding="utf-8"))
-    table = {name: {label: score(d, rank) for label, rank in settings().items()} for name, d in dumps.items()}
+    table = {name: {label: score(d, rank) for label, rank in settings().items()}
+             for name, d in dumps.items()}
     names = list(dumps)
     print("R@10 / nDCG@10".ljust(20) + "".join(n.rjust(26) for n in names))
     for label in settings():
-        print(label.ljust(20) + "".join(f"{table[n][label][0]:.3f} / {table[n][label][1]:.3f}".rjust(26) for n in names))
+        print(label.ljust(20) + "".join(
+            f"{table[n][label][0]:.3f} / {table[n][label][1]:.3f}".rjust(26) for n in names))
     if len(names) > 1:
-        print("\nleave one out: keyword_weight chosen on the others (mean R@10), scored on the one left out")
+        print("\nleave one out: keyword_weight chosen on the others (mean R@10), scored on the one "
+              "left out")
         for held in names:
             others = [n for n in names if n != held]
             best = max(WEIGHTS, key=lambda w: sum(table[n][f"convex {w}"][0] for n in others))
             r10 = table[held][f"convex {best}"][0]
             legs = max(table[held]["keyword"][0], table[held]["vector"][0])
-            print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, {r10 - legs:+.3f})")
+            print(f"  {held:<28} weight {best}: R@10 {r10:.3f} (better leg {legs:.3f}, "
+                  f"{r10 - legs:+.3f})")
     dated = [n for n in names if any(q.get("now") is not None for q in dumps[n]["questions"])]
     if dated:
-        print("\nrecency (recall into a prompt), R@10 / nDCG@10 of the default fusion + the term, dated questions only")
-        print("weight, half-life".ljust(20) + "".join(f"{n} {view}".rjust(30) for n in dated for view in ("whole", "as of")))
+        print("\nrecency (recall into a prompt), R@10 / nDCG@10 of the default fusion + the term, "
+              "dated questions only")
+        print("weight, half-life".ljust(20) + "".join(
+            f"{n} {view}".rjust(30) for n in dated for view in ("whole", "as of")))
         for weight, half_life in RECENCY:
-            cells = [recency_scores(dumps[n], weight, half_life, as_of) for n in dated for as_of in (False, True)]
-            print(f"{weight}, {half_life:g} d".ljust(20) + "".join(f"{r:.3f} / {g:.3f}".rjust(30) for r, g in cells))
+            cells = [recency_scores(dumps[n], weight, half_life, as_of) for n in dated
+                     for as_of in (False, True)]
+            print(f"{weight}, {half_life:g} d".ljust(20) + "".join(
+                f"{r:.3f} / {g:.3f}".rjust(30) for r, g in cells))
     if len(names) > 1:
         neighbour_table(dumps)
     depth_table(dumps)

@@ -1,4 +1,5 @@
-"""``python -m research.importrate [--messages 10000] [--embedders none,local]``: import + index rate.
+"""``python -m research.importrate [--messages 10000] [--embedders none,local]``:
+import + index rate.
 
 Writes a ChatGPT-shaped ``conversations.json`` of real chat text (RealMem's sessions,
 ``bench/data/realmem_bench.json``, else ``bench/data/sample.json`` repeated),
@@ -44,7 +45,8 @@ def chatgpt_export(messages: int) -> tuple[list[dict[str, Any]], str]:
             for i, turn in enumerate(s["turns"][:messages - written]):
                 node = f"{conv_id}-{s['id']}-{rounds}-{i}"
                 mapping[node] = {"id": node, "parent": parent, "children": [], "message": {
-                    "id": node, "author": {"role": "user" if turn["speaker"] == first else "assistant"},
+                    "id": node,
+                    "author": {"role": "user" if turn["speaker"] == first else "assistant"},
                     "create_time": start + 60 * i, "metadata": {},
                     "content": {"content_type": "text", "parts": [turn["text"]]}}}
                 if parent is not None:
@@ -62,18 +64,22 @@ def run_import(export: Path, embedder: str) -> dict[str, Any]:
     env["RECALLD_MEMORY_EMBEDDER"] = embedder
     with tempfile.TemporaryDirectory(prefix="recalld-import-") as tmp:
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "gateway", "--data-dir", tmp, "import", str(export),
-                               "--user", "bench"], capture_output=True, text=True, env=env, check=False)
+        proc = subprocess.run([sys.executable, "-m", "gateway", "--data-dir", tmp, "import",
+                               str(export), "--user", "bench"],
+                              capture_output=True, text=True, env=env, check=False)
         took = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
     imported = re.search(r"(\d+) messages written in ([\d.]+) s", proc.stdout)
-    indexed = re.search(r"indexed: (\d+) chunks written, (\d+) embedded .*?, (\d+) pending, ([\d.]+) s", proc.stdout)
+    indexed = re.search(r"indexed: (\d+) chunks written, (\d+) embedded .*?, (\d+) pending, "
+                        r"([\d.]+) s", proc.stdout)
     assert imported and indexed, proc.stdout
     messages, write_s = int(imported[1]), float(imported[2])
-    chunks, embedded, pending, index_s = int(indexed[1]), int(indexed[2]), int(indexed[3]), float(indexed[4])
-    return {"embedder": embedder, "messages": messages, "writeS": write_s, "chunks": chunks, "embedded": embedded,
-            "pending": pending, "indexS": index_s, "commandS": took, "messagesPerS": messages / took,
+    chunks, embedded, pending, index_s = (int(indexed[1]), int(indexed[2]), int(indexed[3]),
+                                          float(indexed[4]))
+    return {"embedder": embedder, "messages": messages, "writeS": write_s, "chunks": chunks,
+            "embedded": embedded, "pending": pending, "indexS": index_s, "commandS": took,
+            "messagesPerS": messages / took,
             "stdout": proc.stdout.strip()}
 
 
@@ -90,15 +96,18 @@ def main() -> int:
         for embedder in args.embedders.split(","):
             print(f"· recalld import, embedder {embedder} …", flush=True)
             rows.append(run_import(export, embedder))
-    print(f"\n{args.messages:,} messages of {source} in {len(conversations):,} ChatGPT conversations; load average "
-          f"{os.getloadavg()[0]:.1f}")
-    print(f"{'embedder':<9} {'command s':>9} {'msgs/s':>8} {'write s':>8} {'index s':>8} {'chunks':>7} {'embedded':>8}")
+    print(f"\n{args.messages:,} messages of {source} in {len(conversations):,} ChatGPT "
+          f"conversations; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'embedder':<9} {'command s':>9} {'msgs/s':>8} {'write s':>8} {'index s':>8} "
+          f"{'chunks':>7} {'embedded':>8}")
     for r in rows:
-        print(f"{r['embedder']:<9} {r['commandS']:>9.1f} {r['messagesPerS']:>8.0f} {r['writeS']:>8.1f} "
-              f"{r['indexS']:>8.1f} {r['chunks']:>7} {r['embedded']:>8}")
+        print(f"{r['embedder']:<9} {r['commandS']:>9.1f} {r['messagesPerS']:>8.0f} "
+              f"{r['writeS']:>8.1f} {r['indexS']:>8.1f} {r['chunks']:>7} {r['embedded']:>8}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "import.json").write_text(json.dumps({"source": source, "conversations": len(conversations),
-                                                     "loadAverage": os.getloadavg(), "rows": rows}, indent=2))
+    (RESULTS / "import.json").write_text(json.dumps({"source": source,
+                                                     "conversations": len(conversations),
+                                                     "loadAverage": os.getloadavg(),
+                                                     "rows": rows}, indent=2))
     return 0
 
 

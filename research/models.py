@@ -1,4 +1,5 @@
-"""Compare the offline models of ``memory.local_embedder.MODELS``: speed and retrieval quality.
+"""Compare the offline models of ``memory.embedders.local_embedder.MODELS``: speed and
+retrieval quality.
 
     python -m research.models speed [--models A,B] [--threads 2] [--rounds 5]
     python -m research.models recall DATASET [--models A,B] [--granularity turn|chunk]
@@ -13,11 +14,12 @@ joined until they reach the length.
 ``recall`` runs ``bench/recall.py --embedder local`` once per model through the real harness,
 with each model at its own window (``max_tokens``), the configured ``local_threads``, the
 passage prefix at index time and the query prefix at search time, and writes
-``DIR/models.<model>.<dataset>.<granularity>.json`` (default DIR: bench/results) (the harness's ``--json``) plus a summary table.
+``DIR/models.<model>.<dataset>.<granularity>.json`` (default DIR: bench/results) (the harness's
+``--json``) plus a summary table.
 
 The query prefix reaches the model through ``EmbeddingPipeline.embed_query``, which asks the
 embedder for ``kind="query"``. Models whose package is missing are skipped with the reason
-(``memory.local_embedder.unavailable_reason``).
+(``memory.embedders.local_embedder.unavailable_reason``).
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def run_speed(models: list[str], threads: int, rounds: int) -> dict[str, Any]:
     async def go() -> dict[str, dict[str, list[float]]]:
         for e in embedders.values():
             await e.embed(["warm up"])
-        samples: dict[str, dict[str, list[float]]] = {n: {"passage": [], "query": []} for n in models}
+        samples: dict[str, dict[str, list[float]]] = {n: {"passage": [], "query": []}
+                                                      for n in models}
         for _ in range(rounds):
             for n, e in embedders.items():
                 samples[n]["passage"].append(await timed(e, passages, "passage", 16))
@@ -125,7 +128,8 @@ def run_recall(dataset: Path, models: list[str], granularity: str, out_dir: Path
     summary: dict[str, Any] = {}
     for name in models:
         def select(config: Any, _name: str = name) -> tuple[LocalEmbedder, str]:
-            return (LocalEmbedder(_name, batch_size=config.local_batch_size, threads=config.local_threads),
+            return (LocalEmbedder(_name, batch_size=config.local_batch_size,
+                                  threads=config.local_threads),
                     f"research.models: {_name}")
 
         setattr(recall, "select_embedder", select)  # noqa: B010 (the harness looks it up by name)
@@ -141,7 +145,8 @@ def run_recall(dataset: Path, models: list[str], granularity: str, out_dir: Path
     for name, modes in summary.items():
         for mode in ("keyword", "vector", "hybrid"):
             o = modes[mode]["overall"]
-            print(f"{name:22} {mode:8} {o['recall@5']:6.3f} {o['recall@10']:6.3f} {o['ndcg@10']:8.3f}")
+            print(f"{name:22} {mode:8} {o['recall@5']:6.3f} {o['recall@10']:6.3f} "
+                  f"{o['ndcg@10']:8.3f}")
     return summary
 
 
@@ -151,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="python -m research.models", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.models",
+                                     description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sp = sub.add_parser("speed")
     sp.add_argument("--models")

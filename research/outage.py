@@ -43,9 +43,11 @@ async def main(down_s: float) -> None:
     out: dict[str, Any] = {}
     try:
         dsn = pg.create_database("m")
-        cfg = make_config(Path(tempfile.mkdtemp()) / "d", storage={"backend": "postgres", "dsn": dsn},
+        cfg = make_config(Path(tempfile.mkdtemp()) / "d",
+                          storage={"backend": "postgres", "dsn": dsn},
                           memory={"enabled": True, "embedder": "none"},
-                          llm={"base_url": fake.base_url, "api_key": "sk", "model": "fake-model", "max_retries": 0})
+                          llm={"base_url": fake.base_url, "api_key": "sk", "model": "fake-model",
+                               "max_retries": 0})
         app = await start_app(cfg)
         try:
             async with Client.connect(app.url, TOKEN) as c:
@@ -57,8 +59,10 @@ async def main(down_s: float) -> None:
                 pg._run("pg_ctl", "stop", "-D", str(pg.datadir), "-m", "fast", "-w")
                 stopped = time.monotonic()
                 calls: dict[str, Callable[[int], Awaitable[Any]]] = {
-                    "chat.send": lambda n: c.call("chat.send", {"sessionKey": key, "message": f"d{n}"}),
-                    "chat.send+key": lambda n: c.call("chat.send", {"sessionKey": key, "message": f"k{n}",
+                    "chat.send": lambda n: c.call("chat.send", {"sessionKey": key,
+                                                                "message": f"d{n}"}),
+                    "chat.send+key": lambda n: c.call("chat.send", {"sessionKey": key,
+                                                                    "message": f"k{n}",
                                                                     "idempotencyKey": f"k{n}"}),
                     "memory.status": lambda n: c.call("memory.status", {}),
                     "sessions.history": lambda n: c.call("sessions.history", {"sessionKey": key}),
@@ -99,12 +103,14 @@ async def main(down_s: float) -> None:
                     out[f"tries_after_back {name}"] = tries
                 await c.next_event("chat.final", timeout=30)
                 for name, rows in seen.items():
-                    out[name] = {"calls": len(rows), "median_s": statistics.median(r["s"] for r in rows),
+                    out[name] = {"calls": len(rows),
+                                 "median_s": statistics.median(r["s"] for r in rows),
                                  "max_s": max(r["s"] for r in rows),
-                                 "answers": sorted({f'{r.get("code")} {r.get("message")} '
-                                                    f'errorId={"errorId" in (r.get("data") or {})} '
-                                                    f'retryAfterMs={(r.get("data") or {}).get("retryAfterMs")}'
-                                                    for r in rows})}
+                                 "answers": sorted(
+                                     {f'{r.get("code")} {r.get("message")} '
+                                      f'errorId={"errorId" in (r.get("data") or {})} '
+                                      f'retryAfterMs={(r.get("data") or {}).get("retryAfterMs")}'
+                                      for r in rows})}
                 out["health_while_down"] = sorted(set(health))
                 out["readyz_while_down"] = sorted(set(readyz))
                 out["health_after"] = (await c.call("gateway.health"))["status"]

@@ -62,7 +62,8 @@ def study(corpus: Corpus, cross: CrossEncoder, every: int, candidates: int,
                 scores[w].append([])
                 lengths[w].append([])
                 continue
-            encodings = cross._tokenizer.encode_batch([(asked, best_window(t, asked, w)) for t in texts])
+            encodings = cross._tokenizer.encode_batch([(asked, best_window(t, asked, w))
+                                                       for t in texts])
             started = time.perf_counter()
             scores[w].append(cross._run(encodings))
             width = max(len(e.ids) for e in encodings)
@@ -70,11 +71,14 @@ def study(corpus: Corpus, cross: CrossEncoder, every: int, candidates: int,
             lengths[w].append([len(e.ids) for e in encodings])
         if n % 20 == 0:
             print(f"  {corpus.name}: {n + 1}/{len(picked)}", file=sys.stderr, flush=True)
-    return {"picked": picked, "fused": fused, "scores": scores, "lengths": lengths, "per_token": per_token}
+    return {"picked": picked, "fused": fused, "scores": scores, "lengths": lengths,
+            "per_token": per_token}
 
 
-def reordered(fused: list[int], scores: Sequence[float], n: int, blend: float | None = None) -> list[int]:
-    """The top ``n`` re-ordered by the scores (or a rank blend with the fused order), the rest as fused."""
+def reordered(fused: list[int], scores: Sequence[float], n: int,
+              blend: float | None = None) -> list[int]:
+    """The top ``n`` re-ordered by the scores (or a rank blend with the fused order), the rest as
+    fused."""
     head = fused[:min(n, len(scores))]
     if blend is None:
         order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
@@ -98,7 +102,8 @@ def report(corpus: Corpus, r: dict[str, Any], windows: Sequence[int]) -> None:
         return f"{a:.3f} / {b:.3f} / {c:.3f}"
 
     print(f"\n{corpus.name} ({len(picked)} questions), R@5 / R@10 / nDCG@10; cost of reading N: "
-          f"padded tokens p50 and ms at {ms_token:.3f} ms a padded token (p50 of this run's batches)")
+          f"padded tokens p50 and ms at {ms_token:.3f} ms a padded token "
+          "(p50 of this run's batches)")
     print(f"  fused (today's default)          {score(r['fused'])}")
     for blend in (None, *BLENDS):
         label = "cross-encoder" if blend is None else f"blend {blend}"
@@ -112,15 +117,18 @@ def report(corpus: Corpus, r: dict[str, Any], windows: Sequence[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m research.rerank_window", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.rerank_window",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="DATASET:GRANULARITY")
     parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
     parser.add_argument("--every", type=int, default=1, help="score every Nth question (1: all)")
     parser.add_argument("--candidates", type=int, default=DEPTHS[-1])
-    parser.add_argument("--windows", default="24,48,96", help="passage windows in words, comma-separated")
+    parser.add_argument("--windows", default="24,48,96",
+                        help="passage windows in words, comma-separated")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",")
+               for s in args.conversations if ":" in s}
     windows = [int(w) for w in args.windows.split(",")]
     cross = CrossEncoder(threads=args.threads)
     cross.warm()

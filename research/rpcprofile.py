@@ -1,5 +1,5 @@
-"""``python -m research.rpcprofile [--per-conn N] [--mode pipelined|ping-pong] [-- WRAPPER…]``: the CPU
-a ``recalld serve`` process spends per ``gateway.health`` request, the figure behind
+"""``python -m research.rpcprofile [--per-conn N] [--mode pipelined|ping-pong] [-- WRAPPER…]``:
+the CPU a ``recalld serve`` process spends per ``gateway.health`` request, the figure behind
 ``bench --only rpc``'s ratios.
 
 ``bench --only rpc`` runs the gateway, the echo and the client in one process on a shared
@@ -45,10 +45,12 @@ async def _run(per_conn: int, modes: Sequence[str], wrapper: Sequence[str]) -> N
                                           text=True, check=False).stdout.split()
                 pid = int(children[0]) if children else proc.pid
             auth = {"Authorization": f"Bearer {TOKEN}"}
-            await drive([url], "gateway.health", None, headers=auth, per_conn=50, window=32)  # warm-up
+            await drive([url], "gateway.health", None, headers=auth, per_conn=50,
+                        window=32)  # warm-up
             for mode in modes:
                 (u0, s0), t0 = _cpu_s(pid), time.perf_counter()
-                rate, _ = await drive([url], "gateway.health", None, headers=auth, per_conn=per_conn, window=MODES[mode])
+                rate, _ = await drive([url], "gateway.health", None, headers=auth,
+                                      per_conn=per_conn, window=MODES[mode])
                 (u1, s1), wall = _cpu_s(pid), time.perf_counter() - t0
                 n = CONNECTIONS * per_conn
                 print(f"{mode}: {rate:,.0f} req/s over {wall:.1f} s; gateway CPU per request "

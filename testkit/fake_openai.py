@@ -13,7 +13,8 @@ Usage::
     client = openai.AsyncOpenAI(base_url=server.base_url, api_key="k")
     server.configure(reply="Hello there", delta_delay_s=0.01)   # every later request
     server.script(Behaviour(status=429, retry_after=1), Behaviour())  # next two, then default
-    server.script(Behaviour(reply="", tool_calls=[("remember", {"text": "I like tea"})]))  # a tool call
+    # a tool call
+    server.script(Behaviour(reply="", tool_calls=[("remember", {"text": "I like tea"})]))
     ...
     assert server.requests[-1].json["messages"][0]["role"] == "system"
     await server.close()
@@ -59,8 +60,10 @@ _TOKENS = re.compile(r"\s*\S+|\s+")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             408: "Request Timeout", 429: "Too Many Requests", 500: "Internal Server Error",
             502: "Bad Gateway", 503: "Service Unavailable"}
-_ERROR_KINDS = {401: ("invalid_request_error", "invalid_api_key"), 403: ("invalid_request_error", None),
-                429: ("requests", "rate_limit_exceeded"), 404: ("invalid_request_error", "model_not_found")}
+_ERROR_KINDS = {401: ("invalid_request_error", "invalid_api_key"),
+                403: ("invalid_request_error", None),
+                429: ("requests", "rate_limit_exceeded"),
+                404: ("invalid_request_error", "model_not_found")}
 
 
 def echo_reply(messages: Messages) -> str:
@@ -104,7 +107,8 @@ def is_compaction_request(body: Any) -> bool:
 
 
 def hashed_embedding(text: str, dims: int) -> list[float]:
-    """Feature-hashed bag of words, unit length: same text, same vector; shared words, closer vectors."""
+    """Feature-hashed bag of words, unit length: same text, same vector; shared words, closer
+    vectors."""
     vec = [0.0] * dims
     for word in _WORDS.findall(text.lower()):
         h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
@@ -134,7 +138,8 @@ class Behaviour:
     cut_after: int | None = None  # close the socket after this many content deltas
     hang: bool = False  # read the request, never answer
     hang_after: int | None = None  # send this many deltas, then go silent with the socket open
-    end_after: int | None = None  # send this many deltas, then end the body cleanly: no finish, no [DONE]
+    # send this many deltas, then end the body cleanly: no finish, no [DONE]
+    end_after: int | None = None
     malformed_sse: bool = False  # send a frame that is not JSON after `malformed_after` deltas
     malformed_after: int = 1
     # After the reply text, stream these function calls and finish with "tool_calls" (only when
@@ -352,7 +357,8 @@ class FakeOpenAI:
                 headers[name.strip().lower()] = value.strip()
         length = headers.get("content-length", "0")
         if len(request_line) != 3 or not length.isdigit():
-            await self._send_json(conn, 400, {"error": {"message": "malformed request", "type": "invalid_request_error"}})
+            await self._send_json(conn, 400, {"error": {"message": "malformed request",
+                                                        "type": "invalid_request_error"}})
             return False
         method, target, _version = request_line
         body = await conn.read_exactly(int(length))
@@ -362,7 +368,8 @@ class FakeOpenAI:
             parsed = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
             parsed = None
-        request = RecordedRequest(method, target.split("?", 1)[0], headers, body, parsed, time.monotonic())
+        request = RecordedRequest(method, target.split("?", 1)[0], headers, body, parsed,
+                                  time.monotonic())
         if is_title_request(parsed):
             self.title_requests.append(request)
         elif is_compaction_request(parsed):
@@ -390,21 +397,27 @@ class FakeOpenAI:
         return keep_open and not conn.eof and headers.get("connection", "").lower() != "close"
 
     async def _route(self, conn: _Conn, req: RecordedRequest) -> bool:
-        if self.api_key is not None and req.headers.get("authorization") != f"Bearer {self.api_key}":
+        if (self.api_key is not None
+                and req.headers.get("authorization") != f"Bearer {self.api_key}"):
             return await self._send_error(conn, Behaviour(status=401, error_message=(
                 "Incorrect API key provided. You can find your API key at https://platform.openai.com.")))
-        if req.method == "POST" and req.path == "/v1/chat/completions" and is_title_request(req.json):
+        if (req.method == "POST" and req.path == "/v1/chat/completions"
+                and is_title_request(req.json)):
             return await self._chat(conn, req, self.title_behaviour)
-        if req.method == "POST" and req.path == "/v1/chat/completions" and is_compaction_request(req.json):
+        if (req.method == "POST" and req.path == "/v1/chat/completions"
+                and is_compaction_request(req.json)):
             return await self._chat(conn, req, self.compaction_behaviour)
         if req.method == "POST" and req.path == "/v1/chat/completions":
             return await self._chat(conn, req, self._next(self._chat_queue, self.chat_behaviour))
         if req.method == "POST" and req.path == "/v1/embeddings":
-            return await self._embeddings(conn, req, self._next(self._embedding_queue, self.embedding_behaviour))
+            return await self._embeddings(conn, req, self._next(self._embedding_queue,
+                                                                self.embedding_behaviour))
         if req.method == "GET" and req.path == "/v1/models":
-            data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
+            data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                    for m in self.models]
             return await self._send_json(conn, 200, {"object": "list", "data": data})
-        return await self._send_error(conn, Behaviour(status=404, error_message=f"Unknown path {req.path}"))
+        return await self._send_error(conn, Behaviour(status=404,
+                                                      error_message=f"Unknown path {req.path}"))
 
     @staticmethod
     def _next(queue: collections.deque[Behaviour], default: Behaviour) -> Behaviour:
@@ -444,23 +457,27 @@ class FakeOpenAI:
         if not body.get("stream"):
             if b.cut_after is not None:
                 raise _Cut  # close without an answer
-            message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else ""),
+            message: dict[str, Any] = {"role": "assistant",
+                                       "content": text or (None if calls else ""),
                                        "refusal": None}
             if calls:
                 message["tool_calls"] = [
                     {"id": f"call_fake{self._counter}_{i}", "type": "function", "function": {
-                        "name": name, "arguments": args if isinstance(args, str) else orjson.dumps(dict(args)).decode()}}
+                        "name": name, "arguments": (args if isinstance(args, str)
+                                                    else orjson.dumps(dict(args)).decode())}}
                     for i, (name, args) in enumerate(calls)]
             return await self._send_json(conn, 200, {
                 "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": None,
+                             "finish_reason": finish_reason}],
                 "usage": usage, "system_fingerprint": "fp_fake"})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         await conn.write(_head(200, "text/event-stream; charset=utf-8", chunked=True))
         created = int(time.time())
 
         def frame(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            chunk: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
+            chunk: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk",
+                                     "created": created,
                                      "model": model, "system_fingerprint": "fp_fake",
                                      "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                   "finish_reason": finish}], **extra}
@@ -490,9 +507,11 @@ class FakeOpenAI:
         if b.cut_after is not None:
             raise _Cut  # asked to cut after more deltas than the reply had
         for index, (name, arguments) in enumerate(calls):
-            raw = arguments if isinstance(arguments, str) else orjson.dumps(dict(arguments)).decode()
+            raw = (arguments if isinstance(arguments, str)
+                   else orjson.dumps(dict(arguments)).decode())
             # The first piece names the call; the arguments follow in fragments (the API's shape).
-            await conn.write(frame({"tool_calls": [{"index": index, "id": f"call_fake{self._counter}_{index}",
+            await conn.write(frame({"tool_calls": [{"index": index,
+                                                    "id": f"call_fake{self._counter}_{index}",
                                                     "type": "function",
                                                     "function": {"name": name, "arguments": ""}}]}))
             for start in range(0, len(raw), _ARG_PIECE):
@@ -500,8 +519,9 @@ class FakeOpenAI:
                     "arguments": raw[start:start + _ARG_PIECE]}}]}))
         await conn.write(frame({}, finish_reason))
         if include_usage:
-            usage_chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                           "system_fingerprint": "fp_fake", "choices": [], "usage": usage}
+            usage_chunk = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                           "model": model, "system_fingerprint": "fp_fake", "choices": [],
+                           "usage": usage}
             await conn.write(_chunk(b"data: " + orjson.dumps(usage_chunk) + b"\n\n"))
         await conn.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return True
@@ -522,7 +542,8 @@ class FakeOpenAI:
         data = []
         for i, text in enumerate(texts):
             vec = hashed_embedding(text, dims)
-            encoded: Any = base64.b64encode(array("f", vec).tobytes()).decode() if as_base64 else vec
+            encoded: Any = (base64.b64encode(array("f", vec).tobytes()).decode() if as_base64
+                            else vec)
             data.append({"object": "embedding", "index": i, "embedding": encoded})
         tokens = sum(_count_tokens(t) for t in texts)
         payload = {"object": "list", "data": data, "model": str(body.get("model", "fake-embed")),
@@ -544,9 +565,11 @@ class FakeOpenAI:
         extra = ""
         if b.retry_after is not None:
             # Integral seconds as the real API sends them; fractions in retry-after-ms.
-            extra += f"retry-after: {math.ceil(b.retry_after)}\r\nretry-after-ms: {int(b.retry_after * 1000)}\r\n"
+            extra += (f"retry-after: {math.ceil(b.retry_after)}\r\n"
+                      f"retry-after-ms: {int(b.retry_after * 1000)}\r\n")
         return await self._send_json(
-            conn, status, {"error": {"message": message, "type": kind, "param": None, "code": code}}, extra)
+            conn, status, {"error": {"message": message, "type": kind, "param": None,
+                                     "code": code}}, extra)
 
 
 def _as_behaviour(b: Behaviour | Mapping[str, Any]) -> Behaviour:
@@ -595,8 +618,8 @@ def main() -> None:
     args = parser.parse_args()
 
     async def serve() -> None:
-        server = FakeOpenAI(host=args.host, port=args.port, api_key=args.api_key, embedding_dims=args.dims,
-                            max_recorded=1000)
+        server = FakeOpenAI(host=args.host, port=args.port, api_key=args.api_key,
+                            embedding_dims=args.dims, max_recorded=1000)
         server.configure(deltas=args.deltas, delta_delay_s=args.delta_delay,
                          first_byte_delay_s=args.first_byte_delay,
                          **({"reply": args.reply} if args.reply is not None else {}))

@@ -16,7 +16,8 @@ from typing import Any
 from gateway.app import App, start_app
 from gateway.config import Config, load
 
-__all__ = ["TOKEN", "gateway_child", "gateway_config", "gateway_process", "make_config", "running_gateway"]
+__all__ = ["TOKEN", "gateway_child", "gateway_config", "gateway_process", "make_config",
+           "running_gateway"]
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -35,16 +36,19 @@ def make_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
     return load(None, env={}, overrides=overrides, data_dir=data_dir)
 
 
-def gateway_config(data_dir: Path, *, user: str | None = None, **sections: dict[str, Any]) -> Config:
+def gateway_config(data_dir: Path, *, user: str | None = None,
+                   **sections: dict[str, Any]) -> Config:
     """:func:`make_config`, with ``user`` naming the token's user."""
     if user:
-        auth = {**sections.get("auth", {}), "token": None, "users": [{"name": user, "token": TOKEN}]}
+        auth = {**sections.get("auth", {}), "token": None,
+                "users": [{"name": user, "token": TOKEN}]}
         sections = {**sections, "auth": auth}
     return make_config(data_dir, **sections)
 
 
 @asynccontextmanager
-async def running_gateway(config: Config, *, embedder: tuple[Any, str] | None = None) -> AsyncIterator[App]:
+async def running_gateway(config: Config, *,
+                          embedder: tuple[Any, str] | None = None) -> AsyncIterator[App]:
     """The gateway of ``config``, started in this process and closed on exit; ``embedder``
     (an embedder and the reason status gives) replaces the one the config would pick."""
     app = await start_app(config, embedder=embedder)
@@ -77,7 +81,8 @@ async def gateway_child(data_dir: Path, env: dict[str, str], wrapper: Sequence[s
     child_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
                       "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json", **env})
     proc = await asyncio.create_subprocess_exec(
-        *wrapper, sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0",
+        *wrapper, sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve",
+        "--port", "0",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, env=child_env,
     )

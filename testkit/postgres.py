@@ -149,7 +149,8 @@ def start_postgres() -> PostgresServer:
         server._run("pg_ctl", "start", "-D", str(datadir), "-w", "-t", "60",
                     "-l", str(datadir / "server.log"), "-o", options)
     except subprocess.CalledProcessError as exc:
-        log = (datadir / "server.log").read_text(errors="replace") if (datadir / "server.log").exists() else ""
+        log = ((datadir / "server.log").read_text(errors="replace")
+               if (datadir / "server.log").exists() else "")
         shutil.rmtree(base, ignore_errors=True)
         raise PostgresUnavailable(f"postgres did not start: {exc.stderr}\n{log}") from exc
     return server

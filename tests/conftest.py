@@ -18,7 +18,8 @@ from tests.fake_openai import FakeOpenAI, fake_openai
 
 pytest_plugins = ["tests.pgfixtures"]  # postgres_server, pg_dsn
 
-__all__ = ["TOKEN", "fake_openai", "make_config", "running"]  # fake_openai: a fixture for every module
+# fake_openai: a fixture for every module
+__all__ = ["TOKEN", "fake_openai", "make_config", "running"]
 
 # Property tests check behaviour, never speed: Hypothesis's per-example deadline (200 ms) and
 # its too-slow health check fail a correct test on a loaded machine, as a CI run once did.
@@ -61,9 +62,10 @@ async def client(app: App) -> AsyncIterator[Client]:
 
 
 @pytest.fixture
-async def chat_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
+async def chat_app(config_factory: Callable[..., Config],
+                   fake_openai: FakeOpenAI) -> AsyncIterator[App]:
     """A gateway whose model endpoint is the loopback fake server."""
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
-                              "timeout_s": 5.0, "max_retries": 0})
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                              "model": "fake-model", "timeout_s": 5.0, "max_retries": 0})
     async with running(cfg) as app:
         yield app

@@ -19,12 +19,14 @@ class Daemon:
 
     def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
+        full_env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("RECALLD_", "OPENAI_"))}
         full_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
                          "RECALLD_MEMORY_EMBEDDER": "none"})
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0", *args],
+            [sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "serve", "--port", "0",
+             *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -41,7 +43,8 @@ class Daemon:
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline()
             if not line:
-                raise RuntimeError(f"daemon exited ({self.proc.poll()}) before {event}: {self.lines}")
+                raise RuntimeError(f"daemon exited ({self.proc.poll()}) before {event}: "
+                                   f"{self.lines}")
             try:
                 record: dict[str, Any] = json.loads(line)
             except ValueError:

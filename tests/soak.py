@@ -30,8 +30,8 @@ from gateway.client import Client
 from tests.faults.helpers import FaultDaemon, free_port, open_fds, percentile, rss_kib
 
 TERMINAL = ("chat.final", "chat.error", "chat.aborted")
-WORDS = ("harbor lantern quartz meadow cipher ember willow falcon prism tundra saffron glacier marble "
-         "thunder violet compass nectar basalt orchid canyon").split()
+WORDS = ("harbor lantern quartz meadow cipher ember willow falcon prism tundra saffron glacier "
+         "marble thunder violet compass nectar basalt orchid canyon").split()
 
 
 class Stats:
@@ -60,7 +60,8 @@ class Stats:
         return reply["result"]
 
 
-async def client_loop(n: int, url: str, token: str, stats: Stats, stop: asyncio.Event, period_s: float) -> None:
+async def client_loop(n: int, url: str, token: str, stats: Stats, stop: asyncio.Event,
+                      period_s: float) -> None:
     rng = random.Random(n)
     await asyncio.sleep(rng.uniform(0, period_s))  # spread the clients over the period
     async with Client.connect(url, token) as c:
@@ -74,7 +75,8 @@ async def client_loop(n: int, url: str, token: str, stats: Stats, stop: asyncio.
                     keys.append(created["sessionKey"])
             key = rng.choice(keys[-3:])
             text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(5, 40)))
-            sent = await stats.call(c, "chat.send", {"sessionKey": key, "message": f"client {n}: {text}"})
+            sent = await stats.call(c, "chat.send", {"sessionKey": key,
+                                                     "message": f"client {n}: {text}"})
             if sent:
                 t0 = time.perf_counter()
                 try:
@@ -111,15 +113,16 @@ def trend_kib_per_min(samples: list[tuple[float, int]]) -> float:
 async def soak(duration: float, clients: int, period_s: float, sample_s: float) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}/v1"
-    env = {"RECALLD_LLM_BASE_URL": base, "RECALLD_LLM_API_KEY": "sk-soak", "RECALLD_LLM_MODEL": "fake-model",
+    env = {"RECALLD_LLM_BASE_URL": base, "RECALLD_LLM_API_KEY": "sk-soak",
+           "RECALLD_LLM_MODEL": "fake-model",
            "RECALLD_MEMORY_EMBEDDER": "openai", "RECALLD_MEMORY_EMBEDDINGS_MODEL": "fake-embed",
            "RECALLD_MEMORY_DEBOUNCE_MS": "500", "RECALLD_SERVER_MAX_CONNECTIONS": "1024"}
     # One exit stack so that neither child outlives the soak, however it ends (the daemon
     # failing to start, an exception, Ctrl+C); unwound daemon first, then the data, then the model.
     async with contextlib.AsyncExitStack() as cleanup:
         model = subprocess.Popen([sys.executable, "-m", "testkit.fake_openai", "--port", str(port),
-                                  "--delta-delay", "0.005"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                 text=True)
+                                  "--delta-delay", "0.005"], stdout=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, text=True)
         cleanup.callback(model.wait, timeout=10)
         cleanup.callback(model.terminate)
         assert model.stdout is not None
@@ -130,7 +133,8 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
         config = Path(tmp) / "config.toml"
         config.write_text("[auth]\nusers = [\n" + "".join(
             f'  {{name = "soak{n}", token = "{t}"}},\n' for n, t in enumerate(tokens)) + "]\n")
-        daemon = await FaultDaemon.start(Path(tmp) / "data", "--config", str(config), env={**env, "RECALLD_TOKEN": ""})
+        daemon = await FaultDaemon.start(Path(tmp) / "data", "--config", str(config),
+                                         env={**env, "RECALLD_TOKEN": ""})
         cleanup.push_async_callback(daemon.akill)  # a no-op after the clean astop() below
         pid = daemon.proc.pid
         stats = Stats()
@@ -146,8 +150,9 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
             while (elapsed := time.monotonic() - t_start) < duration:
                 await asyncio.sleep(min(sample_s, duration - elapsed))
                 rss.append((time.monotonic() - t_start, rss_kib(pid)))
-                print(f"  t={rss[-1][0]:5.0f}s RSS {rss[-1][1] / 1024:7.1f} MiB  fds {open_fds(pid):4d}  "
-                      f"served {stats.served:7d}  back-pressure {sum(stats.backpressure.values())}  "
+                print(f"  t={rss[-1][0]:5.0f}s RSS {rss[-1][1] / 1024:7.1f} MiB  "
+                      f"fds {open_fds(pid):4d}  served {stats.served:7d}  "
+                      f"back-pressure {sum(stats.backpressure.values())}  "
                       f"errors {sum(stats.errors.values())}", flush=True)
                 if daemon.proc.poll() is not None:
                     stats.errors["daemon exited"] += 1
@@ -164,7 +169,8 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
     wall = time.monotonic() - t_start
     print(f"\nrecalld soak report ({wall:.0f} s, {clients} clients)")
     print(f"requests served: {stats.served}  ({stats.served / wall:.1f}/s)   "
-          f"back-pressure: {sum(stats.backpressure.values())}   errors: {sum(stats.errors.values())}")
+          f"back-pressure: {sum(stats.backpressure.values())}   "
+          f"errors: {sum(stats.errors.values())}")
     for what, n in stats.backpressure.most_common():
         print(f"  back-pressure x{n}: {what}")
     for what, n in stats.errors.most_common():
@@ -184,11 +190,13 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Soak recalld with many chatting clients (loopback only).")
+    parser = argparse.ArgumentParser(description="Soak recalld with many chatting clients "
+                                                 "(loopback only).")
     parser.add_argument("--duration", type=float, default=300.0, help="seconds (default 300)")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--period", type=float, default=2.0,
-                        help="seconds per client cycle: one chat, one search, one history read (default 2)")
+                        help="seconds per client cycle: one chat, one search, one history read "
+                             "(default 2)")
     parser.add_argument("--sample", type=float, default=10.0, help="seconds between RSS/fd samples")
     args = parser.parse_args()
     sys.exit(asyncio.run(soak(args.duration, args.clients, args.period, args.sample)))

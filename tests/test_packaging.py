@@ -21,7 +21,8 @@ def _dry_run(target: str, tmp_path: Path) -> str:
     checkout.mkdir()
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, checkout / name)
-    out = subprocess.run(["make", "-n", target], cwd=checkout, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["make", "-n", target], cwd=checkout, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -37,7 +37,7 @@ log = structlog.get_logger("recalld.chat")
 class RunEnds:
     """Writes and announces the end of each run."""
 
-    def __init__(self, store: SessionStoreLike, hub: Hub, memory: Memory | None, episodes: EpisodeWriter,
+    def __init__(self, store: SessionStoreLike, hub: Hub, memory: Memory, episodes: EpisodeWriter,
                  titler: Titler, compactor: Compactor) -> None:
         self.store = store
         self.hub = hub
@@ -72,8 +72,7 @@ class RunEnds:
             self.titler.after_reply(run.session, run.message, msg.content)
             self.compactor.after_run(run.user, run.session_key, run.session.model)
         self.episodes.after_run(run.user, run.session_key, run.memory.write_episodes)
-        if self.memory is not None:
-            self.memory.nudge()
+        self.memory.nudge()
 
     async def failed(self, run: Run, model: str, error: GatewayError) -> None:
         partial = "".join(run.partial)

@@ -1,8 +1,9 @@
 """What chat runs ask of the other gateway nodes on one database (docs/scaling.md).
 
-:class:`ChatRuns` takes a :class:`RunGate` only on the postgres backend
-(``gateway.cluster.ClusterRuns`` implements it); on a single node it has none and runs as
-before. Kept here as Protocols so ``gateway/chat`` never imports the driver.
+:class:`ChatRuns` always holds a :class:`RunGate`: ``gateway.cluster.ClusterRuns`` on the
+postgres backend, :class:`LoneGate` on a node alone (every key its own, no lease: the node's
+lanes already order its runs). Kept here as Protocols so ``gateway/chat`` never imports the
+driver.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-__all__ = ["RunGate", "RunTicket", "close_soon", "run_leased", "ungate"]
+__all__ = ["LoneGate", "RunGate", "RunTicket", "close_soon", "run_leased", "ungate"]
 
 # Tickets being closed in the background: a task nobody references may be collected mid-way.
 _closing: set[asyncio.Task[None]] = set()
@@ -38,8 +39,22 @@ class RunGate(Protocol):
     async def release(self, user: str, session_key: str, key: str, run_id: str) -> None:
         """Free ``key`` whose run never started (its append failed)."""
 
-    async def ticket(self, user: str, session_key: str, run_id: str) -> RunTicket:
-        """A ticket for a run about to be appended."""
+    async def ticket(self, user: str, session_key: str, run_id: str) -> RunTicket | None:
+        """A ticket for a run about to be appended; None when the run needs no lease."""
+
+
+class LoneGate:
+    """The :class:`RunGate` of a node alone: an idempotency key is this node's to decide (its
+    own map in ``ChatRuns``), and a run needs no lease beside its session's lane."""
+
+    async def claim(self, user: str, session_key: str, key: str, run_id: str, ttl_s: float) -> str:
+        return run_id
+
+    async def release(self, user: str, session_key: str, key: str, run_id: str) -> None:
+        return None
+
+    async def ticket(self, user: str, session_key: str, run_id: str) -> RunTicket | None:
+        return None
 
 
 async def run_leased(ticket: RunTicket, execute: Callable[[], Awaitable[None]], *,
@@ -62,13 +77,13 @@ async def run_leased(ticket: RunTicket, execute: Callable[[], Awaitable[None]], 
         await asyncio.shield(ticket.close())
 
 
-async def ungate(gate: RunGate | None, ticket: RunTicket | None, idem: tuple[str, str, str] | None,
+async def ungate(gate: RunGate, ticket: RunTicket | None, idem: tuple[str, str, str] | None,
                  run_id: str) -> None:
     """Undo a send whose append failed: close its ticket, free its idempotency key so a retry
     is carried out (as on one node)."""
     if ticket is not None:
         await ticket.close()
-    if gate is not None and idem is not None:
+    if idem is not None:
         user, session_key, key = idem
         with contextlib.suppress(Exception):  # the key expires by itself if this fails too
             await gate.release(user, session_key, key, run_id)

@@ -160,11 +160,11 @@ def memory_toolbox(max_chars: int) -> ToolBox:
 class MemoryTools:
     """Per-gateway settings; :meth:`begin` makes the state of one run."""
 
-    def __init__(self, memory: Memory | None, recall_k: int, max_rounds: int) -> None:
+    def __init__(self, memory: Memory, recall_k: int, max_rounds: int) -> None:
         self.memory = memory
         self.recall_k = recall_k
         self.max_rounds = max_rounds
-        self.toolbox = memory_toolbox(memory.config.facts_max_chars) if memory is not None else None
+        self.toolbox = memory_toolbox(memory.config.facts_max_chars) if memory.config.enabled else None
 
     def begin(self, user: str, session_key: str, run_id: str, run: RunMemory,
               context: MemoryContext, shown: ShownHistory | None = None) -> MemoryToolRun:
@@ -185,7 +185,6 @@ class MemoryToolRun:
 
     @property
     def memory(self) -> Memory:
-        assert self.tools.memory is not None  # a run with facts on has a memory service
         return self.tools.memory
 
     @property

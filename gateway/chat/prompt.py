@@ -187,7 +187,7 @@ def format_summary_block(summary: ConversationSummary) -> str:
 
 
 async def build_prompt(
-    config: ChatConfig, store: SessionStoreLike, memory: Memory | None,
+    config: ChatConfig, store: SessionStoreLike, memory: Memory,
     user: str, session_key: str, message: str, run_id: str,
     read: SessionRead | None = None, *, recall: bool = True, tools: bool = True,
     own_id: str | None = None, carry_on: str | None = None,
@@ -214,8 +214,8 @@ async def build_prompt(
         read = await asyncio.to_thread(read_session, config, store, user, session_key)
     session, recent, summary = read
     see = images(session) if images is not None else None
-    run = RunMemory.decide(memory.config if memory is not None else None, incognito=not session.memory,
-                           recall=recall, chunk_recall=config.recall, tools=tools)
+    run = RunMemory.decide(memory.config, incognito=not session.memory, recall=recall,
+                           chunk_recall=config.recall, tools=tools)
     window = history_window(config, recent, run_id, own_id)
     # Recall covers this session too, but not what the window shows: a message that left the
     # window is found again as soon as it is indexed (the token trim below may drop more).
@@ -223,7 +223,7 @@ async def build_prompt(
     # import, may time a later message before an earlier one.
     shown = ShownHistory(session_key, min((m.ts for m in window), key=_ts_order) if window else None)
     context = MemoryContext()
-    if memory is not None and run.any:
+    if run.any:
         earlier = window[:-1] if window and window[-1].content == message else window
         query = recall_query(message, earlier)
         context = await memory.context(user, query, run, k=config.recall_k, shown=shown,
@@ -235,8 +235,7 @@ async def build_prompt(
         system_parts.append(format_recall_block(context.chunks, session_key))
     # The history budget leaves the facts and episodes out: each has its own token bound.
     budget = config.max_context_tokens - (message_tokens("\n\n".join(system_parts)) if system_parts else 0)
-    if memory is not None:
-        system_parts += memory_parts(memory.config.facts_max_chars, run, context)
+    system_parts += memory_parts(memory.config.facts_max_chars, run, context)
     if summary is not None:  # after the memory sections, before the history; out of its budget
         system_parts.append(format_summary_block(summary))
         budget -= message_tokens(system_parts[-1])

@@ -13,39 +13,43 @@ suspension point (and the ``chat.send`` handler awaits nothing before calling it
 run queue in arrival order. Each run executes in its own task so that ``chat.abort`` can
 cancel exactly that run (which closes the upstream stream) without touching the worker.
 Every event takes the run's next ``seq`` in one place (``RunEnds.publish``).
+
+Two halves meet here: :class:`~gateway.chat.admission.Admission` decides whether a send is a
+repeat and whether there is room for its run (idempotency, quotas, the cluster gate);
+:class:`~gateway.chat.execution.RunExecutor` runs an admitted run (prompt, stream, end). This
+module holds what lies between: the lanes, what each kind of send appends, aborts, shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
+from gateway.chat.admission import Admission, IdemKey
 from gateway.chat.attachments import Upload, line_meta, pdf_text
 from gateway.chat.compaction import Compactor
 from gateway.chat.episodes import ModelSummarizer
-from gateway.chat.finish import RunEnds, run_error
-from gateway.chat.gate import RunGate, close_soon, run_leased, ungate
+from gateway.chat.execution import ModelBounds, RunExecutor
+from gateway.chat.finish import RunEnds
+from gateway.chat.gate import LoneGate, RunGate, close_soon
 from gateway.chat.hub import Hub
 from gateway.chat.lanes import Attempt, Run, SessionLane
-from gateway.chat.llm import ChatModel, Completion, SampledModel, Sampling, TextDelta
+from gateway.chat.llm import ChatModel
 from gateway.chat.memory_tools import MemoryTools
-from gateway.chat.prompt import SessionRead, build_prompt, read_session
+from gateway.chat.prompt import SessionRead, read_session
 from gateway.chat.titles import Titler
 from gateway.config import ChatConfig
-from gateway.errors import Conflict, GatewayError, InvalidParams, NotConfigured, RateLimited
+from gateway.errors import Conflict, GatewayError, InvalidParams, NotConfigured
 from gateway.wire import LiveRun
-from memory import EpisodeWriter, Memory, SearchHit
+from memory import EpisodeWriter, Memory
 from sessions import (
     REPLACES_KEY,
     AttachmentFiles,
     Message,
-    Session,
     SessionStoreLike,
     Versions,
     read_all,
@@ -56,11 +60,6 @@ __all__ = ["ChatRuns", "Run"]
 
 log = structlog.get_logger("recalld.chat")
 
-# While streaming, give connection writers a turn at least this often: the deltas published in
-# between leave as one merged chat.delta (docs/protocol.md), a frame and a send() per connection
-# saved each, and 8 ms is half a 60 Hz screen frame. A real model's deltas each await its socket.
-_YIELD_EVERY_S = 0.008
-
 # What a run's prompt was read from when it was queued into an idle session (see _enqueue).
 Prefetched = SessionRead | None
 
@@ -69,45 +68,47 @@ class ChatRuns:
     """Every session's run queue; what ``chat.send``/``chat.abort`` and shutdown drive."""
 
     def __init__(self, config: ChatConfig, default_model: str, store: SessionStoreLike, hub: Hub,
-                 model: ChatModel | None, memory: Memory | None, *,
+                 model: ChatModel | None, memory: Memory, *,
                  max_runs: int | None = None, max_runs_per_user: int | None = None,
                  gate: RunGate | None = None, models: tuple[str, ...] | None = None,
                  max_temperature: float | None = None, max_tokens_limit: int | None = None,
                  vision_models: tuple[str, ...] = ()) -> None:
         self.config = config
-        # llm.vision_models: the models given images; an image for any other is refused at send.
-        self.vision_models = vision_models
         # Where chat.send's files are kept: the store's (files beside the transcripts, or a
         # PostgreSQL table); None for a store without any, which refuses attachments.
         found = getattr(store, "attachments", None)
         self.files: AttachmentFiles | None = found if isinstance(found, AttachmentFiles) else None
-        # llm.max_temperature / llm.max_tokens_limit, applied at every run: a session that chose
-        # more before the operator lowered them goes out with the bound.
-        self.max_temperature = max_temperature
-        self.max_tokens_limit = max_tokens_limit
-        # The models a run may go out on (LlmConfig.choices); None: any. Checked at every run,
-        # not only at sessions.create: the operator may have taken a session's model off the list.
-        self.models = models
-        self.gate = gate  # other nodes on one database (gateway.chat.gate); None on one node
-        # Busy sessions (a run streaming or queued), all users / one user ([quotas]): each is
-        # an upstream connection while it runs.
-        self.max_runs = max_runs
-        self.max_runs_per_user = max_runs_per_user
+        self.bounds = ModelBounds(models, max_temperature, max_tokens_limit, vision_models)
+        # Other nodes on one database (gateway.chat.gate); a node alone has the LoneGate.
+        self.gate: RunGate = gate if gate is not None else LoneGate()
+        self.admission = Admission(config, self.gate, max_runs=max_runs, max_runs_per_user=max_runs_per_user)
         self.default_model = default_model
         self.store = store
         self.hub = hub
-        self.model = model
         self.memory = memory
-        self.memory_tools = MemoryTools(memory, config.recall_k, config.max_tool_rounds)
         summarizer = (ModelSummarizer(model, memory.config.summary_model or default_model)
-                      if model is not None and memory is not None else None)
+                      if model is not None and memory.config.enabled else None)
         self.episodes = EpisodeWriter(memory, summarizer, store, config.timezone)
         self.titler = Titler(config, store, hub, model, default_model)
         self.compactor = Compactor(config, store, model, default_model)
         self.ends = RunEnds(store, hub, memory, self.episodes, self.titler, self.compactor)
+        self.executor = RunExecutor(config, default_model, store, model, memory, self.ends, self.bounds,
+                                    self.files)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
-        self._idempotency: dict[tuple[str, str, str], Attempt] = {}
         self._closing = False
+
+    @property
+    def model(self) -> ChatModel | None:
+        """The chat model runs go out on (None: none configured, and sends are refused)."""
+        return self.executor.model
+
+    @model.setter
+    def model(self, model: ChatModel | None) -> None:
+        self.executor.model = model
+
+    @property
+    def memory_tools(self) -> MemoryTools:
+        return self.executor.memory_tools
 
     async def submit(self, user: str, session_key: str, message: str,
                      idempotency_key: str | None, *, recall: bool = True,
@@ -115,30 +116,15 @@ class ChatRuns:
         """Append the user message and queue its run; returns (runId, whether it is a
         duplicate of an earlier send with the same idempotency key)."""
         self._check_open()
-        idem = (user, session_key, idempotency_key) if idempotency_key else None
-        while idem is not None and (seen := self._idempotency.get(idem)) is not None:
-            if seen.expires <= time.monotonic():
-                break
-            if seen.outcome.done():
-                return seen.run_id, True
-            # The first attempt is still appending: its outcome decides whether this one is a
-            # duplicate or must be carried out itself (then the key is free; look again).
-            await asyncio.shield(seen.outcome)
+        idem: IdemKey | None = (user, session_key, idempotency_key) if idempotency_key else None
+        if (earlier := await self.admission.repeated(idem)) is not None:
+            return earlier, True
         run_id = secrets.token_hex(8)
-        if idem is not None and self.gate is not None:
-            owner = await self.gate.claim(user, session_key, idem[2], run_id, self.config.idempotency_ttl_s)
-            if owner != run_id:
-                return owner, True
+        if (owner := await self.admission.claimed_by(idem, run_id)) is not None:
+            return owner, True
         lane = await self._lane(user, session_key, idem, run_id)
         run = Run(run_id, user, session_key, message, recall=recall, uploads=tuple(uploads))
-        attempt: Attempt | None = None
-        if idem is not None:
-            # Recorded before the first await so a duplicate racing this one finds it.
-            now = time.monotonic()
-            attempt = Attempt(run.run_id, now + self.config.idempotency_ttl_s,
-                               asyncio.get_running_loop().create_future())
-            self._idempotency[idem] = attempt
-            self._prune_idempotency(now)
+        attempt = self.admission.attempt(idem, run.run_id)
         await self._enqueue(lane, run, lambda read: self._prepare_send(run, read), idem, attempt)
         return run.run_id, False
 
@@ -175,7 +161,7 @@ class ChatRuns:
         finally:
             lane.submitters -= 1
             self._forget_if_idle(user, session_key, lane)
-        if written and self.memory is not None:
+        if written:
             self.memory.nudge()  # the index follows the shown branch (a new ``replaces`` re-cuts it)
         return written
 
@@ -201,23 +187,20 @@ class ChatRuns:
         if self._closing:
             raise Conflict("the gateway is shutting down")
 
-    async def _lane(self, user: str, session_key: str, idem: tuple[str, str, str] | None,
-                    run_id: str) -> SessionLane:
+    async def _lane(self, user: str, session_key: str, idem: IdemKey | None, run_id: str) -> SessionLane:
         lane = self._lanes.get((user, session_key))
         try:
-            if lane is None:
-                # A send to a session already busy only queues: it adds no concurrent run.
-                self._check_run_quota(user)
-                lane = self._lanes[(user, session_key)] = SessionLane()
-            if len(lane.queue) >= self.config.max_queued_runs:
-                raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
+            # A send to a session already busy only queues: it adds no concurrent run.
+            self.admission.check_room(self._lanes.keys(), lane, user)
         except GatewayError:
-            await asyncio.shield(ungate(self.gate, None, idem, run_id))  # a refused send claims no key
+            await self.admission.undo(None, idem, run_id)  # a refused send claims no key
             raise
+        if lane is None:
+            lane = self._lanes[(user, session_key)] = SessionLane()
         return lane
 
     async def _enqueue(self, lane: SessionLane, run: Run, prepare: Callable[[bool], Prefetched],
-                       idem: tuple[str, str, str] | None, attempt: Attempt | None) -> None:
+                       idem: IdemKey | None, attempt: Attempt | None) -> None:
         """Write what the run answers (``prepare``, in a worker thread) and queue the run."""
         user, session_key = run.user, run.session_key
         lane.submitters += 1
@@ -229,36 +212,27 @@ class ChatRuns:
                 # hop fewer before the model's first byte. (A sessions.update or memory.forget
                 # landing in between is ordered after the run's read, as it would be a moment
                 # later had the run read it itself.)
-                idle = lane.current is None and not lane.queue and self.gate is None
-                if self.gate is not None:  # live across nodes before its message exists
-                    run.ticket = await self.gate.ticket(user, session_key, run.run_id)
+                # Live across nodes before its message exists (no ticket on a node alone).
+                run.ticket = await self.gate.ticket(user, session_key, run.run_id)
+                idle = lane.current is None and not lane.queue and run.ticket is None
                 run.prefetched = await asyncio.to_thread(prepare, idle)
                 lane.queue.append(run)
         except BaseException:
-            if idem is not None and attempt is not None:
-                if self._idempotency.get(idem) is attempt:
-                    del self._idempotency[idem]
-                attempt.outcome.set_result(False)
-            await asyncio.shield(ungate(self.gate, run.ticket, idem, run.run_id))
+            self.admission.settle(idem, attempt, appended=False)
+            await self.admission.undo(run.ticket, idem, run.run_id)
             lane.submitters -= 1
             self._forget_if_idle(user, session_key, lane)
             raise
         lane.submitters -= 1
-        if attempt is not None:
-            attempt.outcome.set_result(True)
+        self.admission.settle(idem, attempt, appended=True)
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._work(user, session_key, lane))
-
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and self.models is not None and model not in self.models:
-            raise NotConfigured(f"this session's model {model!r} is no longer offered here (llm.models: "
-                                f"{list(self.models)}); start a new session to go on")
 
     def _prepare_send(self, run: Run, read: bool) -> Prefetched:
         """A chat.send's message appended (see _append_user), unless its session's model is no
         longer offered: then nothing is. Runs in a worker thread."""
         model = self.store.get(run.user, run.session_key).model
-        self._check_model(model)
+        self.bounds.check_model(model)
         extra = self._store_uploads(run, model or self.default_model) if run.uploads else None
         return self._append_user(run, read, extra)
 
@@ -268,9 +242,10 @@ class ChatRuns:
         files = self.files
         if files is None:
             raise InvalidParams("attachments", "are not kept by this gateway's session store")
-        if any(u.kind == "image" for u in run.uploads) and model not in self.vision_models:
+        vision = self.bounds.vision_models
+        if any(u.kind == "image" for u in run.uploads) and model not in vision:
             raise InvalidParams("attachments", f"this model ({model}) does not take images; the models that do "
-                                f"are llm.vision_models ({list(self.vision_models)})")
+                                f"are llm.vision_models ({list(vision)})")
         uploads = [pdf_text(i, u, self.config) if u.kind == "pdf" else u for i, u in enumerate(run.uploads)]
         return {"attachments": [line_meta(u, files.put(run.user, run.session_key, u.data)) for u in uploads]}
 
@@ -292,7 +267,7 @@ class ChatRuns:
                         edits: str | None = None) -> Prefetched:
         """Find what a regenerate, an edit or a continue replaces in the shown messages and, for
         an edit, append the new user line. Runs in a worker thread."""
-        self._check_model(self.store.get(run.user, run.session_key).model)
+        self.bounds.check_model(self.store.get(run.user, run.session_key).model)
         # The shown messages back to the last user message, however much was superseded between.
         recent: list[Message] = []
         cursor: str | None = None
@@ -327,37 +302,6 @@ class ChatRuns:
             run.partial.append(reply.content)
         run.message, run.answers, run.replaces = last_user.content, last_user.id, reply.id
         return read_session(self.config, self.store, run.user, run.session_key) if read else None
-
-    def _images(self, run: Run) -> Callable[[Session], Callable[[str, str], bytes] | None]:
-        """How the prompt reads the images of the run's session once it knows the session: only
-        when its model takes them (llm.vision_models)."""
-        files = self.files
-
-        def reader(session: Session) -> Callable[[str, str], bytes] | None:
-            if files is None or (session.model or self.default_model) not in self.vision_models:
-                return None
-            return lambda key, sha: files.get(run.user, key, sha)
-
-        return reader
-
-    def _sampling(self, session: Session) -> Sampling:
-        """The session's temperature and max tokens within the operator's bounds now."""
-        temperature, max_tokens = session.temperature, session.max_tokens
-        if temperature is not None and self.max_temperature is not None:
-            temperature = min(temperature, self.max_temperature)
-        if max_tokens is not None and self.max_tokens_limit is not None:
-            max_tokens = min(max_tokens, self.max_tokens_limit)
-        return Sampling(temperature, max_tokens)
-
-    def _check_run_quota(self, user: str) -> None:
-        if self.max_runs is not None and len(self._lanes) >= self.max_runs:
-            raise RateLimited(f"too many replies being generated ({len(self._lanes)}, quotas.max_runs); "
-                              "retry later", 1000)
-        if self.max_runs_per_user is not None:
-            mine = sum(1 for lane_user, _ in self._lanes if lane_user == user)
-            if mine >= self.max_runs_per_user:
-                raise RateLimited(f"too many of your sessions are generating replies ({mine}, "
-                                  "quotas.max_runs_per_user); wait for one to finish", 1000)
 
     def abort(self, user: str, session_key: str, run_id: str | None) -> bool:
         """Abort the running reply (``run_id`` None or its id) or drop a queued run."""
@@ -430,18 +374,13 @@ class ChatRuns:
             while lane.queue:
                 run = lane.queue.popleft()
                 lane.current = run
-                run.task = asyncio.create_task(self._execute(run) if run.ticket is None else self._leased(run))
+                work = self.executor.execute(run) if run.ticket is None else self.executor.leased(run)
+                run.task = asyncio.create_task(work)
                 await asyncio.wait([run.task])
                 lane.current = None
         finally:
             lane.current = None
             self._forget_if_idle(user, session_key, lane)
-
-    async def _leased(self, run: Run) -> None:
-        assert run.ticket is not None
-        await run_leased(run.ticket, lambda: self._execute(run),
-                         aborted=lambda: self.ends.aborted(run, self.default_model),
-                         failed=lambda exc: self.ends.failed(run, self.default_model, run_error(exc)))
 
     def _forget_if_idle(self, user: str, session_key: str, lane: SessionLane) -> None:
         """Drop an idle lane so the map only holds sessions with work in flight."""
@@ -452,61 +391,3 @@ class ChatRuns:
             return
         if self._lanes.get((user, session_key)) is lane:
             del self._lanes[(user, session_key)]
-
-    async def _execute(self, run: Run) -> None:
-        model = self.model
-        assert model is not None  # submit() refuses runs without a model
-        bound = structlog.contextvars.bound_contextvars(session=run.session_key, run=run.run_id)
-        with bound:
-            hits: Sequence[SearchHit] = ()
-            usage: dict[str, Any] | None = None
-            finish: str | None = None
-            model_name = self.default_model
-            try:
-                # What memory does for the run is decided once, when build_prompt has read the
-                # session (RunMemory); the tools and the episode writer read that decision.
-                read, run.prefetched = run.prefetched, None
-                prompt = await build_prompt(self.config, self.store, self.memory, run.user, run.session_key,
-                                            run.message, run.run_id, read, recall=run.recall,
-                                            tools=model.supports_tools, own_id=run.answers,
-                                            carry_on="".join(run.partial) if run.continues else None,
-                                            images=self._images(run))
-                run.memory, run.session = prompt.memory, prompt.session
-                self._check_model(prompt.session.model)  # never sent upstream, even if queued before
-                hits = prompt.context.chunks
-                model_name = prompt.session.model or model_name
-                # aclosing: whatever ends the loop, the upstream stream is closed at once.
-                yielded_at = 0.0
-                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, prompt.memory,
-                                                prompt.context, prompt.shown)
-                sampled = SampledModel(model, self._sampling(prompt.session))
-                async with contextlib.aclosing(tools.stream(sampled, prompt.messages, model_name)) as events:
-                    async for event in events:
-                        if isinstance(event, TextDelta):
-                            text = event.text
-                            if text:
-                                run.partial.append(text)
-                                self.ends.publish_delta(run, text)
-                                # A stream already buffered in full never awaits the socket, so
-                                # the outbox writers would send nothing until the run ends.
-                                now = time.monotonic()
-                                if now - yielded_at >= _YIELD_EVERY_S:
-                                    yielded_at = now
-                                    await asyncio.sleep(0)
-                        elif isinstance(event, Completion):
-                            usage, finish = event.usage, event.finish_reason
-                            model_name = event.model or model_name
-                run.final_extra = tools.final_fields()
-            except asyncio.CancelledError:
-                await self.ends.aborted(run, model_name)
-                raise
-            except Exception as exc:
-                await self.ends.failed(run, model_name, run_error(exc))
-                return
-            await self.ends.ok(run, model_name, usage, finish, hits)
-
-    def _prune_idempotency(self, now: float) -> None:
-        if len(self._idempotency) > 1000:
-            for key in [k for k, a in self._idempotency.items() if a.expires <= now and a.outcome.done()]:
-                del self._idempotency[key]
-

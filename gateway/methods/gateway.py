@@ -79,7 +79,7 @@ class ModelsReply(TypedDict):
 
 class GatewayMethods:
     def __init__(self, authenticator: Authenticator, registry: Registry, server: ServerState,
-                 version: str, memory: Memory | None, models: tuple[str, ...] = (), *,
+                 version: str, memory: Memory, models: tuple[str, ...] = (), *,
                  storage: Callable[[], StorageState] = lambda: SQLITE_STATE) -> None:
         self.authenticator = authenticator
         self.storage = storage  # the database check's last answer (no I/O: health is inline)
@@ -144,7 +144,7 @@ class GatewayMethods:
 
     def _memory_health(self) -> MemoryHealth:
         # No database query: gateway.health must stay cheap under load.
-        if self.memory is None:
+        if not self.memory.config.enabled:
             return {"enabled": False}
         embedder = self.memory.embedder
         return {

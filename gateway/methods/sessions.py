@@ -155,7 +155,7 @@ class UnsubscribedReply(TypedDict):
 
 
 class SessionsMethods:
-    def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory | None,
+    def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory,
                  models: tuple[str, ...] | None = None, prompt_bytes: ByteRate | None = None) -> None:
         self.store = store
         self.hub = hub
@@ -267,8 +267,7 @@ class SessionsMethods:
         user = ctx.caller
         await self.runs.abort_session(user, p.session_key)
         await asyncio.to_thread(self.store.delete, user, p.session_key)
-        if self.memory is not None:
-            await self.memory.delete_session(user, p.session_key)
+        await self.memory.delete_session(user, p.session_key)
         announce(self.hub, user, p.session_key, "sessions.deleted", {})
         return {"deleted": True}
 

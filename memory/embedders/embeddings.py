@@ -7,7 +7,7 @@ lists, one per text, in order). Implementations only call their model. Around th
 * :class:`EmbeddingPipeline` — batching by count and total characters, retries with
   exponential backoff and full jitter on errors marked ``retryable`` (429, 5xx, timeouts,
   connection errors), and redaction of the text sent to a *remote* embedder when configured.
-* the embedding cache (``memory.vectors``) — keyed by (provider, model, endpoint_hash,
+* the embedding cache (``memory.sqlite.index.vectors``) — keyed by (provider, model, endpoint_hash,
   sha256 of the exact text sent).
 
 ``dims`` may be 0 for an OpenAI embedder with no configured ``dimensions``: it is learnt from
@@ -41,7 +41,7 @@ __all__ = [
     "select_embedder",
 ]
 
-log = structlog.get_logger("memory.embeddings")
+log = structlog.get_logger("memory.embedders.embeddings")
 
 
 def endpoint_hash(base_url: str | None) -> str:

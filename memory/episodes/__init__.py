@@ -6,8 +6,7 @@ package's values, so it is imported from its module, not from here."""
 from __future__ import annotations
 
 from .service import Episodes
-from .store import EpisodeStore, dated
-from .values import Episode, EpisodeDraft, EpisodeJob, ScoredEpisode
+from .values import Episode, EpisodeDraft, EpisodeJob, ScoredEpisode, dated
 
-__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "Episodes", "ScoredEpisode",
+__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "Episodes", "ScoredEpisode",
            "dated"]

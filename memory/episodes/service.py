@@ -1,4 +1,6 @@
-"""``Episodes``: the async side of episodic memory, over the index's connections.
+"""``Episodes``: episodic memory's rules on either backend, each store step run through
+:class:`~memory.steps.Steps` on the backend's episode store (``memory.sqlite.episodes``,
+``memory.pg.episodes``).
 
 Search over episodes is a small hybrid in Python, like facts (a user has at most a dozen a day):
 ``w · keyword + (1 − w) · cosine``, then mixed with recency, ``(1 − r) · relevance + r · 0.5^(age
@@ -14,18 +16,16 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any
 
-import apsw
 import structlog
 
 from memory.chunking import content_terms
 from memory.embedders.embeddings import EmbeddingPipeline
-from memory.episodes.store import EpisodeStore
 from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob, ScoredEpisode
 from memory.errors import EmbedderError
 from memory.facts.rules import cosine
-from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
+from memory.steps import Steps
 
 __all__ = ["Episodes", "ScoredEpisode"]
 
@@ -33,15 +33,15 @@ log = structlog.get_logger("memory.episodes")
 
 _DAY_MS = 86_400_000
 _CANDIDATES = 500  # newest episodes scored per search: months of them at the daily cap
-_T = TypeVar("_T")
 
 
 class Episodes:
-    def __init__(self, conn: WriteConnection, readers: ReaderPool, pipeline: EmbeddingPipeline | None,
+    # ``store``: the backend's episode store, whose methods take the connection ``steps``
+    # hands them (blocking on SQLite, coroutines on PostgreSQL).
+    def __init__(self, steps: Steps, store: Any, pipeline: EmbeddingPipeline | None,
                  embed_query: Callable[[str], Awaitable[list[float]]], keyword_weight: float) -> None:
-        self._conn = conn
-        self._readers = readers
-        self.store = EpisodeStore()
+        self._steps = steps
+        self.store = store
         self._pipeline = pipeline
         self._embed_query = embed_query
         self._model = pipeline.embedder.model_id if pipeline is not None else None
@@ -61,9 +61,13 @@ class Episodes:
     async def write(self, draft: EpisodeDraft, merge_into: int | None) -> Episode:
         if draft.vector is not None:
             draft = dataclasses.replace(draft, vector_model=self._model)
+        written: Episode
         if merge_into is not None:
-            return await self._write("merging an episode", self.store.merge, merge_into, draft, grows=True)
-        return await self._write("writing an episode", self.store.insert, draft, grows=True)
+            written = await self._write("merging an episode", self.store.merge, merge_into, draft,
+                                        grows=True)
+        else:
+            written = await self._write("writing an episode", self.store.insert, draft, grows=True)
+        return written
 
     async def closest(self, user: str, vector: list[float]) -> tuple[Episode, float] | None:
         """The recent episode most like ``vector`` (novelty check), with its cosine."""
@@ -72,17 +76,22 @@ class Episodes:
         return max(scored, key=lambda p: p[1]) if scored else None
 
     async def last_of_session(self, user: str, session_key: str) -> Episode | None:
-        return await self._read(lambda db: self.store.last_of_session(db, user, session_key))
+        result: Episode | None = await self._read(lambda db: self.store.last_of_session(db, user, session_key))
+        return result
 
     async def count_since(self, user: str, since_ms: int) -> int:
-        return await self._read(lambda db: self.store.count_since(db, user, since_ms))
+        result: int = await self._read(lambda db: self.store.count_since(db, user, since_ms))
+        return result
 
     async def enqueue(self, user: str, session_key: str) -> None:
         await self._write("queueing an episode", self.store.enqueue, user, session_key, int(time.time() * 1000),
                           grows=True)
 
     async def due(self) -> list[EpisodeJob]:
-        return await self._read(lambda db: self.store.due(db, int(time.time() * 1000)))
+        # A write: on PostgreSQL taking a job claims it from the other nodes.
+        result: list[EpisodeJob] = await self._write("taking episode jobs", self.store.take_due,
+                                                     int(time.time() * 1000))
+        return result
 
     async def job_done(self, job_id: int) -> None:
         await self._write("finishing an episode job", self.store.done, job_id)
@@ -95,13 +104,16 @@ class Episodes:
         return give_up
 
     async def queue_state(self) -> dict[str, int]:
-        return await self._read(self.store.queue_state)
+        result: dict[str, int] = await self._read(self.store.queue_state)
+        return result
 
     async def prune_older_than(self, cutoff_ms: int) -> int:
-        return await self._write("expiring episodes", self.store.delete_older_than, cutoff_ms)
+        result: int = await self._write("expiring episodes", self.store.delete_older_than, cutoff_ms)
+        return result
 
     async def forget(self, user: str, session_key: str | None, after_ms: int | None, before_ms: int | None) -> int:
-        return await self._write("forgetting episodes", self.store.delete_for, user, session_key, after_ms, before_ms)
+        result: int = await self._write("forgetting episodes", self.store.delete_for, user, session_key, after_ms, before_ms)
+        return result
 
     # -- reading -------------------------------------------------------------------------
 
@@ -146,8 +158,8 @@ class Episodes:
 
     # -- plumbing ------------------------------------------------------------------------
 
-    async def _write(self, action: str, fn: Callable[..., _T], *args: object, grows: bool = False) -> _T:
-        return await write_step(self._conn, action, fn, *args, grows=grows)
+    async def _write(self, action: str, fn: Callable[..., Any], *args: object, grows: bool = False) -> Any:
+        return await self._steps.write(action, fn, *args, grows=grows)
 
-    async def _read(self, fn: Callable[[apsw.Connection], _T]) -> _T:
-        return await read_step(self._readers, "reading episodes", fn)
+    async def _read(self, fn: Callable[..., Any]) -> Any:
+        return await self._steps.read("reading episodes", fn)

@@ -3,18 +3,19 @@ about to be written (:class:`EpisodeDraft`), a queued summary still to write
 (:class:`EpisodeJob`) and one found by a search (:class:`ScoredEpisode`).
 
 Plain values with no storage behind them, so :mod:`memory.protocols`, :mod:`memory.context`
-and both backends (:mod:`memory.episodes.store` over SQLite, :mod:`memory.pg.episodes` over
+and both backends (:mod:`memory.sqlite.episodes` over SQLite, :mod:`memory.pg.episodes` over
 PostgreSQL) import them from here rather than from an implementation.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "ScoredEpisode"]
+__all__ = ["Episode", "EpisodeColumns", "EpisodeDraft", "EpisodeJob", "ScoredEpisode", "dated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,29 @@ class EpisodeDraft:
     vector_model: str | None = None
     job_id: int | None = None  # the queued job this finishes, in the same transaction
 
+    def columns(self) -> EpisodeColumns:
+        """What both stores write for this draft, computed once."""
+        day, week, year = dated(self.moment)
+        blob = None if self.vector is None else array("f", self.vector).tobytes()
+        return EpisodeColumns(self.text, self.theme, day, week, year, int(self.moment.timestamp() * 1000),
+                              self.covered_ms, blob, self.vector_model if blob is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeColumns:
+    """An episode draft as table columns: its dates (:func:`dated`), its time in ms (created or
+    updated), its vector as float32 bytes and that vector's model (None without a vector)."""
+
+    text: str
+    theme: str
+    day: str
+    week: str
+    year: int
+    ms: int
+    covered_ms: int
+    vector: bytes | None
+    vector_model: str | None
+
 
 @dataclass(frozen=True, slots=True)
 class EpisodeJob:
@@ -63,3 +87,9 @@ class EpisodeJob:
 class ScoredEpisode:
     episode: Episode
     score: float
+
+
+def dated(moment: datetime) -> tuple[str, str, int]:
+    """ISO date, ISO week (``2026-W47``) and year of ``moment`` in its own time zone."""
+    iso = moment.isocalendar()
+    return moment.date().isoformat(), f"{iso.year}-W{iso.week:02d}", moment.year

@@ -64,7 +64,7 @@ class Summarizer(Protocol):
         ...
 
 
-class EpisodeMemory(Protocol):
+class WriterMemory(Protocol):
     """What the writer uses of the memory service: its settings and its episodes."""
 
     @property
@@ -75,7 +75,7 @@ class EpisodeMemory(Protocol):
 
 
 class EpisodeWriter:
-    def __init__(self, memory: EpisodeMemory | None, model: Summarizer | None, store: SessionStoreLike,
+    def __init__(self, memory: WriterMemory | None, model: Summarizer | None, store: SessionStoreLike,
                  timezone: str) -> None:
         self.memory = memory
         self.model = model
@@ -129,7 +129,7 @@ class EpisodeWriter:
         except (MemoryIndexError, SessionError) as exc:
             log.warning("episode.check_failed", session=session_key, error=str(exc))
 
-    async def _eligible(self, memory: EpisodeMemory, user: str, session_key: str) -> bool:
+    async def _eligible(self, memory: WriterMemory, user: str, session_key: str) -> bool:
         cfg = memory.config
         last = await memory.episodes.last_of_session(user, session_key)
         new = await self._since(user, session_key, last.covered_ms if last else None)
@@ -161,7 +161,7 @@ class EpisodeWriter:
             for job in await memory.episodes.due():
                 await self._work(memory, job)
 
-    async def _work(self, memory: EpisodeMemory, job: EpisodeJob) -> None:
+    async def _work(self, memory: WriterMemory, job: EpisodeJob) -> None:
         cfg = memory.config
         bound = structlog.contextvars.bound_contextvars(session=job.session_key)
         with bound:
@@ -182,7 +182,7 @@ class EpisodeWriter:
                 await memory.episodes.job_done(job.id)
             log.info("episode.done", outcome=outcome)
 
-    async def _summarise(self, memory: EpisodeMemory, job: EpisodeJob) -> tuple[str, bool]:
+    async def _summarise(self, memory: WriterMemory, job: EpisodeJob) -> tuple[str, bool]:
         """What became of the job, and whether that already ended it (an episode written)."""
         cfg = memory.config
         model = self.model

@@ -2,7 +2,7 @@
 near-duplicate a new fact merges into, the limits a save is checked against, and how a
 fact's times and vector are kept.
 
-Pure functions over plain values, so the SQLite store (:mod:`memory.facts.store`) and the
+Pure functions over plain values, so the SQLite store (:mod:`memory.sqlite.facts`) and the
 PostgreSQL one (:mod:`memory.pg.facts`) run the same dedup decision inside their own
 transaction, each with its own SQL, and cannot drift apart.
 """

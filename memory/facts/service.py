@@ -1,7 +1,9 @@
-"""``Facts``: the async side of remembered facts, over the index's write connection and readers.
+"""``Facts``: remembered facts' rules on either backend, each store step run through
+:class:`~memory.steps.Steps`.
 
-Saving embeds the new text first (when an embedder is active), then hands the draft to
-:class:`~memory.facts.store.FactStore`, whose one transaction does the two-tier dedup: the
+Saving embeds the new text first (when an embedder is active), then hands the draft to the
+backend's fact store (``memory.sqlite.facts.FactStore``, ``memory.pg.facts.PgFactStore``), whose
+one transaction does the two-tier dedup of :mod:`memory.facts.rules`: the
 same normalised text (SHA-256, per user) is the same fact; an active fact whose cosine to the
 new one reaches ``memory.facts_dedup_threshold`` is updated rather than duplicated. An
 embedder that fails leaves only the exact tier; the fact is still saved.
@@ -19,18 +21,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any
 
-import apsw
 import structlog
 
 from memory.chunking import approx_tokens, content_terms
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import EmbedderError
 from memory.facts.rules import cosine
-from memory.facts.store import FactStore
 from memory.facts.values import Fact, FactChange, FactDraft, FactsPage, ScoredFact
-from memory.index.db import ReaderPool, WriteConnection, read_step, write_step
+from memory.steps import Steps
 
 __all__ = ["Facts", "FactsPage", "ScoredFact"]
 
@@ -39,15 +39,14 @@ log = structlog.get_logger("memory.facts")
 # Facts embedded lazily per prompt when they lack a vector of the current embedder (saved while
 # none was active, or under another one): a bound on the work one run can cause.
 _BACKFILL_PER_CALL = 64
-_T = TypeVar("_T")
 
 
 class Facts:
-    def __init__(self, conn: WriteConnection, readers: ReaderPool, store: FactStore,
-                 pipeline: EmbeddingPipeline | None, embed_query: Callable[[str], Awaitable[list[float]]],
-                 keyword_weight: float) -> None:
-        self._conn = conn
-        self._readers = readers
+    # ``store``: the backend's fact store, whose methods take the connection ``steps`` hands
+    # them (blocking on SQLite, coroutines on PostgreSQL); the rules below never see which.
+    def __init__(self, steps: Steps, store: Any, pipeline: EmbeddingPipeline | None,
+                 embed_query: Callable[[str], Awaitable[list[float]]], keyword_weight: float) -> None:
+        self._steps = steps
         self.store = store
         self._pipeline = pipeline
         self._embed_query = embed_query  # the service's, which shares recent query vectors with recall
@@ -63,7 +62,7 @@ class Facts:
         vector = await self._embed_passage(clean)
         draft = FactDraft(user, clean, source, replaces, session_key, run_id, vector,
                           self._model if vector is not None else None, client)
-        change = await self._write("saving a fact", self.store.save, draft, grows=True)
+        change: FactChange = await self._write("saving a fact", self.store.save, draft, grows=True)
         log.info("memory.fact", action=change.action, fact=change.fact.id, previous=change.previous_id,
                  source=source)
         return change
@@ -73,12 +72,13 @@ class Facts:
         return await self.add(user, text, source="user", replaces=fact_id, client=client)
 
     async def delete(self, user: str, fact_id: int) -> FactChange:
-        change = await self._write("deleting a fact", self.store.delete, user, fact_id)
+        change: FactChange = await self._write("deleting a fact", self.store.delete, user, fact_id)
         log.info("memory.fact", action="deleted", fact=fact_id)
         return change
 
     async def get(self, user: str, fact_id: int) -> Fact:
-        return await self._read("reading a fact", lambda db: self.store.get(db, user, fact_id))
+        result: Fact = await self._read("reading a fact", lambda db: self.store.get(db, user, fact_id))
+        return result
 
     async def page(self, user: str, *, limit: int, before: int | None = None,
                    include_inactive: bool = False) -> FactsPage:
@@ -89,16 +89,19 @@ class Facts:
         return FactsPage(facts, facts[-1].id if more and facts else None)
 
     async def history(self, user: str, fact_id: int) -> list[Fact]:
-        return await self._read("reading a fact's history", lambda db: self.store.history(db, user, fact_id))
+        result: list[Fact] = await self._read("reading a fact's history", lambda db: self.store.history(db, user, fact_id))
+        return result
 
     async def forget_derived(self, user: str, session_key: str | None, after_ms: int | None,
                              before_ms: int | None) -> int:
-        return await self._write("forgetting facts", self.store.delete_derived, user, session_key,
-                                 after_ms, before_ms)
+        result: int = await self._write("forgetting facts", self.store.delete_derived, user, session_key,
+                                      after_ms, before_ms)
+        return result
 
     async def prune_older_than(self, cutoff_ms: int) -> int:
         """Retention: delete facts (every version) not said since ``cutoff_ms``."""
-        return await self._write("expiring facts", self.store.delete_older_than, cutoff_ms)
+        result: int = await self._write("expiring facts", self.store.delete_older_than, cutoff_ms)
+        return result
 
     async def relevant(self, user: str, query: str, *, limit: int, budget_tokens: int) -> list[ScoredFact]:
         """The active facts most related to ``query``, best first, within ``limit`` and the budget."""
@@ -142,11 +145,11 @@ class Facts:
         fresh = {f.id: v for f, v in zip(missing, vectors, strict=True)}
         return [(fact, vec if vec is not None else fresh.get(fact.id)) for fact, vec in rows]
 
-    async def _write(self, action: str, fn: Callable[..., _T], *args: object, grows: bool = False) -> _T:
-        return await write_step(self._conn, action, fn, *args, grows=grows)
+    async def _write(self, action: str, fn: Callable[..., Any], *args: object, grows: bool = False) -> Any:
+        return await self._steps.write(action, fn, *args, grows=grows)
 
-    async def _read(self, action: str, fn: Callable[[apsw.Connection], _T]) -> _T:
-        return await read_step(self._readers, action, fn)
+    async def _read(self, action: str, fn: Callable[..., Any]) -> Any:
+        return await self._steps.read(action, fn)
 
 
 def _rank(rows: list[tuple[Fact, list[float] | None]], qvec: list[float] | None, qterms: set[str], w: float,

@@ -4,7 +4,7 @@ save or delete did (:class:`FactChange`, :data:`Action`), a draft about to be sa
 (:class:`ScoredFact`).
 
 Plain values with no storage behind them, so :mod:`memory.protocols`, :mod:`memory.context`
-and both backends (:mod:`memory.facts.store` over SQLite, :mod:`memory.pg.facts` over
+and both backends (:mod:`memory.sqlite.facts` over SQLite, :mod:`memory.pg.facts` over
 PostgreSQL) import them from here rather than from an implementation.
 """
 

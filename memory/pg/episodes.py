@@ -1,34 +1,27 @@
-"""Episodes and their queue in PostgreSQL: :class:`memory.episodes.store.EpisodeStore`'s
-methods, on a psycopg connection (coroutines instead of blocking calls).
+"""Episodes and their queue in PostgreSQL: the SQLite episode store's methods
+(:mod:`memory.sqlite.episodes`), on a psycopg connection (coroutines instead of blocking calls).
 
 Each write is its own transaction (a savepoint inside the caller's). ``due`` claims jobs
 with ``FOR UPDATE SKIP LOCKED``: call it inside a transaction and keep it open while the jobs
 run, so two nodes never write the same summary.
 
-:class:`PgEpisodes` is :class:`memory.episodes.Episodes` (embedding, novelty, the search's
-ranking) with each store step awaited on a pooled connection: what ``PgMemory.episodes``
-hands the gateway and the episode writer. Its ``due`` claims jobs for :data:`CLAIM_S` (it
-moves their ``next_ms`` on in the claiming transaction), so a job runs on one node at a time
-though the claim's transaction has ended; a node that dies leaves its jobs due again then.
+``PgMemory.episodes`` is :class:`memory.episodes.Episodes` (embedding, novelty, the search's
+ranking) over this store, each step awaited on a pooled connection. Its ``take_due`` claims
+jobs for :data:`CLAIM_S` (it moves their ``next_ms`` on in the claiming transaction), so a job
+runs on one node at a time though the claim's transaction has ended; a node that dies leaves
+its jobs due again then.
 """
 
 from __future__ import annotations
 
-import time
 from array import array
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
 
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
-from memory.embedders.embeddings import EmbeddingPipeline
-from memory.episodes.service import Episodes
-from memory.episodes.store import dated
 from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob
-from memory.pg.steps import Pool, pooled_step
 
-__all__ = ["CLAIM_S", "PgEpisodeStore", "PgEpisodes"]
+__all__ = ["CLAIM_S", "PgEpisodeStore"]
 
 # How long a claimed job is hidden from other nodes: longer than one summary takes (the chat
 # model's reply) with room to spare; done or failed, the job's row says what comes next.
@@ -39,25 +32,20 @@ Conn = AsyncConnection[TupleRow]
 _COLUMNS = "id, user_id, session_key, text, theme, day, week, year, created_ms, updated_ms, covered_ms, merges"
 
 
-def _blob(vector: Sequence[float] | None) -> bytes | None:
-    return None if vector is None else array("f", vector).tobytes()
-
-
 class PgEpisodeStore:
     """The same methods as the SQLite ``EpisodeStore``, awaited."""
 
     # -- rows ----------------------------------------------------------------------------
 
     async def insert(self, db: Conn, d: EpisodeDraft) -> Episode:
-        day, week, year = dated(d.moment)
-        ms = int(d.moment.timestamp() * 1000)
+        c = d.columns()
         async with db.transaction():
             row = await (await db.execute(
                 "INSERT INTO recalld_memory_episodes (user_id, session_key, text, theme, day, week, year, created_ms, "
                 "updated_ms, covered_ms, vector, vector_model) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "RETURNING id",
-                (d.user, d.session_key, d.text, d.theme, day, week, year, ms, ms, d.covered_ms, _blob(d.vector),
-                 d.vector_model if d.vector is not None else None))).fetchone()
+                (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms, c.covered_ms,
+                 c.vector, c.vector_model))).fetchone()
             if d.job_id is not None:
                 await self.done(db, d.job_id)
         assert row is not None
@@ -65,15 +53,14 @@ class PgEpisodeStore:
 
     async def merge(self, db: Conn, episode_id: int, d: EpisodeDraft) -> Episode:
         """Fold a new summary into an episode of the same theme (see the SQLite store)."""
-        day, week, year = dated(d.moment)
-        ms = int(d.moment.timestamp() * 1000)
+        c = d.columns()
         async with db.transaction():
             await db.execute(
                 "UPDATE recalld_memory_episodes SET text = %s, theme = %s, day = %s, week = %s, year = %s, "
                 "updated_ms = %s, covered_ms = greatest(covered_ms, %s), merges = merges + 1, vector = %s, "
                 "vector_model = %s WHERE id = %s AND user_id = %s",
-                (d.text, d.theme, day, week, year, ms, d.covered_ms, _blob(d.vector),
-                 d.vector_model if d.vector is not None else None, episode_id, d.user))
+                (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector, c.vector_model,
+                 episode_id, d.user))
             if d.job_id is not None:
                 await self.done(db, d.job_id)
         return await self.get(db, d.user, episode_id)
@@ -154,6 +141,10 @@ class PgEpisodeStore:
                              (until_ms, [j.id for j in jobs]))
         return jobs
 
+    async def take_due(self, db: Conn, now_ms: int) -> list[EpisodeJob]:
+        """The jobs this node runs now: claimed for :data:`CLAIM_S`."""
+        return await self.claim(db, now_ms, now_ms + CLAIM_S * 1000)
+
     async def done(self, db: Conn, job_id: int) -> None:
         async with db.transaction():
             await db.execute("DELETE FROM recalld_memory_episode_jobs WHERE id = %s", (job_id,))
@@ -168,29 +159,3 @@ class PgEpisodeStore:
             "SELECT count(*) FILTER (WHERE NOT failed), count(*) FILTER (WHERE failed) "
             "FROM recalld_memory_episode_jobs")).fetchone()
         return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0, "failed": 0}
-
-
-class PgEpisodes(Episodes):
-    """:class:`memory.episodes.Episodes` over a pool: the same rules, each step on a pooled connection."""
-
-    store: PgEpisodeStore  # type: ignore[assignment]  # the same methods as EpisodeStore's, awaited
-
-    def __init__(self, pool: Pool, pipeline: EmbeddingPipeline | None,
-                 embed_query: Callable[[str], Awaitable[list[float]]], keyword_weight: float) -> None:
-        # No SQLite connection or readers: _write and _read below are the only ones that used them.
-        super().__init__(cast(Any, None), cast(Any, None), pipeline, embed_query, keyword_weight)
-        self.store = PgEpisodeStore()
-        self._pool = pool
-
-    async def due(self) -> list[EpisodeJob]:
-        now_ms = int(time.time() * 1000)
-        jobs: list[EpisodeJob] = await self._write("claiming episode jobs", self.store.claim, now_ms,
-                                                   now_ms + CLAIM_S * 1000)
-        return jobs
-
-    async def _write(self, action: str, fn: Callable[..., Any], *args: object, grows: bool = False) -> Any:
-        # ``grows`` is not checked here: the disk is the database server's (sessions.md).
-        return await pooled_step(self._pool, action, fn, *args)
-
-    async def _read(self, fn: Callable[..., Any]) -> Any:
-        return await pooled_step(self._pool, "reading episodes", fn)

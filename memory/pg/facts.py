@@ -1,25 +1,25 @@
-"""Remembered facts in PostgreSQL: :class:`memory.facts.store.FactStore`'s methods, on a
-psycopg connection (coroutines instead of blocking calls).
+"""Remembered facts in PostgreSQL: the SQLite fact store's methods (:mod:`memory.sqlite.facts`),
+on a psycopg connection (coroutines instead of blocking calls).
 
-The rules are the SQLite store's (the module docstring of :mod:`memory.facts.store`), from
+The rules are the SQLite store's (the module docstring of :mod:`memory.sqlite.facts`), from
 the same :mod:`memory.facts.rules`: a change inserts the next version and retires the old one;
 exact then semantic de-duplication decide in one transaction. That transaction first takes ``pg_advisory_xact_lock(FACTS_LOCK,
 hashtext(user))``: SQLite's single writer kept two runs from racing a user's dedup; across
 nodes the lock does, per user.
 
-:class:`PgFacts` is :class:`memory.facts.Facts` (embedding, dedup, the prompt's ranking) with
-each store step awaited on a pooled connection: what ``PgMemory.facts`` hands the gateway.
+:class:`memory.facts.Facts` (embedding, dedup, the prompt's ranking) runs over this store with
+each step awaited on a pooled connection (:class:`memory.pg.steps.PoolSteps`): what
+``PgMemory.facts`` hands the gateway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
-from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import FactNotFound
 from memory.facts.rules import (
     FactRules,
@@ -30,11 +30,9 @@ from memory.facts.rules import (
     vector_blob,
     vector_of,
 )
-from memory.facts.service import Facts
 from memory.facts.values import Fact, FactChange, FactDraft
-from memory.pg.steps import Pool, pooled_step
 
-__all__ = ["FACTS_LOCK", "PgFactStore", "PgFacts"]
+__all__ = ["FACTS_LOCK", "PgFactStore"]
 
 FACTS_LOCK = 0x72636C66
 
@@ -181,22 +179,3 @@ class PgFactStore(FactRules):
         await db.execute("UPDATE recalld_memory_facts SET updated_at = %s, said_ms = %s WHERE id = %s",
                          (stamp, ms, fact.id))
         return await self.get(db, fact.user, fact.id)
-
-
-class PgFacts(Facts):
-    """:class:`memory.facts.Facts` over a pool: the same rules, each step on a pooled connection."""
-
-    store: PgFactStore  # type: ignore[assignment]  # the same methods as FactStore's, awaited
-
-    def __init__(self, pool: Pool, store: PgFactStore, pipeline: EmbeddingPipeline | None,
-                 embed_query: Callable[[str], Awaitable[list[float]]], keyword_weight: float) -> None:
-        # No SQLite connection or readers: _write and _read below are the only ones that used them.
-        super().__init__(cast(Any, None), cast(Any, None), cast(Any, store), pipeline, embed_query, keyword_weight)
-        self._pool = pool
-
-    async def _write(self, action: str, fn: Callable[..., Any], *args: object, grows: bool = False) -> Any:
-        # ``grows`` is not checked here: the disk is the database server's (sessions.md).
-        return await pooled_step(self._pool, action, fn, *args)
-
-    async def _read(self, action: str, fn: Callable[..., Any]) -> Any:
-        return await pooled_step(self._pool, action, fn)

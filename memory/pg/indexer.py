@@ -44,9 +44,9 @@ from psycopg_pool import AsyncConnectionPool
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms, sha256_text, visible_entries
 from memory.config import MemoryConfig, SizedConfig
 from memory.embedders.embeddings import EmbeddingPipeline
-from memory.index.quantize import quantize_int8
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
+from memory.quantize import quantize_int8
 from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
 __all__ = ["CHUNKS_PER_STATEMENT", "EMBED_LOCK", "SESSIONS_PER_CLAIM", "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]

@@ -1,7 +1,7 @@
 """Hybrid search on PostgreSQL: both legs and their fusion in one statement.
 
 The statement is three CTEs and a join, each leg returning its best ``candidates`` with its own
-score, higher better, exactly as :mod:`memory.retrieval.search` hands them to
+score, higher better, exactly as :mod:`memory.sqlite.search` hands them to
 :func:`memory.retrieval.fusion.fuse`:
 
 * **keyword** — BM25 as FTS5 computes it (k1 1.2, b 0.75; ``idf = ln((N − df + ½)/(df + ½))``,
@@ -18,7 +18,7 @@ score, higher better, exactly as :mod:`memory.retrieval.search` hands them to
   returned something and 1 otherwise, or ``Σ w/(rrf_k + rank)`` when ``fusion = "rrf"``; every
   chunk either leg found is kept; ties by the better leg rank, then chunk id.
 
-Time phrases and recency are applied as :class:`memory.retrieval.search.HybridSearch` does,
+Time phrases and recency are applied as :class:`memory.sqlite.search.HybridSearch` does,
 over the statement's fused rows, in one ``REPEATABLE READ`` transaction (one snapshot).
 Filters are fixed fragments with named parameters; no user value is formatted into SQL (the
 only formatted values are the vector width, read from the database, and fragments chosen here).
@@ -37,9 +37,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from memory.config import MemoryConfig
 from memory.errors import MemoryStorageError
-from memory.index.quantize import quantize_int8
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, vector_dims
+from memory.quantize import quantize_int8
 from memory.retrieval.fusion import Fused, with_recency
 from memory.retrieval.neighbours import AROUND_SQL, ChunkSpan, spans
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
@@ -56,7 +56,7 @@ _FILTERS = {
     "shown_since_ms": "\n    AND (c.session_key <> %(shown_session_key)s OR c.start_ms < %(shown_since_ms)s)",
 }
 
-# Common words at scale (memory.retrieval.common_terms, same rule and settings): a term found
+# Common words at scale (memory.sqlite.common_terms, same rule and settings): a term found
 # in at least max(keyword_common_share · N, keyword_common_min_chunks) chunks is left out of the
 # match while a rarer one remains, when N is above that floor; its count stops at the threshold.
 _KEYWORD_LEG = f"""
@@ -175,7 +175,7 @@ async def set_hnsw_search(conn: AsyncConnection[TupleRow], config: MemoryConfig)
 
 
 # The Hamming pool of the "bit" leg: SQLite's pre-filter keeps 1,000 by Hamming distance
-# (memory.retrieval.search.RERANK_SCAN); here all of them go to the exact cosine.
+# (memory.sqlite.search.RERANK_SCAN); here all of them go to the exact cosine.
 BIT_POOL = 1000
 
 

@@ -3,7 +3,8 @@
 Thin on purpose: it validates a search as :class:`memory.MemoryService` does
 (:meth:`SearchRequest.build`), embeds the query through the same pipeline, and hands the work
 to :class:`memory.pg.search.PgSearch`, :class:`memory.pg.indexer.PgIndexer` and the facts and
-episodes services (:class:`~memory.pg.facts.PgFacts`, :class:`~memory.pg.episodes.PgEpisodes`).
+episodes services (:class:`memory.facts.Facts`, :class:`memory.episodes.Episodes`, the rules both
+backends run, over :mod:`memory.pg.facts` and :mod:`memory.pg.episodes`).
 A run's context and recall use memory's own rules (:func:`memory.context.gather_context`,
 :func:`memory.retrieval.recall.for_prompt`).
 
@@ -43,19 +44,20 @@ from psycopg_pool import AsyncConnectionPool
 from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.episodes import Episodes
 from memory.errors import EmbedderError, MemoryStorageError
-from memory.forget_range import ForgetRange
-from memory.forgetting import retention_cutoff_ms
-from memory.pg.episodes import PgEpisodes
-from memory.pg.facts import PgFacts, PgFactStore
+from memory.facts import Facts
+from memory.forget_range import ForgetRange, retention_cutoff_ms
+from memory.pg.episodes import PgEpisodeStore
+from memory.pg.facts import PgFactStore
 from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch, around_pg
+from memory.pg.steps import PoolSteps
 from memory.pg.vectors import VectorLeg
-from memory.reports import ProgressCallback, SyncReport
+from memory.reports import ProgressCallback, SyncLog, SyncReport
 from memory.retrieval.excerpts import excerpts_for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
-from memory.status import SyncLog
 from sessions import pg_feed
 
 __all__ = ["PgMemory"]
@@ -86,10 +88,12 @@ class PgMemory:
         self.pipeline = EmbeddingPipeline.from_config(embedder, config) if embedder is not None else None
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
-        self.facts = PgFacts(pool, PgFactStore(config.facts_dedup_threshold, config.facts_max_chars,
-                                               config.facts_max_per_user),
-                             self.pipeline, self.embed_query, config.keyword_weight)
-        self.episodes = PgEpisodes(pool, self.pipeline, self.embed_query, config.keyword_weight)
+        steps = PoolSteps(pool)
+        self.facts = Facts(steps, PgFactStore(config.facts_dedup_threshold, config.facts_max_chars,
+                                              config.facts_max_per_user),
+                           self.pipeline, self.embed_query, config.keyword_weight)
+        self.episodes = Episodes(steps, PgEpisodeStore(), self.pipeline, self.embed_query,
+                                 config.keyword_weight)
         # Set by whoever schedules the retention sweep (the gateway); shown by status().
         self.retention_status: dict[str, Any] = {}
         self.loop_passes = 0   # passes the indexing loop has finished (status, tests)

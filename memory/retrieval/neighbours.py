@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import apsw
 import structlog
 
 from memory.chunking import CONTINUED, approx_tokens
@@ -33,7 +32,7 @@ from memory.errors import MemoryIndexError
 from memory.retrieval.recall import CUT_MARK, merge_overlapping
 from memory.retrieval.request import SearchHit
 
-__all__ = ["AROUND_SQL", "OPENS", "ChunkSpan", "around_sqlite", "message_at", "message_ts", "messages", "spans",
+__all__ = ["AROUND_SQL", "OPENS", "ChunkSpan", "message_at", "message_ts", "messages", "spans",
            "widen"]
 
 log = structlog.get_logger("memory.recall")
@@ -62,14 +61,6 @@ AROUND_SQL = ("SELECT line_start, line_end, seg_start, content FROM {table} WHER
 
 def spans(rows: Sequence[Sequence[Any]]) -> list[ChunkSpan]:
     return [ChunkSpan(int(r[0]), int(r[1]), int(r[2]), str(r[3])) for r in rows]
-
-
-_AROUND_SQLITE = AROUND_SQL.format(table="chunks", user="user")
-
-
-def around_sqlite(db: apsw.Connection, user: str, hit: SearchHit) -> list[ChunkSpan]:
-    """The chunks around ``hit`` in the SQLite index (run on a reader connection)."""
-    return spans(db.execute(_AROUND_SQLITE, (user, hit.session_key, hit.line_start - 1, hit.line_end + 1)).fetchall())
 
 
 def messages(content: str) -> list[str] | None:

@@ -1,6 +1,6 @@
 """What a search asks and answers: the validated :class:`SearchRequest`, its hits and
 response, and the keyword leg's query terms (:func:`fts_terms`). No database here;
-:mod:`memory.retrieval.search` runs the request.
+:mod:`memory.sqlite.search` runs the request.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ from bench.corpus import USER
 from sessions import PgSessionStore, SessionsConfig, SessionStore
 
 
-def test_bulk_load_reads_back_through_the_store_and_appends_after_it(tmp_path: Path, pg_dsn: str) -> None:
+def test_bulk_load_reads_back_through_the_store_and_appends_after_it(
+    tmp_path: Path, pg_dsn: str
+) -> None:
     """Sessions copied from transcripts read back through PgSessionStore with the same messages,
     counts and byte totals as the file store's, and the next append gets the next seq."""
     files = SessionStore(tmp_path, SessionsConfig(fsync="never"))
@@ -24,8 +26,8 @@ def test_bulk_load_reads_back_through_the_store_and_appends_after_it(tmp_path: P
         key = files.create(USER, title=f"t{s}").session_key
         keys.append(key)
         for i in range(3 + s):
-            files.append_message(USER, key, role="user" if i % 2 == 0 else "assistant", content=f"s{s} m{i}",
-                                 run_id=f"r{i // 2}")
+            files.append_message(USER, key, role="user" if i % 2 == 0 else "assistant",
+                                 content=f"s{s} m{i}", run_id=f"r{i // 2}")
     want = {k: files.recent_messages(USER, k, 50) for k in keys}
     sizes = {k: files.transcript_path(USER, k).stat().st_size for k in keys}
     files.close()
@@ -44,7 +46,8 @@ def test_bulk_load_reads_back_through_the_store_and_appends_after_it(tmp_path: P
     with psycopg.connect(pg_dsn) as conn:
         header = {k: len(files_header(tmp_path, k)) for k in keys}
         for key in keys[1:]:
-            row = conn.execute("SELECT bytes FROM recalld_sessions WHERE session_key = %s", (key,)).fetchone()
+            row = conn.execute("SELECT bytes FROM recalld_sessions WHERE session_key = %s",
+                               (key,)).fetchone()
             assert row is not None and row[0] == sizes[key] - header[key]
 
 
@@ -58,13 +61,16 @@ def test_the_report_tables_every_measured_figure_and_the_recall_gaps(tmp_path: P
     """A results file with RPC, fan-out, index and recall figures gives one row each, and
     recall_gaps is PostgreSQL minus SQLite per granularity and mode."""
     topo: dict[str, Any] = {
-        "rpc": {k: {"rate": 1000.0} for k in ("health ping-pong", "health pipelined", "sessions.list pipelined")},
+        "rpc": {k: {"rate": 1000.0}
+                for k in ("health ping-pong", "health pipelined", "sessions.list pipelined")},
         "fanout": {"last": {"p50": 10.0, "p99": 20.0}},
         "index": {"rate": 5.0, "messages": 10, "lagAfterLastFinalMs": 100.0},
     }
-    recall = {f"{b}/{g}": {"keyword": 0.5, "vector": 0.9, "hybrid": 0.9 - (0.005 if b == "postgres" else 0)}
+    recall = {f"{b}/{g}": {"keyword": 0.5, "vector": 0.9,
+                           "hybrid": 0.9 - (0.005 if b == "postgres" else 0)}
               for b in ("sqlite", "postgres") for g in ("chunk", "turn")}
-    out = {"at": "2026-11-26T09:00:00", "machine": {"cpuCount": 2, "cpu": "x"}, "loadAverage": [1.0, 1.0, 1.0],
+    out = {"at": "2026-11-26T09:00:00", "machine": {"cpuCount": 2, "cpu": "x"},
+           "loadAverage": [1.0, 1.0, 1.0],
            "seconds": 1.0, "quick": True, "sizes": {}, "sections": ["rpc"],
            "results": {"sqlite-1": topo, "pg-1": topo, "pg-2": topo, "recall": recall}}
 

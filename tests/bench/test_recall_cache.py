@@ -28,14 +28,16 @@ def _rows(path: Path) -> int:
 def _embed(index_db: Path, content_hash: str) -> None:
     db = apsw.Connection(str(index_db))
     db.setbusytimeout(10_000)
-    db.execute("CREATE TABLE IF NOT EXISTS embedding_cache(provider TEXT, model TEXT, endpoint_hash TEXT, "
-               "content_hash TEXT, dims INTEGER, vector BLOB)")
-    db.execute("INSERT INTO embedding_cache VALUES ('local', 'm', 'local', ?, 2, x'0102')", (content_hash,))
+    db.execute("CREATE TABLE IF NOT EXISTS embedding_cache(provider TEXT, model TEXT, "
+               "endpoint_hash TEXT, content_hash TEXT, dims INTEGER, vector BLOB)")
+    db.execute("INSERT INTO embedding_cache VALUES ('local', 'm', 'local', ?, 2, x'0102')",
+               (content_hash,))
     db.close()
 
 
 async def test_vectors_reach_the_cache_file_while_the_sync_still_runs(tmp_path: Path) -> None:
-    """A run stopped half-way keeps what it embedded: the copy runs during the sync and once after."""
+    """A run stopped half-way keeps what it embedded: the copy runs during the sync and once
+    after."""
     index_db, cache = tmp_path / "memory.db", tmp_path / "cache.sqlite"
     _embed(index_db, "a")
     release = asyncio.Event()

@@ -37,7 +37,8 @@ def tiny_dataset() -> dict[str, Any]:
         "conversations": [
             {"id": "ann & bo", "sessions": [
                 {"id": "s1", "date": "2024-05-01", "turns": [
-                    {"id": "a1", "speaker": "Ann", "text": "I adopted a kitten called Pepper today"},
+                    {"id": "a1", "speaker": "Ann",
+                     "text": "I adopted a kitten called Pepper today"},
                     {"id": "a2", "speaker": "Bo", "text": "lovely, what colour is she"},
                     {"id": "a3", "speaker": "Ann", "text": "grey with one white paw"},
                 ]},
@@ -48,15 +49,17 @@ def tiny_dataset() -> dict[str, Any]:
             ]},
             {"id": "cy", "sessions": [
                 {"id": "s1", "date": "2024-06-01T09:00:00+02:00", "turns": [
-                    {"id": "c1", "speaker": "Cy", "text": "the kitten next door is called Pepper too"},
+                    {"id": "c1", "speaker": "Cy",
+                     "text": "the kitten next door is called Pepper too"},
                     {"id": "c2", "speaker": "Di", "text": "what a coincidence"},
                 ]},
             ]},
         ],
         "questions": [
-            {"conversation": "ann & bo", "question": "What is the kitten called?", "evidence": ["a1"],
-             "category": "single-hop"},
-            {"conversation": "ann & bo", "question": "When is the violin exam and what colour is Pepper?",
+            {"conversation": "ann & bo", "question": "What is the kitten called?",
+             "evidence": ["a1"], "category": "single-hop"},
+            {"conversation": "ann & bo",
+             "question": "When is the violin exam and what colour is Pepper?",
              "evidence": ["a4", "a3"], "category": "multi-hop"},
             {"conversation": "cy", "question": "kitten Pepper", "evidence": ["c1"]},
         ],
@@ -91,7 +94,8 @@ def test_mrr_is_the_reciprocal_rank_of_the_first_covering_result() -> None:
 
 
 def test_ndcg_gives_each_evidence_turn_gain_at_its_first_rank() -> None:
-    """nDCG@k matches a hand computation: evidence at ranks 2 and 4 against an ideal of ranks 1 and 2."""
+    """nDCG@k matches a hand computation: evidence at ranks 2 and 4 against an ideal of ranks 1
+    and 2."""
     ranked = [["x"], ["a"], ["y"], ["b", "a"]]
     dcg = 1 / math.log2(3) + 1 / math.log2(5)
     ideal = 1 / math.log2(2) + 1 / math.log2(3)
@@ -121,24 +125,28 @@ def test_hits_to_turns_maps_line_ranges_and_skips_the_header() -> None:
     line_map = {("k1", 2): "t1", ("k1", 3): "t2", ("k1", 4): "t3", ("k2", 2): "u1"}
     hit = SimpleNamespace(session_key="k1", line_start=1, line_end=3)
     assert hits_to_turns(hit, line_map) == ["t1", "t2"]
-    assert hits_to_turns(SimpleNamespace(session_key="k2", line_start=2, line_end=2), line_map) == ["u1"]
+    assert hits_to_turns(SimpleNamespace(session_key="k2", line_start=2, line_end=2),
+                         line_map) == ["u1"]
 
 
 def test_load_corpus_line_map_points_at_the_right_transcript_lines(tmp_path: Path) -> None:
-    """Every (session key, line) in the map is the transcript line holding that turn, with name and date."""
+    """Every (session key, line) in the map is the transcript line holding that turn, with name
+    and date."""
     dataset = dataset_from_json(tiny_dataset())
     corpus = load_corpus(dataset, tmp_path, "chunk")
     turns = {t.id: t for c in dataset.conversations for s in c.sessions for t in s.turns}
     assert corpus.transcripts == 3 and corpus.turns == len(turns) == len(corpus.line_map)
     for (key, line), turn_id in corpus.line_map.items():
-        conv = next(c for c in dataset.conversations if any(t.id == turn_id for s in c.sessions for t in s.turns))
+        conv = next(c for c in dataset.conversations
+                    if any(t.id == turn_id for s in c.sessions for t in s.turns))
         path = tmp_path / "sessions" / corpus.users[conv.id] / f"{key}.jsonl"
         obj = orjson.loads(path.read_bytes().splitlines()[line - 1])
         assert obj["content"] == turns[turn_id].text and obj["name"] == turns[turn_id].speaker
     first = tmp_path / "sessions" / corpus.users["ann & bo"]
     lines = [orjson.loads(x) for p in first.glob("*.jsonl") for x in p.read_bytes().splitlines()]
     stamps = sorted(x["ts"] for x in lines if x["type"] == "message")
-    assert stamps[:3] == ["2024-05-01T00:00:00.000Z", "2024-05-01T00:01:00.000Z", "2024-05-01T00:02:00.000Z"]
+    assert stamps[:3] == ["2024-05-01T00:00:00.000Z", "2024-05-01T00:01:00.000Z",
+                          "2024-05-01T00:02:00.000Z"]
     roles = {x["name"]: x["role"] for x in lines if x["type"] == "message"}
     assert roles == {"Ann": "user", "Bo": "assistant"}
 
@@ -159,9 +167,11 @@ def test_dataset_errors_name_the_bad_field() -> None:
 
 
 async def test_turn_granularity_indexes_exactly_one_whole_turn_per_chunk(tmp_path: Path) -> None:
-    """With --granularity turn every chunk is one whole message, even one longer than chunk_tokens."""
+    """With --granularity turn every chunk is one whole message, even one longer than
+    chunk_tokens."""
     dataset = dataset_from_json(tiny_dataset())
-    result = await run_benchmark(dataset, dataset_name="tiny", granularity="turn", data_dir=tmp_path)
+    result = await run_benchmark(dataset, dataset_name="tiny", granularity="turn",
+                                 data_dir=tmp_path)
     assert result.chunks == result.turns == 7
     db = apsw.Connection(str(tmp_path / "memory.db"))
     rows = db.execute("SELECT line_start, line_end, content FROM chunks").fetchall()
@@ -173,7 +183,8 @@ async def test_turn_granularity_indexes_exactly_one_whole_turn_per_chunk(tmp_pat
 
 
 async def test_as_of_searches_only_what_was_said_before_the_question(tmp_path: Path) -> None:
-    """--as-of hides turns from the question's moment on: asked before a4, the a4 evidence is unreachable."""
+    """--as-of hides turns from the question's moment on: asked before a4, the a4 evidence is
+    unreachable."""
     data = tiny_dataset()
     data["questions"] = [{"conversation": "ann & bo", "question": "violin exam", "evidence": ["a4"],
                           "asked_before_turn": "a4"}]
@@ -188,7 +199,8 @@ async def test_as_of_searches_only_what_was_said_before_the_question(tmp_path: P
 async def test_chunk_granularity_maps_multi_turn_chunks_to_their_turns(tmp_path: Path) -> None:
     """With the default chunking a session's turns share a chunk and a hit covers all of them."""
     dataset = dataset_from_json(tiny_dataset())
-    result = await run_benchmark(dataset, dataset_name="tiny", granularity="chunk", data_dir=tmp_path)
+    result = await run_benchmark(dataset, dataset_name="tiny", granularity="chunk",
+                                 data_dir=tmp_path)
     first = result.per_question[0]["modes"]["keyword"]
     assert first["ranked"][0] == ["a1", "a2", "a3"]
     assert first["recall@5"] == 1.0 and first["mrr"] == 1.0
@@ -197,13 +209,14 @@ async def test_chunk_granularity_maps_multi_turn_chunks_to_their_turns(tmp_path:
 
 
 def test_cli_writes_the_documented_json_shape_and_reports_fallbacks(tmp_path: Path) -> None:
-    """The --json file has exactly the documented keys; embedder none says vector/hybrid ran as keyword."""
+    """The --json file has exactly the documented keys; embedder none says vector/hybrid ran as
+    keyword."""
     data_path = tmp_path / "tiny.json"
     data_path.write_text(json.dumps(tiny_dataset()))
     out_path = tmp_path / "out" / "figures.json"
     stdout, stderr = io.StringIO(), io.StringIO()
-    rc = recall.main([str(data_path), "--embedder", "none", "--granularity", "turn", "--json", str(out_path)],
-                     stdout=stdout, stderr=stderr)
+    rc = recall.main([str(data_path), "--embedder", "none", "--granularity", "turn", "--json",
+                      str(out_path)], stdout=stdout, stderr=stderr)
     assert rc == 0, stderr.getvalue()
     report = json.loads(out_path.read_text())
     assert set(report) == {"dataset", "embedder", "granularity", "asOf", "questions", "modes"}
@@ -216,7 +229,8 @@ def test_cli_writes_the_documented_json_shape_and_reports_fallbacks(tmp_path: Pa
         assert set(block["by_category"]) == {"single-hop", "multi-hop", "uncategorized"}
         assert all(set(values) == set(METRICS) for values in block["by_category"].values())
     table = stdout.getvalue()
-    assert "vector requested, ran as keyword" in table and "hybrid requested, ran as keyword" in table
+    assert ("vector requested, ran as keyword" in table
+            and "hybrid requested, ran as keyword" in table)
     assert "recall@5" in table and "loading:" in stderr.getvalue()
 
 
@@ -228,18 +242,22 @@ def test_cli_rejects_a_missing_dataset_and_too_few_candidates(tmp_path: Path) ->
     data_path = tmp_path / "tiny.json"
     data_path.write_text(json.dumps(tiny_dataset()))
     err = io.StringIO()
-    assert recall.main([str(data_path), "--k", "20", "--candidates", "10"], stdout=io.StringIO(), stderr=err) == 2
+    assert recall.main([str(data_path), "--k", "20", "--candidates", "10"], stdout=io.StringIO(),
+                       stderr=err) == 2
     assert "--candidates" in err.getvalue()
 
 
 def test_the_shipped_sample_dataset_is_valid_and_big_enough() -> None:
-    """bench/data/sample.json parses and has 5+ conversations of 3+ sessions and 60+ categorised questions,
-    the relative-time ones dated (their "last week" needs a moment to count back from)."""
+    """bench/data/sample.json parses and has 5+ conversations of 3+ sessions and 60+ categorised
+    questions, the relative-time ones dated (their "last week" needs a moment to count back
+    from)."""
     path = Path(recall.__file__).parent / "data" / "sample.json"
     dataset = recall.load_dataset(path)
-    assert len(dataset.conversations) >= 5 and all(len(c.sessions) >= 3 for c in dataset.conversations)
+    assert len(dataset.conversations) >= 5 and all(len(c.sessions) >= 3
+                                                   for c in dataset.conversations)
     assert len(dataset.questions) >= 60
-    assert {q.category for q in dataset.questions} == {"single-hop", "multi-hop", "temporal", "relative-time"}
+    assert {q.category for q in dataset.questions} == {"single-hop", "multi-hop", "temporal",
+                                                       "relative-time"}
     assert all(q.date is not None for q in dataset.questions if q.category == "relative-time")
 
 
@@ -247,21 +265,27 @@ def test_prompt_scores_count_a_cut_excerpts_turn_only_when_its_opening_survived(
     """An excerpt the token budget cut holds only the turns whose opening words are still in it."""
     line_map = {("s", 2): "t1", ("s", 3): "t2"}
     texts = {"t1": "the kitten is called Pepper", "t2": "my violin exam is on Friday"}
-    whole = SimpleNamespace(session_key="s", line_start=2, line_end=3, content="x: the kitten is called Pepper\ny: my violin exam is on Friday")
-    cut = SimpleNamespace(session_key="s", line_start=2, line_end=3, content="x: the kitten is called Pepper …")
+    whole = SimpleNamespace(session_key="s", line_start=2, line_end=3,
+                            content="x: the kitten is called Pepper\n"
+                                    "y: my violin exam is on Friday")
+    cut = SimpleNamespace(session_key="s", line_start=2, line_end=3,
+                          content="x: the kitten is called Pepper …")
     assert recall.prompt_scores([whole], line_map, texts, ["t1", "t2"])["prompt-all"] == 1.0  # type: ignore[list-item]
     scores = recall.prompt_scores([cut], line_map, texts, ["t1", "t2"])  # type: ignore[list-item]
-    assert scores["prompt-recall"] == 0.5 and scores["prompt-all"] == 0.0 and scores["prompt-tokens"] > 0
+    assert (scores["prompt-recall"] == 0.5 and scores["prompt-all"] == 0.0
+            and scores["prompt-tokens"] > 0)
 
 
 async def test_prompt_recall_scores_what_the_chats_recall_returns(tmp_path: Path) -> None:
     """With prompt on, each question is also asked through MemoryService.recall and the report has
     a per-category prompt block; the as-of view, which recall cannot narrow, has none."""
     dataset = dataset_from_json(tiny_dataset())
-    result = await run_benchmark(dataset, dataset_name="tiny", granularity="turn", prompt=True, also_as_of=True)
+    result = await run_benchmark(dataset, dataset_name="tiny", granularity="turn", prompt=True,
+                                 also_as_of=True)
     block = result.report["prompt"]
     assert set(block["overall"]) == set(recall.PROMPT_METRICS) and block["k"] == recall.RECALL_K
     assert result.per_question[0]["prompt"]["ranked"][0] == ["a1"]
     assert result.per_question[0]["prompt"]["prompt-recall"] == 1.0
-    assert "single-hop" in block["by_category"] and "recall into a prompt" in recall.format_table(result)
+    assert ("single-hop" in block["by_category"]
+            and "recall into a prompt" in recall.format_table(result))
     assert result.as_of is not None and "prompt" not in result.as_of.report

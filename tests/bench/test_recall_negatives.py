@@ -27,7 +27,8 @@ def tiny() -> dict[str, Any]:
         ],
         "questions": [
             {"conversation": "ann", "question": "When is the violin exam?", "evidence": ["a2"]},
-            {"conversation": "cy", "question": "What bread does the bakery sell?", "evidence": ["c1"]},
+            {"conversation": "cy", "question": "What bread does the bakery sell?",
+             "evidence": ["c1"]},
             {"conversation": "ed", "question": "What colour is the fence?", "evidence": ["e1"]},
         ],
     }
@@ -38,14 +39,16 @@ def test_pairs_each_conversation_with_the_next() -> None:
 
 
 async def test_negatives_count_what_recall_puts_in_another_index() -> None:
-    result = await run_benchmark(dataset_from_json(tiny()), dataset_name="tiny", prompt=True, negatives=True)
+    result = await run_benchmark(dataset_from_json(tiny()), dataset_name="tiny", prompt=True,
+                                 negatives=True)
     block = result.report["negatives"]
     assert block["questions"] == 3
     rows = [q["negative"] for q in result.per_question]
     assert [r["askedIn"] for r in rows] == ["cy", "ed", "ann"]
     # "violin" is in cy's index: ann's question finds it there; the others share no word.
     assert rows[0]["any-recalled"] == 1.0 and rows[0]["tokens"] > 0
-    assert block["overall"]["any-recalled"] == pytest.approx(sum(r["any-recalled"] for r in rows) / 3)
+    assert block["overall"]["any-recalled"] == pytest.approx(
+        sum(r["any-recalled"] for r in rows) / 3)
     assert block["overall"]["tokens"] == pytest.approx(sum(r["tokens"] for r in rows) / 3)
     assert "prompt" in result.report  # the positives are still reported as before
     assert "negatives:" in recall.format_table(result)

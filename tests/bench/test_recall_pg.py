@@ -20,8 +20,9 @@ async def test_recall_at_10_matches_sqlite_in_every_mode(pg_dsn: str, granularit
     """Both backends index the sample through their own indexer and answer every question in
     every mode; R@10 differs by at most 0.01 per mode, and no mode falls back."""
     dataset = load_dataset(SAMPLE)
-    common: dict[str, Any] = {"dataset_name": "sample", "embedder_name": "fake", "granularity": granularity, "k": 10,
-              "rrf_k": 60, "candidates": 50, "base_config": None}
+    common: dict[str, Any] = {"dataset_name": "sample", "embedder_name": "fake",
+                              "granularity": granularity, "k": 10, "rrf_k": 60, "candidates": 50,
+                              "base_config": None}
     sqlite = await run_benchmark(dataset, embedder=FakeEmbedder(), **common)
     postgres = await run_postgres_benchmark(dataset, dsn=pg_dsn, embedder=FakeEmbedder(),
                                             **common)

@@ -40,7 +40,8 @@ async def _turn(app: App, c: Client, key: str, text: str) -> None:
 def _prompt(fake: FakeOpenAI, question: str) -> list[dict[str, Any]]:
     """The messages of the reply request that asked ``question`` (the episode writer's own
     requests go to the same server)."""
-    found = [r.json["messages"] for r in fake.chat_requests if r.json["messages"][-1]["content"] == question]
+    found = [r.json["messages"] for r in fake.chat_requests
+             if r.json["messages"][-1]["content"] == question]
     assert found, question
     return list(found[-1])
 
@@ -55,7 +56,8 @@ async def test_summary_is_kept_and_put_between_memory_and_history(
     """Once two messages left the window a summary is written (both backends), sessions.get and
     the newest sessions.history page expose it, and the next prompt holds it at the end of the
     system message, after the memory sections, before the recent history."""
-    async with running(_config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(backend_config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await _turn(app, c, key, "My storage locker combination is 4471-2963.")
         await _turn(app, c, key, "Tell me about tides.")
@@ -97,7 +99,8 @@ async def test_summaries_are_incremental_and_at_most_one_per_every_messages(
         assert previous["messages"] == 8
         body = second.json["messages"][1]["content"]
         assert "message number 0" in body.partition("\n\nNew messages:\n")[0]  # the summary so far
-        assert "message number 0" not in _new_part(second) and "message number 2" in _new_part(second)
+        assert ("message number 0" not in _new_part(second)
+                and "message number 2" in _new_part(second))
         assert _new_part(second).count("user: ") == 2
 
 
@@ -163,7 +166,9 @@ def test_a_message_larger_than_a_call_s_input_is_summarised_by_its_start(tmp_pat
         key = store.create("alice").session_key
         store.append_message("alice", key, role="user", content="word " * 5000)
         for i in range(8):
-            store.append_message("alice", key, role="user" if i % 2 == 0 else "assistant", content=f"short {i}")
+            store.append_message("alice", key, role="user" if i % 2 == 0 else "assistant",
+                                 content=f"short {i}")
         plan = plan_compaction(config, store, "alice", key)
     assert plan is not None and len(plan.batch) == 1
-    assert approx_tokens(plan.batch[0].content) < 500 and plan.batch[0].content.startswith("word word")
+    assert (approx_tokens(plan.batch[0].content) < 500
+            and plan.batch[0].content.startswith("word word"))

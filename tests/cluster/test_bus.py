@@ -37,7 +37,9 @@ class RecordingHub:
 
 
 @pytest.fixture
-async def nodes(pg_dsn: str) -> AsyncIterator[tuple[EventBus, RecordingHub, EventBus, RecordingHub]]:
+async def nodes(
+    pg_dsn: str
+) -> AsyncIterator[tuple[EventBus, RecordingHub, EventBus, RecordingHub]]:
     hub_a, hub_b = RecordingHub(), RecordingHub()
     async with EventBus(pg_dsn, hub_a, reconnect_delay_s=0.2) as a, \
             EventBus(pg_dsn, hub_b, reconnect_delay_s=0.2) as b:
@@ -75,7 +77,8 @@ async def test_the_listener_comes_back_after_its_connection_is_killed(
     a, _, b, hub_b = nodes
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
         cur = await admin.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s",
             (f"recalld-bus-listen-{b.node_id[:12]}",))
         assert await cur.fetchone() == (1,)
     await b.wait_listening(2)
@@ -92,7 +95,8 @@ async def test_a_bus_that_cannot_reach_the_server_fails_to_start() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(psycopg.OperationalError):
-        await EventBus(f"postgresql://u@127.0.0.1:{port}/db", RecordingHub(), connect_timeout_s=2).start()
+        await EventBus(f"postgresql://u@127.0.0.1:{port}/db", RecordingHub(),
+                       connect_timeout_s=2).start()
 
 
 async def test_events_past_max_outbound_are_dropped_not_queued(pg_dsn: str) -> None:

@@ -38,7 +38,8 @@ LONG_REPLY = "word " * 400
 async def started(tmp_path: Path, fake: FakeOpenAI, dsn: str, n: int = 2,
                   env: dict[str, str] | None = None) -> AsyncIterator[list[FaultDaemon]]:
     """``n`` nodes on ``dsn`` with ``env`` added; killed (and resumed first, if stopped) after."""
-    daemons = await asyncio.gather(*(FaultDaemon.start(tmp_path / name, env={**node_env(fake, dsn), **(env or {})})
+    daemons = await asyncio.gather(*(FaultDaemon.start(tmp_path / name,
+                                                       env={**node_env(fake, dsn), **(env or {})})
                                      for name in "abc"[:n]), return_exceptions=True)
     up = [d for d in daemons if isinstance(d, FaultDaemon)]
     try:
@@ -62,7 +63,8 @@ def drained(c: Client) -> list[dict[str, Any]]:
 
 
 def terminals(events: list[dict[str, Any]], run_id: str) -> list[str]:
-    return [e["method"] for e in events if e.get("method") in TERMINAL and e["params"].get("runId") == run_id]
+    return [e["method"] for e in events
+            if e.get("method") in TERMINAL and e["params"].get("runId") == run_id]
 
 
 def assistant_lines(msgs: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
@@ -95,7 +97,8 @@ def restart(server: PostgresServer, mode: str) -> None:
                 "-c synchronous_commit=on -c max_connections=200")
 
 
-async def send_until_answered(c: Client, params: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+async def send_until_answered(c: Client, params: dict[str, Any],
+                              timeout: float = 60) -> dict[str, Any]:
     """``chat.send``, again while the node's pools reconnect after a database restart."""
     async with asyncio.timeout(timeout):
         while True:
@@ -117,7 +120,8 @@ async def test_a_database_restart_mid_run_leaves_one_writer(
             await ca.call("sessions.subscribe", {"sessionKey": key})
             await cb.call("sessions.subscribe", {"sessionKey": key})
             fake_openai.configure(reply=LONG_REPLY, delta_delay_s=0.05)  # about 20 s
-            first = await cb.call("chat.send", {"sessionKey": key, "message": "tell me a long story"})
+            first = await cb.call("chat.send", {"sessionKey": key,
+                                                "message": "tell me a long story"})
             await cb.next_event("chat.delta", timeout=30)
             await asyncio.to_thread(restart, own_postgres, mode)
             fake_openai.configure(reply="short answer", delta_delay_s=0.0)
@@ -153,7 +157,8 @@ async def test_a_killed_nodes_run_is_ended_with_no_new_message(
             await ca.call("sessions.subscribe", {"sessionKey": key})
             fake_openai.configure(reply=LONG_REPLY, delta_delay_s=0.05)
             async with Client.connect(b.url, TOKEN) as cb:
-                killed = await cb.call("chat.send", {"sessionKey": key, "message": "tell me a long story"})
+                killed = await cb.call("chat.send", {"sessionKey": key,
+                                                     "message": "tell me a long story"})
                 await ca.next_event("chat.delta", timeout=30)
                 await asyncio.sleep(2)  # a few renews: B has checkpointed some of the reply
                 os.kill(b.proc.pid, signal.SIGKILL)
@@ -176,12 +181,14 @@ async def test_a_stopped_node_lets_its_session_go_and_adds_nothing_once_resumed(
             await ca.call("sessions.subscribe", {"sessionKey": key})
             fake_openai.configure(reply=LONG_REPLY, delta_delay_s=0.05)
             async with Client.connect(b.url, TOKEN) as cb:
-                stopped = await cb.call("chat.send", {"sessionKey": key, "message": "tell me a long story"})
+                stopped = await cb.call("chat.send", {"sessionKey": key,
+                                                      "message": "tell me a long story"})
                 await ca.next_event("chat.delta", timeout=30)
                 os.kill(b.proc.pid, signal.SIGSTOP)
                 try:
                     fake_openai.configure(reply="short answer", delta_delay_s=0.0)
-                    run = await ca.call("chat.send", {"sessionKey": key, "message": "are you there?"})
+                    run = await ca.call("chat.send", {"sessionKey": key,
+                                                      "message": "are you there?"})
                     ended = await final_of(ca, stopped["runId"], timeout=60)
                     assert ended["method"] == "chat.error"
                     final = await final_of(ca, run["runId"], timeout=60)
@@ -209,7 +216,8 @@ async def test_runs_through_one_node_log_no_error_on_the_other(
                 await final_of(ca, run["runId"])
                 await final_of(cb, run["runId"])
             await asyncio.sleep(1)
-        errors = [r for d in (a, b) for r in list(d.lines) if r.get("level") in ("error", "critical")]
+        errors = [r for d in (a, b) for r in list(d.lines)
+                  if r.get("level") in ("error", "critical")]
         assert errors == []
 
 
@@ -227,7 +235,8 @@ async def test_queued_runs_hold_no_database_connection(
             keys = [(await ca.call("sessions.create", {}))["sessionKey"] for _ in range(sessions)]
             fake_openai.configure(reply=LONG_REPLY, delta_delay_s=0.05)
             for i in range(queued):
-                await ca.call("chat.send", {"sessionKey": keys[i % sessions], "message": f"message {i}"})
+                await ca.call("chat.send", {"sessionKey": keys[i % sessions],
+                                            "message": f"message {i}"})
             await ca.next_event("chat.delta", timeout=30)
             async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
                 cur = await admin.execute(

@@ -26,11 +26,14 @@ async def two_nodes(pg_dsn: str) -> AsyncIterator[tuple[IdempotencyKeys, Idempot
         yield IdempotencyKeys(p1), IdempotencyKeys(p2)
 
 
-async def test_the_first_claim_wins_on_every_node(two_nodes: tuple[IdempotencyKeys, IdempotencyKeys]) -> None:
+async def test_the_first_claim_wins_on_every_node(
+    two_nodes: tuple[IdempotencyKeys, IdempotencyKeys]
+) -> None:
     """Twelve sends with one key through two nodes at once: all answer one run id, which is
     one of theirs, and a later retry answers it too."""
     a, b = two_nodes
-    claims = [(a if i % 2 else b).claim("alice", "k" * 32, "idem-1", f"run{i}", 300) for i in range(12)]
+    claims = [(a if i % 2 else b).claim("alice", "k" * 32, "idem-1", f"run{i}", 300)
+              for i in range(12)]
     winners = set(await asyncio.gather(*claims))
     assert len(winners) == 1 and winners <= {f"run{i}" for i in range(12)}
     assert await b.claim("alice", "k" * 32, "idem-1", "late", 300) == winners.pop()

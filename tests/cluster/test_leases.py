@@ -62,7 +62,8 @@ async def test_an_expired_lease_is_taken_over_with_its_checkpoint(pool: _Pool) -
     over = await b.take("alice", key, "r2")
     assert over is not None and over.token > taken.token
     assert over.orphan is not None
-    assert (over.orphan.run_id, over.orphan.user, over.orphan.partial) == ("r1", "alice", "Once upon")
+    assert (over.orphan.run_id, over.orphan.user, over.orphan.partial) == (
+        "r1", "alice", "Once upon")
     assert await a.renew(["r1"], [(taken.token, "Once upon a time")]) == set()
 
 

@@ -28,15 +28,16 @@ pytestmark = pytest.mark.slow
 
 def node_env(fake: FakeOpenAI, dsn: str, *, memory: bool = False) -> dict[str, str]:
     extra = {"RECALLD_MEMORY_WATCH": "true"} if memory else {"RECALLD_MEMORY_ENABLED": "false"}
-    return daemon_env(fake, embed=memory, RECALLD_STORAGE_BACKEND="postgres", RECALLD_STORAGE_DSN=dsn,
-                      **extra)
+    return daemon_env(fake, embed=memory, RECALLD_STORAGE_BACKEND="postgres",
+                      RECALLD_STORAGE_DSN=dsn, **extra)
 
 
 @asynccontextmanager
 async def nodes(tmp_path: Path, fake: FakeOpenAI, dsn: str, n: int = 2, *, memory: bool = False,
                 names: tuple[str, ...] = ("a", "b", "c")) -> AsyncIterator[list[FaultDaemon]]:
     """``n`` nodes started at the same moment on one (maybe empty) database."""
-    started = await asyncio.gather(*(FaultDaemon.start(tmp_path / name, env=node_env(fake, dsn, memory=memory))
+    started = await asyncio.gather(*(FaultDaemon.start(tmp_path / name,
+                                                       env=node_env(fake, dsn, memory=memory))
                                      for name in names[:n]), return_exceptions=True)
     up = [d for d in started if isinstance(d, FaultDaemon)]
     try:
@@ -94,7 +95,8 @@ async def test_two_nodes_share_sessions_and_events(tmp_path: Path, fake_openai: 
             listed = await ca.call("sessions.list", {})
             assert key in [s["sessionKey"] for s in listed["sessions"]]
             await ca.call("sessions.subscribe", {"sessionKey": key})
-            run = await cb.call("chat.send", {"sessionKey": key, "message": "What is the capital of Portugal?"})
+            run = await cb.call("chat.send", {"sessionKey": key,
+                                              "message": "What is the capital of Portugal?"})
             final = await final_of(ca, run["runId"])
             assert final["method"] == "chat.final"
             assert "Lisbon" in final["params"]["message"]["content"]
@@ -104,14 +106,16 @@ async def test_two_nodes_share_sessions_and_events(tmp_path: Path, fake_openai: 
     no_transcripts(tmp_path)
 
 
-async def test_memory_search_on_the_other_node_finds_the_run(tmp_path: Path, fake_openai: FakeOpenAI,
-                                                             pg_dsn: str) -> None:
+async def test_memory_search_on_the_other_node_finds_the_run(
+    tmp_path: Path, fake_openai: FakeOpenAI, pg_dsn: str
+) -> None:
     """B's memory.search finds, within 30 s, what a run sent through A said."""
     fake_openai.configure(reply="The capital of Portugal is Lisbon.")
     async with nodes(tmp_path, fake_openai, pg_dsn, memory=True) as (a, b):
         async with Client.connect(a.url, TOKEN) as ca, Client.connect(b.url, TOKEN) as cb:
             key = (await ca.call("sessions.create", {}))["sessionKey"]
-            run = await ca.call("chat.send", {"sessionKey": key, "message": "What is the capital of Portugal?"})
+            run = await ca.call("chat.send", {"sessionKey": key,
+                                              "message": "What is the capital of Portugal?"})
             await final_of(ca, run["runId"])
 
             async def found() -> bool:
@@ -127,10 +131,12 @@ async def test_idempotent_retry_through_the_other_node(tmp_path: Path, fake_open
     async with nodes(tmp_path, fake_openai, pg_dsn) as (a, b):
         async with Client.connect(a.url, TOKEN) as ca, Client.connect(b.url, TOKEN) as cb:
             key = (await ca.call("sessions.create", {}))["sessionKey"]
-            first = await ca.call("chat.send", {"sessionKey": key, "message": "hi", "idempotencyKey": "k1"})
+            first = await ca.call("chat.send", {"sessionKey": key, "message": "hi",
+                                                "idempotencyKey": "k1"})
             assert not first.get("duplicate")
             await final_of(ca, first["runId"])
-            again = await cb.call("chat.send", {"sessionKey": key, "message": "hi", "idempotencyKey": "k1"})
+            again = await cb.call("chat.send", {"sessionKey": key, "message": "hi",
+                                                "idempotencyKey": "k1"})
             assert again["runId"] == first["runId"]
             assert again.get("duplicate") is True
             assert len(await history(cb, key)) == 2
@@ -147,7 +153,8 @@ async def test_concurrent_sends_through_both_nodes_run_one_at_a_time(
         async with Client.connect(a.url, TOKEN) as ca, Client.connect(b.url, TOKEN) as cb:
             key = (await ca.call("sessions.create", {}))["sessionKey"]
             await ca.call("sessions.subscribe", {"sessionKey": key})
-            sends = [(ca if i % 2 else cb).call("chat.send", {"sessionKey": key, "message": f"message {i}"})
+            sends = [(ca if i % 2 else cb).call("chat.send", {"sessionKey": key,
+                                                              "message": f"message {i}"})
                      for i in range(8)]
             run_ids = {r["runId"] for r in await asyncio.gather(*sends)}
             order: list[str] = []  # runIds in the order their events arrive, collapsed
@@ -183,7 +190,8 @@ async def test_a_killed_node_hands_its_session_over(tmp_path: Path, fake_openai:
             await ca.call("sessions.subscribe", {"sessionKey": key})
             fake_openai.configure(reply="word " * 400, delta_delay_s=0.05)
             async with Client.connect(b.url, TOKEN) as cb:
-                killed = await cb.call("chat.send", {"sessionKey": key, "message": "tell me a long story"})
+                killed = await cb.call("chat.send", {"sessionKey": key,
+                                                     "message": "tell me a long story"})
                 delta = await ca.next_event("chat.delta", timeout=30)  # B's run, seen through A
                 assert delta["params"]["runId"] == killed["runId"]
                 os.kill(b.proc.pid, signal.SIGKILL)
@@ -221,7 +229,8 @@ async def test_three_nodes_restart_with_nothing_lost(tmp_path: Path, fake_openai
             async with Client.connect(d.url, TOKEN) as c:
                 key = (await c.call("sessions.create", {"title": f"node {i}"}))["sessionKey"]
                 for j in range(2):
-                    run = await c.call("chat.send", {"sessionKey": key, "message": f"node {i} message {j}"})
+                    run = await c.call("chat.send", {"sessionKey": key,
+                                                     "message": f"node {i} message {j}"})
                     await final_of(c, run["runId"])
                 keys[key] = await history(c, key)
                 assert len(keys[key]) == 4
@@ -244,11 +253,13 @@ async def test_each_chunk_is_embedded_once_across_nodes(tmp_path: Path, fake_ope
             clients = [await stack.enter_async_context(Client.connect(d.url, TOKEN)) for d in ds]
             for i, c in enumerate(clients):
                 key = (await c.call("sessions.create", {}))["sessionKey"]
-                run = await c.call("chat.send", {"sessionKey": key, "message": f"node {i} talks about zebras {i}"})
+                run = await c.call("chat.send", {"sessionKey": key,
+                                                 "message": f"node {i} talks about zebras {i}"})
                 await final_of(c, run["runId"])
 
             async def indexed() -> bool:
-                hits = (await clients[0].call("memory.search", {"query": "zebras", "k": 10}))["results"]
+                hits = (await clients[0].call("memory.search",
+                                              {"query": "zebras", "k": 10}))["results"]
                 return len({h["sessionKey"] for h in hits}) == 3
 
             await eventually(indexed, 30)

@@ -43,7 +43,8 @@ class Outage:
 
     def start(self) -> None:
         self.server._run("pg_ctl", "start", "-D", str(self.server.datadir), "-w", "-t", "60",
-                         "-l", str(self.server.datadir / "server.log"), "-o", shlex.join(self._opts))
+                         "-l", str(self.server.datadir / "server.log"), "-o",
+                         shlex.join(self._opts))
 
 
 @pytest.fixture
@@ -65,7 +66,8 @@ async def pg_app(own_postgres: Outage, config_factory: Callable[..., Config],
     config = config_factory(
         storage={"backend": "postgres", "dsn": dsn, "call_timeout_s": 2, "check_interval_s": 0.5},
         memory={"enabled": True, "embedder": "none"},
-        llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0})
+        llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
+             "max_retries": 0})
     app = await start_app(config)
     try:
         yield app
@@ -205,8 +207,8 @@ def test_a_wrapped_database_failure_says_storage_error_once_with_the_reason() ->
         raise StorageError("session database unavailable while reading messages") from cause
     except StorageError as exc:
         sessions: Any = to_error_object(exc)
-    assert sessions["message"] == ("storage error: session database unavailable while reading messages: "
-                                   "couldn't get a connection after 5.00 sec")
+    assert sessions["message"] == ("storage error: session database unavailable while reading "
+                                   "messages: couldn't get a connection after 5.00 sec")
     assert sessions["data"] == {"retryable": True, "retryAfterMs": sessions["data"]["retryAfterMs"]}
 
 
@@ -217,7 +219,8 @@ def test_memory_start_errors_name_the_reason(tmp_path: Path) -> None:
 
     dsn = f"postgresql://nobody@127.0.0.1:{free_port()}/recalld"
     with pytest.raises(MemoryStorageError) as caught:
-        asyncio.run(PgMemory.open(dsn, MemoryConfig(), None, data_dir=tmp_path, connect_timeout_s=2))
+        asyncio.run(PgMemory.open(dsn, MemoryConfig(), None, data_dir=tmp_path,
+                                  connect_timeout_s=2))
     assert "Connection refused" in str(caught.value) or "connection failed" in str(caught.value)
     assert not str(caught.value).startswith("storage error")
 
@@ -229,7 +232,8 @@ async def test_a_table_lock_held_answers_the_storage_error_after_lock_timeout(
     timeout (storage.lock_timeout_s), not wait for as long as the lock is held."""
     config = config_factory(storage={"backend": "postgres", "dsn": pg_dsn, "lock_timeout_s": 1},
                             memory={"enabled": False},
-                            llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model"})
+                            llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                                 "model": "fake-model"})
     app = await start_app(config)
     try:
         async with Client.connect(app.url, TOKEN) as c, \

@@ -26,7 +26,8 @@ from tests.faults.helpers import free_port
 
 
 def _message(role: str, run_id: str | None) -> Message:
-    return Message(id=f"{role}-{run_id}", role=role, content="x", ts="2026-01-01T00:00:00.000Z", run_id=run_id)
+    return Message(id=f"{role}-{run_id}", role=role, content="x", ts="2026-01-01T00:00:00.000Z",
+                   run_id=run_id)
 
 
 def test_unanswered_before_lists_the_earlier_runs_without_a_reply_in_append_order() -> None:
@@ -53,9 +54,10 @@ async def test_a_postgres_node_keeps_no_transcript_and_joins_the_cluster(
         config_factory: Callable[..., Config], fake_openai: FakeOpenAI, pg_dsn: str) -> None:
     """On postgres a run's messages go to the database, the chat runs have a gate, and the
     data dir holds no transcript; the node closes cleanly."""
-    config = config_factory(storage={"backend": "postgres", "dsn": pg_dsn}, memory={"enabled": False},
-                            llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
-                                 "max_retries": 0})
+    config = config_factory(storage={"backend": "postgres", "dsn": pg_dsn},
+                            memory={"enabled": False},
+                            llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                                 "model": "fake-model", "max_retries": 0})
     app = await start_app(config)
     try:
         assert app.cluster is not None
@@ -89,12 +91,14 @@ async def test_an_unreachable_server_fails_the_start_naming_the_setting(
 def test_serve_prints_the_storage_error_and_exits_1(tmp_path: Path) -> None:
     """`recalld serve` against an unreachable server prints one line naming storage.dsn and
     exits 1, as for the other start errors."""
-    env: dict[str, Any] = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
+    env: dict[str, Any] = {k: v for k, v in os.environ.items()
+                           if not k.startswith(("RECALLD_", "OPENAI_"))}
     env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_STORAGE_BACKEND": "postgres",
                 "RECALLD_STORAGE_DSN": f"postgresql://nobody@127.0.0.1:{free_port()}/recalld",
                 "RECALLD_STORAGE_CONNECT_TIMEOUT_S": "2", "RECALLD_MEMORY_ENABLED": "false"})
-    done = subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(tmp_path / "d"), "serve",
-                           "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(tmp_path / "d"),
+                           "serve", "--port", "0"], env=env, capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 1
     assert "recalld: cannot start: storage.dsn (RECALLD_STORAGE_DSN)" in done.stderr
 
@@ -108,8 +112,10 @@ async def test_a_run_start_on_one_node_follows_the_events_another_node_sent(pg_d
     await b.start()
     try:
         for seq in range(50):
-            a.hub.publish("u", "s", "chat.delta", {"sessionKey": "s", "runId": "r", "seq": seq, "delta": "x"})
-        a.hub.publish("u", "s", "chat.final", {"sessionKey": "s", "runId": "r", "seq": 50, "message": {}})
+            a.hub.publish("u", "s", "chat.delta", {"sessionKey": "s", "runId": "r", "seq": seq,
+                                                   "delta": "x"})
+        a.hub.publish("u", "s", "chat.final", {"sessionKey": "s", "runId": "r", "seq": 50,
+                                               "message": {}})
         await a.hub.sent()
         assert await b.bus.barrier()
         assert b.bus.delivered == 51

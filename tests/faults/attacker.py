@@ -38,10 +38,12 @@ async def flood(url: str, n: int) -> dict[str, Any]:
         reader = asyncio.create_task(read())
         for i in range(n):
             params = {"query": f"flood {i}"} if i % 4 == 0 else {}
-            await ws.send(orjson.dumps({"id": i, "method": METHODS[i % 4], "params": params}).decode())
+            await ws.send(orjson.dumps({"id": i, "method": METHODS[i % 4],
+                                        "params": params}).decode())
         async with asyncio.timeout(120):
             await reader
-    return {"codes": dict(codes), "each_once": set(seen) == set(range(n)) and max(seen.values()) == 1}
+    return {"codes": dict(codes),
+            "each_once": set(seen) == set(range(n)) and max(seen.values()) == 1}
 
 
 async def main(url: str, connections: int, requests: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import orjson
 from gateway.client import Client
 from memory.chunking import chunk_messages
 from memory.config import MemoryConfig
-from memory.index.db import open_index
+from memory.sqlite.index.db import open_index
 from sessions import (
     ForwardReader,
     scan_transcripts,
@@ -50,7 +50,8 @@ class FaultDaemon(Daemon):
         super().__init__(data_dir, *args, env=env)
         self._drains = [threading.Thread(target=self._drain, args=(s, True), daemon=True)
                         for s in (self.proc.stderr,)]
-        self._drains.append(threading.Thread(target=self._drain, args=(self.proc.stdout, False), daemon=True))
+        self._drains.append(threading.Thread(target=self._drain, args=(self.proc.stdout, False),
+                                             daemon=True))
         for t in self._drains:
             t.start()
 
@@ -65,7 +66,8 @@ class FaultDaemon(Daemon):
                     self.lines.append(record)
 
     @classmethod
-    async def start(cls, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> FaultDaemon:
+    async def start(cls, data_dir: Path, *args: str,
+                    env: dict[str, str] | None = None) -> FaultDaemon:
         # Off the loop: the daemon may call a fake server that this test's loop serves.
         return await asyncio.to_thread(cls, data_dir, *args, env=env)
 
@@ -98,15 +100,18 @@ class FaultDaemon(Daemon):
         await asyncio.to_thread(self.kill)
 
 
-def daemon_env(fake: FakeOpenAI | None = None, *, embed: bool = False, **extra: str) -> dict[str, str]:
-    """Environment for a subprocess daemon: fast index debounce, the fake model (and embedder)."""
+def daemon_env(fake: FakeOpenAI | None = None, *, embed: bool = False,
+               **extra: str) -> dict[str, str]:
+    """Environment for a subprocess daemon: fast index debounce, the fake model (and
+    embedder)."""
     env = {"RECALLD_MEMORY_DEBOUNCE_MS": "50", "RECALLD_SESSIONS_FSYNC": "never"}
     if fake is not None:
         env.update({"RECALLD_LLM_BASE_URL": fake.base_url, "RECALLD_LLM_API_KEY": "sk-test",
                     "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0",
                     "RECALLD_LLM_TIMEOUT_S": "10"})
         if embed:
-            env.update({"RECALLD_MEMORY_EMBEDDER": "openai", "RECALLD_MEMORY_EMBEDDINGS_MODEL": "fake-embed",
+            env.update({"RECALLD_MEMORY_EMBEDDER": "openai",
+                        "RECALLD_MEMORY_EMBEDDINGS_MODEL": "fake-embed",
                         "RECALLD_MEMORY_EMBEDDINGS_MAX_RETRIES": "1"})
     env.update(extra)
     return env
@@ -125,9 +130,11 @@ class Acked:
         return sum(len(v) for v in self.by_session.values())
 
 
-def check_transcripts(data_dir: Path, acked: Acked | None = None) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def check_transcripts(data_dir: Path,
+                      acked: Acked | None = None) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Every transcript is whole lines of JSON (header first, then messages and updates); every
-    acknowledged user message is there exactly once. Returns the parsed lines per (user, sessionKey)."""
+    acknowledged user message is there exactly once. Returns the parsed lines per (user,
+    sessionKey)."""
     found: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for path in sorted((data_dir / "sessions").glob("*/*.jsonl")):
         raw = path.read_bytes()
@@ -142,11 +149,13 @@ def check_transcripts(data_dir: Path, acked: Acked | None = None) -> dict[tuple[
         users = Counter((m.get("runId"), m["content"]) for m in found[ident][1:]
                         if m["type"] == "message" and m["role"] == "user")
         for run_id, text in runs.items():
-            assert users[(run_id, text)] == 1, f"acknowledged message of run {run_id} seen {users[(run_id, text)]}x"
+            assert users[(run_id, text)] == 1, (f"acknowledged message of run {run_id} seen "
+                                                f"{users[(run_id, text)]}x")
     return found
 
 
-def check_index(data_dir: Path, config: MemoryConfig | None = None, *, embedded: bool = False) -> dict[str, int]:
+def check_index(data_dir: Path, config: MemoryConfig | None = None, *,
+                embedded: bool = False) -> dict[str, int]:
     """The index equals a fresh chunking of every transcript: same files, same chunks (by index,
     text hash and line range), one FTS row per chunk, no duplicates; with ``embedded`` every
     chunk has exactly one vector. Returns the counts."""
@@ -165,24 +174,27 @@ def check_index(data_dir: Path, config: MemoryConfig | None = None, *, embedded:
         def q(sql: str) -> list[Any]:
             return list(db.execute(sql).fetchall())
 
-        dups = q("SELECT path, chunk_idx, count(*) FROM chunks GROUP BY path, chunk_idx HAVING count(*) > 1")
+        dups = q("SELECT path, chunk_idx, count(*) FROM chunks GROUP BY path, chunk_idx "
+                 "HAVING count(*) > 1")
         assert not dups, f"duplicated chunks: {dups[:5]}"
         same_text = q("SELECT path, content_hash, line_start, count(*) FROM chunks "
                       "GROUP BY path, content_hash, line_start HAVING count(*) > 1")
         assert not same_text, f"the same chunk stored twice: {same_text[:5]}"
         actual: dict[str, list[tuple[int, str, int, int]]] = {}
-        for path, idx, chash, ls, le in q("SELECT path, chunk_idx, content_hash, line_start, line_end "
-                                          "FROM chunks ORDER BY path, chunk_idx"):
+        for path, idx, chash, ls, le in q("SELECT path, chunk_idx, content_hash, line_start, "
+                                          "line_end FROM chunks ORDER BY path, chunk_idx"):
             actual.setdefault(path, []).append((idx, chash, ls, le))
         files = {r[0] for r in q("SELECT path FROM files")}
-        assert files == set(expected), f"files table {sorted(files ^ set(expected))[:5]} differ from disk"
+        assert files == set(expected), (f"files table {sorted(files ^ set(expected))[:5]} differ "
+                                        "from disk")
         for rel, want in expected.items():
             assert actual.get(rel, []) == want, f"{rel}: chunks differ from a fresh chunking"
         assert set(actual) <= set(expected), "chunks of a transcript that is gone"
         n_chunks = q("SELECT count(*) FROM chunks")[0][0]
         n_fts = q("SELECT count(*) FROM chunks_fts")[0][0]
         assert n_fts == n_chunks, f"{n_fts} FTS rows for {n_chunks} chunks"
-        orphans = q("SELECT count(*) FROM chunks_fts WHERE rowid NOT IN (SELECT id FROM chunks)")[0][0]
+        orphans = q("SELECT count(*) FROM chunks_fts "
+                    "WHERE rowid NOT IN (SELECT id FROM chunks)")[0][0]
         assert orphans == 0, f"{orphans} FTS rows without a chunk"
         n_embedded = q("SELECT count(*) FROM chunks WHERE embedded = 1")[0][0]
         if embedded:
@@ -196,23 +208,28 @@ def check_index(data_dir: Path, config: MemoryConfig | None = None, *, embedded:
         db.close()
 
 
-async def wait_synced(c: Client, *, embedded: bool = False, timeout: float = 120.0) -> dict[str, Any]:
-    """Poll memory.status until a sync has run, none is running and (optionally) nothing is pending;
-    on timeout the error carries the last status seen. The bound only stops a hung daemon: a
-    restart re-chunking and embedding a grown index on a loaded 2-core machine can take a minute."""
+async def wait_synced(c: Client, *, embedded: bool = False,
+                      timeout: float = 120.0) -> dict[str, Any]:
+    """Poll memory.status until a sync has run, none is running and (optionally) nothing is
+    pending; on timeout the error carries the last status seen. The bound only stops a hung
+    daemon: a restart re-chunking and embedding a grown index on a loaded 2-core machine can take
+    a minute."""
     status: dict[str, Any] = {}
     try:
         return await _wait_synced(c, embedded, timeout, status)
     except TimeoutError:
-        raise TimeoutError(f"memory not synced after {timeout} s; last memory.status: {status}") from None
+        raise TimeoutError(f"memory not synced after {timeout} s; "
+                           f"last memory.status: {status}") from None
 
 
-async def _wait_synced(c: Client, embedded: bool, timeout: float, status: dict[str, Any]) -> dict[str, Any]:
+async def _wait_synced(c: Client, embedded: bool, timeout: float,
+                       status: dict[str, Any]) -> dict[str, Any]:
     async with asyncio.timeout(timeout):
         while True:
             status.clear()
             status.update(await c.call("memory.status"))
-            if status["syncCount"] >= 1 and not status["syncing"] and (not embedded or status["pending"] == 0):
+            if (status["syncCount"] >= 1 and not status["syncing"]
+                    and (not embedded or status["pending"] == 0)):
                 # One more look: a debounced sync may have been about to start.
                 await asyncio.sleep(0.15)
                 again: dict[str, Any] = await c.call("memory.status")
@@ -221,7 +238,8 @@ async def _wait_synced(c: Client, embedded: bool, timeout: float, status: dict[s
             await asyncio.sleep(0.05)
 
 
-async def health_latencies(url: str, n: int, *, interval: float = 0.0, token: str = TOKEN) -> list[float]:
+async def health_latencies(url: str, n: int, *, interval: float = 0.0,
+                           token: str = TOKEN) -> list[float]:
     """``n`` sequential gateway.health round trips on a fresh connection, in seconds."""
     out: list[float] = []
     async with Client.connect(url, token) as c:

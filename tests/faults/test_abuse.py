@@ -30,8 +30,8 @@ from tests.fake_openai import FakeOpenAI
 from tests.faults.helpers import FaultDaemon, daemon_env, percentile
 
 BAD = "wrong-token-0123456789"
-_UPGRADE = ("Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-            "Sec-WebSocket-Version: 13\r\n")
+_UPGRADE = ("Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
 
 
 async def raw_upgrade(port: int, headers: list[tuple[str, str]], path: str = "/") -> int:
@@ -65,7 +65,9 @@ async def assert_serving(url: str) -> None:
 
 # --- slowloris --------------------------------------------------------------------------------
 
-async def test_slowloris_handshakes_are_dropped_by_open_timeout(config_factory: Callable[..., Config]) -> None:
+async def test_slowloris_handshakes_are_dropped_by_open_timeout(
+    config_factory: Callable[..., Config]
+) -> None:
     """TCP connections that never finish the upgrade (silent, half a request, one byte at a
     time) are closed by server.open_timeout_s and never count as connections; others are served."""
     async with running(config_factory(server={"open_timeout_s": 0.5})) as app:
@@ -86,7 +88,8 @@ async def test_slowloris_handshakes_are_dropped_by_open_timeout(config_factory: 
         drips = [asyncio.create_task(drip(w)) for _, w in socks[2::3]]
         t0 = time.monotonic()
         async with Client.connect(app.url, TOKEN) as c:
-            assert (await c.call("gateway.health"))["connections"] == 1  # half-open ones do not count
+            # half-open ones do not count
+            assert (await c.call("gateway.health"))["connections"] == 1
         async with asyncio.timeout(5):
             for reader, _ in socks:
                 with contextlib.suppress(ConnectionError):
@@ -124,27 +127,33 @@ async def test_stalled_readers_stay_bounded_and_others_finish(
     run in another session completes meanwhile."""
     limit = 128 * 1024
     long_reply = "y" * 900_000  # under sessions.max_line_bytes, seven times the outbox bound
-    fake_openai.configure(reply=lambda msgs: long_reply if msgs[-1]["content"] == "long" else "short reply",
+    fake_openai.configure(reply=lambda msgs: (long_reply if msgs[-1]["content"] == "long"
+                                              else "short reply"),
                           deltas=600, delta_delay_s=0.0005)
-    cfg = config_factory(llm={"base_url": fake_openai.base_url}, limits={"max_outbox_bytes": limit},
-                         server={"write_limit": 4096, "close_timeout_s": 1.0}, chat={"recall": False})
+    cfg = config_factory(llm={"base_url": fake_openai.base_url},
+                         limits={"max_outbox_bytes": limit},
+                         server={"write_limit": 4096, "close_timeout_s": 1.0},
+                         chat={"recall": False})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as good:
         key, other = [(await good.call("sessions.create"))["sessionKey"] for _ in range(2)]
         stalled: list[ClientConnection] = []
         for _ in range(4):
             ws = await connect(app.url, additional_headers={"Authorization": f"Bearer {TOKEN}"},
-                               max_queue=1, max_size=None, sock=small_buffer_socket(app.server.port))
-            await ws.send(orjson.dumps({"id": 1, "method": "sessions.subscribe", "params": {"sessionKey": key}}).decode())
+                               max_queue=1, max_size=None,
+                               sock=small_buffer_socket(app.server.port))
+            await ws.send(orjson.dumps({"id": 1, "method": "sessions.subscribe",
+                                        "params": {"sessionKey": key}}).decode())
             await recv_reply(ws)
             ws.transport.pause_reading()
             stalled.append(ws)
-        flooder = await connect(app.url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, max_size=None,
-                                sock=small_buffer_socket(app.server.port))
+        flooder = await connect(app.url, additional_headers={"Authorization": f"Bearer {TOKEN}"},
+                                max_size=None, sock=small_buffer_socket(app.server.port))
         flooder.transport.pause_reading()
         stalled_conns = [c for c in app.server.connections if c.requests == 1]
         for conn in app.server.connections:
             if conn.requests != 2:  # all but the good client; see small_buffer_socket
-                conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET,
+                                                                      socket.SO_SNDBUF, 4096)
         peak = 0
 
         async def watch() -> None:
@@ -204,7 +213,8 @@ async def test_500_connections_and_a_flood_leave_health_served(tmp_path: Path) -
     request exactly one answer; the well-behaved client never sees -32004. (Its latency is
     printed as a figure, not used as a pass mark.)"""
     # One user opens all 500: past the default server.max_connections_per_user (64).
-    d = await FaultDaemon.start(tmp_path / "data", env=daemon_env(RECALLD_SERVER_MAX_CONNECTIONS_PER_USER="1024"))
+    d = await FaultDaemon.start(tmp_path / "data",
+                                env=daemon_env(RECALLD_SERVER_MAX_CONNECTIONS_PER_USER="1024"))
     try:
         latencies: list[float] = []
         done = asyncio.Event()
@@ -233,10 +243,12 @@ async def test_500_connections_and_a_flood_leave_health_served(tmp_path: Path) -
         report = orjson.loads(out)
         p50, p99 = percentile(during, 50), percentile(during, 99)
         print(f"attack {report}; {len(during)} health calls meanwhile: p50 {p50 * 1000:.1f} ms, "
-              f"p99 {p99 * 1000:.1f} ms, max {max(during) * 1000:.1f} ms; after: {health['connections']} connections")
+              f"p99 {p99 * 1000:.1f} ms, max {max(during) * 1000:.1f} ms; "
+              f"after: {health['connections']} connections")
         assert attacker.returncode == 0 and report["opened"] == 500
         assert report["each_once"], report
-        assert report["codes"].get("-32004", 0) > 0 and set(report["codes"]) <= {"ok", "-32004"}, report
+        assert (report["codes"].get("-32004", 0) > 0
+                and set(report["codes"]) <= {"ok", "-32004"}), report
         # Served all along, not starved until the storm ended: a shared machine's speed sets
         # how many, so the bar is low.
         assert len(during) >= 10
@@ -258,17 +270,20 @@ async def test_1000_wrong_tokens_lock_out_loopback(app: App) -> None:
         codes: Counter[int] = Counter()
         async with connect(app.url) as ws:
             for i in range(900):
-                await ws.send(orjson.dumps({"id": i, "method": "auth", "params": {"token": f"{BAD}{i}"}}).decode())
+                await ws.send(orjson.dumps({"id": i, "method": "auth",
+                                            "params": {"token": f"{BAD}{i}"}}).decode())
             for _ in range(900):
                 codes[(await recv_reply(ws))["error"]["code"]] += 1
-        assert codes[-32001] == app.config.auth.max_failures - 1 and codes[-32004] == 900 - codes[-32001]
+        assert (codes[-32001] == app.config.auth.max_failures - 1
+                and codes[-32004] == 900 - codes[-32001])
         frames: Counter[str] = Counter()
         for i in range(50):
             async with connect(app.url) as ws:
                 await ws.send(orjson.dumps({"type": "auth", "token": f"{BAD}{i}"}).decode())
                 frames[orjson.loads(await ws.recv())["error"]] += 1
         assert frames == {"too many failed attempts; retry later": 50}
-        statuses = Counter([await raw_upgrade(port, [("Host", "127.0.0.1"), ("Authorization", f"Bearer {BAD}")])
+        statuses = Counter([await raw_upgrade(port, [("Host", "127.0.0.1"),
+                                                     ("Authorization", f"Bearer {BAD}")])
                             for _ in range(50)])
         assert statuses == {429: 50}
         assert time.monotonic() - t0 < 30
@@ -290,7 +305,8 @@ async def test_loopback_with_a_browser_origin_is_rate_limited(app: App) -> None:
     answers = []
     async with Client.connect(app.url, TOKEN) as before_attack:
         for i in range(app.config.auth.max_failures + 2):
-            async with connect(app.url, additional_headers=origin, local_addr=("127.0.0.3", 0)) as ws:
+            async with connect(app.url, additional_headers=origin,
+                               local_addr=("127.0.0.3", 0)) as ws:
                 await ws.send(orjson.dumps({"type": "auth", "token": f"{BAD}{i}"}).decode())
                 answers.append(orjson.loads(await ws.recv())["error"])
         assert answers[-1] == "too many failed attempts; retry later"
@@ -311,10 +327,11 @@ async def test_hostile_origins_hosts_and_query_tokens(app: App) -> None:
     for origin in ["https://evil.example", "null", f"http://localhost.evil.example:{port}",
                    f"http://127.0.0.1:{port + 1}", f"http://127.0.0.1.evil.example:{port}", "file://"]:
         assert await raw_upgrade(port, [host, ("Origin", origin)]) == 403, origin
-    assert await raw_upgrade(port, [host, ("Origin", f"http://127.0.0.1:{port}"), ("Origin", "https://evil.example")]) == 403
+    assert await raw_upgrade(port, [host, ("Origin", f"http://127.0.0.1:{port}"),
+                                    ("Origin", "https://evil.example")]) == 403
     assert await raw_upgrade(port, [host, ("Origin", f"http://localhost:{port}")]) == 101
-    for name in ["evil.example", f"evil.example:{port}", "localhost.evil.example", "127.0.0.1.nip.io",
-                 f"attacker.localhost.example:{port}"]:
+    for name in ["evil.example", f"evil.example:{port}", "localhost.evil.example",
+                 "127.0.0.1.nip.io", f"attacker.localhost.example:{port}"]:
         assert await raw_upgrade(port, [("Host", name)]) == 421, name
     assert await raw_upgrade(port, []) == 400
     assert await raw_upgrade(port, [host, ("Host", "evil.example")]) == 400
@@ -330,7 +347,8 @@ async def test_hostile_origins_hosts_and_query_tokens(app: App) -> None:
 
 async def test_batch_of_10000_is_refused_without_doing_the_work(client: Client, app: App) -> None:
     """10,000 sessions.create in one batch: -32600 naming the limit, and no session made."""
-    batch = [{"jsonrpc": "2.0", "id": i, "method": "sessions.create", "params": {}} for i in range(10_000)]
+    batch = [{"jsonrpc": "2.0", "id": i, "method": "sessions.create", "params": {}}
+             for i in range(10_000)]
     await client.ws.send(orjson.dumps(batch), text=True)
     reply = await client.events.get()  # id-less error reply lands with the events
     assert reply["error"]["code"] == -32600 and "10000" in reply["error"]["message"]
@@ -344,22 +362,25 @@ async def test_deep_nesting_and_huge_strings_get_clean_errors(client: Client, ap
     ws = client.ws
     await ws.send("[" * 100_000 + "]" * 100_000)
     assert (await client.events.get())["error"]["code"] == -32700
-    await ws.send('{"id":1,"method":"sessions.create","params":' + '{"a":' * 50_000 + "1" + "}" * 50_001)
+    await ws.send('{"id":1,"method":"sessions.create","params":' + '{"a":' * 50_000 + "1"
+                  + "}" * 50_001)
     assert (await client.events.get())["error"]["code"] == -32700
     nested = "[" * 1000 + '"x"' + "]" * 1000  # deep, yet within what the parser accepts
     key = (await client.call("sessions.create"))["sessionKey"]
     for i, (method, field) in enumerate([("sessions.create", "title"), ("chat.send", "message"),
                                          ("memory.search", "query"), ("sessions.list", "limit")]):
-        await ws.send(f'{{"id":"n{i}","method":"{method}","params":{{"sessionKey":"{key}","{field}":{nested}}}}}')
+        await ws.send(f'{{"id":"n{i}","method":"{method}",'
+                      f'"params":{{"sessionKey":"{key}","{field}":{nested}}}}}')
         reply = await client.events.get()
         assert reply["id"] == f"n{i}" and reply["error"]["code"] in (-32602, -32700), reply
     huge = "é" * (2 * 1024 * 1024 - 512)  # 4 MiB of UTF-8, just under server.max_size
     cases: list[tuple[str, dict[str, Any]]] = [
         ("sessions.create", {"title": huge}), ("sessions.create", {"systemPrompt": huge}),
         ("sessions.create", {"model": huge}), ("sessions.get", {"sessionKey": huge}),
-        ("sessions.history", {"sessionKey": key, "before": huge}), ("sessions.list", {"before": huge}),
-        ("chat.send", {"sessionKey": key, "message": huge}), ("chat.send", {"sessionKey": key, "message": "hi",
-                                                                           "idempotencyKey": huge}),
+        ("sessions.history", {"sessionKey": key, "before": huge}),
+        ("sessions.list", {"before": huge}),
+        ("chat.send", {"sessionKey": key, "message": huge}),
+        ("chat.send", {"sessionKey": key, "message": "hi", "idempotencyKey": huge}),
         ("memory.search", {"query": huge}), ("auth", {"token": huge}),
     ]
     for method, params in cases:
@@ -379,7 +400,8 @@ async def test_invalid_utf8_and_binary_frames(app: App) -> None:
         for authed in (False, True):
             headers = {"Authorization": f"Bearer {TOKEN}"} if authed else None
             async with connect(app.url, additional_headers=headers) as ws:
-                await ws.send(b'{"id":1,"method":"gateway.health","params":{"x":"\xff\xfe"}}', text=True)
+                await ws.send(b'{"id":1,"method":"gateway.health",'
+                              b'"params":{"x":"\xff\xfe"}}', text=True)
                 with pytest.raises(ConnectionClosed):
                     await recv_reply(ws)
                 assert ws.close_code == 1007
@@ -396,7 +418,8 @@ async def test_invalid_utf8_and_binary_frames(app: App) -> None:
 # --- other users' keys and path tricks --------------------------------------------------------
 
 PATH_KEYS = ["../../etc/passwd", "..", "../default/x", "/etc/passwd", "..%2f..%2fetc%2fpasswd",
-             "a/../../b", "..\\..\\windows", "\x00", "0" * 31 + "/", "A" * 32, "0" * 33, "０" * 32, ""]
+             "a/../../b", "..\\..\\windows", "\x00", "0" * 31 + "/", "A" * 32, "0" * 33,
+             "０" * 32, ""]
 
 
 def _snapshot(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
@@ -419,14 +442,17 @@ async def test_foreign_and_path_like_keys_are_not_found(
     for rel in ["etc/passwd", "etc/passwd.jsonl", "data/etc/passwd.jsonl", "b.jsonl"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text('{"type":"session","version":1}\n')
-    users = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
-    cfg = config_factory(auth={"users": users, "token": None}, llm={"base_url": fake_openai.base_url})
+    users = [{"name": "alice", "token": "alice-token-0123456789"},
+             {"name": "bob", "token": "bob-token-0123456789xx"}]
+    cfg = config_factory(auth={"users": users, "token": None},
+                         llm={"base_url": fake_openai.base_url})
     data_dir = cfg.data_dir
     async with running(cfg) as app:
         async with Client.connect(app.url, users[0]["token"]) as alice, \
                 Client.connect(app.url, users[1]["token"]) as bob:
             alice_key = (await alice.call("sessions.create"))["sessionKey"]
-            await alice.call("chat.send", {"sessionKey": alice_key, "message": "alice's secret pelican"})
+            await alice.call("chat.send", {"sessionKey": alice_key,
+                                           "message": "alice's secret pelican"})
             await alice.next_event("chat.final")
             outside = _snapshot(tmp_path, data_dir)
             inside = sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*"))
@@ -446,7 +472,8 @@ async def test_foreign_and_path_like_keys_are_not_found(
                     want = -32602 if len(key) > 64 else -32002
                     assert reply.get("error", {}).get("code") == want, (method, key, reply)
                 unsub = await bob.request("sessions.unsubscribe", {"sessionKey": key})
-                assert unsub.get("result") == {"unsubscribed": False} or unsub["error"]["code"] in (-32002, -32602)
+                assert (unsub.get("result") == {"unsubscribed": False}
+                        or unsub["error"]["code"] in (-32002, -32602))
             assert (await bob.call("memory.search", {"query": "pelican"}))["results"] == []
             history = await alice.call("sessions.history", {"sessionKey": alice_key})
             assert [m["content"] for m in history["messages"]][0] == "alice's secret pelican"

@@ -28,7 +28,8 @@ async def _fail(url: str, source: str) -> int:
 
 
 async def test_loopback_addresses_share_one_bucket(config_factory: Callable[..., Config]) -> None:
-    """Guesses from 127.0.0.2, .3, .4 count together: past max_failures, 127.0.0.5 is locked out too."""
+    """Guesses from 127.0.0.2, .3, .4 count together: past max_failures, 127.0.0.5 is locked out
+    too."""
     async with running(config_factory(auth={"max_failures": 3})) as app:
         statuses = [await _fail(app.url, f"127.0.0.{i}") for i in (2, 3, 4)]
         assert statuses == [401, 401, 429]  # the third failure locks the bucket
@@ -43,7 +44,8 @@ async def test_a_strong_token_is_never_locked_out(config_factory: Callable[..., 
     """Any local process can fail on purpose until loopback is locked out, yet the owner's strong
     token still connects; the weak one is refused meanwhile."""
     users = [{"name": "owner", "token": STRONG}, {"name": "weak", "token": "weak-token-0123456789"}]
-    async with running(config_factory(auth={"users": users, "token": None, "max_failures": 3})) as app:
+    async with running(config_factory(auth={"users": users, "token": None,
+                                            "max_failures": 3})) as app:
         assert [await _fail(app.url, f"127.0.0.{i}") for i in range(2, 6)][-1] == 429
         async with Client.connect(app.url, STRONG) as owner:
             assert (await owner.call("gateway.health"))["status"] == "ok"
@@ -66,7 +68,8 @@ def test_failures_spread_over_many_addresses_hit_the_global_limit() -> None:
 
 def test_buckets() -> None:
     """All of loopback is one bucket (IPv4-mapped too); IPv6 counts per /64; IPv4 per address."""
-    assert {bucket_of(a) for a in ("127.0.0.1", "127.9.8.7", "::1", "::ffff:127.0.0.5")} == {LOOPBACK_BUCKET}
+    assert ({bucket_of(a) for a in ("127.0.0.1", "127.9.8.7", "::1", "::ffff:127.0.0.5")}
+            == {LOOPBACK_BUCKET})
     assert bucket_of("2001:db8::1") == bucket_of("2001:db8::ffff:1") != bucket_of("2001:db8:0:1::1")
     assert bucket_of("192.0.2.1") != bucket_of("192.0.2.2")
 
@@ -84,7 +87,9 @@ def test_expired_lockouts_are_pruned() -> None:
 
 
 @pytest.mark.parametrize(("token", "warned"), [(TOKEN, True), ("s" * 43, False)])
-def test_a_weak_configured_token_is_named_at_start(tmp_path: Path, token: str, warned: bool) -> None:
+def test_a_weak_configured_token_is_named_at_start(
+    tmp_path: Path, token: str, warned: bool
+) -> None:
     """A configured token under 32 characters gets one start-up warning naming its user, never
     the token; a strong one gets none."""
     daemon = Daemon(tmp_path / "data", env={"RECALLD_TOKEN": token})

@@ -34,7 +34,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 async def test_list_pages_carry_no_prompt_bodies(client: Client) -> None:
     """sessions.list leaves systemPrompt out whatever its size; sessions.get returns it whole."""
     prompt = "p" * 60_000
-    keys = [(await client.call("sessions.create", {"systemPrompt": prompt}))["sessionKey"] for _ in range(3)]
+    keys = [(await client.call("sessions.create", {"systemPrompt": prompt}))["sessionKey"]
+            for _ in range(3)]
     reply = await client.request("sessions.list", {"limit": 200})
     assert [s["sessionKey"] for s in reply["result"]["sessions"]] == keys[::-1]
     assert all("systemPrompt" not in s for s in reply["result"]["sessions"])
@@ -50,23 +51,30 @@ async def _session_with_big_messages(app: App, c: Client, n: int, size: int) -> 
     return key
 
 
-async def test_a_reply_larger_than_the_budget_is_a_clear_error(config_factory: Callable[..., Config]) -> None:
+async def test_a_reply_larger_than_the_budget_is_a_clear_error(
+    config_factory: Callable[..., Config]
+) -> None:
     """History pages stop at a quarter of limits.max_reply_bytes (at least one message each), so
     they fit the budget; a reply that alone is larger (one message bigger than the budget)
     answers -32600 naming the limit, and the connection goes on serving."""
     async with running(config_factory(limits={"max_reply_bytes": 64 * 1024})) as app, \
             Client.connect(app.url, TOKEN) as c:
         key: str = (await c.call("sessions.create"))["sessionKey"]
-        await asyncio.to_thread(app.store.append_message, "default", key, role="user", content="huge" + "h" * 100_000)
+        await asyncio.to_thread(app.store.append_message, "default", key, role="user",
+                                content="huge" + "h" * 100_000)
         for i in range(3):
             await asyncio.to_thread(app.store.append_message, "default", key, role="user",
                                     content=f"{i:04d}" + "m" * 7_000)
         page = await c.call("sessions.history", {"sessionKey": key, "limit": 10})
-        assert [m["content"][:4] for m in page["messages"]] == ["0001", "0002"]  # 2 x 7 kB of a 16 KiB cap
-        page = await c.call("sessions.history", {"sessionKey": key, "limit": 10, "before": page["next"]})
+        # 2 x 7 kB of a 16 KiB cap
+        assert [m["content"][:4] for m in page["messages"]] == ["0001", "0002"]
+        page = await c.call("sessions.history", {"sessionKey": key, "limit": 10,
+                                                 "before": page["next"]})
         assert [m["content"][:4] for m in page["messages"]] == ["0000"]
-        big = await c.request("sessions.history", {"sessionKey": key, "limit": 10, "before": page["next"]})
-        assert big["error"]["code"] == -32600 and "limits.max_reply_bytes" in big["error"]["message"], big
+        big = await c.request("sessions.history", {"sessionKey": key, "limit": 10,
+                                                   "before": page["next"]})
+        assert (big["error"]["code"] == -32600
+                and "limits.max_reply_bytes" in big["error"]["message"]), big
         assert (await c.call("gateway.health"))["status"] == "ok"
 
 
@@ -74,7 +82,8 @@ def _shrink_server_buffers(app: App, but: set[Connection]) -> None:
     """Server-side send buffers of 4 kB for every connection not in ``but`` (loopback
     autotuning would otherwise absorb megabytes before the process holds anything)."""
     for conn in app.server.connections - but:
-        conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET,
+                                                              socket.SO_SNDBUF, 4096)
 
 
 def _held(app: App, but: set[Connection]) -> int:
@@ -119,7 +128,8 @@ async def test_a_client_that_never_reads_holds_at_most_the_reply_budget(
         replies = await _read_all(ws, 32)
         assert sorted(r["id"] for r in replies) == list(range(32))
         refused = [r for r in replies if "error" in r]
-        assert refused and all(r["error"]["code"] == -32004 and "max_reply_bytes" in r["error"]["message"]
+        assert refused and all(r["error"]["code"] == -32004
+                               and "max_reply_bytes" in r["error"]["message"]
                                and r["error"]["data"]["retryAfterMs"] > 0 for r in refused)
         assert any("result" in r for r in replies)
         await ws.close()
@@ -166,7 +176,9 @@ async def test_a_users_connections_together_hold_at_most_the_user_reply_budget(
                 await asyncio.sleep(0.01)
 
 
-async def test_a_batch_holds_one_in_flight_slot_per_entry(config_factory: Callable[..., Config]) -> None:
+async def test_a_batch_holds_one_in_flight_slot_per_entry(
+    config_factory: Callable[..., Config]
+) -> None:
     """A batch whose reply is stuck on a client that does not read holds one limits.max_inflight
     slot per entry, so the next request on that connection is refused -32004 at once."""
     cfg = config_factory(limits={"max_inflight": 4}, server={"write_limit": 4096})
@@ -241,14 +253,15 @@ async def test_a_batch_of_big_history_pages_shares_one_reply_budget(tmp_path: Pa
         key = store.create("default").session_key
         for i in range(20):
             store.append_message("default", key, role="user", content=f"{i:04d}" + "x" * 250_000)
-    d = await FaultDaemon.start(data, env=daemon_env(RECALLD_LIMITS_MAX_REPLY_BYTES=str(1024 * 1024),
-                                                     RECALLD_MEMORY_ENABLED="false"))
+    d = await FaultDaemon.start(data, env=daemon_env(
+        RECALLD_LIMITS_MAX_REPLY_BYTES=str(1024 * 1024), RECALLD_MEMORY_ENABLED="false"))
     try:
         async with Client.connect(d.url, TOKEN) as c:
             assert (await c.call("gateway.health"))["status"] == "ok"
             before = _peak_rss_kib(d.proc.pid)
             await c.ws.send(orjson.dumps([{"jsonrpc": "2.0", "id": i, "method": "sessions.history",
-                                           "params": {"sessionKey": key, "limit": 200}} for i in range(20)]),
+                                           "params": {"sessionKey": key, "limit": 200}}
+                                          for i in range(20)]),
                             text=True)
             async with asyncio.timeout(60):  # the client hands a batch reply over entry by entry
                 reply = [await c.events.get() for _ in range(20)]
@@ -331,7 +344,8 @@ async def test_pipelined_single_calls_share_the_reply_budget() -> None:
     budget = ReplyBudget(limit=40_000)
     ctx = Ctx()
     replies = await asyncio.gather(*(
-        core.accept(orjson.dumps({"id": i, "method": "test.blob", "params": {"n": 8_000}}), ctx).run(budget)
+        core.accept(orjson.dumps({"id": i, "method": "test.blob", "params": {"n": 8_000}}),
+                    ctx).run(budget)
         for i in range(20)))
     answers = [orjson.loads(r.data) for r in replies if r is not None]
     assert [a["id"] for a in answers] == list(range(20))
@@ -344,7 +358,9 @@ async def test_pipelined_single_calls_share_the_reply_budget() -> None:
     assert budget.running == budget.reserved == 0
 
 
-async def test_pipelined_big_history_pages_never_read_stay_within_the_budget(tmp_path: Path) -> None:
+async def test_pipelined_big_history_pages_never_read_stay_within_the_budget(
+    tmp_path: Path
+) -> None:
     """32 sessions.history calls of a 2 MiB page each, pipelined on one connection that never
     reads (limits.max_reply_bytes 8 MiB): the calls past the budget queue instead of building
     their pages side by side, those whose reply would not fit answer -32004 naming the budget,
@@ -355,8 +371,8 @@ async def test_pipelined_big_history_pages_never_read_stay_within_the_budget(tmp
         key = store.create("default").session_key
         for i in range(16):
             store.append_message("default", key, role="user", content=f"{i:04d}" + "x" * 250_000)
-    d = await FaultDaemon.start(data, env=daemon_env(RECALLD_LIMITS_MAX_REPLY_BYTES=str(8 * 1024 * 1024),
-                                                     RECALLD_MEMORY_ENABLED="false"))
+    d = await FaultDaemon.start(data, env=daemon_env(
+        RECALLD_LIMITS_MAX_REPLY_BYTES=str(8 * 1024 * 1024), RECALLD_MEMORY_ENABLED="false"))
     try:
         async with Client.connect(d.url, TOKEN) as c:
             assert (await c.call("gateway.health"))["status"] == "ok"
@@ -382,7 +398,8 @@ async def test_pipelined_big_history_pages_never_read_stay_within_the_budget(tmp
             await ws.close()
             assert sorted(r["id"] for r in replies) == list(range(32))
             refused = [r for r in replies if "error" in r]
-            assert refused and all(r["error"]["code"] == -32004 and "max_reply_bytes" in r["error"]["message"]
+            assert refused and all(r["error"]["code"] == -32004
+                                   and "max_reply_bytes" in r["error"]["message"]
                                    for r in refused)
             assert any("result" in r for r in replies)
             assert grown_mb < 80, grown_mb

@@ -63,13 +63,15 @@ async def _send(c: Client, key: str, text: str, acked: Acked) -> None:
         acked.add(key, reply["result"]["runId"], text)
 
 
-async def streaming_round(d: FaultDaemon, rng: random.Random, acked: Acked, keys: list[str]) -> None:
+async def streaming_round(d: FaultDaemon, rng: random.Random, acked: Acked,
+                          keys: list[str]) -> None:
     """Three clients start long streamed replies; the daemon dies at a random moment of them."""
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(Client.connect(d.url, TOKEN)) for _ in range(3)]
         for i, c in enumerate(clients):
             if len(keys) < 6 or rng.random() < 0.3:
-                keys.append((await c.call("sessions.create", {"title": f"s{len(keys)}"}))["sessionKey"])
+                keys.append((await c.call("sessions.create",
+                                          {"title": f"s{len(keys)}"}))["sessionKey"])
             key = keys[-1] if i == 0 else rng.choice(keys)
             await _send(c, key, f"stream {len(acked)} {rng.choice(_WORDS)}", acked)
         await asyncio.sleep(rng.uniform(0.0, 0.9))
@@ -85,7 +87,8 @@ async def append_round(d: FaultDaemon, rng: random.Random, acked: Acked, keys: l
             while not stop.is_set():
                 if rng.random() < 0.2 or not keys:
                     keys.append((await c.call("sessions.create"))["sessionKey"])
-                await _send(c, rng.choice(keys), f"append {n} {len(acked)} {rng.choice(_WORDS)}", acked)
+                await _send(c, rng.choice(keys), f"append {n} {len(acked)} {rng.choice(_WORDS)}",
+                            acked)
 
     tasks = [asyncio.create_task(worker(n)) for n in range(8)]
     await asyncio.sleep(rng.uniform(0.05, 0.6))
@@ -100,7 +103,8 @@ def seed_transcripts(data_dir: Path, sessions: int, messages: int, rng: random.R
         for s in range(sessions):
             key = store.create("default", title=f"seed {s}").session_key
             for m in range(messages):
-                text = " ".join(rng.choice(_WORDS) + str(rng.randrange(500)) for _ in range(rng.randrange(20, 120)))
+                text = " ".join(rng.choice(_WORDS) + str(rng.randrange(500))
+                                for _ in range(rng.randrange(20, 120)))
                 store.append_message("default", key, role="user" if m % 2 == 0 else "assistant",
                                      content=text)
 
@@ -138,7 +142,9 @@ async def test_kill_9_mid_run_loses_no_acknowledged_message(
         await d.akill()
 
 
-async def test_kill_9_during_index_transactions_converges(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+async def test_kill_9_during_index_transactions_converges(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     """kill -9 while the start-up sync re-chunks and embeds a large history (a new chunking each
     round, so every file is rewritten in the index): the next start converges to the transcripts,
     with no duplicated chunks and one vector per chunk."""
@@ -148,7 +154,8 @@ async def test_kill_9_during_index_transactions_converges(tmp_path: Path, fake_o
     interrupted = 0
     for _ in range(ROUNDS - 2):
         tokens = rng.randrange(48, 400)
-        chunking = {"RECALLD_MEMORY_CHUNK_TOKENS": str(tokens), "RECALLD_MEMORY_OVERLAP_TOKENS": str(tokens // 5)}
+        chunking = {"RECALLD_MEMORY_CHUNK_TOKENS": str(tokens),
+                    "RECALLD_MEMORY_OVERLAP_TOKENS": str(tokens // 5)}
         d = await FaultDaemon.start(data, env=daemon_env(fake_openai, embed=True, **chunking))
         await asyncio.sleep(rng.uniform(0.0, 0.6))
         await d.akill()
@@ -176,7 +183,9 @@ TAILS: dict[str, Callable[[bytes], bytes]] = {
 }
 
 
-async def test_torn_and_garbage_tails_are_moved_aside(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+async def test_torn_and_garbage_tails_are_moved_aside(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     """Each tail shape on its own session: the daemon starts, moves exactly the bad bytes aside,
     keeps every valid line, indexes only the valid lines, and the sessions take new messages."""
     data = tmp_path / "data"
@@ -216,7 +225,8 @@ async def test_torn_and_garbage_tails_are_moved_aside(tmp_path: Path, fake_opena
             check_index(data)
             for shape, key in keys.items():
                 await _send(c, key, f"{shape} after", acked)
-            assert (await c.call("memory.search", {"query": "zzjunk", "mode": "keyword"}))["results"] == []
+            assert (await c.call("memory.search", {"query": "zzjunk",
+                                                   "mode": "keyword"}))["results"] == []
             await asyncio.sleep(0.5)
             await wait_synced(c)
         check_transcripts(data, acked)
@@ -241,7 +251,9 @@ def _break_db(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["deleted", "truncated", "random-bytes", "zeroed-header"])
-async def test_broken_memory_db_is_rebuilt_and_says_so(tmp_path: Path, fake_openai: FakeOpenAI, how: str) -> None:
+async def test_broken_memory_db_is_rebuilt_and_says_so(
+    tmp_path: Path, fake_openai: FakeOpenAI, how: str
+) -> None:
     """A deleted, truncated or overwritten memory.db: the daemon starts, rebuilds the index from
     the transcripts, reports it in the log and in memory.status, and search finds old facts."""
     data = tmp_path / "data"
@@ -310,8 +322,10 @@ async def test_sigterm_during_runs_finishes_or_records_aborted(
         assistant = [m for m in lines[("default", key)][1:] if m.get("role") == "assistant"]
         assert len(assistant) == 1, key
         if outcome == "finished":
-            assert not assistant[0].get("aborted") and assistant[0]["content"] == " ".join(["word"] * deltas)
+            assert (not assistant[0].get("aborted")
+                    and assistant[0]["content"] == " ".join(["word"] * deltas))
         else:
-            assert assistant[0]["aborted"] is True and len(assistant[0]["content"]) < len("word ") * deltas
+            assert (assistant[0]["aborted"] is True
+                    and len(assistant[0]["content"]) < len("word ") * deltas)
     if outcome == "aborted":
         assert d.events("chat.drain_timeout")

@@ -36,7 +36,8 @@ async def test_a_connection_flood_leaves_descriptors_for_transcripts(tmp_path: P
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, hard))
     try:
-        d = await FaultDaemon.start(tmp_path / "data", env=daemon_env(RECALLD_SERVER_RESERVED_FDS="64"))
+        d = await FaultDaemon.start(tmp_path / "data",
+                                    env=daemon_env(RECALLD_SERVER_RESERVED_FDS="64"))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     opened: list[ClientConnection] = []
@@ -48,7 +49,8 @@ async def test_a_connection_flood_leaves_descriptors_for_transcripts(tmp_path: P
 
             await asyncio.gather(*(attacker() for _ in range(500)))
             fds = open_fds(d.proc.pid)
-            print(f"{len(opened)} of 500 attacker connections opened; daemon holds {fds} descriptors")
+            print(f"{len(opened)} of 500 attacker connections opened; daemon holds {fds} "
+                  "descriptors")
             assert len(opened) < 500
             for i in range(20):
                 reply = await good.request("sessions.create", {"title": f"during {i}"})
@@ -56,14 +58,17 @@ async def test_a_connection_flood_leaves_descriptors_for_transcripts(tmp_path: P
             assert (await good.call("gateway.health"))["status"] == "ok"
         lowered = d.events("server.max_connections_lowered")
         assert lowered and lowered[0]["effective"] <= NOFILE - 64
-        accept_logs = [r for r in d.lines if "accept" in str(r.get("event", "")) or "accept" in str(r.get("message", ""))]
+        accept_logs = [r for r in d.lines if "accept" in str(r.get("event", ""))
+                       or "accept" in str(r.get("message", ""))]
         assert len(accept_logs) <= 3, accept_logs[:5]
     finally:
         await asyncio.gather(*(ws.close() for ws in opened), return_exceptions=True)
         await d.akill()
 
 
-def test_a_flush_that_cannot_open_a_file_keeps_it_dirty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flush_that_cannot_open_a_file_keeps_it_dirty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """fsync="batch": when a flush cannot open a written transcript (EMFILE), it reports a
     storage error and the next flush still syncs that transcript."""
     synced: list[str] = []
@@ -134,7 +139,8 @@ async def test_the_flush_loop_outlives_failed_passes(config_factory: Callable[..
                 assert not any(first in p for p in synced)
                 second = (await c.call("sessions.create"))["sessionKey"]
                 async with asyncio.timeout(30):
-                    while not (any(first in p for p in synced) and any(second in p for p in synced)):
+                    while not (any(first in p for p in synced)
+                               and any(second in p for p in synced)):
                         await asyncio.sleep(0.01)
         assert len([e for e in logs if e["event"] == "sessions.flush_failed"]) == 1, logs
     finally:

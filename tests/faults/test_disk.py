@@ -39,7 +39,8 @@ def assert_storage_error(err: dict[str, Any]) -> None:
     assert err["data"] == {"retryable": True}, err
 
 
-async def drain_runs(c: Client, run_ids: set[str], timeout: float = 30) -> dict[str, dict[str, Any]]:
+async def drain_runs(c: Client, run_ids: set[str],
+                     timeout: float = 30) -> dict[str, dict[str, Any]]:
     ends: dict[str, dict[str, Any]] = {}
     async with asyncio.timeout(timeout):
         while len(ends) < len(run_ids):
@@ -69,7 +70,8 @@ async def test_random_enospc_and_eio_on_transcript_writes_and_fsyncs(
 
     # Failed creates count against the session quota too; retried at this failure rate they
     # could pass 60 a minute, and the quota is not what this test is about.
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model"},
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t",
+                              "model": "fake-model"},
                          sessions={"fsync": "always"}, memory={"debounce_ms": 50},
                          quotas={"sessions_per_minute": 100_000})
     app = await start_app(cfg, file_io=FileIO(write=flaky(os.write), fsync=flaky(os.fsync)))
@@ -103,7 +105,8 @@ async def test_random_enospc_and_eio_on_transcript_writes_and_fsyncs(
         assert len(acked) > 5 and refused
         failing["on"] = False
         lines = check_transcripts(cfg.data_dir, acked)
-        written = {m["content"] for transcript in lines.values() for m in transcript[1:] if m["type"] == "message"}
+        written = {m["content"] for transcript in lines.values() for m in transcript[1:]
+                   if m["type"] == "message"}
         assert not written & set(refused)
         async with Client.connect(app.url, TOKEN) as c:
             await c.call("memory.reindex")
@@ -120,7 +123,8 @@ async def sync_cleanly(c: Client) -> None:
     async with asyncio.timeout(15):
         while True:
             status = await c.call("memory.status")
-            if status["syncCount"] > before and not status["syncing"] and status["lastError"] is None:
+            if (status["syncCount"] > before and not status["syncing"]
+                    and status["lastError"] is None):
                 return
             await asyncio.sleep(0.05)
 
@@ -143,7 +147,8 @@ class FaultyVFS(apsw.VFS):
 class FaultyFile(apsw.VFSFile):
     def __init__(self, vfs: FaultyVFS, name: Any, flags: Any) -> None:
         self.vfs = vfs
-        self.watched = "memory.db" in (name.filename() if isinstance(name, apsw.URIFilename) else str(name or ""))
+        self.watched = "memory.db" in (name.filename() if isinstance(name, apsw.URIFilename)
+                                       else str(name or ""))
         super().__init__(vfs.base, name, flags)
 
     def _check(self) -> None:
@@ -170,26 +175,31 @@ def faulty_vfs() -> Iterator[FaultyVFS]:
             vfs.unregister()
 
 
-@pytest.mark.parametrize("error", [apsw.FullError, apsw.IOError], ids=["SQLITE_FULL", "SQLITE_IOERR"])
+@pytest.mark.parametrize("error", [apsw.FullError, apsw.IOError],
+                         ids=["SQLITE_FULL", "SQLITE_IOERR"])
 async def test_index_write_failures_leave_the_daemon_serving(
-    config_factory: Callable[..., Config], fake_openai: FakeOpenAI, faulty_vfs: FaultyVFS, error: type[apsw.Error]
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI, faulty_vfs: FaultyVFS,
+    error: type[apsw.Error]
 ) -> None:
     """memory.db refuses every write for a while: syncs fail and say so in memory.status, chat,
-    sessions (delete included) and memory.search go on, nothing answers as a crash; once writes work again a reindex
-    brings the index level with the transcripts."""
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model"},
+    sessions (delete included) and memory.search go on, nothing answers as a crash; once writes
+    work again a reindex brings the index level with the transcripts."""
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t",
+                              "model": "fake-model"},
                          memory={"debounce_ms": 50})
     acked = Acked()
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        first = (await c.call("chat.send", {"sessionKey": key, "message": "the otter collects stones"}))["runId"]
+        first = (await c.call("chat.send", {"sessionKey": key,
+                                            "message": "the otter collects stones"}))["runId"]
         acked.add(key, first, "the otter collects stones")
         await drain_runs(c, {first})
         await wait_synced(c)
         faulty_vfs.error = error
         runs = set()
         for i in range(3):
-            run = (await c.call("chat.send", {"sessionKey": key, "message": f"the heron waits {i}"}))["runId"]
+            run = (await c.call("chat.send", {"sessionKey": key,
+                                              "message": f"the heron waits {i}"}))["runId"]
             acked.add(key, run, f"the heron waits {i}")
             runs.add(run)
         assert {e["method"] for e in (await drain_runs(c, runs)).values()} == {"chat.final"}
@@ -220,10 +230,11 @@ async def test_index_write_failures_leave_the_daemon_serving(
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs",
+                           str(mount_point)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}; "
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): "
+                    f"{done.stderr.strip()}; "
                     "the FileIO and VFS fault tests cover ENOSPC without it")
     try:
         yield mount_point
@@ -237,7 +248,8 @@ async def test_full_filesystem_for_transcripts_and_index(
     """The data dir on a 4 MiB tmpfs that fills up: sends are refused with a storage error and
     leave no trace, syncs fail without killing anything, reads keep working; after space is
     freed the same daemon takes messages again and its index converges."""
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model"},
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t",
+                              "model": "fake-model"},
                          memory={"debounce_ms": 50},
                          # No free-disk floor: this test is about the disk really filling up.
                          sessions={"min_free_bytes": 0})
@@ -245,7 +257,8 @@ async def test_full_filesystem_for_transcripts_and_index(
     acked = Acked()
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        run = (await c.call("chat.send", {"sessionKey": key, "message": "the badger digs at night"}))["runId"]
+        run = (await c.call("chat.send", {"sessionKey": key,
+                                          "message": "the badger digs at night"}))["runId"]
         acked.add(key, run, "the badger digs at night")
         await drain_runs(c, {run})
         await wait_synced(c)
@@ -260,16 +273,19 @@ async def test_full_filesystem_for_transcripts_and_index(
             os.close(fd)
         refused = 0
         for i in range(5):
-            reply = await c.request("chat.send", {"sessionKey": key, "message": f"lost {i} " + "w" * 20000})
+            reply = await c.request("chat.send", {"sessionKey": key,
+                                                  "message": f"lost {i} " + "w" * 20000})
             if "result" in reply:
                 acked.add(key, reply["result"]["runId"], f"lost {i} " + "w" * 20000)
                 await drain_runs(c, {reply["result"]["runId"]})
             else:
                 assert_storage_error(reply["error"])
-                assert "no space" in reply["error"]["message"] or "disk full" in reply["error"]["message"]
+                assert ("no space" in reply["error"]["message"]
+                        or "disk full" in reply["error"]["message"])
                 refused += 1
         assert refused > 0
-        assert (await c.call("sessions.history", {"sessionKey": key}))["messages"][0]["content"] == "the badger digs at night"
+        assert (await c.call("sessions.history", {"sessionKey": key}))["messages"][0][
+            "content"] == "the badger digs at night"
         assert len((await c.call("memory.search", {"query": "badger"}))["results"]) == 1
         reply = await c.request("memory.reindex", {"full": True})
         if "error" in reply:
@@ -282,6 +298,6 @@ async def test_full_filesystem_for_transcripts_and_index(
         assert (await drain_runs(c, {run}))[run]["method"] == "chat.final"
         await sync_cleanly(c)
     lines = check_transcripts(cfg.data_dir, acked)
-    assert all("lost" not in m["content"] for m in lines[("default", key)][1:] if m.get("role") == "user"
-               and m["runId"] not in acked.by_session[("default", key)])
+    assert all("lost" not in m["content"] for m in lines[("default", key)][1:]
+               if m.get("role") == "user" and m["runId"] not in acked.by_session[("default", key)])
     check_index(cfg.data_dir)

@@ -21,8 +21,9 @@ def _local_installed() -> bool:
 
 
 @pytest.mark.parametrize("status", [404, 501])
-async def test_auto_falls_back_to_local_when_embeddings_fail(tmp_path: Path, fake_openai: FakeOpenAI,
-                                                            status: int) -> None:
+async def test_auto_falls_back_to_local_when_embeddings_fail(
+    tmp_path: Path, fake_openai: FakeOpenAI, status: int
+) -> None:
     """A chat endpoint whose /embeddings answers 404 or 501 gets one probe, one warning, and the
     local embedder; status and health name it and the failure."""
     fake_openai.configure_embeddings(status=status)

@@ -36,9 +36,12 @@ async def test_a_users_calls_beyond_the_cap_wait_and_others_go_first(
     answers: only two (limits.max_user_running) reach it, the others wait, and alice's calls
     (on the same worker threads) are answered meanwhile; bob's waiting calls go when he leaves."""
     cfg = config_factory(
-        auth={"users": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}], "token": None},
-        llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model", "max_retries": 0},
-        memory={"embedder": "openai", "debounce_ms": 20}, quotas={"max_searches_per_user": 50}, limits={"max_user_running": 2})
+        auth={"users": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}],
+              "token": None},
+        llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model",
+             "max_retries": 0},
+        memory={"embedder": "openai", "debounce_ms": 20}, quotas={"max_searches_per_user": 50},
+        limits={"max_user_running": 2})
     async with running(cfg) as app, Client.connect(app.url, ALICE) as alice:
         key = (await alice.call("sessions.create", {"title": "mine"}))["sessionKey"]
         await say(alice, key, "my dog is called Rex")
@@ -55,7 +58,8 @@ async def test_a_users_calls_beyond_the_cap_wait_and_others_go_first(
                 while _bob_queries(fake_openai) < 2:
                     await asyncio.sleep(0.01)
             for _ in range(5):
-                assert [s["title"] for s in (await alice.call("sessions.list"))["sessions"]] == ["mine"]
+                assert [s["title"] for s in (await alice.call("sessions.list"))["sessions"]] == [
+                    "mine"]
                 key = (await alice.call("sessions.create", {"title": "more"}))["sessionKey"]
                 await alice.call("sessions.delete", {"sessionKey": key})
             assert _bob_queries(fake_openai) == 2
@@ -112,12 +116,14 @@ async def test_a_users_jobs_beyond_the_thread_share_wait_and_others_go_first() -
         bob = [submit("bob", f"bob{i}", True) for i in range(2)]
         bob_third = submit("bob", "bob2", False)
         bob_cancelled = submit("bob", "bob3", False)
-        assert await asyncio.wait_for(asyncio.wrap_future(submit("alice", "alice", False)), 10) == "alice"
+        assert await asyncio.wait_for(asyncio.wrap_future(submit("alice", "alice", False)),
+                                      10) == "alice"
         assert "bob2" not in started and pool.running("bob") == 2
         assert bob_cancelled.cancel()  # still waiting for bob's turn: it never runs
         release.set()
-        assert await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, [*bob, bob_third])), 10) \
-            == ["bob0", "bob1", "bob2"]
+        assert await asyncio.wait_for(
+            asyncio.gather(*map(asyncio.wrap_future, [*bob, bob_third])), 10
+        ) == ["bob0", "bob1", "bob2"]
         assert "bob3" not in started
     finally:
         release.set()

@@ -28,18 +28,22 @@ from tests.conftest import TOKEN
 from tests.faults.helpers import FaultDaemon, free_port, kill_quietly
 
 KNOWN_CODES = {-32700, -32600, -32601, -32602, -32001, -32002, -32003, -32004, -32010, -32011}
-METHODS = ["auth", "gateway.health", "rpc.discover", "sessions.create", "sessions.list", "sessions.get",
-           "sessions.history", "sessions.delete", "sessions.subscribe", "sessions.unsubscribe", "chat.send",
-           "chat.abort", "memory.search", "memory.status", "memory.reindex"]
-PARAM_NAMES = ["sessionKey", "message", "title", "systemPrompt", "model", "limit", "before", "query", "k",
-               "mode", "after", "full", "runId", "idempotencyKey", "token", "excludeSessionKey"]
+METHODS = ["auth", "gateway.health", "rpc.discover", "sessions.create", "sessions.list",
+           "sessions.get", "sessions.history", "sessions.delete", "sessions.subscribe",
+           "sessions.unsubscribe", "chat.send", "chat.abort", "memory.search", "memory.status",
+           "memory.reindex"]
+PARAM_NAMES = ["sessionKey", "message", "title", "systemPrompt", "model", "limit", "before",
+               "query", "k", "mode", "after", "full", "runId", "idempotencyKey", "token",
+               "excludeSessionKey"]
 CRASH_EVENTS = {"rpc.crash", "connection.crash", "chat.run_crash", "memory.sync.failed"}
 
 scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40))
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
-texts = st.text(max_size=200) | st.sampled_from(["", " ", "\x00", "../../etc/passwd", "🦀" * 30, "a" * 5000])
+                           | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                           max_leaves=12)
+texts = st.text(max_size=200) | st.sampled_from(["", " ", "\x00", "../../etc/passwd", "🦀" * 30,
+                                                 "a" * 5000])
 
 
 class Live:
@@ -54,8 +58,8 @@ class DaemonFuzz(RuleBasedStateMachine):
         super().__init__()
         self._stack = contextlib.ExitStack()
         self.ws: ClientConnection = self._stack.enter_context(connect(
-            Live.url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, max_size=None, open_timeout=10,
-            close_timeout=2))
+            Live.url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, max_size=None,
+            open_timeout=10, close_timeout=2))
         self.next_id = 0
 
     def teardown(self) -> None:
@@ -67,7 +71,8 @@ class DaemonFuzz(RuleBasedStateMachine):
         self.next_id += 1
         return self.next_id
 
-    def exchange(self, frame: str | bytes, expect_ids: list[Any], expect_null: int = 0) -> list[dict[str, Any]]:
+    def exchange(self, frame: str | bytes, expect_ids: list[Any],
+                 expect_null: int = 0) -> list[dict[str, Any]]:
         """Send one frame; read until every expected reply is in, checking each reply's shape."""
         self.ws.send(frame)
         wanted = list(expect_ids)
@@ -78,7 +83,8 @@ class DaemonFuzz(RuleBasedStateMachine):
             for item in msg if isinstance(msg, list) else [msg]:
                 assert isinstance(item, dict), msg
                 if "method" in item and "id" not in item:
-                    assert item["method"].startswith("chat.") and isinstance(item["params"], dict), item
+                    assert (item["method"].startswith("chat.")
+                            and isinstance(item["params"], dict)), item
                     continue  # an event of a run
                 check_reply(item)
                 if item["id"] is None and nulls:
@@ -86,7 +92,8 @@ class DaemonFuzz(RuleBasedStateMachine):
                 elif item["id"] in wanted:
                     wanted.remove(item["id"])
                 else:
-                    raise AssertionError(f"unexpected reply {item} (waiting for {wanted}, {nulls} null ids)")
+                    raise AssertionError(f"unexpected reply {item} (waiting for {wanted}, "
+                                         f"{nulls} null ids)")
                 got.append(item)
         return got
 
@@ -133,9 +140,12 @@ class DaemonFuzz(RuleBasedStateMachine):
     def call_anything(self, method: str, params: Any) -> None:
         self.request(method, params)
 
-    @rule(query=texts, k=st.integers(-5, 80) | st.none(), mode=st.sampled_from(["hybrid", "keyword", "vector", "x"]),
-          after=st.none() | st.text(max_size=30), before=st.none() | st.sampled_from(["2026-01-01", "yesterday"]))
-    def search(self, query: str, k: int | None, mode: str, after: str | None, before: str | None) -> None:
+    @rule(query=texts, k=st.integers(-5, 80) | st.none(),
+          mode=st.sampled_from(["hybrid", "keyword", "vector", "x"]),
+          after=st.none() | st.text(max_size=30),
+          before=st.none() | st.sampled_from(["2026-01-01", "yesterday"]))
+    def search(self, query: str, k: int | None, mode: str, after: str | None,
+               before: str | None) -> None:
         params = {"query": query, "mode": mode, "k": k, "after": after, "before": before}
         self.request("memory.search", {name: v for name, v in params.items() if v is not None})
 
@@ -165,7 +175,8 @@ class DaemonFuzz(RuleBasedStateMachine):
 
     @rule(methods=st.lists(st.sampled_from(METHODS), min_size=1, max_size=5), key=keys)
     def batch(self, methods: list[str], key: str) -> None:
-        items = [{"jsonrpc": "2.0", "id": self._ids(), "method": m, "params": {"sessionKey": key}} for m in methods]
+        items = [{"jsonrpc": "2.0", "id": self._ids(), "method": m, "params": {"sessionKey": key}}
+                 for m in methods]
         self.exchange(orjson.dumps(items).decode(), [i["id"] for i in items])
 
     @rule()
@@ -201,8 +212,9 @@ def live_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultDaemo
     assert model.stdout is not None
     model.stdout.readline()
     env = {"RECALLD_LLM_BASE_URL": f"http://127.0.0.1:{port}/v1", "RECALLD_LLM_API_KEY": "sk-fuzz",
-           "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0", "RECALLD_MEMORY_DEBOUNCE_MS": "50",
-           "RECALLD_AUTH_MAX_FAILURES": "1000000000", "RECALLD_SESSIONS_FSYNC": "never"}
+           "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0",
+           "RECALLD_MEMORY_DEBOUNCE_MS": "50", "RECALLD_AUTH_MAX_FAILURES": "1000000000",
+           "RECALLD_SESSIONS_FSYNC": "never"}
     daemon = FaultDaemon(Path(tmp_path_factory.mktemp("fuzz")) / "data", env=env)
     try:
         yield daemon
@@ -218,7 +230,8 @@ def test_random_call_sequences_never_break_the_daemon(live_daemon: FaultDaemon) 
     Live.url = live_daemon.url
     run_state_machine_as_test(DaemonFuzz, settings=settings(
         max_examples=250, stateful_step_count=40, deadline=None, database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]))
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                               HealthCheck.data_too_large]))
     assert live_daemon.proc.poll() is None
     crashes = [r for r in list(live_daemon.lines) if r.get("event") in CRASH_EVENTS]
     assert not crashes, crashes[:3]

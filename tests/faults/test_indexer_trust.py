@@ -27,7 +27,8 @@ BOB = {"name": "bob", "token": "bob-token-0123456789abcdefghijklmno"}
 def two_users(factory: Callable[..., Config], fake: FakeOpenAI, admin: str) -> Config:
     # The admin sees status for the whole index, skippedFiles included.
     return factory(auth={"users": [ALICE, BOB], "token": None, "admin": admin},
-                   llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0},
+                   llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model",
+                        "max_retries": 0},
                    memory={"debounce_ms": 20})
 
 
@@ -57,7 +58,8 @@ async def test_a_copy_in_another_users_directory_is_skipped(
     even by a full reindex; memory.status counts it as skipped; alice still finds her own."""
     cfg = two_users(config_factory, fake_openai, admin="bob")
     async with running(cfg) as app:
-        async with Client.connect(app.url, ALICE["token"]) as alice, Client.connect(app.url, BOB["token"]) as bob:
+        async with Client.connect(app.url, ALICE["token"]) as alice, \
+                Client.connect(app.url, BOB["token"]) as bob:
             key = (await alice.call("sessions.create"))["sessionKey"]
             await say(alice, key, "Alice's safe combination is 31-7-22, kept in the attic.")
             await search_until(alice, {"query": "safe combination attic"})
@@ -67,9 +69,11 @@ async def test_a_copy_in_another_users_directory_is_skipped(
             before = (await bob.call("memory.status"))["syncCount"]
             await bob.call("memory.reindex", {"full": True})
             status = await synced_after(bob, before)
-            assert (await bob.call("memory.search", {"query": "safe combination attic"}))["results"] == []
+            assert (await bob.call("memory.search",
+                                   {"query": "safe combination attic"}))["results"] == []
             assert status["skippedFiles"] >= 1
-            assert (await alice.call("memory.search", {"query": "safe combination attic"}))["results"]
+            assert (await alice.call("memory.search",
+                                     {"query": "safe combination attic"}))["results"]
 
 
 async def test_a_symlink_to_a_file_outside_is_skipped(
@@ -80,7 +84,8 @@ async def test_a_symlink_to_a_file_outside_is_skipped(
     cfg = two_users(config_factory, fake_openai, admin="bob")
     outside = tmp_path / "outside.jsonl"
     key = "0123456789abcdef0123456789abcdef"
-    outside_transcript(outside, "bob", key, "The server room door code is 884422 and nobody should know.")
+    outside_transcript(outside, "bob", key,
+                       "The server room door code is 884422 and nobody should know.")
     async with running(cfg) as app:
         async with Client.connect(app.url, BOB["token"]) as bob:
             control = (await bob.call("sessions.create"))["sessionKey"]

@@ -21,26 +21,34 @@ from tests.faults.test_upstream import run_end
 from tests.gateway.test_cli_import import _transcript_lines, recalld
 
 
-async def test_system_prompts_spend_the_message_byte_quota(config_factory: Callable[..., Config]) -> None:
+async def test_system_prompts_spend_the_message_byte_quota(
+    config_factory: Callable[..., Config]
+) -> None:
     """The bytes of a system prompt (sessions.create and sessions.update) count against
     quotas.message_bytes_per_minute: past it -32004 naming the key and nothing is written; a
     call without a prompt, and another user, are not affected."""
-    cfg = two_users(config_factory, quotas={"message_bytes_per_minute": 300_000, "sessions_per_minute": 1000,
+    cfg = two_users(config_factory, quotas={"message_bytes_per_minute": 300_000,
+                                            "sessions_per_minute": 1000,
                                             "updates_per_minute": 1000})
     prompt = "p" * 60_000  # five fill the bucket; it refills in 12 s per prompt
     async with running(cfg) as app, \
-            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
-        replies = [await alice.request("sessions.create", {"systemPrompt": prompt}) for _ in range(7)]
+            Client.connect(app.url, USERS[0]["token"]) as alice, \
+            Client.connect(app.url, USERS[1]["token"]) as bob:
+        replies = [await alice.request("sessions.create", {"systemPrompt": prompt})
+                   for _ in range(7)]
         assert [("result" in r) for r in replies] == [True] * 5 + [False] * 2, replies[-1]
         error = replies[5]["error"]
-        assert error["code"] == -32004 and "quotas.message_bytes_per_minute" in error["message"], error
+        assert (error["code"] == -32004
+                and "quotas.message_bytes_per_minute" in error["message"]), error
         assert error["data"]["retryAfterMs"] > 0
         assert len((await alice.call("sessions.list"))["sessions"]) == 5
         key = replies[0]["result"]["sessionKey"]
-        refused = await alice.request("sessions.update", {"sessionKey": key, "systemPrompt": prompt + "!"})
+        refused = await alice.request("sessions.update", {"sessionKey": key,
+                                                          "systemPrompt": prompt + "!"})
         assert refused["error"]["code"] == -32004, refused
         assert (await alice.call("sessions.get", {"sessionKey": key}))["systemPrompt"] == prompt
-        assert "result" in await alice.request("sessions.update", {"sessionKey": key, "title": "renamed"})
+        assert "result" in await alice.request("sessions.update", {"sessionKey": key,
+                                                                   "title": "renamed"})
         assert "result" in await alice.request("sessions.create", {"title": "no prompt"})
         assert "result" in await bob.request("sessions.create", {"systemPrompt": prompt})
 
@@ -51,8 +59,10 @@ async def test_a_model_taken_off_the_list_is_refused_at_every_run(
     """A session whose model the operator removed from llm.models (then restarted) gets
     -32011 naming llm.models at chat.send and chat.regenerate, nothing is appended, and the
     model is never sent upstream again."""
-    llm = {"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "cheap-model", "max_retries": 0}
-    offered = config_factory(llm={**llm, "models": ["big-model"]}, chat={"recall": False, "auto_title": False})
+    llm = {"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "cheap-model",
+           "max_retries": 0}
+    offered = config_factory(llm={**llm, "models": ["big-model"]},
+                             chat={"recall": False, "auto_title": False})
     async with running(offered) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create", {"model": "big-model"}))["sessionKey"]
         run = (await c.call("chat.send", {"sessionKey": key, "message": "hello"}))["runId"]
@@ -61,11 +71,12 @@ async def test_a_model_taken_off_the_list_is_refused_at_every_run(
     withdrawn = config_factory(llm=llm, chat={"recall": False, "auto_title": False})
     async with running(withdrawn) as app, Client.connect(app.url, TOKEN) as c:
         for method, params in (("chat.send", {"sessionKey": key, "message": "again"}),
-                               ("chat.send", {"sessionKey": key, "message": "again", "idempotencyKey": "k1"}),
+                               ("chat.send", {"sessionKey": key, "message": "again",
+                                              "idempotencyKey": "k1"}),
                                ("chat.regenerate", {"sessionKey": key})):
             error = (await c.request(method, params))["error"]
-            assert error["code"] == -32011 and "llm.models" in error["message"] and "big-model" in error["message"], \
-                (method, error)
+            assert (error["code"] == -32011 and "llm.models" in error["message"]
+                    and "big-model" in error["message"]), (method, error)
         assert (await c.call("sessions.get", {"sessionKey": key}))["messageCount"] == 2
         other = (await c.call("sessions.create"))["sessionKey"]
         run = (await c.call("chat.send", {"sessionKey": other, "message": "fine"}))["runId"]
@@ -78,25 +89,33 @@ async def test_a_nul_is_invalid_params_on_both_backends(
 ) -> None:
     """A NUL in chat.send's idempotencyKey or in a fact's text answers -32602 naming the field
     (never -32603 or a retryable storage error), on SQLite and PostgreSQL, and writes nothing."""
-    cfg = backend_config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "max_retries": 0},
+    cfg = backend_config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t",
+                                      "max_retries": 0},
                                  chat={"recall": False, "auto_title": False})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        reply = await c.request("chat.send", {"sessionKey": key, "message": "hi", "idempotencyKey": "k\x00"})
-        assert reply["error"]["code"] == -32602 and reply["error"]["data"]["field"] == "idempotencyKey", reply
+        reply = await c.request("chat.send", {"sessionKey": key, "message": "hi",
+                                              "idempotencyKey": "k\x00"})
+        assert (reply["error"]["code"] == -32602
+                and reply["error"]["data"]["field"] == "idempotencyKey"), reply
         assert (await c.call("sessions.get", {"sessionKey": key}))["messageCount"] == 0
         for method, params in (("memory.facts.add", {"text": "my cat is \x00 Luna"}),):
             error = (await c.request(method, params))["error"]
             assert error["code"] == -32602 and error["data"]["field"] == "text", error
         fact = (await c.call("memory.facts.add", {"text": "my cat is Luna"}))["fact"]
-        error = (await c.request("memory.facts.update", {"id": fact["id"], "text": "\x00"}))["error"]
+        error = (await c.request("memory.facts.update", {"id": fact["id"],
+                                                         "text": "\x00"}))["error"]
         assert error["code"] == -32602 and error["data"]["field"] == "text", error
-        assert [f["text"] for f in (await c.call("memory.facts.list"))["facts"]] == ["my cat is Luna"]
-        run = (await c.call("chat.send", {"sessionKey": key, "message": "hi", "idempotencyKey": "k"}))["runId"]
+        assert [f["text"] for f in (await c.call("memory.facts.list"))["facts"]] == [
+            "my cat is Luna"]
+        run = (await c.call("chat.send", {"sessionKey": key, "message": "hi",
+                                          "idempotencyKey": "k"}))["runId"]
         assert (await run_end(c, run))["method"] == "chat.final"
 
 
-async def test_a_title_with_control_characters_is_refused_over_rpc(config_factory: Callable[..., Config]) -> None:
+async def test_a_title_with_control_characters_is_refused_over_rpc(
+    config_factory: Callable[..., Config]
+) -> None:
     """sessions.create and sessions.update refuse a title holding a NUL or a terminal escape
     with -32602 naming title, and keep nothing of it."""
     async with running(config_factory()) as app, Client.connect(app.url, TOKEN) as c:
@@ -105,7 +124,8 @@ async def test_a_title_with_control_characters_is_refused_over_rpc(config_factor
             assert error["code"] == -32602 and error["data"]["field"] == "title", (title, error)
         assert (await c.call("sessions.list"))["sessions"] == []
         key = (await c.call("sessions.create", {"title": "fine"}))["sessionKey"]
-        assert (await c.request("sessions.update", {"sessionKey": key, "title": "\x07bell"}))["error"]["code"] == -32602
+        assert (await c.request(
+            "sessions.update", {"sessionKey": key, "title": "\x07bell"}))["error"]["code"] == -32602
         assert (await c.call("sessions.get", {"sessionKey": key}))["title"] == "fine"
 
 
@@ -120,7 +140,8 @@ def _import(tmp_path: Path, lines: list[dict[str, Any]]) -> tuple[Path, str]:
     return data, out.stderr
 
 
-HEAD = {"type": "session", "version": HEADER_VERSION, "user": "old", "createdAt": "2024-02-01T10:00:00Z"}
+HEAD = {"type": "session", "version": HEADER_VERSION, "user": "old",
+        "createdAt": "2024-02-01T10:00:00Z"}
 
 
 def _message(n: int, role: str, **extra: Any) -> dict[str, Any]:
@@ -132,12 +153,14 @@ def test_import_leaves_out_a_model_not_offered(tmp_path: Path) -> None:
     """`recalld import` of recalld JSONL leaves out a header model the daemon does not offer
     (llm.model, llm.models), saying so, and keeps an offered one."""
     data, err = _import(tmp_path, [
-        {**HEAD, "sessionKey": "a" * 32, "title": "one", "model": "o1-pro-2025-03-19"}, _message(1, "user"),
+        {**HEAD, "sessionKey": "a" * 32, "title": "one", "model": "o1-pro-2025-03-19"},
+        _message(1, "user"),
         {**HEAD, "sessionKey": "b" * 32, "title": "two", "model": "big-model"}, _message(2, "user"),
     ])
     assert "'o1-pro-2025-03-19' is not offered here" in err, err
     assert "model" not in _transcript_lines(data, "bo", session_key_for("bo", "jsonl", "a" * 32))[0]
-    assert _transcript_lines(data, "bo", session_key_for("bo", "jsonl", "b" * 32))[0]["model"] == "big-model"
+    assert _transcript_lines(
+        data, "bo", session_key_for("bo", "jsonl", "b" * 32))[0]["model"] == "big-model"
 
 
 def test_import_applies_the_rpc_checks(tmp_path: Path) -> None:
@@ -151,7 +174,8 @@ def test_import_applies_the_rpc_checks(tmp_path: Path) -> None:
     ])
     lines = _transcript_lines(data, "bo", session_key_for("bo", "jsonl", "a" * 32))
     assert lines[0]["title"] == "evil [2J [31mtitle", lines[0]
-    assert {k for k in lines[1] if k not in ("id", "runId")} == {"type", "role", "content", "ts"}, lines[1]
+    assert {k for k in lines[1] if k not in ("id", "runId")} == {"type", "role", "content",
+                                                                 "ts"}, lines[1]
     assert lines[2]["model"] == "m-1" and lines[2]["finishReason"] == "stop"
     with SessionStore(data) as store:
         assert [s.title for s in store.list("bo", limit=10)[0]] == ["evil [2J [31mtitle"]

@@ -65,7 +65,8 @@ async def test_failed_append_while_another_send_waits_keeps_one_fifo_lane(
     """An append that fails while a second chat.send waits for the session's lock does not
     orphan the session's queue: the waiting run stays abortable, and the next send queues
     behind it instead of streaming in parallel."""
-    fake_openai.configure(reply="one two three four five six seven eight", deltas=8, delta_delay_s=0.15)
+    fake_openai.configure(reply="one two three four five six seven eight", deltas=8,
+                          delta_delay_s=0.15)
     app = await start_app(chat_config(config_factory, fake_openai),
                           file_io=FileIO(write=failing_write(BOOM.encode())))
     try:
@@ -73,11 +74,14 @@ async def test_failed_append_while_another_send_waits_keeps_one_fifo_lane(
             key = (await c.call("sessions.create"))["sessionKey"]
             failed, first = await batch(c, ("chat.send", {"sessionKey": key, "message": BOOM}),
                                         ("chat.send", {"sessionKey": key, "message": "first"}))
-            assert failed["error"]["code"] == -32603 and "storage error" in failed["error"]["message"]
+            assert (failed["error"]["code"] == -32603
+                    and "storage error" in failed["error"]["message"])
             first_id = first["result"]["runId"]
             await c.next_event("chat.delta")
-            second_id = (await c.call("chat.send", {"sessionKey": key, "message": "second"}))["runId"]
-            assert (await c.call("chat.abort", {"sessionKey": key, "runId": first_id}))["aborted"] is True
+            second_id = (await c.call("chat.send", {"sessionKey": key,
+                                                    "message": "second"}))["runId"]
+            assert (await c.call("chat.abort", {"sessionKey": key,
+                                                "runId": first_id}))["aborted"] is True
             order: list[tuple[str, str]] = []
             async with asyncio.timeout(20):
                 while ("chat.final", second_id) not in order:

@@ -27,7 +27,9 @@ def assert_disk_full(err: RpcError) -> None:
     assert "sessions.min_free_bytes" in err.message and err.data == {"retryable": True}
 
 
-async def test_facts_are_not_added_or_updated_below_the_floor(config_factory: Callable[..., Config]) -> None:
+async def test_facts_are_not_added_or_updated_below_the_floor(
+    config_factory: Callable[..., Config]
+) -> None:
     """A fact saved while there is room; below the floor memory.facts.add and .update answer
     disk almost full and the facts stay as they were; memory.facts.delete still works."""
     async with running(config_factory()) as app, Client.connect(app.url, TOKEN) as c:
@@ -35,7 +37,8 @@ async def test_facts_are_not_added_or_updated_below_the_floor(config_factory: Ca
     async with running(config_factory(sessions={"min_free_bytes": HUGE})) as app, \
             Client.connect(app.url, TOKEN) as c:
         for method, params in (("memory.facts.add", {"text": "I live in Lisbon"}),
-                               ("memory.facts.update", {"id": fact["id"], "text": "I work at Initech"})):
+                               ("memory.facts.update", {"id": fact["id"],
+                                                        "text": "I work at Initech"})):
             with pytest.raises(RpcError) as info:
                 await c.call(method, params)
             assert_disk_full(info.value)
@@ -45,14 +48,17 @@ async def test_facts_are_not_added_or_updated_below_the_floor(config_factory: Ca
         assert (await c.call("memory.facts.list"))["facts"] == []
 
 
-async def test_the_indexer_writes_no_chunk_below_the_floor(config_factory: Callable[..., Config]) -> None:
+async def test_the_indexer_writes_no_chunk_below_the_floor(
+    config_factory: Callable[..., Config]
+) -> None:
     """A transcript written while the daemon was down is not indexed below the floor: the
     catch-up sync fails with disk almost full (memory.status lastError), search finds nothing
     and memory.db holds no chunk and no file row."""
     cfg = config_factory(sessions={"min_free_bytes": HUGE})
     with SessionStore(cfg.data_dir, SessionsConfig(min_free_bytes=0)) as store:
         key = store.create("default").session_key
-        store.append_message("default", key, role="user", content="The lighthouse keeper is called Odile.")
+        store.append_message("default", key, role="user",
+                             content="The lighthouse keeper is called Odile.")
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         status: dict[str, Any] = {}
         async with asyncio.timeout(20):
@@ -60,7 +66,8 @@ async def test_the_indexer_writes_no_chunk_below_the_floor(config_factory: Calla
                 status = await c.call("memory.status")
                 await asyncio.sleep(0.05)
         assert "disk almost full" in status["lastError"], status
-        assert (await c.call("memory.search", {"query": "lighthouse keeper Odile"}))["results"] == []
+        assert (await c.call("memory.search",
+                             {"query": "lighthouse keeper Odile"}))["results"] == []
         assert app.memory is not None
         with pytest.raises(MemoryStorageError, match="disk almost full"):
             await app.memory.service.episodes.enqueue("default", key)

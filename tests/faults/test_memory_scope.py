@@ -12,7 +12,7 @@ import pytest
 
 from gateway.client import Client, RpcError
 from gateway.config import Config, ConfigError
-from memory.index.db import open_index
+from memory.sqlite.index.db import open_index
 from tests.conftest import running
 from tests.fake_openai import FakeOpenAI
 from tests.gateway.test_memory_methods import say, search_until
@@ -24,7 +24,8 @@ WHOLE_INDEX = {"dbPath", "dbBytes", "cacheEntries", "skippedFiles"}
 
 def two_users(factory: Callable[..., Config], fake: FakeOpenAI, **auth: Any) -> Config:
     return factory(auth={"users": [ALICE, BOB], "token": None, **auth},
-                   llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0},
+                   llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model",
+                        "max_retries": 0},
                    memory={"debounce_ms": 20})
 
 
@@ -46,25 +47,33 @@ def indexed_at(data_dir: Path) -> dict[str, str]:
         db.close()
 
 
-async def test_status_is_scoped_to_the_caller(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_status_is_scoped_to_the_caller(
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+) -> None:
     """With two users and no admin, each sees only their own counts, and nobody the index's
     path, size, shared cache or skipped files."""
     async with running(two_users(config_factory, fake_openai)) as app:
-        async with Client.connect(app.url, ALICE["token"]) as alice, Client.connect(app.url, BOB["token"]) as bob:
+        async with Client.connect(app.url, ALICE["token"]) as alice, \
+                Client.connect(app.url, BOB["token"]) as bob:
             key = (await alice.call("sessions.create"))["sessionKey"]
             await say(alice, key, "Alice plants tulips in October.")
             await search_until(alice, {"query": "tulips October"})
             mine, theirs = await alice.call("memory.status"), await bob.call("memory.status")
     assert mine["files"] == 1 and mine["chunks"] >= 1 and mine["scope"] == "user"
-    assert (theirs["files"], theirs["chunks"], theirs["embedded"], theirs["pending"]) == (0, 0, 0, 0)
+    assert (theirs["files"], theirs["chunks"], theirs["embedded"], theirs["pending"]) == (
+        0, 0, 0, 0)
     assert not WHOLE_INDEX & (set(mine) | set(theirs))
     assert str(app.config.data_dir) not in str(mine) + str(theirs)
 
 
-async def test_the_admin_sees_the_whole_index(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
-    """auth.admin = "alice": alice's memory.status counts bob's rows too and names the index file."""
+async def test_the_admin_sees_the_whole_index(
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI
+) -> None:
+    """auth.admin = "alice": alice's memory.status counts bob's rows too and names the index
+    file."""
     async with running(two_users(config_factory, fake_openai, admin="alice")) as app:
-        async with Client.connect(app.url, ALICE["token"]) as alice, Client.connect(app.url, BOB["token"]) as bob:
+        async with Client.connect(app.url, ALICE["token"]) as alice, \
+                Client.connect(app.url, BOB["token"]) as bob:
             key = (await bob.call("sessions.create"))["sessionKey"]
             await say(bob, key, "Bob keeps bees behind the barn.")
             await search_until(bob, {"query": "bees barn"})
@@ -85,7 +94,8 @@ async def test_full_reindex_rebuilds_only_the_callers_rows_and_is_rate_limited(
     """bob's full reindex re-chunks bob's transcripts (new chunk ids) and leaves alice's rows as
     they were; a second full reindex within limits.full_reindex_interval_s answers -32004."""
     async with running(two_users(config_factory, fake_openai)) as app:
-        async with Client.connect(app.url, ALICE["token"]) as alice, Client.connect(app.url, BOB["token"]) as bob:
+        async with Client.connect(app.url, ALICE["token"]) as alice, \
+                Client.connect(app.url, BOB["token"]) as bob:
             a_key = (await alice.call("sessions.create"))["sessionKey"]
             b_key = (await bob.call("sessions.create"))["sessionKey"]
             await say(alice, a_key, "Alice's kayak is bright orange.")
@@ -103,5 +113,7 @@ async def test_full_reindex_rebuilds_only_the_callers_rows_and_is_rate_limited(
             with pytest.raises(RpcError) as info:
                 await bob.call("memory.reindex", {"full": True})
             assert info.value.code == -32004 and info.value.data["retryAfterMs"] > 0
-            assert await bob.call("memory.reindex") == {"queued": True}  # a plain sync is not limited
-            assert await alice.call("memory.reindex", {"full": True}) == {"queued": True}  # per user
+            # a plain sync is not limited
+            assert await bob.call("memory.reindex") == {"queued": True}
+            # per user
+            assert await alice.call("memory.reindex", {"full": True}) == {"queued": True}

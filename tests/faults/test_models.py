@@ -14,7 +14,8 @@ from tests.conftest import TOKEN, running
 async def test_a_model_not_offered_is_refused(config_factory: Callable[..., Config]) -> None:
     """By default only llm.model may be chosen: sessions.create with another answers -32602
     naming llm.models and creates nothing; models.list says what is offered."""
-    async with running(config_factory(llm={"model": "cheap-model"})) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(config_factory(llm={"model": "cheap-model"})) as app, \
+            Client.connect(app.url, TOKEN) as c:
         assert await c.call("models.list") == {"models": ["cheap-model"], "default": "cheap-model"}
         reply = await c.request("sessions.create", {"model": "o1-pro-2025-03-19"})
         error = reply["error"]
@@ -28,13 +29,15 @@ async def test_a_model_not_offered_is_refused(config_factory: Callable[..., Conf
 async def test_listed_models_may_be_chosen(config_factory: Callable[..., Config]) -> None:
     """With llm.models set, each listed model may be chosen, the configured one stays the
     default and comes first, and rpc.discover describes models.list's result."""
-    cfg = config_factory(llm={"model": "cheap-model", "models": ["big-model", "cheap-model", "other"]})
+    cfg = config_factory(llm={"model": "cheap-model",
+                              "models": ["big-model", "cheap-model", "other"]})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         assert await c.call("models.list") == {"models": ["cheap-model", "big-model", "other"],
                                                "default": "cheap-model"}
         key = (await c.call("sessions.create", {"model": "big-model"}))["sessionKey"]
         assert (await c.call("sessions.get", {"sessionKey": key}))["model"] == "big-model"
-        assert (await c.request("sessions.create", {"model": "unlisted"}))["error"]["code"] == -32602
+        assert (await c.request("sessions.create",
+                                {"model": "unlisted"}))["error"]["code"] == -32602
         methods = {m["name"]: m for m in (await c.call("rpc.discover"))["methods"]}
         props = methods["models.list"]["result"]["schema"]["properties"]
         assert set(props) == {"models", "default"}

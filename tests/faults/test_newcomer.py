@@ -40,8 +40,9 @@ def test_a_closed_stdout_exits_quietly(daemon: Daemon) -> None:
     os.close(read_end)  # the reader left before the first byte
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "gateway", "--data-dir", str(daemon.data_dir), "call", "rpc.discover",
-             "--url", daemon.url], stdout=write_end, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "gateway", "--data-dir", str(daemon.data_dir), "call",
+             "rpc.discover", "--url", daemon.url],
+            stdout=write_end, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, timeout=60, env=_env(RECALLD_TOKEN=TOKEN))
     finally:
         os.close(write_end)
@@ -55,7 +56,9 @@ async def _cli(data_dir: Path, *args: str, **env: str) -> subprocess.CompletedPr
         capture_output=True, text=True, timeout=120, env=_env(**env), stdin=subprocess.DEVNULL)
 
 
-async def test_cli_commands_beside_the_daemon_keep_its_embedder(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+async def test_cli_commands_beside_the_daemon_keep_its_embedder(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     """A daemon embedding with an OpenAI-compatible endpoint set in its own environment only:
     `recalld import` and `recalld memory status` run from a shell without those variables pick
     another embedder, so they embed nothing (saying why) and neither they nor the daemon log an
@@ -67,10 +70,12 @@ async def test_cli_commands_beside_the_daemon_keep_its_embedder(tmp_path: Path, 
     dump = tmp_path / "export.jsonl"
     dump.write_bytes((source / "sessions" / "old" / f"{key}.jsonl").read_bytes())
     data = tmp_path / "data"
-    d = await FaultDaemon.start(data, env={"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake_openai.base_url,
+    d = await FaultDaemon.start(data, env={"OPENAI_API_KEY": "sk-test",
+                                           "OPENAI_BASE_URL": fake_openai.base_url,
                                            "RECALLD_MEMORY_EMBEDDER": "auto"})
     try:
-        imported = await _cli(data, "import", str(dump), "--user", "bo", RECALLD_MEMORY_EMBEDDER="auto")
+        imported = await _cli(data, "import", str(dump), "--user", "bo",
+                              RECALLD_MEMORY_EMBEDDER="auto")
         assert imported.returncode == 0, imported.stderr
         assert "memory.embedder.changed" not in imported.stderr
         assert "leaves new chunks to the daemon" in imported.stderr
@@ -79,7 +84,8 @@ async def test_cli_commands_beside_the_daemon_keep_its_embedder(tmp_path: Path, 
         assert "memory.embedder.changed" not in status.stderr
         async with Client.connect(d.url, TOKEN) as c:
             served = await c.call("memory.status")
-        assert served["provider"] == "openai" and served["vectorSearch"]["reason"] != "no embedder", served
+        assert (served["provider"] == "openai"
+                and served["vectorSearch"]["reason"] != "no embedder"), served
         assert not d.events("memory.embedder.changed")
     finally:
         await d.akill()
@@ -97,7 +103,8 @@ def test_an_import_skips_what_the_store_refuses_and_goes_on(tmp_path: Path) -> N
     long_title = Conversation("c-1", "T" * 1000, "2024-02-01T10:00:00Z", turns)
     next_one = Conversation("c-2", "fine", "2024-02-02T10:00:00Z", (Turn("user", "hello", None),))
     data = tmp_path / "data"
-    cut = import_conversations(data, config, "default", "jsonl", [replace(long_title, turns=turns[:2])])
+    cut = import_conversations(data, config, "default", "jsonl",
+                               [replace(long_title, turns=turns[:2])])
     assert cut.messages == 2 and len(cut.skipped) == 2
     report = import_conversations(data, config, "default", "jsonl", [long_title, next_one])
     assert (report.created, report.resumed, report.messages) == (1, 1, 2)

@@ -18,7 +18,9 @@ from gateway.config import Config
 from tests.conftest import TOKEN, running
 
 
-async def _hold_unauthenticated(url: str, n: int) -> tuple[list[ClientConnection], list[InvalidStatus]]:
+async def _hold_unauthenticated(
+    url: str, n: int
+) -> tuple[list[ClientConnection], list[InvalidStatus]]:
     opened: list[ClientConnection] = []
     refused: list[InvalidStatus] = []
 
@@ -32,10 +34,13 @@ async def _hold_unauthenticated(url: str, n: int) -> tuple[list[ClientConnection
     return opened, refused
 
 
-async def test_unauthenticated_sockets_cannot_keep_out_a_token_holder(config_factory: Callable[..., Config]) -> None:
+async def test_unauthenticated_sockets_cannot_keep_out_a_token_holder(
+    config_factory: Callable[..., Config]
+) -> None:
     """With more unauthenticated upgrades than server.max_connections, those past auth.max_pending
     get 503 naming the setting, and fresh connections with the token all get in and work."""
-    cfg = config_factory(server={"max_connections": 16}, auth={"max_pending": 8, "max_pending_per_address": 100})
+    cfg = config_factory(server={"max_connections": 16},
+                         auth={"max_pending": 8, "max_pending_per_address": 100})
     async with running(cfg) as app:
         opened, refused = await _hold_unauthenticated(app.url, 30)
         try:

@@ -49,7 +49,8 @@ async def test_every_file_the_daemon_creates_is_private(
         await say(c, key, "My bank PIN hint is the name of my first cat.")
         await search_until(c, {"query": "bank PIN hint"})
         modes = _modes(cfg.data_dir)
-    assert {"memory.db-wal", "sessions.db-wal", "memory.db", "sessions.db"} <= set(modes), sorted(modes)
+    assert ({"memory.db-wal", "sessions.db-wal", "memory.db", "sessions.db"}
+            <= set(modes)), sorted(modes)
     assert f"sessions/default/{key}.jsonl" in modes
     exposed = {path: oct(mode) for path, mode in modes.items() if mode & 0o077}
     assert not exposed, f"readable by other users: {exposed}"
@@ -73,7 +74,8 @@ def test_an_exposed_data_dir_is_reported_at_start(tmp_path: Path) -> None:
     assert len(warnings) == 1, daemon.lines
     warning = warnings[0]
     assert warning["count"] == 2 and warning["level"] == "warning"
-    assert any(str(data) in p for p in warning["paths"]) and any("notes.txt" in p for p in warning["paths"])
+    assert (any(str(data) in p for p in warning["paths"])
+            and any("notes.txt" in p for p in warning["paths"]))
     assert warning["fix"] == f"chmod -R go-rwx {data}"
 
 

@@ -31,8 +31,10 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-async def recalld(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """The CLI as a child process; awaited, so this loop keeps serving the fake model meanwhile."""
+async def recalld(*args: str, stdin: str = "",
+                  env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The CLI as a child process; awaited, so this loop keeps serving the fake model
+    meanwhile."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", *args, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env or _clean_env(),
@@ -52,11 +54,12 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         from cryptography.x509.oid import NameOID
     except ImportError:
         if shutil.which("openssl") is None:
-            pytest.skip("neither the cryptography package nor openssl is available to make a certificate")
+            pytest.skip("neither the cryptography package nor openssl is available to make a "
+                        "certificate")
         subprocess.run(
             ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout", str(key_path), "-out", str(cert_path),
-             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+             "-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout", str(key_path),
+             "-out", str(cert_path), "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
             check=True, capture_output=True,
         )
         return cert_path, key_path
@@ -67,14 +70,17 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         x509.CertificateBuilder()
         .subject_name(name).issuer_name(name).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
         .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
 
@@ -83,14 +89,18 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 def tls_daemon(tmp_path: Path, fake_openai: FakeOpenAI) -> Iterator[tuple[Daemon, str, Path]]:
     cert, key = self_signed(tmp_path)
     d = Daemon(tmp_path / "data", env={"RECALLD_TLS_CERT": str(cert), "RECALLD_TLS_KEY": str(key),
-                                      "OPENAI_BASE_URL": fake_openai.base_url, "RECALLD_LLM_MODEL": "fake-model"})
+                                      "OPENAI_BASE_URL": fake_openai.base_url,
+                                      "RECALLD_LLM_MODEL": "fake-model"})
     yield d, f"wss://127.0.0.1:{d.port}/", cert
     d.kill()
 
 
-async def test_call_and_chat_work_over_wss_with_cacert(tls_daemon: tuple[Daemon, str, Path], tmp_path: Path) -> None:
+async def test_call_and_chat_work_over_wss_with_cacert(
+    tls_daemon: tuple[Daemon, str, Path], tmp_path: Path
+) -> None:
     """Against a wss:// daemon with a self-signed certificate, `recalld call` and `recalld chat`
-    connect with --cacert and --token-file; without --cacert they fail with one line, no traceback."""
+    connect with --cacert and --token-file; without --cacert they fail with one line, no
+    traceback."""
     daemon, url, cert = tls_daemon
     token_file = tmp_path / "client-token"
     token_file.write_text(TOKEN + "\n")
@@ -114,7 +124,9 @@ async def test_call_and_chat_work_over_wss_with_cacert(tls_daemon: tuple[Daemon,
         assert len(err.strip().splitlines()) == 1, err
 
 
-async def test_clients_find_a_daemon_on_port_0_through_the_data_dir(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+async def test_clients_find_a_daemon_on_port_0_through_the_data_dir(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     """With the daemon on a port the OS picked, `call` and `chat` given only the data dir (after
     the command) reach it and take its generated token; $RECALLD_URL works from anywhere."""
     data = tmp_path / "data"
@@ -133,25 +145,31 @@ async def test_clients_find_a_daemon_on_port_0_through_the_data_dir(tmp_path: Pa
         assert code == 0, err
         assert "Echo: found you\n" in out
         token = (data / "token").read_text().strip()
-        code, out, err = await recalld("--data-dir", str(tmp_path / "elsewhere"), "call", "gateway.health",
+        code, out, err = await recalld("--data-dir", str(tmp_path / "elsewhere"), "call",
+                                       "gateway.health",
                                        env=_clean_env(RECALLD_URL=daemon.url, RECALLD_TOKEN=token))
         assert code == 0, err
     finally:
         daemon.stop()
-    assert not (data / RUNTIME_FILE).exists(), "the daemon left its address behind after a clean stop"
+    assert not (data / RUNTIME_FILE).exists(), ("the daemon left its address behind after a clean "
+                                                "stop")
 
 
 def test_serve_accepts_the_data_dir_after_the_command(tmp_path: Path) -> None:
     """`recalld serve --data-dir D --port 0` serves D, exactly like `recalld --data-dir D serve`."""
     data = tmp_path / "after"
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--data-dir", str(data), "--port", "0"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=_clean_env(RECALLD_TOKEN=TOKEN, RECALLD_MEMORY_EMBEDDER="none"), text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--data-dir", str(data),
+                             "--port", "0"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE,
+                            env=_clean_env(RECALLD_TOKEN=TOKEN, RECALLD_MEMORY_EMBEDDER="none"),
+                            text=True)
     try:
         deadline = time.monotonic() + 30
         while (url := read_runtime_url(data)) is None:
             assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "the daemon never wrote its address into the data dir"
+            assert time.monotonic() < deadline, ("the daemon never wrote its address into the "
+                                                 "data dir")
             time.sleep(0.05)
 
         async def health() -> str:
@@ -167,7 +185,8 @@ def test_serve_accepts_the_data_dir_after_the_command(tmp_path: Path) -> None:
 
 def test_a_stale_address_file_is_ignored(tmp_path: Path) -> None:
     """A daemon.json left by a daemon killed with -9 (its pid gone) does not steer the client."""
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True)
     gone = int(child.stdout)
     (tmp_path / RUNTIME_FILE).write_text(json.dumps({"url": "ws://127.0.0.1:9/", "pid": gone}))
     assert read_runtime_url(tmp_path) is None
@@ -180,11 +199,13 @@ async def test_an_empty_token_file_is_one_clear_line(tmp_path: Path) -> None:
     for path, words in ((empty, "is empty"), (tmp_path / "missing", "cannot read the token file")):
         code, _, err = await recalld("call", "gateway.health", "--data-dir", str(tmp_path),
                                      "--url", "ws://127.0.0.1:9/", "--token-file", str(path))
-        assert code == 2 and words in err and str(path) in err and len(err.strip().splitlines()) == 1, err
+        assert (code == 2 and words in err and str(path) in err
+                and len(err.strip().splitlines()) == 1), err
 
 
 async def test_global_flags_work_after_every_command(tmp_path: Path) -> None:
-    """`token --data-dir D` and `memory status --data-dir D` act on D, like the flag before the command."""
+    """`token --data-dir D` and `memory status --data-dir D` act on D, like the flag before the
+    command."""
     data = tmp_path / "data"
     code, out, err = await recalld("token", "--data-dir", str(data))
     assert code == 0, err

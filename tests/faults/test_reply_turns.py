@@ -113,7 +113,8 @@ async def test_replies_waiting_for_a_reader_enter_the_socket_buffer_one_at_a_tim
             while not app.server.connections - good:
                 await asyncio.sleep(0.01)
         (conn,) = app.server.connections - good
-        conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET,
+                                                              socket.SO_SNDBUF, 4096)
         for i in range(32):
             await ws.send(orjson.dumps({"id": i, "method": "sessions.history",
                                         "params": {"sessionKey": key, "limit": 10}}).decode())

@@ -119,9 +119,11 @@ async def test_half_sent_mcp_requests_leave_the_gateway_its_descriptors(tmp_path
         async with Client.connect(d.url, TOKEN) as good:
             async with _squatters(200, mcp_port, _head("/mcp", mcp_port, "POST")) as held:
                 creates = Counter("ok" if "result" in r else r["error"]["message"][:60]
-                                  for r in [await good.request("sessions.create") for _ in range(5)])
+                                  for r in [await good.request("sessions.create")
+                                            for _ in range(5)])
                 fresh = await _fresh_connections(d.url, 10)
-            print(f"squatters {dict(held)}; creates {dict(creates)}; fresh gateway connections {dict(fresh)}")
+            print(f"squatters {dict(held)}; creates {dict(creates)}; "
+                  f"fresh gateway connections {dict(fresh)}")
             assert creates == {"ok": 5}, creates
             assert fresh["ok"] >= 9, fresh
             assert (await good.call("gateway.health"))["status"] == "ok"
@@ -138,15 +140,19 @@ async def test_half_sent_requests_on_the_gateway_port_leave_room_for_the_owner(
         port = app.server.port
         async with _squatters(150, port, _head("/", port)) as held:
             fresh = await _fresh_connections(app.url, 10)
-        print(f"squatters {dict(held)}; fresh connections {dict(fresh)}; budget {app.server.sockets.max_sockets}")
+        print(f"squatters {dict(held)}; fresh connections {dict(fresh)}; "
+              f"budget {app.server.sockets.max_sockets}")
         assert fresh["ok"] >= 9, fresh
 
 
-async def test_a_request_whose_headers_never_end_is_closed(config_factory: Callable[..., Config]) -> None:
+async def test_a_request_whose_headers_never_end_is_closed(
+    config_factory: Callable[..., Config]
+) -> None:
     """server.header_timeout_s closes a socket whose request headers are not complete, on the
     gateway's port and on /mcp, also when a kept-alive /mcp connection starts a second request."""
     mcp_port = free_port()
-    async with running(config_factory(server={"header_timeout_s": 0.5}, mcp={"port": mcp_port})) as app:
+    async with running(config_factory(server={"header_timeout_s": 0.5},
+                                      mcp={"port": mcp_port})) as app:
         port = app.server.port
         assert await _closed_by_server(port, _head("/healthz", port))
         assert await _closed_by_server(mcp_port, _head("/mcp", mcp_port, "POST"))
@@ -162,7 +168,8 @@ async def test_get_mcp_holds_no_stream_open(config_factory: Callable[..., Config
     async with running(config_factory(mcp={"port": mcp_port})):
         reader, writer = await asyncio.open_connection("127.0.0.1", mcp_port)
         try:
-            writer.write(_head("/mcp", mcp_port, token=TOKEN) + b"Accept: text/event-stream\r\n\r\n")
+            writer.write(_head("/mcp", mcp_port, token=TOKEN)
+                         + b"Accept: text/event-stream\r\n\r\n")
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         finally:
             writer.close()

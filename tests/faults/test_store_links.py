@@ -46,7 +46,8 @@ async def test_a_linked_transcript_is_neither_read_nor_appended_to(
         (cfg.data_dir / "sessions" / "bob" / f"{KEY}.jsonl").symlink_to(outside)
         assert_link_refused(await refused(bob, "sessions.history", {"sessionKey": KEY}))
         assert_link_refused(await refused(bob, "sessions.get", {"sessionKey": KEY}))
-        assert_link_refused(await refused(bob, "chat.send", {"sessionKey": KEY, "message": "append me"}))
+        assert_link_refused(await refused(bob, "chat.send", {"sessionKey": KEY,
+                                                             "message": "append me"}))
         assert KEY not in [s["sessionKey"] for s in (await bob.call("sessions.list"))["sessions"]]
         assert (await bob.call("sessions.history", {"sessionKey": own}))["messages"] == []
     assert outside.read_bytes() == before
@@ -66,7 +67,8 @@ async def test_a_linked_user_directory_is_refused(
     async with running(cfg) as app, Client.connect(app.url, BOB["token"]) as bob:
         (cfg.data_dir / "sessions" / "bob").symlink_to(elsewhere, target_is_directory=True)
         assert_link_refused(await refused(bob, "sessions.history", {"sessionKey": KEY}))
-        assert_link_refused(await refused(bob, "chat.send", {"sessionKey": KEY, "message": "append me"}))
+        assert_link_refused(await refused(bob, "chat.send", {"sessionKey": KEY,
+                                                             "message": "append me"}))
         assert_link_refused(await refused(bob, "sessions.create", {}))
     assert outside.read_bytes() == before
     assert [p.name for p in elsewhere.iterdir()] == [outside.name]

@@ -63,7 +63,8 @@ MODEL_FAULTS: list[tuple[str, list[Behaviour], str, int | None]] = [
     ("hang", [Behaviour(hang=True)] * 2, "chat.error", None),
     ("stall-mid-stream", [Behaviour(hang_after=2, reply="a b c d e f")], "chat.error", None),
     ("cut-mid-stream", [Behaviour(cut_after=2, reply="a b c d e f")], "chat.error", None),
-    ("malformed-sse", [Behaviour(malformed_sse=True, malformed_after=2, reply="a b c d e f")], "chat.error", None),
+    ("malformed-sse", [Behaviour(malformed_sse=True, malformed_after=2, reply="a b c d e f")],
+     "chat.error", None),
 ]
 
 
@@ -73,15 +74,17 @@ async def test_model_endpoint_faults_keep_messages_and_serve_others(
     """Every model fault in turn on one daemon (SDK retries on, 1 s timeout): acked user messages
     stay in the transcript, the assistant line records the failure, Retry-After is honoured, the
     session works right after, and a bystander's calls are served throughout."""
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model",
-                              "timeout_s": 1.0, "max_retries": 1})
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t",
+                              "model": "fake-model", "timeout_s": 1.0, "max_retries": 1})
     acked = Acked()
-    async with running(cfg) as app, bystander(app.url) as latencies, Client.connect(app.url, TOKEN) as c:
+    async with running(cfg) as app, bystander(app.url) as latencies, \
+            Client.connect(app.url, TOKEN) as c:
         for name, behaviours, outcome, status in MODEL_FAULTS:
             fake_openai.script(*behaviours)
             key = (await c.call("sessions.create", {"title": name}))["sessionKey"]
             t0 = time.monotonic()
-            run_id = (await c.call("chat.send", {"sessionKey": key, "message": f"fault {name}"}))["runId"]
+            run_id = (await c.call("chat.send", {"sessionKey": key,
+                                                 "message": f"fault {name}"}))["runId"]
             acked.add(key, run_id, f"fault {name}")
             end = await run_end(c, run_id)
             assert end["method"] == outcome, (name, end)
@@ -101,14 +104,16 @@ async def test_model_endpoint_faults_keep_messages_and_serve_others(
                 continue
             first_reply = transcript[2]
             assert first_reply["role"] == "assistant"
-            assert bool(first_reply.get("failed")) == (dict((n, o) for n, _, o, _ in MODEL_FAULTS)[title] == "chat.error")
+            assert bool(first_reply.get("failed")) == (
+                dict((n, o) for n, _, o, _ in MODEL_FAULTS)[title] == "chat.error")
     # The bystander kept being served (how fast is a figure for bench/, not a pass mark).
     assert len(latencies) > 20
 
 
 async def test_model_endpoint_refused(config_factory: Callable[..., Config]) -> None:
     """Nothing listens at the model's address: chat.error retryable, message kept, daemon fine."""
-    cfg = config_factory(llm={"base_url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 1, "timeout_s": 2.0})
+    cfg = config_factory(llm={"base_url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 1,
+                              "timeout_s": 2.0})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         run_id = (await c.call("chat.send", {"sessionKey": key, "message": "anyone?"}))["runId"]
@@ -132,7 +137,8 @@ EMBED_FAULTS: dict[str, list[Behaviour] | None] = {
 }
 
 
-async def _wait_status(c: Client, done: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
+async def _wait_status(c: Client, done: Callable[[dict[str, Any]], bool],
+                       timeout: float = 30) -> dict[str, Any]:
     async with asyncio.timeout(timeout):
         while True:
             status: dict[str, Any] = await c.call("memory.status")
@@ -151,14 +157,17 @@ async def test_embedder_faults_leave_chunks_pending_and_keyword_search_working(
     fake_openai.configure_embeddings()
     embed_url = fake_openai.base_url if fault != "refused" else f"http://127.0.0.1:{free_port()}/v1"
     cfg = config_factory(
-        llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model", "max_retries": 0},
-        memory={"embedder": "openai", "embeddings_base_url": embed_url, "embeddings_model": "fake-embed",
-                "embeddings_timeout_s": 0.5, "embeddings_max_retries": 1, "debounce_ms": 50})
+        llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "model": "fake-model",
+             "max_retries": 0},
+        memory={"embedder": "openai", "embeddings_base_url": embed_url,
+                "embeddings_model": "fake-embed", "embeddings_timeout_s": 0.5,
+                "embeddings_max_retries": 1, "debounce_ms": 50})
     if EMBED_FAULTS[fault]:
         fake_openai.script_embeddings(*EMBED_FAULTS[fault])  # type: ignore[misc]
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        run_id = (await c.call("chat.send", {"sessionKey": key, "message": "the zebra sleeps under the mango tree"}))["runId"]
+        run_id = (await c.call("chat.send", {
+            "sessionKey": key, "message": "the zebra sleeps under the mango tree"}))["runId"]
         assert (await run_end(c, run_id))["method"] == "chat.final"
         status = await _wait_status(c, lambda s: s["chunks"] > 0 and s["lastError"] is not None)
         assert status["pending"] == status["chunks"] and "embedder" in status["lastError"]
@@ -166,7 +175,8 @@ async def test_embedder_faults_leave_chunks_pending_and_keyword_search_working(
         found = await c.call("memory.search", {"query": "zebra mango"})
         assert time.perf_counter() - t0 < 3.0
         assert found["mode"] == "keyword" and len(found["results"]) == 1, found
-        second = (await c.call("chat.send", {"sessionKey": key, "message": "still talking"}))["runId"]
+        second = (await c.call("chat.send", {"sessionKey": key,
+                                             "message": "still talking"}))["runId"]
         assert (await run_end(c, second))["method"] == "chat.final"
         if fault == "refused":
             return  # nothing will ever answer at that address; the rest needs a server

@@ -9,8 +9,8 @@ import apsw
 
 from gateway.client import Client
 from gateway.config import Config
-from memory.facts.store import FactDraft, FactStore
-from memory.index.migrations import MIGRATIONS, migrate
+from memory.sqlite.facts import FactDraft, FactStore
+from memory.sqlite.index.migrations import MIGRATIONS, migrate
 from sessions import apply_migrations, sqlite_ledger
 from tests.conftest import TOKEN, running
 

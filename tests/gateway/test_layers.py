@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LEAVES = {"gateway.errors", "gateway.config", "gateway.wire", "gateway.auth", "gateway.logs", "gateway.client",
           "gateway.private", "gateway.runtime", "gateway.storage", "gateway.origins",
-          "gateway.sections", "gateway.readiness"}
+          "gateway.sections", "gateway.readiness", "gateway.importing"}
 # Rooms of gateway/ and what each may import besides the leaves, sessions and memory.
 ALLOWED = {
     "gateway.rpc": set(),
@@ -140,9 +140,9 @@ def _module_imports(module: str) -> set[str]:
 
 
 def test_memory_db_and_migrations_do_not_import_each_other() -> None:
-    """memory/index/db.py and migrations.py are not an import loop: db runs the migrations,
+    """memory/sqlite/index/db.py and migrations.py are not an import loop: db runs the migrations,
     and the migrations never reach back into db."""
-    db, migrations = "memory.index.db", "memory.index.migrations"
+    db, migrations = "memory.sqlite.index.db", "memory.sqlite.index.migrations"
     assert migrations in _module_imports(db)
     assert db not in _module_imports(migrations)
 
@@ -330,3 +330,28 @@ def test_no_function_of_the_composition_root_is_over_60_lines() -> None:
              for first in [min([f.lineno, *(d.lineno for d in f.decorator_list)])]}
     assert spans  # the file was read
     assert {name: n for name, n in spans.items() if n > MAX_APP_FUNCTION_LINES} == {}
+
+
+# Each backend of memory is one folder (issue 30): its driver is named nowhere else in memory/.
+_BACKEND_DRIVERS = {"memory/sqlite": ("apsw", "sqlite_vec"), "memory/pg": ("psycopg", "psycopg_pool")}
+
+
+def test_memory_names_a_storage_driver_only_in_its_backends_folder() -> None:
+    """apsw and sqlite-vec are imported only under memory/sqlite/, psycopg only under memory/pg/:
+    memory's rules (retrieval, facts, episodes, context) are written once over
+    memory.steps.Steps and the Protocols, and a third backend is one more folder."""
+    stray: list[str] = []
+    for path in sorted((ROOT / "memory").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        own = next((drivers for folder, drivers in _BACKEND_DRIVERS.items()
+                    if rel.startswith(folder + "/")), ())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     and node.level == 0 else [])
+            for name in names:
+                top = name.split(".")[0]
+                foreign = {d for ds in _BACKEND_DRIVERS.values() for d in ds} - set(own)
+                if top in foreign:
+                    stray.append(f"{rel}: {name}")
+    assert stray == []

@@ -16,6 +16,7 @@ from gateway.client import Client, RpcError
 from gateway.config import Config
 from gateway.retention import RetentionSweeper
 from gateway.storage import open_session_store
+from memory import MemoryOff
 from sessions import SessionStore
 from tests.conftest import TOKEN, running
 from tests.gateway.test_memory_methods import search_until
@@ -135,7 +136,8 @@ async def test_sessions_sweep_pages_through_every_user(
             for days in (40, 50, 60):
                 store.create(user, created_at=NOW - timedelta(days=days))
         kept = store.create("bob", created_at=NOW - timedelta(days=1)).session_key
-        sweeper = RetentionSweeper(store, NoRuns(), None, sessions_days=30, memory_days=0, page=2)
+        sweeper = RetentionSweeper(store, NoRuns(), MemoryOff(), sessions_days=30, memory_days=0,
+                                   page=2)
         assert (await sweeper.sweep(now=NOW))["sessions"] == 9
         assert [[s.session_key for s in store.list(u)[0]] for u in ("alice", "bob", "carol")] == [[], [kept], []]
     finally:

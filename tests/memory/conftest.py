@@ -24,7 +24,7 @@ import pytest
 from memory.config import MemoryConfig
 from memory.errors import EmbedderError
 from memory.pg.service import PgMemory
-from memory.service import MemoryService
+from memory.sqlite.service import MemoryService
 from sessions import (
     Message,
     SessionNotFound,

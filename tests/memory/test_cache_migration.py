@@ -6,7 +6,7 @@ from pathlib import Path
 
 import apsw
 
-from memory.index.quantize import cached_vector_to_int8, vector_to_blob
+from memory.quantize import cached_vector_to_int8, vector_to_blob
 from tests.memory.conftest import FakeEmbedder, fake_vector, opened, quiet_config, write_transcript
 
 SMALL = {"chunk_tokens": 24, "overlap_tokens": 6}

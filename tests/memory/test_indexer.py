@@ -9,7 +9,7 @@ import apsw
 from structlog.testing import capture_logs
 
 from memory import MemoryConfig
-from memory.service import MemoryService
+from memory.sqlite.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,
     append_messages,

@@ -9,8 +9,8 @@ import apsw
 from structlog.testing import capture_logs
 
 from memory.errors import MemoryStorageError, MemoryUnavailable
-from memory.index.db import IntegrityCheck
-from memory.service import MemoryService
+from memory.sqlite.index.db import IntegrityCheck
+from memory.sqlite.service import MemoryService
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config, write_transcript
 
 FACTS = [f"note {i}: the heron number {i} nests by the mill pond with reeds and willows" for i in range(400)]

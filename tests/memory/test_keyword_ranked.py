@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from memory.index.db import open_index
 from memory.retrieval.request import SearchRequest, fts_terms
-from memory.retrieval.search import HybridSearch
-from memory.service import MemoryService
+from memory.sqlite.index.db import open_index
+from memory.sqlite.search import HybridSearch
+from memory.sqlite.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,
     opened,

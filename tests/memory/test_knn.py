@@ -1,4 +1,4 @@
-"""The vector leg's in-memory sign-bit pre-filter (memory.knn): exact on small corpora, filters,
+"""The vector leg's in-memory sign-bit pre-filter (memory.sqlite.index.knn): exact on small corpora, filters,
 freshness after writes, restart and embedder change, and the sqlite-vec layout it reads."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import apsw
 import numpy
 import pytest
 
-import memory.retrieval.search as search_module
+import memory.sqlite.search as search_module
 from memory.chunking import iso_to_ms
-from memory.index import knn, vectors
-from memory.index.db import open_index
-from memory.index.quantize import quantize_int8
-from memory.service import MemoryService
+from memory.quantize import quantize_int8
+from memory.sqlite.index import knn, vectors
+from memory.sqlite.index.db import open_index
+from memory.sqlite.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,
     append_messages,

@@ -10,9 +10,9 @@ from pathlib import Path
 from memory.chunking import approx_tokens, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import MemoryStorageError
-from memory.forgetting import ForgetRange
 from memory.retrieval.neighbours import ChunkSpan, widen
 from memory.retrieval.request import SearchHit
+from memory.sqlite.forgetting import ForgetRange
 from tests.memory.conftest import (
     FakeEmbedder,
     opened,

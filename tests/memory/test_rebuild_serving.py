@@ -10,8 +10,8 @@ from gateway.wire import search_wire
 from memory import SearchHit
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, select_embedder
-from memory.index.vectors import EmbedderIdentity
-from memory.service import MemoryService
+from memory.sqlite.index.vectors import EmbedderIdentity
+from memory.sqlite.service import MemoryService
 from tests.fake_openai import FakeOpenAI
 from tests.memory.conftest import (
     FakeEmbedder,
@@ -106,7 +106,7 @@ async def test_previous_model_serves_the_vector_leg_until_the_rebuild_ends(tmp_p
 async def test_new_vectors_take_over_once_the_rebuild_is_done(tmp_path: Path) -> None:
     """When every chunk has the new model's vector, searches rank by the new model and the
     previous model's state (meta key, in-memory vectors, status) is gone."""
-    from memory.retrieval import interim
+    from memory.sqlite import interim
 
     await indexed_with_a(tmp_path)
     new = model_b()

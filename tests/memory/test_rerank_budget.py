@@ -22,8 +22,8 @@ from memory.embedders.rerank import (
     reranker_installed,
     window_words,
 )
-from memory.pipeline import legs_agree
 from memory.retrieval.request import SearchHit
+from memory.sqlite.pipeline import legs_agree
 from tests.memory.conftest import (
     FakeEmbedder,
     MemoryBackend,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from memory.index.scheduler import SyncScheduler
+from memory.sqlite.index.scheduler import SyncScheduler
 
 
 async def test_a_path_named_while_everything_is_due_gets_its_own_look_after() -> None:

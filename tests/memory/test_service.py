@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from memory.errors import MemoryUnavailable
-from memory.service import MemoryService
+from memory.sqlite.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,
     MemoryBackend,

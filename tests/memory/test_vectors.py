@@ -8,7 +8,7 @@ from pathlib import Path
 
 import apsw
 
-from memory.index.quantize import quantize_int8, vector_to_blob
+from memory.quantize import quantize_int8, vector_to_blob
 from tests.memory.conftest import FakeEmbedder, fake_vector, opened, quiet_config, write_transcript
 
 SMALL = {"chunk_tokens": 24, "overlap_tokens": 6}

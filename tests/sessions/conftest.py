@@ -119,7 +119,8 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
-def fill(s: SessionStore | PgSessionStore, user: str, key: str, n: int, prefix: str = "m") -> list[str]:
+def fill(s: SessionStore | PgSessionStore, user: str, key: str, n: int,
+         prefix: str = "m") -> list[str]:
     """Append ``n`` alternating user/assistant messages; returns their contents."""
     contents = [f"{prefix}{i}" for i in range(n)]
     for i, text in enumerate(contents):

@@ -30,7 +30,9 @@ from .conftest import fill
     [({"title": ""}, "title"), ({"model": " "}, "model"), ({"system_prompt": 3}, "systemPrompt"),
      ({"created_at": "yesterday"}, "createdAt")],
 )
-def test_bad_create_input_makes_no_session(store: SessionStore, kwargs: dict[str, object], field: str) -> None:
+def test_bad_create_input_makes_no_session(
+    store: SessionStore, kwargs: dict[str, object], field: str
+) -> None:
     """A refused create() names its field and leaves the user's list empty."""
     with pytest.raises(InvalidSessionInput) as info:
         store.create("alice", **kwargs)  # type: ignore[arg-type]
@@ -44,7 +46,9 @@ def test_bad_create_input_makes_no_session(store: SessionStore, kwargs: dict[str
      ({"name": ""}, "name"), ({"run_id": 5}, "runId"), ({"extra": {"id": "forged"}}, "extra"),
      ({"extra": {"x": object()}}, "extra")],
 )
-def test_bad_message_input_changes_nothing(store: SessionStore, kwargs: dict[str, object], field: str) -> None:
+def test_bad_message_input_changes_nothing(
+    store: SessionStore, kwargs: dict[str, object], field: str
+) -> None:
     """A refused append names its field; history and the session row are as before."""
     s = store.create("alice")
     fill(store, "alice", s.session_key, 2)
@@ -85,7 +89,8 @@ def test_purge_removes_the_window_and_recounts(store: SessionStore) -> None:
     day = datetime(2026, 3, 1, tzinfo=UTC)
     s = store.create("alice", created_at=day - timedelta(days=1))
     for i in range(4):
-        store.append_message("alice", s.session_key, role="user", content=f"m{i}", ts=day + timedelta(days=i))
+        store.append_message("alice", s.session_key, role="user", content=f"m{i}",
+                             ts=day + timedelta(days=i))
     assert store.purge_messages("alice", s.session_key, after=day + timedelta(hours=12),
                                 before=day + timedelta(days=2)) == 1
     assert [m.content for m in store.history("alice", s.session_key)[0]] == ["m0", "m2", "m3"]
@@ -107,8 +112,10 @@ def test_purging_an_edited_message_keeps_the_history_before_it(store: SessionSto
     key = store.create("alice", created_at=day - timedelta(days=1)).session_key
 
     def say(text: str, hour: int, **extra: str) -> Message:
-        return store.append_message("alice", key, role="user" if text.startswith("q") else "assistant",
-                                    content=text, ts=day + timedelta(hours=hour), extra=extra or None)
+        return store.append_message("alice", key,
+                                    role="user" if text.startswith("q") else "assistant",
+                                    content=text, ts=day + timedelta(hours=hour),
+                                    extra=extra or None)
 
     def shown() -> list[str]:
         return [m.content for m in visible_messages(store.recent_messages("alice", key, 50))]
@@ -121,11 +128,14 @@ def test_purging_an_edited_message_keeps_the_history_before_it(store: SessionSto
     say("a2 new", 5)
     assert shown() == ["q1", "a1", "q2 new", "a2 new"]
     # Purge the edited-away message only: its reply stays hidden, the first exchange stays shown.
-    assert store.purge_messages("alice", key, after=day + timedelta(hours=2), before=day + timedelta(hours=3)) == 1
+    assert store.purge_messages("alice", key, after=day + timedelta(hours=2),
+                                before=day + timedelta(hours=3)) == 1
     assert shown() == ["q1", "a1", "q2 new", "a2 new"]
-    assert [m.content for m in visible_history(store, "alice", key, limit=50)[0]] == ["q1", "a1", "q2 new", "a2 new"]
+    assert [m.content for m in visible_history(store, "alice", key, limit=50)[0]] == [
+        "q1", "a1", "q2 new", "a2 new"]
     # Purge the hidden reply too: nothing of the range is left and the edit no longer names one.
-    assert store.purge_messages("alice", key, after=day + timedelta(hours=3), before=day + timedelta(hours=4)) == 1
+    assert store.purge_messages("alice", key, after=day + timedelta(hours=3),
+                                before=day + timedelta(hours=4)) == 1
     assert shown() == ["q1", "a1", "q2 new", "a2 new"]
     assert all("replaces" not in m.extra for m in store.recent_messages("alice", key, 50))
 
@@ -159,7 +169,8 @@ def test_concurrent_appends_are_whole_and_counted(store: SessionStore) -> None:
         f"w{w}-{i}" for w in range(8) for i in range(0, 20, 2))
     assert store.get("alice", shared).message_count == len(messages) == 80
     for key in own:
-        assert store.get("alice", key).message_count == len(store.recent_messages("alice", key, 1000)) == 20
+        assert store.get("alice", key).message_count == len(
+            store.recent_messages("alice", key, 1000)) == 20
 
 
 def test_reopened_store_sees_everything(make_store: Callable[..., SessionStore]) -> None:

@@ -94,7 +94,9 @@ def test_an_untrusting_open_still_takes_the_marker(data_dir: Path) -> None:
         again.close()
 
 
-def test_a_transcript_copied_in_or_removed_while_down_is_found_at_open(data_dir: Path, tmp_path: Path) -> None:
+def test_a_transcript_copied_in_or_removed_while_down_is_found_at_open(
+    data_dir: Path, tmp_path: Path
+) -> None:
     """A copy into a user directory (and a removal) changes that directory's mtime, so the
     clean start rescans it and lists the copy at once."""
     store = _open(data_dir)

@@ -215,7 +215,8 @@ def test_failed_flush_reports_storage_error(data_dir: Path, disk: FlakyDisk) -> 
 
 
 def test_error_tree_for_the_gateway_mapper() -> None:
-    """Every error class sits under one root; the gateway maps each class (tests/gateway/test_errors.py)."""
+    """Every error class sits under one root; the gateway maps each class
+    (tests/gateway/test_errors.py)."""
     assert LineTooLarge(10, 5).field == "message"
     for cls in (SessionNotFound, InvalidSessionInput, LineTooLarge, StorageError):
         assert issubclass(cls, SessionError)

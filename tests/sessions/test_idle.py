@@ -14,14 +14,17 @@ from sessions.idle import MAX_IDLE_PAGE
 T0 = datetime(2025, 1, 10, 12, 0, tzinfo=UTC)
 
 
-def test_idle_sessions_are_those_updated_before_the_cutoff_for_every_user(store: SessionStore) -> None:
+def test_idle_sessions_are_those_updated_before_the_cutoff_for_every_user(
+    store: SessionStore
+) -> None:
     """Sessions of every user whose updatedAt (last message, else creation) is before the cutoff
     are listed in (user, sessionKey) order; one updated at or after it is not."""
     old_a = store.create("alice", created_at=T0 - timedelta(days=40)).session_key
     store.append_message("alice", old_a, role="user", content="old", ts=T0 - timedelta(days=40))
     empty_b = store.create("bob", created_at=T0 - timedelta(days=50)).session_key  # no messages
     revived = store.create("bob", created_at=T0 - timedelta(days=60)).session_key
-    store.append_message("bob", revived, role="user", content="back again", ts=T0)  # updatedAt == cutoff
+    # updatedAt == cutoff
+    store.append_message("bob", revived, role="user", content="back again", ts=T0)
     store.create("carol", created_at=T0 + timedelta(days=1))
     found = store.idle_sessions(T0, limit=10)
     assert found == sorted([("alice", old_a), ("bob", empty_b)])
@@ -30,7 +33,8 @@ def test_idle_sessions_are_those_updated_before_the_cutoff_for_every_user(store:
 def test_idle_sessions_page_by_the_last_pair(store: SessionStore) -> None:
     """A page holds at most ``limit`` pairs; passing the last one back as ``after`` gives the next
     page, so the pages together hold each idle session once."""
-    keys = sorted(("alice", store.create("alice", created_at=T0 - timedelta(days=i + 1)).session_key)
+    keys = sorted(("alice",
+                   store.create("alice", created_at=T0 - timedelta(days=i + 1)).session_key)
                   for i in range(5))
     first = store.idle_sessions(T0, limit=2)
     second = store.idle_sessions(T0, limit=2, after=first[-1])
@@ -55,7 +59,9 @@ def test_idle_sessions_refuses_an_unbounded_or_bad_limit(store: SessionStore, li
     assert info.value.field == "limit"
 
 
-def test_idle_pages_do_not_depend_on_the_client_page_size(make_store: Callable[..., SessionStore]) -> None:
+def test_idle_pages_do_not_depend_on_the_client_page_size(
+    make_store: Callable[..., SessionStore]
+) -> None:
     """A store whose clients may page by 1 (max_page_size = 1) still gives the sweep full pages."""
     store = make_store(SessionsConfig(max_page_size=1))
     for days in (2, 3, 4):

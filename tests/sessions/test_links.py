@@ -28,7 +28,9 @@ def planted_transcript(path: Path, user: str, key: str, text: str) -> bytes:
     return body
 
 
-def test_a_linked_transcript_is_neither_read_nor_appended_to(data_dir: Path, tmp_path: Path) -> None:
+def test_a_linked_transcript_is_neither_read_nor_appended_to(
+    data_dir: Path, tmp_path: Path
+) -> None:
     """bob's <key>.jsonl is a link to a transcript outside: history, get, recent messages,
     append, update and delete all raise UnsafePath, and the outside file keeps its bytes."""
     outside = tmp_path / "outside.jsonl"
@@ -39,7 +41,8 @@ def test_a_linked_transcript_is_neither_read_nor_appended_to(data_dir: Path, tmp
         link.symlink_to(outside)
         for call in (lambda: store.history("bob", KEY), lambda: store.get("bob", KEY),
                      lambda: store.recent_messages("bob", KEY, 5),
-                     lambda: store.append_message("bob", KEY, role="user", content="through the link"),
+                     lambda: store.append_message("bob", KEY, role="user",
+                                                  content="through the link"),
                      lambda: store.update("bob", KEY, title="renamed"),
                      lambda: store.purge_messages("bob", KEY), lambda: store.delete("bob", KEY)):
             with pytest.raises(UnsafePath, match="symbolic link"):

@@ -1,4 +1,5 @@
-"""The incognito flag of a session: written in the transcript header, kept across an index rebuild."""
+"""The incognito flag of a session: written in the transcript header, kept across an index
+rebuild."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def test_purge_rewrites_atomically_and_a_failed_rewrite_changes_nothing(tmp_path
     store = SessionStore(tmp_path)
     key = store.create("alice").session_key
     for i in range(3):
-        store.append_message("alice", key, role="user", content=f"message {i}", ts=day + timedelta(days=i))
+        store.append_message("alice", key, role="user", content=f"message {i}",
+                             ts=day + timedelta(days=i))
     path = transcript_file(sessions_root(tmp_path), "alice", key)
     store.close()
 
@@ -65,7 +67,8 @@ def test_purge_rewrites_atomically_and_a_failed_rewrite_changes_nothing(tmp_path
 
     store = SessionStore(tmp_path)
     try:
-        assert store.purge_messages("alice", key, after=day + timedelta(hours=12), before=day + timedelta(days=2)) == 1
+        assert store.purge_messages("alice", key, after=day + timedelta(hours=12),
+                                    before=day + timedelta(days=2)) == 1
         assert [m.content for m in store.history("alice", key)[0]] == ["message 0", "message 2"]
         assert store.get("alice", key).message_count == 2
     finally:

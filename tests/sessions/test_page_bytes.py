@@ -18,7 +18,9 @@ def _all_pages(store: SessionStore, key: str, limit: int) -> list[list[str]]:
             return pages
 
 
-def test_pages_stop_at_the_byte_cap_and_resume_where_they_stopped(make_store: Callable[..., SessionStore]) -> None:
+def test_pages_stop_at_the_byte_cap_and_resume_where_they_stopped(
+    make_store: Callable[..., SessionStore]
+) -> None:
     """Messages of mixed sizes under a 20 kB cap: every page's lines fit the cap (or it is a
     single message), and paging back to the start yields every message once, in order."""
     sizes = [100, 9_000, 3_000, 15_000, 50, 8_000, 8_000, 30_000, 200, 7_000, 12_000, 1]
@@ -39,7 +41,9 @@ def test_pages_stop_at_the_byte_cap_and_resume_where_they_stopped(make_store: Ca
         assert [[c[:2] for c in page] for page in pages] == [
             ["08", "09", "10", "11"], ["07"], ["04", "05", "06"], ["02", "03"], ["00", "01"]]
 
-def test_the_count_limit_still_applies_under_the_byte_cap(make_store: Callable[..., SessionStore]) -> None:
+def test_the_count_limit_still_applies_under_the_byte_cap(
+    make_store: Callable[..., SessionStore]
+) -> None:
     """Small messages under a large cap page by ``limit`` exactly as before."""
     with make_store(SessionsConfig(max_page_bytes=1_000_000)) as store:
         key = store.create("alice").session_key

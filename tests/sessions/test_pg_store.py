@@ -42,7 +42,8 @@ def test_nodes_migrating_one_empty_database_at_once_all_succeed(pg_dsn: str) -> 
         start.wait()
         PgSessionStore(pg_dsn, pool_size=1).close()
 
-    script = "import sys; from sessions.pg import PgSessionStore; PgSessionStore(sys.argv[1], pool_size=1).close()"
+    script = ("import sys; from sessions.pg import PgSessionStore; "
+              "PgSessionStore(sys.argv[1], pool_size=1).close()")
     procs = [subprocess.Popen([sys.executable, "-c", script, pg_dsn], env=os.environ.copy())
              for _ in range(4)]
     with ThreadPoolExecutor(8) as pool:
@@ -70,7 +71,9 @@ def test_messages_get_the_next_seq_of_their_session(pg_store: PgSessionStore, pg
     assert count == 3 and total == lines and total > 0
 
 
-def test_an_append_notifies_its_session_key_once_committed(pg_store: PgSessionStore, pg_dsn: str) -> None:
+def test_an_append_notifies_its_session_key_once_committed(
+    pg_store: PgSessionStore, pg_dsn: str
+) -> None:
     """A listener on recalld_messages gets the session key of each committed append."""
     s = pg_store.create("alice")
     with psycopg.connect(pg_dsn, autocommit=True) as listener:
@@ -87,7 +90,8 @@ def test_text_postgresql_cannot_hold_is_refused_by_field(pg_store: PgSessionStor
     for kwargs, field in (({"content": "a\x00b"}, "content"), ({"name": "\x00"}, "name"),
                           ({"extra": {"k": ["\x00"]}}, "extra")):
         with pytest.raises(InvalidSessionInput) as info:
-            pg_store.append_message("alice", s.session_key, role="user", **{"content": "ok", **kwargs})  # type: ignore[arg-type]
+            pg_store.append_message("alice", s.session_key, role="user",
+                                    **{"content": "ok", **kwargs})  # type: ignore[arg-type]
         assert info.value.field == field
     with pytest.raises(InvalidSessionInput) as info:
         pg_store.create("alice", title="t\x00")

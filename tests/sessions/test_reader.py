@@ -26,13 +26,16 @@ KEY = "0123456789abcdef0123456789abcdef"
 pytestmark = pytest.mark.jsonl_only
 
 
-def test_forward_reader_returns_the_stores_messages_with_lines_and_offsets(store: SessionStore) -> None:
+def test_forward_reader_returns_the_stores_messages_with_lines_and_offsets(
+    store: SessionStore
+) -> None:
     """Read from the start, the reader yields exactly what history() returns, each with its
     1-based line number and the byte offset of its line."""
     s = store.create("alice", title="t")
     for i in range(5):
-        store.append_message("alice", s.session_key, role=("user", "assistant")[i % 2], content=f"m{i}",
-                             name="Ada" if i == 3 else None, extra={"usage": {"n": i}} if i == 4 else None)
+        store.append_message("alice", s.session_key, role=("user", "assistant")[i % 2],
+                             content=f"m{i}", name="Ada" if i == 3 else None,
+                             extra={"usage": {"n": i}} if i == 4 else None)
     path = store.transcript_path("alice", s.session_key)
     reader = ForwardReader(path)
     entries = list(reader)
@@ -80,7 +83,8 @@ def test_forward_reader_applies_the_stores_rules_to_each_line(tmp_path: Path) ->
     path = tmp_path / "t.jsonl"
     good = Message("m1", "user", "kept", "2026-11-22T10:00:00.000Z", None).to_line()
     lines = [
-        {"type": "session", "version": 1, "sessionKey": KEY, "user": "alice", "createdAt": good["ts"], "title": "t"},
+        {"type": "session", "version": 1, "sessionKey": KEY, "user": "alice",
+         "createdAt": good["ts"], "title": "t"},
         good,
         {"type": "message", "role": "user", "content": "no id", "ts": good["ts"]},
         {**good, "content": [{"type": "text", "text": "parts"}]},
@@ -112,8 +116,9 @@ def test_path_layout_round_trips_and_refuses_other_names(tmp_path: Path) -> None
     not have written parses to None."""
     assert transcript_relpath("alice", KEY) == f"alice/{KEY}.jsonl"
     assert parse_transcript_relpath(transcript_relpath("alice", KEY)) == ("alice", KEY)
-    for bad in ["alice/s1.jsonl", f"alice/{KEY}.json", f"../{KEY}.jsonl", f"a/b/{KEY}.jsonl", f"{KEY}.jsonl",
-                f"alice/{KEY}.jsonl.corrupt-1", f"./{KEY}.jsonl", f"alice/{KEY.upper()}.jsonl"]:
+    for bad in ["alice/s1.jsonl", f"alice/{KEY}.json", f"../{KEY}.jsonl", f"a/b/{KEY}.jsonl",
+                f"{KEY}.jsonl", f"alice/{KEY}.jsonl.corrupt-1", f"./{KEY}.jsonl",
+                f"alice/{KEY.upper()}.jsonl"]:
         assert parse_transcript_relpath(bad) is None, bad
     root = sessions_root(tmp_path)
     assert root == tmp_path / "sessions"

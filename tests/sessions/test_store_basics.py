@@ -24,7 +24,8 @@ from .conftest import fill, read_lines
 
 @pytest.mark.jsonl_only
 def test_create_writes_exactly_the_header_line(store: SessionStore) -> None:
-    """create() makes a transcript whose only line is the header, keys in the documented order (docs/sessions.md)."""
+    """create() makes a transcript whose only line is the header, keys in the documented order
+    (docs/sessions.md)."""
     s = store.create("alice", title="Trip", system_prompt="Be brief.", model="gpt-x")
     path = store.transcript_path("alice", s.session_key)
     lines = read_lines(path)
@@ -68,7 +69,8 @@ def test_transcripts_are_private_files(store: SessionStore) -> None:
 
 
 def test_get_and_wire_shape(store: SessionStore) -> None:
-    """get() returns what create() returned, and session_wire() is the camelCase wire shape (docs/protocol.md)."""
+    """get() returns what create() returned, and session_wire() is the camelCase wire shape
+    (docs/protocol.md)."""
     s = store.create("alice", title="T", model="m1")
     assert store.get("alice", s.session_key) == s
     assert session_wire(s) == {
@@ -100,7 +102,9 @@ def test_create_with_dataset_date(store: SessionStore) -> None:
     ],
 )
 @pytest.mark.jsonl_only
-def test_create_rejects_bad_input(store: SessionStore, kwargs: dict[str, object], field: str) -> None:
+def test_create_rejects_bad_input(
+    store: SessionStore, kwargs: dict[str, object], field: str
+) -> None:
     """Each bad create() argument is refused with the wire name of its field and no file made."""
     with pytest.raises(InvalidSessionInput) as info:
         store.create("alice", **kwargs)  # type: ignore[arg-type]
@@ -132,7 +136,8 @@ def test_list_is_newest_first(store: SessionStore) -> None:
 
 
 def test_list_ties_break_by_key_descending(store: SessionStore) -> None:
-    """Sessions with the same updatedAt are ordered by session key, descending, deterministically."""
+    """Sessions with the same updatedAt are ordered by session key, descending,
+    deterministically."""
     keys = [store.create("alice", created_at="2024-01-01T00:00:00Z").session_key for _ in range(5)]
     sessions, _ = store.list("alice")
     assert [s.session_key for s in sessions] == sorted(keys, reverse=True)
@@ -271,7 +276,9 @@ def test_delete_removes_file_row_and_saved_tails(store: SessionStore, data_dir: 
     reopened.close()
 
 
-def test_close_twice_is_safe_and_later_calls_fail_cleanly(make_store: Callable[..., SessionStore]) -> None:
+def test_close_twice_is_safe_and_later_calls_fail_cleanly(
+    make_store: Callable[..., SessionStore]
+) -> None:
     """close() may be called twice; a call after close raises StorageError, not an apsw error."""
     s = make_store(SessionsConfig(fsync="batch"))
     session = s.create("alice")

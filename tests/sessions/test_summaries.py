@@ -31,8 +31,10 @@ def test_summary_supersedes_and_is_no_message(store: SessionStore) -> None:
     fill(store, "alice", key, 6)
     before = store.get("alice", key)
     ids = [m.id for m in store.recent_messages("alice", key, 10)]
-    first = store.append_summary("alice", key, content="They said hello.", through=ids[1], messages=2)
-    second = store.append_summary("alice", key, content="They said hello twice.", through=ids[3], messages=4)
+    first = store.append_summary("alice", key, content="They said hello.", through=ids[1],
+                                 messages=2)
+    second = store.append_summary("alice", key, content="They said hello twice.",
+                                  through=ids[3], messages=4)
     assert isinstance(first, ConversationSummary) and first.id != second.id
     got = store.summary("alice", key)
     assert got == second
@@ -76,8 +78,8 @@ def test_deleted_session_loses_its_summary(store: SessionStore) -> None:
     """Deleting a session deletes its summary: reading it is SessionNotFound."""
     key = store.create("alice").session_key
     fill(store, "alice", key, 2)
-    store.append_summary("alice", key, content="secret plans", through=store.recent_messages("alice", key, 1)[0].id,
-                         messages=2)
+    store.append_summary("alice", key, content="secret plans",
+                         through=store.recent_messages("alice", key, 1)[0].id, messages=2)
     store.delete("alice", key)
     with pytest.raises(SessionNotFound):
         store.summary("alice", key)
@@ -85,7 +87,8 @@ def test_deleted_session_loses_its_summary(store: SessionStore) -> None:
 
 def _dated(store: SessionStore, key: str, n: int, start: datetime) -> list[Message]:
     return [store.append_message("alice", key, role="user" if i % 2 == 0 else "assistant",
-                                 content=f"m{i}", ts=start + timedelta(minutes=i)) for i in range(n)]
+                                 content=f"m{i}", ts=start + timedelta(minutes=i))
+            for i in range(n)]
 
 
 def test_purge_of_a_covered_message_drops_the_summary(store: SessionStore) -> None:

@@ -10,7 +10,8 @@ import pytest
 from sessions import REPLACES_KEY, Message, SessionStore, visible_history, visible_messages
 
 
-def _say(store: SessionStore, key: str, role: str, content: str, replaces: str | None = None) -> Message:
+def _say(store: SessionStore, key: str, role: str, content: str,
+         replaces: str | None = None) -> Message:
     extra = {REPLACES_KEY: replaces} if replaces else None
     return store.append_message("alice", key, role=role, content=content, extra=extra)
 
@@ -48,7 +49,9 @@ def test_recent_messages_filtered_show_only_the_latest(store: SessionStore) -> N
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 4, 5, 7, 50])
-def test_visible_pages_cover_the_shown_messages_once_in_order(store: SessionStore, limit: int) -> None:
+def test_visible_pages_cover_the_shown_messages_once_in_order(
+    store: SessionStore, limit: int
+) -> None:
     """Paging backwards with any page size returns every shown message once, none hidden, each
     page at most ``limit`` long and never empty while messages are left."""
     key, shown = _conversation(store)

@@ -31,7 +31,8 @@ def test_update_appends_a_line_and_changes_the_row(store: SessionStore) -> None:
     assert got == after and got.updated_at == before.updated_at and got.message_count == 2
     assert store.list("alice")[0][0].title == "New"
     lines = read_lines(store.transcript_path("alice", s.session_key))
-    assert lines[0]["title"] == "Old" and lines[-1]["type"] == "update" and lines[-1]["title"] == "New"
+    assert (lines[0]["title"] == "Old" and lines[-1]["type"] == "update"
+            and lines[-1]["title"] == "New")
     assert "systemPrompt" not in lines[-1]
 
 
@@ -47,7 +48,8 @@ def test_update_is_not_a_message(store: SessionStore) -> None:
 
 
 def test_rebuilt_index_applies_updates_in_order(data_dir: Path) -> None:
-    """With sessions.db gone, the rebuilt row has the last update's values and counts only messages."""
+    """With sessions.db gone, the rebuilt row has the last update's values and counts only
+    messages."""
     with SessionStore(data_dir) as store:
         key = store.create("alice", title="A").session_key
         fill(store, "alice", key, 3)
@@ -68,8 +70,11 @@ def test_rebuilt_index_applies_updates_in_order(data_dir: Path) -> None:
     ({"system_prompt": 5}, "systemPrompt"),
 ])
 @pytest.mark.jsonl_only
-def test_bad_updates_are_refused_and_write_nothing(store: SessionStore, fields: dict[str, object], field: str) -> None:
-    """A missing, blank, too long or mistyped value raises InvalidSessionInput naming it; the file is unchanged."""
+def test_bad_updates_are_refused_and_write_nothing(
+    store: SessionStore, fields: dict[str, object], field: str
+) -> None:
+    """A missing, blank, too long or mistyped value raises InvalidSessionInput naming it; the file
+    is unchanged."""
     s = store.create("alice")
     path = store.transcript_path("alice", s.session_key)
     size = path.stat().st_size

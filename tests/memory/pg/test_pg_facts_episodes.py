@@ -10,9 +10,9 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from memory.episodes.store import EpisodeDraft
+from memory.episodes.values import EpisodeDraft
 from memory.errors import FactNotFound, InvalidFact
-from memory.facts.store import FactDraft
+from memory.facts.values import FactDraft
 from memory.pg.episodes import PgEpisodeStore
 from memory.pg.facts import PgFactStore
 

@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from memory.forgetting import ForgetRange
 from memory.pg.service import PgMemory
+from memory.sqlite.forgetting import ForgetRange
 from tests.memory.conftest import FakeEmbedder, quiet_config
 from tests.memory.pg.conftest import add_session, chunk_rows, key_of, name_for
 

@@ -1,6 +1,6 @@
 """The vector leg during a rebuild: the previous embedder's vectors, read from the embedding cache.
 
-After an embedder change (``memory.index.vectors``) ``chunks_vec`` is dropped and refilled
+After an embedder change (``memory.sqlite.index.vectors``) ``chunks_vec`` is dropped and refilled
 with the new model's vectors, chunk by chunk; searching those while they are half built would
 miss most chunks. The previous model's int8 vectors are all still in ``embedding_cache``
 (nothing prunes it), keyed by ``coalesce(chunks.vector_hash, chunks.content_hash)``, so until
@@ -9,7 +9,7 @@ model (the service builds that embedder; ``memory.embedders.embeddings.previous_
 
 **What is held** (one :class:`PreviousVectors` per database file and previous identity, one
 partition per user, loaded on the user's first search of the rebuild): each chunk's id, the
-sign bits of its previous vector and its time span, as :mod:`memory.index.knn` holds them for
+sign bits of its previous vector and its time span, as :mod:`memory.sqlite.index.knn` holds them for
 ``chunks_vec`` (73 bytes a chunk at 384 dims), scanned by the same Hamming pre-filter. The
 pool is then re-scored in SQL by exact cosine against the cached int8 vectors
 (:data:`RESCORE_SQL`), with every filter applied again on ``chunks``: a chunk deleted since
@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from memory.index import knn
-from memory.index.vectors import EmbedderIdentity
+from memory.sqlite.index import knn
+from memory.sqlite.index.vectors import EmbedderIdentity
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["RESCORE_SQL", "PreviousVectors", "Released", "cached_dims", "held", "identity_params", "release", "session_ids", "vectors_for"]
 
-# As memory.index.vectors stores them in chunks_vec: a chunk without timestamps fails every
+# As memory.sqlite.index.vectors stores them in chunks_vec: a chunk without timestamps fails every
 # time filter, as NULL does in SQL.
 _NEVER = 2**62
 
@@ -64,7 +64,7 @@ FROM chunks WHERE chunks.user = :user
 """
 
 # The pool from the pre-filter, re-scored exactly; ``{filters}`` are the keyword leg's fixed
-# fragments on ``chunks`` (memory.retrieval.search). No ``embedded = 1`` here: during a
+# fragments on ``chunks`` (memory.sqlite.search). No ``embedded = 1`` here: during a
 # rebuild most chunks are pending for the new model, and that is what this leg is for.
 RESCORE_SQL = f"""
 WITH pooled AS MATERIALIZED (
@@ -125,7 +125,7 @@ class PreviousVectors:
     def nearest(self, db: apsw.Connection, user: str, query_int8: bytes, filters: knn.Filters, *,
                 scan: int, pool: int, scan_share: float) -> list[int]:
         """Up to ``pool`` of ``user``'s chunk ids nearest ``query_int8`` by the previous
-        model's sign bits (:meth:`memory.index.knn._Partition.nearest`), filtered."""
+        model's sign bits (:meth:`memory.sqlite.index.knn._Partition.nearest`), filtered."""
         import numpy
 
         query = numpy.frombuffer(query_int8, dtype=numpy.int8)

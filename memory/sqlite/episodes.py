@@ -13,26 +13,14 @@ The values (:class:`Episode`, :class:`EpisodeDraft`, :class:`EpisodeJob`) live i
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
-from datetime import datetime
 
 import apsw
 
 from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob
 
-__all__ = ["Episode", "EpisodeDraft", "EpisodeJob", "EpisodeStore", "dated"]
+__all__ = ["EpisodeStore"]
 
 _COLUMNS = "id, user, session_key, text, theme, day, week, year, created_ms, updated_ms, covered_ms, merges"
-
-
-def dated(moment: datetime) -> tuple[str, str, int]:
-    """ISO date, ISO week (``2026-W47``) and year of ``moment`` in its own time zone."""
-    iso = moment.isocalendar()
-    return moment.date().isoformat(), f"{iso.year}-W{iso.week:02d}", moment.year
-
-
-def _blob(vector: Sequence[float] | None) -> bytes | None:
-    return None if vector is None else array("f", vector).tobytes()
 
 
 class EpisodeStore:
@@ -41,14 +29,13 @@ class EpisodeStore:
     # -- rows ----------------------------------------------------------------------------
 
     def insert(self, db: apsw.Connection, d: EpisodeDraft) -> Episode:
-        day, week, year = dated(d.moment)
-        ms = int(d.moment.timestamp() * 1000)
+        c = d.columns()
         with db:
             db.execute(
                 "INSERT INTO episodes(user, session_key, text, theme, day, week, year, created_ms, updated_ms, "
                 "covered_ms, vector, vector_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (d.user, d.session_key, d.text, d.theme, day, week, year, ms, ms, d.covered_ms,
-                 _blob(d.vector), d.vector_model if d.vector is not None else None))
+                (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms, c.covered_ms,
+                 c.vector, c.vector_model))
             new_id = db.last_insert_rowid()
             if d.job_id is not None:
                 self.done(db, d.job_id)
@@ -57,15 +44,14 @@ class EpisodeStore:
     def merge(self, db: apsw.Connection, episode_id: int, d: EpisodeDraft) -> Episode:
         """Fold a new summary into an episode of the same theme: its text becomes the merged
         summary, it moves to now and covers up to the newest message."""
-        day, week, year = dated(d.moment)
-        ms = int(d.moment.timestamp() * 1000)
+        c = d.columns()
         with db:
             db.execute(
                 "UPDATE episodes SET text = ?, theme = ?, day = ?, week = ?, year = ?, updated_ms = ?, "
                 "covered_ms = max(covered_ms, ?), merges = merges + 1, vector = ?, vector_model = ? "
                 "WHERE id = ? AND user = ?",
-                (d.text, d.theme, day, week, year, ms, d.covered_ms, _blob(d.vector),
-                 d.vector_model if d.vector is not None else None, episode_id, d.user))
+                (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector, c.vector_model,
+                 episode_id, d.user))
             if d.job_id is not None:
                 self.done(db, d.job_id)
         return self.get(db, d.user, episode_id)
@@ -122,6 +108,10 @@ class EpisodeStore:
             db.execute("INSERT INTO episode_jobs(user, session_key, created_ms, next_ms) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT(user, session_key) DO UPDATE SET failed = 0, attempts = 0, "
                        "next_ms = min(next_ms, excluded.next_ms)", (user, session_key, now_ms, now_ms))
+
+    def take_due(self, db: apsw.Connection, now_ms: int) -> list[EpisodeJob]:
+        """The jobs to run now: one node, so nothing to claim."""
+        return self.due(db, now_ms)
 
     def due(self, db: apsw.Connection, now_ms: int, limit: int = 20) -> list[EpisodeJob]:
         rows = db.execute("SELECT id, user, session_key, attempts FROM episode_jobs WHERE failed = 0 "

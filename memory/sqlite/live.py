@@ -15,7 +15,8 @@ import structlog
 from memory.config import MemoryConfig
 from memory.episodes import Episodes
 from memory.facts import Facts
-from memory.index.db import (
+from memory.sqlite.common_terms import CommonTerms
+from memory.sqlite.index.db import (
     OpenedIndex,
     ReaderPool,
     VectorBackend,
@@ -23,9 +24,8 @@ from memory.index.db import (
     move_aside,
     open_index,
 )
-from memory.index.indexing import Indexer
-from memory.index.knn import SignIndex
-from memory.retrieval.common_terms import CommonTerms
+from memory.sqlite.index.indexing import Indexer
+from memory.sqlite.index.knn import SignIndex
 from sessions import scan_transcripts
 
 __all__ = ["LiveIndex"]

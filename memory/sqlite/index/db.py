@@ -35,11 +35,12 @@ import apsw
 import structlog
 
 from memory.errors import MemoryStorageError
-from memory.index.migrations import SCHEMA_VERSION, migrate
+from memory.sqlite.index.migrations import SCHEMA_VERSION, migrate
 from sessions import StorageError, check_free_space
 
 __all__ = [
     "DEFAULT_VEC_EXTENSION",
+    "IndexSteps",
     "IntegrityCheck",
     "OpenedIndex",
     "ReaderPool",
@@ -363,3 +364,20 @@ async def write_step(conn: WriteConnection, action: str, fn: Callable[..., _T], 
 async def read_step(readers: ReaderPool, action: str, fn: Callable[[apsw.Connection], _T]) -> _T:
     """``fn(db)`` on a pooled read-only connection, off the loop."""
     return await in_thread(action, readers.run, fn)
+
+
+class IndexSteps:
+    """:class:`memory.steps.Steps` on the index: writes on the one writing connection (its lock
+    held, the free-disk floor checked when a step grows the index), reads on a pooled reader."""
+
+    __slots__ = ("_conn", "_readers")
+
+    def __init__(self, conn: WriteConnection, readers: ReaderPool) -> None:
+        self._conn = conn
+        self._readers = readers
+
+    async def write(self, action: str, fn: Callable[..., _T], *args: object, grows: bool = False) -> _T:
+        return await write_step(self._conn, action, fn, *args, grows=grows)
+
+    async def read(self, action: str, fn: Callable[[apsw.Connection], _T]) -> _T:
+        return await read_step(self._readers, action, fn)

@@ -1,17 +1,17 @@
 """``MemoryService``: the async facade the gateway and the CLI use (the surface is the
 :class:`~memory.protocols.Memory` Protocol).
 
-It owns the life of the parts of an open index (:class:`~memory.live.LiveIndex`): one
-:class:`~memory.index.db.WriteConnection` shared by :class:`~memory.index.sync.FileSync` and
-:class:`~memory.index.vectors.VectorStore`, driven by an :class:`~memory.index.indexing.Indexer`
-that the :class:`~memory.index.scheduler.SyncScheduler` runs (one sync at a time, never
-overlapping); searches (:class:`~memory.pipeline.SearchPipeline`) and status on a
-:class:`~memory.index.db.ReaderPool` in worker threads (WAL lets them read while the writer
+It owns the life of the parts of an open index (:class:`~memory.sqlite.live.LiveIndex`): one
+:class:`~memory.sqlite.index.db.WriteConnection` shared by :class:`~memory.sqlite.index.sync.FileSync` and
+:class:`~memory.sqlite.index.vectors.VectorStore`, driven by an :class:`~memory.sqlite.index.indexing.Indexer`
+that the :class:`~memory.sqlite.index.scheduler.SyncScheduler` runs (one sync at a time, never
+overlapping); searches (:class:`~memory.sqlite.pipeline.SearchPipeline`) and status on a
+:class:`~memory.sqlite.index.db.ReaderPool` in worker threads (WAL lets them read while the writer
 writes), so neither a search nor a sync ever blocks the event loop, and a search never waits
 for a sync.
 
 The full integrity check (``PRAGMA quick_check``, O(size)) runs after ``start()`` returns, in a
-worker thread (:class:`~memory.index.db.IntegrityCheck`); a corrupt file found there is moved
+worker thread (:class:`~memory.sqlite.index.db.IntegrityCheck`); a corrupt file found there is moved
 aside and the index rebuilt from the transcripts, as ``open_index`` does for one found at open.
 """
 
@@ -33,24 +33,26 @@ from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder
 from memory.episodes import Episodes
 from memory.errors import MemoryUnavailable
-from memory.facts import Facts, FactStore
-from memory.forget_range import ForgetRange
-from memory.forgetting import retention_cutoff_ms
-from memory.index import knn
-from memory.index.db import (
+from memory.facts import Facts
+from memory.forget_range import ForgetRange, retention_cutoff_ms
+from memory.reports import ProgressCallback, SyncLog, SyncReport
+from memory.retrieval.excerpts import excerpts_for_prompt
+from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
+from memory.sqlite.episodes import EpisodeStore
+from memory.sqlite.facts import FactStore
+from memory.sqlite.index import knn
+from memory.sqlite.index.db import (
     DEFAULT_VEC_EXTENSION,
+    IndexSteps,
     IntegrityCheck,
     in_thread,
 )
-from memory.index.scheduler import SyncScheduler
-from memory.live import LiveIndex
-from memory.pipeline import SearchPipeline
-from memory.reports import ProgressCallback, SyncReport
-from memory.retrieval.excerpts import excerpts_for_prompt
-from memory.retrieval.neighbours import around_sqlite
-from memory.retrieval.previous import PreviousFactory
-from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
-from memory.status import DB_NAME, SyncLog, count_rows, db_bytes
+from memory.sqlite.index.scheduler import SyncScheduler
+from memory.sqlite.live import LiveIndex
+from memory.sqlite.pipeline import SearchPipeline
+from memory.sqlite.previous import PreviousFactory
+from memory.sqlite.search import around_sqlite
+from memory.sqlite.status import DB_NAME, count_rows, db_bytes
 from sessions import sessions_root
 
 __all__ = ["MemoryService"]
@@ -135,7 +137,7 @@ class MemoryService:
         await self._check_integrity(check)
 
     async def _warm_sign_bits(self) -> None:
-        """Load the vector pre-filter's sign bits (``memory.index.knn``) before other start work.
+        """Load the vector pre-filter's sign bits (``memory.sqlite.index.knn``) before other start work.
 
         Loaded by the first search instead, they took that search ~90 ms at 100k chunks alone
         and up to ~0.5 s while the catch-up sync and the integrity check ran beside it on a
@@ -237,7 +239,7 @@ class MemoryService:
         index = self._require_index()
         if index.facts is None:
             c = self.config
-            index.facts = Facts(index.conn, index.readers,
+            index.facts = Facts(IndexSteps(index.conn, index.readers),
                                 FactStore(c.facts_dedup_threshold, c.facts_max_chars, c.facts_max_per_user),
                                 self._search.embeddings, self.embed_query, c.keyword_weight)
         return index.facts
@@ -247,8 +249,8 @@ class MemoryService:
         """Episodic memory (docs/memory.md, "Episodes"), on this index's connections."""
         index = self._require_index()
         if index.episodes is None:
-            index.episodes = Episodes(index.conn, index.readers, self._search.embeddings, self.embed_query,
-                                      self.config.keyword_weight)
+            index.episodes = Episodes(IndexSteps(index.conn, index.readers), EpisodeStore(),
+                                      self._search.embeddings, self.embed_query, self.config.keyword_weight)
         return index.episodes
 
     def _require_index(self) -> LiveIndex:
@@ -432,7 +434,7 @@ class MemoryService:
         if user is None:
             state.update({
                 # Transcripts not indexed because they are symlinks or their header names another
-                # user or session (memory.index.sync); each is logged as memory.file_skipped.
+                # user or session (memory.sqlite.index.sync); each is logged as memory.file_skipped.
                 "skippedFiles": len(index.indexer.files.skipped),
                 "dbBytes": await asyncio.to_thread(db_bytes, self.data_dir),
                 "dbPath": os.fspath(self.db_path),

@@ -1,8 +1,8 @@
 """One sync, start to end: transcripts → chunks, then pending chunks → vectors.
 
 The async half of indexing. Each blocking step (:class:`~memory.sync.FileSync`,
-:class:`~memory.vectors.VectorStore`) runs in a worker thread; only the embedder's calls are
-awaited on the event loop. The caller (:class:`~memory.service.MemoryService`) never runs two
+:class:`~memory.sqlite.index.vectors.VectorStore`) runs in a worker thread; only the embedder's calls are
+awaited on the event loop. The caller (:class:`~memory.sqlite.service.MemoryService`) never runs two
 syncs at once.
 
 Pending chunks are read in batches of :data:`EMBED_ROWS_PER_BATCH` rows: cached vectors
@@ -26,11 +26,11 @@ from memory.chunking import sha256_text
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.errors import EmbedderError
-from memory.index.db import VectorBackend, WriteConnection
-from memory.index.quantize import quantize_int8
-from memory.index.sync import FileSync
-from memory.index.vectors import EmbedderIdentity, PendingRow, VectorStore
+from memory.quantize import quantize_int8
 from memory.reports import ProgressCallback, SyncProgress, SyncReport
+from memory.sqlite.index.db import VectorBackend, WriteConnection
+from memory.sqlite.index.sync import FileSync
+from memory.sqlite.index.vectors import EmbedderIdentity, PendingRow, VectorStore
 
 __all__ = ["EMBED_ROWS_PER_BATCH", "FILES_PER_BATCH", "Indexer", "ProgressCallback", "SyncProgress"]
 

@@ -1,6 +1,6 @@
 """The previous embedder, kept for queries while the vectors are rebuilt for a new one.
 
-:class:`PreviousModel` is the service's half of :mod:`memory.retrieval.interim`: after an
+:class:`PreviousModel` is the service's half of :mod:`memory.sqlite.interim`: after an
 embedder change it builds a query-only embedder for the identity whose vectors are complete
 (``memory.embedders.embeddings.previous_embedder``, or the factory a test passes), embeds
 each search's query with it, and lets go of it, and of the in-memory sign bits, once the
@@ -23,10 +23,10 @@ import structlog
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline, previous_embedder
 from memory.errors import EmbedderError
-from memory.index import knn
-from memory.index.quantize import vector_to_blob
-from memory.index.vectors import EmbedderIdentity
-from memory.retrieval import interim
+from memory.quantize import vector_to_blob
+from memory.sqlite import interim
+from memory.sqlite.index import knn
+from memory.sqlite.index.vectors import EmbedderIdentity
 
 __all__ = ["PreviousFactory", "PreviousModel", "PreviousQuery", "default_factory"]
 

@@ -23,7 +23,7 @@ the daemon can read, would become bob's to search.
 Transcripts are read with the sessions package's own :class:`~sessions.ForwardReader` (their
 header with :func:`~sessions.read_header`) and found through its path layout, so the index
 sees exactly the messages and the files the store writes. New and changed chunks are left
-pending for :mod:`memory.vectors`.
+pending for :mod:`memory.sqlite.index.vectors`.
 
 Every method of :class:`FileSync` blocks; call it from a worker thread.
 """
@@ -43,7 +43,8 @@ import structlog
 
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms, visible_entries
 from memory.config import MemoryConfig, SizedConfig
-from memory.forgetting import (
+from memory.reports import SyncReport
+from memory.sqlite.forgetting import (
     ForgetRange,
     chunk_ids_for_file,
     matching_chunk_ids,
@@ -51,9 +52,8 @@ from memory.forgetting import (
     record_forgotten,
     retention_cutoff_ms,
 )
-from memory.index.db import WriteConnection
-from memory.index.vectors import VectorStore
-from memory.reports import SyncReport
+from memory.sqlite.index.db import WriteConnection
+from memory.sqlite.index.vectors import VectorStore
 from sessions import (
     ForwardReader,
     Header,

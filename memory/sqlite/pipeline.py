@@ -3,8 +3,8 @@
 :class:`SearchPipeline` runs a :class:`~memory.retrieval.request.SearchRequest` in three timed
 steps: the query vector (:meth:`SearchPipeline.query_vector`: this embedder's, from a small
 cache of recent queries; or, while the vectors are rebuilt for a new embedder, the previous
-model's, :mod:`memory.retrieval.previous`; or none and why, and the search runs keyword-only);
-the fused search on a read connection (:class:`~memory.retrieval.search.HybridSearch`, with
+model's, :mod:`memory.sqlite.previous`; or none and why, and the search runs keyword-only);
+the fused search on a read connection (:class:`~memory.sqlite.search.HybridSearch`, with
 the index's in-memory sign bits and common-word counts); and the cross-encoder re-rank
 (``memory.rerank``: within a time budget by default, :mod:`memory.embedders.rerank`). It also knows whether the vector leg may run (:meth:`refresh`, after each sync) and
 what recall's relevance floor is for the vectors that answered.
@@ -28,14 +28,14 @@ from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.embedders.local_embedder import default_threads
 from memory.embedders.rerank import CrossEncoder, reranker_installed
 from memory.errors import EmbedderError
-from memory.index.db import in_thread
-from memory.index.quantize import vector_to_blob
-from memory.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
-from memory.live import LiveIndex
-from memory.retrieval.interim import PreviousVectors
-from memory.retrieval.previous import PreviousFactory, PreviousModel, default_factory
+from memory.quantize import vector_to_blob
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
-from memory.retrieval.search import HybridSearch
+from memory.sqlite.index.db import in_thread
+from memory.sqlite.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
+from memory.sqlite.interim import PreviousVectors
+from memory.sqlite.live import LiveIndex
+from memory.sqlite.previous import PreviousFactory, PreviousModel, default_factory
+from memory.sqlite.search import HybridSearch
 
 __all__ = ["QueryVector", "SearchPipeline"]
 
@@ -72,7 +72,7 @@ class SearchPipeline:
         self._reranker_failed: str | None = None   # why "auto" could not load the model
         self.vector_state: tuple[bool, str] = (False, "not started")
         # After an embedder change: whether this identity's vectors are being (re)built, and
-        # the identity whose complete vectors may serve meanwhile (memory.retrieval.interim).
+        # the identity whose complete vectors may serve meanwhile (memory.sqlite.interim).
         self.rebuild: RebuildState = NOT_REBUILDING
         self.previous = PreviousModel(config, db_path, previous_embedder or default_factory(config))
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()

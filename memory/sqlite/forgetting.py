@@ -2,7 +2,7 @@
 
 Both rules are applied in two places, so neither a sweep nor a sync can miss them:
 
-- whenever :class:`~memory.index.sync.FileSync` writes a transcript's chunks (a new file, an
+- whenever :class:`~memory.sqlite.index.sync.FileSync` writes a transcript's chunks (a new file, an
   append, a full reindex), it then drops that file's chunks that fall under a rule — so a
   reindex never brings forgotten or expired text back, even for a moment longer than the
   write transaction;
@@ -19,25 +19,14 @@ than the retention cutoff. Functions here are blocking; callers hold the write l
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 
 import apsw
 
-from memory.forget_range import ForgetRange
+from memory.forget_range import ForgetRange, retention_cutoff_ms
 
 __all__ = ["ForgetRange", "chunk_ids_for_file", "matching_chunk_ids", "old_chunk_ids", "record_forgotten",
            "retention_cutoff_ms"]
-
-_DAY_MS = 86_400_000
-
-
-def retention_cutoff_ms(retention_days: int, now_ms: int | None = None) -> int | None:
-    """Chunks whose newest message is older than this are dropped; None when retention is off."""
-    if retention_days <= 0:
-        return None
-    return (now_ms if now_ms is not None else int(time.time() * 1000)) - retention_days * _DAY_MS
-
 
 def record_forgotten(db: apsw.Connection, r: ForgetRange) -> None:
     db.execute("INSERT INTO forgotten(user, session_key, after_ms, before_ms, created_at) VALUES (?, ?, ?, ?, ?)",

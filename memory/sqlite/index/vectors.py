@@ -1,6 +1,6 @@
 """Vectors: the ``chunks_vec`` table, the embedding cache, and the rebuild state.
 
-Chunks start *pending* (``embedded = 0``). Embedding them (:mod:`memory.indexing` drives it)
+Chunks start *pending* (``embedded = 0``). Embedding them (:mod:`memory.sqlite.index.indexing` drives it)
 takes cached vectors first — the cache holds int8, ``chunks_vec`` the sign bits,
 ``chunks.vector_hash`` the cache key for the search's exact re-rank — and the embedder only
 for texts never seen under this embedder identity; each batch is committed, so an interrupted
@@ -12,7 +12,7 @@ differs, one transaction drops ``chunks_vec``, marks every chunk pending, sets
 ``meta.embedder_previous``. Until the pending count reaches zero the new model's vector leg
 reports itself unavailable; meanwhile the previous model's vectors, still in the embedding
 cache (nothing prunes it), serve the vector leg when the service can embed the query with
-that model (:mod:`memory.retrieval.interim`), else hybrid search falls back to keyword and
+that model (:mod:`memory.sqlite.interim`), else hybrid search falls back to keyword and
 says why. Either way no ranking ever mixes two models' vectors. The rebuild's end clears both
 keys in the transaction that stores its last vector. Rebuilding reuses the cache, so
 switching back costs no embedder calls.
@@ -22,7 +22,7 @@ sqlite-vec rebuilds ``chunks_vec`` the same way.
 
 Every vector stored or removed also appends its chunk id to ``vector_changes`` in the same
 transaction, and ``meta.vector_generation`` is new whenever ``chunks_vec`` is created or
-dropped: that is how the in-memory sign-bit index of the search (``memory.knn``) brings itself
+dropped: that is how the in-memory sign-bit index of the search (``memory.sqlite.index.knn``) brings itself
 up to any read snapshot without rescanning. The log keeps its newest :data:`CHANGES_KEPT`
 entries; ``meta.vector_changes_floor`` is the highest one trimmed.
 
@@ -42,9 +42,9 @@ import structlog
 
 from memory.embedders.embeddings import Embedder
 from memory.errors import EmbedderError
-from memory.index.db import VectorBackend, WriteConnection, get_meta, set_meta
-from memory.index.knn import CHANGES_TABLE
-from memory.index.quantize import cached_vector_to_int8
+from memory.quantize import cached_vector_to_int8
+from memory.sqlite.index.db import VectorBackend, WriteConnection, get_meta, set_meta
+from memory.sqlite.index.knn import CHANGES_TABLE
 
 __all__ = [
     "EmbedderIdentity",

@@ -6,7 +6,7 @@ runner is ``sessions.apply_migrations``, shared with the PostgreSQL schemas).
 
 The vector table ``chunks_vec`` is not created here: its width is the embedder's dimension
 count, which is known only at run time, so the writer creates (and re-creates on an embedder
-change) it — see ``memory.vectors.ensure_vector_table``.
+change) it — see ``memory.sqlite.index.vectors.ensure_vector_table``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import apsw
 
-from memory.index.quantize import cached_vector_to_int8
+from memory.quantize import cached_vector_to_int8
 from sessions import apply_migrations, sqlite_ledger
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]

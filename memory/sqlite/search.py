@@ -1,4 +1,4 @@
-"""Hybrid search: an FTS5 BM25 leg and a sqlite-vec KNN leg, fused in :mod:`memory.fusion`.
+"""Hybrid search: an FTS5 BM25 leg and a sqlite-vec KNN leg, fused in :mod:`memory.retrieval.fusion`.
 
 Each leg is one statement returning its best ``candidates`` chunk ids with the leg's own
 score (negated BM25; cosine similarity), best first; both run in one read transaction, so
@@ -14,12 +14,12 @@ user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
   rows are ranked alone and only the best are looked up (an excluded session is checked on
   those, with the join as the fallback when it leaves too few);
 * vector leg: a pre-filter over the sign bits finds a pool of candidates with every filter
-  applied before the pool is cut — :mod:`memory.knn`'s in-memory Hamming scan of the user's
+  applied before the pool is cut — :mod:`memory.sqlite.index.knn`'s in-memory Hamming scan of the user's
   partition (numpy), or else sqlite-vec's KNN, where ``user`` is the vec0 *partition key* and
   session/time are vec0 *metadata columns* — and the pool is re-ranked by exact cosine over
   the cached int8 vectors. While the vectors are rebuilt for a new embedder, the service may
   pass the *previous* identity's vectors: the leg then runs over that model's cached vectors
-  instead (:mod:`memory.retrieval.interim`, same pre-filter and re-rank), never over a mix.
+  instead (:mod:`memory.sqlite.interim`, same pre-filter and re-rank), never over a mix.
 
 Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
 whose first message is before it (chunks overlapping the range).
@@ -37,14 +37,15 @@ from typing import Any, Literal
 import apsw
 
 from memory.config import MemoryConfig
-from memory.index import knn
-from memory.index.quantize import quantize_int8, vector_from_blob
-from memory.retrieval import interim
-from memory.retrieval.common_terms import CommonTerms
+from memory.quantize import quantize_int8, vector_from_blob
 from memory.retrieval.fusion import Fused, fuse, with_recency
+from memory.retrieval.neighbours import AROUND_SQL, ChunkSpan, spans
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
+from memory.sqlite import interim
+from memory.sqlite.common_terms import CommonTerms
+from memory.sqlite.index import knn
 
-__all__ = ["HybridSearch", "build_sql", "keyword_match"]
+__all__ = ["HybridSearch", "around_sqlite", "build_sql", "keyword_match"]
 
 # Every chunk of the database is one user's (a personal daemon): the FTS rows are ranked alone
 # and only the best few are looked up in ``chunks``. The join below reads the ``chunks`` row of
@@ -87,7 +88,7 @@ LIMIT :candidates
 # int8 vector (found through chunks.vector_hash, or content_hash when the text sent was the
 # chunk's) and cut to the leg's candidates. The score is the cosine similarity.
 #
-# With numpy (>= 2.0) the pre-filter is memory.knn's in-memory scan of the user's sign bits
+# With numpy (>= 2.0) the pre-filter is memory.sqlite.index.knn's in-memory scan of the user's sign bits
 # and the pool comes in as :pool (a JSON array of chunk ids); the re-rank applies the filters
 # again on chunks, so a stale in-memory row can never let a filtered-out chunk through.
 # CROSS JOIN pins the join order: the pool drives, each row one primary-key lookup per table
@@ -240,7 +241,7 @@ class HybridSearch:
         """``previous``: run the vector leg over a previous identity's cached vectors (a
         rebuild is under way; the query vector must come from that identity's model).
         ``signs`` and ``common``: the index's in-memory sign bits and common-word counts (the
-        service's :class:`~memory.live.LiveIndex`); None loads them for this search alone."""
+        service's :class:`~memory.sqlite.live.LiveIndex`); None loads them for this search alone."""
         self.db = db
         self.config = config
         self.previous = previous
@@ -354,7 +355,7 @@ class HybridSearch:
 
     def _previous_vector_leg(self, request: SearchRequest, query_vector: bytes,
                              previous: interim.PreviousVectors) -> list[tuple[int, float]]:
-        """The vector leg over ``previous``'s cached vectors (memory.retrieval.interim): the
+        """The vector leg over ``previous``'s cached vectors (memory.sqlite.interim): the
         same Hamming pre-filter and exact re-rank as the normal leg, pending chunks included."""
         query_int8 = quantize_int8(vector_from_blob(query_vector))
         filters = knn.Filters(request.after_ms, request.before_ms,
@@ -385,3 +386,11 @@ class HybridSearch:
             hits.append(SearchHit(cid, session_key, content, f.score, line_start, line_end, start_ts, end_ts,
                                   f.keyword_rank, f.vector_rank, f.similarity))
         return hits
+
+
+_AROUND_SQLITE = AROUND_SQL.format(table="chunks", user="user")
+
+
+def around_sqlite(db: apsw.Connection, user: str, hit: SearchHit) -> list[ChunkSpan]:
+    """The chunks around ``hit`` in the SQLite index (run on a reader connection)."""
+    return spans(db.execute(_AROUND_SQLITE, (user, hit.session_key, hit.line_start - 1, hit.line_end + 1)).fetchall())

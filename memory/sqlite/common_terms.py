@@ -12,7 +12,7 @@ keyword_common_min_chunks)`` of the database's N chunks (every user's: FTS5 keep
 counts). An index no larger than that floor looks nothing up and keeps every term. The count
 for a term stops at the threshold (a ``LIMIT`` inside the count), so asking costs at most that
 many row visits, once: answers are kept per open index (state of the service's
-:class:`~memory.live.LiveIndex`) for ``ttl_s``, and N with them. A
+:class:`~memory.sqlite.live.LiveIndex`) for ``ttl_s``, and N with them. A
 query made only of common terms keeps them all.
 """
 

@@ -8,7 +8,7 @@ same as that k = 100 KNN and returns the best few thousand by Hamming distance; 
 re-ranks them by exact int8 cosine in SQL (``memory.search``).
 
 **What is held** (one :class:`SignIndex` per open index, state of the service's
-:class:`~memory.live.LiveIndex`; one partition per user, loaded by :meth:`SignIndex.warm` when
+:class:`~memory.sqlite.live.LiveIndex`; one partition per user, loaded by :meth:`SignIndex.warm` when
 the service starts, or else on the user's first vector search):
 per chunk its id (8 bytes), sign bits (``dims / 8``, 48 at 384 dims), ``start_ms``/``end_ms``
 (16) and a live flag (1): 73 bytes a chunk at 384 dims, plus up to :data:`GROWTH` slack —
@@ -20,7 +20,7 @@ chunks) when ``chunks_vec_info`` names a layout this module knows (:data:`KNOWN_
 and every blob has the size that layout implies; otherwise it falls back to the public
 ``SELECT … FROM chunks_vec`` scan (~100× slower, still correct).
 
-**Freshness**: the writer (``memory.vectors``) appends the chunk id of every vector it stores
+**Freshness**: the writer (``memory.sqlite.index.vectors``) appends the chunk id of every vector it stores
 or removes to ``vector_changes`` in the same transaction, and keeps ``meta.vector_generation``
 (new whenever ``chunks_vec`` is created or dropped) and ``meta.vector_changes_floor`` (the
 highest change it trimmed). Each search reads those in its own read transaction and brings
@@ -65,7 +65,7 @@ __all__ = [
     "detached_partition",
 ]
 
-# Written by memory.vectors, read here; its own table so that dropping chunks_vec (a vec0
+# Written by memory.sqlite.index.vectors, read here; its own table so that dropping chunks_vec (a vec0
 # virtual table and its shadow tables) never touches it.
 CHANGES_TABLE = "vector_changes"
 
@@ -79,7 +79,7 @@ GROWTH = 1.25
 # A delta touching more ids than this (or a quarter of the partition) reloads it instead.
 MAX_DELTA = 4096
 
-# Metadata columns of chunks_vec in declaration order (memory.vectors.ensure_vector_table):
+# Metadata columns of chunks_vec in declaration order (memory.sqlite.index.vectors.ensure_vector_table):
 # session_key is 00, start_ms 01, end_ms 02.
 _START_COLUMN, _END_COLUMN = 1, 2
 
@@ -232,7 +232,7 @@ class _Partition:
 def detached_partition(ids: npt.NDArray[Any], bits: npt.NDArray[Any], start_ms: npt.NDArray[Any],
                        end_ms: npt.NDArray[Any]) -> _Partition:
     """A partition of sign bits that come from elsewhere than ``chunks_vec`` (no change log
-    keeps it fresh): :mod:`memory.retrieval.interim` scans a previous embedder's vectors with it."""
+    keeps it fresh): :mod:`memory.sqlite.interim` scans a previous embedder's vectors with it."""
     return _Partition(bits.shape[1], ids, bits, start_ms, end_ms, _Snapshot(None, 0, 0))
 
 
