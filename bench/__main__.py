@@ -47,11 +47,12 @@ async def _main(args: argparse.Namespace) -> int:
     print()
     print_table(figures)
     info = machine_info()
-    print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), Python {info['python']}, SQLite {info['sqlite']}; "
+    print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), Python {info['python']}, "
+          f"SQLite {info['sqlite']}; "
           f"sections took {timings} s")
     RESULTS.mkdir(exist_ok=True)
-    out = {"quick": args.quick, "at": datetime.now(UTC).isoformat(), "machine": info, "sectionSeconds": timings,
-           "figures": [f.to_json() for f in figures]}
+    out = {"quick": args.quick, "at": datetime.now(UTC).isoformat(), "machine": info,
+           "sectionSeconds": timings, "figures": [f.to_json() for f in figures]}
     path = RESULTS / ("latest.json" if not args.only else "latest-partial.json")
     path.write_text(json.dumps(out, indent=2, default=str))
     print(f"wrote {path}")

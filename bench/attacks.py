@@ -118,7 +118,8 @@ class Sampler:
 class Daemon:
     def __init__(self, data_dir: Path, root: Path | None, nofile: int | None, env: dict[str, str],
                  config: Path | None = None) -> None:
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_",
+                                                                              "OPENAI_"))}
         child_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
                           "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json",
                           "RECALLD_SESSIONS_FSYNC": "never", **env})
@@ -127,13 +128,14 @@ class Daemon:
 
         def limit() -> None:
             if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+                resource.setrlimit(resource.RLIMIT_NOFILE,
+                                   (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "--data-dir", str(data_dir),
              *(["--config", str(config)] if config else []), "serve", "--port", "0"],
-            cwd=root or Path.cwd(), env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+            cwd=root or Path.cwd(), env=child_env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
         assert self.proc.stderr is not None
         self.log: list[dict[str, Any]] = []
         for line in self.proc.stderr:
@@ -169,7 +171,8 @@ class Daemon:
 
 def _report(name: str, d: Daemon, sampler: Sampler, **extra: Any) -> None:
     more = "".join(f"; {k} {v}" for k, v in extra.items())
-    print(f"{name}: peak RSS {sampler.peak / 1024:.0f} MiB, now {d.rss_mib:.0f} MiB, {d.fds} fds{more}", flush=True)
+    print(f"{name}: peak RSS {sampler.peak / 1024:.0f} MiB, now {d.rss_mib:.0f} MiB, "
+          f"{d.fds} fds{more}", flush=True)
 
 
 async def big_prompts(d: Daemon, sessions: int, prompt_chars: int) -> None:
@@ -177,12 +180,14 @@ async def big_prompts(d: Daemon, sessions: int, prompt_chars: int) -> None:
     async with Client.connect(d.url, TOKEN) as c:
         for _ in range(sessions):
             await c.call("sessions.create", {"systemPrompt": prompt})
-        print(f"big prompts: {sessions} sessions of {prompt_chars} chars; daemon at {d.rss_mib:.0f} MiB", flush=True)
+        print(f"big prompts: {sessions} sessions of {prompt_chars} chars; "
+              f"daemon at {d.rss_mib:.0f} MiB", flush=True)
         with Sampler(d.proc.pid) as s:
             sizes = []
             for round_ in range(3):
                 await c.ws.send(orjson.dumps([{"id": f"r{round_}-{i}", "method": "sessions.list",
-                                               "params": {"limit": 200}} for i in range(8)]), text=True)
+                                               "params": {"limit": 200}} for i in range(8)]),
+                                text=True)
                 reply = await c.events.get()
                 sizes.append(len(orjson.dumps(reply)))
         _report("  batch of 8 sessions.list x3", d, s, reply_bytes=max(sizes))
@@ -190,7 +195,8 @@ async def big_prompts(d: Daemon, sessions: int, prompt_chars: int) -> None:
         ws = await connect(d.url, additional_headers=AUTH, max_size=None)
         ws.transport.pause_reading()
         for i in range(32):
-            await ws.send(orjson.dumps({"id": i, "method": "sessions.list", "params": {"limit": 200}}).decode())
+            await ws.send(orjson.dumps({"id": i, "method": "sessions.list",
+                                        "params": {"limit": 200}}).decode())
         await asyncio.sleep(5)
         _report("  never-reading client, 32 sessions.list in flight (5 s)", d, s)
         ws.transport.abort()
@@ -198,7 +204,8 @@ async def big_prompts(d: Daemon, sessions: int, prompt_chars: int) -> None:
 
 async def ping_flood(d: Daemon, seconds: float, authenticated: bool) -> None:
     with Sampler(d.proc.pid) as s:
-        ws = await connect(d.url, additional_headers=AUTH if authenticated else None, ping_interval=None)
+        ws = await connect(d.url, additional_headers=AUTH if authenticated else None,
+                           ping_interval=None)
         ws.transport.pause_reading()
         sent, t0 = 0, time.monotonic()
         with contextlib.suppress(Exception):
@@ -234,7 +241,8 @@ async def flood_child(url: str, connections: int, requests: int) -> None:
     for w in opened:
         if isinstance(w, ClientConnection):
             await w.close()
-    print(orjson.dumps({"opened": sum(isinstance(w, ClientConnection) for w in opened), "codes": codes}).decode())
+    print(orjson.dumps({"opened": sum(isinstance(w, ClientConnection) for w in opened),
+                        "codes": codes}).decode())
 
 
 async def request_flood(d: Daemon) -> None:
@@ -255,14 +263,16 @@ async def request_flood(d: Daemon) -> None:
     with Sampler(d.proc.pid) as s:
         task = asyncio.create_task(probe())
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.attacks", "--flood-child", d.url, stdout=asyncio.subprocess.PIPE)
+            sys.executable, "-m", "bench.attacks", "--flood-child", d.url,
+            stdout=asyncio.subprocess.PIPE)
         out, _ = await child.communicate()
         done.set()
         await task
     ordered = sorted(latencies)
     p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     _report("request flood (500 connections + 6000 requests)", d, s, attacker=out.decode().strip(),
-            health=f"p50 {p50 * 1000:.1f} ms p99 {p99 * 1000:.1f} ms over {len(ordered)} calls", peak_fds=fds)
+            health=f"p50 {p50 * 1000:.1f} ms p99 {p99 * 1000:.1f} ms over {len(ordered)} calls",
+            peak_fds=fds)
 
 
 async def descriptor_flood(root: Path | None, n: int) -> None:
@@ -279,10 +289,12 @@ async def descriptor_flood(root: Path | None, n: int) -> None:
                     await asyncio.gather(*(one() for _ in range(n)))
                     fds = d.fds
                     creates = Counter("ok" if "result" in r else r["error"]["message"][:60]
-                                      for r in [await good.request("sessions.create") for _ in range(20)])
-                accept_lines = sum("accept" in str(r.get("event", "")) + str(r.get("message", "")) for r in d.log)
-                _report(f"descriptors ({n} unauthenticated connections, open-file limit 1024)", d, s,
-                        opened=len(opened), fds_under_attack=fds, creates=dict(creates),
+                                      for r in [await good.request("sessions.create")
+                                                for _ in range(20)])
+                accept_lines = sum("accept" in str(r.get("event", "")) + str(r.get("message", ""))
+                                   for r in d.log)
+                _report(f"descriptors ({n} unauthenticated connections, open-file limit 1024)", d,
+                        s, opened=len(opened), fds_under_attack=fds, creates=dict(creates),
                         accept_log_lines=accept_lines)
         finally:
             await asyncio.gather(*(w.close() for w in opened), return_exceptions=True)
@@ -324,7 +336,8 @@ async def _indexed(data: Path, root: Path | None) -> None:
         d.stop()
 
 
-async def big_history(root: Path | None, batch: int = 20, messages: int = 200, message_chars: int = 250_000) -> None:
+async def big_history(root: Path | None, batch: int = 20, messages: int = 200,
+                      message_chars: int = 250_000) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         key = await _big_session(data, root, messages, message_chars)
@@ -352,7 +365,8 @@ async def big_history(root: Path | None, batch: int = 20, messages: int = 200, m
             d.stop()
 
 
-async def pipelined_pages(root: Path | None, conns: tuple[int, ...] = (1, 6), calls: int = 32) -> None:
+async def pipelined_pages(root: Path | None, conns: tuple[int, ...] = (1, 6),
+                          calls: int = 32) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         key = await _big_session(data, root, 200, 250_000)
@@ -361,8 +375,10 @@ async def pipelined_pages(root: Path | None, conns: tuple[int, ...] = (1, 6), ca
             try:
                 rest = d.rss_mib
                 with Sampler(d.proc.pid) as s:
-                    opened = [await connect(d.url, additional_headers=AUTH, max_size=None) for _ in range(n)]
-                    frame = orjson.dumps({"method": "sessions.history", "params": {"sessionKey": key, "limit": 200}})
+                    opened = [await connect(d.url, additional_headers=AUTH, max_size=None)
+                              for _ in range(n)]
+                    frame = orjson.dumps({"method": "sessions.history",
+                                          "params": {"sessionKey": key, "limit": 200}})
                     for ws in opened:
                         ws.transport.pause_reading()
                         for i in range(calls):
@@ -370,7 +386,8 @@ async def pipelined_pages(root: Path | None, conns: tuple[int, ...] = (1, 6), ca
                     await asyncio.sleep(10)
                     for ws in opened:
                         ws.transport.abort()
-                _report(f"N2 {n} connection(s) x {calls} pipelined sessions.history pages, never read (10 s)",
+                _report(f"N2 {n} connection(s) x {calls} pipelined sessions.history pages, "
+                        "never read (10 s)",
                         d, s, rss_growth_mib=f"{s.peak / 1024 - rest:.0f}",
                         per_connection_mib=f"{(s.peak / 1024 - rest) / n:.0f}")
             finally:
@@ -381,7 +398,8 @@ def _tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 16, chars: int = 250_000) -> None:
+async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 16,
+                     chars: int = 250_000) -> None:
     from testkit.fake_openai import FakeOpenAI
 
     async with FakeOpenAI(max_recorded=16) as model:
@@ -393,20 +411,24 @@ async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 1
                 "RECALLD_CHAT_RECALL": "false"})
             try:
                 async with Client.connect(d.url, TOKEN) as c:
-                    keys = [(await c.call("sessions.create"))["sessionKey"] for _ in range(sessions)]
+                    keys = [(await c.call("sessions.create"))["sessionKey"]
+                            for _ in range(sessions)]
                     start, codes, t0 = _tree_bytes(data), Counter[str](), time.monotonic()
                     with Sampler(d.proc.pid) as s:
                         while time.monotonic() - t0 < seconds:
                             await c.ws.send(orjson.dumps([{"id": f"{i}", "method": "chat.send", "params": {
-                                "sessionKey": k, "message": "x" * chars}} for i, k in enumerate(keys)]), text=True)
+                                "sessionKey": k, "message": "x" * chars}} for i,
+                                                          k in enumerate(keys)]), text=True)
                             answered = 0
                             while answered < sessions:
                                 msg = await asyncio.wait_for(c.events.get(), 60)
                                 if "id" in msg:
                                     answered += 1
-                                    codes[str(msg["error"]["code"]) if "error" in msg else "ok"] += 1
+                                    codes[str(msg["error"]["code"]) if "error" in msg
+                                          else "ok"] += 1
                     grown = _tree_bytes(data) - start
-                _report(f"N4 batches of {sessions} chat.send of {chars // 1000} kB for {seconds:g} s", d, s,
+                _report(f"N4 batches of {sessions} chat.send of {chars // 1000} kB for {seconds:g} "
+                        "s", d, s,
                         data_dir_grew_mb=f"{grown / 1e6:.1f}", sends=dict(codes))
             finally:
                 d.stop()
@@ -425,8 +447,10 @@ async def bob_child(url: str, connections: int = 8, depth: int = 32) -> None:
     on = asyncio.Event()
 
     async def one() -> None:
-        async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"}, max_size=None) as ws:
-            frame = orjson.dumps({"id": 0, "method": "sessions.list", "params": {"limit": 200}}).decode()
+        async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"},
+                           max_size=None) as ws:
+            frame = orjson.dumps({"id": 0, "method": "sessions.list",
+                                  "params": {"limit": 200}}).decode()
             for _ in range(depth):
                 await ws.send(frame)
             while not stop.is_set():
@@ -448,7 +472,8 @@ async def bob_child(url: str, connections: int = 8, depth: int = 32) -> None:
 
 
 async def _alice_under_bob(d: Daemon, call: Callable[[], Awaitable[object]], samples: int,
-                           child_args: list[str], what: str) -> tuple[float, float, float, dict[str, int], Sampler]:
+                           child_args: list[str], what: str) -> tuple[float, float, float,
+                                                                      dict[str, int], Sampler]:
     """Alice's p50 (ms) of ``call`` alone, then while bob's child process (``python -m
     bench.attacks CHILD_ARGS``) runs; timed only once bob's flood is on, from his ``ready`` (his
     process takes seconds to start on a loaded machine) until she is done. Returns quiet p50,
@@ -482,7 +507,8 @@ async def _alice_under_bob(d: Daemon, call: Callable[[], Awaitable[object]], sam
 async def fairness(root: Path | None, samples: int = 300) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.toml"
-        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n'
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", '
+                       f'token = "{BOB}"}}]\n'
                        '[quotas]\nsessions_per_minute = 100000\n')
         d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
         try:
@@ -493,8 +519,10 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
                     await alice.call("sessions.create", {"title": f"alice {i}"})
 
                 quiet, flooded, window, bob_answers, s = await _alice_under_bob(
-                    d, lambda: alice.call("sessions.list", {"limit": 20}), samples, ["--bob-child", d.url], "bob's flood")
-            _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 in flight)", d, s,
+                    d, lambda: alice.call("sessions.list", {"limit": 20}), samples,
+                    ["--bob-child", d.url], "bob's flood")
+            _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 in "
+                    "flight)", d, s,
                     alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
                     ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
                     bob_answers_per_s_meanwhile=f"{bob_answers.pop('during') / window:.0f}",
@@ -504,7 +532,8 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
 
 
 # M3's question: MAX_QUERY_CHARS (8,000) characters dense in time phrases.
-PHRASE_DENSE = ("yesterday morning last week in May 2023 two days ago on March 3rd the past 3 months recently "
+PHRASE_DENSE = ("yesterday morning last week in May 2023 two days ago on March 3rd the past 3 "
+                "months recently "
                 "2024-01-02 last Monday in 2022 summer 2021 ") * 80
 
 
@@ -515,8 +544,10 @@ async def search_child(url: str, depth: int = 4) -> None:
     answered = Counter[str]()
     stop = asyncio.Event()
     on = asyncio.Event()
-    frame = orjson.dumps({"id": 0, "method": "memory.search", "params": {"query": PHRASE_DENSE[:8000]}}).decode()
-    async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"}, max_size=None) as ws:
+    frame = orjson.dumps({"id": 0, "method": "memory.search",
+                          "params": {"query": PHRASE_DENSE[:8000]}}).decode()
+    async with connect(url, additional_headers={"Authorization": f"Bearer {BOB}"},
+                       max_size=None) as ws:
         async def run() -> None:
             for _ in range(depth):
                 await ws.send(frame)
@@ -544,28 +575,35 @@ async def phrase_searches(root: Path | None, samples: int = 300) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg, data = Path(tmp) / "config.toml", Path(tmp) / "data"
-        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n')
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", '
+                       f'token = "{BOB}"}}]\n')
         with SessionStore(data, SessionsConfig(fsync="never")) as store:  # something to find, for both
             for user in ("alice", "bob"):
                 for i in range(100):
                     key = store.create(user, title=f"{user} {i}").session_key
                     for j in range(10):
                         store.append_message(user, key, role="user" if j % 2 == 0 else "assistant",
-                                             content=f"we planned the trip to Lisbon {i} with Anna, step {j}: "
-                                                     f"trains, {j + 2} days, the museum on day {i % 7}")
+                                             content=f"we planned the trip to Lisbon {i} with "
+                                                     f"Anna, step {j}: "
+                                                     f"trains, {j + 2} days, the museum on day "
+                                                     f"{i % 7}")
         d = Daemon(data, root, None, {"RECALLD_TOKEN": ""}, config=cfg)
         try:
             async with Client.connect(d.url, ALICE) as alice:
                 async with asyncio.timeout(300):  # the index caught up before anything is timed
                     while True:
                         status = await alice.call("memory.status")
-                        if status.get("chunks", 0) and status.get("syncCount", 1) >= 1 and not status.get("syncing"):
+                        if status.get("chunks", 0) and status.get("syncCount",
+                                                                  1) >= 1 and not status.get("syncing"):
                             break
                         await asyncio.sleep(0.2)
 
                 quiet, flooded, window, bob_answers, s = await _alice_under_bob(
-                    d, lambda: alice.call("memory.search", {"query": "what did Anna say about the trip to Lisbon"}), samples, ["--search-child", d.url], "bob's searches")
-            _report("M3 phrase-dense searches: alice's memory.search while bob keeps 4 of 8,000 characters running",
+                    d, lambda: alice.call("memory.search",
+                                          {"query": "what did Anna say about the trip to Lisbon"}),
+                    samples, ["--search-child", d.url], "bob's searches")
+            _report("M3 phrase-dense searches: alice's memory.search while bob keeps 4 of 8,000 "
+                    "characters running",
                     d, s, alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
                     ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
                     bob_searches_per_s_meanwhile=f"{bob_answers.pop('during') / window:.0f}",
@@ -661,7 +699,8 @@ def _free_port() -> int:
 async def slowloris(root: Path | None, on_mcp: bool, n: int = 1100, fresh: int = 10) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mcp_port = _free_port()
-        d = Daemon(Path(tmp) / "data", root, 1024, {"RECALLD_MCP_PORT": str(mcp_port)} if on_mcp else {})
+        d = Daemon(Path(tmp) / "data", root, 1024, {"RECALLD_MCP_PORT": str(mcp_port)} if on_mcp
+                   else {})
         stop = asyncio.Event()
         held = Counter[str]()
         try:
@@ -672,11 +711,13 @@ async def slowloris(root: Path | None, on_mcp: bool, n: int = 1100, fresh: int =
             head = f"{'POST /mcp' if on_mcp else 'GET /'} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
             async with Client.connect(d.url, TOKEN) as good:
                 with Sampler(d.proc.pid) as s:
-                    squatters = [asyncio.create_task(_half_sent(port, head, stop, held)) for _ in range(n)]
+                    squatters = [asyncio.create_task(_half_sent(port, head, stop, held))
+                                 for _ in range(n)]
                     await asyncio.sleep(3)  # every squatter has tried once
                     fds = d.fds
                     creates = Counter("ok" if "result" in r else r["error"]["message"][:60]
-                                      for r in [await good.request("sessions.create") for _ in range(fresh)])
+                                      for r in [await good.request("sessions.create")
+                                                for _ in range(fresh)])
                     outcomes = await _fresh(d.url, TOKEN, fresh)
                     stop.set()
                     for t in squatters:
@@ -693,14 +734,16 @@ async def slowloris(root: Path | None, on_mcp: bool, n: int = 1100, fresh: int =
 async def user_connections(root: Path | None, n: int = 1100, fresh: int = 10) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.toml"
-        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n')
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", '
+                       f'token = "{BOB}"}}]\n')
         d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
         opened: list[ClientConnection] = []
         refused: Counter[str] = Counter()
 
         async def bob() -> None:
             try:
-                opened.append(await connect(d.url, additional_headers={"Authorization": f"Bearer {BOB}"},
+                opened.append(await connect(d.url,
+                                            additional_headers={"Authorization": f"Bearer {BOB}"},
                                             open_timeout=30, ping_interval=None))
             except Exception as exc:
                 refused[type(exc).__name__ + " " + str(exc)[:60]] += 1
@@ -713,8 +756,8 @@ async def user_connections(root: Path | None, n: int = 1100, fresh: int = 10) ->
                 took = time.monotonic() - t0
                 outcomes = await _fresh(d.url, ALICE, fresh)
             _report(f"H2 bob holds authenticated connections ({n} tried)", d, s,
-                    alice_ok=f"{outcomes['ok']}/{fresh}", outcomes=dict(outcomes), bob_held=len(opened),
-                    bob_opening_s=f"{took:.1f}", bob_refused=dict(refused))
+                    alice_ok=f"{outcomes['ok']}/{fresh}", outcomes=dict(outcomes),
+                    bob_held=len(opened), bob_opening_s=f"{took:.1f}", bob_refused=dict(refused))
         finally:
             await asyncio.gather(*(w.close() for w in opened), return_exceptions=True)
             d.stop()
@@ -775,7 +818,8 @@ async def mcp_bodies(root: Path | None, samples: int = 3000, streams: int = 2,
     bodies of ``body_bytes`` going."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg, mcp_port = Path(tmp) / "config.toml", _free_port()
-        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", token = "{BOB}"}}]\n'
+        cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", '
+                       f'token = "{BOB}"}}]\n'
                        f'[mcp]\nport = {mcp_port}\n')
         d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
         try:
@@ -790,7 +834,8 @@ async def mcp_bodies(root: Path | None, samples: int = 3000, streams: int = 2,
                     d, lambda: alice.call("sessions.list", {"limit": 20}), samples,
                     ["--mcp-child", f"http://127.0.0.1:{mcp_port}/", "--mcp-streams", str(streams),
                      "--mcp-body", str(body_bytes)], "bob's MCP bodies")
-            _report(f"M2 big MCP bodies: alice's sessions.list while bob keeps {streams} streams of "
+            _report(f"M2 big MCP bodies: alice's sessions.list while bob keeps {streams} streams "
+                    "of "
                     f"{body_bytes / 1024:,.0f} KiB POST /mcp",
                     d, s, alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
                     ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
@@ -800,8 +845,8 @@ async def mcp_bodies(root: Path | None, samples: int = 3000, streams: int = 2,
             d.stop()
 
 
-ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16", "m3", "h1", "m1", "h2",
-           "m2")
+ATTACKS = ("prompts", "pings", "flood", "descriptors", "history", "n1", "n2", "n4", "t16", "m3",
+           "h1", "m1", "h2", "m2")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -815,11 +860,13 @@ async def main(args: argparse.Namespace) -> None:
             # request flood's 500 connections are one user's (server.max_connections_per_user,
             # which an older checkout measured with --root does not know: unknown keys are errors).
             env = {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"}
-            if "max_connections_per_user" in ((root or Path.cwd()) / "gateway" / "sections.py").read_text():
+            if "max_connections_per_user" in ((root
+                                               or Path.cwd()) / "gateway" / "sections.py").read_text():
                 env["RECALLD_SERVER_MAX_CONNECTIONS_PER_USER"] = "1024"
             d = Daemon(Path(tmp) / "data", root, None, env)
             try:
-                print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: {d.rss_mib:.0f} MiB at start",
+                print(f"daemon {'from ' + str(root) if root else '(this checkout)'}: "
+                      f"{d.rss_mib:.0f} MiB at start",
                       flush=True)
                 if "prompts" in only:
                     await big_prompts(d, args.sessions, args.prompt_chars)
@@ -828,7 +875,8 @@ async def main(args: argparse.Namespace) -> None:
                     await ping_flood(d, args.flood_s, authenticated=True)
                 if "flood" in only:
                     await request_flood(d)
-                print(f"daemon VmHWM (peak over the whole run): {_status(d.proc.pid, 'VmHWM') / 1024:.0f} MiB")
+                print("daemon VmHWM (peak over the whole run): "
+                      f"{_status(d.proc.pid, 'VmHWM') / 1024:.0f} MiB")
             finally:
                 d.stop()
     if "descriptors" in only:
@@ -863,7 +911,8 @@ if __name__ == "__main__":
     parser.add_argument("--prompt-chars", type=int, default=64 * 1024)
     parser.add_argument("--flood-s", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=1500)
-    parser.add_argument("--n2-connections", default="1,6", help="N2's connection counts, comma-separated")
+    parser.add_argument("--n2-connections", default="1,6",
+                        help="N2's connection counts, comma-separated")
     parser.add_argument("--flood-child", metavar="URL")
     parser.add_argument("--bob-child", metavar="URL")
     parser.add_argument("--search-child", metavar="URL")

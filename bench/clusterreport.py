@@ -15,7 +15,8 @@ def recall_gaps(out: dict[str, Any]) -> dict[str, float]:
     """PostgreSQL's recall@10 minus SQLite's, per granularity and mode (the issue: within 0.01)."""
     recall = out["results"].get("recall", {})
     return {f"{g}/{m}": recall[f"postgres/{g}"][m] - recall[f"sqlite/{g}"][m]
-            for g in ("chunk", "turn") if f"sqlite/{g}" in recall and f"postgres/{g}" in recall for m in MODES}
+            for g in ("chunk", "turn") if f"sqlite/{g}" in recall and f"postgres/{g}" in recall
+            for m in MODES}
 
 
 def _cell(results: dict[str, Any], topo: str, get: Any) -> str:
@@ -39,15 +40,18 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         lambda f: f"{f['fanout']['last']['p50']:.0f} / {f['fanout']['last']['p99']:.0f}")
     add("index rate: messages/s, first send → searchable",
         lambda f: f"{f['index']['rate']:.1f} ({f['index']['messages']} msgs)")
-    add("index lag: last chat.final → searchable (ms)", lambda f: f"{f['index']['lagAfterLastFinalMs']:,.0f}")
+    add("index lag: last chat.final → searchable (ms)",
+        lambda f: f"{f['index']['lagAfterLastFinalMs']:,.0f}")
     s = r.get("search")
     if s:
         for mode in MODES:
-            table.append((f"memory.search {mode} p50 / p99 at {s['chunks']['sqlite']:,} chunks (library, ms)",
+            table.append((f"memory.search {mode} p50 / p99 at {s['chunks']['sqlite']:,} chunks "
+                          "(library, ms)",
                           _lat(s["sqlite"]["library"][mode]), _lat(s["postgres"]["library"][mode]),
                           "same database as pg-1"))
         table.append(("vector recall@10 vs exact float scan", f"{s['sqlite']['recall10']:.3f}",
-                      f"{s['postgres']['recall10']:.3f}" if s["postgres"].get("recall10") is not None else "—", ""))
+                      f"{s['postgres']['recall10']:.3f}"
+                      if s["postgres"].get("recall10") is not None else "—", ""))
         table.append(("restart to first hybrid search (ms)", f"{s['sqlite']['restartMs']:,.0f}",
                       f"{s['postgres']['restartMs']:,.0f}", ""))
         b = s["build"]
@@ -59,10 +63,13 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                           f"{pq:,.0f} ({pq / sq:.2f}× SQLite's)", ""))
         table.append(("bulk index build (chunks/s)",
                       f"{s['chunks']['sqlite'] / b['sqlite']['keyword_s']:,.0f} keyword, "
-                      f"{s['chunks']['sqlite'] / b['sqlite']['embed_s']:,.0f} vectors (corpus build)",
-                      f"{s['chunks']['postgres'] / pg['indexS']:,.0f} vectors from the cache and HNSW"
+                      f"{s['chunks']['sqlite'] / b['sqlite']['embed_s']:,.0f} vectors (corpus "
+                      "build)",
+                      f"{s['chunks']['postgres'] / pg['indexS']:,.0f} vectors from the cache and "
+                      "HNSW"
                       if "keywordS" in pg else
-                      f"{s['chunks']['postgres'] / pg['indexS']:,.0f} (chunks, postings, vectors, HNSW)", ""))
+                      f"{s['chunks']['postgres'] / pg['indexS']:,.0f} (chunks, postings, vectors, "
+                      "HNSW)", ""))
     rec = r.get("recall")
     if rec:
         for g in ("chunk", "turn"):
@@ -70,7 +77,8 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 continue
             table.append((f"recall@10 sample.json, {g} (keyword / vector / hybrid)",
                           " / ".join(f"{rec[f'sqlite/{g}'][m]:.3f}" for m in MODES),
-                          " / ".join(f"{rec[f'postgres/{g}'][m]:.3f}" for m in MODES), "same database as pg-1"))
+                          " / ".join(f"{rec[f'postgres/{g}'][m]:.3f}" for m in MODES),
+                          "same database as pg-1"))
     return table
 
 
@@ -79,11 +87,13 @@ def _lat(s: dict[str, float]) -> str:
 
 
 def cpu_rows(out: dict[str, Any]) -> list[str]:
-    lines = ["| topology | section | wall s | nodes CPU s | PostgreSQL CPU s | driver CPU s | model CPU s |",
+    lines = ["| topology | section | wall s | nodes CPU s | PostgreSQL CPU s | driver CPU s | "
+             "model CPU s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for topo in TOPOS:
         for section, c in out["results"].get(topo, {}).get("cpu", {}).items():
-            lines.append(f"| {topo} | {section} | {c['wallS']:.1f} | {c['nodes']:.1f} | {c['postgres']:.1f} | "
+            lines.append(f"| {topo} | {section} | {c['wallS']:.1f} | {c['nodes']:.1f} | "
+                         f"{c['postgres']:.1f} | "
                          f"{c['driver']:.1f} | {c['model']:.1f} |")
     return lines if len(lines) > 2 else []
 
@@ -93,7 +103,8 @@ def profile_lines(out: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for node, p in prof.items():
         busy = p.get("busyS") or p["totalS"]
-        lines.append(f"\n{node}: {p['totalS']:.1f} s profiled over all threads, {busy:.1f} s of it not "
+        lines.append(f"\n{node}: {p['totalS']:.1f} s profiled over all threads, {busy:.1f} s of it "
+                     "not "
                      "waiting; by area (share of the time not waiting):\n")
         lines.append("| area | seconds | share |")
         lines.append("| --- | --- | --- |")
@@ -115,14 +126,19 @@ def write_markdown(out: dict[str, Any], path: Path) -> str:
     gaps = recall_gaps(out)
     m = out["machine"]
     doc = [f"# bench-cluster, {out['at'][:16]} UTC", "",
-           f"{m['cpuCount']} CPUs ({m['cpu']}), load average {out['loadAverage'][0]:.1f} at the end, "
-           f"{out['seconds']:.0f} s; {'quick' if out['quick'] else 'full'} sizes {out['sizes']}; sections "
-           f"{', '.join(out['sections'])}. Nodes, PostgreSQL, the fake model and the driver all share these CPUs.",
+           f"{m['cpuCount']} CPUs ({m['cpu']}), load average {out['loadAverage'][0]:.1f} at the "
+           "end, "
+           f"{out['seconds']:.0f} s; {'quick' if out['quick'] else 'full'} sizes {out['sizes']}; "
+           "sections "
+           f"{', '.join(out['sections'])}. Nodes, PostgreSQL, the fake model and the driver all "
+           "share these CPUs.",
            "", text, ""]
     for i, part in enumerate(out.get("mergedFrom", [])):
-        doc.insert(-3, f"{'Measured' if i == 0 else 'Then replaced'}: {', '.join(part['sections'])} by the run at "
+        doc.insert(-3, f"{'Measured' if i == 0 else 'Then replaced'}: "
+                       f"{', '.join(part['sections'])} by the run at "
                        f"{part['at'][:16]} UTC"
-                       + (f" (load average {part['loadAverage'][0]:.1f} at its end)" if "loadAverage" in part else "")
+                       + (f" (load average {part['loadAverage'][0]:.1f} at its end)"
+                          if "loadAverage" in part else "")
                        + ".")
     if gaps:
         worst = max(gaps.values(), key=abs)
@@ -134,7 +150,8 @@ def write_markdown(out: dict[str, Any], path: Path) -> str:
         doc += ["CPU seconds per section (user + system, from /proc):", "", *cpu, ""]
     plan = (out["results"].get("search") or {}).get("postgres", {}).get("hybridPlan")
     if plan:
-        doc += ["EXPLAIN (ANALYZE, BUFFERS) of one hybrid search on PostgreSQL:", "", "```", *plan, "```", ""]
+        doc += ["EXPLAIN (ANALYZE, BUFFERS) of one hybrid search on PostgreSQL:", "", "```", *plan,
+                "```", ""]
     prof = profile_lines(out)
     if prof:
         doc += ["cProfile of the two pg-2 nodes under the same load:", *prof, ""]
@@ -159,16 +176,18 @@ def plot(out: dict[str, Any], path: Path) -> bool:
     keys = [k for k in ("health ping-pong", "health pipelined", "sessions.list pipelined")
             if all("rpc" in r[t] for t in topos)]
     for i, t in enumerate(topos):
-        ax.bar([j + i * 0.27 for j in range(len(keys))], [r[t]["rpc"][k]["rate"] for k in keys], 0.27,
-               label=t, color=colors[t])
-    ax.set_xticks([j + 0.27 for j in range(len(keys))], [k.replace(" ", "\n", 1) for k in keys], fontsize=8)
+        ax.bar([j + i * 0.27 for j in range(len(keys))], [r[t]["rpc"][k]["rate"] for k in keys],
+               0.27, label=t, color=colors[t])
+    ax.set_xticks([j + 0.27 for j in range(len(keys))], [k.replace(" ", "\n", 1) for k in keys],
+                  fontsize=8)
     ax.set(title="RPC throughput (calls/s)")
     ax.legend(fontsize=8)
     ax = axes[1]
     fan = [t for t in topos if "fanout" in r[t]]
-    ax.bar([t for t in fan], [r[t]["fanout"]["last"]["p50"] for t in fan], color=[colors[t] for t in fan],
-           label="p50")
-    ax.scatter(fan, [r[t]["fanout"]["last"]["p99"] for t in fan], color="black", marker="_", s=300, label="p99")
+    ax.bar([t for t in fan], [r[t]["fanout"]["last"]["p50"] for t in fan],
+           color=[colors[t] for t in fan], label="p50")
+    ax.scatter(fan, [r[t]["fanout"]["last"]["p99"] for t in fan], color="black", marker="_", s=300,
+               label="p99")
     ax.set(title="fan-out: send → 100th chat.final (ms)")
     ax.legend(fontsize=8)
     ax = axes[2]
@@ -200,12 +219,14 @@ def merge(full: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
     merged = {**full, "results": dict(full["results"])}
     for topo in TOPOS:
         if topo in partial["results"]:
-            kept = {k: v for k, v in full["results"].get(topo, {}).items() if k not in topo_sections | {"cpu"}}
+            kept = {k: v for k, v in full["results"].get(topo, {}).items()
+                    if k not in topo_sections | {"cpu"}}
             merged["results"][topo] = {**kept, **partial["results"][topo]}
     for key in ("profile", "recall", "search"):
         if key in partial["sections"] and key in partial["results"]:
             merged["results"][key] = partial["results"][key]
-    merged["mergedFrom"] = [*full.get("mergedFrom", [{"at": full["at"], "sections": full["sections"]}]),
+    merged["mergedFrom"] = [*full.get("mergedFrom",
+                                      [{"at": full["at"], "sections": full["sections"]}]),
                             {"at": partial["at"], "sections": partial["sections"],
                              "loadAverage": partial["loadAverage"], "sizes": partial["sizes"]}]
     return merged

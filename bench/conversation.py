@@ -100,7 +100,8 @@ except ImportError:  # a product without compaction
     COMPACTION_INSTRUCTION = None
 HEAD_CHARS = 40           # a cut excerpt holds a turn whose opening this long survived (bench/recall.py)
 RUN_TIMEOUT_S = 300.0     # one question, send → chat.final (a loaded 2-core machine, RealMem prompts)
-GRANULARITY_NOTE = ("the product always indexes its chunking of each transcript; --granularity turn "
+GRANULARITY_NOTE = ("the product always indexes its chunking of each transcript; --granularity "
+                    "turn "
                     "(one transcript per turn) does not apply to a replay of sessions")
 
 
@@ -242,8 +243,10 @@ def _bench_config(data_dir: Path, fake: FakeOpenAI, users: dict[str, str], embed
     fake model's replies), a session quota no replay hits and ``chat.compaction`` as asked."""
     return make_config(
         data_dir,
-        llm={"base_url": fake.base_url, "api_key": "sk-bench", "model": "fake-model", "max_retries": 0},
-        auth={"token": None, "users": [{"name": user, "token": _tokens(i)} for i, user in enumerate(users.values())]},
+        llm={"base_url": fake.base_url, "api_key": "sk-bench", "model": "fake-model",
+             "max_retries": 0},
+        auth={"token": None, "users": [{"name": user, "token": _tokens(i)} for i,
+                                       user in enumerate(users.values())]},
         memory={"embedder": embedder, "episodes": False},
         quotas={"sessions_per_minute": 1_000_000},
         chat={"compaction": compaction},
@@ -252,8 +255,10 @@ def _bench_config(data_dir: Path, fake: FakeOpenAI, users: dict[str, str], embed
 
 def _import_turns(conv: Conversation, sessions: Sequence[int]) -> tuple[ImportTurn, ...]:
     roles = _roles(conv)
-    return tuple(ImportTurn(roles[t.speaker], t.text, (sess.date + TURN_STEP * i).isoformat(), t.speaker)
-                 for si in sessions for sess in (conv.sessions[si],) for i, t in enumerate(sess.turns))
+    return tuple(ImportTurn(roles[t.speaker], t.text, (sess.date + TURN_STEP * i).isoformat(),
+                            t.speaker)
+                 for si in sessions for sess in (conv.sessions[si],) for i,
+                 t in enumerate(sess.turns))
 
 
 def _one_session(conv: Conversation) -> ImportConversation:
@@ -263,7 +268,8 @@ def _one_session(conv: Conversation) -> ImportConversation:
 
 
 def _separate(conv: Conversation) -> list[ImportConversation]:
-    return [ImportConversation(f"{conv.id}/{s.id}", f"{conv.id} / {s.id} ({s.date.date().isoformat()})",
+    return [ImportConversation(f"{conv.id}/{s.id}",
+                               f"{conv.id} / {s.id} ({s.date.date().isoformat()})",
                                s.date.isoformat(), _import_turns(conv, [si]))
             for si, s in enumerate(conv.sessions)]
 
@@ -291,7 +297,8 @@ async def _compacted(app: App) -> None:
 def _service(app: App) -> MemoryService:
     service = app.memory.service if app.memory is not None else None
     if not isinstance(service, MemoryService):
-        raise RuntimeError("the gateway has no SQLite memory service (memory disabled or another backend)")
+        raise RuntimeError("the gateway has no SQLite memory service (memory disabled or another "
+                           "backend)")
     return service
 
 
@@ -332,12 +339,14 @@ async def _await_run(client: Client, run_id: str, sent: float) -> float:
 def _prompt_of(requests: Sequence[RecordedRequest], question: str) -> list[dict[str, Any]]:
     for request in reversed(requests):
         body = request.json
-        if request.path != "/v1/chat/completions" or not isinstance(body, dict) or is_title_request(body):
+        if request.path != "/v1/chat/completions" or not isinstance(body,
+                                                                    dict) or is_title_request(body):
             continue
         messages = body.get("messages")
         if isinstance(messages, list) and messages and messages[-1].get("content") == question:
             return messages
-    raise RuntimeError(f"the fake model recorded no prompt ending with the question {question[:60]!r}")
+    raise RuntimeError("the fake model recorded no prompt ending with the question "
+                       f"{question[:60]!r}")
 
 
 async def _send(client: Client, key: str, text: str) -> float:
@@ -347,8 +356,9 @@ async def _send(client: Client, key: str, text: str) -> float:
     return await _await_run(client, run_id, sent)
 
 
-async def _ask(app: App, client: Client, fake: FakeOpenAI, timer: _RecallTimer, key: str, q: Question, *,
-               negative: bool, asked_as: str, turns: dict[str, Turn], warmup: int = 0) -> Asked:
+async def _ask(app: App, client: Client, fake: FakeOpenAI, timer: _RecallTimer, key: str,
+               q: Question, *, negative: bool, asked_as: str, turns: dict[str, Turn],
+               warmup: int = 0) -> Asked:
     for _ in range(warmup):
         await _send(client, key, WARMUP)
         await _compacted(app)
@@ -390,8 +400,9 @@ def _jobs(dataset: Dataset, negatives: bool) -> Iterator[tuple[Question, bool, s
             yield q, True, pairs[q.conversation]
 
 
-async def _run_mode(mode: str, dataset: Dataset, *, embedder: str, cache: Path | None, negatives: bool,
-                    progress: _Progress, warmup: int = 1, compaction: bool = True) -> ModeRun:
+async def _run_mode(mode: str, dataset: Dataset, *, embedder: str, cache: Path | None,
+                    negatives: bool, progress: _Progress, warmup: int = 1,
+                    compaction: bool = True) -> ModeRun:
     result = ModeRun()
     users = {c.id: user_name(ci, c.id) for ci, c in enumerate(dataset.conversations)}
     convs = {c.id: c for c in dataset.conversations}
@@ -418,7 +429,8 @@ async def _run_mode(mode: str, dataset: Dataset, *, embedder: str, cache: Path |
                 for ji, (q, negative, asked_as) in enumerate(jobs):
                     client, user = clients[asked_as], users[asked_as]
                     if mode == "separate":
-                        key = (await client.call("sessions.create", {"title": "question"}))["sessionKey"]
+                        key = (await client.call("sessions.create",
+                                                 {"title": "question"}))["sessionKey"]
                     else:
                         key = await _write_copy(app, service, user, convs[asked_as], cache)
                     result.asked.append(await _ask(
@@ -443,18 +455,20 @@ def _embedder(config: Config, name: str) -> tuple[Any, str]:
     return picked, reason
 
 
-async def _import_and_index(config: Config, dataset: Dataset, users: dict[str, str], cache: Path | None,
-                            progress: _Progress, result: ModeRun) -> None:
+async def _import_and_index(config: Config, dataset: Dataset, users: dict[str, str],
+                            cache: Path | None, progress: _Progress, result: ModeRun) -> None:
     """``recalld import``'s two steps: the importer writes each user's sessions, then the index
     is built with ``open_memory`` + ``sync_now`` (seeded from, and kept into, ``cache``)."""
     started = time.perf_counter()
     for conv in dataset.conversations:
-        await asyncio.to_thread(import_conversations, config.data_dir, config.sessions, users[conv.id],
-                                IMPORT_FORMAT, _separate(conv), storage=config.storage)
+        await asyncio.to_thread(import_conversations, config.data_dir, config.sessions,
+                                users[conv.id], IMPORT_FORMAT, _separate(conv),
+                                storage=config.storage)
     result.seconds["import"] = time.perf_counter() - started
     progress(f"separate: imported {len(dataset.conversations)} conversations", final=True)
     started = time.perf_counter()
-    service = await open_memory(config, watch=False, catch_up=False, embedder=_embedder(config, config.memory.embedder))
+    service = await open_memory(config, watch=False, catch_up=False, embedder=_embedder(config,
+                                                                                        config.memory.embedder))
     try:
         if not isinstance(service, MemoryService):
             raise RuntimeError("not a SQLite memory service")
@@ -472,7 +486,8 @@ async def _import_and_index(config: Config, dataset: Dataset, users: dict[str, s
              f"{report.cache_hits} from cache)", final=True)
 
 
-async def _write_copy(app: App, service: MemoryService, user: str, conv: Conversation, cache: Path | None) -> str:
+async def _write_copy(app: App, service: MemoryService, user: str, conv: Conversation,
+                      cache: Path | None) -> str:
     """The whole conversation as one new session of ``user``, written through the gateway's own
     session store with the dataset's timestamps, then indexed; returns its key."""
     whole = _one_session(conv)
@@ -480,8 +495,8 @@ async def _write_copy(app: App, service: MemoryService, user: str, conv: Convers
     def write() -> str:
         session = app.store.create(user, title=whole.title, created_at=whole.created_at)
         for turn in whole.turns:
-            app.store.append_message(user, session.session_key, role=turn.role, content=turn.content,
-                                     name=turn.name, ts=turn.ts)
+            app.store.append_message(user, session.session_key, role=turn.role,
+                                     content=turn.content, name=turn.name, ts=turn.ts)
         app.store.flush()
         return session.session_key
 
@@ -514,7 +529,8 @@ def _mean(values: Sequence[float]) -> float:
 
 def _positives(asked: Sequence[Asked]) -> dict[str, float]:
     return {**{p: _mean([a.places[p] for a in asked]) for p in PLACES},
-            "any": _mean([a.reached for a in asked]), "all": _mean([1.0 if a.all_reached else 0.0 for a in asked]),
+            "any": _mean([a.reached for a in asked]), "all": _mean([1.0 if a.all_reached else 0.0
+                                                                    for a in asked]),
             "questions": float(len(asked))}
 
 
@@ -528,7 +544,8 @@ def summarise(mode: str, run: ModeRun) -> dict[str, Any]:
     recall_ms = [a.recall_ms for a in pos + neg if a.recall_ms is not None]
     out: dict[str, Any] = {
         "questions": len(pos),
-        "evidence": {"overall": _positives(pos), "by_category": {c: _positives(by_cat[c]) for c in sorted(by_cat)}},
+        "evidence": {"overall": _positives(pos), "by_category": {c: _positives(by_cat[c])
+                                                                 for c in sorted(by_cat)}},
         "promptTokens": {"mean": _mean([float(a.prompt_tokens) for a in pos]),
                          **(_percentiles([float(a.prompt_tokens) for a in pos]) if pos else {})},
         "recalledTokens": _mean([float(a.recalled_tokens) for a in pos]),
@@ -550,8 +567,9 @@ def summarise(mode: str, run: ModeRun) -> dict[str, Any]:
 def per_question(mode: str, run: ModeRun) -> list[dict[str, Any]]:
     return [{"mode": mode, "question": a.question.question, "conversation": a.question.conversation,
              "askedAs": a.asked_as, "negative": a.negative, "category": a.question.category,
-             "evidence": list(a.question.evidence), **a.places, "any": a.reached, "promptTokens": a.prompt_tokens,
-             "excerpts": a.excerpts, "recalledTokens": a.recalled_tokens, "recallMs": a.recall_ms,
+             "evidence": list(a.question.evidence), **a.places, "any": a.reached,
+             "promptTokens": a.prompt_tokens, "excerpts": a.excerpts,
+             "recalledTokens": a.recalled_tokens, "recallMs": a.recall_ms,
              "firstDeltaMs": a.first_delta_ms} for a in run.asked]
 
 
@@ -565,17 +583,19 @@ async def run_conversation_benchmark(dataset: Dataset, *, dataset_name: str, emb
         negatives = False  # nothing to ask a negative in; the report says so
     progress = _Progress(progress_stream)
     report: dict[str, Any] = {
-        "dataset": dataset_name, "embedder": embedder, "granularity": "chunk", "granularityNote": GRANULARITY_NOTE,
-        "conversations": len(dataset.conversations), "questions": len(dataset.questions),
-        "turns": dataset.turn_count, "negatives": negatives, "summaryTag": SUMMARY_OPEN, "warmup": warmup,
+        "dataset": dataset_name, "embedder": embedder, "granularity": "chunk",
+        "granularityNote": GRANULARITY_NOTE, "conversations": len(dataset.conversations),
+        "questions": len(dataset.questions), "turns": dataset.turn_count, "negatives": negatives,
+        "summaryTag": SUMMARY_OPEN, "warmup": warmup,
         "compaction": COMPACTION_INSTRUCTION is not None and compaction,
         "latencyNote": "recallMs: MemoryService.recall inside the gateway, timed around the call; "
                        "firstDeltaMs: chat.send sent -> first chat.delta at the client",
         "modes": {}, "perQuestion": [],
     }
     for mode in modes:
-        run = await _run_mode(mode, dataset, embedder=embedder, cache=embedding_cache, negatives=negatives,
-                              progress=progress, warmup=warmup, compaction=compaction)
+        run = await _run_mode(mode, dataset, embedder=embedder, cache=embedding_cache,
+                              negatives=negatives, progress=progress, warmup=warmup,
+                              compaction=compaction)
         report["modes"][mode] = summarise(mode, run)
         report["perQuestion"] += per_question(mode, run)
         report["embedderReason"] = run.embedder_reason
@@ -584,20 +604,26 @@ async def run_conversation_benchmark(dataset: Dataset, *, dataset_name: str, emb
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [
-        f"dataset {report['dataset']}: {report['conversations']} conversations, {report['turns']} turns, "
+        f"dataset {report['dataset']}: {report['conversations']} conversations, {report['turns']} "
+        "turns, "
         f"{report['questions']} questions",
         f"embedder {report['embedder']} ({report.get('embedderReason', '')}); granularity chunk: "
         f"{report['granularityNote']}",
-        f"evidence reached the prompt (share of evidence turns), by where; summary = {SUMMARY_OPEN} "
-        f"in the system message (compaction {'on' if report['compaction'] else 'off or absent'}; the fake "
-        f"model summarises extractively); one-session: {report['warmup']} warm-up message(s) before each question",
+        "evidence reached the prompt (share of evidence turns), by where; "
+        f"summary = {SUMMARY_OPEN} "
+        f"in the system message (compaction {'on' if report['compaction'] else 'off or absent'}; "
+        "the fake "
+        f"model summarises extractively); one-session: {report['warmup']} warm-up message(s) "
+        "before each question",
     ]
     cols = (*PLACES, "any", "all")
-    width = max([14] + [len(c) + 1 for b in report["modes"].values() for c in b["evidence"]["by_category"]])
+    width = max([14] + [len(c) + 1 for b in report["modes"].values()
+                        for c in b["evidence"]["by_category"]])
     header = f"{'mode':<12} {'category':<{width}}" + "".join(f"{c:>9}" for c in cols) + f"{'n':>6}"
     lines += ["", header, "-" * len(header)]
     for mode, block in report["modes"].items():
-        rows = [("overall", block["evidence"]["overall"]), *block["evidence"]["by_category"].items()]
+        rows = [("overall", block["evidence"]["overall"]),
+                *block["evidence"]["by_category"].items()]
         for i, (cat, values) in enumerate(rows):
             lines.append(f"{mode if i == 0 else '':<12} {cat:<{width}}" + "".join(f"{values[c]:>9.3f}" for c in cols)
                          + f"{int(values['questions']):>6}")
@@ -613,9 +639,11 @@ def format_report(report: dict[str, Any]) -> str:
             + (f"{rms['p50']:>9.0f}ms{rms['p99']:>5.0f}ms" if rms else f"{'n/a':>11}{'':>7}")
             + (f"{fd['p50']:>12.0f}ms{fd['p99']:>5.0f}ms" if fd else f"{'n/a':>14}{'':>7}")
             + f"{block['chunks']:>8}")
-    lines.append("(prompt tokens: every message, memory.approx_tokens + 4 each as gateway/chat/prompt.py counts; "
+    lines.append("(prompt tokens: every message, memory.approx_tokens + 4 each as "
+                 "gateway/chat/prompt.py counts; "
                  "recalled: tokens of the recall block's excerpts per question; recall: "
-                 "MemoryService.recall timed inside the gateway; 1st delta: chat.send → first chat.delta)")
+                 "MemoryService.recall timed inside the gateway; 1st delta: chat.send → first "
+                 "chat.delta)")
     lines.append("")
     if report["negatives"]:
         header = f"{'negatives':<12}{'questions':>10}{'any-recalled':>14}{'excerpts':>10}{'tokens':>9}"
@@ -652,27 +680,34 @@ def limited(dataset: Dataset, conversations: int | None, questions: int | None) 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python bench/conversation.py",
-        description="What reaches the model's prompt when a dataset's conversations are replayed through a "
+        description="What reaches the model's prompt when a dataset's conversations are replayed "
+                    "through a "
                     "real gateway (see bench/README.md).")
     parser.add_argument("dataset", type=Path, help="dataset JSON in bench/recall.py's format")
     parser.add_argument("--embedder", choices=("local", "none"), default="local",
                         help="local: the bundled ONNX model (default); none: keyword search only")
-    parser.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N conversations")
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help="only the first N conversations")
     parser.add_argument("--questions", type=int, default=None, metavar="N",
                         help="at most the first N questions of each conversation")
-    parser.add_argument("--conversations", default=None, metavar="ID,ID", help="only these conversations")
+    parser.add_argument("--conversations", default=None, metavar="ID,ID",
+                        help="only these conversations")
     parser.add_argument("--modes", default=",".join(MODES), metavar="MODE,MODE",
                         help=f"which replays (default: {','.join(MODES)})")
     parser.add_argument("--granularity", choices=("chunk", "turn"), default="chunk",
                         help="chunk only: " + GRANULARITY_NOTE)
     parser.add_argument("--no-negatives", action="store_true", help="skip the negatives")
     parser.add_argument("--compaction", choices=("on", "off"), default="on",
-                        help="chat.compaction in the replaying gateway (off: what in-session recall does alone)")
+                        help="chat.compaction in the replaying gateway (off: what in-session "
+                             "recall does alone)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N",
-                        help="one-session: messages sent into the replayed session before each question, "
-                             "each followed by the compaction it triggers (default 1; 0: the question first)")
+                        help="one-session: messages sent into the replayed session before each "
+                             "question, "
+                             "each followed by the compaction it triggers (default 1; 0: "
+                             "the question first)")
     parser.add_argument("--embedding-cache", type=Path, default=None, metavar="FILE",
-                        help="keep vectors in FILE across runs (bench/recall.py's cache works here too)")
+                        help="keep vectors in FILE across runs (bench/recall.py's cache works here "
+                             "too)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
                         help="write the figures, and every question's, as JSON")
     return parser
@@ -700,8 +735,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
     try:
         report = asyncio.run(run_conversation_benchmark(
             dataset, dataset_name=str(args.dataset), embedder=args.embedder, modes=modes,
-            negatives=not args.no_negatives, embedding_cache=args.embedding_cache, warmup=max(0, args.warmup),
-            compaction=args.compaction == "on", progress_stream=err))
+            negatives=not args.no_negatives, embedding_cache=args.embedding_cache,
+            warmup=max(0, args.warmup), compaction=args.compaction == "on", progress_stream=err))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2

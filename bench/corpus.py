@@ -29,9 +29,9 @@ import numpy as np
 from memory import MemoryConfig
 from sessions import SessionsConfig, SessionStore
 
-__all__ = ["CACHE_DIR", "CHUNK_TOKENS", "DIMS", "OVERLAP_TOKENS", "TOPICS", "USER", "Corpus", "SyntheticEmbedder",
-           "Vocabulary", "bench_memory_config", "bench_memory_section", "build_corpus", "corpus_fingerprint",
-           "index_corpus", "queries", "write_transcripts"]
+__all__ = ["CACHE_DIR", "CHUNK_TOKENS", "DIMS", "OVERLAP_TOKENS", "TOPICS", "USER", "Corpus",
+           "SyntheticEmbedder", "Vocabulary", "bench_memory_config", "bench_memory_section",
+           "build_corpus", "corpus_fingerprint", "index_corpus", "queries", "write_transcripts"]
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 # The synthetic corpora keep round 1's fixed chunking, so speed figures stay comparable across
@@ -196,7 +196,9 @@ def queries(n: int, seed: int = 99) -> list[str]:
         topic = int(rng.integers(TOPICS))
         lead = ["what", "did", "we", "say", "about", "the", "how", "do", "I", "my"]
         words = [lead[int(i)] for i in rng.choice(len(lead), size=3, replace=False)]
-        words += [vocab.topic_words[topic][int(i)] for i in rng.choice(25, size=int(rng.integers(2, 4)), replace=False)]
+        words += [vocab.topic_words[topic][int(i)] for i in rng.choice(25,
+                                                                       size=int(rng.integers(2, 4)),
+                                                                       replace=False)]
         out.append(" ".join(words))
     return out
 

@@ -83,7 +83,8 @@ async def dedup() -> None:
         print(f"    t={t:.2f}  precision {p:.3f}  recall {r:.3f}  (tp {tp}, fp {fp}, fn {fn})")
     dup = [s for s, p in zip(sims, pairs, strict=True) if p["duplicate"]]
     non = [s for s, p in zip(sims, pairs, strict=True) if not p["duplicate"]]
-    print(f"  cosine median: duplicates {statistics.median(dup):.3f}, non-duplicates {statistics.median(non):.3f}")
+    print(f"  cosine median: duplicates {statistics.median(dup):.3f}, non-duplicates "
+          f"{statistics.median(non):.3f}")
     close = getattr(embedder, "aclose", None)
     if close is not None:
         await close()
@@ -95,7 +96,8 @@ async def _timed_run(c: Client, key: str, text: str) -> float:
     while True:
         event = await c.next_event()
         params = event.get("params", {})
-        if params.get("runId") == run_id and event["method"] in ("chat.final", "chat.error", "chat.aborted"):
+        if params.get("runId") == run_id and event["method"] in ("chat.final", "chat.error",
+                                                                 "chat.aborted"):
             if event["method"] != "chat.final":
                 raise RuntimeError(f"run ended with {event['method']}: {params}")
             return time.perf_counter() - started
@@ -106,14 +108,20 @@ async def latency(runs: int, recall: bool, mode: str = "tool") -> None:
         fake.configure(reply="Sure, here is a short answer for you.")
         with tempfile.TemporaryDirectory() as tmp:
             def config(name: str, facts: str) -> Any:
-                return make_config(Path(tmp) / name, llm={"base_url": fake.base_url, "api_key": "sk-bench",
+                return make_config(Path(tmp) / name, llm={"base_url": fake.base_url,
+                                                          "api_key": "sk-bench",
                                                          "model": "fake-model", "max_retries": 0},
-                                   memory={"embedder": "local", "facts": facts}, chat={"recall": recall})
+                                   memory={"embedder": "local", "facts": facts},
+                                   chat={"recall": recall})
 
-            async with running_gateway(config("on", mode)) as on_app, running_gateway(config("off", "off")) as off_app:
-                async with Client.connect(on_app.url, TOKEN) as on, Client.connect(off_app.url, TOKEN) as off:
+            async with running_gateway(config("on", mode)) as on_app, running_gateway(config("off",
+                                                                                             "off")) as off_app:
+                async with Client.connect(on_app.url, TOKEN) as on, Client.connect(off_app.url,
+                                                                                   TOKEN) as off:
                     for i in range(50):
-                        await on.call("memory.facts.add", {"text": f"Fact {i}: I like hobby number {i} and city {i * 7}."})
+                        await on.call("memory.facts.add",
+                                      {"text": f"Fact {i}: I like hobby number {i} and city "
+                                               f"{i * 7}."})
                     keys = {c: (await c.call("sessions.create"))["sessionKey"] for c in (on, off)}
                     for c in (on, off):  # warm-up: model loaded, connections open, something indexed
                         for _ in range(3):
@@ -128,17 +136,20 @@ async def latency(runs: int, recall: bool, mode: str = "tool") -> None:
                     samples: dict[str, list[float]] = {"on": [], "off": []}
                     diffs: list[float] = []
                     for i in range(runs):
-                        order = [("on", on), ("off", off)] if i % 2 == 0 else [("off", off), ("on", on)]
+                        order = [("on", on), ("off", off)] if i % 2 == 0 else [("off", off),
+                                                                               ("on", on)]
                         got = {}
                         for name, c in order:
                             # A fresh session each round keeps history length (and prompt size) equal.
                             key = (await c.call("sessions.create"))["sessionKey"]
-                            got[name] = await _timed_run(c, key, f"What do you remember about hobby {i}?")
+                            got[name] = await _timed_run(c, key,
+                                                         f"What do you remember about hobby {i}?")
                             samples[name].append(got[name])
                         diffs.append(got["on"] - got["off"])
     on_p50 = statistics.median(samples["on"]) * 1000
     off_p50 = statistics.median(samples["off"]) * 1000
-    print(f"latency: {runs} runs each, chat.send → chat.final, fake model, local embedder, 50 facts, "
+    print(f"latency: {runs} runs each, chat.send → chat.final, fake model, local embedder, "
+          "50 facts, "
           f"recall {'on' if recall else 'off'}, facts on = {mode!r}")
     print(f"  facts on  p50 {on_p50:.1f} ms")
     print(f"  facts off p50 {off_p50:.1f} ms")

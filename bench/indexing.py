@@ -38,7 +38,8 @@ async def run_appends(quick: bool) -> list[Figure]:
                 path = store.transcript_path(USER, session.session_key)
                 for i in range(15 if quick else 30):
                     store.append_message(USER, session.session_key, role="user", run_id=f"x{i}",
-                                         content=f"one more appended message number {i} about sourdough",
+                                         content=f"one more appended message number {i} about "
+                                                 "sourdough",
                                          ts="2025-01-01T00:00:00.000Z")
                     t = time.perf_counter()
                     report = await asyncio.to_thread(indexer.files.sync_file, path)
@@ -46,8 +47,9 @@ async def run_appends(quick: bool) -> list[Figure]:
                     assert report.chunks_written >= 1
             conn.close()
             m = summary_ms(samples)
-            figs.append(Figure("4 indexing", f"one appended message, transcript of {n:,} messages", m["p50"], "ms",
-                               "≤ 20", m["p50"] <= 20, note=f"p99 {m['p99']:.2f} ms (indexer sync_file, no embedding)"))
+            figs.append(Figure("4 indexing", f"one appended message, transcript of {n:,} messages",
+                               m["p50"], "ms", "≤ 20", m["p50"] <= 20,
+                               note=f"p99 {m['p99']:.2f} ms (indexer sync_file, no embedding)"))
     return figs
 
 
@@ -56,7 +58,8 @@ async def run_query_embedding(quick: bool) -> list[Figure]:
     try:
         from memory.embedders.local_embedder import LocalEmbedder
     except ImportError as exc:
-        return [Figure("3 search", "local embedder query time", float("nan"), "ms", note=f"not installed: {exc}")]
+        return [Figure("3 search", "local embedder query time", float("nan"), "ms",
+                       note=f"not installed: {exc}")]
     from bench.corpus import queries
 
     embedder = LocalEmbedder()
@@ -67,8 +70,8 @@ async def run_query_embedding(quick: bool) -> list[Figure]:
         await embedder.embed([q])
         samples.append(time.perf_counter() - t)
     m = summary_ms(samples)
-    return [Figure("3 search", "local embedder: one query embedding (not in search figures)", m["p50"], "ms",
-                   note=f"p99 {m['p99']:.1f} ms")]
+    return [Figure("3 search", "local embedder: one query embedding (not in search figures)",
+                   m["p50"], "ms", note=f"p99 {m['p99']:.1f} ms")]
 
 
 async def run_backfill_and_loop(quick: bool) -> list[Figure]:
@@ -85,14 +88,17 @@ async def run_backfill_and_loop(quick: bool) -> list[Figure]:
         cfg = gateway_config(root, memory={"embedder": "local", "debounce_ms": 50})
         local, reason = select_embedder(cfg.memory)  # the gateway's choice, not loaded
         if not isinstance(local, LocalEmbedder):
-            return [Figure("5 event loop", "local embedder unavailable", float("nan"), "", note=reason)]
-        texts = await _chunk_texts(root, cfg.memory, local, BOUND_CHUNKS_QUICK if quick else BOUND_CHUNKS_FULL)
+            return [Figure("5 event loop", "local embedder unavailable", float("nan"), "",
+                           note=reason)]
+        texts = await _chunk_texts(root, cfg.memory, local, BOUND_CHUNKS_QUICK if quick
+                                   else BOUND_CHUNKS_FULL)
         # The bound before and after the backfill: a shared machine's load drifts in between.
         bound_before = await asyncio.to_thread(direct_model_rate, local, texts)
         async with running_gateway(cfg) as app:
             service = app.memory.service  # type: ignore[union-attr]
             if service.embedder is None or service.embedder.provider != "local":
-                return [Figure("5 event loop", "local embedder unavailable", float("nan"), "", note=service.embedder_reason)]
+                return [Figure("5 event loop", "local embedder unavailable", float("nan"), "",
+                               note=service.embedder_reason)]
             async with Client.connect(app.url, TOKEN) as c:
                 lat: list[float] = []
                 started = time.perf_counter()
@@ -113,26 +119,36 @@ async def run_backfill_and_loop(quick: bool) -> list[Figure]:
                         break
         bound_after = await asyncio.to_thread(direct_model_rate, local, texts)
         m = summary_ms(lat)
-        figs.append(Figure("5 event loop", f"gateway.health p99 during local backfill ({messages:,} messages)",
+        figs.append(Figure("5 event loop",
+                           f"gateway.health p99 during local backfill ({messages:,} messages)",
                            m["p99"], "ms", "≤ 25", m["p99"] <= 25,
-                           note=f"p50 {m['p50']:.2f} ms over {len(lat)} calls in a {window_s:.0f} s window; "
-                                f"{status['embedded']} of {status['chunks']} chunks embedded by then"))
+                           note=f"p50 {m['p50']:.2f} ms over {len(lat)} calls in a {window_s:.0f} "
+                                "s window; "
+                                f"{status['embedded']} of {status['chunks']} chunks embedded by "
+                                "then"))
         model = f"{service.embedder.model_id} (window {service.embedder.max_tokens})"
         # From the first commit to the last: the model's load and first call (the first commit's
         # wait) are a one-off, which the bound leaves out too.
         (t0, n0), (t1, n1) = seen[1] if len(seen) > 1 else seen[0], seen[-1]
         rate = (n1 - n0) / (t1 - t0) if t1 > t0 else float("nan")
         first = f"first vectors committed {t0:.1f} s after the start" if len(seen) > 1 else "no vectors committed"
-        figs.append(Figure("4 indexing", "local-embedder backfill (through the gateway, 2 cores)", rate, "chunks/s",
-                           note=f"{model}, chunks of {cfg.memory.chunk_tokens or 'auto'} approximate tokens "
-                                f"({status['chunks']} chunks from {messages:,} messages); {first}; rate from "
+        figs.append(Figure("4 indexing", "local-embedder backfill (through the gateway, 2 cores)",
+                           rate, "chunks/s", note=f"{model}, "
+                                                  f"chunks of {cfg.memory.chunk_tokens or 'auto'} "
+                                                  "approximate tokens "
+                                f"({status['chunks']} chunks from {messages:,} messages); {first}; "
+                                "rate from "
                                 f"then to the last of {len(seen) - 1} commits"))
         bound = (bound_before + bound_after) / 2
         share = 100 * rate / bound
-        figs.append(Figure("4 indexing", "local-embedder backfill, share of the model's compute bound", share, "%",
-                           note=f"bound: the same ONNX model run directly (onnxruntime, {local.threads} threads, "
-                                f"default session options, batches of {local.batch_size} sorted by length) on "
-                                f"the first {len(texts)} of the same chunks in this process: {bound_before:.1f} "
+        figs.append(Figure("4 indexing", "local-embedder backfill, share of the model's compute "
+                                         "bound", share, "%",
+                           note="bound: the same ONNX model run directly (onnxruntime, "
+                                f"{local.threads} threads, "
+                                f"default session options, batches of {local.batch_size} sorted by "
+                                "length) on "
+                                f"the first {len(texts)} of the same chunks in this process: "
+                                f"{bound_before:.1f} "
                                 f"chunks/s before the backfill, {bound_after:.1f} after"))
     return figs
 
@@ -143,16 +159,19 @@ BOUND_CHUNKS_QUICK = 1_000
 BOUND_CHUNKS_FULL = 400
 
 
-async def _chunk_texts(root: Path, config: MemoryConfig, embedder: LocalEmbedder, limit: int) -> list[str]:
+async def _chunk_texts(root: Path, config: MemoryConfig, embedder: LocalEmbedder,
+                       limit: int) -> list[str]:
     """The first ``limit`` chunk texts the gateway's catch-up sync will embed: the same
     transcripts chunked by the real indexer with the gateway's settings, into a scratch index."""
     with tempfile.TemporaryDirectory() as scratch:
         opened = open_index(Path(scratch) / "memory.db", vec_extension=None)
         conn = WriteConnection(opened.db)
         try:
-            indexer = Indexer.on(conn, opened.vectors, sessions_root(root), config, window=embedder.max_tokens)
+            indexer = Indexer.on(conn, opened.vectors, sessions_root(root), config,
+                                 window=embedder.max_tokens)
             await indexer.sync(None)
-            rows = opened.db.execute("SELECT content FROM chunks ORDER BY id LIMIT ?", (limit,)).fetchall()
+            rows = opened.db.execute("SELECT content FROM chunks ORDER BY id LIMIT ?",
+                                     (limit,)).fetchall()
         finally:
             conn.close()
     return [str(r[0]) for r in rows]
@@ -222,5 +241,6 @@ async def run_sessions_list(quick: bool) -> list[Figure]:
                     samples.append(time.perf_counter() - t)
                 assert len(page["sessions"]) == 50
     m = summary_ms(samples)
-    return [Figure("7 sessions", f"sessions.list newest page of 50, {n:,} sessions", m["p50"], "ms", "≤ 20",
-                   m["p50"] <= 20, note=f"p99 {m['p99']:.2f} ms; creating them took {create_s:.1f} s")]
+    return [Figure("7 sessions", f"sessions.list newest page of 50, {n:,} sessions", m["p50"], "ms",
+                   "≤ 20", m["p50"] <= 20,
+                   note=f"p99 {m['p99']:.2f} ms; creating them took {create_s:.1f} s")]

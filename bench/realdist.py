@@ -56,10 +56,12 @@ def _sqrtm(cov: np.ndarray) -> np.ndarray:
     return root
 
 
-def _texts(source: Path, sessions: int, questions: int, seed: int) -> tuple[list[str], list[int], list[str]]:
+def _texts(source: Path, sessions: int, questions: int, seed: int) -> tuple[list[str], list[int],
+                                                                            list[str]]:
     data = json.loads(source.read_text())
     # Sessions long enough for two windows, so each has a within-session spread to measure.
-    all_sessions = [s for c in data["conversations"] for s in c["sessions"] if len(s["turns"]) >= 2 * WINDOW_TURNS]
+    all_sessions = [s for c in data["conversations"] for s in c["sessions"]
+                    if len(s["turns"]) >= 2 * WINDOW_TURNS]
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(all_sessions), size=min(sessions, len(all_sessions)), replace=False)
     passages: list[str] = []
@@ -107,7 +109,8 @@ def load_fit(*, sessions: int = 110, questions: int = 120, seed: int = 5) -> Fit
     """The cached fit, made on first use by running the local embedder."""
     source = next(p for p in SOURCES if p.exists())
     model = _model_id()
-    key = hashlib.blake2b(f"{source.name}|{model}|{sessions}|{questions}|{seed}".encode(), digest_size=6).hexdigest()
+    key = hashlib.blake2b(f"{source.name}|{model}|{sessions}|{questions}|{seed}".encode(),
+                          digest_size=6).hexdigest()
     path = CACHE_DIR / f"realdist-{key}.npz"
     if path.exists():
         saved = np.load(path, allow_pickle=False)
@@ -138,8 +141,8 @@ def load_fit(*, sessions: int = 110, questions: int = 120, seed: int = 5) -> Fit
     }
     fit = Fit(mean, q.mean(axis=0), _sqrtm(between), _sqrtm(within), info)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    np.savez(path, passages=p, queries=q, mean=fit.mean, query_mean=fit.query_mean, between=fit.between, within=fit.within,
-             info=json.dumps(info))
+    np.savez(path, passages=p, queries=q, mean=fit.mean, query_mean=fit.query_mean,
+             between=fit.between, within=fit.within, info=json.dumps(info))
     return fit
 
 
@@ -168,7 +171,8 @@ class RealDistEmbedder:
         self.calls = 0
 
     def _latent(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        found = [self.word_index[w] for w in (t.strip(".,?!:") for t in text.split()) if w in self.word_index]
+        found = [self.word_index[w] for w in (t.strip(".,?!:") for t in text.split())
+                 if w in self.word_index]
         seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
         noise = np.random.default_rng(seed).normal(size=DIMS)
         if not found:

@@ -74,7 +74,8 @@ METRICS = ("recall@5", "recall@10", "hit@5", "mrr", "ndcg@10", "tokens@5", "toke
 PROMPT_METRICS = ("prompt-recall", "prompt-all", "prompt-tokens")
 # Negatives (--negatives): recall asked for a question in an index that lacks its conversation.
 NEGATIVE_METRICS = ("any-recalled", "excerpts", "tokens")
-NEGATIVE_PAIRING = ("each question asked as the user of the next conversation in the file (the last's as the "
+NEGATIVE_PAIRING = ("each question asked as the user of the next conversation in the file (the "
+                    "last's as the "
                     "first's): that user's index holds none of the question's sessions")
 RECALL_K = ChatConfig().recall_k   # the chat's default number of recalled chunks
 UNCATEGORIZED = "uncategorized"
@@ -134,7 +135,8 @@ def _parse_date(value: object, where: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise DatasetError(f"{where}.date: {value!r} is not ISO-8601 (e.g. 2024-03-02 or 2024-03-02T18:30)") from None
+        raise DatasetError(f"{where}.date: {value!r} is not ISO-8601 (e.g. 2024-03-02 or "
+                           "2024-03-02T18:30)") from None
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
@@ -181,11 +183,12 @@ def dataset_from_json(data: object) -> Dataset:
                 turn = Turn(_str(raw_turn, "id", twhere), _str(raw_turn, "speaker", twhere),
                             _str(raw_turn, "text", twhere))
                 if turn.id in seen:
-                    raise DatasetError(f"{twhere}.id: duplicate turn id {turn.id!r} in conversation {conv_id!r}")
+                    raise DatasetError(f"{twhere}.id: duplicate turn id {turn.id!r} in "
+                                       f"conversation {conv_id!r}")
                 seen.add(turn.id)
                 turns.append(turn)
-            sessions.append(DatasetSession(_str(raw_sess, "id", swhere), _parse_date(raw_sess.get("date"), swhere),
-                                           tuple(turns)))
+            sessions.append(DatasetSession(_str(raw_sess, "id", swhere),
+                                           _parse_date(raw_sess.get("date"), swhere), tuple(turns)))
         turn_ids[conv_id] = seen
         conversations.append(Conversation(conv_id, tuple(sessions)))
     questions: list[Question] = []
@@ -199,7 +202,8 @@ def dataset_from_json(data: object) -> Dataset:
         evidence = _list(raw_q, "evidence", where)
         for e in evidence:
             if not isinstance(e, str) or e not in turn_ids[conv_id]:
-                raise DatasetError(f"{where}.evidence: {e!r} is not a turn id of conversation {conv_id!r}")
+                raise DatasetError(f"{where}.evidence: {e!r} is not a turn id of conversation "
+                                   f"{conv_id!r}")
         category = raw_q.get("category", UNCATEGORIZED)
         if not isinstance(category, str) or not category:
             raise DatasetError(f"{where}.category: expected a non-empty string when present")
@@ -207,8 +211,8 @@ def dataset_from_json(data: object) -> Dataset:
         asked_before = raw_q.get("asked_before_turn")
         if asked_before is not None and not isinstance(asked_before, str):
             raise DatasetError(f"{where}.asked_before_turn: expected a turn id string when present")
-        questions.append(Question(conv_id, _str(raw_q, "question", where), tuple(dict.fromkeys(evidence)), category,
-                                  date, asked_before))
+        questions.append(Question(conv_id, _str(raw_q, "question", where),
+                                  tuple(dict.fromkeys(evidence)), category, date, asked_before))
     return Dataset(tuple(conversations), tuple(questions))
 
 
@@ -227,7 +231,8 @@ def question_moments(dataset: Dataset) -> list[datetime | None]:
     sorts at or after its ``asked_before_turn`` (RealMem's ids sort in history order, and the
     question's own turn may have been removed), else None (after the whole history)."""
     timelines: dict[str, list[tuple[str, datetime]]] = {
-        c.id: sorted((t.id, s.date + TURN_STEP * i) for s in c.sessions for i, t in enumerate(s.turns))
+        c.id: sorted((t.id, s.date + TURN_STEP * i) for s in c.sessions for i,
+                     t in enumerate(s.turns))
         for c in dataset.conversations
     }
     moments: list[datetime | None] = []
@@ -255,7 +260,8 @@ def load_dataset(path: Path) -> Dataset:
 # returned chunk covers; ``evidence`` is the question's evidence turn ids.
 
 
-def _first_ranks(ranked: Sequence[Iterable[str]], evidence: Iterable[str], k: int) -> dict[str, int]:
+def _first_ranks(ranked: Sequence[Iterable[str]], evidence: Iterable[str], k: int) -> dict[str,
+                                                                                           int]:
     """Evidence turn → 1-based rank of the first of the top ``k`` results that covers it."""
     wanted = set(evidence)
     found: dict[str, int] = {}
@@ -382,7 +388,8 @@ def _check_lines(path: Path, expected: Sequence[tuple[int, str]]) -> None:
     found = {entry.line: entry.message.id for entry in ForwardReader(path)}
     for line_no, message_id in expected:
         if found.get(line_no) != message_id:
-            raise RuntimeError(f"{path}: line {line_no} is not message {message_id}; the line map would be wrong")
+            raise RuntimeError(f"{path}: line {line_no} is not message {message_id}; the line map "
+                               "would be wrong")
 
 
 def _seeded_session_keys(seed: int) -> Callable[[], str]:
@@ -405,7 +412,8 @@ def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
     line 2), so that no chunk can hold two turns — see ``bench/README.md``.
     """
     corpus = LoadedCorpus()
-    store = SessionStore(data_dir, SessionsConfig(fsync="never"), key_factory=_seeded_session_keys(seed))
+    store = SessionStore(data_dir, SessionsConfig(fsync="never"),
+                         key_factory=_seeded_session_keys(seed))
     try:
         _load(dataset, data_dir, granularity, progress, store, corpus)
     finally:
@@ -413,7 +421,8 @@ def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
     return corpus
 
 
-def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable[[str], None] | None,
+def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable[[str],
+                                                                                 None] | None,
           store: SessionStore, corpus: LoadedCorpus) -> None:
     for ci, conv in enumerate(dataset.conversations):
         user = user_name(ci, conv.id)
@@ -430,7 +439,8 @@ def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable
                 for line_offset, (i, turn) in enumerate(group):
                     ts = sess.date + TURN_STEP * i
                     msg = store.append_message(user, session.session_key, role=roles[turn.speaker],
-                                               content=turn.text, name=turn.speaker, ts=ts.isoformat())
+                                               content=turn.text, name=turn.speaker,
+                                               ts=ts.isoformat())
                     line = line_offset + 2
                     corpus.line_map[(session.session_key, line)] = turn.id
                     expected.append((line, msg.id))
@@ -544,13 +554,15 @@ async def run_benchmark(
     if granularity not in ("chunk", "turn"):
         raise ValueError("granularity must be 'chunk' or 'turn'")
     if negatives and len(dataset.conversations) < 2:
-        raise ValueError("--negatives needs at least two conversations (a question is asked in another's index)")
+        raise ValueError("--negatives needs at least two conversations (a question is asked in "
+                         "another's index)")
     progress = _Progress(progress_stream)
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="recalld-recall-") as tmp:
         root = Path(data_dir) if data_dir is not None else Path(tmp)
-        config = memory_config(granularity, embedder=embedder_name, k=k, rrf_k=rrf_k, candidates=candidates,
-                               max_turn_tokens=longest_turn_tokens(dataset), base=base_config)
+        config = memory_config(granularity, embedder=embedder_name, k=k, rrf_k=rrf_k,
+                               candidates=candidates, max_turn_tokens=longest_turn_tokens(dataset),
+                               base=base_config)
         reason = "embedder passed in by the caller"
         if embedder is None:
             embedder, reason = select_embedder(config)
@@ -568,14 +580,17 @@ async def run_benchmark(
 
             def on_sync(p: SyncProgress) -> None:
                 if p.phase == "files":
-                    progress(f"indexing: files {p.files_done}/{p.files_total}, chunks {p.chunks_written}")
+                    progress(f"indexing: files {p.files_done}/{p.files_total}, "
+                             f"chunks {p.chunks_written}")
                 else:
                     progress(f"embedding: {p.embedded} embedded, {p.pending} pending")
 
             if embedding_cache is not None:
-                seeded = await asyncio.to_thread(_share_cache, root / "memory.db", embedding_cache, "seed")
+                seeded = await asyncio.to_thread(_share_cache, root / "memory.db", embedding_cache,
+                                                 "seed")
                 progress(f"embedding cache: {seeded} vectors from {embedding_cache}", final=True)
-                sync = await _keeping(service.sync_now(progress=on_sync), root / "memory.db", embedding_cache)
+                sync = await _keeping(service.sync_now(progress=on_sync), root / "memory.db",
+                                      embedding_cache)
             else:
                 sync = await service.sync_now(progress=on_sync)
             status = await service.status()
@@ -590,9 +605,10 @@ async def run_benchmark(
             results: list[RunResult] = []
             for view in views:
                 started = time.perf_counter()
-                results.append(await _ask(service, dataset, corpus, k, view, progress, dataset_name=dataset_name,
-                                          embedder_name=embedder_name, granularity=granularity,
-                                          prompt=prompt and not view, negatives=negatives and not view))
+                results.append(await _ask(service, dataset, corpus, k, view, progress,
+                                          dataset_name=dataset_name, embedder_name=embedder_name,
+                                          granularity=granularity, prompt=prompt and not view,
+                                          negatives=negatives and not view))
                 results[-1].seconds.update(seconds, search=time.perf_counter() - started)
         finally:
             await service.close()
@@ -611,7 +627,8 @@ KEEP_EVERY_S = 60.0
 T = TypeVar("T")
 
 
-async def _keeping(sync: Awaitable[T], index_db: Path, cache_file: Path, every_s: float = KEEP_EVERY_S) -> T:
+async def _keeping(sync: Awaitable[T], index_db: Path, cache_file: Path,
+                   every_s: float = KEEP_EVERY_S) -> T:
     """Await ``sync`` while copying the index's embedding cache to ``cache_file`` every
     ``every_s`` seconds, then once more."""
     task = asyncio.ensure_future(sync)
@@ -635,7 +652,8 @@ def _share_cache(index_db: Path, cache_file: Path, direction: str) -> int:
     db.setbusytimeout(10_000)
     try:
         db.execute("ATTACH DATABASE ? AS shared", (str(cache_file),))
-        db.execute("CREATE TABLE IF NOT EXISTS shared.embedding_cache AS SELECT * FROM main.embedding_cache WHERE 0")
+        db.execute("CREATE TABLE IF NOT EXISTS shared.embedding_cache AS SELECT * "
+                   "FROM main.embedding_cache WHERE 0")
         db.execute("CREATE UNIQUE INDEX IF NOT EXISTS shared.embedding_cache_key "
                    "ON embedding_cache(provider, model, endpoint_hash, content_hash)")
         source, target = ("shared", "main") if direction == "seed" else ("main", "shared")
@@ -690,7 +708,8 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
         entry: dict[str, Any] = {"question": q.question, "category": q.category,
                                  "evidence": list(q.evidence), "modes": {}}
         for mode in MODES:
-            response = await service.search(user, q.question, k=fetch, mode=mode, before=before, now=moment)
+            response = await service.search(user, q.question, k=fetch, mode=mode, before=before,
+                                            now=moment)
             ran_as[mode][response.mode] += 1
             if mode == "hybrid" and "rerankMs" in response.timings_ms:
                 rerank_ms.append(response.timings_ms["rerankMs"])
@@ -704,15 +723,18 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             entry["modes"][mode] = {"ran": response.mode, "ranked": ranked, **scores}
         if prompt:
             started = time.perf_counter()
-            recalled = await service.recall(user, q.question[:RECALL_QUERY_CHARS], k=RECALL_K, now=moment)
+            recalled = await service.recall(user, q.question[:RECALL_QUERY_CHARS], k=RECALL_K,
+                                            now=moment)
             recall_ms.append((time.perf_counter() - started) * 1000)
             scores = prompt_scores(recalled, corpus.line_map, turn_text, q.evidence)
             prompt_rows.append((q.category, scores))
-            entry["prompt"] = {"ranked": [hits_to_turns(h, corpus.line_map) for h in recalled], **scores}
+            entry["prompt"] = {"ranked": [hits_to_turns(h, corpus.line_map) for h in recalled],
+                               **scores}
         if negatives:
             other = pairs[q.conversation]
             started = time.perf_counter()
-            noise = await service.recall(corpus.users[other], q.question[:RECALL_QUERY_CHARS], k=RECALL_K, now=moment)
+            noise = await service.recall(corpus.users[other], q.question[:RECALL_QUERY_CHARS],
+                                         k=RECALL_K, now=moment)
             negative_ms.append((time.perf_counter() - started) * 1000)
             scores = negative_scores(noise)
             negative_rows.append((q.category, scores))
@@ -746,9 +768,11 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
         for cat, scores in prompt_rows:
             prompt_by_cat[cat].append(scores)
         report["prompt"] = {
-            "k": RECALL_K, "budgetTokens": service.config.recall_budget_tokens, "ms": _percentiles(recall_ms),
-            "overall": _mean([s for _, s in prompt_rows], PROMPT_METRICS),
-            "by_category": {cat: _mean(prompt_by_cat[cat], PROMPT_METRICS) for cat in sorted(prompt_by_cat)},
+            "k": RECALL_K, "budgetTokens": service.config.recall_budget_tokens,
+            "ms": _percentiles(recall_ms), "overall": _mean([s for _, s in prompt_rows],
+                                                            PROMPT_METRICS),
+            "by_category": {cat: _mean(prompt_by_cat[cat], PROMPT_METRICS)
+                            for cat in sorted(prompt_by_cat)},
         }
     if negatives:
         negative_by_cat: dict[str, list[dict[str, float]]] = defaultdict(list)
@@ -758,7 +782,8 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             "pairing": NEGATIVE_PAIRING, "questions": len(negative_rows), "k": RECALL_K,
             "ms": _percentiles(negative_ms),
             "overall": _mean([s for _, s in negative_rows], NEGATIVE_METRICS),
-            "by_category": {cat: _mean(negative_by_cat[cat], NEGATIVE_METRICS) for cat in sorted(negative_by_cat)},
+            "by_category": {cat: _mean(negative_by_cat[cat], NEGATIVE_METRICS)
+                            for cat in sorted(negative_by_cat)},
         }
     return RunResult(report, {m: dict(v) for m, v in ran_as.items()}, reasons, 0,
                      corpus.transcripts, corpus.turns, "", {}, per_question)
@@ -773,9 +798,11 @@ def format_table(result: RunResult) -> str:
     lines = [
         f"dataset {report['dataset']}: {report['questions']} questions, {result.turns} turns, "
         f"{result.transcripts} transcripts, {result.chunks} chunks",
-        f"embedder {report['embedder']} ({result.embedder_reason}); granularity {report['granularity']}"
+        f"embedder {report['embedder']} ({result.embedder_reason}); "
+        f"granularity {report['granularity']}"
         + ("; as of each question's time" if report.get('asOf') else ""),
-        f"time: load {result.seconds.get('load', 0):.1f} s, index {result.seconds.get('index', 0):.1f} s, "
+        f"time: load {result.seconds.get('load', 0):.1f} s, "
+        f"index {result.seconds.get('index', 0):.1f} s, "
         f"search {result.seconds.get('search', 0):.1f} s",
     ]
     for mode in MODES:
@@ -792,12 +819,14 @@ def format_table(result: RunResult) -> str:
         rows = [("overall", block["overall"])] + list(block["by_category"].items())
         for i, (cat, values) in enumerate(rows):
             cells = "".join(
-                f"{values[m]:>10.0f}" if m.startswith("tokens") else f"{values[m]:>10.3f}" for m in METRICS)
+                f"{values[m]:>10.0f}" if m.startswith("tokens") else f"{values[m]:>10.3f}"
+                for m in METRICS)
             lines.append(f"{label if i == 0 else '':<8} {cat:<14}{cells}")
         lines.append("")
     if "rerank" in report:
         ms, read = report["rerank"]["ms"], report["rerank"]["candidates"]
-        lines.append(f"hybrid re-rank step ran in {report['rerank']['searches']} of {report['questions']} searches: "
+        lines.append(f"hybrid re-rank step ran in {report['rerank']['searches']} of "
+                     f"{report['questions']} searches: "
                      f"p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms, max {ms['max']:.0f} ms; "
                      f"candidates read p50 {read['p50']:.0f}, p99 {read['p99']:.0f}")
         lines.append("")
@@ -808,7 +837,8 @@ def format_table(result: RunResult) -> str:
                      f"p99 {block['ms']['p99']:.0f} ms):")
         header = f"{'':<8} {'category':<14}" + "".join(f"{m:>15}" for m in PROMPT_METRICS)
         lines += [header, "-" * len(header)]
-        for i, (cat, values) in enumerate([("overall", block["overall"])] + list(block["by_category"].items())):
+        for i, (cat, values) in enumerate([("overall",
+                                            block["overall"])] + list(block["by_category"].items())):
             cells = "".join(f"{values[m]:>15.0f}" if m == "prompt-tokens" else f"{values[m]:>15.3f}"
                             for m in PROMPT_METRICS)
             lines.append(f"{'prompt' if i == 0 else '':<8} {cat:<14}{cells}")
@@ -820,20 +850,23 @@ def format_table(result: RunResult) -> str:
                      f"p99 {block['ms']['p99']:.0f} ms):")
         header = f"{'':<8} {'category':<14}" + "".join(f"{m:>15}" for m in NEGATIVE_METRICS)
         lines += [header, "-" * len(header)]
-        for i, (cat, values) in enumerate([("overall", block["overall"])] + list(block["by_category"].items())):
+        for i, (cat, values) in enumerate([("overall",
+                                            block["overall"])] + list(block["by_category"].items())):
             cells = "".join(f"{values[m]:>15.3f}" if m == "any-recalled" else f"{values[m]:>15.1f}"
                             for m in NEGATIVE_METRICS)
             lines.append(f"{'negative' if i == 0 else '':<8} {cat:<14}{cells}")
         lines.append("")
     if any(set(result.ran_as.get(m, {m: 1})) != {m} for m in MODES):
-        lines.append("* this mode fell back to another (see NOTE above); its figures are that mode's")
+        lines.append("* this mode fell back to another (see NOTE above); its figures are that "
+                     "mode's")
     return "\n".join(lines).rstrip() + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python bench/recall.py",
-        description="Retrieval quality of memory.search on a conversation dataset (see bench/README.md).")
+        description="Retrieval quality of memory.search on a conversation dataset (see "
+                    "bench/README.md).")
     parser.add_argument("dataset", type=Path, help="dataset JSON (conversations + questions)")
     parser.add_argument("--embedder", choices=("auto", "local", "openai", "none"), default="none",
                         help="embedder for the vector leg (default: none, keyword only)")
@@ -841,52 +874,69 @@ def build_parser() -> argparse.ArgumentParser:
                         help="chunk: the configured chunking; turn: exactly one turn per chunk")
     parser.add_argument("--k", type=int, default=10, help="results taken per search (default 10)")
     parser.add_argument("--rrf-k", type=int, default=60, help="RRF constant (default 60)")
-    parser.add_argument("--candidates", type=int, default=50, help="candidates per leg (default 50)")
+    parser.add_argument("--candidates", type=int, default=50,
+                        help="candidates per leg (default 50)")
     parser.add_argument("--chunk-tokens", type=int, default=None,
-                        help="chunk size for --granularity chunk (default: sized for the embedder, ≤ 256)")
+                        help="chunk size for --granularity chunk (default: sized for the embedder, "
+                             "≤ 256)")
     parser.add_argument("--overlap-tokens", type=int, default=None,
-                        help="chunk overlap for --granularity chunk (default: memory default, chunk/5)")
+                        help="chunk overlap for --granularity chunk (default: memory default, "
+                             "chunk/5)")
     parser.add_argument("--fusion", choices=("convex", "rrf"), default=None,
                         help="how hybrid fuses the legs (default: the memory default)")
     parser.add_argument("--fusion-depth", type=int, default=None, metavar="N",
                         help="convex fusion scales each leg between its best and its N-th score "
-                             "(default: memory.fusion_depth; the number of candidates = round 2's min-max)")
+                             "(default: memory.fusion_depth; the number of candidates = round 2's "
+                             "min-max)")
     parser.add_argument("--keyword-weight", type=float, default=None,
                         help="keyword leg's weight in hybrid fusion (default: the memory default)")
-    parser.add_argument("--keyword-common", type=float, nargs=2, default=None, metavar=("SHARE", "MIN"),
-                        help="keyword_common_share and keyword_common_min_chunks (default: the memory "
+    parser.add_argument("--keyword-common", type=float, nargs=2, default=None,
+                        metavar=("SHARE", "MIN"), help="keyword_common_share and "
+                                                       "keyword_common_min_chunks (default: "
+                                                       "the memory "
                              "defaults; 0 0 keeps every word)")
     parser.add_argument("--rerank", choices=("auto", "true", "false"), default=None,
                         help="memory.rerank (default: the memory default, auto)")
     parser.add_argument("--rerank-budget-ms", type=int, default=None,
                         help="memory.rerank_budget_ms (default: the memory default)")
     parser.add_argument("--neighbours", choices=("on", "off"), default=None,
-                        help="memory.recall_neighbours: --recall widens excerpts by the message before "
+                        help="memory.recall_neighbours: --recall widens excerpts by the message "
+                             "before "
                              "and after (default: the memory default, on)")
     parser.add_argument("--recall-margin", type=float, default=None, metavar="COSINE",
-                        help="memory.recall_vector_only_margin: how far above the floor a recalled hit that "
-                             "shares no meaningful word with the question must be (default: the memory default)")
+                        help="memory.recall_vector_only_margin: how far above the floor a recalled "
+                             "hit that "
+                             "shares no meaningful word with the question must be (default: "
+                             "the memory default)")
     parser.add_argument("--as-of", action="store_true",
-                        help="ask each question as of when it was asked (its date or asked_before_turn): "
+                        help="ask each question as of when it was asked (its date or "
+                             "asked_before_turn): "
                              "only what was said before it is searched")
     parser.add_argument("--conversations", default=None, metavar="ID,ID",
                         help="only these conversations and their questions (a quicker run)")
     parser.add_argument("--embedding-cache", type=Path, default=None, metavar="FILE",
                         help="keep vectors in FILE across runs (a rerun embeds only new texts)")
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite",
-                        help="the index to measure (default sqlite; postgres needs --dsn and the postgres extra)")
+                        help="the index to measure (default sqlite; postgres needs --dsn and the "
+                             "postgres extra)")
     parser.add_argument("--dsn", default=None,
-                        help="postgres: a server DSN; the run creates and drops a scratch database on it")
+                        help="postgres: a server DSN; the run creates and drops a scratch database "
+                             "on it")
     parser.add_argument("--vector-leg", choices=("hnsw", "bit"), default="hnsw",
-                        help="postgres: the vector leg (HNSW, or sign bits + Hamming then exact cosine)")
+                        help="postgres: the vector leg (HNSW, or sign bits + Hamming then exact "
+                             "cosine)")
     parser.add_argument("--recall", action="store_true",
-                        help="also score what recall into a prompt (the chat's MemoryService.recall) puts "
+                        help="also score what recall into a prompt (the chat's "
+                             "MemoryService.recall) puts "
                              "before the model: the share of evidence inside it, and its tokens")
     parser.add_argument("--negatives", action="store_true",
-                        help="also ask recall into a prompt for each question in an index that lacks its "
-                             "conversation (the next conversation's user): the share that gets any excerpt, "
+                        help="also ask recall into a prompt for each question in an index that "
+                             "lacks its "
+                             "conversation (the next conversation's user): the share that gets any "
+                             "excerpt, "
                              "and the tokens recalled")
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the figures as JSON")
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT",
+                        help="write the figures as JSON")
     parser.add_argument("--details", type=Path, default=None, metavar="OUT",
                         help="write every question's ranked turn ids and scores as JSON")
     return parser
@@ -912,20 +962,25 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
     try:
         base = MemoryConfig(
             chunk_tokens=args.chunk_tokens or defaults.chunk_tokens,
-            overlap_tokens=(args.overlap_tokens if args.overlap_tokens is not None else defaults.overlap_tokens),
+            overlap_tokens=(args.overlap_tokens if args.overlap_tokens is not None
+                            else defaults.overlap_tokens),
             fusion=args.fusion or defaults.fusion,
             fusion_depth=args.fusion_depth or defaults.fusion_depth,
-            keyword_weight=args.keyword_weight if args.keyword_weight is not None else defaults.keyword_weight,
-            keyword_common_share=(args.keyword_common[0] if args.keyword_common else defaults.keyword_common_share),
+            keyword_weight=args.keyword_weight if args.keyword_weight is not None
+            else defaults.keyword_weight, keyword_common_share=(args.keyword_common[0]
+                                                                if args.keyword_common
+                                                                else defaults.keyword_common_share),
             keyword_common_min_chunks=(int(args.keyword_common[1]) if args.keyword_common
                                        else defaults.keyword_common_min_chunks),
             embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
             embeddings_base_url=os.environ.get("OPENAI_BASE_URL"),
             local_threads=os.cpu_count() or 1,
-            rerank={"true": True, "false": False, "auto": "auto", None: defaults.rerank}[args.rerank],
+            rerank={"true": True, "false": False, "auto": "auto",
+                    None: defaults.rerank}[args.rerank],
             rerank_budget_ms=args.rerank_budget_ms or defaults.rerank_budget_ms,
-            recall_neighbours=(args.neighbours == "on") if args.neighbours else defaults.recall_neighbours,
-            recall_vector_only_margin=(args.recall_margin if args.recall_margin is not None
+            recall_neighbours=(args.neighbours == "on") if args.neighbours
+            else defaults.recall_neighbours, recall_vector_only_margin=(args.recall_margin
+                                                                        if args.recall_margin is not None
                                        else defaults.recall_vector_only_margin),
         )
         if args.backend == "postgres":
@@ -933,22 +988,23 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
                 err.write("--backend postgres needs --dsn\n")
                 return 2
             if args.recall or args.negatives:
-                err.write("--recall and --negatives score MemoryService.recall (sqlite); not measured on "
+                err.write("--recall and --negatives score MemoryService.recall (sqlite); "
+                          "not measured on "
                           "postgres yet\n")
                 return 2
             from bench.recall_pg import run_postgres_benchmark
 
             result = asyncio.run(run_postgres_benchmark(
                 dataset, dsn=args.dsn, dataset_name=str(args.dataset), embedder_name=args.embedder,
-                granularity=args.granularity, k=args.k, rrf_k=args.rrf_k, candidates=args.candidates,
-                base_config=base, embedding_cache=args.embedding_cache, as_of=args.as_of,
-                vector_leg=args.vector_leg, progress_stream=err))
+                granularity=args.granularity, k=args.k, rrf_k=args.rrf_k,
+                candidates=args.candidates, base_config=base, embedding_cache=args.embedding_cache,
+                as_of=args.as_of, vector_leg=args.vector_leg, progress_stream=err))
         else:
             result = asyncio.run(run_benchmark(
-                dataset, dataset_name=str(args.dataset), embedder_name=args.embedder, granularity=args.granularity,
-                k=args.k, rrf_k=args.rrf_k, candidates=args.candidates, base_config=base, progress_stream=err,
-                as_of=args.as_of, embedding_cache=args.embedding_cache, prompt=args.recall,
-                negatives=args.negatives))
+                dataset, dataset_name=str(args.dataset), embedder_name=args.embedder,
+                granularity=args.granularity, k=args.k, rrf_k=args.rrf_k,
+                candidates=args.candidates, base_config=base, progress_stream=err, as_of=args.as_of,
+                embedding_cache=args.embedding_cache, prompt=args.recall, negatives=args.negatives))
     except (ValueError, RuntimeError) as exc:
         err.write(f"error: {exc}\n")
         return 2

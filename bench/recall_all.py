@@ -65,7 +65,8 @@ def _summary(result: RunResult) -> dict[str, Any]:
 
 async def run(paths: list[Path], embedder: str, cache: Path | None,
               conversations: dict[str, list[str]], *, replay: bool = True,
-              replay_questions: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+              replay_questions: int | None = None) -> tuple[list[dict[str, Any]],
+                                                            list[dict[str, Any]]]:
     reports: list[dict[str, Any]] = []
     replays: list[dict[str, Any]] = []
     base = MemoryConfig(local_threads=os.cpu_count() or 1,
@@ -83,10 +84,12 @@ async def run(paths: list[Path], embedder: str, cache: Path | None,
         for granularity in GRANULARITIES:
             print(f"\n=== {path.name} · {granularity} ===", flush=True)
             started = time.perf_counter()
-            name = path.name + (f" [{','.join(conversations[path.stem])}]" if path.stem in conversations else "")
+            name = path.name + (f" [{','.join(conversations[path.stem])}]"
+                                if path.stem in conversations else "")
             result = await run_benchmark(dataset, dataset_name=name, embedder_name=embedder,
-                                         granularity=granularity, base_config=base, progress_stream=sys.stderr,
-                                         also_as_of=timed, embedding_cache=cache, prompt=True,
+                                         granularity=granularity, base_config=base,
+                                         progress_stream=sys.stderr, also_as_of=timed,
+                                         embedding_cache=cache, prompt=True,
                                          negatives=len(dataset.conversations) > 1)
             for view in (result, result.as_of):
                 if view is None:
@@ -100,8 +103,8 @@ async def run(paths: list[Path], embedder: str, cache: Path | None,
             print(f"\n=== {path.name} · through the gateway ({replay_embedder}) ===", flush=True)
             started = time.perf_counter()
             report = await run_conversation_benchmark(
-                limited(dataset, None, replay_questions), dataset_name=path.name, embedder=replay_embedder,
-                embedding_cache=cache, progress_stream=sys.stderr)
+                limited(dataset, None, replay_questions), dataset_name=path.name,
+                embedder=replay_embedder, embedding_cache=cache, progress_stream=sys.stderr)
             print(format_report(report), flush=True)
             report.pop("perQuestion", None)
             replays.append(report)
@@ -110,25 +113,30 @@ async def run(paths: list[Path], embedder: str, cache: Path | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.recall_all", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.recall_all",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--embedder", choices=("auto", "local", "openai", "none"), default="auto",
                         help="default: auto, what a new user gets")
     parser.add_argument("--only", nargs="*", help="dataset file stems to run (default: all)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--conversations", nargs="*", default=[], metavar="STEM:ID,ID",
-                        help="run only these conversations of a dataset, e.g. realmem_bench:oliver_smith,sophie_dubois")
+                        help="run only these conversations of a dataset, e.g. "
+                             "realmem_bench:oliver_smith,sophie_dubois")
     parser.add_argument("--embedding-cache", type=Path, default=CACHE, metavar="FILE",
-                        help=f"vectors kept across runs (default {CACHE.relative_to(_REPO)}; delete it to re-embed)")
+                        help=f"vectors kept across runs (default {CACHE.relative_to(_REPO)}; "
+                             "delete it to re-embed)")
     parser.add_argument("--no-conversation", action="store_true",
                         help="skip the replays through a gateway (bench/conversation.py)")
     parser.add_argument("--conversation-questions", type=int, default=None, metavar="N",
-                        help="replays: at most the first N questions of each conversation (RealMem whole is long)")
+                        help="replays: at most the first N questions of each conversation (RealMem "
+                             "whole is long)")
     args = parser.parse_args(argv)
     paths = datasets(args.only)
     if not paths:
         print("no datasets found", file=sys.stderr)
         return 2
-    subsets = {spec.split(":", 1)[0]: spec.split(":", 1)[1].split(",") for spec in args.conversations if ":" in spec}
+    subsets = {spec.split(":", 1)[0]: spec.split(":", 1)[1].split(",")
+               for spec in args.conversations if ":" in spec}
     reports, replays = asyncio.run(run(paths, args.embedder, args.embedding_cache, subsets,
                                        replay=not args.no_conversation,
                                        replay_questions=args.conversation_questions))

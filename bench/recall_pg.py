@@ -49,7 +49,8 @@ def scratch_database(dsn: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
-def load_into_postgres(dataset: Dataset, dsn: str, granularity: str, *, seed: int = 0) -> LoadedCorpus:
+def load_into_postgres(dataset: Dataset, dsn: str, granularity: str, *,
+                       seed: int = 0) -> LoadedCorpus:
     """recall.load_corpus's layout, written into the sessions tables."""
     from bench.recall import TURN_STEP, LoadedCorpus, _roles, _seeded_session_keys, user_name
 
@@ -68,7 +69,8 @@ def load_into_postgres(dataset: Dataset, dsn: str, granularity: str, *, seed: in
                                        created_at=format_ts(sess.date + TURN_STEP * group[0][0])).session_key
                     for seq, (i, turn) in enumerate(group):  # the store's seq: 0, 1, 2… in append order
                         store.append_message(user, key, role=roles[turn.speaker], content=turn.text,
-                                             name=turn.speaker, ts=format_ts(sess.date + TURN_STEP * i))
+                                             name=turn.speaker,
+                                             ts=format_ts(sess.date + TURN_STEP * i))
                         corpus.line_map[(key, seq + 2)] = turn.id
                         corpus.turns += 1
                     corpus.transcripts += 1
@@ -81,25 +83,31 @@ def seed_cache(dsn: str, cache_file: Path) -> int:
 
     db = apsw.Connection(str(cache_file), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        rows = list(db.execute("SELECT provider, model, endpoint_hash, content_hash, dims, vector FROM embedding_cache"))
+        rows = list(db.execute("SELECT provider, model, endpoint_hash, content_hash, dims, vector "
+                               "FROM embedding_cache"))
     finally:
         db.close()
     with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
-        cur.executemany("INSERT INTO recalld_memory_embedding_cache (provider, model, endpoint_hash, content_hash, "
-                        "dims, vector) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)
+        cur.executemany("INSERT INTO recalld_memory_embedding_cache (provider, model, "
+                        "endpoint_hash, content_hash, "
+                        "dims, vector) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        rows)
     return len(rows)
 
 
-async def run_postgres_benchmark(dataset: Dataset, *, dsn: str, dataset_name: str, embedder_name: str,
-                                 granularity: str, k: int, rrf_k: int, candidates: int,
-                                 base_config: MemoryConfig | None, embedder: Embedder | None = None,
+async def run_postgres_benchmark(dataset: Dataset, *, dsn: str, dataset_name: str,
+                                 embedder_name: str, granularity: str, k: int, rrf_k: int,
+                                 candidates: int, base_config: MemoryConfig | None,
+                                 embedder: Embedder | None = None,
                                  embedding_cache: Path | None = None, as_of: bool = False,
-                                 vector_leg: VectorLeg = "hnsw", progress_stream: TextIO | None = None) -> RunResult:
+                                 vector_leg: VectorLeg = "hnsw",
+                                 progress_stream: TextIO | None = None) -> RunResult:
     from bench.recall import _ask, _Progress, longest_turn_tokens, memory_config
 
     progress = _Progress(progress_stream)
-    config = memory_config(granularity, embedder=embedder_name, k=k, rrf_k=rrf_k, candidates=candidates,
-                           max_turn_tokens=longest_turn_tokens(dataset), base=base_config)
+    config = memory_config(granularity, embedder=embedder_name, k=k, rrf_k=rrf_k,
+                           candidates=candidates, max_turn_tokens=longest_turn_tokens(dataset),
+                           base=base_config)
     reason = "embedder passed in by the caller"
     if embedder is None:
         embedder, reason = select_embedder(config)
@@ -114,18 +122,21 @@ async def run_postgres_benchmark(dataset: Dataset, *, dsn: str, dataset_name: st
         started = time.perf_counter()
         corpus = await asyncio.to_thread(load_into_postgres, dataset, run_dsn, granularity)
         seconds["load"] = time.perf_counter() - started
-        service = await PgMemory.open(run_dsn, config, embedder, data_dir=Path(tempfile.gettempdir()),
-                                      embedder_reason=reason, vector_leg=vector_leg)
+        service = await PgMemory.open(run_dsn, config, embedder,
+                                      data_dir=Path(tempfile.gettempdir()), embedder_reason=reason,
+                                      vector_leg=vector_leg)
         try:
             started = time.perf_counter()
             report = await service.sync_now()
             status = await service.status()
             if embedder is not None and status["pending"]:
-                raise RuntimeError(f"indexing left {status['pending']} chunks without vectors: {report.error}")
+                raise RuntimeError(f"indexing left {status['pending']} chunks without vectors: "
+                                   f"{report.error}")
             seconds["index"] = time.perf_counter() - started
             started = time.perf_counter()
             result = await _ask(service, dataset, corpus, k, as_of, progress,  # type: ignore[arg-type]
-                                dataset_name=dataset_name, embedder_name=embedder_name, granularity=granularity)
+                                dataset_name=dataset_name, embedder_name=embedder_name,
+                                granularity=granularity)
             result.seconds.update(seconds, search=time.perf_counter() - started)
         finally:
             await service.close()

@@ -30,8 +30,9 @@ async def _baseline_handler(ws: ServerConnection) -> None:
                                                "connections": CONNECTIONS}}), text=True)
 
 
-async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *, headers: dict[str, str] | None,
-                per_conn: int, window: int) -> tuple[float, list[float]]:
+async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *,
+                headers: dict[str, str] | None, per_conn: int, window: int) -> tuple[float,
+                                                                                     list[float]]:
     """CONNECTIONS connections spread over ``urls``, each sending ``per_conn`` calls with at most
     ``window`` in flight; the rate over all of them and each call's latency (bench.cluster too)."""
     latencies: list[float] = []
@@ -57,7 +58,8 @@ async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *, 
                 await ws.send(orjson.dumps({**body, "id": next_id}), text=True)
                 next_id += 1
 
-    conns = [await connect(urls[i % len(urls)], additional_headers=headers, compression=None, max_size=None)
+    conns = [await connect(urls[i % len(urls)], additional_headers=headers, compression=None,
+                           max_size=None)
              for i in range(CONNECTIONS)]
     try:
         started = time.perf_counter()
@@ -79,24 +81,27 @@ async def run_rpc(quick: bool) -> list[Figure]:
         async with running_gateway(cfg) as app, serve(
                 _baseline_handler, "127.0.0.1", 0, compression=None, max_size=s.max_size,
                 max_queue=s.max_queue, write_limit=s.write_limit,
-                ping_interval=s.ping_interval_s or None, ping_timeout=s.ping_timeout_s or None) as base:
+                ping_interval=s.ping_interval_s or None, ping_timeout=s.ping_timeout_s
+                or None) as base:
             port = base.sockets[0].getsockname()[1]
             base_url = f"ws://127.0.0.1:{port}/"
             auth = {"Authorization": f"Bearer {TOKEN}"}
             for mode, window in (("ping-pong", 1), ("pipelined", 32)):
                 rates: dict[str, list[float]] = {"gateway": [], "baseline": []}
                 lats: dict[str, list[float]] = {"gateway": [], "baseline": []}
-                await drive([app.url], "gateway.health", None, headers=auth, per_conn=20, window=window)  # warm-up
+                await drive([app.url], "gateway.health", None, headers=auth, per_conn=20,
+                            window=window)  # warm-up
                 # A full collection (60-80 ms here) landing inside a quick round of 0.1-0.3 s moved
                 # that round's ratio by 30% either way: what was allocated so far is frozen out of
                 # the collector, and each side starts its round after a collection.
                 gc.collect()
                 gc.freeze()
                 for _ in range(rounds):  # alternate sides, same process
-                    for side, url, hdr in (("gateway", app.url, auth), ("baseline", base_url, None)):
+                    for side, url, hdr in (("gateway", app.url, auth),
+                                           ("baseline", base_url, None)):
                         gc.collect()
-                        rate, lat = await drive([url], "gateway.health", None, headers=hdr, per_conn=per_conn,
-                                                window=window)
+                        rate, lat = await drive([url], "gateway.health", None, headers=hdr,
+                                                per_conn=per_conn, window=window)
                         rates[side].append(rate)
                         lats[side].extend(lat)
                 ratios = sorted(g / b for g, b in zip(rates["gateway"], rates["baseline"]))
@@ -104,11 +109,13 @@ async def run_rpc(quick: bool) -> list[Figure]:
                 for side in ("gateway", "baseline"):
                     m = summary_ms(lats[side])
                     rate = sorted(rates[side])[len(rates[side]) // 2]
-                    figs.append(Figure("1 rpc", f"{mode} {side} req/s (p50 / p99 latency)", rate, "req/s",
+                    figs.append(Figure("1 rpc", f"{mode} {side} req/s (p50 / p99 latency)", rate,
+                                       "req/s",
                                        note=f"p50 {m['p50']:.2f} ms, p99 {m['p99']:.2f} ms",
-                                       extra={"p50": m["p50"], "p99": m["p99"], "rates": rates[side]}))
-                figs.append(Figure("1 rpc", f"{mode} gateway / baseline throughput", ratio, "×", "≥ 0.90",
-                                   ratio >= 0.90, extra={"ratios": ratios}))
+                                       extra={"p50": m["p50"], "p99": m["p99"],
+                                              "rates": rates[side]}))
+                figs.append(Figure("1 rpc", f"{mode} gateway / baseline throughput", ratio, "×",
+                                   "≥ 0.90", ratio >= 0.90, extra={"ratios": ratios}))
     return figs
 
 
@@ -151,7 +158,8 @@ async def run_chat(quick: bool) -> list[Figure]:
                     t = time.perf_counter()
                     first = None
                     stream = await sdk.chat.completions.create(
-                        model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True)
+                        model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                        stream=True)
                     async for chunk in stream:
                         if first is None and chunk.choices and chunk.choices[0].delta.content:
                             first = time.perf_counter() - t
@@ -169,8 +177,10 @@ async def run_chat(quick: bool) -> list[Figure]:
     gt, dt = summary_ms(total["gateway"]), summary_ms(total["direct"])
     extra = g["p50"] - d["p50"]
     ratio = gt["p50"] / dt["p50"]
-    figs.append(Figure("2 chat", "time to first delta: gateway − direct (p50)", extra, "ms", "≤ +1", extra <= 1,
-                       note=f"gateway {g['p50']:.2f} ms, direct {d['p50']:.2f} ms"))
-    figs.append(Figure("2 chat", "500-delta run total: gateway / direct (p50)", ratio, "×", "≤ 1.05", ratio <= 1.05,
-                       note=f"gateway {gt['p50']:.1f} ms (p99 {gt['p99']:.1f}), direct {dt['p50']:.1f} ms (p99 {dt['p99']:.1f})"))
+    figs.append(Figure("2 chat", "time to first delta: gateway − direct (p50)", extra, "ms", "≤ +1",
+                       extra <= 1, note=f"gateway {g['p50']:.2f} ms, direct {d['p50']:.2f} ms"))
+    figs.append(Figure("2 chat", "500-delta run total: gateway / direct (p50)", ratio, "×",
+                       "≤ 1.05", ratio <= 1.05, note=f"gateway {gt['p50']:.1f} ms (p99 "
+                                                     f"{gt['p99']:.1f}), direct {dt['p50']:.1f} ms "
+                                                     f"(p99 {dt['p99']:.1f})"))
     return figs

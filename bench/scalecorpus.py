@@ -80,7 +80,8 @@ def write_sessions(data_dir: Path, *, messages: int, per_session: int = 50, seed
         drawn = common[np.minimum(np.searchsorted(cdf, rng.random(total)), len(common) - 1)]
         # About a sixth of the words are the topic's own, as in bench.corpus.
         topical = rng.random(total) < 1 / 6
-        drawn[topical] = np.array(vocab.topic_words[topic])[rng.integers(25, size=int(topical.sum()))]
+        drawn[topical] = np.array(vocab.topic_words[topic])[rng.integers(25,
+                                                                         size=int(topical.sum()))]
         ends = np.cumsum(lengths)
         lines = [orjson.dumps(Header(key, USER, format_ts(start), f"t{topic}").to_line()) + b"\n"]
         for m in range(count):
@@ -106,7 +107,8 @@ async def _index(data_dir: Path, log: Any) -> dict[str, Any]:
     # The fit comes after the text: it may still be computing (by another process) until then.
     done = await index_corpus(data_dir, embedder, keyword_done)
     return {"chunks": done.chunks, "keyword_s": done.keyword_s, "embed_s": done.embed_s,
-            "embedded": done.embedded, "vectors": done.embedder.model_id, "fit": done.embedder.fit.info}
+            "embedded": done.embedded, "vectors": done.embedder.model_id,
+            "fit": done.embedder.fit.info}
 
 
 def keyword_build(data_dir: Path) -> tuple[int, float]:
@@ -123,7 +125,8 @@ def keyword_build(data_dir: Path) -> tuple[int, float]:
         opened = open_index(Path(scratch) / "memory.db")
         conn = WriteConnection(opened.db)
         try:
-            indexer = Indexer.on(conn, opened.vectors, sessions_root(data_dir), bench_memory_config())
+            indexer = Indexer.on(conn, opened.vectors, sessions_root(data_dir),
+                                 bench_memory_config())
             started = time.perf_counter()
             report = asyncio.run(indexer.sync(None))
             return report.chunks_written, time.perf_counter() - started
@@ -147,7 +150,8 @@ def build(size: int, *, fresh: bool = False, log: Any = print) -> ScaleCorpus:
     write_s = time.perf_counter() - started
     log(f"  transcripts written in {write_s:.0f} s; indexing…")
     figures = asyncio.run(_index(data_dir, log))
-    figures.update({"write_s": write_s, "messages": messages, "built_at": datetime.now(UTC).isoformat()})
+    figures.update({"write_s": write_s, "messages": messages,
+                    "built_at": datetime.now(UTC).isoformat()})
     log(f"  {figures['chunks']:,} chunks: keyword index {figures['keyword_s']:.0f} s, "
         f"vectors {figures['embed_s']:.0f} s")
     marker.write_text(json.dumps(figures, indent=1))

@@ -113,7 +113,8 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
     passages: list[str] = []
     for turn in range(2):
         for i, q in enumerate(qs):
-            order = (("false", off), ("auto", auto)) if (i + turn) % 2 == 0 else (("auto", auto), ("false", off))
+            order = (("false", off), ("auto", auto)) if (i + turn) % 2 == 0 else (("auto", auto),
+                                                                                  ("false", off))
             for name, config in order:
                 svc.config = config
                 t = time.perf_counter()
@@ -139,18 +140,19 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
     await svc.close()
     budget = auto.rerank_budget_ms
     return {
-        "budgetMs": budget, "candidates": auto.rerank_candidates, "passageWords": auto.rerank_passage_words,
-        "loadStart": load_start, "loadEnd": os.getloadavg(),
-        "calibratedMsPerToken": calibrated, "estimateMsPerToken": {
+        "budgetMs": budget, "candidates": auto.rerank_candidates,
+        "passageWords": auto.rerank_passage_words, "loadStart": load_start,
+        "loadEnd": os.getloadavg(), "calibratedMsPerToken": calibrated, "estimateMsPerToken": {
             "p50": pct(estimates, 50), "min": min(estimates, default=float("nan")),
             "max": max(estimates, default=float("nan"))},
         "searchMs": {k: summary_ms(v) for k, v in search.items()},
         "callMs": {k: summary_ms(v) for k, v in call.items()},
         "recallMs": {k: summary_ms(v) for k, v in recall.items()},
-        "step": {**summary_ms(step), "max": max(step, default=0.0) * 1000, "searches": searches, "skipped": skipped,
-                 "overBudget": sum(s * 1000 > budget for s in step)},
-        "read": {"p50": pct(read, 50) if read else 0, "min": min(read, default=0), "max": max(read, default=0),
-                 "mean": statistics.fmean(read) if read else 0.0, "zero": sum(n == 0 for n in read)},
+        "step": {**summary_ms(step), "max": max(step, default=0.0) * 1000, "searches": searches,
+                 "skipped": skipped, "overBudget": sum(s * 1000 > budget for s in step)},
+        "read": {"p50": pct(read, 50) if read else 0, "min": min(read, default=0),
+                 "max": max(read, default=0), "mean": statistics.fmean(read) if read else 0.0,
+                 "zero": sum(n == 0 for n in read)},
         "tokensPerWord": _tokens_per_word(passages),
     }
 
@@ -170,7 +172,8 @@ def _newest_window(data_dir: Path) -> ShownHistory | None:
 def _child(size: int, n_queries: int, budget_ms: int | None) -> dict[str, Any]:
     from bench.scalecorpus import corpus_dir
 
-    cmd = [sys.executable, "-m", "bench.scalererank", "--child", str(corpus_dir(size)), "--queries", str(n_queries)]
+    cmd = [sys.executable, "-m", "bench.scalererank", "--child", str(corpus_dir(size)), "--queries",
+           str(n_queries)]
     if budget_ms is not None:
         cmd += ["--budget-ms", str(budget_ms)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -188,27 +191,36 @@ def figures_for(size: int, chunks: int, m: dict[str, Any]) -> list[Figure]:
     for name in ("false", "auto"):
         f, c = m["searchMs"][name], m["callMs"][name]
         goal = size == 100_000 and name == "false"
-        figs.append(Figure(sec, f"hybrid searchMs p50, rerank {name} ({chunks:,} chunks)", f["p50"], "ms",
-                           f"p50 ≤ {GOAL_SEARCH_100K_MS:.0f}" if goal else "",
+        figs.append(Figure(sec, f"hybrid searchMs p50, rerank {name} ({chunks:,} chunks)", f["p50"],
+                           "ms", f"p50 ≤ {GOAL_SEARCH_100K_MS:.0f}" if goal else "",
                            f["p50"] <= GOAL_SEARCH_100K_MS if goal else None,
                            extra={"searchMs": f, "callMs": c},
-                           note=f"p99 {f['p99']:.1f} ms; whole call p50 {c['p50']:.1f} / p99 {c['p99']:.1f} ms"))
-    figs.append(Figure(sec, f"rerank step p50 (budget {budget} ms)", s["p50"], "ms", f"p99 ≤ {budget}",
-                       s["p99"] <= budget if s["n"] else None, extra={"step": s, "read": rd},
-                       note=(f"p99 {s['p99']:.1f}, max {s['max']:.1f} ms, {s['overBudget']} of {s['n']} over budget; "
-                             f"ran in {s['n']} of {s['searches']} searches ({s['skipped']} skipped: legs agree)")))
-    figs.append(Figure(sec, f"candidates read p50 (of {m['candidates']})", float(rd["p50"]), "", "", None,
-                       note=(f"min {rd['min']}, max {rd['max']}, mean {rd['mean']:.1f}, none in {rd['zero']}; "
-                             f"estimate {est['p50']:.3f} ms/token (min {est['min']:.3f}, max {est['max']:.3f}), "
+                           note=f"p99 {f['p99']:.1f} ms; whole call p50 {c['p50']:.1f} / p99 "
+                                f"{c['p99']:.1f} ms"))
+    figs.append(Figure(sec, f"rerank step p50 (budget {budget} ms)", s["p50"], "ms",
+                       f"p99 ≤ {budget}", s["p99"] <= budget if s["n"] else None,
+                       extra={"step": s, "read": rd}, note=(f"p99 {s['p99']:.1f}, "
+                                                            f"max {s['max']:.1f} ms, "
+                                                            f"{s['overBudget']} of {s['n']} over "
+                                                            "budget; "
+                             f"ran in {s['n']} of {s['searches']} searches ({s['skipped']} "
+                             "skipped: legs agree)")))
+    figs.append(Figure(sec, f"candidates read p50 (of {m['candidates']})", float(rd["p50"]), "", "",
+                       None, note=(f"min {rd['min']}, max {rd['max']}, mean {rd['mean']:.1f}, "
+                                   f"none in {rd['zero']}; "
+                             f"estimate {est['p50']:.3f} ms/token (min {est['min']:.3f}, "
+                             f"max {est['max']:.3f}), "
                              f"calibrated {m['calibratedMsPerToken']:.3f}; candidates' text "
                              f"{m['tokensPerWord']:.2f} tokens/word")))
     off, on = m["recallMs"]["false"], m["recallMs"]["auto"]
     added = on["p50"] - off["p50"]
     goal = size == 10_000
     figs.append(Figure(sec, "recall p50 added by the re-ranker", added, "ms",
-                       f"≤ {GOAL_RECALL_ADDED_MS:.0f}" if goal else "", added <= GOAL_RECALL_ADDED_MS if goal else None,
-                       extra={"false": off, "auto": on},
-                       note=(f"MemoryService.recall p50 / p99: false {off['p50']:.1f} / {off['p99']:.1f} ms, "
+                       f"≤ {GOAL_RECALL_ADDED_MS:.0f}" if goal else "",
+                       added <= GOAL_RECALL_ADDED_MS if goal else None,
+                       extra={"false": off, "auto": on}, note=("MemoryService.recall p50 / p99: "
+                                                               f"false {off['p50']:.1f} / "
+                                                               f"{off['p99']:.1f} ms, "
                              f"auto {on['p50']:.1f} / {on['p99']:.1f} ms")))
     return figs
 
@@ -228,12 +240,15 @@ def run(sizes: list[int], n_queries: int, budget_ms: int | None = None) -> int:
         figures.extend(figures_for(size, corpus.chunks, measured))
     print()
     print_table(figures)
-    print("\nvectors: synthetic (bench/realdist.py), which decides the candidates and how often the legs "
-          "agree; the cross-encoder, its calibration and budget are the product's, over the candidates' "
+    print("\nvectors: synthetic (bench/realdist.py), which decides the candidates and how often "
+          "the legs "
+          "agree; the cross-encoder, its calibration and budget are the product's, "
+          "over the candidates' "
           "real text (bench.corpus's made-up words)")
     for r in results:
         m = r["measured"]
-        print(f"{r['size']:,}: load average {m['loadStart'][0]:.1f} at its start, {m['loadEnd'][0]:.1f} at its end")
+        print(f"{r['size']:,}: load average {m['loadStart'][0]:.1f} at its start, "
+              f"{m['loadEnd'][0]:.1f} at its end")
     info = machine_info()
     took = time.perf_counter() - started
     print(f"{info['cpuCount']} CPUs ({info['cpu']}); took {took:.0f} s")
@@ -253,7 +268,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scalererank", description=__doc__)
     parser.add_argument("--sizes", default="10000,100000", help="comma-separated chunk counts")
     parser.add_argument("--queries", type=int, default=100)
-    parser.add_argument("--budget-ms", type=int, default=None, help="memory.rerank_budget_ms (default: the default)")
+    parser.add_argument("--budget-ms", type=int, default=None,
+                        help="memory.rerank_budget_ms (default: the default)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     structlog_quiet()

@@ -51,7 +51,8 @@ def storage(db_path: Path, chunks: int) -> dict[str, float]:
     }
 
 
-def exact_top(db_path: Path, embedder: SyntheticEmbedder, qs: list[str], k: int = 10) -> list[list[int]]:
+def exact_top(db_path: Path, embedder: SyntheticEmbedder, qs: list[str],
+              k: int = 10) -> list[list[int]]:
     """Exact float cosine top-k over every chunk (the vectors recomputed in float32), cached
     beside the corpus and recomputed when the corpus's chunks are no longer the cached ones."""
     cache = db_path.parent / "float-vectors.npz"
@@ -61,7 +62,8 @@ def exact_top(db_path: Path, embedder: SyntheticEmbedder, qs: list[str], k: int 
         ids, mat = saved["ids"], saved["mat"]
     else:
         db = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
-        rows = list(db.execute("SELECT id, content FROM chunks WHERE user = ? ORDER BY id", (USER,)))
+        rows = list(db.execute("SELECT id, content FROM chunks WHERE user = ? ORDER BY id",
+                               (USER,)))
         db.close()
         ids = np.array([r[0] for r in rows])
         mat = np.stack([embedder.vector(r[1]) for r in rows]).astype(np.float32)
@@ -84,7 +86,8 @@ async def run(quick: bool) -> list[Figure]:
         sec = f"3 search {label}"
         if corpus.keyword_chunks_per_s is not None:
             figs.append(Figure("4 indexing", f"keyword-only full index ({label} chunks, built now)",
-                               corpus.keyword_chunks_per_s, "chunks/s", "≥ 3,000", corpus.keyword_chunks_per_s >= 3000))
+                               corpus.keyword_chunks_per_s, "chunks/s", "≥ 3,000",
+                               corpus.keyword_chunks_per_s >= 3000))
         embedder = SyntheticEmbedder(Vocabulary.make())
         config = bench_memory_config()
         # Warm restart: a service over the already indexed corpus; calls counted from zero.
@@ -96,10 +99,14 @@ async def run(quick: bool) -> list[Figure]:
         await svc.wait_idle()
         sync_calls = embedder.calls - (0 if first.mode == "keyword" else 1)  # minus the query embedding
         if size == sizes[-1]:
-            figs.append(Figure("4 indexing", f"warm restart over {label}: first hybrid search served",
-                               first_s * 1000, "ms", "≤ 2,000", first_s <= 2 and first.mode == "hybrid",
-                               note=f"mode {first.mode}" + (f" ({first.fallback_reason})" if first.fallback_reason else "")))
-            figs.append(Figure("4 indexing", f"warm restart over {label}: embedder calls by the catch-up sync",
+            figs.append(Figure("4 indexing",
+                               f"warm restart over {label}: first hybrid search served",
+                               first_s * 1000, "ms", "≤ 2,000",
+                               first_s <= 2 and first.mode == "hybrid",
+                               note=f"mode {first.mode}" + (f" ({first.fallback_reason})"
+                                                            if first.fallback_reason else "")))
+            figs.append(Figure("4 indexing",
+                               f"warm restart over {label}: embedder calls by the catch-up sync",
                                sync_calls, "calls", "0", sync_calls == 0))
         lib: dict[str, list[float]] = {m: [] for m in MODES}
         for _ in range(2):  # alternate modes, twice over the queries
@@ -111,7 +118,8 @@ async def run(quick: bool) -> list[Figure]:
         # Vector-leg recall@10 against an exact float scan.
         fingerprint = corpus_fingerprint(corpus.data_dir / "memory.db")
         truth = exact_top(corpus.data_dir / "memory.db", embedder, qs)
-        got = [[h.chunk_id for h in (await svc.search(USER, q, k=10, mode="vector")).results] for q in qs]
+        got = [[h.chunk_id for h in (await svc.search(USER, q, k=10, mode="vector")).results]
+               for q in qs]
         recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, truth)]))
         held = svc.sign_index_bytes  # before close() releases it
         await svc.close()
@@ -119,7 +127,8 @@ async def run(quick: bool) -> list[Figure]:
         # Through the gateway: client-observed round trips (the synthetic query embedding, ~0.2 ms, included).
         gw: dict[str, list[float]] = {m: [] for m in MODES}
         cfg = gateway_config(corpus.data_dir, user=USER, memory=bench_memory_section())
-        async with running_gateway(cfg, embedder=(embedder, "bench: synthetic clustered vectors")) as app:
+        async with running_gateway(cfg, embedder=(embedder,
+                                                  "bench: synthetic clustered vectors")) as app:
             await app.memory.service.wait_idle()  # type: ignore[union-attr]
             async with Client.connect(app.url, TOKEN) as c:
                 for q in qs:
@@ -137,22 +146,26 @@ async def run(quick: bool) -> list[Figure]:
             target = ok = None
             if m == "hybrid" and size >= 100_000:
                 target, ok = "p50 ≤ 20, p99 ≤ 60", s["p50"] <= 20 and s["p99"] <= 60
-            figs.append(Figure(sec, f"{m} library p50 / p99 ({corpus.chunks:,} chunks)", s["p50"], "ms",
-                               target or "", ok, extra={"p99": s["p99"]}, note=f"p99 {s['p99']:.1f} ms"))
+            figs.append(Figure(sec, f"{m} library p50 / p99 ({corpus.chunks:,} chunks)", s["p50"],
+                               "ms", target or "", ok, extra={"p99": s["p99"]},
+                               note=f"p99 {s['p99']:.1f} ms"))
             figs.append(Figure(sec, f"{m} gateway p50 / p99", g["p50"], "ms", "", None,
                                extra={"p99": g["p99"]}, note=f"p99 {g['p99']:.1f} ms"))
-        figs.append(Figure(sec, "vector leg recall@10 vs exact float scan", recall, "", "≥ 0.95", recall >= 0.95,
-                           note=(f"in-memory sign bits: Hamming {RERANK_SCAN} → sign·query {RERANK_POOL} "
+        figs.append(Figure(sec, "vector leg recall@10 vs exact float scan", recall, "", "≥ 0.95",
+                           recall >= 0.95, note=(f"in-memory sign bits: Hamming {RERANK_SCAN} → "
+                                                 f"sign·query {RERANK_POOL} "
                                  "→ exact int8 cosine re-rank" if knn.HAVE_NUMPY
                                  else "bit[384] vec0 KNN pool → exact int8 cosine re-rank")))
-        figs.append(Figure(sec, "vector pre-filter memory (in-memory sign bits)", held / corpus.chunks, "B/chunk",
-                           "", None, extra={"bytes": held}, note=f"{held / 2**20:.1f} MiB for {corpus.chunks:,} chunks"))
+        figs.append(Figure(sec, "vector pre-filter memory (in-memory sign bits)",
+                           held / corpus.chunks, "B/chunk", "", None, extra={"bytes": held},
+                           note=f"{held / 2**20:.1f} MiB for {corpus.chunks:,} chunks"))
         per = st["exclTextAndFtsPerChunk"]
-        figs.append(Figure("6 storage", f"bytes/chunk excl. text and FTS index ({label})", per, "B", "≤ 2,048",
-                           per <= 2048, extra=st,
+        figs.append(Figure("6 storage", f"bytes/chunk excl. text and FTS index ({label})", per, "B",
+                           "≤ 2,048", per <= 2048, extra=st,
                            note=(f"total {st['totalPerChunk']:.0f}, text {st['textPerChunk']:.0f}, "
                                  f"FTS {st['ftsPerChunk']:.0f}, cache {st['cachePerChunk']:.0f}, "
-                                 f"vec0 {st['vecPerChunk']:.0f}; excl. text only {st['exclTextPerChunk']:.0f} B")))
+                                 f"vec0 {st['vecPerChunk']:.0f}; excl. "
+                                 f"text only {st['exclTextPerChunk']:.0f} B")))
     return figs
 
 

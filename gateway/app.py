@@ -47,10 +47,11 @@ from gateway.methods import (
     declare_methods,
 )
 from gateway.opening import (
+    Backend,
+    backend_of,
     close_memory,
     close_store,
     effective_memory_config,
-    join_cluster,
     open_memory,
     open_store,
     page_capped,
@@ -210,12 +211,13 @@ async def _start(stack: AsyncExitStack, config: Config, file_io: FileIO | None,
     _ration_threads(config)
     audit = _claim_data_dir(stack, config.data_dir)
     authenticator = _authenticator(config)
+    backend = backend_of(config)  # storage.backend, chosen once
     service = await _open_memory(stack, config, embedder)
     # Opening the store reconciles its index with the transcripts: disk work, off the loop.
     store = await _opened(stack, asyncio.to_thread(open_store, config, file_io), close_store)
     await _audited(config.data_dir, audit, loose_mode)
-    cluster = await _join_cluster(stack, config, store)
-    check = _database_check(stack, config)
+    cluster = await _join_cluster(stack, backend, config, store)
+    check = _database_check(stack, backend, config)
     service.catch_up()  # after the reconcile: it may cut a torn transcript tail
     hub = Hub() if cluster is None else cluster.hub
     runs = _chat_runs(config, store, hub, service, cluster)
@@ -294,22 +296,21 @@ async def _audited(data_dir: Path, audit: asyncio.Future[bool], loose_mode: int 
         log.warning("data_dir.tightened", data_dir=str(data_dir), mode=f"{loose_mode:04o}")
 
 
-async def _join_cluster(stack: AsyncExitStack, config: Config,
+async def _join_cluster(stack: AsyncExitStack, backend: Backend, config: Config,
                         store: SessionStoreLike) -> ClusterNode | None:
-    """The node among the others on one database (storage.backend = "postgres"), else None."""
-    if config.storage.backend != "postgres":
+    """The node among the others on one database (a backend nodes share), else None."""
+    if backend.join_cluster is None:
         return None
-    cluster = await join_cluster(config, store)  # closes what it opened if it fails
+    cluster = await backend.join_cluster(config, store)  # closes what it opened if it fails
     stack.push_async_callback(cluster.close)  # after the runs drain, before the store closes
     return cluster
 
 
-def _database_check(stack: AsyncExitStack, config: Config) -> DatabaseCheck | None:
-    """On postgres, the check behind gateway.health's storage and GET /readyz, running."""
-    s = config.storage
-    if s.backend != "postgres" or s.dsn is None:
+def _database_check(stack: AsyncExitStack, backend: Backend, config: Config) -> DatabaseCheck | None:
+    """On a shared database, the check behind gateway.health's storage and GET /readyz, running."""
+    if backend.database_check is None:
         return None
-    check = DatabaseCheck(s.dsn, interval_s=s.check_interval_s, timeout_s=s.call_timeout_s)
+    check = backend.database_check(config)
     _background(stack, check.run())
     return check
 

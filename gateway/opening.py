@@ -1,14 +1,25 @@
 """What a node opens before it serves: the session store, the memory service and, on PostgreSQL,
 its place in the cluster — each chosen by ``[storage]`` (docs/scaling.md) and closed by whoever
-opened it (the app's start stack, or ``recalld memory``)."""
+opened it (the app's start stack, or ``recalld memory``).
+
+``storage.backend`` names one :class:`Backend` of :data:`BACKENDS`, looked up once
+(:func:`backend_of`): how it opens memory and, on a backend several nodes share, the node's
+place among them and the database check behind readiness. The daemon, ``recalld memory`` and
+``recalld import`` open through it (the session store through :func:`open_store`, which
+``gateway.storage.open_session_store`` dispatches the same way). A third backend is one folder
+in ``sessions/`` and ``memory/`` and one entry here.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.config import Config
+from gateway.readiness import DatabaseCheck
 from gateway.storage import StorageUnavailable, open_session_store, pool_settings
 from memory import (
     Embedder,
@@ -24,8 +35,21 @@ from sessions import FileIO, SessionsConfig, SessionStoreLike
 if TYPE_CHECKING:
     from gateway.cluster import ClusterNode
 
-__all__ = ["close_memory", "close_store", "effective_memory_config", "join_cluster", "open_memory",
-           "open_store", "page_capped"]
+__all__ = ["BACKENDS", "Backend", "backend_of", "close_memory", "close_store", "effective_memory_config",
+           "join_cluster", "open_memory", "open_store", "page_capped"]
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One ``storage.backend``: how a node opens what lives in it."""
+
+    name: str
+    # The started memory service for [memory] ``cfg``, with its embedder and the reason for it.
+    open_memory: Callable[[Config, MemoryConfig, Embedder | None, str], Awaitable[Memory]]
+    # A backend several nodes share: the node's bus, keys and leases, and the database check
+    # behind gateway.health's storage and GET /readyz. None on a backend of one node.
+    join_cluster: Callable[[Config, SessionStoreLike], Awaitable[ClusterNode]] | None = None
+    database_check: Callable[[Config], DatabaseCheck] | None = None
 
 
 def page_capped(config: Config) -> SessionsConfig:
@@ -62,13 +86,8 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
         picked, why = await asyncio.to_thread(select_embedder, cfg)
         embedder = await probe_auto_embedder(cfg, picked, why)
     chosen, reason = embedder
-    service: Memory
     try:
-        if config.storage.backend == "postgres":
-            service = await _pg_memory(config, cfg, chosen, reason)
-        else:
-            service = MemoryService(config.data_dir, cfg, chosen, embedder_reason=reason,
-                                    min_free_bytes=config.sessions.min_free_bytes)
+        service = await backend_of(config).open_memory(config, cfg, chosen, reason)
     except BaseException:
         aclose = getattr(chosen, "aclose", None)  # open_memory made it; nothing else will close it
         if aclose is not None:
@@ -80,6 +99,11 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
         await asyncio.shield(close_memory(service))  # what start() opened before it failed
         raise
     return service
+
+
+async def _sqlite_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None, reason: str) -> Memory:
+    return MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason,
+                         min_free_bytes=config.sessions.min_free_bytes)
 
 
 async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None, reason: str) -> Memory:
@@ -116,6 +140,14 @@ async def close_store(store: SessionStoreLike) -> None:
 
 
 async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
+    """This node's place among the others on its backend's database; the backend must have one."""
+    joins = backend_of(config).join_cluster
+    if joins is None:
+        raise ValueError(f"storage.backend = {config.storage.backend!r} runs one node: no cluster to join")
+    return await joins(config, store)
+
+
+async def _join_pg_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
     """Start this node's bus, idempotency keys and run leases on the store's database; a
     server that refuses is StorageUnavailable naming storage.dsn."""
     import psycopg
@@ -137,3 +169,20 @@ async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
             f"storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: {str(err).strip()}"
         ) from err
     return node
+
+
+def _pg_check(config: Config) -> DatabaseCheck:
+    s = config.storage
+    assert s.dsn is not None  # StorageConfig refuses postgres without one
+    return DatabaseCheck(s.dsn, interval_s=s.check_interval_s, timeout_s=s.call_timeout_s)
+
+
+BACKENDS: dict[str, Backend] = {
+    "sqlite": Backend("sqlite", _sqlite_memory),
+    "postgres": Backend("postgres", _pg_memory, _join_pg_cluster, _pg_check),
+}
+
+
+def backend_of(config: Config) -> Backend:
+    """The :class:`Backend` ``storage.backend`` names (the config refuses any other name)."""
+    return BACKENDS[config.storage.backend]

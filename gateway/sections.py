@@ -135,6 +135,9 @@ class QuotasConfig:
     # Bytes of chat.send attachments (decoded) per user per minute: a bucket holding at least one
     # chat.max_attachment_bytes file.
     attachment_bytes_per_minute: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
+    # Bytes of sessions.import data (a chat history from the web page) per user per minute: a
+    # bucket holding at least one server.max_size call, so a 60 MB export takes about a minute.
+    import_bytes_per_minute: int = field(default=64 * 1024 * 1024, metadata=_limit(1024))
 
 
 @dataclass(frozen=True, slots=True)

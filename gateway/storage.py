@@ -138,15 +138,23 @@ def open_session_store(
     ``key_factory`` names new sessions (the importer keeps keys stable); default random.
     ``trust_clean_stop``: the file store may skip its per-transcript walk after a clean stop
     (the daemon's own start; see sessions.md)."""
-    keys = {} if key_factory is None else {"key_factory": key_factory}
-    if storage.backend == "sqlite":
-        if key_factory is None:
-            return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop)
-        return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop,
-                            key_factory=key_factory)
+    return _STORES[storage.backend](storage, data_dir, sessions, file_io, key_factory, trust_clean_stop)
+
+
+def _sqlite_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig, file_io: FileIO | None,
+                  key_factory: Callable[[], str] | None, trust_clean_stop: bool) -> SessionStore:
+    if key_factory is None:
+        return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop)
+    return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop,
+                        key_factory=key_factory)
+
+
+def _pg_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig, file_io: FileIO | None,
+              key_factory: Callable[[], str] | None, trust_clean_stop: bool) -> PgSessionStore:
     assert storage.dsn is not None  # StorageConfig refuses postgres without one
     from sessions import PgSessionStore
 
+    keys = {} if key_factory is None else {"key_factory": key_factory}
     try:
         pool = pool_settings(storage)
         return PgSessionStore(storage.dsn, sessions, pool_size=storage.pool_size,
@@ -157,3 +165,11 @@ def open_session_store(
             f"storage.dsn (RECALLD_STORAGE_DSN): {err.message}; is the PostgreSQL server "
             "running and reachable, and may this user create tables in the database?"
         ) from err
+
+
+# The session store of each storage.backend (gateway.opening.BACKENDS has the other parts).
+_STORES: dict[str, Callable[[StorageConfig, Path, SessionsConfig, FileIO | None, Callable[[], str] | None, bool],
+                            SessionStore | PgSessionStore]] = {
+    "sqlite": _sqlite_store,
+    "postgres": _pg_store,
+}

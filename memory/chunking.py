@@ -211,7 +211,8 @@ def _make_chunk(units: Sequence[Unit], idx: int) -> Chunk:
     )
 
 
-def pack_units(units: Sequence[Unit], chunk_tokens: int, overlap_tokens: int, first_idx: int = 0) -> list[Chunk]:
+def pack_units(units: Sequence[Unit], chunk_tokens: int, overlap_tokens: int,
+               first_idx: int = 0) -> list[Chunk]:
     """Greedy packing with overlap, as the module docstring states."""
     chunks: list[Chunk] = []
     n = len(units)
@@ -254,7 +255,8 @@ def chunk_messages(
     return pack_units(units, chunk_tokens, overlap_tokens, first_idx)
 
 
-def visible_entries(entries: Sequence[TranscriptEntry], *, new_from: int) -> tuple[list[TranscriptEntry], bool]:
+def visible_entries(entries: Sequence[TranscriptEntry], *,
+                    new_from: int) -> tuple[list[TranscriptEntry], bool]:
     """The entries a reader of history sees (messages superseded by ``chat.edit`` or
     ``chat.regenerate`` left out, the rule of :func:`sessions.visible_messages`), and whether
     the transcript must be re-chunked from its start instead.

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CHUNK_TOKENS_CAP", "RETRY_MAX_S", "EmbedderChoice", "FactsMode", "FusionMethod", "MemoryConfig", "SizedConfig"]
+__all__ = ["CHUNK_TOKENS_CAP", "RETRY_MAX_S", "EmbedderChoice", "FactsMode", "FusionMethod",
+           "MemoryConfig", "SizedConfig"]
 
 # The largest automatic chunk (approximate tokens). Ten results of this size stay within about
 # 2,000 tokens of prompt, and smaller chunks were worse for keyword recall on every dataset
@@ -175,7 +176,8 @@ class MemoryConfig:
         problems: list[str] = []
         if self.chunk_tokens is not None and self.chunk_tokens < 16:
             problems.append("chunk_tokens must be at least 16")
-        if self.overlap_tokens is not None and not 0 <= self.overlap_tokens < (self.chunk_tokens or CHUNK_TOKENS_CAP):
+        if self.overlap_tokens is not None and not 0 <= self.overlap_tokens < (self.chunk_tokens
+                                                                               or CHUNK_TOKENS_CAP):
             problems.append("overlap_tokens must be at least 0 and less than chunk_tokens")
         if self.debounce_ms < 0:
             problems.append("debounce_ms must not be negative")
@@ -218,10 +220,12 @@ class MemoryConfig:
             problems.append("facts_block_max_chars must be at least 100")
         if not 0.0 < self.facts_dedup_threshold <= 1.0:
             problems.append("facts_dedup_threshold must be above 0 and at most 1")
-        for name in ("facts_max_chars", "facts_max_per_user", "facts_prompt_max", "facts_prompt_budget_tokens"):
+        for name in ("facts_max_chars", "facts_max_per_user", "facts_prompt_max",
+                     "facts_prompt_budget_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
-        for name in ("episode_cooldown_turns", "episode_daily_cap", "episode_max_attempts", "episode_intent_k"):
+        for name in ("episode_cooldown_turns", "episode_daily_cap", "episode_max_attempts",
+                     "episode_intent_k"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
         for name in ("episode_cooldown_minutes", "episode_merge_hours", "episode_retry_s"):
@@ -259,10 +263,13 @@ class MemoryConfig:
         ``window`` tokens (None: no embedder, or one without a known limit)."""
         chunk = self.chunk_tokens
         if chunk is None:
-            chunk = CHUNK_TOKENS_CAP if window is None else max(16, min(CHUNK_TOKENS_CAP, int(window * WINDOW_SHARE)))
+            chunk = CHUNK_TOKENS_CAP if window is None else max(16,
+                                                                min(CHUNK_TOKENS_CAP,
+                                                                    int(window * WINDOW_SHARE)))
         overlap = self.overlap_tokens if self.overlap_tokens is not None else chunk // 5
         if overlap >= chunk:
-            raise ValueError(f"memory: overlap_tokens ({overlap}) must be less than the chunk size ({chunk})")
+            raise ValueError(f"memory: overlap_tokens ({overlap}) must be less than the chunk size "
+                             f"({chunk})")
         return SizedConfig(chunk, overlap)
 
 

@@ -33,8 +33,10 @@ log = structlog.get_logger("memory.context")
 # bound on the work a huge paste can cause.
 RECALL_QUERY_CHARS = 2000
 RECALL_INTENT = re.compile(
-    r"\b(remember when|do you remember|do you recall|what did (we|i) (talk|speak|chat|discuss|say|decide)"
-    r"|did i (tell|mention|say)|last time we|we (talked|spoke|chatted) about|have we (talked|discussed|spoken)"
+    r"\b(remember when|do you remember|do you recall|what did (we|i) "
+    r"(talk|speak|chat|discuss|say|decide)"
+    r"|did i (tell|mention|say)|last time we|we (talked|spoke|chatted) about|have we "
+    r"(talked|discussed|spoken)"
     r"|what were we (talking|discussing))\b",
     re.IGNORECASE)
 
@@ -53,8 +55,8 @@ class RunMemory:
         return self.recall or self.facts != "off" or self.episodes
 
     @classmethod
-    def decide(cls, config: MemoryConfig | None, *, incognito: bool, recall: bool, chunk_recall: bool,
-               tools: bool) -> RunMemory:
+    def decide(cls, config: MemoryConfig | None, *, incognito: bool, recall: bool,
+               chunk_recall: bool, tools: bool) -> RunMemory:
         """``config`` None or not ``enabled``: no memory. ``incognito``: the session's ``memory: false``, which
         turns every part off. ``recall``: ``chat.send``'s flag (recalled excerpts and episodes);
         ``chunk_recall``: ``chat.recall`` (excerpts only). ``tools``: the model takes tool calls

@@ -76,7 +76,8 @@ class MemoryOff:
     def nudge(self) -> None:
         return None
 
-    async def sync_now(self, progress: ProgressCallback | None = None, *, full: bool = False) -> SyncReport:
+    async def sync_now(self, progress: ProgressCallback | None = None, *,
+                       full: bool = False) -> SyncReport:
         return SyncReport()
 
     async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
@@ -88,12 +89,14 @@ class MemoryOff:
 
     async def search(self, user: str, query: str, *, k: int | None = None, mode: str = "hybrid",
                      session_key: str | None = None, exclude_session_key: str | None = None,
-                     after: str | None = None, before: str | None = None, now: datetime | None = None,
-                     recency: bool = False, shown: ShownHistory | None = None) -> SearchResponse:
+                     after: str | None = None, before: str | None = None,
+                     now: datetime | None = None, recency: bool = False,
+                     shown: ShownHistory | None = None) -> SearchResponse:
         _off()
 
-    async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
-                     now: datetime | None = None, shown: ShownHistory | None = None) -> list[SearchHit]:
+    async def recall(self, user: str, message: str, *, k: int,
+                     exclude_session_key: str | None = None, now: datetime | None = None,
+                     shown: ShownHistory | None = None) -> list[SearchHit]:
         return []
 
     async def status(self, user: str | None = None) -> dict[str, Any]:

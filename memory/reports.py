@@ -40,8 +40,9 @@ class SyncReport:
     duration_ms: float = 0.0
 
     def merge(self, other: SyncReport) -> None:
-        for name in ("files_scanned", "files_changed", "files_deleted", "files_skipped", "chunks_written",
-                     "chunks_deleted", "embedded", "cache_hits", "embedder_calls"):
+        for name in ("files_scanned", "files_changed", "files_deleted", "files_skipped",
+                     "chunks_written", "chunks_deleted", "embedded", "cache_hits",
+                     "embedder_calls"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 

@@ -34,7 +34,8 @@ from .fileio import (
 )
 from .keys import check_session_key, check_user
 
-__all__ = ["ATTACHMENTS_DIR", "AttachmentFiles", "AttachmentStore", "attachment_hashes", "is_sha256"]
+__all__ = ["ATTACHMENTS_DIR", "AttachmentFiles", "AttachmentStore", "attachment_hashes",
+           "is_sha256"]
 
 ATTACHMENTS_DIR = "attachments"
 _DIR_MODE = 0o700
@@ -76,7 +77,8 @@ class AttachmentStore:
                 d.mkdir(mode=_DIR_MODE)
             except FileExistsError:
                 if d.is_symlink() or not d.is_dir():
-                    raise StorageError(f"refusing to store attachments through {d.name!r}: not a directory") from None
+                    raise StorageError(f"refusing to store attachments through {d.name!r}: "
+                                       "not a directory") from None
             except OSError as err:
                 raise StorageError(describe_os_error(err, "creating the attachments directory"),
                                    errno=err.errno) from err
@@ -97,7 +99,8 @@ class AttachmentStore:
         try:
             fd = open_no_links(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what="the attachment")
         except OSError as err:
-            raise StorageError(describe_os_error(err, "writing an attachment"), errno=err.errno) from err
+            raise StorageError(describe_os_error(err, "writing an attachment"),
+                               errno=err.errno) from err
         try:
             append_whole_line(self._io, fd, data, 0, "writing an attachment")
             self._io.fsync(fd)
@@ -106,13 +109,15 @@ class AttachmentStore:
             tmp.unlink(missing_ok=True)
             if isinstance(err, StorageError):
                 raise
-            raise StorageError(describe_os_error(err, "syncing an attachment"), errno=err.errno) from err
+            raise StorageError(describe_os_error(err, "syncing an attachment"),
+                               errno=err.errno) from err
         os.close(fd)
         try:
             os.replace(tmp, final)
         except OSError as err:
             tmp.unlink(missing_ok=True)
-            raise StorageError(describe_os_error(err, "storing an attachment"), errno=err.errno) from err
+            raise StorageError(describe_os_error(err, "storing an attachment"),
+                               errno=err.errno) from err
         fsync_path(self._io, folder)
         return sha
 
@@ -126,7 +131,8 @@ class AttachmentStore:
         except FileNotFoundError:
             raise InvalidSessionInput("sha256", "is not an attachment of this session") from None
         except OSError as err:
-            raise StorageError(describe_os_error(err, "reading an attachment"), errno=err.errno) from err
+            raise StorageError(describe_os_error(err, "reading an attachment"),
+                               errno=err.errno) from err
         with os.fdopen(fd, "rb") as fh:
             return fh.read()
 
@@ -141,7 +147,8 @@ class AttachmentStore:
         except OSError as err:
             if err.errno == errno_codes.ENOENT:
                 return
-            raise StorageError(describe_os_error(err, "deleting attachments"), errno=err.errno) from err
+            raise StorageError(describe_os_error(err, "deleting attachments"),
+                               errno=err.errno) from err
 
     def keep_only(self, user: str, session_key: str, keep: Collection[str]) -> int:
         """Remove the session's files whose hash is not in ``keep`` (after messages were

@@ -50,14 +50,18 @@ class CheckedSessionStore(ABC):
         model: str | None = None,
         created_at: datetime | str | None = None,
         memory: bool = True,
+        session_key: str | None = None,
     ) -> Session:
         """Start a session holding no message yet. ``memory=False``: incognito (kept, but the
-        memory index never reads it)."""
+        memory index never reads it). ``session_key``: the key the caller chose (an import's,
+        stable across re-imports) instead of a new one; a key already taken is a StorageError."""
         self._check_open()
         user = check_user(user)
+        if session_key is not None and not is_session_key(session_key):
+            raise InvalidSessionInput("sessionKey", "is not a session key")
         header, line = inputs.build_header(
             user,
-            session_key=self._new_key(),
+            session_key=self._new_key() if session_key is None else session_key,
             title=title,
             system_prompt=system_prompt,
             model=model,

@@ -91,7 +91,7 @@ class SessionsConfig:
             raise ValueError("sessions.min_free_bytes must be at least 0")
         if self.retention_days < 0:
             raise ValueError("sessions.retention_days must not be negative (0: never)")
-        for key in ("max_page_size", "max_page_bytes", "max_context_bytes", "max_title_chars", "max_model_chars",
-                    "max_name_chars"):
+        for key in ("max_page_size", "max_page_bytes", "max_context_bytes", "max_title_chars",
+                    "max_model_chars", "max_name_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"sessions.{key} must be at least 1")

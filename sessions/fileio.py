@@ -60,7 +60,8 @@ class FileIO:
     fsync: Callable[[int], None] = _os_fsync
 
 
-def open_no_links(path: Path, flags: int, mode: int = FILE_MODE, *, what: str = "the transcript") -> int:
+def open_no_links(path: Path, flags: int, mode: int = FILE_MODE, *,
+                  what: str = "the transcript") -> int:
     """``os.open`` of a file in a user's directory (``<root>/<user>/<name>``) through no link.
 
     The directory is opened with ``O_NOFOLLOW``, then the file relative to it with
@@ -76,7 +77,8 @@ def open_no_links(path: Path, flags: int, mode: int = FILE_MODE, *, what: str = 
             raise UnsafePath("the user's directory") from err
         raise
     try:
-        fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
+                     dir_fd=dir_fd)
     except OSError as err:
         if err.errno in _REFUSED:
             raise UnsafePath(what) from err
@@ -142,7 +144,8 @@ def check_free_space(path: Path, floor: int) -> None:
     try:
         st = os.statvfs(path)
     except OSError as err:
-        raise StorageError(describe_os_error(err, "checking free disk space"), errno=err.errno) from err
+        raise StorageError(describe_os_error(err, "checking free disk space"),
+                           errno=err.errno) from err
     free = st.f_bavail * st.f_frsize
     if free < floor:
         raise StorageError(

@@ -43,5 +43,6 @@ def idle_query(cutoff: object, limit: object, after: object) -> tuple[str, int, 
     if after is None:
         return bound, limit, _START
     if not (isinstance(after, tuple) and len(after) == 2):
-        raise InvalidSessionInput("after", "must be a (user, sessionKey) pair from the previous page")
+        raise InvalidSessionInput("after",
+                                  "must be a (user, sessionKey) pair from the previous page")
     return bound, limit, (check_user(after[0]), check_session_key(after[1]))

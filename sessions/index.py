@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS sessions(
 CREATE INDEX IF NOT EXISTS sessions_newest ON sessions(user, updated_at DESC, session_key DESC);
 """
 
-_COLUMNS = ("session_key, user, title, created_at, updated_at, message_count, system_prompt, model, memory,"
+_COLUMNS = ("session_key, user, title, created_at, updated_at, message_count, system_prompt, "
+            "model, memory,"
             " temperature, max_tokens")
 # Pages leave the system prompt out (up to max_line_bytes each, 200 to a page): a list must
 # cost the same whatever the prompts hold; get() returns it.
@@ -129,7 +130,8 @@ class SessionIndex:
         # creates with the database's mode) is 0600 from the start.
         # O_NOFOLLOW both times: a link planted as sessions.db is refused, never written through.
         try:
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600))
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise UnsafePath("the session index (sessions.db)") from err
@@ -178,7 +180,8 @@ class SessionIndex:
         if user is None:
             rows = self._conn.execute("SELECT user, session_key, size FROM sessions")
         else:
-            rows = self._conn.execute("SELECT user, session_key, size FROM sessions WHERE user = ?", (user,))
+            rows = self._conn.execute("SELECT user, session_key, size FROM sessions WHERE user = ?",
+                                      (user,))
         return {(str(u), str(k)): _int(s) for u, k, s in rows}
 
     def get(self, user: str, session_key: str) -> tuple[Session, int] | None:
@@ -224,16 +227,18 @@ class SessionIndex:
     def record_update(self, user: str, session_key: str, header: Header, size: int) -> None:
         """An ``update`` line changed the header: neither ``updated_at`` nor the count moves."""
         self._conn.execute(
-            "UPDATE sessions SET title = ?, system_prompt = ?, model = ?, temperature = ?, max_tokens = ?,"
+            "UPDATE sessions SET title = ?, system_prompt = ?, model = ?, temperature = ?, "
+            "max_tokens = ?,"
             " size = ? WHERE user = ? AND session_key = ?",
-            (header.title, header.system_prompt, header.model, header.temperature, header.max_tokens, size,
-             user, session_key),
+            (header.title, header.system_prompt, header.model, header.temperature,
+             header.max_tokens, size, user, session_key),
         )
 
     def record_size(self, user: str, session_key: str, size: int) -> None:
         """A line that is no message was appended (a conversation summary): only the size moves."""
         self._conn.execute(
-            "UPDATE sessions SET size = ? WHERE user = ? AND session_key = ?", (size, user, session_key)
+            "UPDATE sessions SET size = ? WHERE user = ? AND session_key = ?",
+            (size, user, session_key)
         )
 
     def delete(self, user: str, session_key: str) -> None:
@@ -245,7 +250,8 @@ class SessionIndex:
         """Up to ``limit`` ``(user, session_key)`` with ``updated_at < bound``, past ``after`` in
         primary-key order (:mod:`sessions.idle` makes the arguments)."""
         rows = self._conn.execute(
-            "SELECT user, session_key FROM sessions WHERE updated_at < ? AND (user, session_key) > (?, ?)"
+            "SELECT user, session_key FROM sessions WHERE updated_at < ? "
+            "AND (user, session_key) > (?, ?)"
             " ORDER BY user, session_key LIMIT ?",
             (bound, after[0], after[1], limit),
         )

@@ -77,7 +77,8 @@ def check_title(value: object, config: SessionsConfig) -> str:
         return DEFAULT_TITLE
     title = _check_text("title", value, config.max_title_chars)
     if _CONTROL.search(title):
-        raise InvalidSessionInput("title", "must not contain control characters (U+0000-U+001F, U+007F-U+009F)")
+        raise InvalidSessionInput("title", "must not contain control characters (U+0000-U+001F, "
+                                           "U+007F-U+009F)")
     return title
 
 
@@ -272,13 +273,15 @@ def build_update(
         raise InvalidSessionInput("clear", f"may name only {', '.join(CLEARABLE)}")
     given = (title, system_prompt, model, temperature, max_tokens)
     if all(v is None for v in given) and not clear:
-        raise InvalidSessionInput("title", "give a title, a systemPrompt, a model, a temperature or maxTokens")
+        raise InvalidSessionInput("title", "give a title, a systemPrompt, a model, a temperature "
+                                           "or maxTokens")
     line_obj: dict[str, Any] = {"type": UPDATE_TYPE, "ts": now_ts()}
     if title is not None:
         line_obj["title"] = check_title(title, config)
     if system_prompt is not None:
         line_obj["systemPrompt"] = check_system_prompt(system_prompt)
-    for wire, value in (("model", check_model(model, config)), ("temperature", check_temperature(temperature)),
+    for wire, value in (("model", check_model(model, config)),
+                        ("temperature", check_temperature(temperature)),
                         ("maxTokens", check_max_tokens(max_tokens))):
         if wire in clear and value is not None:
             raise InvalidSessionInput(wire, "is both given and cleared")

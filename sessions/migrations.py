@@ -78,7 +78,8 @@ def apply_migrations(ledger: Ledger[S], migrations: Sequence[tuple[str, S]]) -> 
     return applied_now
 
 
-async def apply_migrations_async(ledger: AsyncLedger[S], migrations: Sequence[tuple[str, S]]) -> list[str]:
+async def apply_migrations_async(ledger: AsyncLedger[S], migrations: Sequence[tuple[str,
+                                                                                    S]]) -> list[str]:
     """:func:`apply_migrations` over an :class:`AsyncLedger`."""
     applied_now: list[str] = []
     for name, step in _pending(migrations, await ledger.applied()):
@@ -115,7 +116,8 @@ class SqliteLedger:
 
 def sqlite_ledger(db: apsw.Connection, table: str = "migrations") -> SqliteLedger:
     """Create the migrations table if it is missing; the ledger over it."""
-    db.execute(f"CREATE TABLE IF NOT EXISTS {_table(table)}(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+    db.execute(f"CREATE TABLE IF NOT EXISTS {_table(table)}(name TEXT PRIMARY KEY, applied_at TEXT "
+               "NOT NULL)")
     return SqliteLedger(db, table)
 
 
@@ -130,7 +132,8 @@ class PgLedger:
         self._table = _table(table)
 
     def applied(self) -> set[str]:
-        return {str(row[0]) for row in self._conn.execute(f"SELECT name FROM {self._table}").fetchall()}
+        return {str(row[0])
+                for row in self._conn.execute(f"SELECT name FROM {self._table}").fetchall()}
 
     def apply(self, name: str, step: str) -> None:
         self._conn.execute(step)

@@ -176,7 +176,8 @@ class ConversationSummary:
         sid, content, ts, through, count = (obj.get("id"), obj.get("content"), obj.get("ts"),
                                             obj.get("through"), obj.get("messages"))
         if not (isinstance(sid, str) and isinstance(content, str) and isinstance(ts, str)
-                and isinstance(through, str) and isinstance(count, int) and not isinstance(count, bool)):
+                and isinstance(through, str) and isinstance(count, int) and not isinstance(count,
+                                                                                           bool)):
             return None
         return cls(sid, content, ts, through, count)
 

@@ -23,8 +23,9 @@ class SessionStoreLike(Protocol):
 
     def create(self, user: str, *, title: str | None = None, system_prompt: str | None = None,
                model: str | None = None, created_at: datetime | str | None = None,
-               memory: bool = True) -> Session:
-        """Start a session (``memory=False``: incognito, never read by the memory index)."""
+               memory: bool = True, session_key: str | None = None) -> Session:
+        """Start a session (``memory=False``: incognito, never read by the memory index;
+        ``session_key``: a key the caller chose, e.g. an import's, instead of a new one)."""
         ...
 
     def get(self, user: str, session_key: str) -> Session:
@@ -46,13 +47,15 @@ class SessionStoreLike(Protocol):
 
     def append_message(self, user: str, session_key: str, *, role: str, content: str,
                        run_id: str | None = None, name: str | None = None,
-                       ts: datetime | str | None = None, extra: dict[str, Any] | None = None) -> Message:
+                       ts: datetime | str | None = None,
+                       extra: dict[str, Any] | None = None) -> Message:
         """Append one message, whole or not at all."""
         ...
 
     def update(self, user: str, session_key: str, *, title: str | None = None,
-               system_prompt: str | None = None, model: str | None = None, temperature: float | None = None,
-               max_tokens: int | None = None, clear: Collection[str] = ()) -> Session:
+               system_prompt: str | None = None, model: str | None = None,
+               temperature: float | None = None, max_tokens: int | None = None,
+               clear: Collection[str] = ()) -> Session:
         """Change the title, system prompt, model or sampling (``clear`` names those of
         ``sessions.inputs.CLEARABLE`` set back to the default); ``updatedAt`` does not move."""
         ...

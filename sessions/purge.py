@@ -86,7 +86,8 @@ def rewrite_file(io: FileIO, path: Path, content: bytes) -> None:
     """Replace ``path`` by ``content`` atomically and durably (see the module docstring)."""
     tmp = path.with_name(path.name + ".purge")
     try:
-        fd = open_no_links(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, what="the rewritten transcript")
+        fd = open_no_links(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+                           what="the rewritten transcript")
     except OSError as err:
         raise StorageError(describe_os_error(err, "rewriting transcript"), errno=err.errno) from err
     try:
@@ -97,7 +98,8 @@ def rewrite_file(io: FileIO, path: Path, content: bytes) -> None:
         tmp.unlink(missing_ok=True)
         if isinstance(err, StorageError):
             raise
-        raise StorageError(describe_os_error(err, "syncing rewritten transcript"), errno=err.errno) from err
+        raise StorageError(describe_os_error(err, "syncing rewritten transcript"),
+                           errno=err.errno) from err
     os.close(fd)
     try:
         os.replace(tmp, path)

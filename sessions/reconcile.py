@@ -104,8 +104,9 @@ def reconcile_at_open(index: SessionIndex, data_dir: Path, root: Path, io: FileI
     return True
 
 
-def catch_up(rows: IndexRows, root: Path, io: FileIO, *, durable: bool, stripe: Callable[[str], threading.Lock],
-             forget: Callable[[tuple[str, str]], None], closed: Callable[[], bool]) -> int:
+def catch_up(rows: IndexRows, root: Path, io: FileIO, *, durable: bool,
+             stripe: Callable[[str], threading.Lock], forget: Callable[[tuple[str, str]], None],
+             closed: Callable[[], bool]) -> int:
     """:func:`reconcile` for a store in use; returns how many rows it re-derived.
 
     Each transcript that looks changed is looked at again under its ``stripe`` lock, where no

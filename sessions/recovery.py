@@ -62,7 +62,8 @@ def _copy_aside(io: FileIO, src_fd: int, path: Path, start: int, end: int, durab
         suffix = f".corrupt-{stamp}" + (f"-{attempt}" if attempt else "")
         target = path.with_name(path.name + suffix)
         try:
-            out = open_no_links(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what="a corrupt tail's copy")
+            out = open_no_links(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                what="a corrupt tail's copy")
             break
         except FileExistsError:
             continue

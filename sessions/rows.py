@@ -51,7 +51,8 @@ def checked_summary(root: Path, user: str, session_key: str) -> Summary | None:
 class IndexRows:
     """``index`` behind ``lock`` (the store's *index* lock: taken after a stripe, never before)."""
 
-    def __init__(self, index: SessionIndex, root: Path, stripe: Callable[[str], threading.Lock]) -> None:
+    def __init__(self, index: SessionIndex, root: Path,
+                 stripe: Callable[[str], threading.Lock]) -> None:
         self.index = index
         self.lock = threading.Lock()
         self._root = root

@@ -55,11 +55,13 @@ def stamp_dirs(root: Path) -> DirStamps:
 
 def write_marker(data_dir: Path, root: Path, *, durable: bool) -> None:
     """Record a clean stop; a failure only costs the next start its full reconcile."""
-    body = orjson.dumps({"version": _VERSION, "writtenNs": time.time_ns(), "users": stamp_dirs(root)})
+    body = orjson.dumps({"version": _VERSION, "writtenNs": time.time_ns(),
+                         "users": stamp_dirs(root)})
     path = Path(data_dir) / MARKER_NAME
     tmp = path.with_name(MARKER_NAME + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     FILE_MODE)
         try:
             os.write(fd, body)
             if durable:

@@ -121,8 +121,8 @@ class SessionStore(CheckedSessionStore):
             index.close()
             raise
         if self.clean_start:
-            self._catching_up = threading.Thread(target=self._catch_up_logged, name="sessions-catch-up",
-                                                 daemon=True)
+            self._catching_up = threading.Thread(target=self._catch_up_logged,
+                                                 name="sessions-catch-up", daemon=True)
             self._catching_up.start()
 
     # ----------------------------------------------------------------- public API
@@ -138,8 +138,9 @@ class SessionStore(CheckedSessionStore):
 
     def update(
         self, user: str, session_key: str, *, title: str | None = None,
-        system_prompt: str | None = None, model: str | None = None, temperature: float | None = None,
-        max_tokens: int | None = None, clear: Collection[str] = (),
+        system_prompt: str | None = None, model: str | None = None,
+        temperature: float | None = None, max_tokens: int | None = None,
+        clear: Collection[str] = (),
     ) -> Session:
         """Change the title, system prompt, model or sampling (``clear``: back to the default):
         one ``update`` line is appended (the header is never rewritten) and the index row
@@ -152,11 +153,11 @@ class SessionStore(CheckedSessionStore):
         with self._stripe(key):
             path, _ = self._ensure_open(user, key)
             now = self._rows.session(user, key)
-            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model, now.memory,
-                            now.temperature, now.max_tokens)
-            new, line = inputs.build_update(header, title=title, system_prompt=system_prompt, model=model,
-                                            temperature=temperature, max_tokens=max_tokens, clear=clear,
-                                            config=self._config)
+            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model,
+                            now.memory, now.temperature, now.max_tokens)
+            new, line = inputs.build_update(header, title=title, system_prompt=system_prompt,
+                                            model=model, temperature=temperature,
+                                            max_tokens=max_tokens, clear=clear, config=self._config)
             size = self._append_line(ident, path, line)
             self._rows.write(ident, lambda: self._rows.index.record_update(user, key, new, size))
         return replace(now, title=new.title, system_prompt=new.system_prompt, model=new.model,

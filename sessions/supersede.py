@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from .models import Message
 from .protocol import SessionStoreLike
 
-__all__ = ["CONTINUES_KEY", "REPLACES_KEY", "replaced_id", "retarget", "visible_history", "visible_messages"]
+__all__ = ["CONTINUES_KEY", "REPLACES_KEY", "replaced_id", "retarget", "visible_history",
+           "visible_messages"]
 
 # The line key (in ``Message.extra``) naming the message a new one supersedes.
 REPLACES_KEY = "replaces"
@@ -35,7 +36,8 @@ def replaced_id(message: Message) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def retarget(order: Sequence[str], removed: set[str], targets: dict[str, str]) -> dict[str, str | None]:
+def retarget(order: Sequence[str], removed: set[str], targets: dict[str, str]) -> dict[str,
+                                                                                       str | None]:
     """What a purge must do to the ``replaces`` of the messages it keeps: a kept message whose
     target is removed would otherwise hide every message before it (its range never closes).
 

@@ -137,8 +137,8 @@ class Header:
                 or not (model is None or isinstance(model, str))):
             return self
         # replace(), not a new Header: every other field (the incognito flag among them) stays.
-        return replace(self, title=title, system_prompt=prompt, model=model, temperature=temperature,
-                       max_tokens=max_tokens)
+        return replace(self, title=title, system_prompt=prompt, model=model,
+                       temperature=temperature, max_tokens=max_tokens)
 
 
 def _temperature(value: object) -> float | None:
@@ -435,7 +435,8 @@ def read_page(
     used = 0
     more = False
     for offset, line_bytes, msg in _messages_backward(fd, end, header_end, path):
-        full = len(page) >= limit or (max_bytes is not None and len(page) > 0 and used + line_bytes > max_bytes)
+        full = len(page) >= limit or (max_bytes is not None and len(page) > 0
+                                      and used + line_bytes > max_bytes)
         if full:
             more = True  # this older message is left for the next page
             break

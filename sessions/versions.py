@@ -72,7 +72,8 @@ class Versions:
             if self.canon(m.id) != m.id:
                 continue  # a continuation or a copy: a form of an earlier version
             target = replaced_id(m)
-            place = self.place.get(self.canon(target), m.id) if target in self.pos and target != m.id else m.id
+            place = self.place.get(self.canon(target),
+                                   m.id) if target in self.pos and target != m.id else m.id
             self.place[m.id] = place
             self.members.setdefault(place, []).append(m.id)
 
@@ -119,7 +120,8 @@ class Versions:
         p = self.pos[last.id]
         # The line that hid it: the first later one whose range starts at or before it.
         end = next((j for j in range(p + 1, len(self.messages))
-                    if (t := replaced_id(self.messages[j])) in self.pos and self.pos[t] <= p), len(self.messages))
+                    if (t := replaced_id(self.messages[j])) in self.pos and self.pos[t] <= p),
+                   len(self.messages))
         branch = [m for m in visible_messages(self.messages[:end]) if self.pos[m.id] > p]
         out = [self._copy(last, version, {REPLACES_KEY: current.id})]
         out += [self._copy(m, self.canon(m.id), {}) for m in branch]

@@ -5,8 +5,9 @@ transcripts, or PostgreSQL under ``[storage] backend = "postgres"``), then index
 Works on the data directory directly, like ``recalld memory`` (the sessions index and the
 memory index are SQLite in WAL mode, so a running daemon and this command take turns).
 
-* **Whole file checked first** (:mod:`gateway.cli.importer_formats`): a malformed file is
-  refused with the line or conversation at fault, and nothing is written.
+* **Whole file checked first** (:mod:`gateway.importing`, which the daemon's
+  ``sessions.import`` shares): a malformed file is refused with the line or conversation at
+  fault, and nothing is written.
 * **Idempotent**: each conversation's session key is derived from the user, the format and the
   conversation's id in the file, so a second import finds its transcript and adds nothing.
 * **Resumable**: a transcript holding the first N messages of its conversation (an import cut
@@ -25,51 +26,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.importer_formats import Conversation, Format, ImportFormatError, detect, parse
 from gateway.cli.importer_move import MoveError, move_data_dir
 from gateway.config import Config
+from gateway.importing import (
+    Conversation,
+    Format,
+    ImportFormatError,
+    ImportReport,
+    Progress,
+    detect,
+    parse,
+    session_key_for,
+    write_conversations,
+)
 from gateway.storage import StorageConfig, StorageUnavailable, open_session_store
 from memory import MemoryIndexError
-from sessions import (
-    InvalidSessionInput,
-    LineTooLarge,
-    SessionError,
-    SessionNotFound,
-    SessionsConfig,
-    check_user,
-)
+from sessions import SessionError, SessionsConfig, check_user
 
 __all__ = ["ImportReport", "add_import_parser", "import_conversations", "session_key_for"]
 
 DEFAULT_USER = "default"
-
-
-@dataclass(frozen=True, slots=True)
-class ImportReport:
-    conversations: int
-    created: int         # new transcripts
-    resumed: int         # transcripts that held a prefix and got the rest
-    unchanged: int       # already complete: nothing written
-    empty: int           # conversations with no text messages: skipped
-    messages: int        # message lines written
-    seconds: float
-    skipped: tuple[str, ...] = ()  # what was left out, one line each
-
-
-def session_key_for(user: str, fmt: str, source_id: str) -> str:
-    """The session key an imported conversation gets: stable across runs, 32 hex digits."""
-    return hashlib.sha256(f"recalld-import\0{user}\0{fmt}\0{source_id}".encode()).hexdigest()[:32]
-
-
-Progress = Callable[[int, int, int, int], None]  # conversations done/total, messages done/total
 
 
 def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt: str,
@@ -78,71 +60,11 @@ def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt:
                          models: tuple[str, ...] | None = None) -> ImportReport:
     """Write ``conversations`` as ``user``'s sessions in the store ``storage`` names (by
     default the transcripts under ``data_dir``); blocking. ``models``: the models a session may
-    keep (LlmConfig.choices); None: any."""
+    keep (LlmConfig.choices); None: any. The writing is :func:`gateway.importing.write_conversations`,
+    as the daemon's ``sessions.import`` does it."""
     user = check_user(user)
-    started = time.perf_counter()
-    total_messages = sum(len(c.turns) for c in conversations)
-    next_key: list[str] = []
-    created = resumed = unchanged = empty = written = seen = 0
-    skipped: list[str] = []
-    with open_session_store(storage, data_dir, config, key_factory=lambda: next_key.pop()) as store:
-        for done, conv in enumerate(conversations, 1):
-            seen += len(conv.turns)
-            if not conv.turns:
-                empty += 1
-                continue
-            key = session_key_for(user, fmt, conv.source_id)
-            try:
-                have = store.get(user, key).message_count
-            except SessionNotFound:
-                header = {"title": conv.title, "system_prompt": conv.system_prompt, "model": conv.model}
-                if conv.model is not None and models is not None and conv.model not in models:
-                    # Every run goes out on the operator's key: only an offered model is kept.
-                    header["model"] = None
-                    skipped.append(f"conversation {conv.source_id!r}: model left out: {conv.model!r} is not "
-                                   f"offered here (llm.model, llm.models)")
-                while True:
-                    next_key[:] = [key]
-                    try:
-                        store.create(user, title=header["title"], system_prompt=header["system_prompt"],
-                                     model=header["model"], created_at=conv.created_at or conv.turns[0].ts)
-                        break
-                    except InvalidSessionInput as exc:
-                        # The field at fault goes; a header line too large loses its prompt.
-                        name = _HEADER_FIELDS.get(exc.field, "system_prompt")
-                        if header[name] is None:
-                            raise
-                        header[name] = None
-                        skipped.append(f"conversation {conv.source_id!r}: {name.replace('_', ' ')} left out: "
-                                       f"{exc.reason}")
-                have = -1
-            rest = conv.turns[max(have, 0):]
-            if have == -1:
-                created += 1
-            elif rest:
-                resumed += 1
-            else:
-                unchanged += 1
-            for i, turn in enumerate(rest, max(have, 0)):
-                ts = turn.ts or conv.created_at
-                try:
-                    store.append_message(user, key, role=turn.role, content=turn.content, run_id=turn.run_id,
-                                         name=turn.name, ts=ts, extra=turn.extra or None)
-                except LineTooLarge as exc:
-                    skipped.append(f"conversation {conv.source_id!r}: message {i + 1} not imported: {exc.reason}")
-                    store.append_message(user, key, role=turn.role, ts=ts, content=(
-                        f"[not imported: this message's line would be {exc.size} bytes, more than "
-                        f"sessions.max_line_bytes ({exc.limit})]"))
-                written += 1
-            if progress is not None:
-                progress(done, len(conversations), seen, total_messages)
-        store.flush()
-    return ImportReport(len(conversations), created, resumed, unchanged, empty, written,
-                        time.perf_counter() - started, tuple(skipped))
-
-
-# The store's name of a header field it refuses -> import_conversations' keyword.
-_HEADER_FIELDS = {"title": "title", "model": "model", "systemPrompt": "system_prompt"}
+    with open_session_store(storage, data_dir, config) as store:
+        return write_conversations(store, user, fmt, conversations, progress, models=models)
 
 
 def add_import_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -4,6 +4,10 @@ It finds the daemon like ``recalld call`` (``--url``, ``--token-file``, ``RECALL
 ``RECALLD_TOKEN``, ``daemon.json``), again at every tool call, so a daemon restarted on
 another port or with a rotated token is followed; a daemon that is not running is a failed
 tool call the model reads, not a server that will not start.
+
+Its start is what a client waits for before its first ``initialize``: it imports the config,
+the client and the MCP SDK, never the daemon's own stack (``gateway.app``, ``gateway.chat``
+and the ``openai`` SDK; tests/mcp/test_stdio_start.py checks it).
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     except SdkMissing as exc:
         print(f"recalld: {exc}; run: {install_mcp_command()}", file=sys.stderr)
         return 2
-    from gateway.app import package_version
     from gateway.logs import configure_logging
     from gateway.mcp.stdio import serve_stdio
 
@@ -62,5 +65,17 @@ def _run(config: Config, args: argparse.Namespace) -> int:
             raise DaemonUnreachable(str(exc)) from None
         return Route(target.url, target.token, target.ssl)
 
-    asyncio.run(serve_stdio(DaemonLink(route), version=package_version()))
+    asyncio.run(serve_stdio(DaemonLink(route), version=_package_version()))
     return 0
+
+
+def _package_version() -> str:
+    # gateway.app.package_version's answer, without importing the daemon's composition root:
+    # that pulls in the chat stack (the openai SDK alone is about half a second), which a
+    # client that spawns `recalld mcp` would wait for at every start (issue 34).
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("recalld")
+    except PackageNotFoundError:
+        return "0.0.0"

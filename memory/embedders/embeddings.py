@@ -116,7 +116,8 @@ class EmbeddingPipeline:
         current: list[str] = []
         size = 0
         for text in texts:
-            if current and (len(current) >= self.embedder.batch_size or size + len(text) > self.max_batch_chars):
+            if current and (len(current) >= self.embedder.batch_size
+                            or size + len(text) > self.max_batch_chars):
                 out.append(current)
                 current, size = [], 0
             current.append(text)
@@ -141,7 +142,8 @@ class EmbeddingPipeline:
                 await self._sleep(delay)
                 continue
             if len(vectors) != len(texts):
-                raise EmbedderError(f"embedder returned {len(vectors)} vectors for {len(texts)} texts",
+                raise EmbedderError(f"embedder returned {len(vectors)} vectors for {len(texts)} "
+                                    "texts",
                                     retryable=False)
             return vectors
 
@@ -192,7 +194,8 @@ class OpenAIEmbedder:
     async def embed(self, texts: list[str], kind: EmbedKind = "passage") -> list[list[float]]:
         # OpenAI's embedding models take no query/passage prefix: ``kind`` changes nothing.
         openai = self._openai
-        kwargs: dict[str, object] = {"model": self._model, "input": texts, "encoding_format": "float"}
+        kwargs: dict[str, object] = {"model": self._model, "input": texts,
+                                     "encoding_format": "float"}
         if self._dimensions is not None:
             kwargs["dimensions"] = self._dimensions
         try:
@@ -283,11 +286,13 @@ async def probe_auto_embedder(config: MemoryConfig, embedder: Embedder | None,
         fallback = _local_embedder(config)
         why = f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}); using the local embedder"
     else:
-        why = (f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}) and {missing}: "
+        why = (f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}) and "
+               f"{missing}: "
                "keyword search only")
     log.warning("memory.embedder.fallback", endpoint=endpoint, error=failure,
                 using=fallback.provider if fallback else "none", reason=why,
-                fix="set memory.embedder (\"local\" or \"openai\") or an embeddings model the endpoint serves")
+                fix="set memory.embedder (\"local\" or \"openai\") or an embeddings model the "
+                    "endpoint serves")
     return fallback, why
 
 
@@ -360,9 +365,10 @@ def previous_embedder(config: MemoryConfig, provider: str, model_id: str,
         name, _, width = model_id.rpartition("@") if "@" in model_id else (model_id, "", "")
         if width and not width.isdigit():
             name, width = model_id, ""
-        remote = OpenAIEmbedder(api_key=config.embeddings_api_key, base_url=config.embeddings_base_url,
-                                model=name, dimensions=int(width) if width else None,
-                                batch_size=1, timeout_s=config.embeddings_timeout_s)
+        remote = OpenAIEmbedder(api_key=config.embeddings_api_key,
+                                base_url=config.embeddings_base_url, model=name,
+                                dimensions=int(width) if width else None, batch_size=1,
+                                timeout_s=config.embeddings_timeout_s)
         if remote.endpoint_hash != endpoint or remote.model_id != model_id:
             # Another endpoint: its URL (and key) are no longer configured.
             return None, "the previous model's endpoint is not the configured one"

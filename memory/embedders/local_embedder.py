@@ -263,7 +263,9 @@ class LocalEmbedder:
         self.spec = resolve_spec(model)
         self.relevance_floor = self.spec.relevance_floor
         self.batch_size = max(1, min(batch_size, MAX_SUB_BATCH))
-        window = self.spec.max_tokens if max_tokens is None else max(16, min(max_tokens, self.spec.max_tokens))
+        window = self.spec.max_tokens if max_tokens is None else max(16,
+                                                                     min(max_tokens,
+                                                                         self.spec.max_tokens))
         self.window = window
         self.max_tokens: int | None = window   # the Embedder protocol's name for it
         self.dims = self.spec.dims
@@ -288,7 +290,8 @@ class LocalEmbedder:
             elif root is not None:
                 path = root / spec.model_file
             else:
-                raise EmbedderError(f"local model {spec.name} needs the package {spec.requirement!r}",
+                raise EmbedderError(f"local model {spec.name} needs the package "
+                                    f"{spec.requirement!r}",
                                     retryable=False)
             session = onnx_session(path, spec.sha256, self.threads, need=spec.requirement)
             tokenizer = Tokenizer.from_str(_read_tokenizer(spec, root or path.parent))

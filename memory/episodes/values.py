@@ -35,8 +35,8 @@ class Episode:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Episode:
-        return cls(int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
-                   int(row[7]), int(row[8]), int(row[9]), int(row[10]), int(row[11]))
+        return cls(int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), str(row[5]),
+                   str(row[6]), int(row[7]), int(row[8]), int(row[9]), int(row[10]), int(row[11]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +55,9 @@ class EpisodeDraft:
         """What both stores write for this draft, computed once."""
         day, week, year = dated(self.moment)
         blob = None if self.vector is None else array("f", self.vector).tobytes()
-        return EpisodeColumns(self.text, self.theme, day, week, year, int(self.moment.timestamp() * 1000),
-                              self.covered_ms, blob, self.vector_model if blob is not None else None)
+        return EpisodeColumns(self.text, self.theme, day, week, year,
+                              int(self.moment.timestamp() * 1000), self.covered_ms, blob,
+                              self.vector_model if blob is not None else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,8 +75,8 @@ class WriterMemory(Protocol):
 
 
 class EpisodeWriter:
-    def __init__(self, memory: WriterMemory | None, model: Summarizer | None, store: SessionStoreLike,
-                 timezone: str) -> None:
+    def __init__(self, memory: WriterMemory | None, model: Summarizer | None,
+                 store: SessionStoreLike, timezone: str) -> None:
         self.memory = memory
         self.model = model
         self.store = store
@@ -140,7 +140,8 @@ class EpisodeWriter:
         if last is not None and now_ms - last.updated_ms < cfg.episode_cooldown_minutes * 60_000:
             return False
         local_midnight = datetime.now(self.tz).replace(hour=0, minute=0, second=0, microsecond=0)
-        if await memory.episodes.count_since(user, int(local_midnight.timestamp() * 1000)) >= cfg.episode_daily_cap:
+        if await memory.episodes.count_since(user,
+                                             int(local_midnight.timestamp() * 1000)) >= cfg.episode_daily_cap:
             log.info("episode.capped", session=session_key, cap=cfg.episode_daily_cap)
             return False
         return True
@@ -171,7 +172,8 @@ class EpisodeWriter:
                 raise
             except (MemoryIndexError, SessionError, ValueError) as exc:
                 # A summarizer's error already names what failed in the model.
-                error = str(exc) if isinstance(exc, SummarizerError) else f"{type(exc).__name__}: {exc}"
+                error = str(exc) if isinstance(exc,
+                                               SummarizerError) else f"{type(exc).__name__}: {exc}"
                 with contextlib.suppress(MemoryIndexError):
                     gave_up = await memory.episodes.job_failed(job, error, cfg.episode_retry_s,
                                                                cfg.episode_max_attempts)
@@ -210,12 +212,15 @@ class EpisodeWriter:
                 return "not novel", False
         covered = max(_ms(m.ts) for m in new)
         # The job ends with the write, so no reader sees the episode beside a job still pending.
-        draft = EpisodeDraft(job.user, job.session_key, summary, theme, now, covered, vector, job_id=job.id)
+        draft = EpisodeDraft(job.user, job.session_key, summary, theme, now, covered, vector,
+                             job_id=job.id)
         episode = await memory.episodes.write(draft, merge_into)
-        return (f"merged into {episode.id}" if merge_into is not None else f"wrote {episode.id}"), True
+        return (f"merged into {episode.id}" if merge_into is not None
+                else f"wrote {episode.id}"), True
 
 
-def _request(messages: list[Message], previous: str | None, theme: str | None) -> list[dict[str, str]]:
+def _request(messages: list[Message], previous: str | None, theme: str | None) -> list[dict[str,
+                                                                                            str]]:
     lines = [f"{m.role} [{m.ts[:16]}]: {' '.join(m.content.split())}" for m in messages]
     text = "\n".join(lines)[-_TRANSCRIPT_CHARS:]
     context = f"Previous episode (theme: {theme}): {previous}\n\n" if previous else "Previous episode: none\n\n"

@@ -11,6 +11,6 @@ from .rules import normalise, text_hash
 from .service import Facts
 from .values import Action, Fact, FactChange, FactsPage, ScoredFact
 
-__all__ = ["Action", "BLOCK_CLOSE", "BLOCK_OPEN", "BlockFilter", "FactBlock", "MalformedBlock", "parse_block",
-           "Fact", "FactChange", "Facts", "FactsPage", "ScoredFact",
+__all__ = ["Action", "BLOCK_CLOSE", "BLOCK_OPEN", "BlockFilter", "FactBlock", "MalformedBlock",
+           "parse_block", "Fact", "FactChange", "Facts", "FactsPage", "ScoredFact",
            "normalise", "text_hash"]

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["BLOCK_CLOSE", "BLOCK_OPEN", "BlockFilter", "FactBlock", "MalformedBlock", "RememberItem",
-           "parse_block"]
+__all__ = ["BLOCK_CLOSE", "BLOCK_OPEN", "BlockFilter", "FactBlock", "MalformedBlock",
+           "RememberItem", "parse_block"]
 
 BLOCK_OPEN = "<memory_update>"
 BLOCK_CLOSE = "</memory_update>"
@@ -187,7 +187,8 @@ def parse_block(body: str | None) -> FactBlock:
     for item in remember:
         if isinstance(item, str):
             item = {"text": item}
-        if not isinstance(item, dict) or not isinstance(item.get("text"), str) or set(item) - {"text", "replaces"}:
+        if not isinstance(item, dict) or not isinstance(item.get("text"),
+                                                        str) or set(item) - {"text", "replaces"}:
             raise MalformedBlock('each remember entry must be {"text": string, "replaces"?: id}')
         replaces = item.get("replaces")
         if replaces is not None and not _is_id(replaces):

@@ -45,7 +45,8 @@ class Facts:
     # ``store``: the backend's fact store, whose methods take the connection ``steps`` hands
     # them (blocking on SQLite, coroutines on PostgreSQL); the rules below never see which.
     def __init__(self, steps: Steps, store: Any, pipeline: EmbeddingPipeline | None,
-                 embed_query: Callable[[str], Awaitable[list[float]]], keyword_weight: float) -> None:
+                 embed_query: Callable[[str], Awaitable[list[float]]],
+                 keyword_weight: float) -> None:
         self._steps = steps
         self.store = store
         self._pipeline = pipeline
@@ -63,11 +64,12 @@ class Facts:
         draft = FactDraft(user, clean, source, replaces, session_key, run_id, vector,
                           self._model if vector is not None else None, client)
         change: FactChange = await self._write("saving a fact", self.store.save, draft, grows=True)
-        log.info("memory.fact", action=change.action, fact=change.fact.id, previous=change.previous_id,
-                 source=source)
+        log.info("memory.fact", action=change.action, fact=change.fact.id,
+                 previous=change.previous_id, source=source)
         return change
 
-    async def update(self, user: str, fact_id: int, text: str, *, client: str | None = None) -> FactChange:
+    async def update(self, user: str, fact_id: int, text: str, *,
+                     client: str | None = None) -> FactChange:
         """The user's own correction: a new version of ``fact_id``, never merged elsewhere."""
         return await self.add(user, text, source="user", replaces=fact_id, client=client)
 
@@ -77,7 +79,8 @@ class Facts:
         return change
 
     async def get(self, user: str, fact_id: int) -> Fact:
-        result: Fact = await self._read("reading a fact", lambda db: self.store.get(db, user, fact_id))
+        result: Fact = await self._read("reading a fact", lambda db: self.store.get(db, user,
+                                                                                    fact_id))
         return result
 
     async def page(self, user: str, *, limit: int, before: int | None = None,
@@ -89,12 +92,14 @@ class Facts:
         return FactsPage(facts, facts[-1].id if more and facts else None)
 
     async def history(self, user: str, fact_id: int) -> list[Fact]:
-        result: list[Fact] = await self._read("reading a fact's history", lambda db: self.store.history(db, user, fact_id))
+        result: list[Fact] = await self._read("reading a fact's history",
+                                              lambda db: self.store.history(db, user, fact_id))
         return result
 
     async def forget_derived(self, user: str, session_key: str | None, after_ms: int | None,
                              before_ms: int | None) -> int:
-        result: int = await self._write("forgetting facts", self.store.delete_derived, user, session_key,
+        result: int = await self._write("forgetting facts", self.store.delete_derived, user,
+                                        session_key,
                                       after_ms, before_ms)
         return result
 
@@ -103,9 +108,11 @@ class Facts:
         result: int = await self._write("expiring facts", self.store.delete_older_than, cutoff_ms)
         return result
 
-    async def relevant(self, user: str, query: str, *, limit: int, budget_tokens: int) -> list[ScoredFact]:
+    async def relevant(self, user: str, query: str, *, limit: int,
+                       budget_tokens: int) -> list[ScoredFact]:
         """The active facts most related to ``query``, best first, within ``limit`` and the budget."""
-        rows = await self._read("reading facts", lambda db: self.store.active_with_vectors(db, user, self._model))
+        rows = await self._read("reading facts", lambda db: self.store.active_with_vectors(db, user,
+                                                                                           self._model))
         if not rows:
             return []
         qvec: list[float] | None = None
@@ -114,10 +121,12 @@ class Facts:
             try:
                 qvec = await self._embed_query(query)
             except EmbedderError as exc:
-                log.warning("memory.facts.query_embed_failed", error=str(exc), effect="keyword scoring only")
+                log.warning("memory.facts.query_embed_failed", error=str(exc),
+                            effect="keyword scoring only")
         # Scoring is pure Python over every active fact: off the event loop.
         return await asyncio.to_thread(_rank, rows, qvec, content_terms(query),
-                                       self._keyword_weight if qvec is not None else 1.0, limit, budget_tokens)
+                                       self._keyword_weight if qvec is not None else 1.0, limit,
+                                       budget_tokens)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -130,14 +139,17 @@ class Facts:
             log.warning("memory.facts.embed_failed", error=str(exc), effect="exact dedup only")
             return None
 
-    async def _backfill(self, rows: list[tuple[Fact, list[float] | None]]) -> list[tuple[Fact, list[float] | None]]:
+    async def _backfill(self, rows: list[tuple[Fact, list[float] | None]]) -> list[tuple[Fact,
+                                                                                         list[float] | None]]:
         missing = [fact for fact, vec in rows if vec is None][:_BACKFILL_PER_CALL]
         if not missing or self._pipeline is None or self._model is None:
             return rows
         try:
-            vectors = await self._pipeline.embed_batch([self._pipeline.text_to_send(f.text) for f in missing])
+            vectors = await self._pipeline.embed_batch([self._pipeline.text_to_send(f.text)
+                                                        for f in missing])
         except EmbedderError as exc:
-            log.warning("memory.facts.embed_failed", error=str(exc), effect="facts scored by keywords")
+            log.warning("memory.facts.embed_failed", error=str(exc),
+                        effect="facts scored by keywords")
             return rows
         model = self._model
         await self._write("storing fact vectors", self.store.store_vectors,
@@ -145,20 +157,22 @@ class Facts:
         fresh = {f.id: v for f, v in zip(missing, vectors, strict=True)}
         return [(fact, vec if vec is not None else fresh.get(fact.id)) for fact, vec in rows]
 
-    async def _write(self, action: str, fn: Callable[..., Any], *args: object, grows: bool = False) -> Any:
+    async def _write(self, action: str, fn: Callable[..., Any], *args: object,
+                     grows: bool = False) -> Any:
         return await self._steps.write(action, fn, *args, grows=grows)
 
     async def _read(self, action: str, fn: Callable[..., Any]) -> Any:
         return await self._steps.read(action, fn)
 
 
-def _rank(rows: list[tuple[Fact, list[float] | None]], qvec: list[float] | None, qterms: set[str], w: float,
-          limit: int, budget_tokens: int) -> list[ScoredFact]:
+def _rank(rows: list[tuple[Fact, list[float] | None]], qvec: list[float] | None, qterms: set[str],
+          w: float, limit: int, budget_tokens: int) -> list[ScoredFact]:
     scored: list[ScoredFact] = []
     for fact, vec in rows:
         fterms = content_terms(fact.text)
         keyword = len(qterms & fterms) / len(fterms) if fterms else 0.0
-        vector = cosine(qvec, vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
+        vector = cosine(qvec,
+                        vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
         scored.append(ScoredFact(fact, w * keyword + (1 - w) * vector))
     # Ties (no overlap at all) go to the newest fact: it is the likeliest still true.
     scored.sort(key=lambda s: (-s.score, -s.fact.id))

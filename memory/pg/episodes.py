@@ -41,11 +41,13 @@ class PgEpisodeStore:
         c = d.columns()
         async with db.transaction():
             row = await (await db.execute(
-                "INSERT INTO recalld_memory_episodes (user_id, session_key, text, theme, day, week, year, created_ms, "
-                "updated_ms, covered_ms, vector, vector_model) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "INSERT INTO recalld_memory_episodes (user_id, session_key, text, theme, day, "
+                "week, year, created_ms, "
+                "updated_ms, covered_ms, vector, vector_model) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+                "%s, %s, %s, %s, %s) "
                 "RETURNING id",
-                (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms, c.covered_ms,
-                 c.vector, c.vector_model))).fetchone()
+                (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms,
+                 c.covered_ms, c.vector, c.vector_model))).fetchone()
             if d.job_id is not None:
                 await self.done(db, d.job_id)
         assert row is not None
@@ -56,17 +58,20 @@ class PgEpisodeStore:
         c = d.columns()
         async with db.transaction():
             await db.execute(
-                "UPDATE recalld_memory_episodes SET text = %s, theme = %s, day = %s, week = %s, year = %s, "
-                "updated_ms = %s, covered_ms = greatest(covered_ms, %s), merges = merges + 1, vector = %s, "
+                "UPDATE recalld_memory_episodes SET text = %s, theme = %s, day = %s, week = %s, "
+                "year = %s, "
+                "updated_ms = %s, covered_ms = greatest(covered_ms, %s), merges = merges + 1, "
+                "vector = %s, "
                 "vector_model = %s WHERE id = %s AND user_id = %s",
-                (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector, c.vector_model,
-                 episode_id, d.user))
+                (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector,
+                 c.vector_model, episode_id, d.user))
             if d.job_id is not None:
                 await self.done(db, d.job_id)
         return await self.get(db, d.user, episode_id)
 
     async def get(self, db: Conn, user: str, episode_id: int) -> Episode:
-        row = await (await db.execute(f"SELECT {_COLUMNS} FROM recalld_memory_episodes WHERE id = %s AND user_id = %s",
+        row = await (await db.execute(f"SELECT {_COLUMNS} FROM recalld_memory_episodes "
+                                      "WHERE id = %s AND user_id = %s",
                                       (episode_id, user))).fetchone()
         if row is None:
             raise KeyError(episode_id)
@@ -74,7 +79,8 @@ class PgEpisodeStore:
 
     async def page(self, db: Conn, user: str, *, limit: int, before: int | None) -> list[Episode]:
         rows = await (await db.execute(
-            f"SELECT {_COLUMNS} FROM recalld_memory_episodes WHERE user_id = %s AND id < %s ORDER BY id DESC LIMIT %s",
+            f"SELECT {_COLUMNS} FROM recalld_memory_episodes WHERE user_id = %s AND id < %s "
+            "ORDER BY id DESC LIMIT %s",
             (user, before if before is not None else 1 << 62, limit))).fetchall()
         return [Episode.from_row(r) for r in rows]
 
@@ -82,14 +88,16 @@ class PgEpisodeStore:
                            limit: int) -> list[tuple[Episode, list[float] | None]]:
         """The user's newest ``limit`` episodes, each with its vector when ``model`` made it."""
         rows = await (await db.execute(
-            f"SELECT {_COLUMNS}, vector, vector_model FROM recalld_memory_episodes WHERE user_id = %s "
+            f"SELECT {_COLUMNS}, vector, vector_model FROM recalld_memory_episodes "
+            "WHERE user_id = %s "
             "ORDER BY updated_ms DESC LIMIT %s", (user, limit))).fetchall()
         return [(Episode.from_row(r), list(array("f", bytes(r[12]))) if r[12] is not None and model
                  and r[13] == model else None) for r in rows]
 
     async def last_of_session(self, db: Conn, user: str, session_key: str) -> Episode | None:
         row = await (await db.execute(
-            f"SELECT {_COLUMNS} FROM recalld_memory_episodes WHERE user_id = %s AND session_key = %s "
+            f"SELECT {_COLUMNS} FROM recalld_memory_episodes WHERE user_id = %s "
+            "AND session_key = %s "
             "ORDER BY covered_ms DESC LIMIT 1", (user, session_key))).fetchone()
         return Episode.from_row(row) if row else None
 
@@ -101,7 +109,8 @@ class PgEpisodeStore:
 
     async def delete_older_than(self, db: Conn, cutoff_ms: int) -> int:
         async with db.transaction():
-            cur = await db.execute("DELETE FROM recalld_memory_episodes WHERE updated_ms < %s", (cutoff_ms,))
+            cur = await db.execute("DELETE FROM recalld_memory_episodes WHERE updated_ms < %s",
+                                   (cutoff_ms,))
         return cur.rowcount
 
     async def delete_for(self, db: Conn, user: str, session_key: str | None, after_ms: int | None,
@@ -122,22 +131,29 @@ class PgEpisodeStore:
         """Queue a summary of the session (one pending job per session: later turns join it)."""
         async with db.transaction():
             await db.execute(
-                "INSERT INTO recalld_memory_episode_jobs (user_id, session_key, created_ms, next_ms) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (user_id, session_key) DO UPDATE SET failed = false, "
-                "attempts = 0, next_ms = least(recalld_memory_episode_jobs.next_ms, excluded.next_ms)",
+                "INSERT INTO recalld_memory_episode_jobs (user_id, session_key, created_ms, "
+                "next_ms) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (user_id, session_key) DO UPDATE "
+                "SET failed = false, "
+                "attempts = 0, next_ms = least(recalld_memory_episode_jobs.next_ms, "
+                "excluded.next_ms)",
                 (user, session_key, now_ms, now_ms))
 
     async def due(self, db: Conn, now_ms: int, limit: int = 20) -> list[EpisodeJob]:
         rows = await (await db.execute(
-            "SELECT id, user_id, session_key, attempts FROM recalld_memory_episode_jobs WHERE NOT failed "
-            "AND next_ms <= %s ORDER BY next_ms LIMIT %s FOR UPDATE SKIP LOCKED", (now_ms, limit))).fetchall()
+            "SELECT id, user_id, session_key, attempts FROM recalld_memory_episode_jobs WHERE "
+            "NOT failed "
+            "AND next_ms <= %s ORDER BY next_ms LIMIT %s FOR UPDATE SKIP LOCKED",
+            (now_ms, limit))).fetchall()
         return [EpisodeJob(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
-    async def claim(self, db: Conn, now_ms: int, until_ms: int, limit: int = 20) -> list[EpisodeJob]:
+    async def claim(self, db: Conn, now_ms: int, until_ms: int,
+                    limit: int = 20) -> list[EpisodeJob]:
         """The due jobs no other node holds, each hidden from the others until ``until_ms``."""
         async with db.transaction():
             jobs = await self.due(db, now_ms, limit)
-            await db.execute("UPDATE recalld_memory_episode_jobs SET next_ms = %s WHERE id = ANY(%s)",
+            await db.execute("UPDATE recalld_memory_episode_jobs SET next_ms = %s "
+                             "WHERE id = ANY(%s)",
                              (until_ms, [j.id for j in jobs]))
         return jobs
 
@@ -149,13 +165,17 @@ class PgEpisodeStore:
         async with db.transaction():
             await db.execute("DELETE FROM recalld_memory_episode_jobs WHERE id = %s", (job_id,))
 
-    async def failed_attempt(self, db: Conn, job_id: int, error: str, next_ms: int, give_up: bool) -> None:
+    async def failed_attempt(self, db: Conn, job_id: int, error: str, next_ms: int,
+                             give_up: bool) -> None:
         async with db.transaction():
-            await db.execute("UPDATE recalld_memory_episode_jobs SET attempts = attempts + 1, last_error = %s, "
-                             "next_ms = %s, failed = %s WHERE id = %s", (error[:500], next_ms, give_up, job_id))
+            await db.execute("UPDATE recalld_memory_episode_jobs "
+                             "SET attempts = attempts + 1, last_error = %s, "
+                             "next_ms = %s, failed = %s WHERE id = %s",
+                             (error[:500], next_ms, give_up, job_id))
 
     async def queue_state(self, db: Conn) -> dict[str, int]:
         row = await (await db.execute(
             "SELECT count(*) FILTER (WHERE NOT failed), count(*) FILTER (WHERE failed) "
             "FROM recalld_memory_episode_jobs")).fetchone()
-        return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0, "failed": 0}
+        return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0,
+                                                                            "failed": 0}

@@ -45,7 +45,7 @@ from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.episodes import Episodes
-from memory.errors import EmbedderError, MemoryStorageError
+from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
 from memory.facts import Facts
 from memory.forget_range import ForgetRange, retention_cutoff_ms
 from memory.pg.episodes import PgEpisodeStore
@@ -74,9 +74,10 @@ _QUERY_CACHE = 16
 class PgMemory:
     """Search, context, status, reindex, forget and indexing passes over one PostgreSQL database."""
 
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], dsn: str, config: MemoryConfig,
-                 embedder: Embedder | None, *, data_dir: Path, embedder_reason: str = "",
-                 vector_leg: VectorLeg = "hnsw", poll_s: float = 30.0) -> None:
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], dsn: str,
+                 config: MemoryConfig, embedder: Embedder | None, *, data_dir: Path,
+                 embedder_reason: str = "", vector_leg: VectorLeg = "hnsw",
+                 poll_s: float = 30.0) -> None:
         self.pool = pool
         self.dsn = dsn   # the indexing loop's LISTEN connection is its own, outside the pool
         self.data_dir = data_dir  # the node's own files; memory keeps none there
@@ -85,7 +86,8 @@ class PgMemory:
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self.vector_leg = vector_leg
-        self.pipeline = EmbeddingPipeline.from_config(embedder, config) if embedder is not None else None
+        self.pipeline = EmbeddingPipeline.from_config(embedder,
+                                                      config) if embedder is not None else None
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
         steps = PoolSteps(pool)
@@ -97,6 +99,7 @@ class PgMemory:
         # Set by whoever schedules the retention sweep (the gateway); shown by status().
         self.retention_status: dict[str, Any] = {}
         self.loop_passes = 0   # passes the indexing loop has finished (status, tests)
+        self._closed = False
         self._syncs = SyncLog()
         self._sync_lock = asyncio.Lock()  # one pass of this node at a time (the loop, sync_now)
         self._caught_up = asyncio.Event()  # set: the loop may run its first pass
@@ -105,10 +108,11 @@ class PgMemory:
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
 
     @classmethod
-    async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *, data_dir: Path,
-                   embedder_reason: str = "", vector_leg: VectorLeg = "hnsw", max_size: int = 8,
-                   poll_s: float = 30.0, connect_timeout_s: float = 10.0, call_timeout_s: float = 4.0,
-                   reconnect_timeout_s: float = 1.0, options: str = "") -> PgMemory:
+    async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *,
+                   data_dir: Path, embedder_reason: str = "", vector_leg: VectorLeg = "hnsw",
+                   max_size: int = 8, poll_s: float = 30.0, connect_timeout_s: float = 10.0,
+                   call_timeout_s: float = 4.0, reconnect_timeout_s: float = 1.0,
+                   options: str = "") -> PgMemory:
         """Migrate (under the advisory lock) and open a pool, the opening bounded by
         ``connect_timeout_s``; raises MemoryStorageError with the server's reason (never the DSN).
 
@@ -122,7 +126,8 @@ class PgMemory:
             await asyncio.to_thread(_migrate, dsn, timeout)
             pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
                 dsn, min_size=1, max_size=max_size, open=False, name="recalld-memory",
-                kwargs={"connect_timeout": max(2, round(call_timeout_s)), **({"options": options} if options else {})},
+                kwargs={"connect_timeout": max(2, round(call_timeout_s)),
+                        **({"options": options} if options else {})},
                 check=AsyncConnectionPool.check_connection, timeout=call_timeout_s,
                 reconnect_timeout=reconnect_timeout_s)
             try:
@@ -157,7 +162,8 @@ class PgMemory:
         """Nothing to do: each committed append notifies every node's loop (module docstring)."""
 
     async def close(self) -> None:
-        """Stop the loop, then the pool; safe twice."""
+        """Stop the loop, then the pool; safe twice. Calls after it raise MemoryUnavailable."""
+        self._closed = True
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.cancel()
@@ -210,7 +216,13 @@ class PgMemory:
         finally:
             self.loop_passes += 1
 
-    async def sync_now(self, progress: ProgressCallback | None = None, *, full: bool = False) -> SyncReport:
+    def _check_open(self) -> None:
+        # As MemoryService: a closed service says so, rather than its pool's PoolClosed.
+        if self._closed:
+            raise MemoryUnavailable("memory service is closed")
+
+    async def sync_now(self, progress: ProgressCallback | None = None, *,
+                       full: bool = False) -> SyncReport:
         """One indexing pass of this node (what it can claim, then what is pending); ``full``
         re-chunks every session first."""
         if full:
@@ -230,8 +242,9 @@ class PgMemory:
             finally:
                 self._syncs.syncing = False
             report = SyncReport(files_scanned=done.sessions, files_changed=done.sessions,
-                                chunks_written=done.chunks_written, chunks_deleted=done.chunks_deleted,
-                                embedded=done.filled, cache_hits=done.filled - done.embedded,
+                                chunks_written=done.chunks_written,
+                                chunks_deleted=done.chunks_deleted, embedded=done.filled,
+                                cache_hits=done.filled - done.embedded,
                                 embedder_calls=done.embedded, pending=pending,
                                 error="; ".join(done.errors) or None,
                                 duration_ms=(time.perf_counter() - started) * 1000)
@@ -245,18 +258,22 @@ class PgMemory:
         async with self.pool.connection() as conn:
             if full:
                 await conn.execute("UPDATE recalld_memory_progress SET chunking = 'reset' "
-                                   "WHERE %(user)s::text IS NULL OR user_id = %(user)s", {"user": user})
+                                   "WHERE %(user)s::text IS NULL OR user_id = %(user)s",
+                                   {"user": user})
             await pg_feed.wake(conn)
 
     # --- reading -------------------------------------------------------------------------
 
     async def search(self, user: str, query: str, *, k: int | None = None, mode: str = "hybrid",
                      session_key: str | None = None, exclude_session_key: str | None = None,
-                     after: str | None = None, before: str | None = None, now: datetime | None = None,
-                     recency: bool = False, shown: ShownHistory | None = None) -> SearchResponse:
-        request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
-                                      exclude_session_key=exclude_session_key, after=after, before=before,
-                                      now=now, recency=recency, shown=shown)
+                     after: str | None = None, before: str | None = None,
+                     now: datetime | None = None, recency: bool = False,
+                     shown: ShownHistory | None = None) -> SearchResponse:
+        self._check_open()
+        request = SearchRequest.build(self.config, user, query, k=k, mode=mode,
+                                      session_key=session_key,
+                                      exclude_session_key=exclude_session_key, after=after,
+                                      before=before, now=now, recency=recency, shown=shown)
         started = time.perf_counter()
         actual, fallback, vector = request.mode, None, None
         if request.mode != "keyword":
@@ -270,7 +287,8 @@ class PgMemory:
                     actual, fallback = "keyword", f"query embedding failed: {exc}"
         embedded_at = time.perf_counter()
         try:
-            hits = await self.searcher.search(request, query_vector=vector, keyword=actual != "vector")
+            hits = await self.searcher.search(request, query_vector=vector,
+                                              keyword=actual != "vector")
         except psycopg.Error as exc:
             raise MemoryStorageError(f"memory index failed while searching: {type(exc).__name__}") from exc
         done = time.perf_counter()
@@ -292,12 +310,14 @@ class PgMemory:
             self._query_vectors.popitem(last=False)
         return vector
 
-    async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
-                     now: datetime | None = None, shown: ShownHistory | None = None) -> list[SearchHit]:
+    async def recall(self, user: str, message: str, *, k: int,
+                     exclude_session_key: str | None = None, now: datetime | None = None,
+                     shown: ShownHistory | None = None) -> list[SearchHit]:
         """What to put in a prompt answering ``message``: MemoryService.recall's hybrid search with
         the recency term, then memory's rule for excerpts (``excerpts_for_prompt``)."""
-        response = await self.search(user, message, k=k, mode="hybrid", exclude_session_key=exclude_session_key,
-                                     now=now, recency=True, shown=shown)
+        response = await self.search(user, message, k=k, mode="hybrid",
+                                     exclude_session_key=exclude_session_key, now=now, recency=True,
+                                     shown=shown)
         floor = self.config.recall_min_similarity
         if floor is None:  # calibrated per model; embedders without one get no floor
             floor = getattr(self.embedder, "relevance_floor", None)
@@ -312,18 +332,25 @@ class PgMemory:
     async def status(self, user: str | None = None) -> dict[str, Any]:
         """``memory.status``'s keys (gateway StatusReply): ``files`` counts the sessions the
         indexer tracks; the whole index adds the shared cache and the memory tables' size."""
+        self._check_open()
         args = {"user": user}
         mine = "WHERE %(user)s::text IS NULL OR user_id = %(user)s"
         async with self.pool.connection() as conn:
-            sessions = await _one(conn, f"SELECT count(*) FROM recalld_memory_progress {mine}", args)
+            sessions = await _one(conn, f"SELECT count(*) FROM recalld_memory_progress {mine}",
+                                  args)
             chunks = await _one(conn, f"SELECT count(*) FROM recalld_memory_chunks {mine}", args)
-            embedded = await _one(conn, f"SELECT count(embedding) FROM recalld_memory_chunks {mine}", args)
+            embedded = await _one(conn,
+                                  f"SELECT count(embedding) FROM recalld_memory_chunks {mine}",
+                                  args)
             version = await (await conn.execute(
                 "SELECT extversion FROM pg_extension WHERE extname = 'vector'")).fetchone()
             whole = {} if user is not None else {
-                "cacheEntries": await _one(conn, "SELECT count(*) FROM recalld_memory_embedding_cache", {}),
-                "dbBytes": await _one(conn, "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class "
-                                            r"WHERE relkind = 'r' AND relname LIKE 'recalld\_memory\_%%'", {}),
+                "cacheEntries": await _one(conn, "SELECT count(*) "
+                                                 "FROM recalld_memory_embedding_cache", {}),
+                "dbBytes": await _one(conn, "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) "
+                                            "FROM pg_class "
+                                            r"WHERE relkind = 'r' "
+                                            r"AND relname LIKE 'recalld\_memory\_%%'", {}),
             }
         ready = self.pipeline is not None and self.embedder is not None
         return {
@@ -336,7 +363,8 @@ class PgMemory:
                               "reason": f"pgvector {version[0]}, {self.vector_leg}" if version else
                                         "pgvector is not installed in this database"},
             "vectorSearch": {
-                "ready": ready, "reason": None if ready else (self.embedder_reason or "no embedder"),
+                "ready": ready, "reason": None if ready else (self.embedder_reason
+                                                              or "no embedder"),
                 "servedBy": {"provider": self.embedder.provider, "model": self.embedder.model_id}
                 if ready and self.embedder else None,
                 "rebuild": None},
@@ -357,17 +385,21 @@ class PgMemory:
         """Chunks overlapping the range go now, with the facts the model saved from those
         conversations and their episodes; ``record`` keeps the range so re-chunking never
         brings the chunks back (the indexer drops matches whenever it writes)."""
-        params = {"user": r.user, "session_key": r.session_key, "after_ms": r.after_ms, "before_ms": r.before_ms}
-        record_sql = ("INSERT INTO recalld_memory_forgotten (user_id, session_key, after_ms, before_ms) "
+        params = {"user": r.user, "session_key": r.session_key, "after_ms": r.after_ms,
+                  "before_ms": r.before_ms}
+        record_sql = ("INSERT INTO recalld_memory_forgotten (user_id, session_key, after_ms, "
+                      "before_ms) "
                       "VALUES (%(user)s, %(session_key)s, %(after_ms)s, %(before_ms)s)") if record else None
         chunks = await self._delete_chunks(
-            "user_id = %(user)s AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s) "
+            "user_id = %(user)s AND (%(session_key)s::text IS NULL OR session_key = "
+            "%(session_key)s) "
             "AND (%(after_ms)s::bigint IS NULL OR coalesce(end_ms, start_ms) >= %(after_ms)s) "
-            "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s)", params, first=record_sql)
+            "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s)", params,
+            first=record_sql)
         facts = await self.facts.forget_derived(r.user, r.session_key, r.after_ms, r.before_ms)
         episodes = await self.episodes.forget(r.user, r.session_key, r.after_ms, r.before_ms)
-        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts, episodes=episodes,
-                 recorded=record)
+        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts,
+                 episodes=episodes, recorded=record)
         return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
     async def sweep_retention(self, now_ms: int | None = None) -> dict[str, int]:
@@ -380,7 +412,8 @@ class PgMemory:
         episodes = await self.episodes.prune_older_than(cutoff)
         return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
-    async def _delete_chunks(self, where: str, params: dict[str, Any], *, first: str | None = None) -> int:
+    async def _delete_chunks(self, where: str, params: dict[str, Any], *,
+                             first: str | None = None) -> int:
         """Delete the chunks ``where`` picks (a literal of this module; values in ``params``) and
         fix the sessions' BM25 statistics, in one transaction that runs ``first`` before.
 
@@ -399,7 +432,8 @@ class PgMemory:
                     return cur.rowcount
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 if attempt + 1 == _DELETE_ATTEMPTS:
-                    raise MemoryStorageError(f"memory index failed while deleting: {type(exc).__name__}") from exc
+                    raise MemoryStorageError("memory index failed while deleting: "
+                                             f"{type(exc).__name__}") from exc
                 log.info("memory.pg.delete_retried", attempt=attempt + 1, error=type(exc).__name__)
                 await asyncio.sleep(0.05 * (attempt + 1))
             except psycopg.Error as exc:

@@ -38,7 +38,8 @@ def index_name(dims: int) -> str:
 
 
 async def vector_dims(conn: AsyncConnection[TupleRow]) -> int | None:
-    row = await (await conn.execute("SELECT value FROM recalld_memory_meta WHERE key = 'vector_dims'")).fetchone()
+    row = await (await conn.execute("SELECT value FROM recalld_memory_meta "
+                                    "WHERE key = 'vector_dims'")).fetchone()
     return int(row[0]) if row else None
 
 
@@ -52,7 +53,8 @@ async def ensure_vector_index(conn: AsyncConnection[TupleRow], leg: VectorLeg = 
         if await vector_dims(conn) is not None:
             return
         row = await (await conn.execute(
-            "SELECT vector_dims(embedding) FROM recalld_memory_chunks WHERE embedding IS NOT NULL LIMIT 1"
+            "SELECT vector_dims(embedding) FROM recalld_memory_chunks WHERE embedding IS NOT NULL "
+            "LIMIT 1"
         )).fetchone()
         if row is None:
             return

@@ -56,8 +56,10 @@ def relevant(hits: Sequence[SearchHit], query: str, *, vector_ran: bool, floor: 
         return list(hits)
     best = max((h.similarity for h in hits if h.similarity is not None), default=floor)
     asked = meaningful_words(query)
-    return [hit for hit in above_floor(hits, vector_ran=True, floor=max(floor, best - config.recall_relative_drop))
-            if hit.similarity is None or hit.similarity >= floor + config.recall_vector_only_margin or not asked
+    return [hit for hit in above_floor(hits, vector_ran=True,
+                                       floor=max(floor, best - config.recall_relative_drop))
+            if hit.similarity is None or hit.similarity >= floor + config.recall_vector_only_margin
+            or not asked
             or asked & meaningful_words(OPENS.sub("", hit.content))]
 
 
@@ -91,7 +93,8 @@ def drop_shown(hits: Sequence[SearchHit], shown: ShownHistory | None) -> list[Se
         # The window is the session's newest messages, so what goes is the hit's tail: from the
         # first message timed in the window on (a later line that only looks older — a pasted
         # log — goes with it).
-        cut = next((i for i, m in enumerate(found) if (ts := _rendered_ts(m)) is not None and ts >= since),
+        cut = next((i for i, m in enumerate(found) if (ts := _rendered_ts(m)) is not None
+                    and ts >= since),
                    len(found))
         if cut == 0:
             continue
@@ -110,8 +113,9 @@ def _narrowed(hit: SearchHit, found: list[str], kept: range | list[int]) -> Sear
     line_start = hit.line_start + idx[0] if exact else hit.line_start
     line_end = hit.line_start + idx[-1] if exact else hit.line_end
     stamps = [ts for i in idx if (ts := message_ts(found[i])) is not None]
-    return replace(hit, content="\n".join(found[i] for i in idx), line_start=line_start, line_end=line_end,
-                   start_ts=min(stamps) if stamps else hit.start_ts, end_ts=max(stamps) if stamps else hit.end_ts)
+    return replace(hit, content="\n".join(found[i] for i in idx), line_start=line_start,
+                   line_end=line_end, start_ts=min(stamps) if stamps else hit.start_ts,
+                   end_ts=max(stamps) if stamps else hit.end_ts)
 
 
 def _sentences(text: str) -> list[str]:
@@ -167,7 +171,8 @@ async def excerpts_for_prompt(response: SearchResponse, query: str, config: Memo
                               floor: float | None, around: FetchAround,
                               shown: ShownHistory | None = None) -> list[SearchHit]:
     """Steps 1–5 of the module docstring over ``response``, the hybrid search for ``query``."""
-    hits = relevant(response.results, query, vector_ran=response.mode != "keyword", floor=floor, config=config)
+    hits = relevant(response.results, query, vector_ran=response.mode != "keyword", floor=floor,
+                    config=config)
     placed = for_prompt(drop_shown(hits, shown), vector_ran=False, floor=None,
                         budget_tokens=config.recall_budget_tokens)
     widened = await widen(placed, config, around)

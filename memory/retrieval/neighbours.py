@@ -56,7 +56,8 @@ FetchAround = Callable[[SearchHit], Awaitable[list[ChunkSpan]]]
 # Every chunk of the hit's session that holds a line from the one before it to the one after
 # (both backends: placeholders rewritten for psycopg; the (user, session_key) index serves it).
 AROUND_SQL = ("SELECT line_start, line_end, seg_start, content FROM {table} WHERE {user} = ? "
-              "AND session_key = ? AND line_end >= ? AND line_start <= ? ORDER BY line_start, seg_start")
+              "AND session_key = ? AND line_end >= ? AND line_start <= ? ORDER BY line_start, "
+              "seg_start")
 
 
 def spans(rows: Sequence[Sequence[Any]]) -> list[ChunkSpan]:
@@ -68,7 +69,8 @@ def messages(content: str) -> list[str] | None:
     starts = [m.start() for m in OPENS.finditer(content)]
     if not starts or starts[0] != 0:
         return None
-    return [content[a:b].rstrip("\n") for a, b in zip(starts, [*starts[1:], len(content)], strict=True)]
+    return [content[a:b].rstrip("\n") for a, b in zip(starts, [*starts[1:], len(content)],
+                                                      strict=True)]
 
 
 def _continued(message: str) -> bool:
@@ -121,11 +123,13 @@ def _with(hit: SearchHit, message: str, line: int, *, before: bool) -> SearchHit
     ts = message_ts(message)
     stamps = [t for t in (hit.start_ts, hit.end_ts, ts) if t]
     content = f"{message}\n{hit.content}" if before else f"{hit.content}\n{message}"
-    return replace(hit, content=content, line_start=min(hit.line_start, line), line_end=max(hit.line_end, line),
-                   start_ts=min(stamps, default=None), end_ts=max(stamps, default=None))
+    return replace(hit, content=content, line_start=min(hit.line_start, line),
+                   line_end=max(hit.line_end, line), start_ts=min(stamps, default=None),
+                   end_ts=max(stamps, default=None))
 
 
-async def widen(excerpts: list[SearchHit], config: MemoryConfig, around: FetchAround) -> list[SearchHit]:
+async def widen(excerpts: list[SearchHit], config: MemoryConfig,
+                around: FetchAround) -> list[SearchHit]:
     """``excerpts`` (placed by ``for_prompt``) with their neighbouring messages added, best
     excerpt first, as far as the tokens they left of ``recall_budget_tokens`` allow; unchanged
     when ``recall_neighbours`` is off or the index cannot be read."""

@@ -49,7 +49,10 @@ def merge_overlapping(hits: Sequence[SearchHit]) -> list[SearchHit]:
                 lines += [line for line in second.content.split("\n") if line not in lines]
                 out[i] = replace(
                     kept, content="\n".join(lines), line_start=min(kept.line_start, hit.line_start),
-                    line_end=max(kept.line_end, hit.line_end), start_ts=min(filter(None, (kept.start_ts, hit.start_ts)), default=None),
+                    line_end=max(kept.line_end, hit.line_end), start_ts=min(filter(None,
+                                                                                   (kept.start_ts,
+                                                                                    hit.start_ts)),
+                                                                            default=None),
                     end_ts=max(filter(None, (kept.end_ts, hit.end_ts)), default=None))
                 break
         else:
@@ -72,7 +75,8 @@ def trim_to_tokens(text: str, budget: int) -> str:
     return " ".join(words[:lo]) + CUT_MARK if lo else ""
 
 
-def above_floor(hits: Sequence[SearchHit], *, vector_ran: bool, floor: float | None) -> list[SearchHit]:
+def above_floor(hits: Sequence[SearchHit], *, vector_ran: bool,
+                floor: float | None) -> list[SearchHit]:
     """The hits whose cosine reaches ``floor`` when the vector leg ran (a hit it did not find
     has none, and goes); all of them without the leg or a floor."""
     if not vector_ran or floor is None:

@@ -69,7 +69,8 @@ def fts_terms(text: str, max_terms: int = 32) -> list[str]:
     for run in content or runs:
         if _CJK_RUN.match(run):
             chars = [c for c in run if c.isalnum()]
-            grams = [chars[0]] if len(chars) == 1 else [f"{a} {b}" for a, b in zip(chars, chars[1:])]
+            grams = [chars[0]] if len(chars) == 1 else [f"{a} {b}" for a,
+                                                        b in zip(chars, chars[1:])]
         else:
             grams = [run]
         for gram in grams:
@@ -132,9 +133,10 @@ class SearchRequest:
 
     @classmethod
     def build(cls, config: MemoryConfig, user: str, query: object, *, k: object = None,
-              mode: object = "hybrid", session_key: object = None, exclude_session_key: object = None,
-              after: object = None, before: object = None, now: datetime | None = None,
-              recency: bool = False, shown: ShownHistory | None = None) -> SearchRequest:
+              mode: object = "hybrid", session_key: object = None,
+              exclude_session_key: object = None, after: object = None, before: object = None,
+              now: datetime | None = None, recency: bool = False,
+              shown: ShownHistory | None = None) -> SearchRequest:
         """Validate every field; ``now`` (default: the clock, local time zone) anchors time phrases
         and, with ``recency``, the recency term of a hybrid search."""
         if not isinstance(query, str) or not query.strip():
@@ -145,7 +147,8 @@ class SearchRequest:
             raise InvalidSearch("k", f"must be an integer from 1 to {config.max_k}")
         if mode not in MODES:
             raise InvalidSearch("mode", "must be one of hybrid, keyword, vector")
-        for name, value in (("sessionKey", session_key), ("excludeSessionKey", exclude_session_key)):
+        for name, value in (("sessionKey", session_key),
+                            ("excludeSessionKey", exclude_session_key)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidSearch(name, "must be a non-empty string")
         after_ms = _parse_time("after", after)
@@ -158,15 +161,18 @@ class SearchRequest:
         since_ms = iso_to_ms(shown.since_ts) if shown is not None else None
         return cls(user, query, k, mode, session_key, exclude_session_key,  # type: ignore[arg-type]
                    after_ms, before_ms, window, int(moment.timestamp() * 1000), recency,
-                   shown.session_key if shown is not None and since_ms is not None else None, since_ms)
+                   shown.session_key if shown is not None and since_ms is not None else None,
+                   since_ms)
 
     def within_window(self) -> SearchRequest | None:
         """This search narrowed to its time phrase's window (None when there is none or the
         explicit after/before leave nothing of it); the phrase itself is dropped from the query."""
         if self.window is None:
             return None
-        after = self.window.start_ms if self.after_ms is None else max(self.window.start_ms, self.after_ms)
-        before = self.window.end_ms if self.before_ms is None else min(self.window.end_ms, self.before_ms)
+        after = self.window.start_ms if self.after_ms is None else max(self.window.start_ms,
+                                                                       self.after_ms)
+        before = self.window.end_ms if self.before_ms is None else min(self.window.end_ms,
+                                                                       self.before_ms)
         if after >= before:
             return None
         return replace(self, query=strip_time_phrase(self.query, self.window) or self.query,

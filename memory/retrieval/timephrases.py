@@ -255,7 +255,8 @@ _ANCHORS: dict[str, tuple[int, ...]] = {
     **dict.fromkeys(("yesterday", "today", "tonight", "morning", "afternoon", "evening"), (_REL,)),
     **dict.fromkeys(("night", "nights"), (_REL, *_UNITS)),
     **dict.fromkeys(("day", "days"), (_AGO, _PAST, _SOFT)),
-    **dict.fromkeys(("week", "weeks", "weekend", "weekends", "month", "months", "year", "years"), _UNITS),
+    **dict.fromkeys(("week", "weeks", "weekend", "weekends", "month", "months", "year", "years"),
+                    _UNITS),
     **dict.fromkeys(_WEEKDAYS, (_WD,)),
     **dict.fromkeys(_SEASONS, (_SEA,)),
     **dict.fromkeys(("recently", "lately"), (_SOFT,)),
@@ -314,7 +315,8 @@ def find_time_window(text: str, now: datetime) -> TimeWindow | None:
     return TimeWindow(_ms(lo), _ms(min(hi, now)), text[start:end], exact, (start, end))
 
 
-def _first_phrase(index: int, text: str, starts: Iterable[int], now: datetime) -> tuple[int, int, _Raw] | None:
+def _first_phrase(index: int, text: str, starts: Iterable[int], now: datetime) -> tuple[int, int,
+                                                                                        _Raw] | None:
     """The first phrase of rule ``index`` at one of ``starts`` that names a past window."""
     pattern, resolve = _RULES[index]
     for at in starts:

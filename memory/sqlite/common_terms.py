@@ -44,7 +44,8 @@ class CommonTerms:
         self._chunks: tuple[float, int] | None = None               # (when counted, N)
         self._terms: OrderedDict[str, tuple[float, int, bool]] = OrderedDict()  # (when, limit, common)
 
-    def threshold(self, db: apsw.Connection, share: float, min_chunks: int, now: float) -> int | None:
+    def threshold(self, db: apsw.Connection, share: float, min_chunks: int,
+                  now: float) -> int | None:
         """Matches from which a term is common; None while the index is too small to bother."""
         if share <= 0:
             return None
@@ -57,7 +58,8 @@ class CommonTerms:
         limit = max(min_chunks, int(share * cached[1]))
         return limit if cached[1] > limit else None
 
-    def keep(self, db: apsw.Connection, terms: Sequence[str], share: float, min_chunks: int) -> list[str]:
+    def keep(self, db: apsw.Connection, terms: Sequence[str], share: float,
+             min_chunks: int) -> list[str]:
         """``terms`` (quoted FTS5 phrases) without the common ones, or all of them when every
         one is common or the index is small."""
         if len(terms) < 2:

@@ -32,10 +32,11 @@ class EpisodeStore:
         c = d.columns()
         with db:
             db.execute(
-                "INSERT INTO episodes(user, session_key, text, theme, day, week, year, created_ms, updated_ms, "
+                "INSERT INTO episodes(user, session_key, text, theme, day, week, year, created_ms, "
+                "updated_ms, "
                 "covered_ms, vector, vector_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms, c.covered_ms,
-                 c.vector, c.vector_model))
+                (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms,
+                 c.covered_ms, c.vector, c.vector_model))
             new_id = db.last_insert_rowid()
             if d.job_id is not None:
                 self.done(db, d.job_id)
@@ -47,23 +48,28 @@ class EpisodeStore:
         c = d.columns()
         with db:
             db.execute(
-                "UPDATE episodes SET text = ?, theme = ?, day = ?, week = ?, year = ?, updated_ms = ?, "
-                "covered_ms = max(covered_ms, ?), merges = merges + 1, vector = ?, vector_model = ? "
+                "UPDATE episodes SET text = ?, theme = ?, day = ?, week = ?, year = ?, updated_ms "
+                "= ?, "
+                "covered_ms = max(covered_ms, ?), merges = merges + 1, vector = ?, vector_model = "
+                "? "
                 "WHERE id = ? AND user = ?",
-                (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector, c.vector_model,
-                 episode_id, d.user))
+                (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector,
+                 c.vector_model, episode_id, d.user))
             if d.job_id is not None:
                 self.done(db, d.job_id)
         return self.get(db, d.user, episode_id)
 
     def get(self, db: apsw.Connection, user: str, episode_id: int) -> Episode:
-        row = db.execute(f"SELECT {_COLUMNS} FROM episodes WHERE id = ? AND user = ?", (episode_id, user)).fetchone()
+        row = db.execute(f"SELECT {_COLUMNS} FROM episodes WHERE id = ? AND user = ?",
+                         (episode_id, user)).fetchone()
         if row is None:
             raise KeyError(episode_id)
         return Episode.from_row(row)
 
-    def page(self, db: apsw.Connection, user: str, *, limit: int, before: int | None) -> list[Episode]:
-        rows = db.execute(f"SELECT {_COLUMNS} FROM episodes WHERE user = ? AND id < ? ORDER BY id DESC LIMIT ?",
+    def page(self, db: apsw.Connection, user: str, *, limit: int,
+             before: int | None) -> list[Episode]:
+        rows = db.execute(f"SELECT {_COLUMNS} FROM episodes WHERE user = ? AND id < ? "
+                          "ORDER BY id DESC LIMIT ?",
                           (user, before if before is not None else 1 << 62, limit))
         return [Episode.from_row(r) for r in rows]
 
@@ -81,7 +87,8 @@ class EpisodeStore:
         return Episode.from_row(row) if row else None
 
     def count_since(self, db: apsw.Connection, user: str, since_ms: int) -> int:
-        row = db.execute("SELECT count(*) FROM episodes WHERE user = ? AND created_ms >= ?", (user, since_ms)).fetchone()
+        row = db.execute("SELECT count(*) FROM episodes WHERE user = ? AND created_ms >= ?",
+                         (user, since_ms)).fetchone()
         return int(row[0]) if row else 0
 
     def delete_older_than(self, db: apsw.Connection, cutoff_ms: int) -> int:
@@ -90,8 +97,8 @@ class EpisodeStore:
             removed = int(db.changes())
         return removed
 
-    def delete_for(self, db: apsw.Connection, user: str, session_key: str | None, after_ms: int | None,
-                   before_ms: int | None) -> int:
+    def delete_for(self, db: apsw.Connection, user: str, session_key: str | None,
+                   after_ms: int | None, before_ms: int | None) -> int:
         """memory.forget: episodes of the matching conversations (by what they cover)."""
         with db:
             db.execute("DELETE FROM episodes WHERE user = ? AND (? IS NULL OR session_key = ?) "
@@ -105,16 +112,19 @@ class EpisodeStore:
     def enqueue(self, db: apsw.Connection, user: str, session_key: str, now_ms: int) -> None:
         """Queue a summary of the session (one pending job per session: later turns join it)."""
         with db:
-            db.execute("INSERT INTO episode_jobs(user, session_key, created_ms, next_ms) VALUES (?, ?, ?, ?) "
+            db.execute("INSERT INTO episode_jobs(user, session_key, created_ms, next_ms) "
+                       "VALUES (?, ?, ?, ?) "
                        "ON CONFLICT(user, session_key) DO UPDATE SET failed = 0, attempts = 0, "
-                       "next_ms = min(next_ms, excluded.next_ms)", (user, session_key, now_ms, now_ms))
+                       "next_ms = min(next_ms, excluded.next_ms)", (user, session_key, now_ms,
+                                                                    now_ms))
 
     def take_due(self, db: apsw.Connection, now_ms: int) -> list[EpisodeJob]:
         """The jobs to run now: one node, so nothing to claim."""
         return self.due(db, now_ms)
 
     def due(self, db: apsw.Connection, now_ms: int, limit: int = 20) -> list[EpisodeJob]:
-        rows = db.execute("SELECT id, user, session_key, attempts FROM episode_jobs WHERE failed = 0 "
+        rows = db.execute("SELECT id, user, session_key, attempts FROM episode_jobs "
+                          "WHERE failed = 0 "
                           "AND next_ms <= ? ORDER BY next_ms LIMIT ?", (now_ms, limit))
         return [EpisodeJob(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
@@ -122,11 +132,15 @@ class EpisodeStore:
         with db:
             db.execute("DELETE FROM episode_jobs WHERE id = ?", (job_id,))
 
-    def failed_attempt(self, db: apsw.Connection, job_id: int, error: str, next_ms: int, give_up: bool) -> None:
+    def failed_attempt(self, db: apsw.Connection, job_id: int, error: str, next_ms: int,
+                       give_up: bool) -> None:
         with db:
-            db.execute("UPDATE episode_jobs SET attempts = attempts + 1, last_error = ?, next_ms = ?, failed = ? "
+            db.execute("UPDATE episode_jobs SET attempts = attempts + 1, last_error = ?, next_ms = "
+                       "?, failed = ? "
                        "WHERE id = ?", (error[:500], next_ms, int(give_up), job_id))
 
     def queue_state(self, db: apsw.Connection) -> dict[str, int]:
-        row = db.execute("SELECT coalesce(sum(failed = 0), 0), coalesce(sum(failed = 1), 0) FROM episode_jobs").fetchone()
-        return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0, "failed": 0}
+        row = db.execute("SELECT coalesce(sum(failed = 0), 0), coalesce(sum(failed = 1), 0) "
+                         "FROM episode_jobs").fetchone()
+        return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0,
+                                                                            "failed": 0}

@@ -45,7 +45,8 @@ class FactStore(FactRules):
     # -- reads ---------------------------------------------------------------------------
 
     def get(self, db: apsw.Connection, user: str, fact_id: int) -> Fact:
-        row = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE id = ? AND user = ?", (fact_id, user)).fetchone()
+        row = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE id = ? AND user = ?",
+                         (fact_id, user)).fetchone()
         if row is None:
             raise FactNotFound(f"fact {fact_id} not found")
         return Fact.from_row(row)
@@ -63,14 +64,16 @@ class FactStore(FactRules):
     def history(self, db: apsw.Connection, user: str, fact_id: int) -> list[Fact]:
         """Every version of the fact ``fact_id`` belongs to, oldest first."""
         fact = self.get(db, user, fact_id)
-        rows = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE user = ? AND (id = ? OR origin_id = ?) ORDER BY id",
+        rows = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE user = ? AND (id = ? "
+                          "OR origin_id = ?) ORDER BY id",
                           (user, fact.origin_id, fact.origin_id))
         return [Fact.from_row(r) for r in rows]
 
     def active_with_vectors(self, db: apsw.Connection, user: str,
                             vector_model: str | None) -> list[tuple[Fact, list[float] | None]]:
         """The user's active facts, each with its vector when it was made by ``vector_model``."""
-        rows = db.execute(f"SELECT {_COLUMNS}, vector, vector_model FROM facts WHERE user = ? AND active = 1 "
+        rows = db.execute(f"SELECT {_COLUMNS}, vector, vector_model FROM facts WHERE user = ? "
+                          "AND active = 1 "
                           "ORDER BY id", (user,))
         out: list[tuple[Fact, list[float] | None]] = []
         for row in rows:
@@ -88,7 +91,8 @@ class FactStore(FactRules):
             replaced: Fact | None = None
             if draft.replaces is not None:
                 replaced = check_replaceable(self.get(db, draft.user, draft.replaces))
-            same = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE user = ? AND text_hash = ? AND active = 1",
+            same = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE user = ? AND text_hash = ? "
+                              "AND active = 1",
                               (draft.user, digest)).fetchone()
             if same is not None:
                 fact = Fact.from_row(same)
@@ -120,31 +124,37 @@ class FactStore(FactRules):
         conversation: memory.forget's "facts derived from them"."""
         with db:
             origins = [int(r[0]) for r in db.execute(
-                "SELECT DISTINCT coalesce(origin_id, id) FROM facts WHERE user = ? AND source = 'model' "
+                "SELECT DISTINCT coalesce(origin_id, id) FROM facts WHERE user = ? "
+                "AND source = 'model' "
                 "AND (? IS NULL OR session_key = ?) AND (? IS NULL OR said_ms >= ?) "
                 "AND (? IS NULL OR said_ms < ?)",
                 (user, session_key, session_key, after_ms, after_ms, before_ms, before_ms))]
             for origin in origins:
-                db.execute("DELETE FROM facts WHERE user = ? AND (id = ? OR origin_id = ?)", (user, origin, origin))
+                db.execute("DELETE FROM facts WHERE user = ? AND (id = ? OR origin_id = ?)",
+                           (user, origin, origin))
         return len(origins)
 
     def delete_older_than(self, db: apsw.Connection, cutoff_ms: int) -> int:
         """Retention: facts whose newest version is older than the cutoff, all versions."""
         with db:
             origins = [int(r[0]) for r in db.execute(
-                "SELECT coalesce(origin_id, id) FROM facts WHERE active = 1 AND said_ms < ?", (cutoff_ms,))]
+                "SELECT coalesce(origin_id, id) FROM facts WHERE active = 1 AND said_ms < ?",
+                (cutoff_ms,))]
             for origin in origins:
                 db.execute("DELETE FROM facts WHERE id = ? OR origin_id = ?", (origin, origin))
         return len(origins)
 
-    def store_vectors(self, db: apsw.Connection, rows: Sequence[tuple[int, Sequence[float]]], model: str) -> None:
+    def store_vectors(self, db: apsw.Connection, rows: Sequence[tuple[int, Sequence[float]]],
+                      model: str) -> None:
         with db:
             for fact_id, vec in rows:
-                db.execute("UPDATE facts SET vector = ?, vector_model = ? WHERE id = ?", (vector_blob(vec), model, fact_id))
+                db.execute("UPDATE facts SET vector = ?, vector_model = ? WHERE id = ?",
+                           (vector_blob(vec), model, fact_id))
 
     def _closest(self, db: apsw.Connection, draft: FactDraft) -> tuple[Fact | None, float | None]:
         assert draft.vector is not None
-        return self.closest(draft.vector, self.active_with_vectors(db, draft.user, draft.vector_model))
+        return self.closest(draft.vector, self.active_with_vectors(db, draft.user,
+                                                                   draft.vector_model))
 
     def _insert(self, db: apsw.Connection, draft: FactDraft, text: str, digest: str,
                 replaced: Fact | None) -> Fact:
@@ -153,7 +163,8 @@ class FactStore(FactRules):
             self._retire(db, replaced.id)
         origin = replaced.origin_id if replaced is not None else None
         db.execute(
-            "INSERT INTO facts(user, text, text_hash, active, previous_id, origin_id, source, session_key, "
+            "INSERT INTO facts(user, text, text_hash, active, previous_id, origin_id, source, "
+            "session_key, "
             "run_id, created_at, updated_at, said_ms, vector, vector_model, client) "
             "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (draft.user, text, digest, replaced.id if replaced else None, origin, draft.source,
@@ -168,5 +179,6 @@ class FactStore(FactRules):
 
     def _touch(self, db: apsw.Connection, fact: Fact) -> Fact:
         stamp, ms = now_stamps()
-        db.execute("UPDATE facts SET updated_at = ?, said_ms = ? WHERE id = ?", (stamp, ms, fact.id))
+        db.execute("UPDATE facts SET updated_at = ?, said_ms = ? WHERE id = ?",
+                   (stamp, ms, fact.id))
         return self.get(db, fact.user, fact.id)

@@ -39,7 +39,8 @@ from memory.sqlite.index.vectors import EmbedderIdentity
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["RESCORE_SQL", "PreviousVectors", "Released", "cached_dims", "held", "identity_params", "release", "session_ids", "vectors_for"]
+__all__ = ["RESCORE_SQL", "PreviousVectors", "Released", "cached_dims", "held", "identity_params",
+           "release", "session_ids", "vectors_for"]
 
 # As memory.sqlite.index.vectors stores them in chunks_vec: a chunk without timestamps fails every
 # time filter, as NULL does in SQL.
@@ -86,14 +87,17 @@ _SESSION_IDS_SQL = "SELECT id FROM chunks WHERE user = ? AND session_key = ?"
 
 
 def identity_params(identity: EmbedderIdentity) -> dict[str, str]:
-    return {"provider": identity.provider, "model": identity.model, "endpoint_hash": identity.endpoint_hash}
+    return {"provider": identity.provider, "model": identity.model,
+            "endpoint_hash": identity.endpoint_hash}
 
 
 def cached_dims(db: apsw.Connection, identity: EmbedderIdentity) -> int | None:
     """The width of ``identity``'s cached vectors (None when it has none): a query embedded
     by a rebuilt previous embedder must have it."""
-    row = db.execute("SELECT dims FROM embedding_cache WHERE provider = :provider AND model = :model "
-                     "AND endpoint_hash = :endpoint_hash LIMIT 1", identity_params(identity)).fetchone()
+    row = db.execute("SELECT dims FROM embedding_cache WHERE provider = :provider "
+                     "AND model = :model "
+                     "AND endpoint_hash = :endpoint_hash LIMIT 1",
+                     identity_params(identity)).fetchone()
     return int(row[0]) if row is not None else None
 
 
@@ -179,7 +183,8 @@ class PreviousVectors:
             bits.append(numpy.packbits(vectors > 0, axis=1, bitorder="little"))
             blobs.clear()
 
-        for cid, start, end, blob in db.execute(_LOAD_SQL, {"user": user, **identity_params(self.identity)}):
+        for cid, start, end, blob in db.execute(_LOAD_SQL,
+                                                {"user": user, **identity_params(self.identity)}):
             if blob is None or len(blob) != dims:
                 continue  # no previous vector, or another width: never scored
             ids.append(int(cid))
@@ -192,7 +197,8 @@ class PreviousVectors:
                 pack()
         pack()
         partition = knn.detached_partition(numpy.array(ids, numpy.int64), numpy.concatenate(bits),
-                                           numpy.array(starts, numpy.int64), numpy.array(ends, numpy.int64))
+                                           numpy.array(starts, numpy.int64),
+                                           numpy.array(ends, numpy.int64))
         return _Part(partition, len(ids))
 
 

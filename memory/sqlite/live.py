@@ -46,8 +46,9 @@ class LiveIndex:
     episodes: Episodes | None = None
 
     @classmethod
-    async def open(cls, db_path: Path, sessions_dir: Path, config: MemoryConfig, *, window: int | None,
-                   vec_extension: str | None, min_free_bytes: int = 0) -> LiveIndex:
+    async def open(cls, db_path: Path, sessions_dir: Path, config: MemoryConfig, *,
+                   window: int | None, vec_extension: str | None,
+                   min_free_bytes: int = 0) -> LiveIndex:
         """Open the file (creating it, or moving a corrupt one aside); ``window`` is the
         embedder's token window, ``min_free_bytes`` the free-disk floor of its writes."""
         missing = not await asyncio.to_thread(db_path.exists)
@@ -56,11 +57,14 @@ class LiveIndex:
         if missing and await asyncio.to_thread(lambda: bool(scan_transcripts(sessions_dir))):
             # A deleted index is rebuilt like a corrupt one, and is reported like one.
             reason = f"{db_path.name} was missing; rebuilt from transcripts"
-            log.warning("memory.db.missing", path=str(db_path), effect="index rebuilt from transcripts")
-        return cls._wire(opened, reason, db_path, sessions_dir, config, window, vec_extension, min_free_bytes)
+            log.warning("memory.db.missing", path=str(db_path),
+                        effect="index rebuilt from transcripts")
+        return cls._wire(opened, reason, db_path, sessions_dir, config, window, vec_extension,
+                         min_free_bytes)
 
-    async def replace(self, problem: str, db_path: Path, sessions_dir: Path, config: MemoryConfig, *,
-                      window: int | None, vec_extension: str | None, min_free_bytes: int = 0) -> LiveIndex:
+    async def replace(self, problem: str, db_path: Path, sessions_dir: Path, config: MemoryConfig,
+                      *, window: int | None, vec_extension: str | None,
+                      min_free_bytes: int = 0) -> LiveIndex:
         """Close this index, whose file failed its integrity check with ``problem``, move the
         file aside and open an empty one in its place (the next sync rebuilds it)."""
         await asyncio.to_thread(self.close)
@@ -70,7 +74,8 @@ class LiveIndex:
         opened = await asyncio.to_thread(open_index, db_path, vec_extension=vec_extension)
         reason = (f"{db_path.name} failed its integrity check ({problem[:80]}); "
                   f"moved to {moved.name}, rebuilt from transcripts")
-        return self._wire(opened, reason, db_path, sessions_dir, config, window, vec_extension, min_free_bytes)
+        return self._wire(opened, reason, db_path, sessions_dir, config, window, vec_extension,
+                          min_free_bytes)
 
     @classmethod
     def _wire(cls, opened: OpenedIndex, rebuilt_reason: str, db_path: Path, sessions_dir: Path,

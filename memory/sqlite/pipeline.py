@@ -134,7 +134,8 @@ class SearchPipeline:
         ready, why = self.vector_state
         if ready and self.embeddings is not None:
             try:
-                return QueryVector(vector_to_blob(await self.embed_query(request.query)), None, request.mode, None)
+                return QueryVector(vector_to_blob(await self.embed_query(request.query)), None,
+                                   request.mode, None)
             except EmbedderError as exc:
                 why = f"query embedding failed: {exc}"
         elif self.rebuild.rebuilding:
@@ -150,15 +151,18 @@ class SearchPipeline:
         query = await self.query_vector(request)
         embedded_at = time.perf_counter()
         step = self._rerank_step() if query.mode != "keyword" else "off"
-        fetch = replace(request, k=max(request.k, self.config.rerank_candidates)) if step != "off" else request
+        fetch = replace(request, k=max(request.k,
+                                       self.config.rerank_candidates)) if step != "off" else request
 
         def fused(db: apsw.Connection) -> list[SearchHit]:
-            search = HybridSearch(db, self.config, previous=query.previous, signs=index.signs, common=index.common)
+            search = HybridSearch(db, self.config, previous=query.previous, signs=index.signs,
+                                  common=index.common)
             return search.search(fetch, query_vector=query.blob, keyword=query.mode != "vector")
 
         hits = await in_thread("searching", index.readers.run, fused)
         done = time.perf_counter()
-        timings = {"embedMs": round((embedded_at - started) * 1000, 2), "searchMs": round((done - embedded_at) * 1000, 2)}
+        timings = {"embedMs": round((embedded_at - started) * 1000, 2),
+                   "searchMs": round((done - embedded_at) * 1000, 2)}
         fallback = query.fallback
         self._reranker.passage_words = self.config.rerank_passage_words
         if step == "all" and hits:
@@ -166,12 +170,14 @@ class SearchPipeline:
             fallback = fallback or failed
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
         elif step == "budget" and hits and self._reranker.ready and not legs_agree(hits):
-            hits, read = await _rerank_within(self._reranker, request.query, hits[:self.config.rerank_candidates],
+            hits, read = await _rerank_within(self._reranker, request.query,
+                                              hits[:self.config.rerank_candidates],
                                               self.config.rerank_budget_ms, done)
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
             timings["reranked"] = float(read)
         return SearchResponse(hits[:request.k], query.mode, fallback, timings,
-                              previous_model=query.previous.identity.model if query.previous else None)
+                              previous_model=query.previous.identity.model if query.previous
+                              else None)
 
     def relevance_floor(self, response: SearchResponse) -> float | None:
         """Recall's floor on the cosine of what ``response`` found."""
@@ -198,13 +204,15 @@ class SearchPipeline:
             "rebuild": {
                 # Until the next sync starts the rebuild, "embedded" chunks have old vectors.
                 "embedded": embedded if rebuild.started else 0, "total": total,
-                "previous": {"provider": previous.provider, "model": previous.model} if previous else None,
-                "previousUnavailable": (self.previous.reason or None) if serving is None else None,
+                "previous": {"provider": previous.provider, "model": previous.model} if previous
+                else None, "previousUnavailable": (self.previous.reason or None) if serving is None
+                else None,
             } if rebuild.rebuilding else None,
         }
 
 
-async def _rerank(reranker: CrossEncoder, query: str, hits: list[SearchHit]) -> tuple[list[SearchHit], str | None]:
+async def _rerank(reranker: CrossEncoder, query: str,
+                  hits: list[SearchHit]) -> tuple[list[SearchHit], str | None]:
     """``hits`` in the cross-encoder's order with its scores; the fused order stands, with the
     reason, when the re-ranker cannot run (it never fails a search)."""
     try:

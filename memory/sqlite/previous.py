@@ -39,7 +39,8 @@ ReadFn = Callable[[Callable[[apsw.Connection], Any]], Awaitable[Any]]
 
 
 def default_factory(config: MemoryConfig) -> PreviousFactory:
-    return lambda identity: previous_embedder(config, identity.provider, identity.model, identity.endpoint_hash)
+    return lambda identity: previous_embedder(config, identity.provider, identity.model,
+                                              identity.endpoint_hash)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,8 @@ class _Held:
 class PreviousModel:
     """The previous identity's query embedder while a rebuild runs (see the module docstring)."""
 
-    def __init__(self, config: MemoryConfig, db_path: os.PathLike[str], factory: PreviousFactory) -> None:
+    def __init__(self, config: MemoryConfig, db_path: os.PathLike[str],
+                 factory: PreviousFactory) -> None:
         self.config = config
         self.db_path = db_path
         self._factory = factory
@@ -102,8 +104,8 @@ class PreviousModel:
             embedder, why = None, f"the previous model could not be built: {type(exc).__name__}: {exc}"
         if embedder is None:
             self.reason = why
-            log.warning("memory.vectors.previous_unavailable", previous=previous.to_json(), reason=why,
-                        effect="hybrid is keyword-only until the rebuild ends")
+            log.warning("memory.vectors.previous_unavailable", previous=previous.to_json(),
+                        reason=why, effect="hybrid is keyword-only until the rebuild ends")
             return
         pipeline = EmbeddingPipeline.from_config(embedder, self.config)
         dims = await read(lambda db: interim.cached_dims(db, previous))
@@ -111,7 +113,8 @@ class PreviousModel:
         self._held = _Held(previous, embedder, pipeline, dims, vectors)
         self.reason = ""
         log.info("memory.vectors.previous_serving", previous=previous.to_json(), embedder=why,
-                 effect="the vector leg uses the previous model's cached vectors until the rebuild ends")
+                 effect="the vector leg uses the previous model's cached vectors until the rebuild "
+                        "ends")
         self._warming = asyncio.create_task(self._warm(vectors, read), name="memory-previous-warm")
 
     async def _warm(self, vectors: interim.PreviousVectors, read: ReadFn) -> None:
@@ -135,12 +138,15 @@ class PreviousModel:
         try:
             vector = await held.pipeline.embed_query(text)
         except EmbedderError as exc:
-            return PreviousQuery(None, None, f"{why}; the previous model ({name}) failed to embed the query: {exc}")
+            return PreviousQuery(None, None, f"{why}; the previous model ({name}) failed to embed "
+                                             f"the query: {exc}")
         if held.dims is not None and len(vector) != held.dims:
-            return PreviousQuery(None, None, f"{why}; the previous model ({name}) returned {len(vector)} "
+            return PreviousQuery(None, None,
+                                 f"{why}; the previous model ({name}) returned {len(vector)} "
                                              f"dimensions, its cached vectors have {held.dims}")
         return PreviousQuery(vector_to_blob(vector), held.vectors,
-                             f"{why}; the vector leg is served by the previous model's vectors ({name}) until then")
+                             f"{why}; the vector leg is served by the previous model's vectors "
+                             f"({name}) until then")
 
     async def close(self) -> None:
         """Let go of the embedder and the in-memory sign bits (safe to call twice)."""

@@ -197,7 +197,8 @@ def _overlap_pool() -> ThreadPoolExecutor:
 
 # Fixed fragments, picked by which filters are set: (keyword leg, vector leg).
 _FILTERS = {
-    "session_key": ("\n  AND chunks.session_key = :session_key", "\n      AND session_key = :session_key"),
+    "session_key": ("\n  AND chunks.session_key = :session_key",
+                    "\n      AND session_key = :session_key"),
     "exclude_session_key": ("\n  AND chunks.session_key != :exclude_session_key",
                             "\n      AND session_key != :exclude_session_key"),
     "after_ms": ("\n  AND chunks.end_ms >= :after_ms", "\n      AND end_ms >= :after_ms"),
@@ -205,7 +206,8 @@ _FILTERS = {
     # ShownHistory: binds both names; sqlite-vec's KNN takes no OR, so its leg applies it after
     # the pool (``_VECTOR_SQL``'s outer filter), and the key alone adds no fragment.
     "shown_session_key": ("", ""),
-    "shown_since_ms": ("\n  AND (chunks.session_key != :shown_session_key OR chunks.start_ms < :shown_since_ms)",
+    "shown_since_ms": ("\n  AND (chunks.session_key != :shown_session_key OR chunks.start_ms < "
+                       ":shown_since_ms)",
                        ""),
 }
 
@@ -217,11 +219,12 @@ def build_sql(request: SearchRequest, *, leg: Literal["keyword", "vector"],
     if leg == "keyword":
         return _KEYWORD_SQL.format(filters="".join(_FILTERS[n][0] for n in active)), active
     return (_VECTOR_SQL.format(filters="".join(_FILTERS[n][1] for n in active),
-                               outer=_FILTERS["shown_since_ms"][0] if "shown_since_ms" in active else "",
-                               knn_query=_KNN_QUERY[vector_format]), active)
+                               outer=_FILTERS["shown_since_ms"][0] if "shown_since_ms" in active
+                               else "", knn_query=_KNN_QUERY[vector_format]), active)
 
 
-def keyword_match(db: apsw.Connection, query: str, config: MemoryConfig, common: CommonTerms | None = None) -> str:
+def keyword_match(db: apsw.Connection, query: str, config: MemoryConfig,
+                  common: CommonTerms | None = None) -> str:
     """The keyword leg's ``MATCH`` expression for ``query``: its quoted terms OR-ed, words
     common at this database's size left out (``""`` when no term is left). ``common``: the
     index's counts of common words (None: counted afresh)."""
@@ -236,8 +239,8 @@ class HybridSearch:
     """Runs a :class:`SearchRequest` on a read connection (blocking; call it off the loop)."""
 
     def __init__(self, db: apsw.Connection, config: MemoryConfig, *,
-                 previous: interim.PreviousVectors | None = None, signs: knn.SignIndex | None = None,
-                 common: CommonTerms | None = None) -> None:
+                 previous: interim.PreviousVectors | None = None,
+                 signs: knn.SignIndex | None = None, common: CommonTerms | None = None) -> None:
         """``previous``: run the vector leg over a previous identity's cached vectors (a
         rebuild is under way; the query vector must come from that identity's model).
         ``signs`` and ``common``: the index's in-memory sign bits and common-word counts (the
@@ -248,7 +251,8 @@ class HybridSearch:
         self.signs = signs if signs is not None else knn.SignIndex()
         self.common = common if common is not None else CommonTerms()
 
-    def search(self, request: SearchRequest, *, query_vector: bytes | None, keyword: bool = True) -> list[SearchHit]:
+    def search(self, request: SearchRequest, *, query_vector: bytes | None,
+               keyword: bool = True) -> list[SearchHit]:
         """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
         windowed = request.within_window()
         with self.db:  # one read transaction: every leg and the rows see the same snapshot
@@ -265,12 +269,15 @@ class HybridSearch:
             hits = self._hits(fused[:request.k])
         return hits
 
-    def _fused(self, request: SearchRequest, query_vector: bytes | None, keyword: bool) -> list[Fused]:
+    def _fused(self, request: SearchRequest, query_vector: bytes | None,
+               keyword: bool) -> list[Fused]:
         # The vector leg starts first: on a large partition its scan runs on another thread
         # while this one runs the keyword leg's SQL, and the two meet before the fusion.
-        finish_vector = self._start_vector_leg(request, query_vector) if query_vector is not None else None
+        finish_vector = self._start_vector_leg(request,
+                                               query_vector) if query_vector is not None else None
         try:
-            match = keyword_match(self.db, request.query, self.config, self.common) if keyword else ""
+            match = keyword_match(self.db, request.query, self.config,
+                                  self.common) if keyword else ""
             keyword_leg = self._keyword_leg(request, match) if match else []
         finally:
             vector_leg = finish_vector() if finish_vector is not None else []
@@ -290,7 +297,8 @@ class HybridSearch:
 
     def _joined_keyword_leg(self, request: SearchRequest, match: str) -> list[tuple[int, float]]:
         sql, active = build_sql(request, leg="keyword")
-        params: dict[str, Any] = {"user": request.user, "candidates": self.config.candidates, "fts_query": match}
+        params: dict[str, Any] = {"user": request.user, "candidates": self.config.candidates,
+                                  "fts_query": match}
         params.update((name, getattr(request, name)) for name in active)
         return [(int(cid), float(score)) for cid, score in self.db.execute(sql, params)]
 
@@ -306,10 +314,13 @@ class HybridSearch:
             _KEYWORD_RANKED_SQL, {"fts_query": match, "ranked": ranked})]
         if not exclusions:
             return rows
-        sql = _KEYWORD_EXCLUDED_SQL.format(excluded=" OR ".join(_EXCLUDED[name] for name in exclusions))
+        sql = _KEYWORD_EXCLUDED_SQL.format(excluded=" OR ".join(_EXCLUDED[name]
+                                                                for name in exclusions))
         excluded = {int(cid) for (cid,) in self.db.execute(sql, {
-            "ids": json.dumps([cid for cid, _ in rows]), "exclude_session_key": request.exclude_session_key,
-            "shown_session_key": request.shown_session_key, "shown_since_ms": request.shown_since_ms})}
+            "ids": json.dumps([cid for cid, _ in rows]),
+            "exclude_session_key": request.exclude_session_key,
+            "shown_session_key": request.shown_session_key,
+            "shown_since_ms": request.shown_since_ms})}
         kept = [row for row in rows if row[0] not in excluded]
         if len(kept) >= candidates or len(rows) < ranked:
             return kept[:candidates]
@@ -321,7 +332,8 @@ class HybridSearch:
         if self.previous is not None:
             previous = self.previous
             return lambda: self._previous_vector_leg(request, query_vector, previous)
-        meta = dict(self.db.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'vector_format')"))
+        meta = dict(self.db.execute("SELECT key, value FROM meta "
+                                    "WHERE key IN ('embedder', 'vector_format')"))
         fmt = meta.get("vector_format") or "bit"
         provider, model, endpoint = json.loads(meta.get("embedder") or '["", "", ""]')
         params: dict[str, Any] = {
@@ -333,14 +345,16 @@ class HybridSearch:
         params.update((name, getattr(request, name)) for name in active)
         if not (fmt == "bit" and knn.HAVE_NUMPY):
             sql, _ = build_sql(request, leg="vector", vector_format=fmt)
-            params["vec_pool"] = min(_VEC0_MAX_K, max(RERANK_POOL_MIN, RERANK_POOL_FACTOR * self.config.candidates))
+            params["vec_pool"] = min(_VEC0_MAX_K, max(RERANK_POOL_MIN,
+                                                      RERANK_POOL_FACTOR * self.config.candidates))
             return lambda: self._rows(sql, params)
         filters = knn.Filters(request.after_ms, request.before_ms,
                               _session_chunk_ids(self.db, request.user, request.session_key),
                               _excluded_ids(self.db, request))
         scan = self.signs.prepare(
             self.db, request.user, params["query_int8"], filters,
-            scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
+            scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates),
+            scan_share=RERANK_SCAN_SHARE)
         sql = _RERANK_SQL.format(filters="".join(_FILTERS[n][0] for n in active))
         threshold = self.config.overlap_min_chunks
         pending = _overlap_pool().submit(scan.run) if threshold and scan.rows >= threshold else None
@@ -360,10 +374,12 @@ class HybridSearch:
         query_int8 = quantize_int8(vector_from_blob(query_vector))
         filters = knn.Filters(request.after_ms, request.before_ms,
                               interim.session_ids(self.db, request.user, request.session_key),
-                              interim.session_ids(self.db, request.user, request.exclude_session_key))
+                              interim.session_ids(self.db, request.user,
+                                                  request.exclude_session_key))
         pool = previous.nearest(
             self.db, request.user, query_int8, filters,
-            scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates), scan_share=RERANK_SCAN_SHARE)
+            scan=RERANK_SCAN, pool=max(RERANK_POOL, self.config.candidates),
+            scan_share=RERANK_SCAN_SHARE)
         active = [name for name in _FILTERS if getattr(request, name) is not None]
         params: dict[str, Any] = {"user": request.user, "candidates": self.config.candidates,
                                   "query_int8": query_int8, "pool": json.dumps(pool),
@@ -376,15 +392,16 @@ class HybridSearch:
         if not fused:
             return []
         ids = [f.chunk_id for f in fused]
-        rows = {row[0]: row for row in self.db.execute(_ROWS_SQL.format(marks=",".join("?" * len(ids))), ids)}
+        rows = {row[0]: row
+                for row in self.db.execute(_ROWS_SQL.format(marks=",".join("?" * len(ids))), ids)}
         hits: list[SearchHit] = []
         for f in fused:
             row = rows.get(f.chunk_id)
             if row is None:  # deleted between the legs and this read: a snapshot makes this rare
                 continue
             cid, session_key, content, line_start, line_end, start_ts, end_ts = row
-            hits.append(SearchHit(cid, session_key, content, f.score, line_start, line_end, start_ts, end_ts,
-                                  f.keyword_rank, f.vector_rank, f.similarity))
+            hits.append(SearchHit(cid, session_key, content, f.score, line_start, line_end,
+                                  start_ts, end_ts, f.keyword_rank, f.vector_rank, f.similarity))
         return hits
 
 
@@ -393,4 +410,5 @@ _AROUND_SQLITE = AROUND_SQL.format(table="chunks", user="user")
 
 def around_sqlite(db: apsw.Connection, user: str, hit: SearchHit) -> list[ChunkSpan]:
     """The chunks around ``hit`` in the SQLite index (run on a reader connection)."""
-    return spans(db.execute(_AROUND_SQLITE, (user, hit.session_key, hit.line_start - 1, hit.line_end + 1)).fetchall())
+    return spans(db.execute(_AROUND_SQLITE, (user, hit.session_key, hit.line_start - 1,
+                                             hit.line_end + 1)).fetchall())

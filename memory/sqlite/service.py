@@ -88,10 +88,12 @@ class MemoryService:
         self._vec_extension = vec_extension
         self._min_free_bytes = min_free_bytes
         self._window = embedder.max_tokens if embedder else None  # the token window chunks fit
-        self._search = SearchPipeline(config, embedder, embedder_reason, self.db_path, previous_embedder)
+        self._search = SearchPipeline(config, embedder, embedder_reason, self.db_path,
+                                      previous_embedder)
         self._index: LiveIndex | None = None
         self._sync_lock = asyncio.Lock()
-        self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms, retry_s=config.sync_retry_s)
+        self._scheduler = SyncScheduler(self._scheduled_sync, config.debounce_ms,
+                                        retry_s=config.sync_retry_s)
         self._closed = False
         self._integrity: tuple[IntegrityCheck, asyncio.Task[None]] | None = None
         self._warmed = asyncio.Event()  # set once the start's sign-bit load is over (or skipped)
@@ -114,16 +116,20 @@ class MemoryService:
         if self._closed:
             raise MemoryUnavailable("memory service is closed")
         self.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._index = index = await LiveIndex.open(self.db_path, self.sessions_dir, self.config, window=self._window,
-                                                   vec_extension=self._vec_extension, min_free_bytes=self._min_free_bytes)
+        self._index = index = await LiveIndex.open(self.db_path, self.sessions_dir, self.config,
+                                                   window=self._window,
+                                                   vec_extension=self._vec_extension,
+                                                   min_free_bytes=self._min_free_bytes)
         await self._refresh_vector_state()
-        log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider if self.embedder else None,
-                 vector_backend=index.backend.reason, embedder_reason=self.embedder_reason)
+        log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider
+                 if self.embedder else None, vector_backend=index.backend.reason,
+                 embedder_reason=self.embedder_reason)
         self._scheduler.start(self.sessions_dir if self.config.watch else None)
         if catch_up:
             self._scheduler.run_soon()
         check = IntegrityCheck(self.db_path)
-        self._integrity = (check, asyncio.create_task(self._after_start(check), name="memory-integrity"))
+        self._integrity = (check, asyncio.create_task(self._after_start(check),
+                                                      name="memory-integrity"))
 
     async def _after_start(self, check: IntegrityCheck) -> None:
         """Start work off the start path, in order: the sign bits first (what the first
@@ -164,7 +170,8 @@ class MemoryService:
     async def _verify(self, check: IntegrityCheck) -> None:
         started = time.perf_counter()
         problem = await asyncio.to_thread(check.run)
-        log.info("memory.integrity_checked", ok=problem is None, ms=round((time.perf_counter() - started) * 1000, 1))
+        log.info("memory.integrity_checked", ok=problem is None,
+                 ms=round((time.perf_counter() - started) * 1000, 1))
         if problem is None or self._closed:
             return
         async with self._sync_lock:  # no sync step may be writing while the file is swapped
@@ -174,8 +181,9 @@ class MemoryService:
             self._swapping = True
             try:
                 await self._search.previous.close()  # first: its warm-up may be reading on a connection
-                self._index = await index.replace(problem, self.db_path, self.sessions_dir, self.config,
-                                                  window=self._window, vec_extension=self._vec_extension,
+                self._index = await index.replace(problem, self.db_path, self.sessions_dir,
+                                                  self.config, window=self._window,
+                                                  vec_extension=self._vec_extension,
                                                   min_free_bytes=self._min_free_bytes)
                 await self._refresh_vector_state()
             finally:
@@ -240,7 +248,8 @@ class MemoryService:
         if index.facts is None:
             c = self.config
             index.facts = Facts(IndexSteps(index.conn, index.readers),
-                                FactStore(c.facts_dedup_threshold, c.facts_max_chars, c.facts_max_per_user),
+                                FactStore(c.facts_dedup_threshold, c.facts_max_chars,
+                                          c.facts_max_per_user),
                                 self._search.embeddings, self.embed_query, c.keyword_weight)
         return index.facts
 
@@ -250,14 +259,17 @@ class MemoryService:
         index = self._require_index()
         if index.episodes is None:
             index.episodes = Episodes(IndexSteps(index.conn, index.readers), EpisodeStore(),
-                                      self._search.embeddings, self.embed_query, self.config.keyword_weight)
+                                      self._search.embeddings, self.embed_query,
+                                      self.config.keyword_weight)
         return index.episodes
 
     def _require_index(self) -> LiveIndex:
         if self._index is None:
             if self._swapping:
-                raise MemoryUnavailable("memory index is being replaced after a failed integrity check")
-            raise MemoryUnavailable("memory service is not started" if not self._closed else "memory service is closed")
+                raise MemoryUnavailable("memory index is being replaced after a failed integrity "
+                                        "check")
+            raise MemoryUnavailable("memory service is not started" if not self._closed
+                                    else "memory service is closed")
         return self._index
 
     # --- syncing -------------------------------------------------------------------------
@@ -289,7 +301,8 @@ class MemoryService:
             index = self._require_index()
             self._syncs.syncing = True
             try:
-                report = await index.indexer.sync(self._search.embeddings, paths=paths, progress=progress)
+                report = await index.indexer.sync(self._search.embeddings, paths=paths,
+                                                  progress=progress)
             finally:
                 self._syncs.syncing = False
                 if self._index is not None:
@@ -324,7 +337,8 @@ class MemoryService:
             return await asyncio.to_thread(index.indexer.files.delete_session, user, session_key)
         except apsw.Error as exc:
             # The transcript is gone already; a full sync drops the rows once the disk recovers.
-            log.warning("memory.delete_failed", session=session_key, error=f"{type(exc).__name__}: {exc}",
+            log.warning("memory.delete_failed", session=session_key,
+                        error=f"{type(exc).__name__}: {exc}",
                         effect="rows removed by the next sync")
             self.nudge()
             return 0
@@ -345,11 +359,12 @@ class MemoryService:
         conversation; ``record`` keeps the range so no later sync indexes it again (use it
         when the transcript keeps the messages)."""
         index = self._require_index()
-        chunks = await self._in_thread("forgetting", lambda: index.indexer.files.forget(r, record=record))
+        chunks = await self._in_thread("forgetting", lambda: index.indexer.files.forget(r,
+                                                                                        record=record))
         facts = await self.facts.forget_derived(r.user, r.session_key, r.after_ms, r.before_ms)
         episodes = await self.episodes.forget(r.user, r.session_key, r.after_ms, r.before_ms)
-        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts, episodes=episodes,
-                 recorded=record)
+        log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts,
+                 episodes=episodes, recorded=record)
         return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
     async def _in_thread(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
@@ -382,26 +397,29 @@ class MemoryService:
         """Search ``user``'s memory; see ``memory.search`` for ranking and filters. ``now``
         (default: the clock) is the moment time phrases such as "last week" count back from;
         ``recency`` adds the recency term to a hybrid ranking (recall into a prompt does)."""
-        request = SearchRequest.build(self.config, user, query, k=k, mode=mode, session_key=session_key,
-                                      exclude_session_key=exclude_session_key, after=after, before=before,
-                                      now=now, recency=recency, shown=shown)
+        request = SearchRequest.build(self.config, user, query, k=k, mode=mode,
+                                      session_key=session_key,
+                                      exclude_session_key=exclude_session_key, after=after,
+                                      before=before, now=now, recency=recency, shown=shown)
         return await self._search.search(request, self._require_index())
 
     async def embed_query(self, text: str) -> list[float]:
         """The query vector of ``text``, from a small cache of recent queries when it is there."""
         return await self._search.embed_query(text)
 
-    async def recall(self, user: str, message: str, *, k: int, exclude_session_key: str | None = None,
-                     now: datetime | None = None, shown: ShownHistory | None = None) -> list[SearchHit]:
+    async def recall(self, user: str, message: str, *, k: int,
+                     exclude_session_key: str | None = None, now: datetime | None = None,
+                     shown: ShownHistory | None = None) -> list[SearchHit]:
         """What to put in a prompt answering ``message``: a hybrid search with the recency term
         (the conversation is happening now, and what was said last is usually what counts), then
         memory's rule for excerpts (:func:`memory.retrieval.excerpts.excerpts_for_prompt`).
         ``shown``: the prompt's own session and its history window, left out of the excerpts."""
-        response = await self.search(user, message, k=k, mode="hybrid", exclude_session_key=exclude_session_key,
-                                     now=now, recency=True, shown=shown)
+        response = await self.search(user, message, k=k, mode="hybrid",
+                                     exclude_session_key=exclude_session_key, now=now, recency=True,
+                                     shown=shown)
         return await excerpts_for_prompt(
-            response, message, self.config, floor=self._search.relevance_floor(response), shown=shown,
-            around=lambda hit: self._read(lambda db: around_sqlite(db, user, hit)))
+            response, message, self.config, floor=self._search.relevance_floor(response),
+            shown=shown, around=lambda hit: self._read(lambda db: around_sqlite(db, user, hit)))
 
     async def context(self, user: str, message: str, run: RunMemory, *, k: int, shown: ShownHistory,
                       tz: tzinfo) -> MemoryContext:
@@ -417,7 +435,8 @@ class MemoryService:
         (its path and size, the shared embedding cache, skipped files) is left out.
         """
         index = self._require_index()
-        numbers = await self._in_thread("counting", index.readers.run, lambda db: count_rows(db, user))
+        numbers = await self._in_thread("counting", index.readers.run, lambda db: count_rows(db,
+                                                                                             user))
         state: dict[str, Any] = {
             **numbers,
             "provider": self.embedder.provider if self.embedder else "none",

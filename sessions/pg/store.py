@@ -50,7 +50,8 @@ log = structlog.get_logger(__name__)
 _Conn: TypeAlias = "psycopg.Connection[tuple[Any, ...]]"
 
 _SESSION_COLUMNS = (
-    "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model, memory,"
+    "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model, "
+    "memory,"
     " temperature, max_tokens"
 )
 # Pages leave the system prompt out, as the file store's index does: get() has it.
@@ -137,7 +138,8 @@ class PgSessionStore(CheckedSessionStore):
             dsn,
             min_size=1,
             max_size=pool_size,
-            kwargs={"connect_timeout": max(2, round(call_timeout_s)), **({"options": options} if options else {})},
+            kwargs={"connect_timeout": max(2, round(call_timeout_s)),
+                    **({"options": options} if options else {})},
             # A connection the server dropped (a restart, a failover) is replaced, not handed out.
             check=ConnectionPool.check_connection,
             timeout=call_timeout_s,
@@ -164,8 +166,9 @@ class PgSessionStore(CheckedSessionStore):
 
     def update(
         self, user: str, session_key: str, *, title: str | None = None,
-        system_prompt: str | None = None, model: str | None = None, temperature: float | None = None,
-        max_tokens: int | None = None, clear: Collection[str] = (),
+        system_prompt: str | None = None, model: str | None = None,
+        temperature: float | None = None, max_tokens: int | None = None,
+        clear: Collection[str] = (),
     ) -> Session:
         """Change the title, system prompt, model or sampling (``clear``: back to the default);
         ``updatedAt`` and the count do not move."""
@@ -173,15 +176,17 @@ class PgSessionStore(CheckedSessionStore):
         user, key = check_user(user), check_session_key(session_key)
         with self._tx("updating a session") as conn:
             now = self._session_row(conn, user, key, lock=True)
-            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model, now.memory,
-                            now.temperature, now.max_tokens)
+            header = Header(key, user, now.created_at, now.title, now.system_prompt, now.model,
+                            now.memory, now.temperature, now.max_tokens)
             # The same check as the file store's update line, so the same values are refused.
-            new, _ = inputs.build_update(header, title=title, system_prompt=system_prompt, model=model,
-                                         temperature=temperature, max_tokens=max_tokens, clear=clear,
-                                         config=self._config)
-            _refuse_nul(("title", new.title), ("systemPrompt", new.system_prompt), ("model", new.model))
+            new, _ = inputs.build_update(header, title=title, system_prompt=system_prompt,
+                                         model=model, temperature=temperature,
+                                         max_tokens=max_tokens, clear=clear, config=self._config)
+            _refuse_nul(("title", new.title), ("systemPrompt", new.system_prompt),
+                        ("model", new.model))
             conn.execute(
-                "UPDATE recalld_sessions SET title = %s, system_prompt = %s, model = %s, temperature = %s,"
+                "UPDATE recalld_sessions SET title = %s, system_prompt = %s, model = %s, "
+                "temperature = %s,"
                 " max_tokens = %s WHERE session_key = %s",
                 (new.title, new.system_prompt, new.model, new.temperature, new.max_tokens, key),
             )
@@ -212,7 +217,8 @@ class PgSessionStore(CheckedSessionStore):
             cur = conn.execute(
                 "DELETE FROM recalld_messages WHERE session_key = %s"
                 " AND (%s::timestamptz IS NULL OR ts::timestamptz >= %s::timestamptz)"
-                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz) RETURNING seq, id",
+                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz) RETURNING "
+                "seq, id",
                 (key, after, after, before, before),
             )
             gone = cur.fetchall()
@@ -224,10 +230,12 @@ class PgSessionStore(CheckedSessionStore):
                 conn.execute(
                     "DELETE FROM recalld_attachments a WHERE a.session_key = %s AND NOT EXISTS ("
                     " SELECT 1 FROM recalld_messages m, jsonb_array_elements(CASE WHEN"
-                    " jsonb_typeof(m.extra->'attachments') = 'array' THEN m.extra->'attachments' ELSE '[]' END) f"
+                    " jsonb_typeof(m.extra->'attachments') = 'array' THEN m.extra->'attachments' "
+                    "ELSE '[]' END) f"
                     " WHERE m.session_key = a.session_key AND f->>'sha256' = a.sha256)", (key,))
                 # A summary covering a removed message would keep the forgotten text.
-                conn.execute("DELETE FROM recalld_summaries WHERE session_key = %s AND through_seq >= %s",
+                conn.execute("DELETE FROM recalld_summaries WHERE session_key = %s "
+                             "AND through_seq >= %s",
                              (key, min(removed_seqs)))
                 conn.execute(_RECOUNT_SQL, (key, key, key))
                 # The indexers re-chunk what is left now, not at their next poll.
@@ -236,7 +244,8 @@ class PgSessionStore(CheckedSessionStore):
         return removed
 
     @staticmethod
-    def _retargets(conn: Any, key: str, after: datetime | None, before: datetime | None) -> dict[str, str | None]:
+    def _retargets(conn: Any, key: str, after: datetime | None,
+                   before: datetime | None) -> dict[str, str | None]:
         """Before a purge: what becomes of the ``replaces`` of the messages it keeps
         (``sessions.supersede.retarget``: one naming a purged message would hide every message
         before it). Reads the session's ids in order, in the purge's transaction."""
@@ -247,7 +256,8 @@ class PgSessionStore(CheckedSessionStore):
             " FROM recalld_messages WHERE session_key = %s ORDER BY seq",
             (after, after, before, before, key)).fetchall()
         gone = {str(mid) for mid, _, within in rows if within}
-        targets = {str(mid): str(target) for mid, target, within in rows if target is not None and not within}
+        targets = {str(mid): str(target) for mid, target, within in rows if target is not None
+                   and not within}
         return retarget([str(mid) for mid, _, _ in rows], gone, targets)
 
     @staticmethod
@@ -257,7 +267,8 @@ class PgSessionStore(CheckedSessionStore):
                 conn.execute("UPDATE recalld_messages SET extra = extra - 'replaces'"
                              " WHERE session_key = %s AND id = %s", (key, mid))
             else:
-                conn.execute("UPDATE recalld_messages SET extra = jsonb_set(extra, '{replaces}', to_jsonb(%s::text))"
+                conn.execute("UPDATE recalld_messages SET extra = jsonb_set(extra, '{replaces}', "
+                             "to_jsonb(%s::text))"
                              " WHERE session_key = %s AND id = %s", (target, key, mid))
 
     def append_summary(self, user: str, session_key: str, *, content: str, through: str,
@@ -272,7 +283,8 @@ class PgSessionStore(CheckedSessionStore):
         _refuse_nul(("content", summary.content), ("through", summary.through))
         with self._tx("keeping a conversation summary") as conn:
             session = conn.execute(
-                "SELECT next_seq FROM recalld_sessions WHERE session_key = %s AND user_id = %s FOR UPDATE",
+                "SELECT next_seq FROM recalld_sessions WHERE session_key = %s AND user_id = %s FOR "
+                "UPDATE",
                 (key, user),
             ).fetchone()
             if session is None:
@@ -290,10 +302,12 @@ class PgSessionStore(CheckedSessionStore):
         with self._tx("reading a conversation summary") as conn:
             self._session_row(conn, user, key)
             row = conn.execute(
-                "SELECT id, content, ts, through, messages FROM recalld_summaries WHERE session_key = %s",
+                "SELECT id, content, ts, through, messages FROM recalld_summaries "
+                "WHERE session_key = %s",
                 (key,),
             ).fetchone()
-        return None if row is None else ConversationSummary(row[0], row[1], row[2], row[3], int(row[4]))
+        return None if row is None else ConversationSummary(row[0], row[1], row[2], row[3],
+                                                            int(row[4]))
 
     def transcript_path(self, user: str, session_key: str) -> NoReturn:
         """There is no transcript file: a malformed key is SessionNotFound as in the file store,
@@ -334,11 +348,13 @@ class PgSessionStore(CheckedSessionStore):
 
     def _create(self, user: str, header: Header, line: bytes) -> Session:
         """One row."""
-        _refuse_nul(("title", header.title), ("systemPrompt", header.system_prompt), ("model", header.model))
+        _refuse_nul(("title", header.title), ("systemPrompt", header.system_prompt),
+                    ("model", header.model))
         with self._tx("creating a session") as conn:
             try:
                 conn.execute(
-                    "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt, model,"
+                    "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt, "
+                    "model,"
                     " memory, created_at, updated_at, temperature, max_tokens)"
                     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (header.session_key, user, header.title, header.system_prompt, header.model,
@@ -369,7 +385,9 @@ class PgSessionStore(CheckedSessionStore):
         if fence is not None and fence.session_key != key:
             fence = None
         with self._tx("appending a message") as conn:
-            if fence is not None and (fence.lost or conn.execute(_FENCE_SQL, (key, fence.token)).fetchone() is None):
+            if fence is not None and (fence.lost or conn.execute(_FENCE_SQL,
+                                                                 (key,
+                                                                  fence.token)).fetchone() is None):
                 fence.lost = True
                 raise LeaseLost()
             row = conn.execute(_APPEND_SQL, (len(line), message.ts, key, user)).fetchone()
@@ -401,7 +419,8 @@ class PgSessionStore(CheckedSessionStore):
 
     def _session_row(self, conn: _Conn, user: str, key: str, *, lock: bool = False) -> Session:
         row = conn.execute(
-            f"SELECT {_SESSION_COLUMNS} FROM recalld_sessions WHERE session_key = %s AND user_id = %s"
+            f"SELECT {_SESSION_COLUMNS} FROM recalld_sessions WHERE session_key = %s "
+            "AND user_id = %s"
             + (" FOR UPDATE" if lock else ""),
             (key, user),
         ).fetchone()
@@ -495,7 +514,8 @@ class PgAttachments:
         sha = hashlib.sha256(data).hexdigest()
         with store._tx("storing an attachment") as conn:
             store._session_row(conn, user, key)
-            conn.execute("INSERT INTO recalld_attachments (session_key, sha256, bytes, data) VALUES (%s, %s, %s, %s)"
+            conn.execute("INSERT INTO recalld_attachments (session_key, sha256, bytes, data) "
+                         "VALUES (%s, %s, %s, %s)"
                          " ON CONFLICT DO NOTHING", (key, sha, len(data), data))
         return sha
 
@@ -507,7 +527,8 @@ class PgAttachments:
             raise InvalidSessionInput("sha256", "must be 64 lowercase hex digits")
         with store._tx("reading an attachment") as conn:
             store._session_row(conn, user, key)
-            row = conn.execute("SELECT data FROM recalld_attachments WHERE session_key = %s AND sha256 = %s",
+            row = conn.execute("SELECT data FROM recalld_attachments WHERE session_key = %s "
+                               "AND sha256 = %s",
                                (key, sha256)).fetchone()
         if row is None:
             raise InvalidSessionInput("sha256", "is not an attachment of this session")

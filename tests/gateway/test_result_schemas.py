@@ -95,6 +95,8 @@ async def test_replies_validate_against_their_published_schema(
         await call("sessions.get", {"sessionKey": key})
         await call("sessions.list", {"limit": 1})
         await call("sessions.watch")
+        await call("sessions.import", {"data": '[{"id": "c-1", "title": "imported", "mapping": {"a": {"message": '
+                   '{"author": {"role": "user"}, "content": {"content_type": "text", "parts": ["hi"]}}}}}]'})
         run_id = (await call("chat.send", {"sessionKey": key, "message": "I like Rust", "idempotencyKey": "k1"}))["runId"]
         await call("chat.send", {"sessionKey": key, "message": "I like Rust", "idempotencyKey": "k1"})
         while True:

@@ -11,7 +11,7 @@ from memory.config import MemoryConfig
 from memory.embedders.embeddings import EmbeddingPipeline, OpenAIEmbedder, redact, select_embedder
 from memory.errors import EmbedderError
 from tests.fake_openai import Behaviour, FakeOpenAI
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config, write_transcript
+from tests.memory.conftest import FakeEmbedder, MemoryBackend, quiet_config
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -121,19 +121,19 @@ def test_redaction_replaces_personal_data() -> None:
     assert "2026" in out and "3 days" in out
 
 
-async def test_redaction_applies_to_remote_embedder_only(tmp_path: Path) -> None:
+async def test_redaction_applies_to_remote_embedder_only(memory_backend: MemoryBackend) -> None:
     """With redaction on, a remote embedder sees placeholders while the stored chunk keeps the original."""
     remote = FakeEmbedder()
     remote.remote = True
-    write_transcript(tmp_path, "alice", "s1", ["write to bob@example.com about the invoice"])
-    async with opened(tmp_path, quiet_config(redact_before_embedding=True), remote) as svc:
+    memory_backend.write("alice", "s1", ["write to bob@example.com about the invoice"])
+    async with memory_backend.opened(quiet_config(redact_before_embedding=True), remote) as svc:
         hits = (await svc.search("alice", "invoice bob@example.com")).results
     assert "bob@example.com" not in " ".join(remote.texts) and "[EMAIL]" in remote.texts[0]
     assert "bob@example.com" in hits[0].content
     local = FakeEmbedder()
-    other = tmp_path / "other"
-    write_transcript(other, "alice", "s1", ["write to bob@example.com about the invoice"])
-    async with opened(other, quiet_config(redact_before_embedding=True), local):
+    other = memory_backend.another()
+    other.write("alice", "s1", ["write to bob@example.com about the invoice"])
+    async with other.opened(quiet_config(redact_before_embedding=True), local):
         pass
     assert "bob@example.com" in local.texts[0]
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import apsw
+import pytest
 from structlog.testing import capture_logs
 
 from memory import MemoryConfig
 from memory.sqlite.service import MemoryService
 from tests.memory.conftest import (
+    BackendMemory,
     FakeEmbedder,
-    append_messages,
+    MemoryBackend,
     embedder_down,
     message_line,
     opened,
@@ -22,6 +22,8 @@ from tests.memory.conftest import (
 )
 
 SMALL = {"chunk_tokens": 64, "overlap_tokens": 16}
+SYNC_RAISES = ("PgMemory.sync_now raises the embedder's EmbedderError (recording it as lastError) where "
+               "MemoryService.sync_now returns the report with pending and error")
 
 
 def sentences(n: int, topic: str = "topic", start: int = 0) -> list[str]:
@@ -29,34 +31,30 @@ def sentences(n: int, topic: str = "topic", start: int = 0) -> list[str]:
 
 
 def chunk_rows(data_dir: Path) -> list[tuple[str, int, int, int, str]]:
-    db = apsw.Connection(str(data_dir / "memory.db"))
-    try:
-        return list(db.execute(
-            "SELECT session_key, chunk_idx, line_start, line_end, content FROM chunks ORDER BY path, chunk_idx"))
-    finally:
-        db.close()
+    """The chunks of the SQLite index in ``data_dir`` (see :meth:`MemoryBackend.chunk_rows`)."""
+    return MemoryBackend("sqlite", data_dir).chunk_rows()
 
 
-async def test_append_reindexes_only_the_tail(tmp_path: Path) -> None:
+async def test_append_reindexes_only_the_tail(memory_backend: MemoryBackend) -> None:
     """An append writes only the last open chunk and the new ones, and embeds only those."""
     embedder = FakeEmbedder()
-    path = write_transcript(tmp_path, "alice", "s1", sentences(60))
-    async with opened(tmp_path, quiet_config(**SMALL), embedder) as svc:
+    memory_backend.write("alice", "s1", sentences(60))
+    async with memory_backend.opened(quiet_config(**SMALL), embedder) as svc:
         assert (await svc.status())["chunks"] > 20  # indexed by the start-up catch-up
         embedder.calls.clear()
-        append_messages(path, sentences(2, start=60), start_minute=60)
+        memory_backend.append("alice", "s1", sentences(2, start=60), start_minute=60)
         second = await svc.sync_now()
         assert 1 <= second.chunks_written <= 3
         assert second.chunks_deleted <= 1
         assert len(embedder.texts) == second.chunks_written
         quiet = await svc.sync_now()
         assert quiet.chunks_written == 0 and quiet.files_changed == 0
-    # The incremental result equals indexing the final file from scratch.
-    fresh = tmp_path / "fresh"
-    write_transcript(fresh, "alice", "s1", sentences(62))
-    async with opened(fresh, quiet_config(**SMALL), FakeEmbedder()) as svc:
+    # The incremental result equals indexing the final session from scratch.
+    fresh = memory_backend.another()
+    fresh.write("alice", "s1", sentences(62))
+    async with fresh.opened(quiet_config(**SMALL), FakeEmbedder()) as svc:
         await svc.sync_now()
-    assert [r[1:] for r in chunk_rows(tmp_path)] == [r[1:] for r in chunk_rows(fresh)]
+    assert [r[1:] for r in memory_backend.chunk_rows()] == [r[1:] for r in fresh.chunk_rows()]
 
 
 async def test_partial_trailing_line_waits_until_complete(tmp_path: Path, service: MemoryService) -> None:
@@ -75,14 +73,15 @@ async def test_partial_trailing_line_waits_until_complete(tmp_path: Path, servic
     assert len(hits) == 1 and hits[0].line_end == 3
 
 
-async def test_rewritten_file_is_reindexed_whole(tmp_path: Path, service: MemoryService) -> None:
-    """A file whose indexed prefix changed is re-indexed from the start; old text disappears."""
-    write_transcript(tmp_path, "alice", "s1", ["we talked about kangaroos", "yes kangaroos"])
-    await service.sync_now()
-    write_transcript(tmp_path, "alice", "s1", ["now the talk is about penguins", "penguins indeed", "more"])
-    await service.sync_now()
-    assert (await service.search("alice", "kangaroos", mode="keyword")).results == []
-    assert len((await service.search("alice", "penguins", mode="keyword")).results) == 1
+async def test_rewritten_file_is_reindexed_whole(memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
+    """A session whose indexed prefix changed (its file rewritten; on PostgreSQL deleted and
+    created again under its key) is re-indexed from the start; old text disappears."""
+    memory_backend.write("alice", "s1", ["we talked about kangaroos", "yes kangaroos"])
+    await memory_service.sync_now()
+    memory_backend.write("alice", "s1", ["now the talk is about penguins", "penguins indeed", "more"])
+    await memory_service.sync_now()
+    assert (await memory_service.search("alice", "kangaroos", mode="keyword")).results == []
+    assert len((await memory_service.search("alice", "penguins", mode="keyword")).results) == 1
 
 
 async def test_truncated_file_is_reindexed(tmp_path: Path, service: MemoryService) -> None:
@@ -96,27 +95,31 @@ async def test_truncated_file_is_reindexed(tmp_path: Path, service: MemoryServic
     assert len((await service.search("alice", "alpha", mode="keyword")).results) == 1
 
 
-async def test_deleted_file_and_delete_session_leave_no_rows(tmp_path: Path, service: MemoryService) -> None:
-    """A vanished transcript loses its rows on sync; delete_session removes rows at once."""
-    a = write_transcript(tmp_path, "alice", "s1", ["walrus facts"])
-    write_transcript(tmp_path, "alice", "s2", ["walrus opinions"])
-    await service.sync_now()
-    os.remove(a)
-    report = await service.sync_now()
+@pytest.mark.postgres_differs(reason="PgMemory.sync_now's report counts a deleted session's chunks (chunks_deleted) "
+                              "but not the session (files_deleted stays 0), and delete_session keeps the session's "
+                              "progress row, so status files is 1, not 0")
+async def test_deleted_file_and_delete_session_leave_no_rows(memory_backend: MemoryBackend,
+                                                             memory_service: BackendMemory) -> None:
+    """A deleted session loses its rows on sync; delete_session removes rows at once."""
+    memory_backend.write("alice", "s1", ["walrus facts"])
+    memory_backend.write("alice", "s2", ["walrus opinions"])
+    await memory_service.sync_now()
+    memory_backend.delete("alice", "s1")
+    report = await memory_service.sync_now()
     assert report.files_deleted == 1
-    assert await service.delete_session("alice", session_key("s2")) == 1
-    assert (await service.search("alice", "walrus")).results == []
-    status = await service.status()
+    assert await memory_service.delete_session("alice", session_key("s2")) == 1
+    assert (await memory_service.search("alice", "walrus")).results == []
+    status = await memory_service.status()
     assert (status["files"], status["chunks"]) == (0, 0)
 
 
-async def test_cache_survives_restart_and_full_reindex(tmp_path: Path) -> None:
-    """A second service on the same data dir, even after a full re-index, calls the embedder zero times."""
-    write_transcript(tmp_path, "alice", "s1", sentences(30))
-    async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder()) as svc:
+async def test_cache_survives_restart_and_full_reindex(memory_backend: MemoryBackend) -> None:
+    """A second service on the same data, even after a full re-index, calls the embedder zero times."""
+    memory_backend.write("alice", "s1", sentences(30))
+    async with memory_backend.opened(quiet_config(**SMALL), FakeEmbedder()) as svc:
         await svc.sync_now()
     second = FakeEmbedder()
-    async with opened(tmp_path, quiet_config(**SMALL), second) as svc:
+    async with memory_backend.opened(quiet_config(**SMALL), second) as svc:
         await svc.sync_now()
         await svc.reindex(full=True)
         await svc.sync_now()
@@ -125,36 +128,39 @@ async def test_cache_survives_restart_and_full_reindex(tmp_path: Path) -> None:
     assert status["pending"] == 0 and status["embedded"] == status["chunks"]
 
 
-async def test_same_text_in_another_session_is_not_reembedded(tmp_path: Path, service: MemoryService,
+async def test_same_text_in_another_session_is_not_reembedded(memory_backend: MemoryBackend,
+                                                              memory_service: BackendMemory,
                                                               embedder: FakeEmbedder) -> None:
     """The same chunk text in a second session comes from the cache and is stored once."""
-    write_transcript(tmp_path, "alice", "s1", ["identical words here"])
-    await service.sync_now()
+    memory_backend.write("alice", "s1", ["identical words here"])
+    await memory_service.sync_now()
     embedder.calls.clear()
-    write_transcript(tmp_path, "alice", "s2", ["identical words here"])
-    report = await service.sync_now()
+    memory_backend.write("alice", "s2", ["identical words here"])
+    report = await memory_service.sync_now()
     assert embedder.calls == [] and report.cache_hits == 1
-    status = await service.status()
+    status = await memory_service.status()
     assert (status["chunks"], status["embedded"], status["cacheEntries"]) == (2, 2, 1)
 
 
-async def test_embedder_failure_leaves_chunks_pending_then_recovers(tmp_path: Path, service: MemoryService,
+@pytest.mark.postgres_differs(reason=SYNC_RAISES)
+async def test_embedder_failure_leaves_chunks_pending_then_recovers(memory_backend: MemoryBackend,
+                                                                   memory_service: BackendMemory,
                                                                    embedder: FakeEmbedder) -> None:
     """When the embedder fails, chunks stay pending and keyword-searchable; a later sync embeds them."""
     embedder.fail = embedder_down()
-    write_transcript(tmp_path, "alice", "s1", ["the capybara is calm"])
-    report = await service.sync_now()
+    memory_backend.write("alice", "s1", ["the capybara is calm"])
+    report = await memory_service.sync_now()
     assert report.pending == 1 and report.error and "503" in report.error
-    status = await service.status()
+    status = await memory_service.status()
     assert status["pending"] == 1 and "503" in status["lastError"]
-    response = await service.search("alice", "capybara")
+    response = await memory_service.search("alice", "capybara")
     assert response.mode == "keyword" and response.fallback_reason
     assert [h.keyword_rank for h in response.results] == [1]
     embedder.fail = None
-    report = await service.sync_now()
+    report = await memory_service.sync_now()
     assert report.pending == 0 and report.embedded == 1
-    assert (await service.status())["lastError"] is None
-    response = await service.search("alice", "capybara")
+    assert (await memory_service.status())["lastError"] is None
+    response = await memory_service.search("alice", "capybara")
     assert response.mode == "hybrid" and response.results[0].vector_rank == 1
 
 
@@ -171,17 +177,20 @@ class FailsAfter(FakeEmbedder):
         return await super().embed(texts, kind)
 
 
-async def test_each_embedder_call_is_committed_before_the_next(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason="PgIndexer embeds a pass's pending texts in one transaction: a later embedder "
+                              "call's failure rolls back the vectors of the calls that answered and the cache fills "
+                              "before them (status: 1 embedded and 4 pending, not 4 and 1)")
+async def test_each_embedder_call_is_committed_before_the_next(memory_backend: MemoryBackend) -> None:
     """The vectors of every embedder call that answered are stored even when a later call of the same
     sync fails (and the cached vectors with them): a slow local backfill shows progress and keeps it."""
-    write_transcript(tmp_path, "alice", "s0", ["a text the cache will hold"])
-    async with opened(tmp_path, quiet_config(), FakeEmbedder(batch_size=2)) as svc:
+    memory_backend.write("alice", "s0", ["a text the cache will hold"])
+    async with memory_backend.opened(quiet_config(), FakeEmbedder(batch_size=2)) as svc:
         assert (await svc.status())["embedded"] == 1
     for i in range(3):
-        write_transcript(tmp_path, "alice", f"s{i + 1}", [f"session {i} talks about {w}" for w in ("owls", "tea")])
-    write_transcript(tmp_path, "alice", "s4", ["a text the cache will hold"])
+        memory_backend.write("alice", f"s{i + 1}", [f"session {i} talks about {w}" for w in ("owls", "tea")])
+    memory_backend.write("alice", "s4", ["a text the cache will hold"])
     embedder = FailsAfter(1, batch_size=2)
-    async with opened(tmp_path, quiet_config(), embedder) as svc:
+    async with memory_backend.opened(quiet_config(), embedder) as svc:
         status = await svc.status()
         assert len(embedder.calls) == 2 and len(embedder.calls[0]) == 2
         # s0, the first call's two chunks and s4's cached one; the call that failed left its chunk pending.
@@ -235,14 +244,16 @@ async def test_corrupt_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> No
     assert len(hits) == 1
 
 
-async def test_embedder_change_rebuilds_vectors_without_mixing(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason=SYNC_RAISES + "; and while vectors are rebuilt the keyword fallback's "
+                              "reason names the failed query embedding, not the rebuild")
+async def test_embedder_change_rebuilds_vectors_without_mixing(memory_backend: MemoryBackend) -> None:
     """A new embedder identity clears old vectors at once; hybrid is keyword-only until rebuilt."""
-    write_transcript(tmp_path, "alice", "s1", ["the lynx stalks quietly"])
-    async with opened(tmp_path, quiet_config(), FakeEmbedder(model_id="model-a")) as svc:
+    memory_backend.write("alice", "s1", ["the lynx stalks quietly"])
+    async with memory_backend.opened(quiet_config(), FakeEmbedder(model_id="model-a")) as svc:
         await svc.sync_now()
     other = FakeEmbedder(dims=32, model_id="model-b")
     other.fail = embedder_down()
-    async with opened(tmp_path, quiet_config(), other) as svc:
+    async with memory_backend.opened(quiet_config(), other) as svc:
         await svc.sync_now()
         during = await svc.search("alice", "lynx")
         other.fail = None
@@ -252,36 +263,34 @@ async def test_embedder_change_rebuilds_vectors_without_mixing(tmp_path: Path) -
     assert after.mode == "hybrid" and after.results[0].vector_rank == 1
     # Switching back reuses model-a's cached vectors.
     back = FakeEmbedder(model_id="model-a")
-    async with opened(tmp_path, quiet_config(), back) as svc:
+    async with memory_backend.opened(quiet_config(), back) as svc:
         await svc.sync_now()
         assert (await svc.search("alice", "lynx")).mode == "hybrid"
     assert back.calls == [["the lynx stalks quietly"]] or all(len(c) == 1 for c in back.calls)
 
 
-async def test_chunk_setting_change_reindexes(tmp_path: Path) -> None:
+async def test_chunk_setting_change_reindexes(memory_backend: MemoryBackend) -> None:
     """Changing chunk sizes re-chunks every transcript with the new settings."""
-    write_transcript(tmp_path, "alice", "s1", sentences(40))
-    async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
+    memory_backend.write("alice", "s1", sentences(40))
+    async with memory_backend.opened(quiet_config(), FakeEmbedder()) as svc:
         await svc.sync_now()
-    big = len(chunk_rows(tmp_path))
-    async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder()) as svc:
+    big = len(memory_backend.chunk_rows())
+    async with memory_backend.opened(quiet_config(**SMALL), FakeEmbedder()) as svc:
         await svc.sync_now()
         status = await svc.status()
-    assert len(chunk_rows(tmp_path)) > big and status["pending"] == 0
+    assert len(memory_backend.chunk_rows()) > big and status["pending"] == 0
 
 
-async def test_automatic_chunks_fit_the_embedders_window(tmp_path: Path) -> None:
+async def test_automatic_chunks_fit_the_embedders_window(memory_backend: MemoryBackend) -> None:
     """With chunk_tokens unset, chunks are sized to 4/5 of the embedder's window, so none is cut off."""
     from memory.chunking import approx_tokens
 
     embedder = FakeEmbedder()
     embedder.max_tokens = 40
-    write_transcript(tmp_path, "alice", "s1", [" ".join(f"word{i}" for i in range(30)) for _ in range(6)])
-    async with opened(tmp_path, quiet_config(), embedder) as svc:
+    memory_backend.write("alice", "s1", [" ".join(f"word{i}" for i in range(30)) for _ in range(6)])
+    async with memory_backend.opened(quiet_config(), embedder) as svc:
         await svc.sync_now()
-    db = apsw.Connection(str(tmp_path / "memory.db"))
-    contents = [str(c) for (c,) in db.execute("SELECT content FROM chunks")]
-    db.close()
+    contents = [row[4] for row in memory_backend.chunk_rows()]
     assert len(contents) > 6   # 6 long messages had to be cut to fit
     assert all(approx_tokens(c) <= 32 + 8 for c in contents)   # 32 = 4/5 of 40; 8: one prefix
     assert MemoryConfig().sized_for(None).chunk_tokens == 256

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
 
 from memory.chunking import approx_tokens, iso_to_ms
 from memory.config import MemoryConfig
 from memory.errors import MemoryStorageError
+from memory.forget_range import ForgetRange
 from memory.retrieval.neighbours import ChunkSpan, widen
 from memory.retrieval.request import SearchHit
-from memory.sqlite.forgetting import ForgetRange
 from tests.memory.conftest import (
     FakeEmbedder,
-    opened,
+    MemoryBackend,
     quiet_config,
     session_key,
     ts,
-    write_transcript,
 )
 
 S = "s" * 32
@@ -134,27 +132,27 @@ async def test_a_failed_read_leaves_the_excerpts_as_found() -> None:
     assert await widen([hit], _budget(100), _around(fail=True)) == [hit]
 
 
-async def _recall(tmp_path: Path, **config: object) -> list[SearchHit]:
-    async with opened(tmp_path, quiet_config(chunk_tokens=32, overlap_tokens=0, **config), FakeEmbedder()) as svc:
+async def _recall(memory_backend: MemoryBackend, **config: object) -> list[SearchHit]:
+    async with memory_backend.opened(quiet_config(chunk_tokens=32, overlap_tokens=0, **config), FakeEmbedder()) as svc:
         return await svc.recall("alice", "Rottnest island", k=1)
 
 
-async def test_recall_in_a_real_index_brings_the_question_and_the_reply_around_a_hit(tmp_path: Path) -> None:
-    """Through MemoryService.recall: the hit on the quokka's island comes with the question
+async def test_recall_in_a_real_index_brings_the_question_and_the_reply_around_a_hit(memory_backend: MemoryBackend) -> None:
+    """Through the service's recall: the hit on the quokka's island comes with the question
     before it and the reply after it; with recall_neighbours off, alone."""
-    write_transcript(tmp_path, "alice", "zoo", MESSAGES)
-    widened = await _recall(tmp_path)
-    alone = await _recall(tmp_path, recall_neighbours=False)
+    memory_backend.write("alice", "zoo", MESSAGES)
+    widened = await _recall(memory_backend)
+    alone = await _recall(memory_backend, recall_neighbours=False)
     assert len(widened) == 1 and [line.split("]: ", 1)[1] for line in widened[0].content.split("\n")] == MESSAGES[:3]
     assert widened[0].line_end - widened[0].line_start == 2
     assert len(alone) == 1 and alone[0].content.endswith(MESSAGES[1])
 
 
-async def test_widening_never_brings_back_a_forgotten_message(tmp_path: Path) -> None:
+async def test_widening_never_brings_back_a_forgotten_message(memory_backend: MemoryBackend) -> None:
     """The neighbour's text comes from the index: a message memory.forget removed stays out of
     the prompt though the transcript still holds it."""
-    write_transcript(tmp_path, "alice", "zoo", MESSAGES)
-    async with opened(tmp_path, quiet_config(chunk_tokens=32, overlap_tokens=0), FakeEmbedder()) as svc:
+    memory_backend.write("alice", "zoo", MESSAGES)
+    async with memory_backend.opened(quiet_config(chunk_tokens=32, overlap_tokens=0), FakeEmbedder()) as svc:
         third = iso_to_ms(ts(2))
         assert third is not None
         await svc.forget(ForgetRange("alice", session_key("zoo"), third, third + 1), record=True)
@@ -162,13 +160,13 @@ async def test_widening_never_brings_back_a_forgotten_message(tmp_path: Path) ->
     assert "spring" not in recalled[0].content and "marsupials" in recalled[0].content
 
 
-async def test_in_a_real_index_a_multi_line_question_and_reply_come_whole(tmp_path: Path) -> None:
+async def test_in_a_real_index_a_multi_line_question_and_reply_come_whole(memory_backend: MemoryBackend) -> None:
     """The real chunker's rendering: a question and a reply that hold newlines are read back as
     one message each, whole, on the right lines."""
     question = "I need a packing list.\nIt is three days long.\nAlso we take the ferry."
     reply = "Sure, pack these:\n- a hat\n- sunscreen\n- water"
-    write_transcript(tmp_path, "alice", "trip", [question, "the quokka lives on Rottnest island near Perth", reply])
-    async with opened(tmp_path, quiet_config(chunk_tokens=40, overlap_tokens=0), FakeEmbedder()) as svc:
+    memory_backend.write("alice", "trip", [question, "the quokka lives on Rottnest island near Perth", reply])
+    async with memory_backend.opened(quiet_config(chunk_tokens=40, overlap_tokens=0), FakeEmbedder()) as svc:
         recalled = await svc.recall("alice", "Rottnest island", k=1)
     assert len(recalled) == 1
     assert recalled[0].content == "\n".join([f"user [{ts(0)}]: {question}",

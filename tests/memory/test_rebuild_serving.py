@@ -5,23 +5,31 @@ from __future__ import annotations
 from pathlib import Path
 
 import apsw
+import pytest
 
 from gateway.wire import search_wire
 from memory import SearchHit
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, select_embedder
 from memory.sqlite.index.vectors import EmbedderIdentity
-from memory.sqlite.service import MemoryService
 from tests.fake_openai import FakeOpenAI
 from tests.memory.conftest import (
     FakeEmbedder,
+    MemoryBackend,
     embedder_down,
     fake_vector,
     opened,
     quiet_config,
     session_key,
-    write_transcript,
 )
+
+# PgMemory's docstring: "an embedder change keeps no previous model answering the vector leg
+# while vectors are rebuilt (vectorSearch.rebuild is always null)".
+NO_PG_REBUILD = ("PgMemory keeps no record of a rebuild: with the new embedder failing, hybrid falls back to "
+                 "keyword for the failed query embedding (not 'cannot be rebuilt'), and status's "
+                 "vectorSearch.rebuild is null")
+NO_PG_PREVIOUS = ("PgMemory has no previous model serving the vector leg while vectors are rebuilt: "
+                  "PgMemory.open takes no previous_embedder factory")
 
 LYNX = "the lynx stalks quietly through snow"
 BREAD = "bread rises slowly with flour and yeast"
@@ -61,9 +69,14 @@ def factory_of(embedder: Embedder, asked: list[EmbedderIdentity] | None = None):
 
 
 async def indexed_with_a(tmp_path: Path) -> None:
-    write_transcript(tmp_path, "alice", "s1", [LYNX])
-    write_transcript(tmp_path, "alice", "s2", [BREAD], start_minute=600)
-    async with opened(tmp_path, quiet_config(), model_a()) as svc:
+    await indexed_with_a_on(MemoryBackend("sqlite", tmp_path))
+
+
+async def indexed_with_a_on(memory_backend: MemoryBackend) -> None:
+    """Two sessions, LYNX and BREAD (ten hours later), indexed with model-a."""
+    memory_backend.write("alice", "s1", [LYNX])
+    memory_backend.write("alice", "s2", [BREAD], start_minute=600)
+    async with memory_backend.opened(quiet_config(), model_a()) as svc:
         assert (await svc.status())["pending"] == 0
 
 
@@ -127,13 +140,14 @@ async def test_new_vectors_take_over_once_the_rebuild_is_done(tmp_path: Path) ->
     assert "previousModel" not in search_wire(after)
 
 
-async def test_keyword_fallback_when_the_previous_model_cannot_be_built(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason=NO_PG_REBUILD)
+async def test_keyword_fallback_when_the_previous_model_cannot_be_built(memory_backend: MemoryBackend) -> None:
     """Without a way to embed queries with the old model, hybrid search is keyword-only with a
     reason saying why, and memory.status says nothing serves vectors and why."""
-    await indexed_with_a(tmp_path)
+    await indexed_with_a_on(memory_backend)
     new = model_b()
     new.fail = embedder_down()
-    async with opened(tmp_path, quiet_config(), new) as svc:   # the default factory: "fake" is unknown
+    async with memory_backend.opened(quiet_config(), new) as svc:   # the default factory: "fake" is unknown
         during = await svc.search("alice", "lynx")
         status = await svc.status()
     assert during.mode == "keyword" and during.previous_model is None
@@ -145,12 +159,13 @@ async def test_keyword_fallback_when_the_previous_model_cannot_be_built(tmp_path
     assert "'fake' cannot be rebuilt" in vs["rebuild"]["previousUnavailable"]
 
 
-async def test_a_failing_previous_model_falls_back_to_keyword(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
+async def test_a_failing_previous_model_falls_back_to_keyword(memory_backend: MemoryBackend) -> None:
     """A previous model that fails to embed the query leaves that search keyword-only, saying so."""
-    await indexed_with_a(tmp_path)
+    await indexed_with_a_on(memory_backend)
     new, old = model_b(), model_a()
     new.fail = embedder_down()
-    async with opened(tmp_path, quiet_config(), new, previous_embedder=factory_of(old)) as svc:
+    async with memory_backend.opened(quiet_config(), new, previous_embedder=factory_of(old)) as svc:
         old.fail = embedder_down()
         during = await svc.search("alice", "lynx")
     assert during.mode == "keyword" and during.previous_model is None
@@ -158,14 +173,15 @@ async def test_a_failing_previous_model_falls_back_to_keyword(tmp_path: Path) ->
     assert [content_of(h) for h in during.results] == [LYNX]
 
 
-async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
+async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(memory_backend: MemoryBackend) -> None:
     """A chunk written during the rebuild has no old-model vector: keyword finds it, and it never
     carries an old-model similarity, while the old chunks keep theirs."""
-    await indexed_with_a(tmp_path)
+    await indexed_with_a_on(memory_backend)
     new = model_b()
     new.fail = embedder_down()
-    async with opened(tmp_path, quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
-        write_transcript(tmp_path, "alice", "s3", ["a lynx kitten naps in the barn"], start_minute=900)
+    async with memory_backend.opened(quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+        memory_backend.write("alice", "s3", ["a lynx kitten naps in the barn"], start_minute=900)
         await svc.sync_now()
         hits = (await svc.search("alice", "lynx")).results
     by_text = {content_of(h): h for h in hits}
@@ -174,13 +190,14 @@ async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(tmp_path: Path) 
     assert by_text[LYNX].vector_rank is not None and by_text[LYNX].similarity is not None
 
 
-async def test_previous_vector_leg_honours_session_and_time_filters(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
+async def test_previous_vector_leg_honours_session_and_time_filters(memory_backend: MemoryBackend) -> None:
     """The old model's vector leg applies sessionKey, excludeSessionKey and after/before as the
     normal leg does."""
-    await indexed_with_a(tmp_path)
+    await indexed_with_a_on(memory_backend)
     new = model_b()
     new.fail = embedder_down()
-    async with opened(tmp_path, quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+    async with memory_backend.opened(quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
         only = await svc.search("alice", "wildcat", session_key=session_key("s2"))
         without = await svc.search("alice", "wildcat", exclude_session_key=session_key("s1"))
         late = await svc.search("alice", "wildcat", after="2026-11-22T15:00:00Z")
@@ -191,28 +208,32 @@ async def test_previous_vector_leg_honours_session_and_time_filters(tmp_path: Pa
     assert {content_of(h) for h in everything.results} == {LYNX, BREAD}
 
 
-async def test_second_change_mid_rebuild_keeps_serving_the_last_complete_model(tmp_path: Path) -> None:
+@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
+async def test_second_change_mid_rebuild_keeps_serving_the_last_complete_model(memory_backend: MemoryBackend) -> None:
     """Changing the embedder again before a rebuild finishes keeps the last fully built model as
     the one that serves, never the half-built one."""
-    await indexed_with_a(tmp_path)
+    await indexed_with_a_on(memory_backend)
     first = model_b()
     first.fail = embedder_down()
-    async with opened(tmp_path, quiet_config(), first, previous_embedder=factory_of(model_a())):
+    async with memory_backend.opened(quiet_config(), first, previous_embedder=factory_of(model_a())):
         pass
     third = SynonymEmbedder("model-c", {}, dims=16)
     third.fail = embedder_down()
     asked: list[EmbedderIdentity] = []
-    async with opened(tmp_path, quiet_config(), third, previous_embedder=factory_of(model_a(), asked)) as svc:
+    async with memory_backend.opened(quiet_config(), third, previous_embedder=factory_of(model_a(), asked)) as svc:
         during = await svc.search("alice", "wildcat")
     assert {i.model for i in asked} == {"model-a"}
     assert during.previous_model == "model-a" and content_of(during.results[0]) == LYNX
 
 
+@pytest.mark.postgres_differs(reason="PgMemory has no previous model serving the vector leg while vectors are "
+                              "rebuilt: the query is embedded with the new model (embed-b), whose vectors are not "
+                              "built, and previous_model is None")
 async def test_openai_model_change_embeds_queries_with_the_previous_model(
-        tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+        memory_backend: MemoryBackend, fake_openai: FakeOpenAI) -> None:
     """With the configured OpenAI-compatible endpoint, only the model changed: the default
     factory rebuilds the previous model, whose name and dimensions the query requests carry."""
-    write_transcript(tmp_path, "alice", "s1", [LYNX])
+    memory_backend.write("alice", "s1", [LYNX])
 
     def config(model: str, dims: int) -> MemoryConfig:
         return quiet_config(embedder="openai", embeddings_base_url=fake_openai.base_url,
@@ -220,22 +241,19 @@ async def test_openai_model_change_embeds_queries_with_the_previous_model(
 
     old_config = config("embed-a", 64)
     embedder, _ = select_embedder(old_config)
-    async with opened(tmp_path, old_config, embedder):
+    async with memory_backend.opened(old_config, embedder):
         pass
     await embedder.aclose()  # type: ignore[union-attr]
     fake_openai.configure_embeddings(status=503)   # the new model's rebuild cannot progress
     new_config = config("embed-b", 32)
     embedder, _ = select_embedder(new_config)
-    svc = MemoryService(tmp_path, new_config, embedder)
-    await svc.start()
     try:
-        await svc.wait_idle()
-        fake_openai.configure_embeddings(status=None)
-        fake_openai.requests.clear()
-        during = await svc.search("alice", "lynx")
-        status = await svc.status()
+        async with memory_backend.opened(new_config, embedder) as svc:  # its start-up sync is over
+            fake_openai.configure_embeddings(status=None)
+            fake_openai.requests.clear()
+            during = await svc.search("alice", "lynx")
+            status = await svc.status()
     finally:
-        await svc.close()
         await embedder.aclose()  # type: ignore[union-attr]
     asked = [r.json for r in fake_openai.requests if r.path == "/v1/embeddings"]
     assert during.previous_model == "embed-a@64" and during.results[0].vector_rank == 1

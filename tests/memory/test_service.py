@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 from memory.errors import MemoryUnavailable
-from memory.sqlite.service import MemoryService
 from tests.memory.conftest import (
     FakeEmbedder,
     MemoryBackend,
@@ -49,9 +48,9 @@ async def test_watcher_indexes_new_transcripts(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
 
 
-async def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
+async def test_close_is_idempotent_and_final(memory_backend: MemoryBackend) -> None:
     """close() twice is fine; afterwards calls fail with MemoryUnavailable."""
-    svc = MemoryService(tmp_path, quiet_config(watch=True), FakeEmbedder())
+    svc = await memory_backend.unstarted(quiet_config(watch=True), FakeEmbedder())
     await svc.start()
     await svc.close()
     await svc.close()

@@ -14,14 +14,14 @@ from sessions import (
     transcript_file,
     transcript_relpath,
 )
-from tests.memory.conftest import FakeEmbedder, opened, quiet_config
+from tests.memory.conftest import FakeEmbedder, MemoryBackend, opened, quiet_config
 
 
-async def test_store_written_transcripts_are_indexed_and_searchable(tmp_path: Path) -> None:
-    """Sessions written through SessionStore — names, extra keys, an empty aborted reply, text
+async def test_store_written_transcripts_are_indexed_and_searchable(memory_backend: MemoryBackend) -> None:
+    """Sessions written through the sessions store — names, extra keys, an empty aborted reply, text
     with surrounding whitespace, a later append — are indexed line for line and found by search."""
     config = quiet_config(chunk_tokens=48, overlap_tokens=8)
-    with SessionStore(tmp_path, SessionsConfig(fsync="never")) as store:
+    with memory_backend.sessions_store() as store:
         a = store.create("alice", title="trip")
         store.append_message("alice", a.session_key, role="user", content="  We should visit Reykjavik in March.\n",
                              name="Ada", ts="2026-11-22T10:00:00Z")
@@ -32,7 +32,7 @@ async def test_store_written_transcripts_are_indexed_and_searchable(tmp_path: Pa
                              ts="2026-11-22T10:00:09Z")
         b = store.create("bob")
         store.append_message("bob", b.session_key, role="user", content="Reykjavik is cold", ts="2026-11-22T11:00:00Z")
-        async with opened(tmp_path, config, FakeEmbedder()) as svc:
+        async with memory_backend.opened(config, FakeEmbedder()) as svc:
             hits = (await svc.search("alice", "Reykjavik")).results
             assert [h.session_key for h in hits] == [a.session_key]
             (hit,) = hits

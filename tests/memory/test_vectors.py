@@ -9,7 +9,7 @@ from pathlib import Path
 import apsw
 
 from memory.quantize import quantize_int8, vector_to_blob
-from tests.memory.conftest import FakeEmbedder, fake_vector, opened, quiet_config, write_transcript
+from tests.memory.conftest import FakeEmbedder, MemoryBackend, fake_vector, opened, quiet_config
 
 SMALL = {"chunk_tokens": 24, "overlap_tokens": 6}
 TOPICS = ["rust borrow checker lifetimes", "sourdough starter hydration", "tide tables sailing",
@@ -17,8 +17,12 @@ TOPICS = ["rust borrow checker lifetimes", "sourdough starter hydration", "tide 
 
 
 def corpus(tmp_path: Path) -> None:
+    _corpus(MemoryBackend("sqlite", tmp_path))
+
+
+def _corpus(memory_backend: MemoryBackend) -> None:
     for i, topic in enumerate(TOPICS):
-        write_transcript(tmp_path, "alice", f"s{i}", [f"{topic} note {n}" for n in range(6)])
+        memory_backend.write("alice", f"s{i}", [f"{topic} note {n}" for n in range(6)])
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -46,11 +50,11 @@ async def test_vectors_are_stored_once_as_int8_and_bits(tmp_path: Path) -> None:
     assert db.execute("SELECT count(*) FROM chunks WHERE vector_hash IS NOT NULL").fetchone() == (0,)
 
 
-async def test_vector_leg_ranks_by_exact_cosine(tmp_path: Path) -> None:
+async def test_vector_leg_ranks_by_exact_cosine(memory_backend: MemoryBackend) -> None:
     """Vector mode returns chunks in the order of their exact cosine to the query (ties aside)."""
-    corpus(tmp_path)
+    _corpus(memory_backend)
     query = "sourdough hydration starter"
-    async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=64)) as svc:
+    async with memory_backend.opened(quiet_config(**SMALL), FakeEmbedder(dims=64)) as svc:
         hits = (await svc.search("alice", query, k=10, mode="vector")).results
     qv = fake_vector(query, 64)
     scores = [cosine(qv, fake_vector(h.content, 64)) for h in hits]

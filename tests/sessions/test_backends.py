@@ -18,6 +18,7 @@ from sessions import (
     SessionNotFound,
     SessionsConfig,
     SessionStore,
+    StorageError,
     visible_history,
     visible_messages,
 )
@@ -182,3 +183,17 @@ def test_reopened_store_sees_everything(make_store: Callable[..., SessionStore])
     second = make_store()
     assert second.get("alice", s.session_key).system_prompt == "p"
     assert [m.content for m in second.history("alice", s.session_key)[0]] == ["m0", "m1", "m2"]
+
+
+def test_a_chosen_session_key_names_the_session_once(store: SessionStore) -> None:
+    """create(session_key=…) makes the session under that key (an import's stable key); the same
+    key again is a StorageError and a malformed one InvalidSessionInput, and neither adds one."""
+    session = store.create("alice", title="imported", session_key="0123456789abcdef0123456789abcdef")
+    assert session.session_key == "0123456789abcdef0123456789abcdef"
+    assert store.get("alice", "0123456789abcdef0123456789abcdef").title == "imported"
+    with pytest.raises(StorageError):
+        store.create("alice", session_key="0123456789abcdef0123456789abcdef")
+    with pytest.raises(InvalidSessionInput) as bad:
+        store.create("alice", session_key="../escape")
+    assert bad.value.field == "sessionKey"
+    assert [s.session_key for s in store.list("alice")[0]] == ["0123456789abcdef0123456789abcdef"]

@@ -100,7 +100,8 @@ def _create_private(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
 
-def _connect(path: Path, extension: str | None, *, readonly: bool) -> tuple[apsw.Connection, VectorBackend]:
+def _connect(path: Path, extension: str | None, *, readonly: bool) -> tuple[apsw.Connection,
+                                                                            VectorBackend]:
     if not readonly and str(path) != ":memory:":  # SQLite's in-memory database has no file
         _create_private(path)
     flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
@@ -128,7 +129,8 @@ def _check_length(db: apsw.Connection, path: Path) -> None:
     pages = int.from_bytes(header[28:32], "big")
     wal = path.with_name(path.name + "-wal")
     if pages * page_size > size and not (wal.exists() and wal.stat().st_size > 32):
-        raise apsw.CorruptError(f"{path.name} holds {size} bytes, its header says {pages * page_size}")
+        raise apsw.CorruptError(f"{path.name} holds {size} bytes, its header says "
+                                f"{pages * page_size}")
 
 
 def _prepare(db: apsw.Connection, readonly: bool, path: Path, mmap_bytes: int = 0) -> None:
@@ -200,7 +202,8 @@ def set_meta(db: apsw.Connection, key: str, value: str | None) -> None:
         db.execute("DELETE FROM meta WHERE key = ?", (key,))
     else:
         db.execute(
-            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
+            "SET value = excluded.value",
             (key, value),
         )
 
@@ -376,7 +379,8 @@ class IndexSteps:
         self._conn = conn
         self._readers = readers
 
-    async def write(self, action: str, fn: Callable[..., _T], *args: object, grows: bool = False) -> _T:
+    async def write(self, action: str, fn: Callable[..., _T], *args: object,
+                    grows: bool = False) -> _T:
         return await write_step(self._conn, action, fn, *args, grows=grows)
 
     async def read(self, action: str, fn: Callable[[apsw.Connection], _T]) -> _T:

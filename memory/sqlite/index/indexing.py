@@ -77,14 +77,15 @@ class Indexer:
                                                   max_files=FILES_PER_BATCH, max_s=FILE_BATCH_S)
             report.merge(batch)
             if progress is not None:
-                progress(SyncProgress("files", done, len(files), report.chunks_written, report.embedded, 0))
+                progress(SyncProgress("files", done, len(files), report.chunks_written,
+                                      report.embedded, 0))
         if pipeline is not None:
             pending_total = await asyncio.to_thread(self.vectors.pending_count)
 
             def embedded(n: int) -> None:
                 if progress is not None:
-                    progress(SyncProgress("embedding", len(files), len(files), report.chunks_written,
-                                          n, max(0, pending_total - n)))
+                    progress(SyncProgress("embedding", len(files), len(files),
+                                          report.chunks_written, n, max(0, pending_total - n)))
             try:
                 await self.embed_pending(pipeline, report, embedded)
             except EmbedderError as exc:
@@ -130,18 +131,22 @@ class Indexer:
                 done += len(batch)
                 # Committed per embedder call, not per fetch of rows: a local model takes ~10 s
                 # for a fetch, in which nothing would show as embedded, nor survive a stop.
-                waiting = await self._store_ready(identity, rows, hashes, found, fresh, waiting, report, progress)
+                waiting = await self._store_ready(identity, rows, hashes, found, fresh, waiting,
+                                                  report, progress)
             if waiting:  # every vector came from the cache
-                await self._store_ready(identity, rows, hashes, found, set(), waiting, report, progress)
+                await self._store_ready(identity, rows, hashes, found, set(), waiting, report,
+                                        progress)
 
-    async def _store_ready(self, identity: EmbedderIdentity, rows: list[PendingRow], hashes: list[str],
-                           found: dict[str, tuple[int, bytes]], fresh: set[str], waiting: list[int],
-                           report: SyncReport, progress: Callable[[int], None] | None) -> list[int]:
+    async def _store_ready(self, identity: EmbedderIdentity, rows: list[PendingRow],
+                           hashes: list[str], found: dict[str, tuple[int, bytes]], fresh: set[str],
+                           waiting: list[int], report: SyncReport, progress: Callable[[int],
+                                                                                      None] | None) -> list[int]:
         """Store the ``waiting`` rows whose vector is now known (cached or just embedded, the
         ``fresh`` ones cached with them) in one transaction; returns the rows still waiting."""
         ready = [i for i in waiting if hashes[i] in found]
         if ready:
-            report.embedded += await asyncio.to_thread(self.vectors.store, identity, [rows[i] for i in ready],
+            report.embedded += await asyncio.to_thread(self.vectors.store, identity,
+                                                       [rows[i] for i in ready],
                                                        [hashes[i] for i in ready], found, fresh)
             if progress is not None:
                 progress(report.embedded)

@@ -110,7 +110,8 @@ def _snapshot(db: apsw.Connection) -> _Snapshot:
     if has_log is None or meta.get("vector_generation") is None:
         return _Snapshot(None, 0, 0)
     (head,) = db.execute(f"SELECT coalesce(max(seq), 0) FROM {CHANGES_TABLE}").fetchone() or (0,)
-    return _Snapshot(str(meta["vector_generation"]), int(meta.get("vector_changes_floor") or 0), int(head))
+    return _Snapshot(str(meta["vector_generation"]), int(meta.get("vector_changes_floor") or 0),
+                     int(head))
 
 
 class _Partition:
@@ -162,7 +163,8 @@ class _Partition:
         if self.dead * 4 <= self.size:
             return
         keep = self.live[:self.size]
-        self.ids, self.bits = self.ids[:self.size][keep], numpy.ascontiguousarray(self.bits[:, :self.size][:, keep])
+        self.ids, self.bits = self.ids[:self.size][keep], numpy.ascontiguousarray(self.bits[:,
+                                                                                            :self.size][:, keep])
         self.start_ms, self.end_ms = self.start_ms[:self.size][keep], self.end_ms[:self.size][keep]
         self.size = len(self.ids)
         self.live = numpy.ones(self.size, dtype=bool)
@@ -285,14 +287,18 @@ def _load_shadow(db: apsw.Connection, user: str, width: int) -> _Arrays | None:
     for size, validity, rowids, vectors, starts, ends in rows:
         size = int(size)
         if (size % 8 or len(validity) != size // 8 or len(rowids) != 8 * size
-                or len(vectors) != width * size or len(starts) != 8 * size or len(ends) != 8 * size):
+                or len(vectors) != width * size or len(starts) != 8 * size
+            or len(ends) != 8 * size):
             return None
-        arrays = (numpy.frombuffer(rowids, "<i8"), numpy.frombuffer(vectors, numpy.uint8).reshape(size, width),
+        arrays = (numpy.frombuffer(rowids, "<i8"), numpy.frombuffer(vectors,
+                                                                    numpy.uint8).reshape(size,
+                                                                                         width),
                   numpy.frombuffer(starts, "<i8"), numpy.frombuffer(ends, "<i8"))
         if validity.count(0xFF) == len(validity):  # a full chunk (most of them): no mask to apply
             parts.append(arrays)
             continue
-        live = numpy.unpackbits(numpy.frombuffer(validity, numpy.uint8), bitorder="little").astype(bool)
+        live = numpy.unpackbits(numpy.frombuffer(validity, numpy.uint8),
+                                bitorder="little").astype(bool)
         parts.append((arrays[0][live], arrays[1][live], arrays[2][live], arrays[3][live]))
     if not parts:
         return (numpy.empty(0, numpy.int64), numpy.empty((0, width), numpy.uint8),
@@ -314,12 +320,14 @@ def _rows_public(rows: Iterable[tuple[Any, ...]], width: int) -> _Arrays:
         starts.append(int(start))
         ends.append(int(end))
     bits = numpy.frombuffer(b"".join(blobs), numpy.uint8).reshape(len(ids), width).copy()
-    return (numpy.array(ids, numpy.int64), bits, numpy.array(starts, numpy.int64), numpy.array(ends, numpy.int64))
+    return (numpy.array(ids, numpy.int64), bits, numpy.array(starts, numpy.int64),
+            numpy.array(ends, numpy.int64))
 
 
 def _load_public(db: apsw.Connection, user: str, width: int) -> _Arrays:
     return _rows_public(db.execute(
-        "SELECT chunk_id, embedding, start_ms, end_ms FROM chunks_vec WHERE user = ?", (user,)), width)
+        "SELECT chunk_id, embedding, start_ms, end_ms FROM chunks_vec WHERE user = ?", (user,)),
+                        width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +352,8 @@ class PreparedScan:
         # in between, which this one tolerates as it always has (the re-rank reads rows from
         # its own snapshot, and a newer partition is what an older snapshot is served).
         with self.lock:
-            return self.part.nearest(self.query, self.scan, self.pool, self.filters, self.scan_share)
+            return self.part.nearest(self.query, self.scan, self.pool, self.filters,
+                                     self.scan_share)
 
 
 class SignIndex:
@@ -364,7 +373,8 @@ class SignIndex:
                 scan: int, pool: int, scan_share: float = 0.0) -> list[int]:
         """``user``'s ``pool`` chunk ids nearest ``query_int8`` (see :meth:`_Partition.nearest`)
         as ``db``'s open read transaction sees them (call inside it), filtered."""
-        return self.prepare(db, user, query_int8, filters, scan=scan, pool=pool, scan_share=scan_share).run()
+        return self.prepare(db, user, query_int8, filters, scan=scan, pool=pool,
+                            scan_share=scan_share).run()
 
     def prepare(self, db: apsw.Connection, user: str, query_int8: bytes, filters: Filters, *,
                 scan: int, pool: int, scan_share: float = 0.0) -> PreparedScan:
@@ -391,7 +401,8 @@ class SignIndex:
         with db:
             if db.execute("SELECT 1 FROM sqlite_schema WHERE name = 'chunks_vec'").fetchone() is None:
                 return 0, 0
-            meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('vector_dims', 'vector_format')"))
+            meta = dict(db.execute("SELECT key, value FROM meta "
+                                   "WHERE key IN ('vector_dims', 'vector_format')"))
             if meta.get("vector_format") != "bit" or not meta.get("vector_dims"):
                 return 0, 0  # an int8 chunks_vec is searched by sqlite-vec's KNN, not from here
             width = int(meta["vector_dims"]) // 8
@@ -406,7 +417,8 @@ class SignIndex:
                     chunks += part.size - part.dead
         return len(users), chunks
 
-    def _current(self, db: apsw.Connection, user: str, width: int, snapshot: _Snapshot) -> _Partition:
+    def _current(self, db: apsw.Connection, user: str, width: int,
+                 snapshot: _Snapshot) -> _Partition:
         part = self._parts.get(user)
         if (part is None or snapshot.generation is None or part.generation != snapshot.generation
                 or part.width != width or part.seq < snapshot.floor):
@@ -414,12 +426,14 @@ class SignIndex:
         if snapshot.head <= part.seq:
             return part  # up to date, or this snapshot is older than the partition
         changed = [int(cid) for (cid,) in db.execute(
-            f"SELECT DISTINCT chunk_id FROM {CHANGES_TABLE} WHERE seq > ? AND seq <= ?", (part.seq, snapshot.head))]
+            f"SELECT DISTINCT chunk_id FROM {CHANGES_TABLE} WHERE seq > ? AND seq <= ?",
+            (part.seq, snapshot.head))]
         if len(changed) > MAX_DELTA or 4 * len(changed) > part.size:
             return self._load(db, user, width, snapshot)
         part.remove(numpy.array(changed, dtype=numpy.int64))
         current = [row for cid in changed for row in db.execute(
-            "SELECT chunk_id, embedding, start_ms, end_ms FROM chunks_vec WHERE chunk_id = ? AND user = ?",
+            "SELECT chunk_id, embedding, start_ms, end_ms FROM chunks_vec WHERE chunk_id = ? "
+            "AND user = ?",
             (cid, user))]
         part.append(*_rows_public(current, width))
         part.compact()
@@ -438,5 +452,6 @@ def distinct_users(db: apsw.Connection) -> list[str]:
     per user, not a scan of every chunk."""
     return [str(u) for (u,) in db.execute(
         "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
-        "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS NOT NULL) "
+        "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS "
+        "NOT NULL) "
         "SELECT name FROM u WHERE name IS NOT NULL")]

@@ -106,7 +106,8 @@ def m002_quantized_vectors(db: apsw.Connection) -> None:
         db.execute(
             "UPDATE embedding_cache SET vector = ? WHERE provider = ? AND model = ? "
             "AND endpoint_hash = ? AND content_hash = ?",
-            (cached_vector_to_int8(bytes(blob), int(dims)), provider, model, endpoint, content_hash),
+            (cached_vector_to_int8(bytes(blob), int(dims)), provider, model, endpoint,
+             content_hash),
         )
     if db.execute("SELECT 1 FROM chunks WHERE embedded = 1 LIMIT 1").fetchone() is not None:
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('vectors_stale', '1')")
@@ -218,7 +219,8 @@ def m006_compact_cache(db: apsw.Connection) -> None:
         db.execute(
             "UPDATE embedding_cache SET vector = ? WHERE provider = ? AND model = ? "
             "AND endpoint_hash = ? AND content_hash = ?",
-            (cached_vector_to_int8(bytes(blob), int(dims)), provider, model, endpoint, content_hash),
+            (cached_vector_to_int8(bytes(blob), int(dims)), provider, model, endpoint,
+             content_hash),
         )
 
 

@@ -177,7 +177,8 @@ class FileSync:
 
     def _file_row(self, rel: str) -> _FileRow | None:
         row = self.db.execute(
-            "SELECT size, mtime_ns, hash, indexed_offset, indexed_lines, chunking FROM files WHERE path = ?",
+            "SELECT size, mtime_ns, hash, indexed_offset, indexed_lines, chunking FROM files "
+            "WHERE path = ?",
             (rel,),
         ).fetchone()
         return None if row is None else _FileRow(*row)
@@ -239,7 +240,8 @@ class FileSync:
                     written, deleted, end_offset, end_line = self._index_tail(path, rel, owner, row)
                 else:
                     deleted = self._delete_path(rel)
-                    written, _, end_offset, end_line = self._index_from(path, rel, owner, 0, 1, 0, 0)
+                    written, _, end_offset, end_line = self._index_from(path, rel, owner, 0, 1, 0,
+                                                                        0)
                 self.db.execute(
                     """
                     INSERT INTO files(path, user, session_key, size, mtime_ns, hash, indexed_offset,
@@ -251,7 +253,8 @@ class FileSync:
                         chunking = excluded.chunking, indexed_at = excluded.indexed_at
                     """,
                     (rel, owner[0], owner[1], st.st_size, st.st_mtime_ns,
-                     _prefix_fingerprint(path, end_offset), end_offset, end_line, self.chunking, _now()),
+                     _prefix_fingerprint(path, end_offset), end_offset, end_line, self.chunking,
+                     _now()),
                 )
                 # Expired or forgotten text goes in the same transaction it was written in.
                 deleted += self._delete_ids(chunk_ids_for_file(
@@ -261,7 +264,8 @@ class FileSync:
         report.chunks_written, report.chunks_deleted = written, deleted
         return report
 
-    def sync_files(self, paths: list[Path], start: int, *, max_files: int, max_s: float) -> tuple[SyncReport, int]:
+    def sync_files(self, paths: list[Path], start: int, *, max_files: int,
+                   max_s: float) -> tuple[SyncReport, int]:
         """:meth:`sync_file` for ``paths[start:]`` in one transaction, until ``max_files`` are
         done or ``max_s`` has passed; returns the merged report and the index to go on from.
 
@@ -285,7 +289,8 @@ class FileSync:
                     break
         return report, i
 
-    def _skip(self, rel: str, reason: str, report: SyncReport, atomic: AbstractContextManager[object]) -> None:
+    def _skip(self, rel: str, reason: str, report: SyncReport,
+              atomic: AbstractContextManager[object]) -> None:
         if self.skipped.get(rel) != reason:  # logged once per file and reason, not every sync
             log.warning("memory.file_skipped", path=rel, reason=reason,
                         effect="not indexed; its text is not searchable")
@@ -294,23 +299,28 @@ class FileSync:
         with atomic:
             report.chunks_deleted = self._delete_path(rel)
 
-    def _index_tail(self, path: Path, rel: str, owner: _Owner, row: _FileRow) -> tuple[int, int, int, int]:
+    def _index_tail(self, path: Path, rel: str, owner: _Owner, row: _FileRow) -> tuple[int, int,
+                                                                                       int, int]:
         last = self.db.execute(
             "SELECT chunk_idx, byte_start, line_start, seg_start FROM chunks WHERE path = ? "
             "ORDER BY chunk_idx DESC LIMIT 1",
             (rel,),
         ).fetchone()
         if last is None:
-            return self._index_from(path, rel, owner, row.indexed_offset, row.indexed_lines + 1, 0, 0,
-                                    known_end=row.indexed_offset)
+            return self._index_from(path, rel, owner, row.indexed_offset, row.indexed_lines + 1, 0,
+                                    0, known_end=row.indexed_offset)
         idx, byte_start, line_start, seg_start = last
         return self._index_from(path, rel, owner, byte_start, line_start, idx, seg_start,
                                 known_end=row.indexed_offset)
 
     def _index_from(self, path: Path, rel: str, owner: _Owner, offset: int, line: int,
-                    first_idx: int, skip_segments: int, known_end: int | None = None) -> tuple[int, int, int, int]:
+                    first_idx: int, skip_segments: int, known_end: int | None = None) -> tuple[int,
+                                                                                               int,
+                                                                                               int,
+                                                                                               int]:
         reader = ForwardReader(path, offset, line)
-        entries, whole = visible_entries(list(reader), new_from=offset if known_end is None else known_end)
+        entries, whole = visible_entries(list(reader), new_from=offset if known_end is None
+                                         else known_end)
         if whole and offset > 0:
             # A new edit or regenerate: the chunks before this read may hold what it hides, so
             # the transcript is re-cut from its start (unchanged chunks stay, by index and hash).
@@ -323,7 +333,8 @@ class FileSync:
         written, deleted = self._replace_chunks(rel, owner, first_idx, chunks)
         return written, deleted, reader.end_offset, reader.end_line
 
-    def _replace_chunks(self, rel: str, owner: _Owner, first_idx: int, chunks: list[Chunk]) -> tuple[int, int]:
+    def _replace_chunks(self, rel: str, owner: _Owner, first_idx: int,
+                        chunks: list[Chunk]) -> tuple[int, int]:
         existing = {
             idx: (cid, chash, ls, le)
             for cid, idx, chash, ls, le in self.db.execute(
@@ -336,7 +347,8 @@ class FileSync:
         stale: list[int] = []
         for chunk in chunks:
             old = existing.pop(chunk.idx, None)
-            if old is not None and old[1:] == (chunk.content_hash, chunk.line_start, chunk.line_end):
+            if old is not None and old[1:] == (chunk.content_hash, chunk.line_start,
+                                               chunk.line_end):
                 continue
             if old is not None:
                 stale.append(old[0])
@@ -361,7 +373,8 @@ class FileSync:
              iso_to_ms(chunk.start_ts), iso_to_ms(chunk.end_ts), chunk.content_hash),
         )
         chunk_id = self.db.last_insert_rowid()
-        self.db.execute("INSERT INTO chunks_fts(rowid, body) VALUES (?, ?)", (chunk_id, fts_text(chunk.content)))
+        self.db.execute("INSERT INTO chunks_fts(rowid, body) VALUES (?, ?)",
+                        (chunk_id, fts_text(chunk.content)))
 
     def _delete_ids(self, ids: list[int]) -> int:
         if not ids:
@@ -414,7 +427,8 @@ class FileSync:
                     report.chunks_deleted += self._delete_path(rel)
                 report.files_deleted += 1
         # A scan never lists symlinks, so a skipped path is forgotten only once it is gone.
-        for rel in [r for r in self.skipped if r not in present and not os.path.lexists(self.sessions_dir / r)]:
+        for rel in [r for r in self.skipped if r not in present
+                    and not os.path.lexists(self.sessions_dir / r)]:
             del self.skipped[rel]
         return report
 
@@ -430,4 +444,5 @@ class FileSync:
             if user is None:
                 self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset'")
             else:
-                self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset' WHERE user = ?", (user,))
+                self.db.execute("UPDATE files SET size = -1, hash = '', chunking = 'reset' "
+                                "WHERE user = ?", (user,))

@@ -209,8 +209,10 @@ class VectorStore:
                 if stored is not None:
                     log.warning("memory.embedder.changed", old=stored, new=identity.to_json(),
                                 previous=previous.to_json() if previous else None,
-                                effect="vectors rebuilt from cache/embedder; until done the vector leg is "
-                                       "served by the previous model's vectors when it can embed the query, "
+                                effect="vectors rebuilt from cache/embedder; until done the vector "
+                                       "leg is "
+                                       "served by the previous model's vectors when it can embed "
+                                       "the query, "
                                        "else hybrid is keyword-only")
                 self._start_rebuild()
                 set_meta(self.db, "embedder", identity.to_json())
@@ -256,7 +258,8 @@ class VectorStore:
             rebuilding = get_meta(self.db, "vector_rebuild") is not None
             if stored == identity.to_json():
                 # vectors_stale rebuilds (same identity) record no previous: nothing to serve.
-                previous = EmbedderIdentity.from_json(get_meta(self.db, "embedder_previous")) if rebuilding else None
+                previous = EmbedderIdentity.from_json(get_meta(self.db,
+                                                               "embedder_previous")) if rebuilding else None
                 return RebuildState(rebuilding, rebuilding, previous)
             if stored is None:
                 return NOT_REBUILDING  # a first build, not a rebuild: no earlier vectors exist
@@ -312,24 +315,28 @@ class VectorStore:
             for h in fresh:
                 dims, blob = vectors[h]
                 self.db.execute(
-                    "INSERT OR IGNORE INTO embedding_cache(provider, model, endpoint_hash, content_hash, "
+                    "INSERT OR IGNORE INTO embedding_cache(provider, model, endpoint_hash, "
+                    "content_hash, "
                     "dims, vector) VALUES (?, ?, ?, ?, ?, ?)",
                     (identity.provider, identity.model, identity.endpoint_hash, h, dims, blob),
                 )
             dims_seen = {vectors[h][0] for h in hashes}
             if len(dims_seen) != 1:
-                raise EmbedderError(f"embedder returned mixed widths {sorted(dims_seen)}", retryable=False)
+                raise EmbedderError(f"embedder returned mixed widths {sorted(dims_seen)}",
+                                    retryable=False)
             dims = dims_seen.pop()
             ensure_vector_table(self.db, dims)
             quantize_sql = "vec_quantize_binary(vec_int8(?))" if vector_format(dims) == "bit" else "vec_int8(?)"
             stored: list[int] = []
             for (cid, _content, user, session_key, start_ms, end_ms, chash), h in zip(rows, hashes):
-                if self.db.execute("SELECT 1 FROM chunks WHERE id = ? AND embedded = 0", (cid,)).fetchone() is None:
+                if self.db.execute("SELECT 1 FROM chunks WHERE id = ? AND embedded = 0",
+                                   (cid,)).fetchone() is None:
                     continue  # deleted or replaced while its vector was being made
                 stored.append(cid)
                 self.db.execute("DELETE FROM chunks_vec WHERE chunk_id = ?", (cid,))
                 self.db.execute(
-                    f"INSERT INTO chunks_vec(chunk_id, user, embedding, session_key, start_ms, end_ms) "
+                    "INSERT INTO chunks_vec(chunk_id, user, embedding, session_key, start_ms, "
+                    "end_ms) "
                     f"VALUES (?, ?, {quantize_sql}, ?, ?, ?)",
                     (cid, user, vectors[h][1], session_key,
                      _NEVER if start_ms is None else start_ms, -1 if end_ms is None else end_ms),

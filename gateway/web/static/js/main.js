@@ -8,6 +8,7 @@ import { ChatView } from "./chat.js";
 import { $, refreshTimes } from "./dom.js";
 import { exportSession } from "./export.js";
 import { FactsPanel } from "./facts.js";
+import { ImportDialog } from "./importer.js";
 import { installShortcuts } from "./keys.js";
 import { ModelPicker } from "./models.js";
 import { SessionTuning } from "./tuning.js";
@@ -177,6 +178,11 @@ async function startApp(conn) {
     window.location.reload();
   });
   $("account").addEventListener("click", () => toggleMenu("account", "account-menu"));
+  const importer = new ImportDialog(conn); // its sessions reach the sidebar as sessions.created
+  $("import-chats").addEventListener("click", () => {
+    toggleMenu("account", "account-menu", false);
+    importer.show();
+  });
   $("export-session").addEventListener("click", () => toggleMenu("export-session", "export-menu"));
   for (const format of ["md", "json"]) {
     $(`export-${format}`).addEventListener("click", async () => {

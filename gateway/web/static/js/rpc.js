@@ -49,7 +49,8 @@ export class Rpc extends EventTarget {
     this.#setState("closed");
   }
 
-  call(method, params = undefined) {
+  // `timeoutMs`: how long to wait for the answer (a long sessions.import waits longer).
+  call(method, params = undefined, { timeoutMs = CALL_TIMEOUT_MS } = {}) {
     if (this.state !== "open") {
       return Promise.reject(new RpcError({ code: "offline", message: "not connected to the gateway" }));
     }
@@ -60,7 +61,7 @@ export class Rpc extends EventTarget {
       const timer = setTimeout(() => {
         this.pending.delete(id);
         reject(new RpcError({ code: "timeout", message: `${method} got no answer` }));
-      }, CALL_TIMEOUT_MS);
+      }, timeoutMs);
       this.pending.set(id, { resolve, reject, timer });
       this.ws.send(JSON.stringify(frame));
     });

@@ -29,6 +29,7 @@ export class Sidebar {
     this.found = { needle: "", hits: [] }; // sessions found by their messages, for that needle
     this.searchSeq = 0; // answers to an older needle are dropped
     this.searchTimer = null;
+    this.renderQueued = false; // a render waits for the next frame (#renderSoon)
     this.filter.addEventListener("input", () => {
       this.render();
       clearTimeout(this.searchTimer);
@@ -134,7 +135,18 @@ export class Sidebar {
     } else {
       return;
     }
-    this.render();
+    this.#renderSoon();
+  }
+
+  // Events come in bursts (an import announces every session it makes): the list is drawn once
+  // per frame, not once per event.
+  #renderSoon() {
+    if (this.renderQueued) return;
+    this.renderQueued = true;
+    requestAnimationFrame(() => {
+      this.renderQueued = false;
+      this.render();
+    });
   }
 
   render() {
