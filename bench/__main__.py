@@ -48,8 +48,7 @@ async def _main(args: argparse.Namespace) -> int:
     print_table(figures)
     info = machine_info()
     print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), Python {info['python']}, "
-          f"SQLite {info['sqlite']}; "
-          f"sections took {timings} s")
+          f"SQLite {info['sqlite']}; sections took {timings} s")
     RESULTS.mkdir(exist_ok=True)
     out = {"quick": args.quick, "at": datetime.now(UTC).isoformat(), "machine": info,
            "sectionSeconds": timings, "figures": [f.to_json() for f in figures]}

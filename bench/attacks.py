@@ -53,8 +53,8 @@ DIR instead, to measure another checkout the same way) and runs, one after the o
     long string) going, each sent as the last is answered; timed as t16 is. Then again with 16
     streams of 252 KiB bodies (under ``mcp.max_request_bytes``).
 
-``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4, t16, m3,
-h1, m1, h2, m2).
+``--only NAME,…`` runs some of them (names: prompts, pings, flood, descriptors, history, n1, n2, n4,
+t16, m3, h1, m1, h2, m2).
 
 For each it prints the daemon's peak resident memory (VmRSS sampled every 10 ms) and its open
 descriptors. Figures only: nothing here passes or fails.
@@ -118,8 +118,8 @@ class Sampler:
 class Daemon:
     def __init__(self, data_dir: Path, root: Path | None, nofile: int | None, env: dict[str, str],
                  config: Path | None = None) -> None:
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_",
-                                                                              "OPENAI_"))}
+        child_env = {k: v
+                     for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
         child_env.update({"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_WATCH": "false",
                           "RECALLD_MEMORY_EMBEDDER": "none", "RECALLD_LOG_FORMAT": "json",
                           "RECALLD_SESSIONS_FSYNC": "never", **env})
@@ -218,7 +218,8 @@ async def ping_flood(d: Daemon, seconds: float, authenticated: bool) -> None:
         closed_after = round(time.monotonic() - t0, 2) if ws.transport.is_closing() else None
         ws.transport.abort()
         await asyncio.sleep(0.5)
-    _report(f"ping flood ({'authenticated' if authenticated else 'unauthenticated'}, {seconds:g} s)", d, s,
+    _report(f"ping flood ({'authenticated' if authenticated else 'unauthenticated'}, "
+            f"{seconds:g} s)", d, s,
             pings_sent=sent, closed_by_server_after_s=closed_after)
 
 
@@ -293,8 +294,8 @@ async def descriptor_flood(root: Path | None, n: int) -> None:
                                                 for _ in range(20)])
                 accept_lines = sum("accept" in str(r.get("event", "")) + str(r.get("message", ""))
                                    for r in d.log)
-                _report(f"descriptors ({n} unauthenticated connections, open-file limit 1024)", d,
-                        s, opened=len(opened), fds_under_attack=fds, creates=dict(creates),
+                _report(f"descriptors ({n} unauthenticated connections, open-file limit 1024)",
+                        d, s, opened=len(opened), fds_under_attack=fds, creates=dict(creates),
                         accept_log_lines=accept_lines)
         finally:
             await asyncio.gather(*(w.close() for w in opened), return_exceptions=True)
@@ -416,9 +417,10 @@ async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 1
                     start, codes, t0 = _tree_bytes(data), Counter[str](), time.monotonic()
                     with Sampler(d.proc.pid) as s:
                         while time.monotonic() - t0 < seconds:
-                            await c.ws.send(orjson.dumps([{"id": f"{i}", "method": "chat.send", "params": {
-                                "sessionKey": k, "message": "x" * chars}} for i,
-                                                          k in enumerate(keys)]), text=True)
+                            await c.ws.send(orjson.dumps([{"id": f"{i}", "method": "chat.send",
+                                                           "params": {"sessionKey": k,
+                                                                      "message": "x" * chars}}
+                                                          for i, k in enumerate(keys)]), text=True)
                             answered = 0
                             while answered < sessions:
                                 msg = await asyncio.wait_for(c.events.get(), 60)
@@ -427,8 +429,8 @@ async def chat_bytes(root: Path | None, seconds: float = 15.0, sessions: int = 1
                                     codes[str(msg["error"]["code"]) if "error" in msg
                                           else "ok"] += 1
                     grown = _tree_bytes(data) - start
-                _report(f"N4 batches of {sessions} chat.send of {chars // 1000} kB for {seconds:g} "
-                        "s", d, s,
+                _report(f"N4 batches of {sessions} chat.send of {chars // 1000} kB for "
+                        f"{seconds:g} s", d, s,
                         data_dir_grew_mb=f"{grown / 1e6:.1f}", sends=dict(codes))
             finally:
                 d.stop()
@@ -472,8 +474,8 @@ async def bob_child(url: str, connections: int = 8, depth: int = 32) -> None:
 
 
 async def _alice_under_bob(d: Daemon, call: Callable[[], Awaitable[object]], samples: int,
-                           child_args: list[str], what: str) -> tuple[float, float, float,
-                                                                      dict[str, int], Sampler]:
+                           child_args: list[str],
+                           what: str) -> tuple[float, float, float, dict[str, int], Sampler]:
     """Alice's p50 (ms) of ``call`` alone, then while bob's child process (``python -m
     bench.attacks CHILD_ARGS``) runs; timed only once bob's flood is on, from his ``ready`` (his
     process takes seconds to start on a loaded machine) until she is done. Returns quiet p50,
@@ -508,8 +510,7 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.toml"
         cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", '
-                       f'token = "{BOB}"}}]\n'
-                       '[quotas]\nsessions_per_minute = 100000\n')
+                       f'token = "{BOB}"}}]\n[quotas]\nsessions_per_minute = 100000\n')
         d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
         try:
             async with Client.connect(d.url, BOB) as bob, Client.connect(d.url, ALICE) as alice:
@@ -521,8 +522,8 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
                 quiet, flooded, window, bob_answers, s = await _alice_under_bob(
                     d, lambda: alice.call("sessions.list", {"limit": 20}), samples,
                     ["--bob-child", d.url], "bob's flood")
-            _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 in "
-                    "flight)", d, s,
+            _report("t16 fairness: alice's sessions.list under bob's flood (8 connections x 32 "
+                    "in flight)", d, s,
                     alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
                     ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
                     bob_answers_per_s_meanwhile=f"{bob_answers.pop('during') / window:.0f}",
@@ -533,8 +534,7 @@ async def fairness(root: Path | None, samples: int = 300) -> None:
 
 # M3's question: MAX_QUERY_CHARS (8,000) characters dense in time phrases.
 PHRASE_DENSE = ("yesterday morning last week in May 2023 two days ago on March 3rd the past 3 "
-                "months recently "
-                "2024-01-02 last Monday in 2022 summer 2021 ") * 80
+                "months recently 2024-01-02 last Monday in 2022 summer 2021 ") * 80
 
 
 async def search_child(url: str, depth: int = 4) -> None:
@@ -570,31 +570,32 @@ async def search_child(url: str, depth: int = 4) -> None:
 
 
 async def phrase_searches(root: Path | None, samples: int = 300) -> None:
-    """M3: alice's ``memory.search`` p50 alone, then while bob keeps 4 phrase-dense searches running."""
+    """M3: alice's ``memory.search`` p50 alone, then while bob keeps 4 phrase-dense searches
+    running."""
     from sessions import SessionsConfig, SessionStore
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg, data = Path(tmp) / "config.toml", Path(tmp) / "data"
         cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", '
                        f'token = "{BOB}"}}]\n')
-        with SessionStore(data, SessionsConfig(fsync="never")) as store:  # something to find, for both
+        # something to find, for both
+        with SessionStore(data, SessionsConfig(fsync="never")) as store:
             for user in ("alice", "bob"):
                 for i in range(100):
                     key = store.create(user, title=f"{user} {i}").session_key
                     for j in range(10):
                         store.append_message(user, key, role="user" if j % 2 == 0 else "assistant",
                                              content=f"we planned the trip to Lisbon {i} with "
-                                                     f"Anna, step {j}: "
-                                                     f"trains, {j + 2} days, the museum on day "
-                                                     f"{i % 7}")
+                                                     f"Anna, step {j}: trains, {j + 2} days, "
+                                                     f"the museum on day {i % 7}")
         d = Daemon(data, root, None, {"RECALLD_TOKEN": ""}, config=cfg)
         try:
             async with Client.connect(d.url, ALICE) as alice:
                 async with asyncio.timeout(300):  # the index caught up before anything is timed
                     while True:
                         status = await alice.call("memory.status")
-                        if status.get("chunks", 0) and status.get("syncCount",
-                                                                  1) >= 1 and not status.get("syncing"):
+                        if (status.get("chunks", 0) and status.get("syncCount", 1) >= 1
+                                and not status.get("syncing")):
                             break
                         await asyncio.sleep(0.2)
 
@@ -699,8 +700,8 @@ def _free_port() -> int:
 async def slowloris(root: Path | None, on_mcp: bool, n: int = 1100, fresh: int = 10) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mcp_port = _free_port()
-        d = Daemon(Path(tmp) / "data", root, 1024, {"RECALLD_MCP_PORT": str(mcp_port)} if on_mcp
-                   else {})
+        d = Daemon(Path(tmp) / "data", root, 1024,
+                   {"RECALLD_MCP_PORT": str(mcp_port)} if on_mcp else {})
         stop = asyncio.Event()
         held = Counter[str]()
         try:
@@ -708,7 +709,8 @@ async def slowloris(root: Path | None, on_mcp: bool, n: int = 1100, fresh: int =
                 while on_mcp and not any(r.get("event") == "mcp.listening" for r in d.log):
                     await asyncio.sleep(0.05)
             port = mcp_port if on_mcp else int(d.url.rsplit(":", 1)[1].strip("/"))
-            head = f"{'POST /mcp' if on_mcp else 'GET /'} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+            head = (f"{'POST /mcp' if on_mcp else 'GET /'} HTTP/1.1\r\n"
+                    f"Host: 127.0.0.1:{port}\r\n").encode()
             async with Client.connect(d.url, TOKEN) as good:
                 with Sampler(d.proc.pid) as s:
                     squatters = [asyncio.create_task(_half_sent(port, head, stop, held))
@@ -751,7 +753,8 @@ async def user_connections(root: Path | None, n: int = 1100, fresh: int = 10) ->
         try:
             with Sampler(d.proc.pid) as s:
                 t0 = time.monotonic()
-                for i in range(0, n, 100):  # in waves, as a client opening them as fast as it can would
+                # in waves, as a client opening them as fast as it can would
+                for i in range(0, n, 100):
                     await asyncio.gather(*(bob() for _ in range(min(100, n - i))))
                 took = time.monotonic() - t0
                 outcomes = await _fresh(d.url, ALICE, fresh)
@@ -819,8 +822,7 @@ async def mcp_bodies(root: Path | None, samples: int = 3000, streams: int = 2,
     with tempfile.TemporaryDirectory() as tmp:
         cfg, mcp_port = Path(tmp) / "config.toml", _free_port()
         cfg.write_text(f'[auth]\nusers = [{{name = "alice", token = "{ALICE}"}}, {{name = "bob", '
-                       f'token = "{BOB}"}}]\n'
-                       f'[mcp]\nport = {mcp_port}\n')
+                       f'token = "{BOB}"}}]\n[mcp]\nport = {mcp_port}\n')
         d = Daemon(Path(tmp) / "data", root, None, {"RECALLD_TOKEN": ""}, config=cfg)
         try:
             async with asyncio.timeout(30):
@@ -835,8 +837,7 @@ async def mcp_bodies(root: Path | None, samples: int = 3000, streams: int = 2,
                     ["--mcp-child", f"http://127.0.0.1:{mcp_port}/", "--mcp-streams", str(streams),
                      "--mcp-body", str(body_bytes)], "bob's MCP bodies")
             _report(f"M2 big MCP bodies: alice's sessions.list while bob keeps {streams} streams "
-                    "of "
-                    f"{body_bytes / 1024:,.0f} KiB POST /mcp",
+                    f"of {body_bytes / 1024:,.0f} KiB POST /mcp",
                     d, s, alice_p50_quiet_ms=f"{quiet:.1f}", alice_p50_flooded_ms=f"{flooded:.1f}",
                     ratio=f"{flooded / quiet:.1f}x", alice_timed_s=f"{window:.1f}",
                     bob_bodies_per_s_meanwhile=f"{bob_answers.pop('during') / window:.0f}",
@@ -860,8 +861,8 @@ async def main(args: argparse.Namespace) -> None:
             # request flood's 500 connections are one user's (server.max_connections_per_user,
             # which an older checkout measured with --root does not know: unknown keys are errors).
             env = {"RECALLD_QUOTAS_SESSIONS_PER_MINUTE": "1000000"}
-            if "max_connections_per_user" in ((root
-                                               or Path.cwd()) / "gateway" / "sections.py").read_text():
+            if "max_connections_per_user" in ((root or Path.cwd()) / "gateway"
+                                              / "sections.py").read_text():
                 env["RECALLD_SERVER_MAX_CONNECTIONS_PER_USER"] = "1024"
             d = Daemon(Path(tmp) / "data", root, None, env)
             try:
@@ -901,7 +902,8 @@ async def main(args: argparse.Namespace) -> None:
         await user_connections(root)
     if "m2" in only:
         await mcp_bodies(root)  # the review's attack: 4 MiB bodies
-        await mcp_bodies(root, streams=16, body_bytes=252 * 1024)  # under mcp.max_request_bytes, more streams
+        # under mcp.max_request_bytes, more streams
+        await mcp_bodies(root, streams=16, body_bytes=252 * 1024)
 
 
 if __name__ == "__main__":

@@ -63,13 +63,13 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                           f"{pq:,.0f} ({pq / sq:.2f}× SQLite's)", ""))
         table.append(("bulk index build (chunks/s)",
                       f"{s['chunks']['sqlite'] / b['sqlite']['keyword_s']:,.0f} keyword, "
-                      f"{s['chunks']['sqlite'] / b['sqlite']['embed_s']:,.0f} vectors (corpus "
-                      "build)",
+                      f"{s['chunks']['sqlite'] / b['sqlite']['embed_s']:,.0f} vectors "
+                      "(corpus build)",
                       f"{s['chunks']['postgres'] / pg['indexS']:,.0f} vectors from the cache and "
                       "HNSW"
                       if "keywordS" in pg else
-                      f"{s['chunks']['postgres'] / pg['indexS']:,.0f} (chunks, postings, vectors, "
-                      "HNSW)", ""))
+                      f"{s['chunks']['postgres'] / pg['indexS']:,.0f} (chunks, postings, "
+                      "vectors, HNSW)", ""))
     rec = r.get("recall")
     if rec:
         for g in ("chunk", "turn"):
@@ -93,8 +93,7 @@ def cpu_rows(out: dict[str, Any]) -> list[str]:
     for topo in TOPOS:
         for section, c in out["results"].get(topo, {}).get("cpu", {}).items():
             lines.append(f"| {topo} | {section} | {c['wallS']:.1f} | {c['nodes']:.1f} | "
-                         f"{c['postgres']:.1f} | "
-                         f"{c['driver']:.1f} | {c['model']:.1f} |")
+                         f"{c['postgres']:.1f} | {c['driver']:.1f} | {c['model']:.1f} |")
     return lines if len(lines) > 2 else []
 
 
@@ -104,8 +103,7 @@ def profile_lines(out: dict[str, Any]) -> list[str]:
     for node, p in prof.items():
         busy = p.get("busyS") or p["totalS"]
         lines.append(f"\n{node}: {p['totalS']:.1f} s profiled over all threads, {busy:.1f} s of it "
-                     "not "
-                     "waiting; by area (share of the time not waiting):\n")
+                     "not waiting; by area (share of the time not waiting):\n")
         lines.append("| area | seconds | share |")
         lines.append("| --- | --- | --- |")
         for area, secs in list(p["areas"].items())[:16]:
@@ -127,16 +125,13 @@ def write_markdown(out: dict[str, Any], path: Path) -> str:
     m = out["machine"]
     doc = [f"# bench-cluster, {out['at'][:16]} UTC", "",
            f"{m['cpuCount']} CPUs ({m['cpu']}), load average {out['loadAverage'][0]:.1f} at the "
-           "end, "
-           f"{out['seconds']:.0f} s; {'quick' if out['quick'] else 'full'} sizes {out['sizes']}; "
-           "sections "
-           f"{', '.join(out['sections'])}. Nodes, PostgreSQL, the fake model and the driver all "
-           "share these CPUs.",
+           f"end, {out['seconds']:.0f} s; {'quick' if out['quick'] else 'full'} sizes "
+           f"{out['sizes']}; sections {', '.join(out['sections'])}. Nodes, PostgreSQL, "
+           "the fake model and the driver all share these CPUs.",
            "", text, ""]
     for i, part in enumerate(out.get("mergedFrom", [])):
         doc.insert(-3, f"{'Measured' if i == 0 else 'Then replaced'}: "
-                       f"{', '.join(part['sections'])} by the run at "
-                       f"{part['at'][:16]} UTC"
+                       f"{', '.join(part['sections'])} by the run at {part['at'][:16]} UTC"
                        + (f" (load average {part['loadAverage'][0]:.1f} at its end)"
                           if "loadAverage" in part else "")
                        + ".")

@@ -98,11 +98,12 @@ try:  # compaction's summary request, recognised by its system message (gateway/
     from gateway.chat.compaction import COMPACTION_INSTRUCTION
 except ImportError:  # a product without compaction
     COMPACTION_INSTRUCTION = None
-HEAD_CHARS = 40           # a cut excerpt holds a turn whose opening this long survived (bench/recall.py)
-RUN_TIMEOUT_S = 300.0     # one question, send → chat.final (a loaded 2-core machine, RealMem prompts)
+HEAD_CHARS = 40           # a cut excerpt holds a turn whose opening this long survived
+                          # (bench/recall.py)
+RUN_TIMEOUT_S = 300.0     # one question, send → chat.final (a loaded 2-core machine, RealMem
+                          # prompts)
 GRANULARITY_NOTE = ("the product always indexes its chunking of each transcript; --granularity "
-                    "turn "
-                    "(one transcript per turn) does not apply to a replay of sessions")
+                    "turn (one transcript per turn) does not apply to a replay of sessions")
 
 
 # --- reading a prompt (pure) -------------------------------------------------------------------
@@ -138,7 +139,8 @@ def recalled_excerpts(system: str) -> list[str]:
 
 
 def _rows(block: str) -> list[str]:
-    """The decoded ``- [label] "json"`` rows of a fenced memory block (``gateway.chat.prompt.fenced``)."""
+    """The decoded ``- [label] "json"`` rows of a fenced memory block
+    (``gateway.chat.prompt.fenced``)."""
     out: list[str] = []
     for line in block.splitlines():
         if not line.startswith("- ["):
@@ -162,7 +164,8 @@ def split_prompt(messages: Sequence[dict[str, Any]], question: str) -> PromptPar
     if history and history[-1] == question:
         history.pop()
     block = _block(system, SUMMARY_OPEN, SUMMARY_CLOSE) or ""
-    summary = "\n".join(_rows(block)) or block  # quoted rows like the other blocks, else the raw text
+    # quoted rows like the other blocks, else the raw text
+    summary = "\n".join(_rows(block)) or block
     tokens = sum(message_tokens(str(m.get("content") or "")) for m in messages)
     return PromptParts(tuple(history), summary, tuple(recalled_excerpts(system)), tokens)
 
@@ -245,8 +248,8 @@ def _bench_config(data_dir: Path, fake: FakeOpenAI, users: dict[str, str], embed
         data_dir,
         llm={"base_url": fake.base_url, "api_key": "sk-bench", "model": "fake-model",
              "max_retries": 0},
-        auth={"token": None, "users": [{"name": user, "token": _tokens(i)} for i,
-                                       user in enumerate(users.values())]},
+        auth={"token": None, "users": [{"name": user, "token": _tokens(i)}
+                                       for i, user in enumerate(users.values())]},
         memory={"embedder": embedder, "episodes": False},
         quotas={"sessions_per_minute": 1_000_000},
         chat={"compaction": compaction},
@@ -257,8 +260,8 @@ def _import_turns(conv: Conversation, sessions: Sequence[int]) -> tuple[ImportTu
     roles = _roles(conv)
     return tuple(ImportTurn(roles[t.speaker], t.text, (sess.date + TURN_STEP * i).isoformat(),
                             t.speaker)
-                 for si in sessions for sess in (conv.sessions[si],) for i,
-                 t in enumerate(sess.turns))
+                 for si in sessions for sess in (conv.sessions[si],)
+                 for i, t in enumerate(sess.turns))
 
 
 def _one_session(conv: Conversation) -> ImportConversation:
@@ -297,8 +300,8 @@ async def _compacted(app: App) -> None:
 def _service(app: App) -> MemoryService:
     service = app.memory.service if app.memory is not None else None
     if not isinstance(service, MemoryService):
-        raise RuntimeError("the gateway has no SQLite memory service (memory disabled or another "
-                           "backend)")
+        raise RuntimeError("the gateway has no SQLite memory service (memory disabled or "
+                           "another backend)")
     return service
 
 
@@ -339,8 +342,8 @@ async def _await_run(client: Client, run_id: str, sent: float) -> float:
 def _prompt_of(requests: Sequence[RecordedRequest], question: str) -> list[dict[str, Any]]:
     for request in reversed(requests):
         body = request.json
-        if request.path != "/v1/chat/completions" or not isinstance(body,
-                                                                    dict) or is_title_request(body):
+        if (request.path != "/v1/chat/completions" or not isinstance(body, dict)
+                or is_title_request(body)):
             continue
         messages = body.get("messages")
         if isinstance(messages, list) and messages and messages[-1].get("content") == question:
@@ -392,7 +395,8 @@ async def _clients(app: App, users: dict[str, str]) -> AsyncIterator[dict[str, C
 
 
 def _jobs(dataset: Dataset, negatives: bool) -> Iterator[tuple[Question, bool, str]]:
-    """(question, negative, the conversation whose user asks it), positives and negatives interleaved."""
+    """(question, negative, the conversation whose user asks it), positives and negatives
+    interleaved."""
     pairs = negative_pairs(dataset) if negatives else {}
     for q in dataset.questions:
         yield q, False, q.conversation
@@ -437,7 +441,8 @@ async def _run_mode(mode: str, dataset: Dataset, *, embedder: str, cache: Path |
                         app, client, fake, timer, key, q, negative=negative, asked_as=asked_as,
                         turns=turns[q.conversation], warmup=warmup if mode == "one-session" else 0))
                     await _compacted(app)
-                    if ji == 0:  # the index as a question meets it (every question's session is deleted)
+                    # the index as a question meets it (every question's session is deleted)
+                    if ji == 0:
                         result.chunks = int((await service.status())["chunks"])
                     await _delete(client, key)
                     progress(f"{mode}: {ji + 1}/{len(jobs)} questions asked")
@@ -467,8 +472,8 @@ async def _import_and_index(config: Config, dataset: Dataset, users: dict[str, s
     result.seconds["import"] = time.perf_counter() - started
     progress(f"separate: imported {len(dataset.conversations)} conversations", final=True)
     started = time.perf_counter()
-    service = await open_memory(config, watch=False, catch_up=False, embedder=_embedder(config,
-                                                                                        config.memory.embedder))
+    service = await open_memory(config, watch=False, catch_up=False,
+                                embedder=_embedder(config, config.memory.embedder))
     try:
         if not isinstance(service, MemoryService):
             raise RuntimeError("not a SQLite memory service")
@@ -501,7 +506,8 @@ async def _write_copy(app: App, service: MemoryService, user: str, conv: Convers
         return session.session_key
 
     key = await asyncio.to_thread(write)
-    # A first copy embeds the whole conversation: keep its vectors as they come (a stopped run's too).
+    # A first copy embeds the whole conversation: keep its vectors as they come (a stopped run's
+    # too).
     report = await (_keeping(service.sync_now(), service.db_path, cache) if cache is not None
                     else service.sync_now())
     if report.error:
@@ -529,8 +535,8 @@ def _mean(values: Sequence[float]) -> float:
 
 def _positives(asked: Sequence[Asked]) -> dict[str, float]:
     return {**{p: _mean([a.places[p] for a in asked]) for p in PLACES},
-            "any": _mean([a.reached for a in asked]), "all": _mean([1.0 if a.all_reached else 0.0
-                                                                    for a in asked]),
+            "any": _mean([a.reached for a in asked]),
+            "all": _mean([1.0 if a.all_reached else 0.0 for a in asked]),
             "questions": float(len(asked))}
 
 
@@ -544,8 +550,8 @@ def summarise(mode: str, run: ModeRun) -> dict[str, Any]:
     recall_ms = [a.recall_ms for a in pos + neg if a.recall_ms is not None]
     out: dict[str, Any] = {
         "questions": len(pos),
-        "evidence": {"overall": _positives(pos), "by_category": {c: _positives(by_cat[c])
-                                                                 for c in sorted(by_cat)}},
+        "evidence": {"overall": _positives(pos),
+                     "by_category": {c: _positives(by_cat[c]) for c in sorted(by_cat)}},
         "promptTokens": {"mean": _mean([float(a.prompt_tokens) for a in pos]),
                          **(_percentiles([float(a.prompt_tokens) for a in pos]) if pos else {})},
         "recalledTokens": _mean([float(a.recalled_tokens) for a in pos]),
@@ -605,16 +611,13 @@ async def run_conversation_benchmark(dataset: Dataset, *, dataset_name: str, emb
 def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"dataset {report['dataset']}: {report['conversations']} conversations, {report['turns']} "
-        "turns, "
-        f"{report['questions']} questions",
+        f"turns, {report['questions']} questions",
         f"embedder {report['embedder']} ({report.get('embedderReason', '')}); granularity chunk: "
         f"{report['granularityNote']}",
         "evidence reached the prompt (share of evidence turns), by where; "
-        f"summary = {SUMMARY_OPEN} "
-        f"in the system message (compaction {'on' if report['compaction'] else 'off or absent'}; "
-        "the fake "
-        f"model summarises extractively); one-session: {report['warmup']} warm-up message(s) "
-        "before each question",
+        f"summary = {SUMMARY_OPEN} in the system message (compaction "
+        f"{'on' if report['compaction'] else 'off or absent'}; the fake model summarises "
+        f"extractively); one-session: {report['warmup']} warm-up message(s) before each question",
     ]
     cols = (*PLACES, "any", "all")
     width = max([14] + [len(c) + 1 for b in report["modes"].values()
@@ -625,7 +628,8 @@ def format_report(report: dict[str, Any]) -> str:
         rows = [("overall", block["evidence"]["overall"]),
                 *block["evidence"]["by_category"].items()]
         for i, (cat, values) in enumerate(rows):
-            lines.append(f"{mode if i == 0 else '':<12} {cat:<{width}}" + "".join(f"{values[c]:>9.3f}" for c in cols)
+            lines.append(f"{mode if i == 0 else '':<12} "
+                         f"{cat:<{width}}" + "".join(f"{values[c]:>9.3f}" for c in cols)
                          + f"{int(values['questions']):>6}")
         lines.append("")
     header = (f"{'mode':<12}{'prompt tok':>11}{'p50':>7}{'p99':>7}{'recalled':>9}{'excerpts':>9}"
@@ -640,13 +644,13 @@ def format_report(report: dict[str, Any]) -> str:
             + (f"{fd['p50']:>12.0f}ms{fd['p99']:>5.0f}ms" if fd else f"{'n/a':>14}{'':>7}")
             + f"{block['chunks']:>8}")
     lines.append("(prompt tokens: every message, memory.approx_tokens + 4 each as "
-                 "gateway/chat/prompt.py counts; "
-                 "recalled: tokens of the recall block's excerpts per question; recall: "
-                 "MemoryService.recall timed inside the gateway; 1st delta: chat.send → first "
-                 "chat.delta)")
+                 "gateway/chat/prompt.py counts; recalled: tokens of the recall block's excerpts "
+                 "per question; recall: MemoryService.recall timed inside the gateway; 1st delta: "
+                 "chat.send → first chat.delta)")
     lines.append("")
     if report["negatives"]:
-        header = f"{'negatives':<12}{'questions':>10}{'any-recalled':>14}{'excerpts':>10}{'tokens':>9}"
+        header = (f"{'negatives':<12}{'questions':>10}{'any-recalled':>14}{'excerpts':>10}"
+                  f"{'tokens':>9}")
         lines += [header, "-" * len(header)]
         for mode, block in report["modes"].items():
             neg = block.get("negatives")
@@ -681,8 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python bench/conversation.py",
         description="What reaches the model's prompt when a dataset's conversations are replayed "
-                    "through a "
-                    "real gateway (see bench/README.md).")
+                    "through a real gateway (see bench/README.md).")
     parser.add_argument("dataset", type=Path, help="dataset JSON in bench/recall.py's format")
     parser.add_argument("--embedder", choices=("local", "none"), default="local",
                         help="local: the bundled ONNX model (default); none: keyword search only")
@@ -702,12 +705,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "recall does alone)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N",
                         help="one-session: messages sent into the replayed session before each "
-                             "question, "
-                             "each followed by the compaction it triggers (default 1; 0: "
+                             "question, each followed by the compaction it triggers (default 1; 0: "
                              "the question first)")
     parser.add_argument("--embedding-cache", type=Path, default=None, metavar="FILE",
-                        help="keep vectors in FILE across runs (bench/recall.py's cache works here "
-                             "too)")
+                        help="keep vectors in FILE across runs (bench/recall.py's cache "
+                             "works here too)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
                         help="write the figures, and every question's, as JSON")
     return parser

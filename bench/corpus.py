@@ -7,10 +7,10 @@ everything, topic words match a cluster). Vectors: 384-dim unit vectors, the top
 plus Gaussian noise seeded by the text's hash, so they have cluster structure.
 
 Transcripts are written by the real ``SessionStore`` (keys from a counter, so files and chunk
-ids come in the same order every run), then indexed by the real ``memory.sqlite.index.indexing.Indexer``;
-vectors come from :class:`SyntheticEmbedder` through the real embedding pipeline and cache, so
-the local model is never run on 100k texts. Built databases are kept in ``bench/.cache`` keyed
-by the corpus parameters.
+ids come in the same order every run), then indexed by the real
+``memory.sqlite.index.indexing.Indexer``; vectors come from :class:`SyntheticEmbedder` through the
+real embedding pipeline and cache, so the local model is never run on 100k texts. Built databases
+are kept in ``bench/.cache`` keyed by the corpus parameters.
 """
 
 from __future__ import annotations
@@ -196,9 +196,8 @@ def queries(n: int, seed: int = 99) -> list[str]:
         topic = int(rng.integers(TOPICS))
         lead = ["what", "did", "we", "say", "about", "the", "how", "do", "I", "my"]
         words = [lead[int(i)] for i in rng.choice(len(lead), size=3, replace=False)]
-        words += [vocab.topic_words[topic][int(i)] for i in rng.choice(25,
-                                                                       size=int(rng.integers(2, 4)),
-                                                                       replace=False)]
+        words += [vocab.topic_words[topic][int(i)]
+                  for i in rng.choice(25, size=int(rng.integers(2, 4)), replace=False)]
         out.append(" ".join(words))
     return out
 

@@ -8,8 +8,9 @@ configured threshold, and the same over a threshold sweep from the pairs' cosine
 
 Latency: two gateways in this process, the same local embedder, one with ``memory.facts =
 "tool"`` and 50 remembered facts, one with ``"off"``; both stream from the loopback fake model
-(no tool calls); chat.recall is on in both unless ``--recall off``. Runs alternate between them; each run is timed from ``chat.send`` to
-``chat.final`` at the client. Printed: p50 of each and of the per-round difference.
+(no tool calls); chat.recall is on in both unless ``--recall off``. Runs alternate between them;
+each run is timed from ``chat.send`` to ``chat.final`` at the client. Printed: p50 of each and of
+the per-round difference.
 
     .venv/bin/python -m bench.facts                 # both parts
     .venv/bin/python -m bench.facts --only dedup    # or --only latency; --runs N
@@ -108,22 +109,23 @@ async def latency(runs: int, recall: bool, mode: str = "tool") -> None:
         fake.configure(reply="Sure, here is a short answer for you.")
         with tempfile.TemporaryDirectory() as tmp:
             def config(name: str, facts: str) -> Any:
-                return make_config(Path(tmp) / name, llm={"base_url": fake.base_url,
-                                                          "api_key": "sk-bench",
-                                                         "model": "fake-model", "max_retries": 0},
+                return make_config(Path(tmp) / name,
+                                   llm={"base_url": fake.base_url, "api_key": "sk-bench",
+                                        "model": "fake-model", "max_retries": 0},
                                    memory={"embedder": "local", "facts": facts},
                                    chat={"recall": recall})
 
-            async with running_gateway(config("on", mode)) as on_app, running_gateway(config("off",
-                                                                                             "off")) as off_app:
-                async with Client.connect(on_app.url, TOKEN) as on, Client.connect(off_app.url,
-                                                                                   TOKEN) as off:
+            async with running_gateway(config("on", mode)) as on_app, \
+                    running_gateway(config("off", "off")) as off_app:
+                async with Client.connect(on_app.url, TOKEN) as on, \
+                        Client.connect(off_app.url, TOKEN) as off:
                     for i in range(50):
                         await on.call("memory.facts.add",
-                                      {"text": f"Fact {i}: I like hobby number {i} and city "
-                                               f"{i * 7}."})
+                                      {"text": f"Fact {i}: I like hobby number {i} and "
+                                               f"city {i * 7}."})
                     keys = {c: (await c.call("sessions.create"))["sessionKey"] for c in (on, off)}
-                    for c in (on, off):  # warm-up: model loaded, connections open, something indexed
+                    # warm-up: model loaded, connections open, something indexed
+                    for c in (on, off):
                         for _ in range(3):
                             await _timed_run(c, keys[c], "warm up")
                     if recall:
@@ -136,11 +138,12 @@ async def latency(runs: int, recall: bool, mode: str = "tool") -> None:
                     samples: dict[str, list[float]] = {"on": [], "off": []}
                     diffs: list[float] = []
                     for i in range(runs):
-                        order = [("on", on), ("off", off)] if i % 2 == 0 else [("off", off),
-                                                                               ("on", on)]
+                        order = ([("on", on), ("off", off)] if i % 2 == 0
+                                 else [("off", off), ("on", on)])
                         got = {}
                         for name, c in order:
-                            # A fresh session each round keeps history length (and prompt size) equal.
+                            # A fresh session each round keeps history length (and prompt size)
+                            # equal.
                             key = (await c.call("sessions.create"))["sessionKey"]
                             got[name] = await _timed_run(c, key,
                                                          f"What do you remember about hobby {i}?")
@@ -149,8 +152,7 @@ async def latency(runs: int, recall: bool, mode: str = "tool") -> None:
     on_p50 = statistics.median(samples["on"]) * 1000
     off_p50 = statistics.median(samples["off"]) * 1000
     print(f"latency: {runs} runs each, chat.send → chat.final, fake model, local embedder, "
-          "50 facts, "
-          f"recall {'on' if recall else 'off'}, facts on = {mode!r}")
+          f"50 facts, recall {'on' if recall else 'off'}, facts on = {mode!r}")
     print(f"  facts on  p50 {on_p50:.1f} ms")
     print(f"  facts off p50 {off_p50:.1f} ms")
     print(f"  added p50 (per-round difference) {statistics.median(diffs) * 1000:.1f} ms")

@@ -38,8 +38,8 @@ async def run_appends(quick: bool) -> list[Figure]:
                 path = store.transcript_path(USER, session.session_key)
                 for i in range(15 if quick else 30):
                     store.append_message(USER, session.session_key, role="user", run_id=f"x{i}",
-                                         content=f"one more appended message number {i} about "
-                                                 "sourdough",
+                                         content=f"one more appended message number {i} "
+                                                 "about sourdough",
                                          ts="2025-01-01T00:00:00.000Z")
                     t = time.perf_counter()
                     report = await asyncio.to_thread(indexer.files.sync_file, path)
@@ -90,8 +90,8 @@ async def run_backfill_and_loop(quick: bool) -> list[Figure]:
         if not isinstance(local, LocalEmbedder):
             return [Figure("5 event loop", "local embedder unavailable", float("nan"), "",
                            note=reason)]
-        texts = await _chunk_texts(root, cfg.memory, local, BOUND_CHUNKS_QUICK if quick
-                                   else BOUND_CHUNKS_FULL)
+        texts = await _chunk_texts(root, cfg.memory, local,
+                                   BOUND_CHUNKS_QUICK if quick else BOUND_CHUNKS_FULL)
         # The bound before and after the backfill: a shared machine's load drifts in between.
         bound_before = await asyncio.to_thread(direct_model_rate, local, texts)
         async with running_gateway(cfg) as app:
@@ -123,33 +123,30 @@ async def run_backfill_and_loop(quick: bool) -> list[Figure]:
                            f"gateway.health p99 during local backfill ({messages:,} messages)",
                            m["p99"], "ms", "≤ 25", m["p99"] <= 25,
                            note=f"p50 {m['p50']:.2f} ms over {len(lat)} calls in a {window_s:.0f} "
-                                "s window; "
-                                f"{status['embedded']} of {status['chunks']} chunks embedded by "
-                                "then"))
+                                f"s window; {status['embedded']} of {status['chunks']} chunks "
+                                "embedded by then"))
         model = f"{service.embedder.model_id} (window {service.embedder.max_tokens})"
         # From the first commit to the last: the model's load and first call (the first commit's
         # wait) are a one-off, which the bound leaves out too.
         (t0, n0), (t1, n1) = seen[1] if len(seen) > 1 else seen[0], seen[-1]
         rate = (n1 - n0) / (t1 - t0) if t1 > t0 else float("nan")
-        first = f"first vectors committed {t0:.1f} s after the start" if len(seen) > 1 else "no vectors committed"
+        first = (f"first vectors committed {t0:.1f} s after the start" if len(seen) > 1
+                 else "no vectors committed")
         figs.append(Figure("4 indexing", "local-embedder backfill (through the gateway, 2 cores)",
-                           rate, "chunks/s", note=f"{model}, "
-                                                  f"chunks of {cfg.memory.chunk_tokens or 'auto'} "
-                                                  "approximate tokens "
-                                f"({status['chunks']} chunks from {messages:,} messages); {first}; "
-                                "rate from "
-                                f"then to the last of {len(seen) - 1} commits"))
+                           rate, "chunks/s",
+                           note=f"{model}, chunks of {cfg.memory.chunk_tokens or 'auto'} "
+                                f"approximate tokens ({status['chunks']} chunks from {messages:,} "
+                                f"messages); {first}; rate from then to the last of "
+                                f"{len(seen) - 1} commits"))
         bound = (bound_before + bound_after) / 2
         share = 100 * rate / bound
-        figs.append(Figure("4 indexing", "local-embedder backfill, share of the model's compute "
-                                         "bound", share, "%",
+        figs.append(Figure("4 indexing", "local-embedder backfill, share of the model's "
+                                         "compute bound", share, "%",
                            note="bound: the same ONNX model run directly (onnxruntime, "
-                                f"{local.threads} threads, "
-                                f"default session options, batches of {local.batch_size} sorted by "
-                                "length) on "
-                                f"the first {len(texts)} of the same chunks in this process: "
-                                f"{bound_before:.1f} "
-                                f"chunks/s before the backfill, {bound_after:.1f} after"))
+                                f"{local.threads} threads, default session options, batches of "
+                                f"{local.batch_size} sorted by length) on the first {len(texts)} "
+                                f"of the same chunks in this process: {bound_before:.1f} chunks/s "
+                                f"before the backfill, {bound_after:.1f} after"))
     return figs
 
 
@@ -191,7 +188,8 @@ def direct_model_rate(embedder: LocalEmbedder, texts: list[str]) -> float:
     if root is None:
         raise RuntimeError(f"{spec.package} is not installed")
     if spec.tokenizer_file.startswith("memory:"):
-        tokenizer_json = resources.files("memory").joinpath(spec.tokenizer_file[len("memory:"):]).read_text("utf-8")
+        tokenizer_json = resources.files("memory").joinpath(
+            spec.tokenizer_file[len("memory:"):]).read_text("utf-8")
     else:
         tokenizer_json = (root / spec.tokenizer_file).read_text("utf-8")
     tokenizer = Tokenizer.from_str(tokenizer_json)

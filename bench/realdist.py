@@ -56,8 +56,8 @@ def _sqrtm(cov: np.ndarray) -> np.ndarray:
     return root
 
 
-def _texts(source: Path, sessions: int, questions: int, seed: int) -> tuple[list[str], list[int],
-                                                                            list[str]]:
+def _texts(source: Path, sessions: int, questions: int,
+           seed: int) -> tuple[list[str], list[int], list[str]]:
     data = json.loads(source.read_text())
     # Sessions long enough for two windows, so each has a within-session spread to measure.
     all_sessions = [s for c in data["conversations"] for s in c["sessions"]
@@ -137,7 +137,8 @@ def load_fit(*, sessions: int = 110, questions: int = 120, seed: int = 5) -> Fit
         "questions": len(q), "embed_s": round(took, 1),
         "real_mean_pairwise_cosine": float((p @ p.T)[iu].mean()),
         "real_query_mean_cosine": float((q @ p.T).mean()),
-        "between_share_of_variance": float(np.trace(between) / (np.trace(between) + np.trace(within))),
+        "between_share_of_variance": float(np.trace(between)
+                                           / (np.trace(between) + np.trace(within))),
     }
     fit = Fit(mean, q.mean(axis=0), _sqrtm(between), _sqrtm(within), info)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)

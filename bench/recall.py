@@ -75,8 +75,8 @@ PROMPT_METRICS = ("prompt-recall", "prompt-all", "prompt-tokens")
 # Negatives (--negatives): recall asked for a question in an index that lacks its conversation.
 NEGATIVE_METRICS = ("any-recalled", "excerpts", "tokens")
 NEGATIVE_PAIRING = ("each question asked as the user of the next conversation in the file (the "
-                    "last's as the "
-                    "first's): that user's index holds none of the question's sessions")
+                    "last's as the first's): that user's index holds none of the "
+                    "question's sessions")
 RECALL_K = ChatConfig().recall_k   # the chat's default number of recalled chunks
 UNCATEGORIZED = "uncategorized"
 TURN_STEP = timedelta(minutes=1)   # turn i of a session is dated session date + i minutes
@@ -231,8 +231,8 @@ def question_moments(dataset: Dataset) -> list[datetime | None]:
     sorts at or after its ``asked_before_turn`` (RealMem's ids sort in history order, and the
     question's own turn may have been removed), else None (after the whole history)."""
     timelines: dict[str, list[tuple[str, datetime]]] = {
-        c.id: sorted((t.id, s.date + TURN_STEP * i) for s in c.sessions for i,
-                     t in enumerate(s.turns))
+        c.id: sorted((t.id, s.date + TURN_STEP * i) for s in c.sessions
+                     for i, t in enumerate(s.turns))
         for c in dataset.conversations
     }
     moments: list[datetime | None] = []
@@ -260,8 +260,8 @@ def load_dataset(path: Path) -> Dataset:
 # returned chunk covers; ``evidence`` is the question's evidence turn ids.
 
 
-def _first_ranks(ranked: Sequence[Iterable[str]], evidence: Iterable[str], k: int) -> dict[str,
-                                                                                           int]:
+def _first_ranks(ranked: Sequence[Iterable[str]], evidence: Iterable[str],
+                 k: int) -> dict[str, int]:
     """Evidence turn → 1-based rank of the first of the top ``k`` results that covers it."""
     wanted = set(evidence)
     found: dict[str, int] = {}
@@ -393,7 +393,8 @@ def _check_lines(path: Path, expected: Sequence[tuple[int, str]]) -> None:
 
 
 def _seeded_session_keys(seed: int) -> Callable[[], str]:
-    """Session keys from a seeded generator instead of ``uuid4``, for ``SessionStore(key_factory=…)``.
+    """Session keys from a seeded generator instead of ``uuid4``, for
+    ``SessionStore(key_factory=…)``.
 
     The indexer walks transcripts in path order (``<user>/<sessionKey>.jsonl``), so chunk ids
     follow the keys, and the search breaks score ties by chunk id: with random keys the same
@@ -421,9 +422,9 @@ def load_corpus(dataset: Dataset, data_dir: Path, granularity: str,
     return corpus
 
 
-def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable[[str],
-                                                                                 None] | None,
-          store: SessionStore, corpus: LoadedCorpus) -> None:
+def _load(dataset: Dataset, data_dir: Path, granularity: str,
+          progress: Callable[[str], None] | None, store: SessionStore,
+          corpus: LoadedCorpus) -> None:
     for ci, conv in enumerate(dataset.conversations):
         user = user_name(ci, conv.id)
         corpus.users[conv.id] = user
@@ -457,7 +458,8 @@ def _load(dataset: Dataset, data_dir: Path, granularity: str, progress: Callable
 
 
 def longest_turn_tokens(dataset: Dataset) -> int:
-    """Approximate tokens of the longest rendered turn (``name [ts]: text``; ts has a fixed width)."""
+    """Approximate tokens of the longest rendered turn (``name [ts]: text``; ts has a fixed
+    width)."""
     stamp = "2000-01-01T00:00:00.000Z"
     return max((approx_tokens(f"{t.speaker} [{stamp}]: {t.text}")
                 for c in dataset.conversations for s in c.sessions for t in s.turns), default=0)
@@ -586,8 +588,8 @@ async def run_benchmark(
                     progress(f"embedding: {p.embedded} embedded, {p.pending} pending")
 
             if embedding_cache is not None:
-                seeded = await asyncio.to_thread(_share_cache, root / "memory.db", embedding_cache,
-                                                 "seed")
+                seeded = await asyncio.to_thread(_share_cache, root / "memory.db",
+                                                 embedding_cache, "seed")
                 progress(f"embedding cache: {seeded} vectors from {embedding_cache}", final=True)
                 sync = await _keeping(service.sync_now(progress=on_sync), root / "memory.db",
                                       embedding_cache)
@@ -740,7 +742,8 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             negative_rows.append((q.category, scores))
             entry["negative"] = {"askedIn": other, **scores}
         per_question.append(entry)
-        progress(f"asking{' (as of)' if as_of else ''}: {qi + 1}/{len(dataset.questions)} questions")
+        progress(f"asking{' (as of)' if as_of else ''}: "
+                 f"{qi + 1}/{len(dataset.questions)} questions")
     progress(f"asked: {len(dataset.questions)} questions × {len(MODES)} modes", final=True)
 
     modes_out: dict[str, Any] = {}
@@ -769,8 +772,8 @@ async def _ask(service: MemoryService, dataset: Dataset, corpus: LoadedCorpus, k
             prompt_by_cat[cat].append(scores)
         report["prompt"] = {
             "k": RECALL_K, "budgetTokens": service.config.recall_budget_tokens,
-            "ms": _percentiles(recall_ms), "overall": _mean([s for _, s in prompt_rows],
-                                                            PROMPT_METRICS),
+            "ms": _percentiles(recall_ms),
+            "overall": _mean([s for _, s in prompt_rows], PROMPT_METRICS),
             "by_category": {cat: _mean(prompt_by_cat[cat], PROMPT_METRICS)
                             for cat in sorted(prompt_by_cat)},
         }
@@ -798,8 +801,8 @@ def format_table(result: RunResult) -> str:
     lines = [
         f"dataset {report['dataset']}: {report['questions']} questions, {result.turns} turns, "
         f"{result.transcripts} transcripts, {result.chunks} chunks",
-        f"embedder {report['embedder']} ({result.embedder_reason}); "
-        f"granularity {report['granularity']}"
+        f"embedder {report['embedder']} ({result.embedder_reason}); granularity "
+        f"{report['granularity']}"
         + ("; as of each question's time" if report.get('asOf') else ""),
         f"time: load {result.seconds.get('load', 0):.1f} s, "
         f"index {result.seconds.get('index', 0):.1f} s, "
@@ -826,9 +829,9 @@ def format_table(result: RunResult) -> str:
     if "rerank" in report:
         ms, read = report["rerank"]["ms"], report["rerank"]["candidates"]
         lines.append(f"hybrid re-rank step ran in {report['rerank']['searches']} of "
-                     f"{report['questions']} searches: "
-                     f"p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms, max {ms['max']:.0f} ms; "
-                     f"candidates read p50 {read['p50']:.0f}, p99 {read['p99']:.0f}")
+                     f"{report['questions']} searches: p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} "
+                     f"ms, max {ms['max']:.0f} ms; candidates read p50 {read['p50']:.0f}, "
+                     f"p99 {read['p99']:.0f}")
         lines.append("")
     if "prompt" in report:
         block = report["prompt"]
@@ -837,8 +840,8 @@ def format_table(result: RunResult) -> str:
                      f"p99 {block['ms']['p99']:.0f} ms):")
         header = f"{'':<8} {'category':<14}" + "".join(f"{m:>15}" for m in PROMPT_METRICS)
         lines += [header, "-" * len(header)]
-        for i, (cat, values) in enumerate([("overall",
-                                            block["overall"])] + list(block["by_category"].items())):
+        for i, (cat, values) in enumerate([("overall", block["overall"])]
+                                          + list(block["by_category"].items())):
             cells = "".join(f"{values[m]:>15.0f}" if m == "prompt-tokens" else f"{values[m]:>15.3f}"
                             for m in PROMPT_METRICS)
             lines.append(f"{'prompt' if i == 0 else '':<8} {cat:<14}{cells}")
@@ -850,15 +853,15 @@ def format_table(result: RunResult) -> str:
                      f"p99 {block['ms']['p99']:.0f} ms):")
         header = f"{'':<8} {'category':<14}" + "".join(f"{m:>15}" for m in NEGATIVE_METRICS)
         lines += [header, "-" * len(header)]
-        for i, (cat, values) in enumerate([("overall",
-                                            block["overall"])] + list(block["by_category"].items())):
+        for i, (cat, values) in enumerate([("overall", block["overall"])]
+                                          + list(block["by_category"].items())):
             cells = "".join(f"{values[m]:>15.3f}" if m == "any-recalled" else f"{values[m]:>15.1f}"
                             for m in NEGATIVE_METRICS)
             lines.append(f"{'negative' if i == 0 else '':<8} {cat:<14}{cells}")
         lines.append("")
     if any(set(result.ran_as.get(m, {m: 1})) != {m} for m in MODES):
-        lines.append("* this mode fell back to another (see NOTE above); its figures are that "
-                     "mode's")
+        lines.append("* this mode fell back to another (see NOTE above); its figures are "
+                     "that mode's")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -877,41 +880,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--candidates", type=int, default=50,
                         help="candidates per leg (default 50)")
     parser.add_argument("--chunk-tokens", type=int, default=None,
-                        help="chunk size for --granularity chunk (default: sized for the embedder, "
-                             "≤ 256)")
+                        help="chunk size for --granularity chunk (default: sized for the "
+                             "embedder, ≤ 256)")
     parser.add_argument("--overlap-tokens", type=int, default=None,
-                        help="chunk overlap for --granularity chunk (default: memory default, "
-                             "chunk/5)")
+                        help="chunk overlap for --granularity chunk (default: "
+                             "memory default, chunk/5)")
     parser.add_argument("--fusion", choices=("convex", "rrf"), default=None,
                         help="how hybrid fuses the legs (default: the memory default)")
     parser.add_argument("--fusion-depth", type=int, default=None, metavar="N",
                         help="convex fusion scales each leg between its best and its N-th score "
-                             "(default: memory.fusion_depth; the number of candidates = round 2's "
-                             "min-max)")
+                             "(default: memory.fusion_depth; the number of candidates = round "
+                             "2's min-max)")
     parser.add_argument("--keyword-weight", type=float, default=None,
                         help="keyword leg's weight in hybrid fusion (default: the memory default)")
     parser.add_argument("--keyword-common", type=float, nargs=2, default=None,
-                        metavar=("SHARE", "MIN"), help="keyword_common_share and "
-                                                       "keyword_common_min_chunks (default: "
-                                                       "the memory "
-                             "defaults; 0 0 keeps every word)")
+                        metavar=("SHARE", "MIN"),
+                        help="keyword_common_share and keyword_common_min_chunks (default: "
+                             "the memory defaults; 0 0 keeps every word)")
     parser.add_argument("--rerank", choices=("auto", "true", "false"), default=None,
                         help="memory.rerank (default: the memory default, auto)")
     parser.add_argument("--rerank-budget-ms", type=int, default=None,
                         help="memory.rerank_budget_ms (default: the memory default)")
     parser.add_argument("--neighbours", choices=("on", "off"), default=None,
                         help="memory.recall_neighbours: --recall widens excerpts by the message "
-                             "before "
-                             "and after (default: the memory default, on)")
+                             "before and after (default: the memory default, on)")
     parser.add_argument("--recall-margin", type=float, default=None, metavar="COSINE",
                         help="memory.recall_vector_only_margin: how far above the floor a recalled "
-                             "hit that "
-                             "shares no meaningful word with the question must be (default: "
-                             "the memory default)")
+                             "hit that shares no meaningful word with the question must be "
+                             "(default: the memory default)")
     parser.add_argument("--as-of", action="store_true",
                         help="ask each question as of when it was asked (its date or "
-                             "asked_before_turn): "
-                             "only what was said before it is searched")
+                             "asked_before_turn): only what was said before it is searched")
     parser.add_argument("--conversations", default=None, metavar="ID,ID",
                         help="only these conversations and their questions (a quicker run)")
     parser.add_argument("--embedding-cache", type=Path, default=None, metavar="FILE",
@@ -920,21 +919,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the index to measure (default sqlite; postgres needs --dsn and the "
                              "postgres extra)")
     parser.add_argument("--dsn", default=None,
-                        help="postgres: a server DSN; the run creates and drops a scratch database "
-                             "on it")
+                        help="postgres: a server DSN; the run creates and drops a scratch "
+                             "database on it")
     parser.add_argument("--vector-leg", choices=("hnsw", "bit"), default="hnsw",
-                        help="postgres: the vector leg (HNSW, or sign bits + Hamming then exact "
-                             "cosine)")
+                        help="postgres: the vector leg (HNSW, or sign bits + Hamming then "
+                             "exact cosine)")
     parser.add_argument("--recall", action="store_true",
                         help="also score what recall into a prompt (the chat's "
-                             "MemoryService.recall) puts "
-                             "before the model: the share of evidence inside it, and its tokens")
+                             "MemoryService.recall) puts before the model: the share of evidence "
+                             "inside it, and its tokens")
     parser.add_argument("--negatives", action="store_true",
                         help="also ask recall into a prompt for each question in an index that "
-                             "lacks its "
-                             "conversation (the next conversation's user): the share that gets any "
-                             "excerpt, "
-                             "and the tokens recalled")
+                             "lacks its conversation (the next conversation's user): "
+                             "the share that gets any excerpt, and the tokens recalled")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
                         help="write the figures as JSON")
     parser.add_argument("--details", type=Path, default=None, metavar="OUT",
@@ -966,10 +963,10 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
                             else defaults.overlap_tokens),
             fusion=args.fusion or defaults.fusion,
             fusion_depth=args.fusion_depth or defaults.fusion_depth,
-            keyword_weight=args.keyword_weight if args.keyword_weight is not None
-            else defaults.keyword_weight, keyword_common_share=(args.keyword_common[0]
-                                                                if args.keyword_common
-                                                                else defaults.keyword_common_share),
+            keyword_weight=(args.keyword_weight if args.keyword_weight is not None
+                            else defaults.keyword_weight),
+            keyword_common_share=(args.keyword_common[0] if args.keyword_common
+                                  else defaults.keyword_common_share),
             keyword_common_min_chunks=(int(args.keyword_common[1]) if args.keyword_common
                                        else defaults.keyword_common_min_chunks),
             embeddings_api_key=os.environ.get("OPENAI_API_KEY"),
@@ -978,9 +975,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
             rerank={"true": True, "false": False, "auto": "auto",
                     None: defaults.rerank}[args.rerank],
             rerank_budget_ms=args.rerank_budget_ms or defaults.rerank_budget_ms,
-            recall_neighbours=(args.neighbours == "on") if args.neighbours
-            else defaults.recall_neighbours, recall_vector_only_margin=(args.recall_margin
-                                                                        if args.recall_margin is not None
+            recall_neighbours=((args.neighbours == "on") if args.neighbours
+                               else defaults.recall_neighbours),
+            recall_vector_only_margin=(args.recall_margin if args.recall_margin is not None
                                        else defaults.recall_vector_only_margin),
         )
         if args.backend == "postgres":
@@ -989,8 +986,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
                 return 2
             if args.recall or args.negatives:
                 err.write("--recall and --negatives score MemoryService.recall (sqlite); "
-                          "not measured on "
-                          "postgres yet\n")
+                          "not measured on postgres yet\n")
                 return 2
             from bench.recall_pg import run_postgres_benchmark
 

@@ -3,14 +3,14 @@
     python -m bench.recall_all [--embedder auto|local|openai|none] [--only NAME ...] [--out FILE]
 
 Datasets are every ``*.json`` in ``bench/data/`` that loads as a ``bench/recall.py`` dataset.
-Each runs at ``turn`` and ``chunk`` granularity through ``bench.recall.run_benchmark`` — the real store, indexer and
-search with the default :class:`memory.MemoryConfig` — and, when its questions carry a moment
-(a ``date`` or ``asked_before_turn``), is asked a second time ``--as-of`` on the same index;
-recall into a prompt is scored too (``bench/recall.py --recall``), and its negatives (``--negatives``).
-Then each dataset is replayed through a real gateway (``bench/conversation.py``: one session and
-separate sessions; ``--conversation-questions N`` keeps N questions a conversation, ``--no-conversation``
-skips it). Each table is printed as it finishes (per category); all figures go to
-``bench/results/recall.json`` (the replays under ``"conversation"``).
+Each runs at ``turn`` and ``chunk`` granularity through ``bench.recall.run_benchmark`` — the real
+store, indexer and search with the default :class:`memory.MemoryConfig` — and, when its questions
+carry a moment (a ``date`` or ``asked_before_turn``), is asked a second time ``--as-of`` on the same
+index; recall into a prompt is scored too (``bench/recall.py --recall``), and its negatives
+(``--negatives``). Then each dataset is replayed through a real gateway (``bench/conversation.py``:
+one session and separate sessions; ``--conversation-questions N`` keeps N questions a conversation,
+``--no-conversation`` skips it). Each table is printed as it finishes (per category); all figures go
+to ``bench/results/recall.json`` (the replays under ``"conversation"``).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def _summary(result: RunResult) -> dict[str, Any]:
 
 async def run(paths: list[Path], embedder: str, cache: Path | None,
               conversations: dict[str, list[str]], *, replay: bool = True,
-              replay_questions: int | None = None) -> tuple[list[dict[str, Any]],
-                                                            list[dict[str, Any]]]:
+              replay_questions: int | None = None
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     reports: list[dict[str, Any]] = []
     replays: list[dict[str, Any]] = []
     base = MemoryConfig(local_threads=os.cpu_count() or 1,

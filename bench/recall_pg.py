@@ -1,4 +1,5 @@
-"""``bench/recall.py --backend postgres --dsn DSN``: the same questions against the PostgreSQL index.
+"""``bench/recall.py --backend postgres --dsn DSN``: the same questions against the PostgreSQL
+index.
 
 The dataset is written into the sessions' tables by the sessions store
 (``sessions.PgSessionStore``): the same sessions, keys, dates,
@@ -65,9 +66,11 @@ def load_into_postgres(dataset: Dataset, dsn: str, granularity: str, *,
                 groups = ([list(enumerate(sess.turns))] if granularity == "chunk"
                           else [[(i, t)] for i, t in enumerate(sess.turns)])
                 for group in groups:
-                    key = store.create(user, title=f"{conv.id} / {sess.id}",
-                                       created_at=format_ts(sess.date + TURN_STEP * group[0][0])).session_key
-                    for seq, (i, turn) in enumerate(group):  # the store's seq: 0, 1, 2… in append order
+                    key = store.create(
+                        user, title=f"{conv.id} / {sess.id}",
+                        created_at=format_ts(sess.date + TURN_STEP * group[0][0])).session_key
+                    # the store's seq: 0, 1, 2… in append order
+                    for seq, (i, turn) in enumerate(group):
                         store.append_message(user, key, role=roles[turn.speaker], content=turn.text,
                                              name=turn.speaker,
                                              ts=format_ts(sess.date + TURN_STEP * i))
@@ -89,9 +92,8 @@ def seed_cache(dsn: str, cache_file: Path) -> int:
         db.close()
     with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany("INSERT INTO recalld_memory_embedding_cache (provider, model, "
-                        "endpoint_hash, content_hash, "
-                        "dims, vector) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                        rows)
+                        "endpoint_hash, content_hash, dims, vector) "
+                        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)
     return len(rows)
 
 

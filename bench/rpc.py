@@ -31,8 +31,8 @@ async def _baseline_handler(ws: ServerConnection) -> None:
 
 
 async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *,
-                headers: dict[str, str] | None, per_conn: int, window: int) -> tuple[float,
-                                                                                     list[float]]:
+                headers: dict[str, str] | None, per_conn: int,
+                window: int) -> tuple[float, list[float]]:
     """CONNECTIONS connections spread over ``urls``, each sending ``per_conn`` calls with at most
     ``window`` in flight; the rate over all of them and each call's latency (bench.cluster too)."""
     latencies: list[float] = []
@@ -81,8 +81,8 @@ async def run_rpc(quick: bool) -> list[Figure]:
         async with running_gateway(cfg) as app, serve(
                 _baseline_handler, "127.0.0.1", 0, compression=None, max_size=s.max_size,
                 max_queue=s.max_queue, write_limit=s.write_limit,
-                ping_interval=s.ping_interval_s or None, ping_timeout=s.ping_timeout_s
-                or None) as base:
+                ping_interval=s.ping_interval_s or None,
+                ping_timeout=s.ping_timeout_s or None) as base:
             port = base.sockets[0].getsockname()[1]
             base_url = f"ws://127.0.0.1:{port}/"
             auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -109,8 +109,8 @@ async def run_rpc(quick: bool) -> list[Figure]:
                 for side in ("gateway", "baseline"):
                     m = summary_ms(lats[side])
                     rate = sorted(rates[side])[len(rates[side]) // 2]
-                    figs.append(Figure("1 rpc", f"{mode} {side} req/s (p50 / p99 latency)", rate,
-                                       "req/s",
+                    figs.append(Figure("1 rpc", f"{mode} {side} req/s (p50 / p99 latency)",
+                                       rate, "req/s",
                                        note=f"p50 {m['p50']:.2f} ms, p99 {m['p99']:.2f} ms",
                                        extra={"p50": m["p50"], "p99": m["p99"],
                                               "rates": rates[side]}))
@@ -180,7 +180,7 @@ async def run_chat(quick: bool) -> list[Figure]:
     figs.append(Figure("2 chat", "time to first delta: gateway − direct (p50)", extra, "ms", "≤ +1",
                        extra <= 1, note=f"gateway {g['p50']:.2f} ms, direct {d['p50']:.2f} ms"))
     figs.append(Figure("2 chat", "500-delta run total: gateway / direct (p50)", ratio, "×",
-                       "≤ 1.05", ratio <= 1.05, note=f"gateway {gt['p50']:.1f} ms (p99 "
-                                                     f"{gt['p99']:.1f}), direct {dt['p50']:.1f} ms "
-                                                     f"(p99 {dt['p99']:.1f})"))
+                       "≤ 1.05", ratio <= 1.05,
+                       note=f"gateway {gt['p50']:.1f} ms (p99 {gt['p99']:.1f}), "
+                            f"direct {dt['p50']:.1f} ms (p99 {dt['p99']:.1f})"))
     return figs

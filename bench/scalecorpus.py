@@ -80,8 +80,8 @@ def write_sessions(data_dir: Path, *, messages: int, per_session: int = 50, seed
         drawn = common[np.minimum(np.searchsorted(cdf, rng.random(total)), len(common) - 1)]
         # About a sixth of the words are the topic's own, as in bench.corpus.
         topical = rng.random(total) < 1 / 6
-        drawn[topical] = np.array(vocab.topic_words[topic])[rng.integers(25,
-                                                                         size=int(topical.sum()))]
+        drawn[topical] = np.array(vocab.topic_words[topic])[
+            rng.integers(25, size=int(topical.sum()))]
         ends = np.cumsum(lengths)
         lines = [orjson.dumps(Header(key, USER, format_ts(start), f"t{topic}").to_line()) + b"\n"]
         for m in range(count):

@@ -113,8 +113,8 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
     passages: list[str] = []
     for turn in range(2):
         for i, q in enumerate(qs):
-            order = (("false", off), ("auto", auto)) if (i + turn) % 2 == 0 else (("auto", auto),
-                                                                                  ("false", off))
+            order = ((("false", off), ("auto", auto)) if (i + turn) % 2 == 0
+                     else (("auto", auto), ("false", off)))
             for name, config in order:
                 svc.config = config
                 t = time.perf_counter()
@@ -142,7 +142,8 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
     return {
         "budgetMs": budget, "candidates": auto.rerank_candidates,
         "passageWords": auto.rerank_passage_words, "loadStart": load_start,
-        "loadEnd": os.getloadavg(), "calibratedMsPerToken": calibrated, "estimateMsPerToken": {
+        "loadEnd": os.getloadavg(),
+        "calibratedMsPerToken": calibrated, "estimateMsPerToken": {
             "p50": pct(estimates, 50), "min": min(estimates, default=float("nan")),
             "max": max(estimates, default=float("nan"))},
         "searchMs": {k: summary_ms(v) for k, v in search.items()},
@@ -199,18 +200,16 @@ def figures_for(size: int, chunks: int, m: dict[str, Any]) -> list[Figure]:
                                 f"{c['p99']:.1f} ms"))
     figs.append(Figure(sec, f"rerank step p50 (budget {budget} ms)", s["p50"], "ms",
                        f"p99 ≤ {budget}", s["p99"] <= budget if s["n"] else None,
-                       extra={"step": s, "read": rd}, note=(f"p99 {s['p99']:.1f}, "
-                                                            f"max {s['max']:.1f} ms, "
-                                                            f"{s['overBudget']} of {s['n']} over "
-                                                            "budget; "
-                             f"ran in {s['n']} of {s['searches']} searches ({s['skipped']} "
-                             "skipped: legs agree)")))
-    figs.append(Figure(sec, f"candidates read p50 (of {m['candidates']})", float(rd["p50"]), "", "",
-                       None, note=(f"min {rd['min']}, max {rd['max']}, mean {rd['mean']:.1f}, "
-                                   f"none in {rd['zero']}; "
-                             f"estimate {est['p50']:.3f} ms/token (min {est['min']:.3f}, "
-                             f"max {est['max']:.3f}), "
-                             f"calibrated {m['calibratedMsPerToken']:.3f}; candidates' text "
+                       extra={"step": s, "read": rd},
+                       note=(f"p99 {s['p99']:.1f}, max {s['max']:.1f} ms, {s['overBudget']} of "
+                             f"{s['n']} over budget; ran in {s['n']} of {s['searches']} searches "
+                             f"({s['skipped']} skipped: legs agree)")))
+    figs.append(Figure(sec, f"candidates read p50 (of {m['candidates']})", float(rd["p50"]),
+                       "", "", None,
+                       note=(f"min {rd['min']}, max {rd['max']}, mean {rd['mean']:.1f}, "
+                             f"none in {rd['zero']}; estimate {est['p50']:.3f} ms/token (min "
+                             f"{est['min']:.3f}, max {est['max']:.3f}), calibrated "
+                             f"{m['calibratedMsPerToken']:.3f}; candidates' text "
                              f"{m['tokensPerWord']:.2f} tokens/word")))
     off, on = m["recallMs"]["false"], m["recallMs"]["auto"]
     added = on["p50"] - off["p50"]
@@ -218,10 +217,9 @@ def figures_for(size: int, chunks: int, m: dict[str, Any]) -> list[Figure]:
     figs.append(Figure(sec, "recall p50 added by the re-ranker", added, "ms",
                        f"≤ {GOAL_RECALL_ADDED_MS:.0f}" if goal else "",
                        added <= GOAL_RECALL_ADDED_MS if goal else None,
-                       extra={"false": off, "auto": on}, note=("MemoryService.recall p50 / p99: "
-                                                               f"false {off['p50']:.1f} / "
-                                                               f"{off['p99']:.1f} ms, "
-                             f"auto {on['p50']:.1f} / {on['p99']:.1f} ms")))
+                       extra={"false": off, "auto": on},
+                       note=(f"MemoryService.recall p50 / p99: false {off['p50']:.1f} / "
+                             f"{off['p99']:.1f} ms, auto {on['p50']:.1f} / {on['p99']:.1f} ms")))
     return figs
 
 
@@ -241,10 +239,8 @@ def run(sizes: list[int], n_queries: int, budget_ms: int | None = None) -> int:
     print()
     print_table(figures)
     print("\nvectors: synthetic (bench/realdist.py), which decides the candidates and how often "
-          "the legs "
-          "agree; the cross-encoder, its calibration and budget are the product's, "
-          "over the candidates' "
-          "real text (bench.corpus's made-up words)")
+          "the legs agree; the cross-encoder, its calibration and budget are the product's, "
+          "over the candidates' real text (bench.corpus's made-up words)")
     for r in results:
         m = r["measured"]
         print(f"{r['size']:,}: load average {m['loadStart'][0]:.1f} at its start, "

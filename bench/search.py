@@ -97,7 +97,8 @@ async def run(quick: bool) -> list[Figure]:
         first = await svc.search(USER, qs[0], mode="hybrid")
         first_s = time.perf_counter() - started
         await svc.wait_idle()
-        sync_calls = embedder.calls - (0 if first.mode == "keyword" else 1)  # minus the query embedding
+        # minus the query embedding
+        sync_calls = embedder.calls - (0 if first.mode == "keyword" else 1)
         if size == sizes[-1]:
             figs.append(Figure("4 indexing",
                                f"warm restart over {label}: first hybrid search served",
@@ -124,11 +125,12 @@ async def run(quick: bool) -> list[Figure]:
         held = svc.sign_index_bytes  # before close() releases it
         await svc.close()
         st = storage(corpus.data_dir / "memory.db", corpus.chunks)
-        # Through the gateway: client-observed round trips (the synthetic query embedding, ~0.2 ms, included).
+        # Through the gateway: client-observed round trips (the synthetic query embedding, ~0.2 ms,
+        # included).
         gw: dict[str, list[float]] = {m: [] for m in MODES}
         cfg = gateway_config(corpus.data_dir, user=USER, memory=bench_memory_section())
-        async with running_gateway(cfg, embedder=(embedder,
-                                                  "bench: synthetic clustered vectors")) as app:
+        async with running_gateway(
+                cfg, embedder=(embedder, "bench: synthetic clustered vectors")) as app:
             await app.memory.service.wait_idle()  # type: ignore[union-attr]
             async with Client.connect(app.url, TOKEN) as c:
                 for q in qs:
@@ -152,9 +154,9 @@ async def run(quick: bool) -> list[Figure]:
             figs.append(Figure(sec, f"{m} gateway p50 / p99", g["p50"], "ms", "", None,
                                extra={"p99": g["p99"]}, note=f"p99 {g['p99']:.1f} ms"))
         figs.append(Figure(sec, "vector leg recall@10 vs exact float scan", recall, "", "≥ 0.95",
-                           recall >= 0.95, note=(f"in-memory sign bits: Hamming {RERANK_SCAN} → "
-                                                 f"sign·query {RERANK_POOL} "
-                                 "→ exact int8 cosine re-rank" if knn.HAVE_NUMPY
+                           recall >= 0.95,
+                           note=(f"in-memory sign bits: Hamming {RERANK_SCAN} → sign·query "
+                                 f"{RERANK_POOL} → exact int8 cosine re-rank" if knn.HAVE_NUMPY
                                  else "bit[384] vec0 KNN pool → exact int8 cosine re-rank")))
         figs.append(Figure(sec, "vector pre-filter memory (in-memory sign bits)",
                            held / corpus.chunks, "B/chunk", "", None, extra={"bytes": held},
@@ -164,8 +166,8 @@ async def run(quick: bool) -> list[Figure]:
                            "≤ 2,048", per <= 2048, extra=st,
                            note=(f"total {st['totalPerChunk']:.0f}, text {st['textPerChunk']:.0f}, "
                                  f"FTS {st['ftsPerChunk']:.0f}, cache {st['cachePerChunk']:.0f}, "
-                                 f"vec0 {st['vecPerChunk']:.0f}; excl. "
-                                 f"text only {st['exclTextPerChunk']:.0f} B")))
+                                 f"vec0 {st['vecPerChunk']:.0f}; "
+                                 f"excl. text only {st['exclTextPerChunk']:.0f} B")))
     return figs
 
 

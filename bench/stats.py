@@ -42,8 +42,8 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def summary_ms(samples_s: Sequence[float]) -> dict[str, float]:
     ms = [s * 1000 for s in samples_s]
-    return {"p50": pct(ms, 50), "p99": pct(ms, 99), "mean": statistics.fmean(ms) if ms
-            else float("nan"), "n": len(ms)}
+    return {"p50": pct(ms, 50), "p99": pct(ms, 99),
+            "mean": statistics.fmean(ms) if ms else float("nan"), "n": len(ms)}
 
 
 def _fmt(value: float) -> str:

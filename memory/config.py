@@ -16,7 +16,8 @@ __all__ = ["CHUNK_TOKENS_CAP", "RETRY_MAX_S", "EmbedderChoice", "FactsMode", "Fu
 # 2,000 tokens of prompt, and smaller chunks were worse for keyword recall on every dataset
 # (docs/memory.md, "Chunk size").
 CHUNK_TOKENS_CAP = 256
-# The longest wait between retries of a failed sync (memory.sqlite.index.scheduler doubles up to it).
+# The longest wait between retries of a failed sync (memory.sqlite.index.scheduler doubles up to
+# it).
 RETRY_MAX_S = 300.0
 # An embedder's window is in its own tokens; approx_tokens can undercount WordPiece by ~20%
 # and a query/passage prefix takes a few, so an automatic chunk uses 4/5 of the window.
@@ -164,8 +165,8 @@ class MemoryConfig:
     embeddings_timeout_s: float = 30.0
     embeddings_max_retries: int = 4
 
-    # Local (ONNX) embedder. local_model: a name from memory.embedders.local_embedder.MODELS (None: the
-    # default model, else the first installed); local_max_tokens: None is the model's own
+    # Local (ONNX) embedder. local_model: a name from memory.embedders.local_embedder.MODELS (None:
+    # the default model, else the first installed); local_max_tokens: None is the model's own
     # window; local_threads: None is both cores of a 2-core machine (min(2, cpu_count)).
     local_model: str | None = None
     local_batch_size: int = 16
@@ -176,8 +177,8 @@ class MemoryConfig:
         problems: list[str] = []
         if self.chunk_tokens is not None and self.chunk_tokens < 16:
             problems.append("chunk_tokens must be at least 16")
-        if self.overlap_tokens is not None and not 0 <= self.overlap_tokens < (self.chunk_tokens
-                                                                               or CHUNK_TOKENS_CAP):
+        if self.overlap_tokens is not None \
+                and not 0 <= self.overlap_tokens < (self.chunk_tokens or CHUNK_TOKENS_CAP):
             problems.append("overlap_tokens must be at least 0 and less than chunk_tokens")
         if self.debounce_ms < 0:
             problems.append("debounce_ms must not be negative")
@@ -263,13 +264,12 @@ class MemoryConfig:
         ``window`` tokens (None: no embedder, or one without a known limit)."""
         chunk = self.chunk_tokens
         if chunk is None:
-            chunk = CHUNK_TOKENS_CAP if window is None else max(16,
-                                                                min(CHUNK_TOKENS_CAP,
-                                                                    int(window * WINDOW_SHARE)))
+            chunk = (CHUNK_TOKENS_CAP if window is None
+                     else max(16, min(CHUNK_TOKENS_CAP, int(window * WINDOW_SHARE))))
         overlap = self.overlap_tokens if self.overlap_tokens is not None else chunk // 5
         if overlap >= chunk:
-            raise ValueError(f"memory: overlap_tokens ({overlap}) must be less than the chunk size "
-                             f"({chunk})")
+            raise ValueError(f"memory: overlap_tokens ({overlap}) must be less than the chunk "
+                             f"size ({chunk})")
         return SizedConfig(chunk, overlap)
 
 

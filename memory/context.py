@@ -57,10 +57,10 @@ class RunMemory:
     @classmethod
     def decide(cls, config: MemoryConfig | None, *, incognito: bool, recall: bool,
                chunk_recall: bool, tools: bool) -> RunMemory:
-        """``config`` None or not ``enabled``: no memory. ``incognito``: the session's ``memory: false``, which
-        turns every part off. ``recall``: ``chat.send``'s flag (recalled excerpts and episodes);
-        ``chunk_recall``: ``chat.recall`` (excerpts only). ``tools``: the model takes tool calls
-        (one that refused them is asked for the trailing block instead)."""
+        """``config`` None or not ``enabled``: no memory. ``incognito``: the session's
+        ``memory: false``, which turns every part off. ``recall``: ``chat.send``'s flag (recalled
+        excerpts and episodes); ``chunk_recall``: ``chat.recall`` (excerpts only). ``tools``: the
+        model takes tool calls (one that refused them is asked for the trailing block instead)."""
         if config is None or not config.enabled or incognito:
             return cls()
         facts: FactsMode = config.facts

@@ -3,13 +3,13 @@
 Tree::
 
     MemoryIndexError
-    ├── InvalidSearch                ``field`` names the bad parameter
-    ├── MemoryUnavailable            the service is closed or not started
-    ├── MemoryStorageError           SQLite failed (disk full, I/O, locked)
-    ├── EmbedderError                the embedder failed; ``retryable``, ``status``
-    ├── InvalidFact                  a fact is empty, too long, or names a retired fact; ``field``
-    ├── FactNotFound                 no such fact for this user
-    └── SummarizerError              the model writing an episode's summary failed (never on the wire)
+    ├── InvalidSearch              ``field`` names the bad parameter
+    ├── MemoryUnavailable          the service is closed or not started
+    ├── MemoryStorageError         SQLite failed (disk full, I/O, locked)
+    ├── EmbedderError              the embedder failed; ``retryable``, ``status``
+    ├── InvalidFact                a fact is empty, too long, or names a retired fact; ``field``
+    ├── FactNotFound               no such fact for this user
+    └── SummarizerError            the model writing an episode's summary failed (never on the wire)
 
 The package knows nothing of JSON-RPC: ``gateway.errors`` maps each class to a code in one
 place. Messages are short, safe for the wire, and never contain chunk text or API keys.

@@ -2,8 +2,8 @@
 (:func:`retention_cutoff_ms`), on either backend.
 
 A plain value with no storage behind it, so :mod:`memory.protocols` and both backends
-(:mod:`memory.sqlite.forgetting` over SQLite, :mod:`memory.pg.service` over PostgreSQL) import it from
-here rather than from an implementation.
+(:mod:`memory.sqlite.forgetting` over SQLite, :mod:`memory.pg.service` over PostgreSQL) import it
+from here rather than from an implementation.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ _DAY_MS = 86_400_000
 
 @dataclass(frozen=True, slots=True)
 class ForgetRange:
-    """What ``memory.forget`` names: a user, optionally one session and a time window [after, before)."""
+    """What ``memory.forget`` names: a user, optionally one session and a time window [after,
+    before)."""
 
     user: str
     session_key: str | None = None

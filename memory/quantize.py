@@ -1,8 +1,8 @@
 """How vectors are stored: float32 blobs for sqlite-vec, int8 with a per-vector scale for the cache.
 
 Pure functions of their arguments, with no database: the migrations (``m002`` converts old
-cache rows) and the vector store (:mod:`memory.sqlite.index.vectors`) both use them, and neither depends on
-the other for it.
+cache rows) and the vector store (:mod:`memory.sqlite.index.vectors`) both use them, and neither
+depends on the other for it.
 """
 
 from __future__ import annotations

@@ -2,18 +2,18 @@
 
 The public surface is :class:`SessionStore` (and :class:`SessionStoreLike`, the Protocol of
 the methods the gateway calls, for a second backend) with its values (:class:`Session`,
-:class:`Message`, :class:`ConversationSummary`), settings (:class:`SessionsConfig`), the file seam for fault tests
-(:class:`FileIO`) and the error tree rooted at :class:`SessionError`. Readers that follow
-transcripts from outside the store (the memory indexer) use the path layout
+:class:`Message`, :class:`ConversationSummary`), settings (:class:`SessionsConfig`), the file seam
+for fault tests (:class:`FileIO`) and the error tree rooted at :class:`SessionError`. Readers that
+follow transcripts from outside the store (the memory indexer) use the path layout
 (:func:`sessions_root`, :func:`transcript_relpath`, :func:`parse_transcript_relpath`,
-:func:`scan_transcripts`), :class:`ForwardReader` and :func:`read_header`, so the format has
-one owner. Every database of recalld (the memory index, and on PostgreSQL the sessions',
-memory's and cluster's tables) applies its ordered, named, recorded migrations through
-:func:`apply_migrations` and a ledger (:mod:`sessions.migrations`). :class:`PgSessionStore` (``sessions.pg``, the same API on PostgreSQL) is imported
-on first use only, since it needs psycopg (the ``postgres`` extra), as is ``pg_feed``
-(:mod:`sessions.pg.feed`: what the PostgreSQL memory indexer reads of its tables, and the change
-notifications). :class:`RunFence` (:mod:`sessions.fence`) is the run lease a PostgreSQL append
-of a chat run carries. See docs/sessions.md.
+:func:`scan_transcripts`), :class:`ForwardReader` and :func:`read_header`, so the format has one
+owner. Every database of recalld (the memory index, and on PostgreSQL the sessions', memory's and
+cluster's tables) applies its ordered, named, recorded migrations through :func:`apply_migrations`
+and a ledger (:mod:`sessions.migrations`). :class:`PgSessionStore` (``sessions.pg``, the same API on
+PostgreSQL) is imported on first use only, since it needs psycopg (the ``postgres`` extra), as is
+``pg_feed`` (:mod:`sessions.pg.feed`: what the PostgreSQL memory indexer reads of its tables, and
+the change notifications). :class:`RunFence` (:mod:`sessions.fence`) is the run lease a PostgreSQL
+append of a chat run carries. See docs/sessions.md.
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ class AttachmentStore:
         return sha
 
     def get(self, user: str, session_key: str, sha256: str) -> bytes:
-        """The stored bytes; InvalidSessionInput (field ``sha256``) when the session has no such file."""
+        """The stored bytes; InvalidSessionInput (field ``sha256``) when the session has no such
+        file."""
         if not is_sha256(sha256):
             raise InvalidSessionInput("sha256", "must be 64 lowercase hex digits")
         path = self._dir(user, session_key) / sha256

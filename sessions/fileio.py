@@ -277,9 +277,9 @@ class Durability:
 
         Tries them all; if any fails, logs each and raises one StorageError at the end. A path
         that could not even be opened (EMFILE under a descriptor flood, ENFILE) was never
-        synced, so it stays in the set for the next flush (logged once, not on every pass). One whose fsync failed does not:
-        after a failed fsync the kernel may already have dropped the pages, so a retry that
-        succeeded would only lie.
+        synced, so it stays in the set for the next flush (logged once, not on every pass). One
+        whose fsync failed does not: after a failed fsync the kernel may already have dropped the
+        pages, so a retry that succeeded would only lie.
         """
         with self._lock:
             dirty, self._dirty = self._dirty, set()

@@ -55,9 +55,8 @@ CREATE TABLE IF NOT EXISTS sessions(
 CREATE INDEX IF NOT EXISTS sessions_newest ON sessions(user, updated_at DESC, session_key DESC);
 """
 
-_COLUMNS = ("session_key, user, title, created_at, updated_at, message_count, system_prompt, "
-            "model, memory,"
-            " temperature, max_tokens")
+_COLUMNS = ("session_key, user, title, created_at, updated_at, message_count, system_prompt, model,"
+            " memory, temperature, max_tokens")
 # Pages leave the system prompt out (up to max_line_bytes each, 200 to a page): a list must
 # cost the same whatever the prompts hold; get() returns it.
 _LIST_COLUMNS = _COLUMNS.replace("system_prompt", "NULL")
@@ -227,9 +226,8 @@ class SessionIndex:
     def record_update(self, user: str, session_key: str, header: Header, size: int) -> None:
         """An ``update`` line changed the header: neither ``updated_at`` nor the count moves."""
         self._conn.execute(
-            "UPDATE sessions SET title = ?, system_prompt = ?, model = ?, temperature = ?, "
-            "max_tokens = ?,"
-            " size = ? WHERE user = ? AND session_key = ?",
+            "UPDATE sessions SET title = ?, system_prompt = ?, model = ?, temperature = ?,"
+            " max_tokens = ?, size = ? WHERE user = ? AND session_key = ?",
             (header.title, header.system_prompt, header.model, header.temperature,
              header.max_tokens, size, user, session_key),
         )
@@ -237,8 +235,8 @@ class SessionIndex:
     def record_size(self, user: str, session_key: str, size: int) -> None:
         """A line that is no message was appended (a conversation summary): only the size moves."""
         self._conn.execute(
-            "UPDATE sessions SET size = ? WHERE user = ? AND session_key = ?",
-            (size, user, session_key)
+            "UPDATE sessions SET size = ? WHERE user = ?"
+            " AND session_key = ?", (size, user, session_key)
         )
 
     def delete(self, user: str, session_key: str) -> None:
@@ -250,9 +248,8 @@ class SessionIndex:
         """Up to ``limit`` ``(user, session_key)`` with ``updated_at < bound``, past ``after`` in
         primary-key order (:mod:`sessions.idle` makes the arguments)."""
         rows = self._conn.execute(
-            "SELECT user, session_key FROM sessions WHERE updated_at < ? "
-            "AND (user, session_key) > (?, ?)"
-            " ORDER BY user, session_key LIMIT ?",
+            "SELECT user, session_key FROM sessions WHERE updated_at < ?"
+            " AND (user, session_key) > (?, ?) ORDER BY user, session_key LIMIT ?",
             (bound, after[0], after[1], limit),
         )
         return [(str(user), str(key)) for user, key in rows]

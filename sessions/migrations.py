@@ -70,7 +70,8 @@ def _pending(migrations: Iterable[tuple[str, S]], done: set[str]) -> list[tuple[
 
 
 def apply_migrations(ledger: Ledger[S], migrations: Sequence[tuple[str, S]]) -> list[str]:
-    """Apply, in order, every migration the ledger has not recorded; returns the names applied now."""
+    """Apply, in order, every migration the ledger has not recorded; returns the names applied
+    now."""
     applied_now: list[str] = []
     for name, step in _pending(migrations, ledger.applied()):
         ledger.apply(name, step)
@@ -78,8 +79,8 @@ def apply_migrations(ledger: Ledger[S], migrations: Sequence[tuple[str, S]]) -> 
     return applied_now
 
 
-async def apply_migrations_async(ledger: AsyncLedger[S], migrations: Sequence[tuple[str,
-                                                                                    S]]) -> list[str]:
+async def apply_migrations_async(ledger: AsyncLedger[S],
+                                 migrations: Sequence[tuple[str, S]]) -> list[str]:
     """:func:`apply_migrations` over an :class:`AsyncLedger`."""
     applied_now: list[str] = []
     for name, step in _pending(migrations, await ledger.applied()):
@@ -96,7 +97,8 @@ def _table(name: str) -> str:
 
 
 class SqliteLedger:
-    """The ledger of an apsw database: ``<table>(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)``."""
+    """The ledger of an apsw database:
+    ``<table>(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)``."""
 
     def __init__(self, db: apsw.Connection, table: str) -> None:
         self._db = db
@@ -116,12 +118,13 @@ class SqliteLedger:
 
 def sqlite_ledger(db: apsw.Connection, table: str = "migrations") -> SqliteLedger:
     """Create the migrations table if it is missing; the ledger over it."""
-    db.execute(f"CREATE TABLE IF NOT EXISTS {_table(table)}(name TEXT PRIMARY KEY, applied_at TEXT "
-               "NOT NULL)")
+    db.execute(f"CREATE TABLE IF NOT EXISTS {_table(table)}(name TEXT PRIMARY KEY, "
+               "applied_at TEXT NOT NULL)")
     return SqliteLedger(db, table)
 
 
-_PG_TABLE = "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+_PG_TABLE = ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, "
+             "applied_at timestamptz NOT NULL DEFAULT now())")
 
 
 class PgLedger:

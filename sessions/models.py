@@ -33,8 +33,8 @@ __all__ = [
 
 Role = Literal["user", "assistant"]
 
-# New lines may carry only these roles (docs/sessions.md); reading stays lenient so an old or hand-edited
-# transcript with another role is shown rather than hidden.
+# New lines may carry only these roles (docs/sessions.md); reading stays lenient so an old or
+# hand-edited transcript with another role is shown rather than hidden.
 MESSAGE_ROLES: frozenset[str] = frozenset({"user", "assistant"})
 
 # Keys the store writes itself; ``extra`` may not shadow them.
@@ -133,7 +133,8 @@ class Message:
         """The message a parsed line holds, or None when it is not a well-formed message line."""
         if obj.get("type") != "message":
             return None
-        msg_id, role, content, ts = obj.get("id"), obj.get("role"), obj.get("content"), obj.get("ts")
+        msg_id, role, content, ts = (obj.get("id"), obj.get("role"), obj.get("content"),
+                                     obj.get("ts"))
         run_id, name = obj.get("runId"), obj.get("name")
         if not (
             isinstance(msg_id, str)
@@ -176,8 +177,8 @@ class ConversationSummary:
         sid, content, ts, through, count = (obj.get("id"), obj.get("content"), obj.get("ts"),
                                             obj.get("through"), obj.get("messages"))
         if not (isinstance(sid, str) and isinstance(content, str) and isinstance(ts, str)
-                and isinstance(through, str) and isinstance(count, int) and not isinstance(count,
-                                                                                           bool)):
+                and isinstance(through, str) and isinstance(count, int)
+                and not isinstance(count, bool)):
             return None
         return cls(sid, content, ts, through, count)
 

@@ -27,7 +27,8 @@ def without_messages(path: Path, header_end: int, after: datetime | None,
     message when neither is given), and how many were removed; every other line stays byte
     for byte, but a conversation summary covering a removed message is left out too, and a kept
     message whose ``replaces`` names a removed one names the first kept message of the range it
-    hid instead (or loses the key: :func:`sessions.supersede.retarget`). SessionNotFound if the file is gone; UnsafePath for a link, which is never read."""
+    hid instead (or loses the key: :func:`sessions.supersede.retarget`). SessionNotFound if the file
+    is gone; UnsafePath for a link, which is never read."""
     try:
         fd = open_no_links(path, os.O_RDONLY)
     except FileNotFoundError:

@@ -1,9 +1,10 @@
 """Repairing the tail a crash may leave behind in a transcript.
 
-Every good line ends with ``\\n`` and is written whole by one ``write`` (:mod:`sessions.transcript`),
-so bytes after the last line that parses are a torn write. :func:`recover_tail` walks back from
-the end to that line, copies every byte after it to ``<file>.corrupt-<UTC timestamp>``, and
-truncates the file there. It never removes a line that parses.
+Every good line ends with ``\\n`` and is written whole by one ``write``
+(:mod:`sessions.transcript`), so bytes after the last line that parses are a torn write.
+:func:`recover_tail` walks back from the end to that line, copies every byte after it to
+``<file>.corrupt-<UTC timestamp>``, and truncates the file there. It never removes a line that
+parses.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ def replaced_id(message: Message) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def retarget(order: Sequence[str], removed: set[str], targets: dict[str, str]) -> dict[str,
-                                                                                       str | None]:
+def retarget(order: Sequence[str], removed: set[str],
+             targets: dict[str, str]) -> dict[str, str | None]:
     """What a purge must do to the ``replaces`` of the messages it keeps: a kept message whose
     target is removed would otherwise hide every message before it (its range never closes).
 

@@ -72,8 +72,8 @@ class Versions:
             if self.canon(m.id) != m.id:
                 continue  # a continuation or a copy: a form of an earlier version
             target = replaced_id(m)
-            place = self.place.get(self.canon(target),
-                                   m.id) if target in self.pos and target != m.id else m.id
+            place = (self.place.get(self.canon(target), m.id)
+                     if target in self.pos and target != m.id else m.id)
             self.place[m.id] = place
             self.members.setdefault(place, []).append(m.id)
 

@@ -28,8 +28,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
             ("2024-03-04T19:10:00", [
                 ("M", "guess who just paid 45 euros to suffer for 21 kilometres", "race-signup"),
                 ("J", "no way. the Riverside half? in June?"),
-                ("M", "June 16th. I have three months to become a person who runs. "
-                      "my knee is already complaining and I've done two jogs", "knee-1"),
+                ("M", "June 16th. I have three months to become a person who runs. my knee is "
+                      "already complaining and I've done two jogs", "knee-1"),
                 ("J", "ice it and don't be a hero. my advice as someone whose exercise is carrying "
                       "flour sacks"),
                 ("M", "how's the bakery anyway"),
@@ -79,12 +79,11 @@ CONVERSATIONS: list[dict[str, Any]] = [
                       "the grinding was the brake pads, completely worn down to the metal",
                  "brakes"),
                 ("M", "ouch. how bad"),
-                ("J",
-                 "240 euros for pads and discs. Gerald and I are eating plain bread this month",
-                 "brakes-cost"),
+                ("J", "240 euros for pads and discs. Gerald and I are eating plain bread "
+                      "this month", "brakes-cost"),
                 ("M", "I've started writing the wedding speech. I'm opening with Lena's camping "
-                      "trip when the river rose and her tent floated off with her sleeping bag "
-                      "inside", "speech"),
+                      "trip when the river rose and her tent floated off with her sleeping "
+                      "bag inside", "speech"),
                 ("J", "so the tent story. as predicted"),
                 ("M", "it's a classic for a reason"),
             ]),
@@ -131,10 +130,10 @@ CONVERSATIONS: list[dict[str, Any]] = [
              ["knee-1", "physio", "long-15"]),
             ("multi-hop", "Which anecdote is Maya using in her maid of honour speech, "
                           "and had Jonas predicted it?", ["wedding", "speech"]),
-            ("temporal", "How far was Maya's longest run in mid-April, and how far had she gone by "
-                         "late May?", ["long-15", "long-18"]),
-            ("temporal", "What did Jonas do at his job in the week after he started at the repair "
-                         "shop?", ["tandem"]),
+            ("temporal", "How far was Maya's longest run in mid-April, and how far had she gone "
+                         "by late May?", ["long-15", "long-18"]),
+            ("temporal", "What did Jonas do at his job in the week after he started at the "
+                         "repair shop?", ["tandem"]),
             ("temporal", "What was Jonas's big news in the second half of March?", ["notice"]),
             ("relative-time", "How far was Maya's longest run last month?", ["long-15"],
              "2024-05-10T12:00:00"),
@@ -159,8 +158,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("S", "hospital mint lol"),
                 ("P", "they're sending replacements in three weeks. until then we're cooking on a "
                       "camping stove in the dining room"),
-                ("S", "I have news too. I'm adopting a dog. a retired racing greyhound, "
-                      "she's four and her name is Biscuit", "biscuit"),
+                ("S", "I have news too. I'm adopting a dog. a retired racing greyhound, she's four "
+                      "and her name is Biscuit", "biscuit"),
                 ("P", "Sam!! you've wanted a dog forever"),
                 ("S", "the shelter said greyhounds are basically 40 mph couch potatoes. "
                       "perfect for my flat"),
@@ -209,8 +208,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("P", "poor girl! is she ok"),
                 ("S", "she's wearing a cone and looking at me like I personally betrayed her"),
                 ("P", "the photo book, did the cousins send pictures"),
-                ("S", "most of them. I found one of Mum at our age on a scooter in Goa, "
-                      "it's going on the cover", "cover-photo"),
+                ("S", "most of them. I found one of Mum at our age on a scooter in Goa, it's going "
+                      "on the cover", "cover-photo"),
                 ("P", "she'll cry. in a good way"),
             ]),
             ("2024-04-07T11:30:00", [
@@ -219,16 +218,16 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("S", "when she saw the scooter photo she laughed so hard she had to sit down",
                  "book-reaction"),
                 ("P", "and the lemon drizzle was gone in ten minutes"),
-                ("S", "Biscuit's stitches came out last week, she's back to zooming around the "
-                      "field", "stitches-out"),
+                ("S", "Biscuit's stitches came out last week, she's back to zooming "
+                      "around the field", "stitches-out"),
                 ("P", "good. Arjun's play was on Thursday. he said the wind is coming so loudly a "
                       "kid in the front row cried", "play-night"),
                 ("S", "a legendary tree"),
                 ("P", "the kitchen is finally done too. we cooked a proper dal for the first time "
                       "since November", "kitchen-done"),
                 ("S", "I'm coming over for that dal"),
-                ("S", "Japanese update: I passed the first level test at the college with 82 "
-                      "percent", "jp-test"),
+                ("S", "Japanese update: I passed the first level test at the college with "
+                      "82 percent", "jp-test"),
                 ("P", "amazing! ready for Osaka?"),
                 ("S", "ready to eat my way through Osaka. the talking part is still optional"),
             ]),
@@ -249,8 +248,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
              ["mum-bday", "venue", "lunch-success"]),
             ("multi-hop", "Why is Sam learning Japanese and how is it going?",
              ["japanese", "jp-test"]),
-            ("multi-hop", "What line did Arjun have in the play and what happened when he said it "
-                          "on stage?", ["arjun-line", "play-night"]),
+            ("multi-hop", "What line did Arjun have in the play and what happened when he said "
+                          "it on stage?", ["arjun-line", "play-night"]),
             ("temporal", "What was the state of Priya's kitchen at the end of February?",
              ["lead-pipe", "pipe-cost"]),
             ("temporal", "When was Biscuit due to come home from the shelter?", ["biscuit-date"]),
@@ -268,9 +267,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("L", "I saw another flat today. it was advertised as cosy, which means the bed is "
                       "in the kitchen", "flat-1"),
                 ("B", "classic. where was it"),
-                ("L",
-                 "Elm Street, 1100 a month. the landlord wanted six months up front. I said no",
-                 "elm"),
+                ("L", "Elm Street, 1100 a month. the landlord wanted six months up "
+                      "front. I said no", "elm"),
                 ("B", "good. don't let them bully you, the market will calm down after the summer"),
                 ("L", "I hope so. my lease ends August 31st and I'm starting to panic",
                  "lease-end"),
@@ -299,12 +297,12 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("L", "book club was weird, nobody had finished the lighthouse novel except Greta, "
                       "and she hated it", "bookclub"),
                 ("B", "so I'm not alone"),
-                ("L", "next month we're reading a cookbook memoir, Greta's choice. I'm told it has "
-                      "recipes"),
+                ("L", "next month we're reading a cookbook memoir, Greta's choice. I'm told it "
+                      "has recipes"),
             ]),
             ("2024-07-01T19:30:00", [
-                ("L", "Miso is better! the vet said it was a mild cat flu, she got antibiotics and "
-                      "eye drops", "miso-vet"),
+                ("L", "Miso is better! the vet said it was a mild cat flu, she got antibiotics "
+                      "and eye drops", "miso-vet"),
                 ("B", "good news. and the vet bill?"),
                 ("L", "120. she's now eating like a small lion, so worth it", "vet-cost"),
                 ("B", "I've booked the hut in the Dolomites for the hiking weekend. July 19 to 21, "
@@ -351,14 +349,14 @@ CONVERSATIONS: list[dict[str, Any]] = [
              ["book-progress", "sedative"]),
             ("multi-hop", "How did Lucia's search for a new home end, and what features did the "
                           "place have?", ["birch-apply", "flat-got"]),
-            ("multi-hop", "How did the band's June performance go and when are they playing there "
-                          "again?", ["gig-night", "gig-rebook", "gig-aug"]),
+            ("multi-hop", "How did the band's June performance go and when are they playing "
+                          "there again?", ["gig-night", "gig-rebook", "gig-aug"]),
             ("multi-hop", "What was wrong with Miso, what did the treatment cost, and did it work?",
              ["miso-sick", "miso-vet", "vet-cost"]),
             ("multi-hop", "Why might staying at Ben's place be a problem for Lucia's pet?",
              ["allergy", "gig-plan"]),
-            ("temporal", "When does Lucia's current lease run out, and when is she moving into the "
-                         "new flat?", ["lease-end", "flat-got"]),
+            ("temporal", "When does Lucia's current lease run out, and when is she moving into "
+                         "the new flat?", ["lease-end", "flat-got"]),
             ("temporal", "What happened at the book club meeting in June?", ["bookclub"]),
             ("temporal", "What dates did Ben reserve the mountain hut for?", ["hut-booking"]),
             ("relative-time", "What happened at the book club last month?", ["bookclub"],
@@ -466,14 +464,14 @@ CONVERSATIONS: list[dict[str, Any]] = [
              ["bp-1", "bp-2", "dizzy", "bp-3"]),
             ("multi-hop", "What does Nora do at her university job and how much is she working?",
              ["library-job", "library-start", "more-hours"]),
-            ("multi-hop", "How did Nora's chemistry exam story turn out, from failing to the "
-                          "result?", ["resit", "resit-date", "passed"]),
+            ("multi-hop", "How did Nora's chemistry exam story turn out, from failing to "
+                          "the result?", ["resit", "resit-date", "passed"]),
             ("temporal", "Who took Walter to his doctor's appointment in mid-August?",
              ["harold-drive"]),
             ("temporal", "What was Walter's blood pressure reading at the end of September?",
              ["bp-3"]),
-            ("temporal", "What happened in the chess game Walter played right after his doctor's "
-                         "visit?", ["chess-loss"]),
+            ("temporal", "What happened in the chess game Walter played right after his "
+                         "doctor's visit?", ["chess-loss"]),
             ("relative-time", "What was Walter's blood pressure reading last week?", ["bp-3"],
              "2024-10-08T12:00:00"),
         ],
@@ -483,8 +481,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
         "speakers": {"D": "Dev", "A": "Aisha"},
         "sessions": [
             ("2024-10-12T20:00:00", [
-                ("A", "pottery update: my first bowl survived the kiln. it's lopsided but it holds "
-                      "soup", "bowl"),
+                ("A", "pottery update: my first bowl survived the kiln. it's lopsided but it "
+                      "holds soup", "bowl"),
                 ("D", "a functional bowl! I want to see it"),
                 ("A", "I'll bring it Sunday. how did the pitch go"),
                 ("D", "the investors listened for forty minutes and asked about our churn rate "
@@ -494,8 +492,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("A", "car decision. I test drove both. the blue Golf has lower mileage but the "
                       "Corolla is hybrid and the seller knocked off 500", "cars"),
                 ("D", "what's your gut saying"),
-                ("A", "the Corolla. I drive to my grandmother's every weekend, the fuel savings "
-                      "add up", "gut-corolla"),
+                ("A", "the Corolla. I drive to my grandmother's every weekend, "
+                      "the fuel savings add up", "gut-corolla"),
                 ("D", "then go with the Corolla. also my phone screen cracked again, I dropped it "
                       "on the tram steps", "phone-crack"),
                 ("A", "Dev. that's the third time this year"),
@@ -505,8 +503,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("A", "I bought the Corolla! picked it up yesterday. it's silver and very sensible",
                  "car-bought"),
                 ("D", "congrats!! road trip soon?"),
-                ("A", "I drove Nani to the market this morning and she criticised my parking the "
-                      "whole way", "nani-market"),
+                ("A", "I drove Nani to the market this morning and she criticised my parking "
+                      "the whole way", "nani-market"),
                 ("D", "a true test of any car"),
                 ("D", "the investors said yes. a seed round of 1.2 million, term sheet next week",
                  "seed"),
@@ -546,8 +544,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
                 ("A", "Nani's 80th was lovely. she used the green mugs for chai straight away and "
                       "told everyone I made them", "nani-80"),
                 ("D", "so you're officially a potter now"),
-                ("A", "and my aunts recognised the biryani. I've been accused of being the "
-                      "favourite", "biryani-reveal"),
+                ("A", "and my aunts recognised the biryani. I've been accused of being "
+                      "the favourite", "biryani-reveal"),
                 ("D", "you are the favourite"),
                 ("D", "first engineer starts Monday. her name is Ines, she used to work on train "
                       "scheduling software", "ines"),
@@ -575,13 +573,13 @@ CONVERSATIONS: list[dict[str, Any]] = [
              ["cars", "gut-corolla", "car-bought"]),
             ("multi-hop", "What happened to Dev's phone and how much did the repair cost?",
              ["phone-crack", "phone-fix"]),
-            ("multi-hop", "What gift did Aisha make for her grandmother's birthday and how was it "
-                          "received?", ["mugs", "nani-80"]),
+            ("multi-hop", "What gift did Aisha make for her grandmother's birthday and how was "
+                          "it received?", ["mugs", "nani-80"]),
             ("multi-hop", "How did Nani's secret recipe end up getting discovered by the aunts?",
              ["biryani", "biryani-reveal"]),
             ("multi-hop", "Where did Dev and Aisha celebrate their anniversary, "
-                          "and which anniversary was it?", ["anniv-plan", "anniv-dinner",
-                                                            "fifth-year"]),
+                          "and which anniversary was it?",
+             ["anniv-plan", "anniv-dinner", "fifth-year"]),
             ("temporal", "What did Aisha do with her new car the day after she picked it up?",
              ["nani-market"]),
             ("temporal", "What was happening with Dev's startup in mid-November?", ["hiring"]),

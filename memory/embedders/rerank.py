@@ -53,8 +53,8 @@ _STAMP = re.compile(r" \[\d{4}-\d\d-\d\dT[\d:.]+Z\]:")
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Query words this short or this common say nothing about where the answer is.
 _STOP = frozenset("the and for you your was were what when where who how did does have has with "
-                  "that this "
-                  "from about are our his her its they them their there then than but not can will".split())
+                  "that this from about are our his her its they them their there then than but "
+                  "not can will".split())
 # The calibration pair: a short question and a passage of a typical length, run at load.
 _CALIBRATION = ("what did we decide about the trip",
                 " ".join(["we talked about plans for the weekend"] * 8))
@@ -293,7 +293,8 @@ class CrossEncoder:
             per_token = self.ms_per_token
             if scores and per_token is not None:
                 # Within one search the next batch is planned at no less than the last one cost:
-                # the load that slowed it is likely still there, and the quantile would overrun again.
+                # the load that slowed it is likely still there, and the quantile would overrun
+                # again.
                 per_token = max(per_token, self._costs[-1])
             left_ms = (deadline - time.perf_counter()) * 1000
             if per_token is None or left_ms <= 0:

@@ -1,4 +1,5 @@
-"""Episodic memory: dated summaries of what conversations discussed, decided or did (docs/memory.md).
+"""Episodic memory: dated summaries of what conversations discussed, decided or did
+(docs/memory.md).
 
 The writer (``writer.py``) stands above the Protocols of ``memory.protocols``, which name this
 package's values, so it is imported from its module, not from here."""

@@ -74,13 +74,13 @@ class Episodes:
     async def closest(self, user: str, vector: list[float]) -> tuple[Episode, float] | None:
         """The recent episode most like ``vector`` (novelty check), with its cosine."""
         rows = await self._read(lambda db: self.store.with_vectors(db, user, self._model, 50))
-        scored = [(e, cosine(vector, v)) for e, v in rows if v is not None
-                  and len(v) == len(vector)]
+        scored = [(e, cosine(vector, v))
+                  for e, v in rows if v is not None and len(v) == len(vector)]
         return max(scored, key=lambda p: p[1]) if scored else None
 
     async def last_of_session(self, user: str, session_key: str) -> Episode | None:
-        result: Episode | None = await self._read(lambda db: self.store.last_of_session(db, user,
-                                                                                        session_key))
+        result: Episode | None = await self._read(
+            lambda db: self.store.last_of_session(db, user, session_key))
         return result
 
     async def count_since(self, user: str, since_ms: int) -> int:
@@ -126,8 +126,8 @@ class Episodes:
 
     # -- reading -------------------------------------------------------------------------
 
-    async def page(self, user: str, *, limit: int, before: int | None) -> tuple[list[Episode],
-                                                                                int | None]:
+    async def page(self, user: str, *, limit: int,
+                   before: int | None) -> tuple[list[Episode], int | None]:
         rows = await self._read(lambda db: self.store.page(db, user, limit=limit + 1,
                                                            before=before))
         more = len(rows) > limit
@@ -141,8 +141,8 @@ class Episodes:
         rows = await self._read(lambda db: self.store.with_vectors(db, user, self._model,
                                                                    _CANDIDATES))
         if window is not None:
-            rows = [(e, v) for e, v in rows if e.covered_ms >= window[0]
-                    and e.created_ms < window[1]]
+            rows = [(e, v)
+                    for e, v in rows if e.covered_ms >= window[0] and e.created_ms < window[1]]
         if not rows:
             return []
         qvec: list[float] | None = None
@@ -159,11 +159,11 @@ class Episodes:
             out = []
             for episode, vec in rows:
                 eterms = content_terms(episode.text + " " + episode.theme)
-                keyword = len(qterms & eterms) / max(1,
-                                                     min(len(qterms),
-                                                         len(eterms))) if eterms else 0.0
-                vector = cosine(qvec,
-                                vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
+                keyword = (len(qterms & eterms) / max(1, min(len(qterms), len(eterms))) if eterms
+                           else 0.0)
+                vector = (cosine(qvec, vec)
+                          if qvec is not None and vec is not None and len(vec) == len(qvec)
+                          else 0.0)
                 relevance = w * keyword + (1 - w) * vector
                 age_days = max(0.0, now_ms - episode.updated_ms) / _DAY_MS
                 fresh = 0.5 ** (age_days / half_life_days)

@@ -140,8 +140,8 @@ class EpisodeWriter:
         if last is not None and now_ms - last.updated_ms < cfg.episode_cooldown_minutes * 60_000:
             return False
         local_midnight = datetime.now(self.tz).replace(hour=0, minute=0, second=0, microsecond=0)
-        if await memory.episodes.count_since(user,
-                                             int(local_midnight.timestamp() * 1000)) >= cfg.episode_daily_cap:
+        if await memory.episodes.count_since(user, int(local_midnight.timestamp() * 1000)) \
+                >= cfg.episode_daily_cap:
             log.info("episode.capped", session=session_key, cap=cfg.episode_daily_cap)
             return False
         return True
@@ -172,8 +172,8 @@ class EpisodeWriter:
                 raise
             except (MemoryIndexError, SessionError, ValueError) as exc:
                 # A summarizer's error already names what failed in the model.
-                error = str(exc) if isinstance(exc,
-                                               SummarizerError) else f"{type(exc).__name__}: {exc}"
+                error = (str(exc) if isinstance(exc, SummarizerError)
+                         else f"{type(exc).__name__}: {exc}")
                 with contextlib.suppress(MemoryIndexError):
                     gave_up = await memory.episodes.job_failed(job, error, cfg.episode_retry_s,
                                                                cfg.episode_max_attempts)
@@ -196,7 +196,9 @@ class EpisodeWriter:
         now = datetime.now(self.tz)
         latest, _ = await memory.episodes.page(job.user, limit=1, before=None)
         window_ms = cfg.episode_merge_hours * 3_600_000
-        previous = latest[0] if latest and now.timestamp() * 1000 - latest[0].updated_ms <= window_ms else None
+        previous = (latest[0]
+                    if latest and now.timestamp() * 1000 - latest[0].updated_ms <= window_ms
+                    else None)
         answer = await model.summarise(_request(new, previous.text if previous else None,
                                                 previous.theme if previous else None))
         parsed = _parse(answer)
@@ -219,11 +221,12 @@ class EpisodeWriter:
                 else f"wrote {episode.id}"), True
 
 
-def _request(messages: list[Message], previous: str | None, theme: str | None) -> list[dict[str,
-                                                                                            str]]:
+def _request(messages: list[Message], previous: str | None,
+             theme: str | None) -> list[dict[str, str]]:
     lines = [f"{m.role} [{m.ts[:16]}]: {' '.join(m.content.split())}" for m in messages]
     text = "\n".join(lines)[-_TRANSCRIPT_CHARS:]
-    context = f"Previous episode (theme: {theme}): {previous}\n\n" if previous else "Previous episode: none\n\n"
+    context = (f"Previous episode (theme: {theme}): {previous}\n\n" if previous
+               else "Previous episode: none\n\n")
     return [{"role": "system", "content": SUMMARY_INSTRUCTIONS},
             {"role": "user", "content": f"{context}Conversation:\n{text}"}]
 

@@ -59,7 +59,8 @@ class FactBlock:
 @dataclass(frozen=True, slots=True)
 class Stripped:
     """What :meth:`BlockFilter.finish` found: the text still to send, and the stripped block
-    (``region`` is its exact text, whitespace included; ``body`` is None when it was never closed)."""
+    (``region`` is its exact text, whitespace included; ``body`` is None when it was never
+    closed)."""
 
     tail: str
     region: str = ""
@@ -71,7 +72,8 @@ class Stripped:
 
 
 class BlockFilter:
-    """Feed the reply's text in order; send on what :meth:`feed` returns; call :meth:`finish` once."""
+    """Feed the reply's text in order; send on what :meth:`feed` returns; call :meth:`finish`
+    once."""
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
@@ -187,8 +189,8 @@ def parse_block(body: str | None) -> FactBlock:
     for item in remember:
         if isinstance(item, str):
             item = {"text": item}
-        if not isinstance(item, dict) or not isinstance(item.get("text"),
-                                                        str) or set(item) - {"text", "replaces"}:
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str) \
+                or set(item) - {"text", "replaces"}:
             raise MalformedBlock('each remember entry must be {"text": string, "replaces"?: id}')
         replaces = item.get("replaces")
         if replaces is not None and not _is_id(replaces):

@@ -84,8 +84,8 @@ class FactRules:
             raise InvalidFact("text", f"{self.max_per_user} facts are remembered already "
                                       "(memory.facts_max_per_user); delete some first")
 
-    def closest(self, vector: Sequence[float], candidates: Iterable[tuple[Fact,
-                                                                          list[float] | None]],
+    def closest(self, vector: Sequence[float],
+                candidates: Iterable[tuple[Fact, list[float] | None]],
                 ) -> tuple[Fact | None, float | None]:
         """Semantic dedup: the active fact most like ``vector`` at a cosine of
         ``dedup_threshold`` or more, and that cosine; ``(None, None)`` when none is. Facts

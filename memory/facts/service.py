@@ -50,15 +50,17 @@ class Facts:
         self._steps = steps
         self.store = store
         self._pipeline = pipeline
-        self._embed_query = embed_query  # the service's, which shares recent query vectors with recall
+        # the service's, which shares recent query vectors with recall
+        self._embed_query = embed_query
         self._model = pipeline.embedder.model_id if pipeline is not None else None
         self._keyword_weight = keyword_weight
 
     async def add(self, user: str, text: str, *, source: str, replaces: int | None = None,
                   session_key: str | None = None, run_id: str | None = None,
                   client: str | None = None) -> FactChange:
-        """Save ``text`` for ``user``: added, merged into a near-duplicate, or replacing ``replaces``;
-        ``client`` names the client token it came through (None: the user's own token)."""
+        """Save ``text`` for ``user``: added, merged into a near-duplicate, or replacing
+        ``replaces``; ``client`` names the client token it came through (None: the user's own
+        token)."""
         clean = self.store.check_text(text)
         vector = await self._embed_passage(clean)
         draft = FactDraft(user, clean, source, replaces, session_key, run_id, vector,
@@ -79,8 +81,8 @@ class Facts:
         return change
 
     async def get(self, user: str, fact_id: int) -> Fact:
-        result: Fact = await self._read("reading a fact", lambda db: self.store.get(db, user,
-                                                                                    fact_id))
+        result: Fact = await self._read("reading a fact",
+                                        lambda db: self.store.get(db, user, fact_id))
         return result
 
     async def page(self, user: str, *, limit: int, before: int | None = None,
@@ -99,8 +101,7 @@ class Facts:
     async def forget_derived(self, user: str, session_key: str | None, after_ms: int | None,
                              before_ms: int | None) -> int:
         result: int = await self._write("forgetting facts", self.store.delete_derived, user,
-                                        session_key,
-                                      after_ms, before_ms)
+                                        session_key, after_ms, before_ms)
         return result
 
     async def prune_older_than(self, cutoff_ms: int) -> int:
@@ -110,9 +111,10 @@ class Facts:
 
     async def relevant(self, user: str, query: str, *, limit: int,
                        budget_tokens: int) -> list[ScoredFact]:
-        """The active facts most related to ``query``, best first, within ``limit`` and the budget."""
-        rows = await self._read("reading facts", lambda db: self.store.active_with_vectors(db, user,
-                                                                                           self._model))
+        """The active facts most related to ``query``, best first, within ``limit`` and the
+        budget."""
+        rows = await self._read("reading facts",
+                                lambda db: self.store.active_with_vectors(db, user, self._model))
         if not rows:
             return []
         qvec: list[float] | None = None
@@ -139,8 +141,8 @@ class Facts:
             log.warning("memory.facts.embed_failed", error=str(exc), effect="exact dedup only")
             return None
 
-    async def _backfill(self, rows: list[tuple[Fact, list[float] | None]]) -> list[tuple[Fact,
-                                                                                         list[float] | None]]:
+    async def _backfill(self, rows: list[tuple[Fact, list[float] | None]]
+                        ) -> list[tuple[Fact, list[float] | None]]:
         missing = [fact for fact, vec in rows if vec is None][:_BACKFILL_PER_CALL]
         if not missing or self._pipeline is None or self._model is None:
             return rows
@@ -171,8 +173,8 @@ def _rank(rows: list[tuple[Fact, list[float] | None]], qvec: list[float] | None,
     for fact, vec in rows:
         fterms = content_terms(fact.text)
         keyword = len(qterms & fterms) / len(fterms) if fterms else 0.0
-        vector = cosine(qvec,
-                        vec) if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0
+        vector = (cosine(qvec, vec)
+                  if qvec is not None and vec is not None and len(vec) == len(qvec) else 0.0)
         scored.append(ScoredFact(fact, w * keyword + (1 - w) * vector))
     # Ties (no overlap at all) go to the newest fact: it is the likeliest still true.
     scored.sort(key=lambda s: (-s.score, -s.fact.id))

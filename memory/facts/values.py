@@ -42,9 +42,9 @@ class Fact:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Fact:
         return cls(int(row[0]), str(row[1]), str(row[2]), bool(row[3]),
-                   None if row[4] is None else int(row[4]), int(row[5] if row[5] is not None
-                                                                else row[0]),
-                   str(row[6]), row[7], row[8], str(row[9]), str(row[10]), row[11])
+                   None if row[4] is None else int(row[4]),
+                   int(row[5] if row[5] is not None else row[0]), str(row[6]), row[7], row[8],
+                   str(row[9]), str(row[10]), row[11])
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ CLAIM_S = 600
 
 Conn = AsyncConnection[TupleRow]
 
-_COLUMNS = "id, user_id, session_key, text, theme, day, week, year, created_ms, updated_ms, covered_ms, merges"
+_COLUMNS = ("id, user_id, session_key, text, theme, day, week, year, created_ms, updated_ms, "
+            "covered_ms, merges")
 
 
 class PgEpisodeStore:
@@ -42,10 +43,8 @@ class PgEpisodeStore:
         async with db.transaction():
             row = await (await db.execute(
                 "INSERT INTO recalld_memory_episodes (user_id, session_key, text, theme, day, "
-                "week, year, created_ms, "
-                "updated_ms, covered_ms, vector, vector_model) VALUES (%s, %s, %s, %s, %s, %s, %s, "
-                "%s, %s, %s, %s, %s) "
-                "RETURNING id",
+                "week, year, created_ms, updated_ms, covered_ms, vector, vector_model) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms,
                  c.covered_ms, c.vector, c.vector_model))).fetchone()
             if d.job_id is not None:
@@ -59,10 +58,9 @@ class PgEpisodeStore:
         async with db.transaction():
             await db.execute(
                 "UPDATE recalld_memory_episodes SET text = %s, theme = %s, day = %s, week = %s, "
-                "year = %s, "
-                "updated_ms = %s, covered_ms = greatest(covered_ms, %s), merges = merges + 1, "
-                "vector = %s, "
-                "vector_model = %s WHERE id = %s AND user_id = %s",
+                "year = %s, updated_ms = %s, covered_ms = greatest(covered_ms, %s), "
+                "merges = merges + 1, vector = %s, vector_model = %s WHERE id = %s "
+                "AND user_id = %s",
                 (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector,
                  c.vector_model, episode_id, d.user))
             if d.job_id is not None:
@@ -89,16 +87,15 @@ class PgEpisodeStore:
         """The user's newest ``limit`` episodes, each with its vector when ``model`` made it."""
         rows = await (await db.execute(
             f"SELECT {_COLUMNS}, vector, vector_model FROM recalld_memory_episodes "
-            "WHERE user_id = %s "
-            "ORDER BY updated_ms DESC LIMIT %s", (user, limit))).fetchall()
+            "WHERE user_id = %s ORDER BY updated_ms DESC LIMIT %s", (user, limit))).fetchall()
         return [(Episode.from_row(r), list(array("f", bytes(r[12]))) if r[12] is not None and model
                  and r[13] == model else None) for r in rows]
 
     async def last_of_session(self, db: Conn, user: str, session_key: str) -> Episode | None:
         row = await (await db.execute(
             f"SELECT {_COLUMNS} FROM recalld_memory_episodes WHERE user_id = %s "
-            "AND session_key = %s "
-            "ORDER BY covered_ms DESC LIMIT 1", (user, session_key))).fetchone()
+            "AND session_key = %s ORDER BY covered_ms DESC LIMIT 1",
+            (user, session_key))).fetchone()
         return Episode.from_row(row) if row else None
 
     async def count_since(self, db: Conn, user: str, since_ms: int) -> int:
@@ -132,18 +129,15 @@ class PgEpisodeStore:
         async with db.transaction():
             await db.execute(
                 "INSERT INTO recalld_memory_episode_jobs (user_id, session_key, created_ms, "
-                "next_ms) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (user_id, session_key) DO UPDATE "
-                "SET failed = false, "
-                "attempts = 0, next_ms = least(recalld_memory_episode_jobs.next_ms, "
-                "excluded.next_ms)",
+                "next_ms) VALUES (%s, %s, %s, %s) ON CONFLICT (user_id, session_key) "
+                "DO UPDATE SET failed = false, attempts = 0, "
+                "next_ms = least(recalld_memory_episode_jobs.next_ms, excluded.next_ms)",
                 (user, session_key, now_ms, now_ms))
 
     async def due(self, db: Conn, now_ms: int, limit: int = 20) -> list[EpisodeJob]:
         rows = await (await db.execute(
-            "SELECT id, user_id, session_key, attempts FROM recalld_memory_episode_jobs WHERE "
-            "NOT failed "
-            "AND next_ms <= %s ORDER BY next_ms LIMIT %s FOR UPDATE SKIP LOCKED",
+            "SELECT id, user_id, session_key, attempts FROM recalld_memory_episode_jobs "
+            "WHERE NOT failed AND next_ms <= %s ORDER BY next_ms LIMIT %s FOR UPDATE SKIP LOCKED",
             (now_ms, limit))).fetchall()
         return [EpisodeJob(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
@@ -168,14 +162,13 @@ class PgEpisodeStore:
     async def failed_attempt(self, db: Conn, job_id: int, error: str, next_ms: int,
                              give_up: bool) -> None:
         async with db.transaction():
-            await db.execute("UPDATE recalld_memory_episode_jobs "
-                             "SET attempts = attempts + 1, last_error = %s, "
-                             "next_ms = %s, failed = %s WHERE id = %s",
+            await db.execute("UPDATE recalld_memory_episode_jobs SET attempts = attempts + 1, "
+                             "last_error = %s, next_ms = %s, failed = %s WHERE id = %s",
                              (error[:500], next_ms, give_up, job_id))
 
     async def queue_state(self, db: Conn) -> dict[str, int]:
         row = await (await db.execute(
             "SELECT count(*) FILTER (WHERE NOT failed), count(*) FILTER (WHERE failed) "
             "FROM recalld_memory_episode_jobs")).fetchone()
-        return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0,
-                                                                            "failed": 0}
+        return ({"pending": int(row[0]), "failed": int(row[1])} if row
+                else {"pending": 0, "failed": 0})

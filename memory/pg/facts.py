@@ -3,9 +3,9 @@ on a psycopg connection (coroutines instead of blocking calls).
 
 The rules are the SQLite store's (the module docstring of :mod:`memory.sqlite.facts`), from
 the same :mod:`memory.facts.rules`: a change inserts the next version and retires the old one;
-exact then semantic de-duplication decide in one transaction. That transaction first takes ``pg_advisory_xact_lock(FACTS_LOCK,
-hashtext(user))``: SQLite's single writer kept two runs from racing a user's dedup; across
-nodes the lock does, per user.
+exact then semantic de-duplication decide in one transaction. That transaction first takes
+``pg_advisory_xact_lock(FACTS_LOCK, hashtext(user))``: SQLite's single writer kept two runs from
+racing a user's dedup; across nodes the lock does, per user.
 
 :class:`memory.facts.Facts` (embedding, dedup, the prompt's ranking) runs over this store with
 each step awaited on a pooled connection (:class:`memory.pg.steps.PoolSteps`): what
@@ -60,8 +60,7 @@ class PgFactStore(FactRules):
         """Newest first; ``before`` is the id of the last fact of the previous page."""
         rows = await (await db.execute(
             f"SELECT {_COLUMNS} FROM recalld_memory_facts WHERE user_id = %s AND (%s OR active) "
-            "AND id < %s "
-            "ORDER BY id DESC LIMIT %s",
+            "AND id < %s ORDER BY id DESC LIMIT %s",
             (user, include_inactive, before if before is not None else 1 << 62, limit))).fetchall()
         return [Fact.from_row(r) for r in rows]
 
@@ -69,22 +68,21 @@ class PgFactStore(FactRules):
         """Every version of the fact ``fact_id`` belongs to, oldest first."""
         fact = await self.get(db, user, fact_id)
         rows = await (await db.execute(
-            f"SELECT {_COLUMNS} FROM recalld_memory_facts WHERE user_id = %s AND (id = %s "
-            "OR origin_id = %s) "
-            "ORDER BY id", (user, fact.origin_id, fact.origin_id))).fetchall()
+            f"SELECT {_COLUMNS} FROM recalld_memory_facts WHERE user_id = %s "
+            "AND (id = %s OR origin_id = %s) ORDER BY id",
+            (user, fact.origin_id, fact.origin_id))).fetchall()
         return [Fact.from_row(r) for r in rows]
 
-    async def active_with_vectors(self, db: Conn, user: str,
-                                  vector_model: str | None) -> list[tuple[Fact,
-                                                                          list[float] | None]]:
+    async def active_with_vectors(self, db: Conn, user: str, vector_model: str | None
+                                  ) -> list[tuple[Fact, list[float] | None]]:
         """The user's active facts, each with its vector when it was made by ``vector_model``."""
         rows = await (await db.execute(
             f"SELECT {_COLUMNS}, vector, vector_model FROM recalld_memory_facts WHERE user_id = %s "
-            "AND active "
-            "ORDER BY id", (user,))).fetchall()
+            "AND active ORDER BY id", (user,))).fetchall()
         out: list[tuple[Fact, list[float] | None]] = []
         for row in rows:
-            vec = vector_of(row[12]) if row[12] is not None and vector_model and row[13] == vector_model else None
+            vec = (vector_of(row[12]) if row[12] is not None and vector_model
+                   and row[13] == vector_model else None)
             out.append((Fact.from_row(row), vec))
         return out
 
@@ -124,8 +122,8 @@ class PgFactStore(FactRules):
         """Remove the fact and every earlier version of it."""
         async with db.transaction():
             fact = await self.get(db, user, fact_id)
-            await db.execute("DELETE FROM recalld_memory_facts WHERE user_id = %s AND (id = %s "
-                             "OR origin_id = %s)",
+            await db.execute("DELETE FROM recalld_memory_facts WHERE user_id = %s "
+                             "AND (id = %s OR origin_id = %s)",
                              (user, fact.origin_id, fact.origin_id))
         return FactChange("deleted", fact)
 
@@ -138,9 +136,8 @@ class PgFactStore(FactRules):
         async with db.transaction():
             origins = [int(r[0]) for r in await (await db.execute(
                 "SELECT DISTINCT coalesce(origin_id, id) FROM recalld_memory_facts "
-                "WHERE user_id = %(user)s "
-                "AND source = 'model' AND (%(session_key)s::text IS NULL OR session_key = "
-                "%(session_key)s) "
+                "WHERE user_id = %(user)s AND source = 'model' "
+                "AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s) "
                 "AND (%(after)s::bigint IS NULL OR said_ms >= %(after)s) "
                 "AND (%(before)s::bigint IS NULL OR said_ms < %(before)s)", params)).fetchall()]
             await db.execute("DELETE FROM recalld_memory_facts WHERE user_id = %s "
@@ -167,8 +164,8 @@ class PgFactStore(FactRules):
 
     async def _closest(self, db: Conn, draft: FactDraft) -> tuple[Fact | None, float | None]:
         assert draft.vector is not None
-        return self.closest(draft.vector, await self.active_with_vectors(db, draft.user,
-                                                                         draft.vector_model))
+        return self.closest(draft.vector,
+                            await self.active_with_vectors(db, draft.user, draft.vector_model))
 
     async def _insert(self, db: Conn, draft: FactDraft, text: str, digest: str,
                       replaced: Fact | None) -> Fact:
@@ -178,9 +175,9 @@ class PgFactStore(FactRules):
         origin = replaced.origin_id if replaced is not None else None
         row = await (await db.execute(
             "INSERT INTO recalld_memory_facts (user_id, text, text_hash, active, previous_id, "
-            "origin_id, source, "
-            "session_key, run_id, created_at, updated_at, said_ms, vector, vector_model, client) "
-            "VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            "origin_id, source, session_key, run_id, created_at, updated_at, said_ms, vector, "
+            "vector_model, client) VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            "%s, %s) RETURNING id",
             (draft.user, text, digest, replaced.id if replaced else None, origin, draft.source,
              draft.session_key, draft.run_id, stamp, stamp, ms, vector_blob(draft.vector),
              draft.vector_model if draft.vector is not None else None, draft.client))).fetchone()

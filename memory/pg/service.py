@@ -9,9 +9,10 @@ A run's context and recall use memory's own rules (:func:`memory.context.gather_
 :func:`memory.retrieval.recall.for_prompt`).
 
 ``start()`` runs this node's indexing loop: it ``LISTEN``s for the sessions store's change
-notifications (:func:`sessions.pg.feed.listen`; the store notifies after each committed append), waits ``debounce_ms`` after a wake-up so
-a burst of appends is one pass, and also runs a pass every ``poll_s`` without one — a
-notification sent while the listening connection was down is never waited for.
+notifications (:func:`sessions.pg.feed.listen`; the store notifies after each committed append),
+waits ``debounce_ms`` after a wake-up so a burst of appends is one pass, and also runs a pass every
+``poll_s`` without one — a notification sent while the listening connection was down is never waited
+for.
 
 What the SQLite service's syncing calls mean here: there are no transcript files, so
 ``nudge()`` does nothing (every committed append already wakes the loop of every node);
@@ -86,8 +87,8 @@ class PgMemory:
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self.vector_leg = vector_leg
-        self.pipeline = EmbeddingPipeline.from_config(embedder,
-                                                      config) if embedder is not None else None
+        self.pipeline = (EmbeddingPipeline.from_config(embedder, config) if embedder is not None
+                         else None)
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
         steps = PoolSteps(pool)
@@ -179,7 +180,8 @@ class PgMemory:
                 loop.cancel()
                 await asyncio.wait({loop}, timeout=_CLOSE_WAIT_S)
             if loop.done() and not loop.cancelled() and loop.exception() is not None:
-                # psycopg can turn a cancel landing inside a pipeline into an AssertionError of its own.
+                # psycopg can turn a cancel landing inside a pipeline into an AssertionError of its
+                # own.
                 exc = loop.exception()
                 log.warning("memory.pg.loop_stopped_with", error=f"{type(exc).__name__}: {exc}")
             elif not loop.done():
@@ -238,7 +240,8 @@ class PgMemory:
                     self._syncs.last_error = str(exc)
                     raise
                 self._syncs.last_error = f"storage error: {_shown(exc)}"
-                raise MemoryStorageError(f"memory index failed while indexing: {type(exc).__name__}") from exc
+                raise MemoryStorageError("memory index failed while indexing: "
+                                         f"{type(exc).__name__}") from exc
             finally:
                 self._syncs.syncing = False
             report = SyncReport(files_scanned=done.sessions, files_changed=done.sessions,
@@ -290,7 +293,8 @@ class PgMemory:
             hits = await self.searcher.search(request, query_vector=vector,
                                               keyword=actual != "vector")
         except psycopg.Error as exc:
-            raise MemoryStorageError(f"memory index failed while searching: {type(exc).__name__}") from exc
+            raise MemoryStorageError("memory index failed while searching: "
+                                     f"{type(exc).__name__}") from exc
         done = time.perf_counter()
         timings = {"embedMs": round((embedded_at - started) * 1000, 2),
                    "searchMs": round((done - embedded_at) * 1000, 2)}
@@ -339,17 +343,15 @@ class PgMemory:
             sessions = await _one(conn, f"SELECT count(*) FROM recalld_memory_progress {mine}",
                                   args)
             chunks = await _one(conn, f"SELECT count(*) FROM recalld_memory_chunks {mine}", args)
-            embedded = await _one(conn,
-                                  f"SELECT count(embedding) FROM recalld_memory_chunks {mine}",
-                                  args)
+            embedded = await _one(
+                conn, f"SELECT count(embedding) FROM recalld_memory_chunks {mine}", args)
             version = await (await conn.execute(
                 "SELECT extversion FROM pg_extension WHERE extname = 'vector'")).fetchone()
             whole = {} if user is not None else {
-                "cacheEntries": await _one(conn, "SELECT count(*) "
-                                                 "FROM recalld_memory_embedding_cache", {}),
+                "cacheEntries": await _one(
+                    conn, "SELECT count(*) FROM recalld_memory_embedding_cache", {}),
                 "dbBytes": await _one(conn, "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) "
-                                            "FROM pg_class "
-                                            r"WHERE relkind = 'r' "
+                                            r"FROM pg_class WHERE relkind = 'r' "
                                             r"AND relname LIKE 'recalld\_memory\_%%'", {}),
             }
         ready = self.pipeline is not None and self.embedder is not None
@@ -363,8 +365,8 @@ class PgMemory:
                               "reason": f"pgvector {version[0]}, {self.vector_leg}" if version else
                                         "pgvector is not installed in this database"},
             "vectorSearch": {
-                "ready": ready, "reason": None if ready else (self.embedder_reason
-                                                              or "no embedder"),
+                "ready": ready,
+                "reason": None if ready else (self.embedder_reason or "no embedder"),
                 "servedBy": {"provider": self.embedder.provider, "model": self.embedder.model_id}
                 if ready and self.embedder else None,
                 "rebuild": None},
@@ -388,11 +390,11 @@ class PgMemory:
         params = {"user": r.user, "session_key": r.session_key, "after_ms": r.after_ms,
                   "before_ms": r.before_ms}
         record_sql = ("INSERT INTO recalld_memory_forgotten (user_id, session_key, after_ms, "
-                      "before_ms) "
-                      "VALUES (%(user)s, %(session_key)s, %(after_ms)s, %(before_ms)s)") if record else None
+                      "before_ms) VALUES (%(user)s, %(session_key)s, %(after_ms)s, %(before_ms)s)"
+                      if record else None)
         chunks = await self._delete_chunks(
-            "user_id = %(user)s AND (%(session_key)s::text IS NULL OR session_key = "
-            "%(session_key)s) "
+            "user_id = %(user)s "
+            "AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s) "
             "AND (%(after_ms)s::bigint IS NULL OR coalesce(end_ms, start_ms) >= %(after_ms)s) "
             "AND (%(before_ms)s::bigint IS NULL OR start_ms < %(before_ms)s)", params,
             first=record_sql)
@@ -403,7 +405,8 @@ class PgMemory:
         return {"chunks": chunks, "facts": facts, "episodes": episodes}
 
     async def sweep_retention(self, now_ms: int | None = None) -> dict[str, int]:
-        """Remove chunks, facts and episodes older than ``retention_days`` (nothing when it is 0)."""
+        """Remove chunks, facts and episodes older than ``retention_days`` (nothing when it is
+        0)."""
         cutoff = retention_cutoff_ms(self.config.retention_days, now_ms)
         if cutoff is None:
             return {"chunks": 0, "facts": 0, "episodes": 0}
@@ -437,7 +440,8 @@ class PgMemory:
                 log.info("memory.pg.delete_retried", attempt=attempt + 1, error=type(exc).__name__)
                 await asyncio.sleep(0.05 * (attempt + 1))
             except psycopg.Error as exc:
-                raise MemoryStorageError(f"memory index failed while deleting: {type(exc).__name__}") from exc
+                raise MemoryStorageError("memory index failed while deleting: "
+                                         f"{type(exc).__name__}") from exc
         raise AssertionError("unreachable")
 
 

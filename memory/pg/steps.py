@@ -1,5 +1,5 @@
-"""One store step on a pooled connection: what ``memory.sqlite.index.db.write_step``/``read_step`` are
-for the SQLite index (a step there runs in a thread; here it is awaited).
+"""One store step on a pooled connection: what ``memory.sqlite.index.db.write_step``/``read_step``
+are for the SQLite index (a step there runs in a thread; here it is awaited).
 
 A PostgreSQL failure becomes :class:`~memory.errors.MemoryStorageError` naming the action, as
 a SQLite one does, so the gateway answers it as a storage error and never repeats the DSN.
@@ -29,7 +29,8 @@ async def pooled_step(pool: Pool, action: str, fn: Callable[..., Awaitable[_T]],
         async with pool.connection() as conn:
             return await fn(conn, *args)
     except psycopg.Error as exc:
-        raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+        raise MemoryStorageError(f"memory index failed while {action}: "
+                                 f"{type(exc).__name__}") from exc
 
 
 class PoolSteps:

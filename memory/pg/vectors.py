@@ -53,8 +53,8 @@ async def ensure_vector_index(conn: AsyncConnection[TupleRow], leg: VectorLeg = 
         if await vector_dims(conn) is not None:
             return
         row = await (await conn.execute(
-            "SELECT vector_dims(embedding) FROM recalld_memory_chunks WHERE embedding IS NOT NULL "
-            "LIMIT 1"
+            "SELECT vector_dims(embedding) FROM recalld_memory_chunks "
+            "WHERE embedding IS NOT NULL LIMIT 1"
         )).fetchone()
         if row is None:
             return

@@ -59,8 +59,7 @@ def relevant(hits: Sequence[SearchHit], query: str, *, vector_ran: bool, floor: 
     return [hit for hit in above_floor(hits, vector_ran=True,
                                        floor=max(floor, best - config.recall_relative_drop))
             if hit.similarity is None or hit.similarity >= floor + config.recall_vector_only_margin
-            or not asked
-            or asked & meaningful_words(OPENS.sub("", hit.content))]
+            or not asked or asked & meaningful_words(OPENS.sub("", hit.content))]
 
 
 def meaningful_words(text: str) -> set[str]:
@@ -93,9 +92,8 @@ def drop_shown(hits: Sequence[SearchHit], shown: ShownHistory | None) -> list[Se
         # The window is the session's newest messages, so what goes is the hit's tail: from the
         # first message timed in the window on (a later line that only looks older — a pasted
         # log — goes with it).
-        cut = next((i for i, m in enumerate(found) if (ts := _rendered_ts(m)) is not None
-                    and ts >= since),
-                   len(found))
+        cut = next((i for i, m in enumerate(found)
+                    if (ts := _rendered_ts(m)) is not None and ts >= since), len(found))
         if cut == 0:
             continue
         if cut == len(found):

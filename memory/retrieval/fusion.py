@@ -60,8 +60,8 @@ def fuse(keyword: Leg, vector: Leg, config: MemoryConfig) -> list[Fused]:
     if config.fusion == "rrf":
         kw_part, vec_part = _rrf(keyword, config.rrf_k), _rrf(vector, config.rrf_k)
     else:
-        kw_part, vec_part = _minmax(keyword, config.fusion_depth), _minmax(vector,
-                                                                           config.fusion_depth)
+        kw_part, vec_part = (_minmax(keyword, config.fusion_depth),
+                             _minmax(vector, config.fusion_depth))
     # A single-leg search ranks by that leg alone, whatever the weights.
     w_kw = config.keyword_weight if keyword and vector else 1.0
     w_vec = 1.0 - config.keyword_weight if keyword and vector else 1.0
@@ -95,8 +95,8 @@ def with_recency(fused: Sequence[Fused], said_ms: Mapping[int, int | None], now_
     out = []
     for f in fused:
         said = said_ms.get(f.chunk_id)
-        boost = 0.0 if said is None else config.recency_weight * 0.5 ** (max(0,
-                                                                             now_ms - said) / half_life_ms)
+        boost = (0.0 if said is None
+                 else config.recency_weight * 0.5 ** (max(0, now_ms - said) / half_life_ms))
         out.append(replace(f, score=f.score + boost))
     out.sort(key=_order)
     return out

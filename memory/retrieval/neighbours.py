@@ -56,8 +56,8 @@ FetchAround = Callable[[SearchHit], Awaitable[list[ChunkSpan]]]
 # Every chunk of the hit's session that holds a line from the one before it to the one after
 # (both backends: placeholders rewritten for psycopg; the (user, session_key) index serves it).
 AROUND_SQL = ("SELECT line_start, line_end, seg_start, content FROM {table} WHERE {user} = ? "
-              "AND session_key = ? AND line_end >= ? AND line_start <= ? ORDER BY line_start, "
-              "seg_start")
+              "AND session_key = ? AND line_end >= ? AND line_start <= ? "
+              "ORDER BY line_start, seg_start")
 
 
 def spans(rows: Sequence[Sequence[Any]]) -> list[ChunkSpan]:
@@ -69,8 +69,8 @@ def messages(content: str) -> list[str] | None:
     starts = [m.start() for m in OPENS.finditer(content)]
     if not starts or starts[0] != 0:
         return None
-    return [content[a:b].rstrip("\n") for a, b in zip(starts, [*starts[1:], len(content)],
-                                                      strict=True)]
+    return [content[a:b].rstrip("\n")
+            for a, b in zip(starts, [*starts[1:], len(content)], strict=True)]
 
 
 def _continued(message: str) -> bool:

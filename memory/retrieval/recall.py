@@ -49,10 +49,8 @@ def merge_overlapping(hits: Sequence[SearchHit]) -> list[SearchHit]:
                 lines += [line for line in second.content.split("\n") if line not in lines]
                 out[i] = replace(
                     kept, content="\n".join(lines), line_start=min(kept.line_start, hit.line_start),
-                    line_end=max(kept.line_end, hit.line_end), start_ts=min(filter(None,
-                                                                                   (kept.start_ts,
-                                                                                    hit.start_ts)),
-                                                                            default=None),
+                    line_end=max(kept.line_end, hit.line_end),
+                    start_ts=min(filter(None, (kept.start_ts, hit.start_ts)), default=None),
                     end_ts=max(filter(None, (kept.end_ts, hit.end_ts)), default=None))
                 break
         else:

@@ -69,8 +69,8 @@ def fts_terms(text: str, max_terms: int = 32) -> list[str]:
     for run in content or runs:
         if _CJK_RUN.match(run):
             chars = [c for c in run if c.isalnum()]
-            grams = [chars[0]] if len(chars) == 1 else [f"{a} {b}" for a,
-                                                        b in zip(chars, chars[1:])]
+            grams = ([chars[0]] if len(chars) == 1
+                     else [f"{a} {b}" for a, b in zip(chars, chars[1:])])
         else:
             grams = [run]
         for gram in grams:
@@ -169,10 +169,10 @@ class SearchRequest:
         explicit after/before leave nothing of it); the phrase itself is dropped from the query."""
         if self.window is None:
             return None
-        after = self.window.start_ms if self.after_ms is None else max(self.window.start_ms,
-                                                                       self.after_ms)
-        before = self.window.end_ms if self.before_ms is None else min(self.window.end_ms,
-                                                                       self.before_ms)
+        after = (self.window.start_ms if self.after_ms is None
+                 else max(self.window.start_ms, self.after_ms))
+        before = (self.window.end_ms if self.before_ms is None
+                  else min(self.window.end_ms, self.before_ms))
         if after >= before:
             return None
         return replace(self, query=strip_time_phrase(self.query, self.window) or self.query,

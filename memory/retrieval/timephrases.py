@@ -73,7 +73,8 @@ _COUNTS |= {"a": (1, 1), "an": (1, 1), "couple": (2, 3), "few": (2, 4), "several
 _VAGUE = frozenset({"couple", "few", "several"})
 
 _MON = "(?P<mon>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
-_NUM = r"(?P<num>\d{1,3}|an?|" + "|".join(_WORDS) + r"|(?:a\s+)?couple(?:\s+of)?|(?:a\s+)?few|several)"
+_NUM = (r"(?P<num>\d{1,3}|an?|" + "|".join(_WORDS)
+        + r"|(?:a\s+)?couple(?:\s+of)?|(?:a\s+)?few|several)")
 _UNIT = r"(?P<unit>day|night|weekend|week|month|year)s?"
 _YEAR = r"(?P<year>(?:19|20)\d\d)"
 _DAY = r"(?P<day>\d{1,2})(?P<suf>st|nd|rd|th)?"
@@ -238,8 +239,8 @@ _RULES: list[_Rule] = [(re.compile(p, re.IGNORECASE), f) for p, f in [
     (r"\b(?:(?:in|over|during|for)\s+)?(?:the\s+)?(?:past|last|previous)\s+" + _NUM + r"\s+" + _UNIT
      + r"\b", _past_n),
     (r"\b(?P<word>recently|lately|the\s+other\s+day)\b", _soft),
-    (r"\b(?:(?P<which>in|during|of|last|this)\s+(?:the\s+month\s+of\s+)?)?" + _MON + r"(?:,?\s+" + _YEAR
-     + r")?\b(?!['’]s)", _month),
+    (r"\b(?:(?P<which>in|during|of|last|this)\s+(?:the\s+month\s+of\s+)?)?" + _MON
+     + r"(?:,?\s+" + _YEAR + r")?\b(?!['’]s)", _month),
     (r"\b" + _ON + _MON + r"\s+" + _DAY + r"(?:,?\s+" + _YEAR + r")?\b", _month_day),
     (r"\b" + _ON + _DAY + r"\s+(?P<of>of\s+)?" + _MON + r"(?:,?\s+" + _YEAR + r")?\b", _day_month),
     (r"\b" + _ON + r"(?P<year>\d{4})-(?P<mm>\d\d)-(?P<day>\d\d)(?!\d)", _iso),
@@ -262,7 +263,8 @@ _ANCHORS: dict[str, tuple[int, ...]] = {
     **dict.fromkeys(("recently", "lately"), (_SOFT,)),
     **dict.fromkeys(_MONTHS, (_MONTH, _MDAY, _DMON)),
 }
-_DIGITS = (_ISO, _YR)  # a four-digit word: "2023-05-01", "in 2023" (a month or season names its own)
+# a four-digit word: "2023-05-01", "in 2023" (a month or season names its own)
+_DIGITS = (_ISO, _YR)
 _WORD = re.compile(r"[^\W\d_]+|\d+")
 # How far before the word it is found by a phrase may start ("during the previous couple of
 # weeks", "the day before yesterday"); one with longer runs of spaces there is missed.
@@ -315,8 +317,8 @@ def find_time_window(text: str, now: datetime) -> TimeWindow | None:
     return TimeWindow(_ms(lo), _ms(min(hi, now)), text[start:end], exact, (start, end))
 
 
-def _first_phrase(index: int, text: str, starts: Iterable[int], now: datetime) -> tuple[int, int,
-                                                                                        _Raw] | None:
+def _first_phrase(index: int, text: str, starts: Iterable[int],
+                  now: datetime) -> tuple[int, int, _Raw] | None:
     """The first phrase of rule ``index`` at one of ``starts`` that names a past window."""
     pattern, resolve = _RULES[index]
     for at in starts:

@@ -41,8 +41,10 @@ class CommonTerms:
     def __init__(self, ttl_s: float = 600.0) -> None:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
-        self._chunks: tuple[float, int] | None = None               # (when counted, N)
-        self._terms: OrderedDict[str, tuple[float, int, bool]] = OrderedDict()  # (when, limit, common)
+        # (when counted, N)
+        self._chunks: tuple[float, int] | None = None
+        # (when, limit, common)
+        self._terms: OrderedDict[str, tuple[float, int, bool]] = OrderedDict()
 
     def threshold(self, db: apsw.Connection, share: float, min_chunks: int,
                   now: float) -> int | None:

@@ -20,7 +20,8 @@ from memory.episodes.values import Episode, EpisodeDraft, EpisodeJob
 
 __all__ = ["EpisodeStore"]
 
-_COLUMNS = "id, user, session_key, text, theme, day, week, year, created_ms, updated_ms, covered_ms, merges"
+_COLUMNS = ("id, user, session_key, text, theme, day, week, year, created_ms, updated_ms, "
+            "covered_ms, merges")
 
 
 class EpisodeStore:
@@ -33,8 +34,8 @@ class EpisodeStore:
         with db:
             db.execute(
                 "INSERT INTO episodes(user, session_key, text, theme, day, week, year, created_ms, "
-                "updated_ms, "
-                "covered_ms, vector, vector_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "updated_ms, covered_ms, vector, vector_model) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (d.user, d.session_key, c.text, c.theme, c.day, c.week, c.year, c.ms, c.ms,
                  c.covered_ms, c.vector, c.vector_model))
             new_id = db.last_insert_rowid()
@@ -48,11 +49,9 @@ class EpisodeStore:
         c = d.columns()
         with db:
             db.execute(
-                "UPDATE episodes SET text = ?, theme = ?, day = ?, week = ?, year = ?, updated_ms "
-                "= ?, "
-                "covered_ms = max(covered_ms, ?), merges = merges + 1, vector = ?, vector_model = "
-                "? "
-                "WHERE id = ? AND user = ?",
+                "UPDATE episodes SET text = ?, theme = ?, day = ?, week = ?, year = ?, "
+                "updated_ms = ?, covered_ms = max(covered_ms, ?), merges = merges + 1, vector = ?, "
+                "vector_model = ? WHERE id = ? AND user = ?",
                 (c.text, c.theme, c.day, c.week, c.year, c.ms, c.covered_ms, c.vector,
                  c.vector_model, episode_id, d.user))
             if d.job_id is not None:
@@ -113,10 +112,10 @@ class EpisodeStore:
         """Queue a summary of the session (one pending job per session: later turns join it)."""
         with db:
             db.execute("INSERT INTO episode_jobs(user, session_key, created_ms, next_ms) "
-                       "VALUES (?, ?, ?, ?) "
-                       "ON CONFLICT(user, session_key) DO UPDATE SET failed = 0, attempts = 0, "
-                       "next_ms = min(next_ms, excluded.next_ms)", (user, session_key, now_ms,
-                                                                    now_ms))
+                       "VALUES (?, ?, ?, ?) ON CONFLICT(user, session_key) "
+                       "DO UPDATE SET failed = 0, attempts = 0, "
+                       "next_ms = min(next_ms, excluded.next_ms)",
+                       (user, session_key, now_ms, now_ms))
 
     def take_due(self, db: apsw.Connection, now_ms: int) -> list[EpisodeJob]:
         """The jobs to run now: one node, so nothing to claim."""
@@ -124,8 +123,8 @@ class EpisodeStore:
 
     def due(self, db: apsw.Connection, now_ms: int, limit: int = 20) -> list[EpisodeJob]:
         rows = db.execute("SELECT id, user, session_key, attempts FROM episode_jobs "
-                          "WHERE failed = 0 "
-                          "AND next_ms <= ? ORDER BY next_ms LIMIT ?", (now_ms, limit))
+                          "WHERE failed = 0 AND next_ms <= ? ORDER BY next_ms LIMIT ?",
+                          (now_ms, limit))
         return [EpisodeJob(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
     def done(self, db: apsw.Connection, job_id: int) -> None:
@@ -135,12 +134,12 @@ class EpisodeStore:
     def failed_attempt(self, db: apsw.Connection, job_id: int, error: str, next_ms: int,
                        give_up: bool) -> None:
         with db:
-            db.execute("UPDATE episode_jobs SET attempts = attempts + 1, last_error = ?, next_ms = "
-                       "?, failed = ? "
-                       "WHERE id = ?", (error[:500], next_ms, int(give_up), job_id))
+            db.execute("UPDATE episode_jobs SET attempts = attempts + 1, last_error = ?, "
+                       "next_ms = ?, failed = ? WHERE id = ?",
+                       (error[:500], next_ms, int(give_up), job_id))
 
     def queue_state(self, db: apsw.Connection) -> dict[str, int]:
         row = db.execute("SELECT coalesce(sum(failed = 0), 0), coalesce(sum(failed = 1), 0) "
                          "FROM episode_jobs").fetchone()
-        return {"pending": int(row[0]), "failed": int(row[1])} if row else {"pending": 0,
-                                                                            "failed": 0}
+        return ({"pending": int(row[0]), "failed": int(row[1])} if row
+                else {"pending": 0, "failed": 0})

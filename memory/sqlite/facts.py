@@ -64,8 +64,8 @@ class FactStore(FactRules):
     def history(self, db: apsw.Connection, user: str, fact_id: int) -> list[Fact]:
         """Every version of the fact ``fact_id`` belongs to, oldest first."""
         fact = self.get(db, user, fact_id)
-        rows = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE user = ? AND (id = ? "
-                          "OR origin_id = ?) ORDER BY id",
+        rows = db.execute(f"SELECT {_COLUMNS} FROM facts WHERE user = ? "
+                          "AND (id = ? OR origin_id = ?) ORDER BY id",
                           (user, fact.origin_id, fact.origin_id))
         return [Fact.from_row(r) for r in rows]
 
@@ -73,11 +73,11 @@ class FactStore(FactRules):
                             vector_model: str | None) -> list[tuple[Fact, list[float] | None]]:
         """The user's active facts, each with its vector when it was made by ``vector_model``."""
         rows = db.execute(f"SELECT {_COLUMNS}, vector, vector_model FROM facts WHERE user = ? "
-                          "AND active = 1 "
-                          "ORDER BY id", (user,))
+                          "AND active = 1 ORDER BY id", (user,))
         out: list[tuple[Fact, list[float] | None]] = []
         for row in rows:
-            vec = vector_of(row[12]) if row[12] is not None and vector_model and row[13] == vector_model else None
+            vec = (vector_of(row[12]) if row[12] is not None and vector_model
+                   and row[13] == vector_model else None)
             out.append((Fact.from_row(row), vec))
         return out
 
@@ -125,9 +125,8 @@ class FactStore(FactRules):
         with db:
             origins = [int(r[0]) for r in db.execute(
                 "SELECT DISTINCT coalesce(origin_id, id) FROM facts WHERE user = ? "
-                "AND source = 'model' "
-                "AND (? IS NULL OR session_key = ?) AND (? IS NULL OR said_ms >= ?) "
-                "AND (? IS NULL OR said_ms < ?)",
+                "AND source = 'model' AND (? IS NULL OR session_key = ?) "
+                "AND (? IS NULL OR said_ms >= ?) AND (? IS NULL OR said_ms < ?)",
                 (user, session_key, session_key, after_ms, after_ms, before_ms, before_ms))]
             for origin in origins:
                 db.execute("DELETE FROM facts WHERE user = ? AND (id = ? OR origin_id = ?)",
@@ -153,8 +152,8 @@ class FactStore(FactRules):
 
     def _closest(self, db: apsw.Connection, draft: FactDraft) -> tuple[Fact | None, float | None]:
         assert draft.vector is not None
-        return self.closest(draft.vector, self.active_with_vectors(db, draft.user,
-                                                                   draft.vector_model))
+        return self.closest(draft.vector,
+                            self.active_with_vectors(db, draft.user, draft.vector_model))
 
     def _insert(self, db: apsw.Connection, draft: FactDraft, text: str, digest: str,
                 replaced: Fact | None) -> Fact:
@@ -164,8 +163,7 @@ class FactStore(FactRules):
         origin = replaced.origin_id if replaced is not None else None
         db.execute(
             "INSERT INTO facts(user, text, text_hash, active, previous_id, origin_id, source, "
-            "session_key, "
-            "run_id, created_at, updated_at, said_ms, vector, vector_model, client) "
+            "session_key, run_id, created_at, updated_at, said_ms, vector, vector_model, client) "
             "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (draft.user, text, digest, replaced.id if replaced else None, origin, draft.source,
              draft.session_key, draft.run_id, stamp, stamp, ms, vector_blob(draft.vector),

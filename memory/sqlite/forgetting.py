@@ -37,9 +37,9 @@ def record_forgotten(db: apsw.Connection, r: ForgetRange) -> None:
 def matching_chunk_ids(db: apsw.Connection, r: ForgetRange, path: str | None = None) -> list[int]:
     """Chunks of ``r.user`` (in ``path`` when given) overlapping the range."""
     return [int(row[0]) for row in db.execute(
-        "SELECT id FROM chunks WHERE user = ? AND (? IS NULL OR session_key = ?) AND (? IS NULL "
-        "OR path = ?) "
-        "AND (? IS NULL OR coalesce(end_ms, start_ms) >= ?) AND (? IS NULL OR start_ms < ?)",
+        "SELECT id FROM chunks WHERE user = ? AND (? IS NULL OR session_key = ?) "
+        "AND (? IS NULL OR path = ?) AND (? IS NULL OR coalesce(end_ms, start_ms) >= ?) "
+        "AND (? IS NULL OR start_ms < ?)",
         (r.user, r.session_key, r.session_key, path, path, r.after_ms, r.after_ms, r.before_ms,
          r.before_ms))]
 
@@ -55,8 +55,8 @@ def chunk_ids_for_file(db: apsw.Connection, path: str, user: str, session_key: s
     """The chunks of one transcript that must go: expired, or under a recorded forget."""
     ids: set[int] = set(old_chunk_ids(db, cutoff_ms, path)) if cutoff_ms is not None else set()
     rows = list(db.execute(
-        "SELECT after_ms, before_ms FROM forgotten WHERE user = ? AND (session_key IS NULL "
-        "OR session_key = ?)",
+        "SELECT after_ms, before_ms FROM forgotten WHERE user = ? "
+        "AND (session_key IS NULL OR session_key = ?)",
         (user, session_key)))
     for after_ms, before_ms in rows:
         ids.update(matching_chunk_ids(db, ForgetRange(user, session_key, after_ms, before_ms),

@@ -52,7 +52,8 @@ _NEVER = 2**62
 # first finds nothing.
 _VECTOR_OF_CHUNK = """coalesce(
     (SELECT vector FROM embedding_cache WHERE provider = :provider AND model = :model
-        AND endpoint_hash = :endpoint_hash AND content_hash = coalesce(chunks.vector_hash, chunks.content_hash)),
+        AND endpoint_hash = :endpoint_hash
+        AND content_hash = coalesce(chunks.vector_hash, chunks.content_hash)),
     (SELECT vector FROM embedding_cache WHERE provider = :provider AND model = :model
         AND endpoint_hash = :endpoint_hash AND content_hash = chunks.content_hash))"""
 
@@ -95,8 +96,7 @@ def cached_dims(db: apsw.Connection, identity: EmbedderIdentity) -> int | None:
     """The width of ``identity``'s cached vectors (None when it has none): a query embedded
     by a rebuilt previous embedder must have it."""
     row = db.execute("SELECT dims FROM embedding_cache WHERE provider = :provider "
-                     "AND model = :model "
-                     "AND endpoint_hash = :endpoint_hash LIMIT 1",
+                     "AND model = :model AND endpoint_hash = :endpoint_hash LIMIT 1",
                      identity_params(identity)).fetchone()
     return int(row[0]) if row is not None else None
 

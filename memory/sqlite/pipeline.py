@@ -6,8 +6,9 @@ cache of recent queries; or, while the vectors are rebuilt for a new embedder, t
 model's, :mod:`memory.sqlite.previous`; or none and why, and the search runs keyword-only);
 the fused search on a read connection (:class:`~memory.sqlite.search.HybridSearch`, with
 the index's in-memory sign bits and common-word counts); and the cross-encoder re-rank
-(``memory.rerank``: within a time budget by default, :mod:`memory.embedders.rerank`). It also knows whether the vector leg may run (:meth:`refresh`, after each sync) and
-what recall's relevance floor is for the vectors that answered.
+(``memory.rerank``: within a time budget by default, :mod:`memory.embedders.rerank`). It also knows
+whether the vector leg may run (:meth:`refresh`, after each sync) and what recall's relevance floor
+is for the vectors that answered.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ ReadFn = Callable[[Callable[[apsw.Connection], Any]], Awaitable[Any]]
 @dataclass(frozen=True, slots=True)
 class QueryVector:
     """What a search's vector leg runs with: the query vector (None: keyword only), the previous
-    identity's vectors when they serve, the mode that runs, and why it differs from the asked one."""
+    identity's vectors when they serve, the mode that runs, and why it differs from the asked
+    one."""
 
     blob: bytes | None
     previous: PreviousVectors | None
@@ -81,7 +83,8 @@ class SearchPipeline:
         """Recompute whether the vector leg may run, and who serves it during a rebuild."""
         self.vector_state, self.rebuild = await asyncio.to_thread(self._vector_state, index)
         rebuild = self.rebuild
-        serve = rebuild.previous if rebuild.rebuilding and not self.vector_state[0] and self.embeddings else None
+        serve = (rebuild.previous
+                 if rebuild.rebuilding and not self.vector_state[0] and self.embeddings else None)
         await self.previous.update(serve, read)
         if self._rerank_step() == "budget" and not self._reranker.ready:
             # Loaded and timed here, after a sync, so that no search pays for it.
@@ -100,7 +103,8 @@ class SearchPipeline:
         if setting is True:
             return "all"
         local = self.embedder is not None and self.embedder.provider == "local"
-        if setting == "auto" and local and self._reranker_installed and self._reranker_failed is None:
+        if setting == "auto" and local and self._reranker_installed \
+                and self._reranker_failed is None:
             return "budget"
         return "off"
 
@@ -151,8 +155,8 @@ class SearchPipeline:
         query = await self.query_vector(request)
         embedded_at = time.perf_counter()
         step = self._rerank_step() if query.mode != "keyword" else "off"
-        fetch = replace(request, k=max(request.k,
-                                       self.config.rerank_candidates)) if step != "off" else request
+        fetch = (replace(request, k=max(request.k, self.config.rerank_candidates)) if step != "off"
+                 else request)
 
         def fused(db: apsw.Connection) -> list[SearchHit]:
             search = HybridSearch(db, self.config, previous=query.previous, signs=index.signs,
@@ -176,8 +180,8 @@ class SearchPipeline:
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
             timings["reranked"] = float(read)
         return SearchResponse(hits[:request.k], query.mode, fallback, timings,
-                              previous_model=query.previous.identity.model if query.previous
-                              else None)
+                              previous_model=(query.previous.identity.model if query.previous
+                                              else None))
 
     def relevance_floor(self, response: SearchResponse) -> float | None:
         """Recall's floor on the cosine of what ``response`` found."""
@@ -204,9 +208,9 @@ class SearchPipeline:
             "rebuild": {
                 # Until the next sync starts the rebuild, "embedded" chunks have old vectors.
                 "embedded": embedded if rebuild.started else 0, "total": total,
-                "previous": {"provider": previous.provider, "model": previous.model} if previous
-                else None, "previousUnavailable": (self.previous.reason or None) if serving is None
-                else None,
+                "previous": ({"provider": previous.provider, "model": previous.model} if previous
+                             else None),
+                "previousUnavailable": (self.previous.reason or None) if serving is None else None,
             } if rebuild.rebuilding else None,
         }
 

@@ -101,7 +101,8 @@ class PreviousModel:
         try:
             embedder, why = self._factory(previous)
         except Exception as exc:  # a factory that breaks must not break the sync that asked
-            embedder, why = None, f"the previous model could not be built: {type(exc).__name__}: {exc}"
+            embedder, why = None, ("the previous model could not be built: "
+                                   f"{type(exc).__name__}: {exc}")
         if embedder is None:
             self.reason = why
             log.warning("memory.vectors.previous_unavailable", previous=previous.to_json(),
@@ -113,8 +114,8 @@ class PreviousModel:
         self._held = _Held(previous, embedder, pipeline, dims, vectors)
         self.reason = ""
         log.info("memory.vectors.previous_serving", previous=previous.to_json(), embedder=why,
-                 effect="the vector leg uses the previous model's cached vectors until the rebuild "
-                        "ends")
+                 effect="the vector leg uses the previous model's cached vectors until the "
+                        "rebuild ends")
         self._warming = asyncio.create_task(self._warm(vectors, read), name="memory-previous-warm")
 
     async def _warm(self, vectors: interim.PreviousVectors, read: ReadFn) -> None:
@@ -141,9 +142,9 @@ class PreviousModel:
             return PreviousQuery(None, None, f"{why}; the previous model ({name}) failed to embed "
                                              f"the query: {exc}")
         if held.dims is not None and len(vector) != held.dims:
-            return PreviousQuery(None, None,
-                                 f"{why}; the previous model ({name}) returned {len(vector)} "
-                                             f"dimensions, its cached vectors have {held.dims}")
+            return PreviousQuery(None, None, f"{why}; the previous model ({name}) returned "
+                                             f"{len(vector)} dimensions, its cached vectors have "
+                                             f"{held.dims}")
         return PreviousQuery(vector_to_blob(vector), held.vectors,
                              f"{why}; the vector leg is served by the previous model's vectors "
                              f"({name}) until then")

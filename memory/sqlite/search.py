@@ -1,4 +1,5 @@
-"""Hybrid search: an FTS5 BM25 leg and a sqlite-vec KNN leg, fused in :mod:`memory.retrieval.fusion`.
+"""Hybrid search: an FTS5 BM25 leg and a sqlite-vec KNN leg, fused in
+:mod:`memory.retrieval.fusion`.
 
 Each leg is one statement returning its best ``candidates`` chunk ids with the leg's own
 score (negated BM25; cosine similarity), best first; both run in one read transaction, so
@@ -14,12 +15,12 @@ user value is ever formatted into SQL or into the FTS5 ``MATCH`` expression:
   rows are ranked alone and only the best are looked up (an excluded session is checked on
   those, with the join as the fallback when it leaves too few);
 * vector leg: a pre-filter over the sign bits finds a pool of candidates with every filter
-  applied before the pool is cut — :mod:`memory.sqlite.index.knn`'s in-memory Hamming scan of the user's
-  partition (numpy), or else sqlite-vec's KNN, where ``user`` is the vec0 *partition key* and
-  session/time are vec0 *metadata columns* — and the pool is re-ranked by exact cosine over
-  the cached int8 vectors. While the vectors are rebuilt for a new embedder, the service may
-  pass the *previous* identity's vectors: the leg then runs over that model's cached vectors
-  instead (:mod:`memory.sqlite.interim`, same pre-filter and re-rank), never over a mix.
+  applied before the pool is cut — :mod:`memory.sqlite.index.knn`'s in-memory Hamming scan of the
+  user's partition (numpy), or else sqlite-vec's KNN, where ``user`` is the vec0 *partition key* and
+  session/time are vec0 *metadata columns* — and the pool is re-ranked by exact cosine over the
+  cached int8 vectors. While the vectors are rebuilt for a new embedder, the service may pass the
+  *previous* identity's vectors: the leg then runs over that model's cached vectors instead
+  (:mod:`memory.sqlite.interim`, same pre-filter and re-rank), never over a mix.
 
 Time filters: ``after`` keeps chunks whose last message is at or after it, ``before`` those
 whose first message is before it (chunks overlapping the range).
@@ -88,14 +89,15 @@ LIMIT :candidates
 # int8 vector (found through chunks.vector_hash, or content_hash when the text sent was the
 # chunk's) and cut to the leg's candidates. The score is the cosine similarity.
 #
-# With numpy (>= 2.0) the pre-filter is memory.sqlite.index.knn's in-memory scan of the user's sign bits
-# and the pool comes in as :pool (a JSON array of chunk ids); the re-rank applies the filters
-# again on chunks, so a stale in-memory row can never let a filtered-out chunk through.
-# CROSS JOIN pins the join order: the pool drives, each row one primary-key lookup per table
-# (left to itself the planner may scan the user's chunks and probe the pool for each).
+# With numpy (>= 2.0) the pre-filter is memory.sqlite.index.knn's in-memory scan of the user's sign
+# bits and the pool comes in as :pool (a JSON array of chunk ids); the re-rank applies the filters
+# again on chunks, so a stale in-memory row can never let a filtered-out chunk through. CROSS JOIN
+# pins the join order: the pool drives, each row one primary-key lookup per table (left to itself
+# the planner may scan the user's chunks and probe the pool for each).
 _RERANK_SQL = """
 SELECT chunks.id,
-       1.0 - vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8)) AS similarity
+       1.0 - vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8))
+           AS similarity
 FROM json_each(:pool) AS pool
 CROSS JOIN chunks ON chunks.id = pool.value
 CROSS JOIN embedding_cache
@@ -120,7 +122,8 @@ WITH vec_pool AS (
       AND user = :user{filters}
 )
 SELECT vec_pool.chunk_id,
-       1.0 - vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8)) AS similarity
+       1.0 - vec_distance_cosine(vec_int8(embedding_cache.vector), vec_int8(:query_int8))
+           AS similarity
 FROM vec_pool
 JOIN chunks ON chunks.id = vec_pool.chunk_id
 JOIN embedding_cache
@@ -219,8 +222,9 @@ def build_sql(request: SearchRequest, *, leg: Literal["keyword", "vector"],
     if leg == "keyword":
         return _KEYWORD_SQL.format(filters="".join(_FILTERS[n][0] for n in active)), active
     return (_VECTOR_SQL.format(filters="".join(_FILTERS[n][1] for n in active),
-                               outer=_FILTERS["shown_since_ms"][0] if "shown_since_ms" in active
-                               else "", knn_query=_KNN_QUERY[vector_format]), active)
+                               outer=(_FILTERS["shown_since_ms"][0] if "shown_since_ms" in active
+                                      else ""),
+                               knn_query=_KNN_QUERY[vector_format]), active)
 
 
 def keyword_match(db: apsw.Connection, query: str, config: MemoryConfig,
@@ -273,11 +277,11 @@ class HybridSearch:
                keyword: bool) -> list[Fused]:
         # The vector leg starts first: on a large partition its scan runs on another thread
         # while this one runs the keyword leg's SQL, and the two meet before the fusion.
-        finish_vector = self._start_vector_leg(request,
-                                               query_vector) if query_vector is not None else None
+        finish_vector = (self._start_vector_leg(request, query_vector) if query_vector is not None
+                         else None)
         try:
-            match = keyword_match(self.db, request.query, self.config,
-                                  self.common) if keyword else ""
+            match = (keyword_match(self.db, request.query, self.config, self.common) if keyword
+                     else "")
             keyword_leg = self._keyword_leg(request, match) if match else []
         finally:
             vector_leg = finish_vector() if finish_vector is not None else []
@@ -314,8 +318,8 @@ class HybridSearch:
             _KEYWORD_RANKED_SQL, {"fts_query": match, "ranked": ranked})]
         if not exclusions:
             return rows
-        sql = _KEYWORD_EXCLUDED_SQL.format(excluded=" OR ".join(_EXCLUDED[name]
-                                                                for name in exclusions))
+        sql = _KEYWORD_EXCLUDED_SQL.format(
+            excluded=" OR ".join(_EXCLUDED[name] for name in exclusions))
         excluded = {int(cid) for (cid,) in self.db.execute(sql, {
             "ids": json.dumps([cid for cid, _ in rows]),
             "exclude_session_key": request.exclude_session_key,

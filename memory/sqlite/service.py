@@ -2,13 +2,14 @@
 :class:`~memory.protocols.Memory` Protocol).
 
 It owns the life of the parts of an open index (:class:`~memory.sqlite.live.LiveIndex`): one
-:class:`~memory.sqlite.index.db.WriteConnection` shared by :class:`~memory.sqlite.index.sync.FileSync` and
-:class:`~memory.sqlite.index.vectors.VectorStore`, driven by an :class:`~memory.sqlite.index.indexing.Indexer`
-that the :class:`~memory.sqlite.index.scheduler.SyncScheduler` runs (one sync at a time, never
-overlapping); searches (:class:`~memory.sqlite.pipeline.SearchPipeline`) and status on a
+:class:`~memory.sqlite.index.db.WriteConnection` shared by
+:class:`~memory.sqlite.index.sync.FileSync` and :class:`~memory.sqlite.index.vectors.VectorStore`,
+driven by an :class:`~memory.sqlite.index.indexing.Indexer` that the
+:class:`~memory.sqlite.index.scheduler.SyncScheduler` runs (one sync at a time, never overlapping);
+searches (:class:`~memory.sqlite.pipeline.SearchPipeline`) and status on a
 :class:`~memory.sqlite.index.db.ReaderPool` in worker threads (WAL lets them read while the writer
-writes), so neither a search nor a sync ever blocks the event loop, and a search never waits
-for a sync.
+writes), so neither a search nor a sync ever blocks the event loop, and a search never waits for a
+sync.
 
 The full integrity check (``PRAGMA quick_check``, O(size)) runs after ``start()`` returns, in a
 worker thread (:class:`~memory.sqlite.index.db.IntegrityCheck`); a corrupt file found there is moved
@@ -78,7 +79,8 @@ class MemoryService:
         """``previous_embedder`` builds the query embedder of a previous identity while the
         vectors are rebuilt for a new one (default: from ``config``,
         ``memory.embedders.embeddings.previous_embedder``). ``min_free_bytes``: the free-disk
-        floor below which writes that add rows are refused (the gateway's sessions.min_free_bytes)."""
+        floor below which writes that add rows are refused (the gateway's
+        sessions.min_free_bytes)."""
         self.data_dir = Path(data_dir)
         self.sessions_dir = sessions_root(self.data_dir)
         self.db_path = self.data_dir / DB_NAME
@@ -116,20 +118,19 @@ class MemoryService:
         if self._closed:
             raise MemoryUnavailable("memory service is closed")
         self.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._index = index = await LiveIndex.open(self.db_path, self.sessions_dir, self.config,
-                                                   window=self._window,
-                                                   vec_extension=self._vec_extension,
-                                                   min_free_bytes=self._min_free_bytes)
+        self._index = index = await LiveIndex.open(
+            self.db_path, self.sessions_dir, self.config, window=self._window,
+            vec_extension=self._vec_extension, min_free_bytes=self._min_free_bytes)
         await self._refresh_vector_state()
-        log.info("memory.started", db=str(self.db_path), provider=self.embedder.provider
-                 if self.embedder else None, vector_backend=index.backend.reason,
-                 embedder_reason=self.embedder_reason)
+        log.info("memory.started", db=str(self.db_path),
+                 provider=self.embedder.provider if self.embedder else None,
+                 vector_backend=index.backend.reason, embedder_reason=self.embedder_reason)
         self._scheduler.start(self.sessions_dir if self.config.watch else None)
         if catch_up:
             self._scheduler.run_soon()
         check = IntegrityCheck(self.db_path)
-        self._integrity = (check, asyncio.create_task(self._after_start(check),
-                                                      name="memory-integrity"))
+        self._integrity = (check,
+                           asyncio.create_task(self._after_start(check), name="memory-integrity"))
 
     async def _after_start(self, check: IntegrityCheck) -> None:
         """Start work off the start path, in order: the sign bits first (what the first
@@ -143,7 +144,8 @@ class MemoryService:
         await self._check_integrity(check)
 
     async def _warm_sign_bits(self) -> None:
-        """Load the vector pre-filter's sign bits (``memory.sqlite.index.knn``) before other start work.
+        """Load the vector pre-filter's sign bits (``memory.sqlite.index.knn``) before other start
+        work.
 
         Loaded by the first search instead, they took that search ~90 ms at 100k chunks alone
         and up to ~0.5 s while the catch-up sync and the integrity check ran beside it on a
@@ -180,7 +182,8 @@ class MemoryService:
                 return
             self._swapping = True
             try:
-                await self._search.previous.close()  # first: its warm-up may be reading on a connection
+                # first: its warm-up may be reading on a connection
+                await self._search.previous.close()
                 self._index = await index.replace(problem, self.db_path, self.sessions_dir,
                                                   self.config, window=self._window,
                                                   vec_extension=self._vec_extension,
@@ -202,7 +205,8 @@ class MemoryService:
             await asyncio.gather(self._integrity[1], return_exceptions=True)
 
     async def close(self) -> None:
-        """Stop the watcher and loop, wait for a running sync step, close connections. Idempotent."""
+        """Stop the watcher and loop, wait for a running sync step, close connections.
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -212,7 +216,8 @@ class MemoryService:
                 check.cancel()  # interrupts a running quick_check, so close() never waits for one
                 await asyncio.gather(task, return_exceptions=True)
             await self._scheduler.close()
-            await self._search.previous.close()  # before the connections: its warm-up may be reading
+            # before the connections: its warm-up may be reading
+            await self._search.previous.close()
         finally:
             # Also when the steps above are cancelled: a second close() returns at once, so
             # this one is the only chance to close the files.
@@ -266,8 +271,8 @@ class MemoryService:
     def _require_index(self) -> LiveIndex:
         if self._index is None:
             if self._swapping:
-                raise MemoryUnavailable("memory index is being replaced after a failed integrity "
-                                        "check")
+                raise MemoryUnavailable("memory index is being replaced after a failed "
+                                        "integrity check")
             raise MemoryUnavailable("memory service is not started" if not self._closed
                                     else "memory service is closed")
         return self._index
@@ -275,7 +280,8 @@ class MemoryService:
     # --- syncing -------------------------------------------------------------------------
 
     def catch_up(self) -> None:
-        """Schedule the full catch-up sync that ``start(catch_up=False)`` left out; returns at once."""
+        """Schedule the full catch-up sync that ``start(catch_up=False)`` left out; returns at
+        once."""
         if not self._closed:
             self._scheduler.run_soon()
 
@@ -290,7 +296,8 @@ class MemoryService:
             await self._warmed.wait()  # the catch-up sync must not slow the load of the sign bits
             await self._run_sync(paths)
             return True
-        except Exception as exc:  # the loop must survive a bad sync (a cancel passes); the scheduler retries it
+        except Exception as exc:
+            # the loop must survive a bad sync (a cancel passes); the scheduler retries it
             self._syncs.last_error = f"sync failed: {type(exc).__name__}: {exc}"
             log.exception("memory.sync.failed")
             return False
@@ -359,8 +366,8 @@ class MemoryService:
         conversation; ``record`` keeps the range so no later sync indexes it again (use it
         when the transcript keeps the messages)."""
         index = self._require_index()
-        chunks = await self._in_thread("forgetting", lambda: index.indexer.files.forget(r,
-                                                                                        record=record))
+        chunks = await self._in_thread("forgetting",
+                                       lambda: index.indexer.files.forget(r, record=record))
         facts = await self.facts.forget_derived(r.user, r.session_key, r.after_ms, r.before_ms)
         episodes = await self.episodes.forget(r.user, r.session_key, r.after_ms, r.before_ms)
         log.info("memory.forget", session=r.session_key, chunks=chunks, facts=facts,
@@ -425,7 +432,8 @@ class MemoryService:
                       tz: tzinfo) -> MemoryContext:
         """What a prompt answering ``message`` gets from memory: recalled chunks (of every session
         but what ``shown``'s window holds), the facts most related, and episodes, as far as
-        ``run`` turns each on; the rule both backends share (:func:`memory.context.gather_context`)."""
+        ``run`` turns each on; the rule both backends share
+        (:func:`memory.context.gather_context`)."""
         return await gather_context(self, user, message, run, k=k, shown=shown, tz=tz)
 
     async def status(self, user: str | None = None) -> dict[str, Any]:
@@ -435,8 +443,8 @@ class MemoryService:
         (its path and size, the shared embedding cache, skipped files) is left out.
         """
         index = self._require_index()
-        numbers = await self._in_thread("counting", index.readers.run, lambda db: count_rows(db,
-                                                                                             user))
+        numbers = await self._in_thread("counting", index.readers.run,
+                                        lambda db: count_rows(db, user))
         state: dict[str, Any] = {
             **numbers,
             "provider": self.embedder.provider if self.embedder else "none",

@@ -43,8 +43,7 @@ class MessageRow(NamedTuple):
 def copy_sessions(conn: psycopg.Connection[Any], rows: Iterable[SessionRow]) -> None:
     with conn.cursor() as cur, cur.copy(
             "COPY recalld_sessions (session_key, user_id, title, created_at, updated_at, "
-            "message_count, "
-            "bytes, next_seq) FROM STDIN") as copy:
+            "message_count, bytes, next_seq) FROM STDIN") as copy:
         for row in rows:
             copy.write_row(row)
 
@@ -52,7 +51,6 @@ def copy_sessions(conn: psycopg.Connection[Any], rows: Iterable[SessionRow]) -> 
 def copy_messages(conn: psycopg.Connection[Any], rows: Iterable[MessageRow]) -> None:
     with conn.cursor() as cur, cur.copy(
             "COPY recalld_messages (session_key, seq, id, role, content, ts, run_id, name, "
-            "line_bytes) "
-            "FROM STDIN") as copy:
+            "line_bytes) FROM STDIN") as copy:
         for row in rows:
             copy.write_row(row)

@@ -42,7 +42,8 @@ __all__ = [
 NOTIFY_CHANNEL = "recalld_messages"
 
 #: The sessions with memory on, as a parenthesised relation to alias and join.
-MEMORY_SESSIONS = "(SELECT session_key, user_id, updated_at, message_count FROM recalld_sessions WHERE memory)"
+MEMORY_SESSIONS = ("(SELECT session_key, user_id, updated_at, message_count FROM recalld_sessions"
+                   " WHERE memory)")
 
 _MESSAGES_FROM_SQL = """
 SELECT seq, id, role, content, ts, run_id, name, extra->'replaces' FROM recalld_messages
@@ -51,7 +52,8 @@ WHERE session_key = %s AND seq >= %s ORDER BY seq
 
 _COUNT_THROUGH_SQL = "SELECT count(*) FROM recalld_messages WHERE session_key = %s AND seq <= %s"
 
-_READY_SQL = "SELECT to_regclass('recalld_sessions') IS NOT NULL AND to_regclass('recalld_messages') IS NOT NULL"
+_READY_SQL = ("SELECT to_regclass('recalld_sessions') IS NOT NULL"
+              " AND to_regclass('recalld_messages') IS NOT NULL")
 
 _Conn = AsyncConnection[Any]
 

@@ -50,9 +50,8 @@ log = structlog.get_logger(__name__)
 _Conn: TypeAlias = "psycopg.Connection[tuple[Any, ...]]"
 
 _SESSION_COLUMNS = (
-    "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model, "
-    "memory,"
-    " temperature, max_tokens"
+    "session_key, user_id, title, created_at, updated_at, message_count, system_prompt, model,"
+    " memory, temperature, max_tokens"
 )
 # Pages leave the system prompt out, as the file store's index does: get() has it.
 _LIST_COLUMNS = _SESSION_COLUMNS.replace("system_prompt", "NULL")
@@ -78,7 +77,8 @@ _FENCE_SQL = """
 SELECT 1 FROM recalld_run_leases
 WHERE session_key = %s AND token = %s AND expires_at > clock_timestamp() FOR SHARE"""
 _INSERT_MESSAGE_SQL = """
-INSERT INTO recalld_messages (session_key, seq, id, role, content, ts, run_id, name, extra, line_bytes)
+INSERT INTO recalld_messages
+    (session_key, seq, id, role, content, ts, run_id, name, extra, line_bytes)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"""
 # The retention sweep's page: byte order (COLLATE "C") on both columns, as SQLite sorts.
 _IDLE_SQL = """
@@ -89,14 +89,16 @@ _UPSERT_SUMMARY_SQL = """
 INSERT INTO recalld_summaries (session_key, id, content, ts, through, through_seq, messages)
 VALUES (%s, %s, %s, %s, %s,
         COALESCE((SELECT seq FROM recalld_messages WHERE session_key = %s AND id = %s), %s), %s)
-ON CONFLICT (session_key) DO UPDATE SET id = EXCLUDED.id, content = EXCLUDED.content, ts = EXCLUDED.ts,
+ON CONFLICT (session_key) DO UPDATE SET
+    id = EXCLUDED.id, content = EXCLUDED.content, ts = EXCLUDED.ts,
     through = EXCLUDED.through, through_seq = EXCLUDED.through_seq, messages = EXCLUDED.messages"""
 # After a purge the row is re-derived from what is left, as the file store re-derives its index.
 _RECOUNT_SQL = """
 UPDATE recalld_sessions s
 SET message_count = m.n, bytes = m.b, updated_at = COALESCE(m.last_ts, s.created_at)
 FROM (SELECT count(*) AS n, COALESCE(sum(line_bytes), 0) AS b,
-             (SELECT ts FROM recalld_messages WHERE session_key = %s ORDER BY seq DESC LIMIT 1) AS last_ts
+             (SELECT ts FROM recalld_messages WHERE session_key = %s
+              ORDER BY seq DESC LIMIT 1) AS last_ts
       FROM recalld_messages WHERE session_key = %s) m
 WHERE s.session_key = %s"""
 
@@ -185,9 +187,8 @@ class PgSessionStore(CheckedSessionStore):
             _refuse_nul(("title", new.title), ("systemPrompt", new.system_prompt),
                         ("model", new.model))
             conn.execute(
-                "UPDATE recalld_sessions SET title = %s, system_prompt = %s, model = %s, "
-                "temperature = %s,"
-                " max_tokens = %s WHERE session_key = %s",
+                "UPDATE recalld_sessions SET title = %s, system_prompt = %s, model = %s,"
+                " temperature = %s, max_tokens = %s WHERE session_key = %s",
                 (new.title, new.system_prompt, new.model, new.temperature, new.max_tokens, key),
             )
         return replace(now, title=new.title, system_prompt=new.system_prompt, model=new.model,
@@ -217,8 +218,8 @@ class PgSessionStore(CheckedSessionStore):
             cur = conn.execute(
                 "DELETE FROM recalld_messages WHERE session_key = %s"
                 " AND (%s::timestamptz IS NULL OR ts::timestamptz >= %s::timestamptz)"
-                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz) RETURNING "
-                "seq, id",
+                " AND (%s::timestamptz IS NULL OR ts::timestamptz < %s::timestamptz)"
+                " RETURNING seq, id",
                 (key, after, after, before, before),
             )
             gone = cur.fetchall()
@@ -230,12 +231,12 @@ class PgSessionStore(CheckedSessionStore):
                 conn.execute(
                     "DELETE FROM recalld_attachments a WHERE a.session_key = %s AND NOT EXISTS ("
                     " SELECT 1 FROM recalld_messages m, jsonb_array_elements(CASE WHEN"
-                    " jsonb_typeof(m.extra->'attachments') = 'array' THEN m.extra->'attachments' "
-                    "ELSE '[]' END) f"
-                    " WHERE m.session_key = a.session_key AND f->>'sha256' = a.sha256)", (key,))
+                    " jsonb_typeof(m.extra->'attachments') = 'array' THEN m.extra->'attachments'"
+                    " ELSE '[]' END) f WHERE m.session_key = a.session_key"
+                    " AND f->>'sha256' = a.sha256)", (key,))
                 # A summary covering a removed message would keep the forgotten text.
-                conn.execute("DELETE FROM recalld_summaries WHERE session_key = %s "
-                             "AND through_seq >= %s",
+                conn.execute("DELETE FROM recalld_summaries WHERE session_key = %s"
+                             " AND through_seq >= %s",
                              (key, min(removed_seqs)))
                 conn.execute(_RECOUNT_SQL, (key, key, key))
                 # The indexers re-chunk what is left now, not at their next poll.
@@ -256,8 +257,8 @@ class PgSessionStore(CheckedSessionStore):
             " FROM recalld_messages WHERE session_key = %s ORDER BY seq",
             (after, after, before, before, key)).fetchall()
         gone = {str(mid) for mid, _, within in rows if within}
-        targets = {str(mid): str(target) for mid, target, within in rows if target is not None
-                   and not within}
+        targets = {str(mid): str(target)
+                   for mid, target, within in rows if target is not None and not within}
         return retarget([str(mid) for mid, _, _ in rows], gone, targets)
 
     @staticmethod
@@ -267,9 +268,9 @@ class PgSessionStore(CheckedSessionStore):
                 conn.execute("UPDATE recalld_messages SET extra = extra - 'replaces'"
                              " WHERE session_key = %s AND id = %s", (key, mid))
             else:
-                conn.execute("UPDATE recalld_messages SET extra = jsonb_set(extra, '{replaces}', "
-                             "to_jsonb(%s::text))"
-                             " WHERE session_key = %s AND id = %s", (target, key, mid))
+                conn.execute("UPDATE recalld_messages SET extra = jsonb_set(extra, '{replaces}',"
+                             " to_jsonb(%s::text)) WHERE session_key = %s AND id = %s",
+                             (target, key, mid))
 
     def append_summary(self, user: str, session_key: str, *, content: str, through: str,
                        messages: int) -> ConversationSummary:
@@ -283,8 +284,8 @@ class PgSessionStore(CheckedSessionStore):
         _refuse_nul(("content", summary.content), ("through", summary.through))
         with self._tx("keeping a conversation summary") as conn:
             session = conn.execute(
-                "SELECT next_seq FROM recalld_sessions WHERE session_key = %s AND user_id = %s FOR "
-                "UPDATE",
+                "SELECT next_seq FROM recalld_sessions WHERE session_key = %s"
+                " AND user_id = %s FOR UPDATE",
                 (key, user),
             ).fetchone()
             if session is None:
@@ -302,8 +303,8 @@ class PgSessionStore(CheckedSessionStore):
         with self._tx("reading a conversation summary") as conn:
             self._session_row(conn, user, key)
             row = conn.execute(
-                "SELECT id, content, ts, through, messages FROM recalld_summaries "
-                "WHERE session_key = %s",
+                "SELECT id, content, ts, through, messages FROM recalld_summaries"
+                " WHERE session_key = %s",
                 (key,),
             ).fetchone()
         return None if row is None else ConversationSummary(row[0], row[1], row[2], row[3],
@@ -353,9 +354,8 @@ class PgSessionStore(CheckedSessionStore):
         with self._tx("creating a session") as conn:
             try:
                 conn.execute(
-                    "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt, "
-                    "model,"
-                    " memory, created_at, updated_at, temperature, max_tokens)"
+                    "INSERT INTO recalld_sessions (session_key, user_id, title, system_prompt,"
+                    " model, memory, created_at, updated_at, temperature, max_tokens)"
                     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (header.session_key, user, header.title, header.system_prompt, header.model,
                      header.memory, header.created_at, header.created_at, header.temperature,
@@ -385,9 +385,8 @@ class PgSessionStore(CheckedSessionStore):
         if fence is not None and fence.session_key != key:
             fence = None
         with self._tx("appending a message") as conn:
-            if fence is not None and (fence.lost or conn.execute(_FENCE_SQL,
-                                                                 (key,
-                                                                  fence.token)).fetchone() is None):
+            if fence is not None and (
+                    fence.lost or conn.execute(_FENCE_SQL, (key, fence.token)).fetchone() is None):
                 fence.lost = True
                 raise LeaseLost()
             row = conn.execute(_APPEND_SQL, (len(line), message.ts, key, user)).fetchone()
@@ -419,8 +418,8 @@ class PgSessionStore(CheckedSessionStore):
 
     def _session_row(self, conn: _Conn, user: str, key: str, *, lock: bool = False) -> Session:
         row = conn.execute(
-            f"SELECT {_SESSION_COLUMNS} FROM recalld_sessions WHERE session_key = %s "
-            "AND user_id = %s"
+            f"SELECT {_SESSION_COLUMNS} FROM recalld_sessions WHERE session_key = %s"
+            " AND user_id = %s"
             + (" FOR UPDATE" if lock else ""),
             (key, user),
         ).fetchone()
@@ -514,9 +513,9 @@ class PgAttachments:
         sha = hashlib.sha256(data).hexdigest()
         with store._tx("storing an attachment") as conn:
             store._session_row(conn, user, key)
-            conn.execute("INSERT INTO recalld_attachments (session_key, sha256, bytes, data) "
-                         "VALUES (%s, %s, %s, %s)"
-                         " ON CONFLICT DO NOTHING", (key, sha, len(data), data))
+            conn.execute("INSERT INTO recalld_attachments (session_key, sha256, bytes, data)"
+                         " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                         (key, sha, len(data), data))
         return sha
 
     def get(self, user: str, session_key: str, sha256: str) -> bytes:
@@ -527,8 +526,8 @@ class PgAttachments:
             raise InvalidSessionInput("sha256", "must be 64 lowercase hex digits")
         with store._tx("reading an attachment") as conn:
             store._session_row(conn, user, key)
-            row = conn.execute("SELECT data FROM recalld_attachments WHERE session_key = %s "
-                               "AND sha256 = %s",
+            row = conn.execute("SELECT data FROM recalld_attachments WHERE session_key = %s"
+                               " AND sha256 = %s",
                                (key, sha256)).fetchone()
         if row is None:
             raise InvalidSessionInput("sha256", "is not an attachment of this session")

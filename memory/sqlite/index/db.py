@@ -2,10 +2,11 @@
 
 ``open_index`` is the one factory. The daemon holds one :class:`WriteConnection` (every
 change to the index goes through it) and a :class:`ReaderPool` of read-only connections for
-searches and status, which WAL lets read while the writer writes. It loads sqlite-vec from the path given (by default the
-``sqlite-vec`` package's own ``loadable_path()``); when loading fails the connection still
-works for keyword search and the returned :class:`VectorBackend` says why, and the failure is
-logged as a warning — a silent downgrade to keyword-only is a known failure of peer systems.
+searches and status, which WAL lets read while the writer writes. It loads sqlite-vec from the path
+given (by default the ``sqlite-vec`` package's own ``loadable_path()``); when loading fails the
+connection still works for keyword search and the returned :class:`VectorBackend` says why, and the
+failure is logged as a warning — a silent downgrade to keyword-only is a known failure of peer
+systems.
 
 A file that is not a database (truncated, overwritten) is moved aside to
 ``memory.db.corrupt-<ts>`` and a fresh one is created; the index is rebuildable from the
@@ -100,11 +101,12 @@ def _create_private(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
 
-def _connect(path: Path, extension: str | None, *, readonly: bool) -> tuple[apsw.Connection,
-                                                                            VectorBackend]:
+def _connect(path: Path, extension: str | None, *,
+             readonly: bool) -> tuple[apsw.Connection, VectorBackend]:
     if not readonly and str(path) != ":memory:":  # SQLite's in-memory database has no file
         _create_private(path)
-    flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+    flags = (apsw.SQLITE_OPEN_READONLY if readonly
+             else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE)
     db = apsw.Connection(str(path), flags=flags)
     db.set_busy_timeout(BUSY_TIMEOUT_MS)
     vectors = _load_vec(db, extension)
@@ -147,7 +149,8 @@ def _prepare(db: apsw.Connection, readonly: bool, path: Path, mmap_bytes: int = 
 
 
 def move_aside(path: Path) -> Path:
-    """Rename ``path`` (and its -wal/-shm) to ``<name>.corrupt-<UTC timestamp>``; returns the new path."""
+    """Rename ``path`` (and its -wal/-shm) to ``<name>.corrupt-<UTC timestamp>``; returns the new
+    path."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     target = path.with_name(f"{path.name}.corrupt-{stamp}")
     os.replace(path, target)
@@ -180,7 +183,8 @@ def open_index(
         if readonly:
             raise
         moved = move_aside(path)
-        rebuilt = f"{path.name} was unreadable ({type(exc).__name__}); moved to {moved.name}, rebuilt from transcripts"
+        rebuilt = (f"{path.name} was unreadable ({type(exc).__name__}); moved to {moved.name}, "
+                   "rebuilt from transcripts")
         log.error("memory.db.corrupt", path=str(path), moved_to=str(moved), error=str(exc))
         db, vectors = _connect(path, vec_extension, readonly=False)
         _prepare(db, False, path)
@@ -202,8 +206,8 @@ def set_meta(db: apsw.Connection, key: str, value: str | None) -> None:
         db.execute("DELETE FROM meta WHERE key = ?", (key,))
     else:
         db.execute(
-            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
-            "SET value = excluded.value",
+            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) "
+            "DO UPDATE SET value = excluded.value",
             (key, value),
         )
 
@@ -347,13 +351,15 @@ async def in_thread(action: str, fn: Callable[..., _T], *args: object) -> _T:
     try:
         return await asyncio.to_thread(fn, *args)
     except apsw.Error as exc:
-        raise MemoryStorageError(f"memory index failed while {action}: {type(exc).__name__}") from exc
+        raise MemoryStorageError(f"memory index failed while {action}: "
+                                 f"{type(exc).__name__}") from exc
 
 
 async def write_step(conn: WriteConnection, action: str, fn: Callable[..., _T], *args: object,
                      grows: bool = False) -> _T:
     """``fn(db, *args)`` on the writing connection, holding its lock, off the loop; ``grows``:
-    it adds rows, so it is refused below the free-disk floor (:meth:`WriteConnection.check_room`)."""
+    it adds rows, so it is refused below the free-disk floor
+    (:meth:`WriteConnection.check_room`)."""
 
     def step() -> _T:
         with conn.lock:

@@ -1,9 +1,9 @@
 """One sync, start to end: transcripts → chunks, then pending chunks → vectors.
 
 The async half of indexing. Each blocking step (:class:`~memory.sync.FileSync`,
-:class:`~memory.sqlite.index.vectors.VectorStore`) runs in a worker thread; only the embedder's calls are
-awaited on the event loop. The caller (:class:`~memory.sqlite.service.MemoryService`) never runs two
-syncs at once.
+:class:`~memory.sqlite.index.vectors.VectorStore`) runs in a worker thread; only the embedder's
+calls are awaited on the event loop. The caller (:class:`~memory.sqlite.service.MemoryService`)
+never runs two syncs at once.
 
 Pending chunks are read in batches of :data:`EMBED_ROWS_PER_BATCH` rows: cached vectors
 first, the embedder only for the texts the cache lacks (deduplicated within the batch), and
@@ -98,7 +98,8 @@ class Indexer:
 
     async def embed_pending(self, pipeline: EmbeddingPipeline, report: SyncReport,
                             progress: Callable[[int], None] | None = None) -> None:
-        """Embed every pending chunk, batch by batch; raises EmbedderError, leaving the rest pending."""
+        """Embed every pending chunk, batch by batch; raises EmbedderError, leaving the rest
+        pending."""
         vectors = self.vectors
         if not vectors.backend.available:
             return
@@ -139,8 +140,8 @@ class Indexer:
 
     async def _store_ready(self, identity: EmbedderIdentity, rows: list[PendingRow],
                            hashes: list[str], found: dict[str, tuple[int, bytes]], fresh: set[str],
-                           waiting: list[int], report: SyncReport, progress: Callable[[int],
-                                                                                      None] | None) -> list[int]:
+                           waiting: list[int], report: SyncReport,
+                           progress: Callable[[int], None] | None) -> list[int]:
         """Store the ``waiting`` rows whose vector is now known (cached or just embedded, the
         ``fresh`` ones cached with them) in one transaction; returns the rows still waiting."""
         ready = [i for i in waiting if hashes[i] in found]

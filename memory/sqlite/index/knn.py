@@ -8,28 +8,28 @@ same as that k = 100 KNN and returns the best few thousand by Hamming distance; 
 re-ranks them by exact int8 cosine in SQL (``memory.search``).
 
 **What is held** (one :class:`SignIndex` per open index, state of the service's
-:class:`~memory.sqlite.live.LiveIndex`; one partition per user, loaded by :meth:`SignIndex.warm` when
-the service starts, or else on the user's first vector search):
-per chunk its id (8 bytes), sign bits (``dims / 8``, 48 at 384 dims), ``start_ms``/``end_ms``
-(16) and a live flag (1): 73 bytes a chunk at 384 dims, plus up to :data:`GROWTH` slack —
-7.3 MB per 100k chunks. Session filters are not held: they
-become chunk-id sets from ``chunks`` (its ``(user, session_key)`` index) at query time.
+:class:`~memory.sqlite.live.LiveIndex`; one partition per user, loaded by :meth:`SignIndex.warm`
+when the service starts, or else on the user's first vector search): per chunk its id (8 bytes),
+sign bits (``dims / 8``, 48 at 384 dims), ``start_ms``/``end_ms`` (16) and a live flag (1): 73 bytes
+a chunk at 384 dims, plus up to :data:`GROWTH` slack — 7.3 MB per 100k chunks. Session filters are
+not held: they become chunk-id sets from ``chunks`` (its ``(user, session_key)`` index) at query
+time.
 
 **Loading** reads sqlite-vec's shadow tables directly (1,024 vectors a row, ~10 ms per 100k
 chunks) when ``chunks_vec_info`` names a layout this module knows (:data:`KNOWN_LAYOUTS`)
 and every blob has the size that layout implies; otherwise it falls back to the public
 ``SELECT … FROM chunks_vec`` scan (~100× slower, still correct).
 
-**Freshness**: the writer (``memory.sqlite.index.vectors``) appends the chunk id of every vector it stores
-or removes to ``vector_changes`` in the same transaction, and keeps ``meta.vector_generation``
-(new whenever ``chunks_vec`` is created or dropped) and ``meta.vector_changes_floor`` (the
-highest change it trimmed). Each search reads those in its own read transaction and brings
-the user's partition up to that snapshot before scanning: the changed ids are dropped and
-re-read from ``chunks_vec`` through its public interface. A new generation, a trimmed-away
-change or a large delta reloads the partition. A snapshot older than the partition (another
-reader ran ahead) uses it as is: an extra candidate is then dropped by the re-rank's join, a
-removed one is missed by a search that overlapped its removal. Nothing here outlives the
-process; a restart reloads (``warm``, or lazily).
+**Freshness**: the writer (``memory.sqlite.index.vectors``) appends the chunk id of every vector it
+stores or removes to ``vector_changes`` in the same transaction, and keeps
+``meta.vector_generation`` (new whenever ``chunks_vec`` is created or dropped) and
+``meta.vector_changes_floor`` (the highest change it trimmed). Each search reads those in its own
+read transaction and brings the user's partition up to that snapshot before scanning: the changed
+ids are dropped and re-read from ``chunks_vec`` through its public interface. A new generation, a
+trimmed-away change or a large delta reloads the partition. A snapshot older than the partition
+(another reader ran ahead) uses it as is: an extra candidate is then dropped by the re-rank's join,
+a removed one is missed by a search that overlapped its removal. Nothing here outlives the process;
+a restart reloads (``warm``, or lazily).
 
 Every method blocks; call it from the search's worker thread. :meth:`SignIndex.prepare`
 splits a search in two so that the scan (numpy, which releases the GIL) can run on another
@@ -65,8 +65,8 @@ __all__ = [
     "detached_partition",
 ]
 
-# Written by memory.sqlite.index.vectors, read here; its own table so that dropping chunks_vec (a vec0
-# virtual table and its shadow tables) never touches it.
+# Written by memory.sqlite.index.vectors, read here; its own table so that dropping chunks_vec (a
+# vec0 virtual table and its shadow tables) never touches it.
 CHANGES_TABLE = "vector_changes"
 
 # sqlite-vec versions whose vec0 shadow-table layout _load_shadow reads: chunks of rows with a
@@ -79,8 +79,8 @@ GROWTH = 1.25
 # A delta touching more ids than this (or a quarter of the partition) reloads it instead.
 MAX_DELTA = 4096
 
-# Metadata columns of chunks_vec in declaration order (memory.sqlite.index.vectors.ensure_vector_table):
-# session_key is 00, start_ms 01, end_ms 02.
+# Metadata columns of chunks_vec in declaration order
+# (memory.sqlite.index.vectors.ensure_vector_table): session_key is 00, start_ms 01, end_ms 02.
 _START_COLUMN, _END_COLUMN = 1, 2
 
 
@@ -163,8 +163,8 @@ class _Partition:
         if self.dead * 4 <= self.size:
             return
         keep = self.live[:self.size]
-        self.ids, self.bits = self.ids[:self.size][keep], numpy.ascontiguousarray(self.bits[:,
-                                                                                            :self.size][:, keep])
+        self.ids, self.bits = (self.ids[:self.size][keep],
+                               numpy.ascontiguousarray(self.bits[:, :self.size][:, keep]))
         self.start_ms, self.end_ms = self.start_ms[:self.size][keep], self.end_ms[:self.size][keep]
         self.size = len(self.ids)
         self.live = numpy.ones(self.size, dtype=bool)
@@ -179,7 +179,8 @@ class _Partition:
         bits = numpy.empty((self.bits.shape[0], capacity), dtype=numpy.uint64)
         bits[:, :self.size] = self.bits[:, :self.size]
         self.ids, self.bits = grown(self.ids), bits
-        self.start_ms, self.end_ms, self.live = grown(self.start_ms), grown(self.end_ms), grown(self.live)
+        self.start_ms, self.end_ms, self.live = (grown(self.start_ms), grown(self.end_ms),
+                                                 grown(self.live))
 
     def nearest(self, query: npt.NDArray[Any], scan: int, pool: int, filters: Filters,
                 scan_share: float = 0.0) -> list[int]:
@@ -256,7 +257,8 @@ def _empty(width: int, snapshot: _Snapshot) -> _Partition:
 
 def _layout(db: apsw.Connection) -> str | None:
     try:
-        row = db.execute("SELECT value FROM chunks_vec_info WHERE key = 'CREATE_VERSION'").fetchone()
+        row = db.execute("SELECT value FROM chunks_vec_info "
+                         "WHERE key = 'CREATE_VERSION'").fetchone()
     except apsw.SQLError:
         return None
     return str(row[0]) if row is not None else None
@@ -288,11 +290,10 @@ def _load_shadow(db: apsw.Connection, user: str, width: int) -> _Arrays | None:
         size = int(size)
         if (size % 8 or len(validity) != size // 8 or len(rowids) != 8 * size
                 or len(vectors) != width * size or len(starts) != 8 * size
-            or len(ends) != 8 * size):
+                or len(ends) != 8 * size):
             return None
-        arrays = (numpy.frombuffer(rowids, "<i8"), numpy.frombuffer(vectors,
-                                                                    numpy.uint8).reshape(size,
-                                                                                         width),
+        arrays = (numpy.frombuffer(rowids, "<i8"),
+                  numpy.frombuffer(vectors, numpy.uint8).reshape(size, width),
                   numpy.frombuffer(starts, "<i8"), numpy.frombuffer(ends, "<i8"))
         if validity.count(0xFF) == len(validity):  # a full chunk (most of them): no mask to apply
             parts.append(arrays)
@@ -326,8 +327,8 @@ def _rows_public(rows: Iterable[tuple[Any, ...]], width: int) -> _Arrays:
 
 def _load_public(db: apsw.Connection, user: str, width: int) -> _Arrays:
     return _rows_public(db.execute(
-        "SELECT chunk_id, embedding, start_ms, end_ms FROM chunks_vec WHERE user = ?", (user,)),
-                        width)
+        "SELECT chunk_id, embedding, start_ms, end_ms FROM chunks_vec WHERE user = ?",
+        (user,)), width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +400,8 @@ class SignIndex:
         and integrity check, so the first search finds its partition loaded (or waits on the
         lock for a load that no other start work slows down) instead of loading it itself."""
         with db:
-            if db.execute("SELECT 1 FROM sqlite_schema WHERE name = 'chunks_vec'").fetchone() is None:
+            if db.execute("SELECT 1 FROM sqlite_schema "
+                          "WHERE name = 'chunks_vec'").fetchone() is None:
                 return 0, 0
             meta = dict(db.execute("SELECT key, value FROM meta "
                                    "WHERE key IN ('vector_dims', 'vector_format')"))
@@ -452,6 +454,5 @@ def distinct_users(db: apsw.Connection) -> list[str]:
     per user, not a scan of every chunk."""
     return [str(u) for (u,) in db.execute(
         "WITH RECURSIVE u(name) AS (SELECT min(user) FROM chunks UNION ALL "
-        "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u WHERE u.name IS "
-        "NOT NULL) "
-        "SELECT name FROM u WHERE name IS NOT NULL")]
+        "SELECT (SELECT min(user) FROM chunks WHERE user > u.name) FROM u "
+        "WHERE u.name IS NOT NULL) SELECT name FROM u WHERE name IS NOT NULL")]

@@ -232,7 +232,8 @@ class FileSync:
                 with atomic:
                     report.chunks_deleted = self._delete_path(rel)
                 return report
-            # Below the free-disk floor the sync stops here, rolled back whole; a later one redoes it.
+            # Below the free-disk floor the sync stops here, rolled back whole; a later one redoes
+            # it.
             self._conn.check_room("indexing a transcript")
             with atomic:
                 if incremental:
@@ -240,8 +241,8 @@ class FileSync:
                     written, deleted, end_offset, end_line = self._index_tail(path, rel, owner, row)
                 else:
                     deleted = self._delete_path(rel)
-                    written, _, end_offset, end_line = self._index_from(path, rel, owner, 0, 1, 0,
-                                                                        0)
+                    written, _, end_offset, end_line = self._index_from(
+                        path, rel, owner, 0, 1, 0, 0)
                 self.db.execute(
                     """
                     INSERT INTO files(path, user, session_key, size, mtime_ns, hash, indexed_offset,
@@ -249,12 +250,13 @@ class FileSync:
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT(path) DO UPDATE SET
                         size = excluded.size, mtime_ns = excluded.mtime_ns, hash = excluded.hash,
-                        indexed_offset = excluded.indexed_offset, indexed_lines = excluded.indexed_lines,
+                        indexed_offset = excluded.indexed_offset,
+                        indexed_lines = excluded.indexed_lines,
                         chunking = excluded.chunking, indexed_at = excluded.indexed_at
                     """,
                     (rel, owner[0], owner[1], st.st_size, st.st_mtime_ns,
-                     _prefix_fingerprint(path, end_offset), end_offset, end_line, self.chunking,
-                     _now()),
+                     _prefix_fingerprint(path, end_offset), end_offset, end_line,
+                     self.chunking, _now()),
                 )
                 # Expired or forgotten text goes in the same transaction it was written in.
                 deleted += self._delete_ids(chunk_ids_for_file(
@@ -299,8 +301,8 @@ class FileSync:
         with atomic:
             report.chunks_deleted = self._delete_path(rel)
 
-    def _index_tail(self, path: Path, rel: str, owner: _Owner, row: _FileRow) -> tuple[int, int,
-                                                                                       int, int]:
+    def _index_tail(self, path: Path, rel: str, owner: _Owner,
+                    row: _FileRow) -> tuple[int, int, int, int]:
         last = self.db.execute(
             "SELECT chunk_idx, byte_start, line_start, seg_start FROM chunks WHERE path = ? "
             "ORDER BY chunk_idx DESC LIMIT 1",
@@ -314,13 +316,11 @@ class FileSync:
                                 known_end=row.indexed_offset)
 
     def _index_from(self, path: Path, rel: str, owner: _Owner, offset: int, line: int,
-                    first_idx: int, skip_segments: int, known_end: int | None = None) -> tuple[int,
-                                                                                               int,
-                                                                                               int,
-                                                                                               int]:
+                    first_idx: int, skip_segments: int,
+                    known_end: int | None = None) -> tuple[int, int, int, int]:
         reader = ForwardReader(path, offset, line)
-        entries, whole = visible_entries(list(reader), new_from=offset if known_end is None
-                                         else known_end)
+        entries, whole = visible_entries(list(reader),
+                                         new_from=offset if known_end is None else known_end)
         if whole and offset > 0:
             # A new edit or regenerate: the chunks before this read may hold what it hides, so
             # the transcript is re-cut from its start (unchanged chunks stay, by index and hash).
@@ -427,8 +427,8 @@ class FileSync:
                     report.chunks_deleted += self._delete_path(rel)
                 report.files_deleted += 1
         # A scan never lists symlinks, so a skipped path is forgotten only once it is gone.
-        for rel in [r for r in self.skipped if r not in present
-                    and not os.path.lexists(self.sessions_dir / r)]:
+        for rel in [r for r in self.skipped
+                    if r not in present and not os.path.lexists(self.sessions_dir / r)]:
             del self.skipped[rel]
         return report
 

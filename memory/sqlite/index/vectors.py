@@ -1,10 +1,10 @@
 """Vectors: the ``chunks_vec`` table, the embedding cache, and the rebuild state.
 
-Chunks start *pending* (``embedded = 0``). Embedding them (:mod:`memory.sqlite.index.indexing` drives it)
-takes cached vectors first — the cache holds int8, ``chunks_vec`` the sign bits,
-``chunks.vector_hash`` the cache key for the search's exact re-rank — and the embedder only
-for texts never seen under this embedder identity; each batch is committed, so an interrupted
-index resumes where it stopped.
+Chunks start *pending* (``embedded = 0``). Embedding them (:mod:`memory.sqlite.index.indexing`
+drives it) takes cached vectors first — the cache holds int8, ``chunks_vec`` the sign bits,
+``chunks.vector_hash`` the cache key for the search's exact re-rank — and the embedder only for
+texts never seen under this embedder identity; each batch is committed, so an interrupted index
+resumes where it stopped.
 
 Embedder change: the identity (provider, model, endpoint hash) is kept in ``meta``. When it
 differs, one transaction drops ``chunks_vec``, marks every chunk pending, sets
@@ -22,8 +22,8 @@ sqlite-vec rebuilds ``chunks_vec`` the same way.
 
 Every vector stored or removed also appends its chunk id to ``vector_changes`` in the same
 transaction, and ``meta.vector_generation`` is new whenever ``chunks_vec`` is created or
-dropped: that is how the in-memory sign-bit index of the search (``memory.sqlite.index.knn``) brings itself
-up to any read snapshot without rescanning. The log keeps its newest :data:`CHANGES_KEPT`
+dropped: that is how the in-memory sign-bit index of the search (``memory.sqlite.index.knn``) brings
+itself up to any read snapshot without rescanning. The log keeps its newest :data:`CHANGES_KEPT`
 entries; ``meta.vector_changes_floor`` is the highest one trimmed.
 
 Every method of :class:`VectorStore` blocks; call it from a worker thread.
@@ -96,7 +96,8 @@ class RebuildState:
     """Where vectors stand after an embedder change (:meth:`VectorStore.rebuild_state`)."""
 
     rebuilding: bool   # the configured identity's vectors are still to be (re)built
-    started: bool      # the old vectors are dropped and chunks pending (else the next sync starts it)
+    started: bool      # the old vectors are dropped and chunks pending (else the next sync
+                       # starts it)
     previous: EmbedderIdentity | None   # whose complete vectors may serve meanwhile
 
 
@@ -167,7 +168,8 @@ def _new_generation(db: apsw.Connection) -> None:
 
 
 def _log_changes(db: apsw.Connection, ids: Iterable[int]) -> None:
-    """Record changed vectors for readers' in-memory indexes; trim the log (caller's transaction)."""
+    """Record changed vectors for readers' in-memory indexes; trim the log (caller's
+    transaction)."""
     db.executemany(f"INSERT INTO {CHANGES_TABLE}(chunk_id) VALUES (?)", [(cid,) for cid in ids])
     (head,) = db.execute(f"SELECT coalesce(max(seq), 0) FROM {CHANGES_TABLE}").fetchone() or (0,)
     floor = int(head) - CHANGES_KEPT
@@ -210,10 +212,8 @@ class VectorStore:
                     log.warning("memory.embedder.changed", old=stored, new=identity.to_json(),
                                 previous=previous.to_json() if previous else None,
                                 effect="vectors rebuilt from cache/embedder; until done the vector "
-                                       "leg is "
-                                       "served by the previous model's vectors when it can embed "
-                                       "the query, "
-                                       "else hybrid is keyword-only")
+                                       "leg is served by the previous model's vectors when it can "
+                                       "embed the query, else hybrid is keyword-only")
                 self._start_rebuild()
                 set_meta(self.db, "embedder", identity.to_json())
                 set_meta(self.db, "embedder_previous", previous.to_json() if previous else None)
@@ -243,7 +243,8 @@ class VectorStore:
             if get_meta(self.db, "embedder") != identity.to_json():
                 return False, "vectors not built yet for this embedder"
             if get_meta(self.db, "vector_rebuild") is not None:
-                return False, f"vectors being rebuilt for a new embedder ({self.pending_count()} chunks to go)"
+                return False, ("vectors being rebuilt for a new embedder "
+                               f"({self.pending_count()} chunks to go)")
             if vector_table_dims(self.db) is None:
                 return False, "no vectors indexed yet"
         return True, ""
@@ -258,8 +259,8 @@ class VectorStore:
             rebuilding = get_meta(self.db, "vector_rebuild") is not None
             if stored == identity.to_json():
                 # vectors_stale rebuilds (same identity) record no previous: nothing to serve.
-                previous = EmbedderIdentity.from_json(get_meta(self.db,
-                                                               "embedder_previous")) if rebuilding else None
+                previous = (EmbedderIdentity.from_json(get_meta(self.db, "embedder_previous"))
+                            if rebuilding else None)
                 return RebuildState(rebuilding, rebuilding, previous)
             if stored is None:
                 return NOT_REBUILDING  # a first build, not a rebuild: no earlier vectors exist
@@ -268,7 +269,8 @@ class VectorStore:
             return RebuildState(True, False, previous if previous != identity else None)
 
     def forget(self, ids: Iterable[int]) -> None:
-        """Remove the vectors of chunks about to be deleted (caller holds the lock and a transaction)."""
+        """Remove the vectors of chunks about to be deleted (caller holds the lock and a
+        transaction)."""
         if not self.backend.available:
             # Cannot touch chunks_vec without the module: rebuild vectors once it loads again.
             set_meta(self.db, "vectors_stale", "1")
@@ -282,7 +284,8 @@ class VectorStore:
 
     def pending_count(self) -> int:
         with self._conn.lock:
-            (n,) = self.db.execute("SELECT count(*) FROM chunks WHERE embedded = 0").fetchone() or (0,)
+            (n,) = self.db.execute("SELECT count(*) FROM chunks "
+                                   "WHERE embedded = 0").fetchone() or (0,)
         return int(n)
 
     def pending_rows(self, limit: int) -> list[PendingRow]:
@@ -294,7 +297,8 @@ class VectorStore:
             ))
 
     def cached(self, identity: EmbedderIdentity, hashes: list[str]) -> dict[str, tuple[int, bytes]]:
-        """``content hash -> (dims, int8 vector)`` for the hashes the cache holds for ``identity``."""
+        """``content hash -> (dims, int8 vector)`` for the hashes the cache holds for
+        ``identity``."""
         found: dict[str, tuple[int, bytes]] = {}
         with self._conn.lock:
             for h in set(hashes):
@@ -309,15 +313,15 @@ class VectorStore:
 
     def store(self, identity: EmbedderIdentity, rows: list[PendingRow], hashes: list[str],
               vectors: dict[str, tuple[int, bytes]], fresh: set[str]) -> int:
-        """Cache the ``fresh`` vectors and store one per row (one transaction); returns the rows stored."""
+        """Cache the ``fresh`` vectors and store one per row (one transaction); returns the rows
+        stored."""
         with self._conn.lock, self.db:
             self._conn.check_room("storing vectors")
             for h in fresh:
                 dims, blob = vectors[h]
                 self.db.execute(
                     "INSERT OR IGNORE INTO embedding_cache(provider, model, endpoint_hash, "
-                    "content_hash, "
-                    "dims, vector) VALUES (?, ?, ?, ?, ?, ?)",
+                    "content_hash, dims, vector) VALUES (?, ?, ?, ?, ?, ?)",
                     (identity.provider, identity.model, identity.endpoint_hash, h, dims, blob),
                 )
             dims_seen = {vectors[h][0] for h in hashes}
@@ -326,18 +330,18 @@ class VectorStore:
                                     retryable=False)
             dims = dims_seen.pop()
             ensure_vector_table(self.db, dims)
-            quantize_sql = "vec_quantize_binary(vec_int8(?))" if vector_format(dims) == "bit" else "vec_int8(?)"
+            quantize_sql = ("vec_quantize_binary(vec_int8(?))" if vector_format(dims) == "bit"
+                            else "vec_int8(?)")
             stored: list[int] = []
             for (cid, _content, user, session_key, start_ms, end_ms, chash), h in zip(rows, hashes):
-                if self.db.execute("SELECT 1 FROM chunks WHERE id = ? AND embedded = 0",
-                                   (cid,)).fetchone() is None:
+                if self.db.execute("SELECT 1 FROM chunks WHERE id = ? "
+                                   "AND embedded = 0", (cid,)).fetchone() is None:
                     continue  # deleted or replaced while its vector was being made
                 stored.append(cid)
                 self.db.execute("DELETE FROM chunks_vec WHERE chunk_id = ?", (cid,))
                 self.db.execute(
                     "INSERT INTO chunks_vec(chunk_id, user, embedding, session_key, start_ms, "
-                    "end_ms) "
-                    f"VALUES (?, ?, {quantize_sql}, ?, ?, ?)",
+                    f"end_ms) VALUES (?, ?, {quantize_sql}, ?, ?, ?)",
                     (cid, user, vectors[h][1], session_key,
                      _NEVER if start_ms is None else start_ms, -1 if end_ms is None else end_ms),
                 )
@@ -345,7 +349,8 @@ class VectorStore:
                 self.db.execute("UPDATE chunks SET embedded = 1, vector_hash = ? WHERE id = ?",
                                 (None if h == chash else h, cid))
             _log_changes(self.db, stored)
-            if self.db.execute("SELECT 1 FROM chunks WHERE embedded = 0 LIMIT 1").fetchone() is None:
+            if self.db.execute("SELECT 1 FROM chunks "
+                               "WHERE embedded = 0 LIMIT 1").fetchone() is None:
                 set_meta(self.db, "vector_rebuild", None)
                 set_meta(self.db, "embedder_previous", None)
         return len(stored)
