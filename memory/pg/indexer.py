@@ -17,8 +17,12 @@ One pass (:meth:`PgIndexer.run_once`) does three things, each in short transacti
    written, surplus ones deleted. Fewer message rows up to the indexed ``seq`` than were
    indexed (a purge) re-chunks the session whole. A claim takes ``sessions_per_claim``
    sessions; each is read and cut on its own, then the batch is written in one transaction of
-   a few multi-row statements (chunks through ``unnest`` of one array per column; their
-   postings by one statement-level trigger, m003).
+   a few multi-row statements (chunks as one JSON array of rows, read by ``json_to_recordset``;
+   their lexemes by ``to_tsvector`` in the same statement, their postings by one
+   statement-level trigger, m003). A pass whose first claim is a full batch starts
+   ``claim_workers − 1`` more claimers on connections of their own, as another node would:
+   while one waits on PostgreSQL's writes, another reads and cuts its sessions, and the
+   server's work runs in one backend per claimer.
 2. **Sweep.** Progress rows of sessions that were deleted or are incognito go, with their chunks.
 3. **Embed.** Each distinct pending text is embedded once across every node: a node takes
    ``pg_try_advisory_xact_lock(EMBED_LOCK, hashtext(hash))`` for the texts it will embed, looks
@@ -30,13 +34,15 @@ One pass (:meth:`PgIndexer.run_once`) does three things, each in short transacti
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
@@ -49,14 +55,25 @@ from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
 from memory.quantize import quantize_int8
 from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
-__all__ = ["CHUNKS_PER_STATEMENT", "EMBED_LOCK", "SESSIONS_PER_CLAIM", "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
+__all__ = ["CHUNKS_PER_STATEMENT", "CLAIM_WORKERS", "EMBED_LOCK", "SESSIONS_PER_CLAIM", "SESSION_STATS_SQL", "IndexReport",
+           "PgIndexer", "chunking_fingerprint", "doc_length"]
 
 # Sessions one claim locks and indexes in one transaction. Bigger batches cost fewer statements
 # per chunk; the locks are held until the batch commits (another node skips those sessions, it
 # never waits on them), and a failed batch is retried whole at the next pass.
 SESSIONS_PER_CLAIM = 64
-# Chunks per multi-row INSERT (a statement's arrays stay a few MB at 400-token chunks).
+# Chunks per multi-row INSERT (a statement's JSON stays a few MB at 400-token chunks).
 CHUNKS_PER_STATEMENT = 1000
+# Claimers of one pass, each on its own pooled connection (never more than the pool holds). Of a
+# bulk build's CPU about four fifths is PostgreSQL's (to_tsvector, then ~110 postings a chunk,
+# their btree and WAL) and one fifth this process's (reading and cutting messages); two claimers
+# overlap the two and give the server's part a backend each. The others start only once a claim
+# comes back full (a pass over a few appends uses one connection, as before).
+CLAIM_WORKERS = 2
+# The postings trigger sorts a statement's postings (~110 a chunk at 400 tokens: ~10 MB for a
+# statement of 1,000 chunks); with PostgreSQL's default 4 MB that sort spilled to disk. Set for
+# the batch's transaction only.
+_BATCH_WORK_MEM = "32MB"
 
 # The first key of the two-key advisory lock a node holds on a text while it embeds it.
 EMBED_LOCK = 0x72636C64
@@ -66,7 +83,12 @@ _TOKENS = re.compile(r"[^\W_]+")
 
 
 def doc_length(content: str) -> int:
-    return len(_TOKENS.findall(fts_text(content)))
+    return _token_count(fts_text(content))
+
+
+def _token_count(fts: str) -> int:
+    # subn counts the matches without a list of their strings (a quarter faster than findall).
+    return _TOKENS.subn("", fts)[1]
 
 
 def chunking_fingerprint(sizes: SizedConfig) -> str:
@@ -107,8 +129,12 @@ LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED
 """
 
-# A batch's chunks in one statement: one array per column, unnested in the batch's order (so ids
-# are handed out as a row-by-row insert would: by session key, then chunk index).
+# A batch's chunks in one statement: one JSON array of row objects, read in the batch's order (so
+# a statement's ids are handed out as a row-by-row insert would: by session key, then chunk index;
+# with several claimers, batches take ids in the order they are written). ``fts`` is NULL where
+# it is the content itself (no CJK to space out), so a text is sent once. Passing the rows as
+# JSON (orjson here, ``json_to_recordset`` there) costs a fifth of one typed array per column:
+# psycopg's array dumper walks every element in Python and array_in parses each array again.
 _CHUNK_COLUMNS = ("user_id", "session_key", "chunk_idx", "content", "line_start", "line_end", "seq_start",
                   "seg_start", "start_ts", "end_ts", "start_ms", "end_ms", "content_hash", "vector_hash",
                   "fts", "doc_len")
@@ -118,8 +144,8 @@ _UPSERT_CHUNKS_SQL = f"""
 INSERT INTO recalld_memory_chunks (user_id, session_key, chunk_idx, content, line_start, line_end, seq_start,
   seg_start, start_ts, end_ts, start_ms, end_ms, content_hash, vector_hash, tsv, doc_len)
 SELECT user_id, session_key, chunk_idx, content, line_start, line_end, seq_start, seg_start, start_ts, end_ts,
-  start_ms, end_ms, content_hash, vector_hash, to_tsvector('{TS_CONFIG}', fts), doc_len
-FROM unnest({", ".join(f"%s::{t}[]" for t in _CHUNK_TYPES)}) AS r({", ".join(_CHUNK_COLUMNS)})
+  start_ms, end_ms, content_hash, vector_hash, to_tsvector('{TS_CONFIG}', coalesce(fts, content)), doc_len
+FROM json_to_recordset(%s::json) AS r({", ".join(f"{c} {t}" for c, t in zip(_CHUNK_COLUMNS, _CHUNK_TYPES, strict=True))})
 ON CONFLICT (session_key, chunk_idx) DO UPDATE SET
   content = excluded.content, line_start = excluded.line_start, line_end = excluded.line_end,
   seq_start = excluded.seq_start, seg_start = excluded.seg_start, start_ts = excluded.start_ts,
@@ -210,7 +236,7 @@ class PgIndexer:
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig,
                  pipeline: EmbeddingPipeline | None, *, sessions_per_claim: int = SESSIONS_PER_CLAIM,
                  chunks_per_statement: int = CHUNKS_PER_STATEMENT, texts_per_pass: int = 256,
-                 vector_leg: VectorLeg = "hnsw") -> None:
+                 claim_workers: int = CLAIM_WORKERS, vector_leg: VectorLeg = "hnsw") -> None:
         self.pool = pool
         self.vector_leg: VectorLeg = vector_leg
         self.config = config
@@ -220,6 +246,7 @@ class PgIndexer:
         self.chunking = chunking_fingerprint(self.sizes)
         self.sessions_per_claim = sessions_per_claim
         self.chunks_per_statement = chunks_per_statement
+        self.claim_workers = max(1, claim_workers)
         self.texts_per_pass = texts_per_pass
         self._salt = secrets.token_hex(8)
 
@@ -240,8 +267,7 @@ class PgIndexer:
             await conn.execute(_SEED_SQL)
             await conn.commit()
             await self._sweep(conn, report)
-            while await self._claim_and_chunk(conn, report):
-                pass
+        await self._chunk_changed(report)
         while self.pipeline is not None and await self._embed_some(report):
             pass
         if self.pipeline is not None:
@@ -264,15 +290,53 @@ class PgIndexer:
                 cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%s)", (gone,))
                 report.chunks_deleted += cur.rowcount
 
-    async def _claim_and_chunk(self, conn: AsyncConnection[TupleRow], report: IndexReport) -> bool:
+    async def _chunk_changed(self, report: IndexReport) -> None:
+        """Claim and chunk batches until none is left to this node. Once a claim comes back as a
+        full batch, ``claim_workers − 1`` more claimers start, each on a pooled connection of its
+        own; a claimer's error stops the others (each batch is its own transaction: what
+        committed stays, the rest is claimed again on the next pass) and is raised as it was."""
+        helpers: list[asyncio.Task[None]] = []
+
+        def full_batch() -> None:
+            if not helpers:
+                extra = min(self.claim_workers, self.pool.max_size) - 1
+                helpers.extend(asyncio.create_task(self._claim_on_own_connection(report)) for _ in range(extra))
+
+        def helper_failed() -> bool:
+            return any(t.done() and not t.cancelled() and t.exception() is not None for t in helpers)
+
+        try:
+            async with self.pool.connection() as conn:
+                while not helper_failed() and await self._claim_and_chunk(conn, report, full_batch):
+                    pass
+            if helpers:
+                done, _ = await asyncio.wait(helpers, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    if (error := task.exception()) is not None:
+                        raise error
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+    async def _claim_on_own_connection(self, report: IndexReport) -> None:
+        async with self.pool.connection() as conn:
+            while await self._claim_and_chunk(conn, report):
+                pass
+
+    async def _claim_and_chunk(self, conn: AsyncConnection[TupleRow], report: IndexReport,
+                               full_batch: Callable[[], None] | None = None) -> bool:
         """One batch of claimed sessions in one transaction: each session's messages are read
         and cut on its own, then the batch's chunks, deletes and progress are written in a few
-        statements (a batch of chunks costs about what one chunk did, row by row)."""
+        statements (a batch of chunks costs about what one chunk did, row by row). False when
+        nothing was left to claim; ``full_batch`` is called as soon as the claim is a full one."""
         async with conn.transaction():
             claimed = await (await conn.execute(
                 _CLAIM_SQL, {"chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
             if not claimed:
                 return False
+            if full_batch is not None and len(claimed) >= self.sessions_per_claim:
+                full_batch()
             keys = [str(k) for k, *_ in claimed]
             last = {str(k): (int(i), int(q), int(g)) for k, i, q, g in
                     await (await conn.execute(_LAST_CHUNKS_SQL, (keys,))).fetchall()}
@@ -325,10 +389,13 @@ class PgIndexer:
                     _STORED_SQL, ([c.key for c in kept], [c.first_idx for c in kept]))).fetchall():
                 stored[str(key)][int(idx)] = str(content_hash)
         fresh = [(c, chunk) for c in cuts for chunk in c.chunks if stored[c.key].get(chunk.idx) != chunk.content_hash]
+        if fresh:
+            await conn.execute("SELECT set_config('work_mem', %s, true)", (_BATCH_WORK_MEM,))
         for start in range(0, len(fresh), self.chunks_per_statement):
             part = fresh[start:start + self.chunks_per_statement]
-            columns = list(zip(*(self._row(c.user, c.key, chunk) for c, chunk in part), strict=True))
-            await conn.execute(_UPSERT_CHUNKS_SQL, [list(col) for col in columns])
+            rows = orjson.dumps([dict(zip(_CHUNK_COLUMNS, self._row(c.user, c.key, chunk), strict=True))
+                                 for c, chunk in part]).decode()
+            await conn.execute(_UPSERT_CHUNKS_SQL, (rows,))
         report.chunks_written += len(fresh)
         surplus = [(c.key, idx) for c in cuts for idx in stored[c.key] if idx >= c.first_idx + len(c.chunks)]
         if surplus:
@@ -341,12 +408,13 @@ class PgIndexer:
         report.sessions += len(cuts)
 
     def _row(self, user: str, key: str, c: Chunk) -> tuple[Any, ...]:
-        """One chunk's values in ``_CHUNK_COLUMNS``' order."""
+        """One chunk's values in ``_CHUNK_COLUMNS``' order (``fts`` None: the content itself)."""
         sent = self.pipeline.text_to_send(c.content) if self.pipeline is not None else c.content
+        fts = fts_text(c.content)
         return (user, key, c.idx, c.content, c.line_start, c.line_end, c.byte_start, c.seg_start,
                 c.start_ts, c.end_ts, iso_to_ms(c.start_ts), iso_to_ms(c.end_ts), c.content_hash,
-                c.content_hash if sent == c.content else sha256_text(sent), fts_text(c.content),
-                doc_length(c.content))
+                c.content_hash if sent == c.content else sha256_text(sent), None if fts == c.content else fts,
+                _token_count(fts))
 
     # --- vectors ------------------------------------------------------------------------
 

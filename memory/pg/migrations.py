@@ -286,11 +286,30 @@ _M004 = """
 ALTER TABLE recalld_memory_facts ADD COLUMN client TEXT;
 """
 
+# A statement's postings are sorted by lexeme alone before they are inserted (m003 sorted them by
+# the whole key). The order is for the btree's sake only: a statement's chunk ids are all newer
+# than the index's, so one lexeme's new postings land at the end of that lexeme's range in
+# whatever order they come, while the many ties on the lexeme (a 1,000-chunk statement's ~110k
+# postings share a few thousand lexemes) no longer compare the user's text and the chunk id.
+# Measured inserting 6,000 chunks in 1,000-chunk statements: 1.66–1.69 s against 1.92–1.98 s
+# with the whole key, 2.01–2.20 s unsorted.
+_M005 = """
+CREATE OR REPLACE FUNCTION recalld_memory_postings_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO recalld_memory_postings (lexeme, user_id, chunk_id, tf, doc_len)
+  SELECT u.lexeme, n.user_id, n.id, coalesce(array_length(u.positions, 1), 1), n.doc_len
+  FROM inserted n CROSS JOIN LATERAL unnest(n.tsv) AS u
+  ORDER BY u.lexeme;
+  RETURN NULL;
+END $$;
+"""
+
 MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m001_chunks_cache_progress", _M001),
     ("m002_facts_episodes_forgotten", _M002),
     ("m003_statement_postings_corpus_totals", _M003),
     ("m004_fact_client", _M004),
+    ("m005_postings_sorted_by_lexeme", _M005),
 )
 
 def migrate(conn: psycopg.Connection[object]) -> list[str]:
