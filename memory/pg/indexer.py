@@ -50,6 +50,8 @@ from psycopg_pool import AsyncConnectionPool
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms, sha256_text, visible_entries
 from memory.config import MemoryConfig, SizedConfig
 from memory.embedders.embeddings import EmbeddingPipeline
+from memory.errors import EmbedderError
+from memory.forget_range import retention_cutoff_ms
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
 from memory.quantize import quantize_int8
@@ -178,6 +180,13 @@ WHERE c.session_key = ANY(%(keys)s) AND f.user_id = c.user_id
   AND (f.session_key IS NULL OR f.session_key = c.session_key)
   AND (f.after_ms IS NULL OR coalesce(c.end_ms, c.start_ms) >= f.after_ms)
   AND (f.before_ms IS NULL OR c.start_ms < f.before_ms)
+"""
+
+# memory.retention_days, as the SQLite sync applies it (memory.sqlite.forgetting): a chunk whose
+# newest message is older than the cutoff is never kept, so no sync or full reindex brings back
+# what the sweep removed.
+_EXPIRED_SQL = """
+DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%(keys)s) AND end_ms < %(cutoff)s
 """
 
 _PROGRESS_SQL = """
@@ -402,6 +411,9 @@ class PgIndexer:
             cur = await conn.execute(_SURPLUS_SQL, ([k for k, _ in surplus], [i for _, i in surplus]))
             report.chunks_deleted += cur.rowcount
         await conn.execute(_FORGOTTEN_SQL, {"keys": keys})
+        cutoff = retention_cutoff_ms(self.config.retention_days)
+        if cutoff is not None:
+            await conn.execute(_EXPIRED_SQL, {"keys": keys, "cutoff": cutoff})
         await conn.execute(_PROGRESS_SQL, (self.chunking, keys, [c.top for c in cuts], [c.count for c in cuts],
                                            [c.seen[0] for c in cuts], [c.seen[1] for c in cuts]))
         await conn.execute(SESSION_STATS_SQL, (keys,))
@@ -456,27 +468,41 @@ class PgIndexer:
                 {**params, "hashes": list(mine)})).fetchall()}
             texts = {str(h): self.pipeline.text_to_send(str(content)) for h, content in pending
                      if str(h) in mine and str(h) not in cached}
-            if texts:
-                await self._embed_into_cache(conn, texts, params, report)
+            failed = await self._embed_into_cache(conn, texts, params, report) if texts else None
             cur = await conn.execute(_FILL_SQL, {**params, "hashes": list(mine)})
             report.filled += cur.rowcount
-            return report.filled > before
+            filled = report.filled > before
+        # Raised once what the embedder answered before it failed is committed (as the SQLite
+        # indexer commits each call's vectors): a failing call loses only its own texts.
+        if failed is not None:
+            raise failed
+        return filled
 
     async def _embed_into_cache(self, conn: AsyncConnection[TupleRow], texts: dict[str, str],
-                                params: dict[str, str], report: IndexReport) -> None:
+                                params: dict[str, str], report: IndexReport) -> EmbedderError | None:
+        """Embed ``texts`` call by call into the cache; the error of the call that failed (the
+        vectors of the calls before it are in the cache), or None."""
         assert self.pipeline is not None
         order = list(texts)
         vectors: list[list[float]] = []
+        failed: EmbedderError | None = None
         for batch in self.pipeline.batches([texts[h] for h in order]):
-            vectors.extend(await self.pipeline.embed_batch(batch))
-        report.embedded += len(order)
+            try:
+                vectors.extend(await self.pipeline.embed_batch(batch))
+            except EmbedderError as exc:
+                failed = exc
+                break
+        report.embedded += len(vectors)
         rows = [{**params, "content_hash": h, "dims": len(v), "vector": quantize_int8(v)}
-                for h, v in zip(order, vectors, strict=True)]
+                for h, v in zip(order, vectors, strict=False)]
+        if not rows:
+            return failed
         async with conn.cursor() as cur:
             await cur.executemany(
                 "INSERT INTO recalld_memory_embedding_cache (provider, model, endpoint_hash, content_hash, dims, "
                 "vector) VALUES (%(provider)s, %(model)s, %(endpoint_hash)s, %(content_hash)s, %(dims)s, "
                 "%(vector)s) ON CONFLICT DO NOTHING", rows)
+        return failed
 
 
 def _entries(rows: Sequence[pg_feed.FeedMessage]) -> list[TranscriptEntry]:

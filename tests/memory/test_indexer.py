@@ -22,12 +22,13 @@ from tests.memory.conftest import (
 )
 
 SMALL = {"chunk_tokens": 64, "overlap_tokens": 16}
-SYNC_RAISES = ("PgMemory.sync_now raises the embedder's EmbedderError (recording it as lastError) where "
-               "MemoryService.sync_now returns the report with pending and error")
+SYNC_RAISES = ("PgMemory.sync_now raises the embedder's EmbedderError (recording it as lastError) "
+               "where MemoryService.sync_now returns the report with pending and error")
 
 
 def sentences(n: int, topic: str = "topic", start: int = 0) -> list[str]:
-    return [f"sentence {start + i} about {topic} number {start + i} with some filler words" for i in range(n)]
+    return [f"sentence {start + i} about {topic} number {start + i} with some filler words"
+            for i in range(n)]
 
 
 def chunk_rows(data_dir: Path) -> list[tuple[str, int, int, int, str]]:
@@ -57,7 +58,8 @@ async def test_append_reindexes_only_the_tail(memory_backend: MemoryBackend) -> 
     assert [r[1:] for r in memory_backend.chunk_rows()] == [r[1:] for r in fresh.chunk_rows()]
 
 
-async def test_partial_trailing_line_waits_until_complete(tmp_path: Path, service: MemoryService) -> None:
+async def test_partial_trailing_line_waits_until_complete(tmp_path: Path,
+                                                          service: MemoryService) -> None:
     """A last line without its newline is not indexed until the newline arrives."""
     path = write_transcript(tmp_path, "alice", "s1", ["first message about apples"])
     await service.sync_now()
@@ -73,12 +75,14 @@ async def test_partial_trailing_line_waits_until_complete(tmp_path: Path, servic
     assert len(hits) == 1 and hits[0].line_end == 3
 
 
-async def test_rewritten_file_is_reindexed_whole(memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
+async def test_rewritten_file_is_reindexed_whole(memory_backend: MemoryBackend,
+                                                 memory_service: BackendMemory) -> None:
     """A session whose indexed prefix changed (its file rewritten; on PostgreSQL deleted and
     created again under its key) is re-indexed from the start; old text disappears."""
     memory_backend.write("alice", "s1", ["we talked about kangaroos", "yes kangaroos"])
     await memory_service.sync_now()
-    memory_backend.write("alice", "s1", ["now the talk is about penguins", "penguins indeed", "more"])
+    memory_backend.write("alice", "s1",
+                         ["now the talk is about penguins", "penguins indeed", "more"])
     await memory_service.sync_now()
     assert (await memory_service.search("alice", "kangaroos", mode="keyword")).results == []
     assert len((await memory_service.search("alice", "penguins", mode="keyword")).results) == 1
@@ -95,9 +99,10 @@ async def test_truncated_file_is_reindexed(tmp_path: Path, service: MemoryServic
     assert len((await service.search("alice", "alpha", mode="keyword")).results) == 1
 
 
-@pytest.mark.postgres_differs(reason="PgMemory.sync_now's report counts a deleted session's chunks (chunks_deleted) "
-                              "but not the session (files_deleted stays 0), and delete_session keeps the session's "
-                              "progress row, so status files is 1, not 0")
+@pytest.mark.postgres_differs(reason="PgMemory.sync_now's report counts a deleted session's chunks "
+                              "(chunks_deleted) but not the session (files_deleted stays 0), and "
+                              "delete_session keeps the session's progress row, so status "
+                              "files is 1, not 0")
 async def test_deleted_file_and_delete_session_leave_no_rows(memory_backend: MemoryBackend,
                                                              memory_service: BackendMemory) -> None:
     """A deleted session loses its rows on sync; delete_session removes rows at once."""
@@ -114,7 +119,8 @@ async def test_deleted_file_and_delete_session_leave_no_rows(memory_backend: Mem
 
 
 async def test_cache_survives_restart_and_full_reindex(memory_backend: MemoryBackend) -> None:
-    """A second service on the same data, even after a full re-index, calls the embedder zero times."""
+    """A second service on the same data, even after a full re-index, calls the embedder
+    zero times."""
     memory_backend.write("alice", "s1", sentences(30))
     async with memory_backend.opened(quiet_config(**SMALL), FakeEmbedder()) as svc:
         await svc.sync_now()
@@ -146,7 +152,8 @@ async def test_same_text_in_another_session_is_not_reembedded(memory_backend: Me
 async def test_embedder_failure_leaves_chunks_pending_then_recovers(memory_backend: MemoryBackend,
                                                                    memory_service: BackendMemory,
                                                                    embedder: FakeEmbedder) -> None:
-    """When the embedder fails, chunks stay pending and keyword-searchable; a later sync embeds them."""
+    """When the embedder fails, chunks stay pending and keyword-searchable; a later sync
+    embeds them."""
     embedder.fail = embedder_down()
     memory_backend.write("alice", "s1", ["the capybara is calm"])
     report = await memory_service.sync_now()
@@ -177,29 +184,31 @@ class FailsAfter(FakeEmbedder):
         return await super().embed(texts, kind)
 
 
-@pytest.mark.postgres_differs(reason="PgIndexer embeds a pass's pending texts in one transaction: a later embedder "
-                              "call's failure rolls back the vectors of the calls that answered and the cache fills "
-                              "before them (status: 1 embedded and 4 pending, not 4 and 1)")
-async def test_each_embedder_call_is_committed_before_the_next(memory_backend: MemoryBackend) -> None:
-    """The vectors of every embedder call that answered are stored even when a later call of the same
-    sync fails (and the cached vectors with them): a slow local backfill shows progress and keeps it."""
+async def test_each_embedder_call_is_committed_before_the_next(
+        memory_backend: MemoryBackend) -> None:
+    """The vectors of every embedder call that answered are stored even when a later call of the
+    same sync fails (and the cached vectors with them): a slow local backfill shows progress and
+    keeps it."""
     memory_backend.write("alice", "s0", ["a text the cache will hold"])
     async with memory_backend.opened(quiet_config(), FakeEmbedder(batch_size=2)) as svc:
         assert (await svc.status())["embedded"] == 1
     for i in range(3):
-        memory_backend.write("alice", f"s{i + 1}", [f"session {i} talks about {w}" for w in ("owls", "tea")])
+        memory_backend.write("alice", f"s{i + 1}",
+                             [f"session {i} talks about {w}" for w in ("owls", "tea")])
     memory_backend.write("alice", "s4", ["a text the cache will hold"])
     embedder = FailsAfter(1, batch_size=2)
     async with memory_backend.opened(quiet_config(), embedder) as svc:
         status = await svc.status()
         assert len(embedder.calls) == 2 and len(embedder.calls[0]) == 2
-        # s0, the first call's two chunks and s4's cached one; the call that failed left its chunk pending.
+        # s0, the first call's two chunks and s4's cached one; the call that failed left its
+        # chunk pending.
         assert (status["chunks"], status["embedded"], status["pending"]) == (5, 4, 1)
         assert "503" in status["lastError"]
 
 
 async def test_sqlite_vec_load_failure_runs_keyword_only(tmp_path: Path) -> None:
-    """If sqlite-vec cannot load, indexing and search still work keyword-only and status says why."""
+    """If sqlite-vec cannot load, indexing and search still work keyword-only and status
+    says why."""
     write_transcript(tmp_path, "alice", "s1", ["an otter holds hands"])
     with capture_logs() as logs:
         async with opened(tmp_path, quiet_config(), FakeEmbedder(),
@@ -211,7 +220,8 @@ async def test_sqlite_vec_load_failure_runs_keyword_only(tmp_path: Path) -> None
     assert "sqlite-vec failed to load" in status["vectorBackend"]["reason"]
     assert response.mode == "keyword" and "sqlite-vec" in (response.fallback_reason or "")
     assert len(response.results) == 1
-    assert any(e["event"] == "memory.vector_backend.unavailable" and e["log_level"] == "warning" for e in logs)
+    assert any(e["event"] == "memory.vector_backend.unavailable" and e["log_level"] == "warning"
+               for e in logs)
 
 
 async def test_vectors_rebuilt_after_running_without_sqlite_vec(tmp_path: Path) -> None:
@@ -232,7 +242,8 @@ async def test_vectors_rebuilt_after_running_without_sqlite_vec(tmp_path: Path) 
 
 
 async def test_corrupt_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
-    """A memory.db that is not a database is moved aside, recreated, and refilled from transcripts."""
+    """A memory.db that is not a database is moved aside, recreated, and refilled from
+    transcripts."""
     write_transcript(tmp_path, "alice", "s1", ["the ibis wades"])
     (tmp_path / "memory.db").write_bytes(b"this is not an sqlite database at all" * 200)
     async with opened(tmp_path, quiet_config(), FakeEmbedder()) as svc:
@@ -244,9 +255,10 @@ async def test_corrupt_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> No
     assert len(hits) == 1
 
 
-@pytest.mark.postgres_differs(reason=SYNC_RAISES + "; and while vectors are rebuilt the keyword fallback's "
-                              "reason names the failed query embedding, not the rebuild")
-async def test_embedder_change_rebuilds_vectors_without_mixing(memory_backend: MemoryBackend) -> None:
+@pytest.mark.postgres_differs(reason=SYNC_RAISES + "; and while vectors are rebuilt the keyword "
+                              "fallback's reason names the failed query embedding, not the rebuild")
+async def test_embedder_change_rebuilds_vectors_without_mixing(
+        memory_backend: MemoryBackend) -> None:
     """A new embedder identity clears old vectors at once; hybrid is keyword-only until rebuilt."""
     memory_backend.write("alice", "s1", ["the lynx stalks quietly"])
     async with memory_backend.opened(quiet_config(), FakeEmbedder(model_id="model-a")) as svc:
@@ -282,7 +294,8 @@ async def test_chunk_setting_change_reindexes(memory_backend: MemoryBackend) -> 
 
 
 async def test_automatic_chunks_fit_the_embedders_window(memory_backend: MemoryBackend) -> None:
-    """With chunk_tokens unset, chunks are sized to 4/5 of the embedder's window, so none is cut off."""
+    """With chunk_tokens unset, chunks are sized to 4/5 of the embedder's window, so none
+    is cut off."""
     from memory.chunking import approx_tokens
 
     embedder = FakeEmbedder()
@@ -353,7 +366,8 @@ async def test_a_failed_catch_up_sync_is_retried_without_a_new_message(tmp_path:
     import asyncio
 
     write_transcript(tmp_path, "alice", "s1", ["the capybara is calm"])
-    svc = MemoryService(tmp_path, quiet_config(sync_retry_s=0.1), FakeEmbedder(), min_free_bytes=1 << 60)
+    svc = MemoryService(tmp_path, quiet_config(sync_retry_s=0.1), FakeEmbedder(),
+                        min_free_bytes=1 << 60)
     await svc.start()
     try:
         async with asyncio.timeout(30):
