@@ -102,6 +102,7 @@ class IndexReport:
     sessions: int = 0
     chunks_written: int = 0
     chunks_deleted: int = 0
+    sessions_deleted: int = 0      # progress rows swept: their session was deleted or went incognito
     embedded: int = 0              # texts sent to the embedder by this node
     filled: int = 0                # chunks given a vector (from the embedder or the cache)
     errors: list[str] = field(default_factory=list)
@@ -295,6 +296,7 @@ class PgIndexer:
     async def _sweep(self, conn: AsyncConnection[TupleRow], report: IndexReport) -> None:
         async with conn.transaction():
             gone = [str(k) for (k,) in await (await conn.execute(_GONE_SQL)).fetchall()]
+            report.sessions_deleted += len(gone)
             if gone:
                 cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%s)", (gone,))
                 report.chunks_deleted += cur.rowcount

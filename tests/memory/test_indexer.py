@@ -99,10 +99,6 @@ async def test_truncated_file_is_reindexed(tmp_path: Path, service: MemoryServic
     assert len((await service.search("alice", "alpha", mode="keyword")).results) == 1
 
 
-@pytest.mark.postgres_differs(reason="PgMemory.sync_now's report counts a deleted session's chunks "
-                              "(chunks_deleted) but not the session (files_deleted stays 0), and "
-                              "delete_session keeps the session's progress row, so status "
-                              "files is 1, not 0")
 async def test_deleted_file_and_delete_session_leave_no_rows(memory_backend: MemoryBackend,
                                                              memory_service: BackendMemory) -> None:
     """A deleted session loses its rows on sync; delete_session removes rows at once."""
