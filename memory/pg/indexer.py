@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import structlog
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
@@ -59,6 +60,8 @@ from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
 __all__ = ["CHUNKS_PER_STATEMENT", "CLAIM_WORKERS", "EMBED_LOCK", "SESSIONS_PER_CLAIM", "SESSION_STATS_SQL", "IndexReport",
            "PgIndexer", "chunking_fingerprint", "doc_length"]
+
+log = structlog.get_logger("memory.pg")
 
 # Sessions one claim locks and indexes in one transaction. Bigger batches cost fewer statements
 # per chunk; the locks are held until the batch commits (another node skips those sessions, it
@@ -278,8 +281,16 @@ class PgIndexer:
             await conn.commit()
             await self._sweep(conn, report)
         await self._chunk_changed(report)
-        while self.pipeline is not None and await self._embed_some(report):
-            pass
+        try:
+            while self.pipeline is not None and await self._embed_some(report):
+                pass
+        except EmbedderError as exc:
+            # As the SQLite indexer: the pass ends with its chunks written and the report naming
+            # the embedder's failure; what stays pending is keyword-searchable and retried.
+            report.errors.append(f"embedder: {exc}")
+            log.warning("memory.embed.failed", error=str(exc), retryable=exc.retryable,
+                        effect="chunks stay pending (keyword-searchable); retried next pass")
+            return report
         if self.pipeline is not None:
             async with self.pool.connection() as conn:
                 await ensure_vector_index(conn, self.vector_leg)

@@ -22,8 +22,6 @@ from tests.memory.conftest import (
 )
 
 SMALL = {"chunk_tokens": 64, "overlap_tokens": 16}
-SYNC_RAISES = ("PgMemory.sync_now raises the embedder's EmbedderError (recording it as lastError) "
-               "where MemoryService.sync_now returns the report with pending and error")
 
 
 def sentences(n: int, topic: str = "topic", start: int = 0) -> list[str]:
@@ -144,7 +142,6 @@ async def test_same_text_in_another_session_is_not_reembedded(memory_backend: Me
     assert (status["chunks"], status["embedded"], status["cacheEntries"]) == (2, 2, 1)
 
 
-@pytest.mark.postgres_differs(reason=SYNC_RAISES)
 async def test_embedder_failure_leaves_chunks_pending_then_recovers(memory_backend: MemoryBackend,
                                                                    memory_service: BackendMemory,
                                                                    embedder: FakeEmbedder) -> None:
@@ -251,8 +248,9 @@ async def test_corrupt_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> No
     assert len(hits) == 1
 
 
-@pytest.mark.postgres_differs(reason=SYNC_RAISES + "; and while vectors are rebuilt the keyword "
-                              "fallback's reason names the failed query embedding, not the rebuild")
+@pytest.mark.postgres_differs(reason="while vectors are rebuilt for a new embedder the keyword "
+                              "fallback's reason names the failed query embedding, not the rebuild "
+                              "(PostgreSQL keeps no record of a rebuild)")
 async def test_embedder_change_rebuilds_vectors_without_mixing(
         memory_backend: MemoryBackend) -> None:
     """A new embedder identity clears old vectors at once; hybrid is keyword-only until rebuilt."""
