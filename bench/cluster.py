@@ -16,7 +16,8 @@ spread evenly over the nodes:
 
 Then search at scale (:mod:`bench.clustersearch`: the scale corpus on both backends), recall@10
 on ``bench/data/sample.json``, and a cProfile of both ``pg-2`` nodes under the same load. Writes
-``bench/results/cluster.json``, ``cluster.md`` and ``cluster.png`` (matplotlib, the ``bench`` extra).
+``bench/results/cluster.json``, ``cluster.md`` and ``cluster.png`` (matplotlib, the ``bench``
+extra).
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def _postgres_pids(server: PostgresServer) -> list[int]:
                 status = (entry / "status").read_text()
             except OSError:
                 continue
-            ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0)
+            ppid = next((int(line.split()[1]) for line in status.splitlines()
+                         if line.startswith("PPid:")), 0)
             if ppid == master:
                 children.append(int(entry.name))
     return [master, *children]
@@ -106,7 +108,8 @@ def cpu_snapshot(topo: Topology, fake_pid: int) -> dict[str, float]:
     own = os.times()
     snap = {"nodes": sum(_cpu_of(p) for p in topo.pids), "model": _cpu_of(fake_pid),
             "driver": own.user + own.system}
-    snap["postgres"] = sum(_cpu_of(p) for p in _postgres_pids(topo.postgres)) if topo.postgres else 0.0
+    snap["postgres"] = (sum(_cpu_of(p) for p in _postgres_pids(topo.postgres))
+                        if topo.postgres else 0.0)
     return snap
 
 
@@ -138,8 +141,9 @@ async def fake_model() -> AsyncIterator[tuple[str, int]]:
 
 
 def node_env(model_url: str, backend: str, dsn: str | None) -> dict[str, str]:
-    env = {"RECALLD_LLM_BASE_URL": model_url, "RECALLD_LLM_API_KEY": "sk-bench", "RECALLD_LLM_MODEL": "fake-model",
-           "RECALLD_LLM_MAX_RETRIES": "0", "RECALLD_MEMORY_EMBEDDER": "openai",
+    env = {"RECALLD_LLM_BASE_URL": model_url, "RECALLD_LLM_API_KEY": "sk-bench",
+           "RECALLD_LLM_MODEL": "fake-model", "RECALLD_LLM_MAX_RETRIES": "0",
+           "RECALLD_MEMORY_EMBEDDER": "openai",
            "RECALLD_MEMORY_EMBEDDINGS_MODEL": "fake-embed", "RECALLD_MEMORY_WATCH": "true",
            # The throwaway PostgreSQL runs with fsync off; the SQLite node skips fsync too.
            "RECALLD_SESSIONS_FSYNC": "never"}
@@ -150,15 +154,18 @@ def node_env(model_url: str, backend: str, dsn: str | None) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def topology(name: str, backend: str, n: int, root: Path, model_url: str, server: PostgresServer,
+async def topology(name: str, backend: str, n: int, root: Path, model_url: str,
+                   server: PostgresServer,
                    profile_dir: Path | None = None) -> AsyncIterator[Topology]:
     dsn = server.create_database(name.replace("-", "_")) if backend == "postgres" else None
     async with AsyncExitStack() as stack:
         wrappers = [[sys.executable, "-m", "bench.profiled", str(profile_dir / f"node-{i}.prof")]
                     if profile_dir else [] for i in range(n)]
         # Started at the same moment: nodes on an empty database race for its migrations.
-        started = await asyncio.gather(*(stack.enter_async_context(gateway_child(
-            root / name / f"node-{i}", node_env(model_url, backend, dsn), wrappers[i])) for i in range(n)))
+        started = await asyncio.gather(*(
+            stack.enter_async_context(gateway_child(
+                root / name / f"node-{i}", node_env(model_url, backend, dsn), wrappers[i]))
+            for i in range(n)))
         yield Topology(name, [url for url, _ in started], [p.pid for _, p in started],
                        server if backend == "postgres" else None)
 
@@ -166,11 +173,13 @@ async def topology(name: str, backend: str, n: int, root: Path, model_url: str, 
 # --- RPC throughput --------------------------------------------------------------------------
 
 RPC_CALLS: tuple[tuple[str, str, dict[str, Any] | None, int], ...] = (
-    ("health ping-pong", "gateway.health", None, 1), ("health pipelined", "gateway.health", None, 32),
+    ("health ping-pong", "gateway.health", None, 1),
+    ("health pipelined", "gateway.health", None, 32),
     ("sessions.list pipelined", "sessions.list", {"limit": 20}, 32))
 
 
-async def rpc_section(topos: list[Topology], sizes: Sizes, fake_pid: int) -> dict[str, dict[str, Any]]:
+async def rpc_section(topos: list[Topology], sizes: Sizes,
+                      fake_pid: int) -> dict[str, dict[str, Any]]:
     """Each kind of call, its rounds alternating between the topologies (the machine's load
     drifts; alternating spreads the drift over every side)."""
     out: dict[str, dict[str, Any]] = {t.name: {} for t in topos}
@@ -178,24 +187,26 @@ async def rpc_section(topos: list[Topology], sizes: Sizes, fake_pid: int) -> dic
         rates: dict[str, list[float]] = {t.name: [] for t in topos}
         lats: dict[str, list[float]] = {t.name: [] for t in topos}
         for topo in topos:
-            await drive(topo.urls, method, params, headers=AUTH, per_conn=20, window=window)  # warm-up
+            await drive(topo.urls, method, params, headers=AUTH, per_conn=20,
+                        window=window)  # warm-up
         for _ in range(sizes.rounds):
             for topo in topos:
                 async with cpu_section(topo, fake_pid, "rpc"):
-                    rate, lat = await drive(topo.urls, method, params, headers=AUTH, per_conn=sizes.per_conn,
-                                            window=window)
+                    rate, lat = await drive(topo.urls, method, params, headers=AUTH,
+                                            per_conn=sizes.per_conn, window=window)
                 rates[topo.name].append(rate)
                 lats[topo.name].extend(lat)
         for topo in topos:
-            out[topo.name][label] = {"rate": statistics.median(rates[topo.name]), "rates": rates[topo.name],
-                                     **summary_ms(lats[topo.name])}
+            out[topo.name][label] = {"rate": statistics.median(rates[topo.name]),
+                                     "rates": rates[topo.name], **summary_ms(lats[topo.name])}
     return out
 
 
 # --- chat fan-out ----------------------------------------------------------------------------
 
 class FanOut:
-    """100 subscribers of one session, spread over a topology's nodes, and a sender on the first."""
+    """100 subscribers of one session, spread over a topology's nodes, and a sender on the
+    first."""
 
     MESSAGE = " ".join(f"word{i}" for i in range(50))  # echoed back: 50 deltas
 
@@ -208,7 +219,8 @@ class FanOut:
     async def open(cls, topo: Topology, stack: AsyncExitStack) -> FanOut:
         sender = await stack.enter_async_context(Client.connect(topo.urls[0], TOKEN))
         key = (await sender.call("sessions.create", {"title": "fan-out"}))["sessionKey"]
-        subs = [await stack.enter_async_context(Client.connect(topo.urls[i % len(topo.urls)], TOKEN))
+        subs = [await stack.enter_async_context(
+                    Client.connect(topo.urls[i % len(topo.urls)], TOKEN))
                 for i in range(SUBSCRIBERS)]
         await asyncio.gather(*(s.call("sessions.subscribe", {"sessionKey": key}) for s in subs))
         return cls(sender, subs, key)
@@ -219,7 +231,8 @@ class FanOut:
                 event = await c.next_event(timeout=120)
                 if event["method"] in ("chat.final", "chat.error", "chat.aborted"):
                     if event["method"] != "chat.final":
-                        raise RuntimeError(f"fan-out run ended {event['method']}: {event['params']}")
+                        raise RuntimeError(f"fan-out run ended {event['method']}: "
+                                           f"{event['params']}")
                     return time.perf_counter()
 
         for c in [self.sender, *self.subs]:
@@ -234,10 +247,12 @@ class FanOut:
             self.first.append(min(done) - t0)
 
     def result(self) -> dict[str, Any]:
-        return {"last": summary_ms(self.last), "first": summary_ms(self.first), "samples": self.last}
+        return {"last": summary_ms(self.last), "first": summary_ms(self.first),
+                "samples": self.last}
 
 
-async def fanout_section(topos: list[Topology], sizes: Sizes, fake_pid: int) -> dict[str, dict[str, Any]]:
+async def fanout_section(topos: list[Topology], sizes: Sizes,
+                         fake_pid: int) -> dict[str, dict[str, Any]]:
     """One warm-up round each, then rounds alternating between the topologies."""
     async with AsyncExitStack() as stack:
         benches = {t.name: await FanOut.open(t, stack) for t in topos}
@@ -265,7 +280,8 @@ async def index_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
     tag = {"sqlite-1": "s", "pg-1": "p", "pg-2": "t"}.get(topo.name, "x")
     per = sizes.sends // sizes.sessions
     async with AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(Client.connect(topo.urls[i % len(topo.urls)], TOKEN))
+        clients = [await stack.enter_async_context(
+                       Client.connect(topo.urls[i % len(topo.urls)], TOKEN))
                    for i in range(sizes.sessions)]
         keys = [(await c.call("sessions.create", {"title": f"index {i}"}))["sessionKey"]
                 for i, c in enumerate(clients)]
@@ -275,8 +291,9 @@ async def index_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
             c = clients[i]
             for j in range(per):
                 last_token[i] = _token(tag, i * per + j)
-                run = await c.call("chat.send", {"sessionKey": keys[i],
-                                                 "message": f"index probe {last_token[i]} about the harbour"})
+                run = await c.call("chat.send",
+                                   {"sessionKey": keys[i],
+                                    "message": f"index probe {last_token[i]} about the harbour"})
                 while True:
                     event = await c.next_event(timeout=120)
                     if event["method"] in ("chat.final", "chat.error", "chat.aborted") \
@@ -303,8 +320,8 @@ async def index_section(topo: Topology, sizes: Sizes) -> dict[str, Any]:
                 await asyncio.sleep(0.05)
         searchable = time.perf_counter()
     messages = 2 * per * sizes.sessions
-    return {"messages": messages, "rate": messages / (searchable - started), "sendS": finals - started,
-            "lagAfterLastFinalMs": (searchable - finals) * 1000}
+    return {"messages": messages, "rate": messages / (searchable - started),
+            "sendS": finals - started, "lagAfterLastFinalMs": (searchable - finals) * 1000}
 
 
 # --- profile ---------------------------------------------------------------------------------
@@ -321,8 +338,9 @@ _AREAS: tuple[tuple[str, str], ...] = (
     ("builtins.compile", "start-up imports"), ("builtins.exec", "start-up imports"),
     ("marshal.loads", "start-up imports"), ("__build_class__", "start-up imports"),
     ("<frozen importlib", "start-up imports"), ("pydantic", "start-up imports"),
-    ("psycopg", "psycopg (driver)"), ("websockets", "websockets (frames)"), ("/asyncio/", "asyncio (loop)"),
-    ("/gateway/", "gateway"), ("/memory/", "memory"), ("/sessions/", "sessions"), ("orjson", "orjson"),
+    ("psycopg", "psycopg (driver)"), ("websockets", "websockets (frames)"),
+    ("/asyncio/", "asyncio (loop)"), ("/gateway/", "gateway"), ("/memory/", "memory"),
+    ("/sessions/", "sessions"), ("orjson", "orjson"),
     ("openai", "openai SDK"), ("httpx", "httpx/httpcore"), ("httpcore", "httpx/httpcore"),
     ("structlog", "logging"), ("/logging/", "logging"), ("ssl", "ssl"), ("socket", "sockets"),
 )
@@ -343,26 +361,31 @@ def summarize_profile(path: Path, top: int = 20) -> dict[str, Any]:
     busy = sum(v for k, v in areas.items() if not k.startswith("wait:"))
     waits = [needle for needle, label in _AREAS if label.startswith("wait:")]
     busy_rows = [r for r in rows if not any(needle in r[3] for needle in waits)]
-    return {"totalS": total, "busyS": busy, "areas": dict(sorted(areas.items(), key=lambda kv: -kv[1])),
-            "top": [{"tottimeS": t, "calls": n, "cumtimeS": c, "where": w[-110:]} for t, n, c, w in busy_rows[:top]]}
+    return {"totalS": total, "busyS": busy,
+            "areas": dict(sorted(areas.items(), key=lambda kv: -kv[1])),
+            "top": [{"tottimeS": t, "calls": n, "cumtimeS": c, "where": w[-110:]}
+                    for t, n, c, w in busy_rows[:top]]}
 
 
 # --- driver ----------------------------------------------------------------------------------
 
-async def run_topologies(server: PostgresServer, sizes: Sizes, only: set[str], root: Path) -> dict[str, Any]:
+async def run_topologies(server: PostgresServer, sizes: Sizes, only: set[str],
+                         root: Path) -> dict[str, Any]:
     """Every topology up at once (idle nodes cost little), so RPC and fan-out rounds alternate
     between them; the index runs one topology at a time (its messages would wake every node)."""
     results: dict[str, Any] = {}
     async with fake_model() as (model_url, fake_pid):
         if only & {"rpc", "fanout", "index"}:
             async with AsyncExitStack() as stack:
-                topos = [await stack.enter_async_context(topology(name, backend, n, root, model_url, server))
+                topos = [await stack.enter_async_context(
+                             topology(name, backend, n, root, model_url, server))
                          for name, backend, n in TOPOLOGIES]
                 for topo, (_, backend, n) in zip(topos, TOPOLOGIES):
                     results[topo.name] = {"nodes": n, "backend": backend, "cpu": topo.cpu}
                 for section, fn in (("rpc", rpc_section), ("fanout", fanout_section)):
                     if section in only:
-                        print(f"· {section}, rounds alternating over {', '.join(t.name for t in topos)}", flush=True)
+                        print(f"· {section}, rounds alternating over "
+                              f"{', '.join(t.name for t in topos)}", flush=True)
                         for name, fig in (await fn(topos, sizes, fake_pid)).items():
                             results[name][section] = fig
                             print(f"  {name}: {_one_line(section, fig)}", flush=True)
@@ -375,9 +398,11 @@ async def run_topologies(server: PostgresServer, sizes: Sizes, only: set[str], r
             print("· pg-2 under cProfile (rpc pipelined, fan-out, index)", flush=True)
             prof_dir = root / "profile"
             prof_dir.mkdir(parents=True, exist_ok=True)
-            async with topology("pg-2p", "postgres", 2, root, model_url, server, profile_dir=prof_dir) as topo, \
+            async with topology("pg-2p", "postgres", 2, root, model_url, server,
+                                profile_dir=prof_dir) as topo, \
                     AsyncExitStack() as stack:
-                await drive(topo.urls, "gateway.health", None, headers=AUTH, per_conn=sizes.per_conn, window=32)
+                await drive(topo.urls, "gateway.health", None, headers=AUTH,
+                            per_conn=sizes.per_conn, window=32)
                 fan = await FanOut.open(topo, stack)
                 for _ in range(max(2, sizes.fanout_rounds // 2)):
                     await fan.round()
@@ -392,7 +417,8 @@ def _one_line(section: str, fig: dict[str, Any]) -> str:
         return ", ".join(f"{k} {v['rate']:,.0f}/s" for k, v in fig.items())
     if section == "fanout":
         return f"last subscriber p50 {fig['last']['p50']:.1f} ms, p99 {fig['last']['p99']:.1f} ms"
-    return f"{fig['messages']} messages, {fig['rate']:.1f} msg/s, lag after last final {fig['lagAfterLastFinalMs']:.0f} ms"
+    return (f"{fig['messages']} messages, {fig['rate']:.1f} msg/s, lag after last final "
+            f"{fig['lagAfterLastFinalMs']:.0f} ms")
 
 
 def search_section(server: PostgresServer, size: int, n_queries: int) -> dict[str, Any]:
@@ -404,31 +430,36 @@ def search_section(server: PostgresServer, size: int, n_queries: int) -> dict[st
     corpus = build(size, log=lambda line: print(line, flush=True))
     dsn = server.create_database(f"search_{size}")
     load = clustersearch.load_transcripts(corpus.data_dir, dsn)
-    print(f"  loaded {load['messages']:,} messages into PostgreSQL in {load['loadS']:.0f} s; indexing…", flush=True)
+    print(f"  loaded {load['messages']:,} messages into PostgreSQL in {load['loadS']:.0f} s; "
+          "indexing…", flush=True)
     indexed = asyncio.run(clustersearch.index_postgres(corpus.data_dir, dsn))
-    print(f"  PostgreSQL index: {indexed['keywordChunks']:,} chunks keyword-only in {indexed['keywordS']:.1f} s "
+    print(f"  PostgreSQL index: {indexed['keywordChunks']:,} chunks keyword-only in "
+          f"{indexed['keywordS']:.1f} s "
           f"({indexed['keywordChunks'] / indexed['keywordS']:,.0f}/s), then vectors and HNSW in "
           f"{indexed['indexS']:.0f} s", flush=True)
     sqlite_build = clustersearch.sqlite_keyword_build(corpus.data_dir)
     print(f"  SQLite index rebuilt keyword-only: {sqlite_build['keywordChunks']:,} chunks in "
-          f"{sqlite_build['keywordS']:.1f} s ({sqlite_build['keywordChunks'] / sqlite_build['keywordS']:,.0f}/s)",
+          f"{sqlite_build['keywordS']:.1f} s "
+          f"({sqlite_build['keywordChunks'] / sqlite_build['keywordS']:,.0f}/s)",
           flush=True)
     sqlite = _child(size, n_queries, False, {})
     pg = clustersearch.measure_postgres(corpus.data_dir, dsn, n_queries)
     server.drop_database(f"search_{size}")
     return {"size": size, "chunks": {"sqlite": corpus.chunks, "postgres": indexed["chunks"]},
-            "build": {"sqlite": {**corpus.build, "thisRun": sqlite_build}, "postgres": {**load, **indexed}},
+            "build": {"sqlite": {**corpus.build, "thisRun": sqlite_build},
+                      "postgres": {**load, **indexed}},
             "sqlite": {"library": sqlite["library"], "recall10": sqlite["recall10"],
                        "restartMs": sqlite["restart"]["ms"]},
-            "postgres": {"library": pg["library"], "recall10": pg.get("recall10"), "restartMs": pg["restart"]["ms"],
-                         "hybridPlan": pg.get("hybridPlan")}}
+            "postgres": {"library": pg["library"], "recall10": pg.get("recall10"),
+                         "restartMs": pg["restart"]["ms"], "hybridPlan": pg.get("hybridPlan")}}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds and sends, 10k chunks")
-    parser.add_argument("--size", type=int, default=None, help="search corpus chunks (default 100000; quick 10000)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="search corpus chunks (default 100000; quick 10000)")
     parser.add_argument("--queries", type=int, default=100, help="search queries per mode")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     args = parser.parse_args()
@@ -448,12 +479,13 @@ def main() -> int:
         # After every phase, so a run cut short still leaves what it measured.
         out = {"at": datetime.now(UTC).isoformat(), "machine": machine_info(),
                "seconds": round(time.perf_counter() - started, 1), "loadAverage": os.getloadavg(),
-               "quick": args.quick, "sizes": sizes.__dict__, "searchSize": size, "queries": args.queries,
-               "sections": sorted(only), "results": results}
+               "quick": args.quick, "sizes": sizes.__dict__, "searchSize": size,
+               "queries": args.queries, "sections": sorted(only), "results": results}
         (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2, default=str))
         return out
 
-    with tempfile.TemporaryDirectory(prefix="recalld-cluster-") as tmp, running_postgres() as server:
+    with tempfile.TemporaryDirectory(prefix="recalld-cluster-") as tmp, \
+            running_postgres() as server:
         results.update(asyncio.run(run_topologies(server, sizes, only, Path(tmp))))
         save()
         if "recall" in only:
@@ -468,10 +500,11 @@ def main() -> int:
     print(table)
     drew = plot(out, RESULTS / f"{stem}.png")
     info = out["machine"]
-    print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), load average {os.getloadavg()[0]:.1f} at the end; "
-          f"took {out['seconds']:.0f} s")
-    print(f"wrote {RESULTS / (stem + '.json')}, {stem}.md" + (f" and {stem}.png" if drew else
-                                                            " (no plot: pip install -e '.[bench]' for matplotlib)"))
+    print(f"\n{info['cpuCount']} CPUs ({info['cpu']}), load average "
+          f"{os.getloadavg()[0]:.1f} at the end; took {out['seconds']:.0f} s")
+    print(f"wrote {RESULTS / (stem + '.json')}, {stem}.md"
+          + (f" and {stem}.png" if drew
+             else " (no plot: pip install -e '.[bench]' for matplotlib)"))
     return 0 if all(abs(v) <= 0.01 for v in recall_gaps(out).values()) else 1
 
 

@@ -3,10 +3,11 @@
 The SQLite side is :mod:`bench.scale`'s own measurement of a cached corpus (a fresh child
 process; library ``searchMs`` per mode). The PostgreSQL side loads the same transcripts into
 the sessions' tables (``COPY`` through :mod:`sessions.pg.bulk`: the rows
-``PgSessionStore.append_message`` writes), seeds the shared embedding cache with the SQLite corpus's vectors (the same synthetic
-vectors, keyed the same way), lets ``PgMemory``'s own indexer chunk, fill and build the HNSW
-index, then measures ``PgMemory.search`` in a child process the same way. Recall@10 runs
-``bench/recall.py`` on ``bench/data/sample.json`` per backend and granularity.
+``PgSessionStore.append_message`` writes), seeds the shared embedding cache with the SQLite
+corpus's vectors (the same synthetic vectors, keyed the same way), lets ``PgMemory``'s own
+indexer chunk, fill and build the HNSW index, then measures ``PgMemory.search`` in a child
+process the same way. Recall@10 runs ``bench/recall.py`` on ``bench/data/sample.json`` per
+backend and granularity.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import orjson
 from bench.corpus import USER, bench_memory_config, queries
 from bench.stats import summary_ms
 
-__all__ = ["index_postgres", "load_transcripts", "measure_postgres", "recall_runs", "sqlite_keyword_build"]
+__all__ = ["index_postgres", "load_transcripts", "measure_postgres", "recall_runs",
+           "sqlite_keyword_build"]
 
 MODES = ("keyword", "vector", "hybrid")
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,14 +48,16 @@ def load_transcripts(data_dir: Path, dsn: str) -> dict[str, float]:
     for path in files:
         lines = path.read_bytes().splitlines()
         parsed.append((orjson.loads(lines[0]), lines[1:]))
-    sessions = [SessionRow(header["sessionKey"], header["user"], header.get("title") or "", header["createdAt"],
+    sessions = [SessionRow(header["sessionKey"], header["user"], header.get("title") or "",
+                           header["createdAt"],
                            # The store counts a line with its newline, as the file store does.
-                           orjson.loads(lines[-1])["ts"] if lines else header["createdAt"], len(lines),
-                           sum(len(x) + 1 for x in lines), len(lines))
+                           orjson.loads(lines[-1])["ts"] if lines else header["createdAt"],
+                           len(lines), sum(len(x) + 1 for x in lines), len(lines))
                 for header, lines in parsed]
-    messages = (MessageRow(header["sessionKey"], seq, m["id"], m["role"], m["content"], m["ts"], m.get("runId"),
-                           m.get("name"), len(raw) + 1)
-                for header, lines in parsed for seq, raw in enumerate(lines) for m in (orjson.loads(raw),))
+    messages = (MessageRow(header["sessionKey"], seq, m["id"], m["role"], m["content"], m["ts"],
+                           m.get("runId"), m.get("name"), len(raw) + 1)
+                for header, lines in parsed for seq, raw in enumerate(lines)
+                for m in (orjson.loads(raw),))
     with psycopg.connect(dsn) as conn:
         migrate(conn)
         copy_sessions(conn, sessions)  # first: messages reference them
@@ -78,15 +82,16 @@ async def index_postgres(data_dir: Path, dsn: str) -> dict[str, Any]:
     keyword = await _keyword_only_postgres(dsn)
     started = time.perf_counter()
     service = await PgMemory.open(dsn, bench_memory_config(), make_embedder(),  # type: ignore[arg-type]
-                                  data_dir=Path(tempfile.gettempdir()), embedder_reason="bench: synthetic",
-                                  poll_s=3600.0)
+                                  data_dir=Path(tempfile.gettempdir()),
+                                  embedder_reason="bench: synthetic", poll_s=3600.0)
     try:
         report = await service.sync_now()
         status = await service.status()
     finally:
         await service.close()
     return {"indexS": time.perf_counter() - started, "chunks": int(status["chunks"]),
-            "pending": int(status["pending"]), "cacheSeeded": seeded, "error": report.error, **keyword}
+            "pending": int(status["pending"]), "cacheSeeded": seeded, "error": report.error,
+            **keyword}
 
 
 async def _keyword_only_postgres(dsn: str) -> dict[str, Any]:
@@ -149,8 +154,8 @@ async def _measure_pg(dsn: str, n_queries: int) -> dict[str, Any]:
     qs = queries(n_queries)
     started = time.perf_counter()
     service = await PgMemory.open(dsn, bench_memory_config(), make_embedder(),  # type: ignore[arg-type]
-                                  data_dir=Path(tempfile.gettempdir()), embedder_reason="bench: synthetic",
-                                  poll_s=3600.0)
+                                  data_dir=Path(tempfile.gettempdir()),
+                                  embedder_reason="bench: synthetic", poll_s=3600.0)
     try:
         first = await service.search(USER, qs[0], mode="hybrid")
         restart_ms = (time.perf_counter() - started) * 1000
@@ -162,7 +167,8 @@ async def _measure_pg(dsn: str, n_queries: int) -> dict[str, Any]:
                     if r.mode != m:
                         raise RuntimeError(f"{m} ran as {r.mode}: {r.fallback_reason}")
                     lib[m].append(r.timings_ms["searchMs"] / 1000)
-        got = [[(h.session_key, h.line_start) for h in (await service.search(USER, q, k=10, mode="vector")).results]
+        got = [[(h.session_key, h.line_start)
+                for h in (await service.search(USER, q, k=10, mode="vector")).results]
                for q in qs]
         try:
             plan = await _explain_hybrid(service, qs[1])
@@ -170,7 +176,8 @@ async def _measure_pg(dsn: str, n_queries: int) -> dict[str, Any]:
             plan = [f"EXPLAIN failed: {type(exc).__name__}: {exc}"]
     finally:
         await service.close()
-    return {"restart": {"ms": restart_ms, "mode": first.mode}, "library": {m: summary_ms(v) for m, v in lib.items()},
+    return {"restart": {"ms": restart_ms, "mode": first.mode},
+            "library": {m: summary_ms(v) for m, v in lib.items()},
             "vectorHits": got, "hybridPlan": plan}
 
 
@@ -192,12 +199,15 @@ async def _explain_hybrid(service: Any, query: str) -> list[str]:
             await set_hnsw_search(conn, config)
             dims = await vector_dims(conn)
             sql = build_statement(request, keyword=bool(words), dims=dims, leg="hnsw")
-            params = {"user": USER, "words": words, "query": _halfvec(vector), "candidates": config.candidates,
-                      "pool": max(BIT_POOL, config.candidates), "keyword_weight": config.keyword_weight,
-                      "depth": config.fusion_depth,  # PgSearch._fused's parameters, every one of them
+            # PgSearch._fused's parameters, every one of them
+            params = {"user": USER, "words": words, "query": _halfvec(vector),
+                      "candidates": config.candidates, "pool": max(BIT_POOL, config.candidates),
+                      "keyword_weight": config.keyword_weight, "depth": config.fusion_depth,
                       "rrf": config.fusion == "rrf", "rrf_k": config.rrf_k,
-                      "common_share": config.keyword_common_share, "common_min": config.keyword_common_min_chunks}
-            rows = await (await conn.execute(b"EXPLAIN (ANALYZE, BUFFERS) " + sql.encode(), params)).fetchall()
+                      "common_share": config.keyword_common_share,
+                      "common_min": config.keyword_common_min_chunks}
+            rows = await (await conn.execute(b"EXPLAIN (ANALYZE, BUFFERS) " + sql.encode(),
+                                             params)).fetchall()
         await conn.set_isolation_level(None)
     return [str(r[0]) for r in rows]
 
@@ -217,8 +227,9 @@ def _sqlite_keys(data_dir: Path) -> dict[int, tuple[str, int]]:
 def measure_postgres(data_dir: Path, dsn: str, n_queries: int) -> dict[str, Any]:
     """The PostgreSQL figures in a fresh child process, and vector recall@10 against the exact
     float scan of the SQLite corpus (chunks matched by session and first line)."""
-    proc = subprocess.run([sys.executable, "-m", "bench.clustersearch", "--child-pg", dsn, "--queries",
-                           str(n_queries)], capture_output=True, text=True, check=False, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "bench.clustersearch", "--child-pg", dsn,
+                           "--queries", str(n_queries)],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring PostgreSQL failed:\n{proc.stderr[-3000:]}")
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -243,8 +254,9 @@ def recall_runs(dsn: str, out_dir: Path, *, embedder: str = "local") -> dict[str
     for granularity in ("chunk", "turn"):
         for backend in ("sqlite", "postgres"):
             target = out_dir / f"recall-{backend}-{granularity}.json"
-            cmd = [sys.executable, "bench/recall.py", "bench/data/sample.json", "--embedder", embedder,
-                   "--granularity", granularity, "--embedding-cache", str(cache), "--json", str(target)]
+            cmd = [sys.executable, "bench/recall.py", "bench/data/sample.json",
+                   "--embedder", embedder, "--granularity", granularity,
+                   "--embedding-cache", str(cache), "--json", str(target)]
             if backend == "postgres":
                 cmd += ["--backend", "postgres", "--dsn", dsn]
             started = time.perf_counter()

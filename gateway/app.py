@@ -76,7 +76,8 @@ if TYPE_CHECKING:
     from gateway.cluster import ClusterNode
     from gateway.mcp.http import McpHttpServer
 
-__all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory", "start_app"]
+__all__ = ["App", "DataDirBusy", "close_memory", "effective_memory_config", "open_memory",
+           "start_app"]
 
 log = structlog.get_logger("recalld.app")
 
@@ -115,7 +116,8 @@ class App:
     retention: RetentionSweeper | None  # the daily sweep, when a retention setting is on
     _stack: AsyncExitStack
     mcp: McpHttpServer | None = None  # /mcp on [mcp] port, when set
-    cluster: ClusterNode | None = None  # the other nodes on one database (storage.backend = "postgres")
+    cluster: ClusterNode | None = None  # the other nodes on one database
+                                        # (storage.backend = "postgres")
     _closed: bool = False
 
     @property
@@ -180,7 +182,8 @@ def _authenticator(config: Config) -> Authenticator:
             log.warning("auth.token_generated", path=str(token_path(config.data_dir)))
         else:
             log.info("auth.token_file", path=str(token_path(config.data_dir)))
-    authenticator = Authenticator(config.auth, generated, ClientTokens(clients_path(config.data_dir)))
+    authenticator = Authenticator(config.auth, generated,
+                                  ClientTokens(clients_path(config.data_dir)))
     for user in authenticator.weak_token_users:
         log.warning("auth.weak_token", user=user, min_chars=STRONG_TOKEN_CHARS,
                     effect="a lockout refuses this token too; use `python -c 'import secrets; "
@@ -306,7 +309,8 @@ async def _join_cluster(stack: AsyncExitStack, backend: Backend, config: Config,
     return cluster
 
 
-def _database_check(stack: AsyncExitStack, backend: Backend, config: Config) -> DatabaseCheck | None:
+def _database_check(stack: AsyncExitStack, backend: Backend,
+                    config: Config) -> DatabaseCheck | None:
     """On a shared database, the check behind gateway.health's storage and GET /readyz, running."""
     if backend.database_check is None:
         return None
@@ -320,7 +324,8 @@ def _chat_runs(config: Config, store: SessionStoreLike, hub: Hub, service: Memor
     llm, quotas = config.llm, config.quotas
     model = create_chat_model(
         base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
-        timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s, max_retries=llm.max_retries,
+        timeout_s=llm.timeout_s, connect_timeout_s=llm.connect_timeout_s,
+        max_retries=llm.max_retries,
     )
     return ChatRuns(config.chat, llm.model, store, hub, model, service,
                     max_runs=quotas.max_runs, max_runs_per_user=quotas.max_runs_per_user,
@@ -350,11 +355,16 @@ def _rpc_core(config: Config, registry: Registry) -> RpcCore:
                    reply_reserve=page_capped(config).max_page_bytes,
                    user_slots=UserSlots(config.limits.max_user_running),
                    quotas=Quotas(
-                       per_minute={"sessions.create": (quotas.sessions_per_minute, "quotas.sessions_per_minute"),
-                                   "sessions.update": (quotas.updates_per_minute, "quotas.updates_per_minute"),
-                                   "memory.facts.add": (quotas.updates_per_minute, "quotas.updates_per_minute"),
-                                   "memory.facts.update": (quotas.updates_per_minute, "quotas.updates_per_minute")},
-                       in_flight={"memory.search": (quotas.max_searches_per_user, "quotas.max_searches_per_user")},
+                       per_minute={"sessions.create": (quotas.sessions_per_minute,
+                                                       "quotas.sessions_per_minute"),
+                                   "sessions.update": (quotas.updates_per_minute,
+                                                       "quotas.updates_per_minute"),
+                                   "memory.facts.add": (quotas.updates_per_minute,
+                                                        "quotas.updates_per_minute"),
+                                   "memory.facts.update": (quotas.updates_per_minute,
+                                                           "quotas.updates_per_minute")},
+                       in_flight={"memory.search": (quotas.max_searches_per_user,
+                                                    "quotas.max_searches_per_user")},
                    ))
 
 
@@ -382,8 +392,8 @@ def _declare_handlers(registry: Registry, config: Config, store: SessionStoreLik
     facts = FactsMethods(service) if on else None
     forget = ForgetMethods(service, store) if on else None
     episodes = EpisodesMethods(service) if on else None
-    declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory, facts=facts,
-                    forget=forget, episodes=episodes)
+    declare_methods(registry, config, gateway=gateway, sessions=sessions, chat=chat, memory=memory,
+                    facts=facts, forget=forget, episodes=episodes)
     return sessions, chat, memory
 
 
@@ -396,7 +406,8 @@ async def _listen(stack: AsyncExitStack, config: Config, server: GatewayServer,
     # For `recalld call`/`chat`: the port may be one the OS picked (--port 0).
     indexing = service.embedder
     write_runtime_file(config.data_dir, client_url(server.scheme, config.server.host, server.port),
-                       (indexing.provider, indexing.model_id, indexing.endpoint_hash) if indexing else None)
+                       ((indexing.provider, indexing.model_id, indexing.endpoint_hash)
+                        if indexing else None))
     if server.scheme == "ws" and not is_loopback(config.server.host):
         log.warning("gateway.plaintext_remote", url=server.url, warning=PLAINTEXT_WARNING,
                     fix="set [tls] cert and key, or bind 127.0.0.1 and reach it through an SSH "
@@ -427,7 +438,8 @@ def _server(config: Config, core: RpcCore, authenticator: Authenticator, app_ver
                          unready=unready)
 
 
-async def _opened(stack: AsyncExitStack, opening: Awaitable[T], close: Callable[[T], Awaitable[None]]) -> T:
+async def _opened(stack: AsyncExitStack, opening: Awaitable[T],
+                  close: Callable[[T], Awaitable[None]]) -> T:
     """What ``opening`` opens, with its ``close`` on ``stack``. Awaited through a shield: a
     cancelled start still learns what was opened (a thread cannot be stopped half-way) and
     closes it."""
@@ -474,8 +486,8 @@ def _memory_admin(config: Config) -> str | None:
 def _warn_if_exposed(data_dir: Path) -> bool:
     exposed = find_exposed(data_dir, take_clean_stop(data_dir))
     if exposed.count:
-        log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count, paths=list(exposed.paths),
-                    fix=exposed.hint(data_dir),
+        log.warning("datadir.exposed", data_dir=str(data_dir), count=exposed.count,
+                    paths=list(exposed.paths), fix=exposed.hint(data_dir),
                     detail="other local users can read or write these; transcripts and the "
                            "index hold private conversations")
     return not exposed.count

@@ -50,8 +50,9 @@ from pathlib import Path
 from gateway.config import AuthConfig
 
 __all__ = [
-    "MAX_CODES_PER_USER", "STRONG_TOKEN_CHARS", "Authenticator", "ClientToken", "ClientTokenError", "ClientTokens",
-    "FailureLimiter", "SignInCodes", "bucket_of", "clients_path", "load_or_create_token", "rotate_token", "token_path",
+    "MAX_CODES_PER_USER", "STRONG_TOKEN_CHARS", "Authenticator", "ClientToken", "ClientTokenError",
+    "ClientTokens", "FailureLimiter", "SignInCodes", "bucket_of", "clients_path",
+    "load_or_create_token", "rotate_token", "token_path",
 ]
 
 DEFAULT_USER = "default"
@@ -144,8 +145,9 @@ def _read_clients(path: Path) -> tuple[ClientToken, ...]:
     try:
         if data.get("version") != _CLIENTS_VERSION:
             raise ClientTokenError(f"{path}: unknown version {data.get('version')!r}")
-        return tuple(ClientToken(str(t["name"]), str(t["user"]), bool(t["readOnly"]), str(t["created"]),
-                                 bytes.fromhex(t["sha256"])) for t in data["tokens"])
+        return tuple(ClientToken(str(t["name"]), str(t["user"]), bool(t["readOnly"]),
+                                 str(t["created"]), bytes.fromhex(t["sha256"]))
+                     for t in data["tokens"])
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ClientTokenError(f"{path}: malformed ({exc!r})") from exc
 
@@ -153,7 +155,8 @@ def _read_clients(path: Path) -> tuple[ClientToken, ...]:
 def _write_clients(path: Path, tokens: tuple[ClientToken, ...]) -> None:
     entries = [{"name": t.name, "user": t.user, "readOnly": t.read_only, "created": t.created,
                 "sha256": t.digest.hex()} for t in tokens]
-    _write_private(path, json.dumps({"version": _CLIENTS_VERSION, "tokens": entries}, indent=2) + "\n")
+    _write_private(path,
+                   json.dumps({"version": _CLIENTS_VERSION, "tokens": entries}, indent=2) + "\n")
 
 
 class ClientTokens:
@@ -192,8 +195,8 @@ class ClientTokens:
     def add(self, name: str, *, user: str = DEFAULT_USER, read_only: bool = False) -> str:
         """Mint a token for client ``name`` of ``user``; returns the token (kept nowhere else)."""
         if not _CLIENT_NAME.fullmatch(name):
-            raise ClientTokenError(f"client name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
-                                   "starting with a letter or digit")
+            raise ClientTokenError(f"client name {name!r}: use 1-64 letters, digits, '.', '_' or "
+                                   "'-', starting with a letter or digit")
         with self._locked():
             tokens = _read_clients(self.path)
             if any(t.name == name for t in tokens):
@@ -201,7 +204,8 @@ class ClientTokens:
                                        f"`recalld token revoke {name}` first")
             token = secrets.token_urlsafe(32)
             created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            _write_clients(self.path, (*tokens, ClientToken(name, user, read_only, created, _digest(token))))
+            _write_clients(self.path,
+                           (*tokens, ClientToken(name, user, read_only, created, _digest(token))))
         return token
 
     def revoke(self, name: str) -> ClientToken:
@@ -318,7 +322,8 @@ class FailureLimiter:
     def _prune(self, now: float) -> None:
         # Bounded memory under a spray of addresses: drop idle and expired entries now and then.
         if len(self._failures) > _PRUNE_AT:
-            for key in [k for k, q in self._failures.items() if not q or q[-1] <= now - self._window]:
+            for key in [k for k, q in self._failures.items()
+                        if not q or q[-1] <= now - self._window]:
                 del self._failures[key]
         if len(self._locked_until) > _PRUNE_AT:
             for key in [k for k, until in self._locked_until.items() if until <= now]:
@@ -384,8 +389,10 @@ class Authenticator:
             pairs.append((generated_token, DEFAULT_USER))
         self._pairs = [(t.encode(), user) for t, user in pairs]
         # Users whose configured token is weak (the warning at start names them).
-        self.weak_token_users = tuple(sorted({user for t, user in pairs if len(t) < STRONG_TOKEN_CHARS}))
-        self.limiter = FailureLimiter(config.max_failures, config.failure_window_s, config.lockout_s,
+        self.weak_token_users = tuple(sorted({user for t, user in pairs
+                                              if len(t) < STRONG_TOKEN_CHARS}))
+        self.limiter = FailureLimiter(config.max_failures, config.failure_window_s,
+                                      config.lockout_s,
                                       global_max_failures=config.global_max_failures)
 
     def check(self, token: str | None, address: str) -> Verdict:

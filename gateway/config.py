@@ -276,7 +276,8 @@ def _convert(tp: Any, value: Any, *, from_env: bool) -> Any:
 
 def _convert_table(cls: Any, value: Any) -> Any:
     if not isinstance(value, dict):
-        raise TypeError(f"each entry must be a table with keys {[f.name for f in dataclasses.fields(cls)]}")
+        raise TypeError(
+            f"each entry must be a table with keys {[f.name for f in dataclasses.fields(cls)]}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(value) - names
@@ -306,20 +307,24 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
             "(--host 127.0.0.1) or use auth.mode = \"token\"."
         )
     if cfg.mcp.port and cfg.mcp.port == cfg.server.port:
-        problems.append(f"[mcp] port {cfg.mcp.port} is [server] port too: give /mcp a port of its own")
+        problems.append(
+            f"[mcp] port {cfg.mcp.port} is [server] port too: give /mcp a port of its own")
     if bool(cfg.tls.cert) != bool(cfg.tls.key):
         problems.append("[tls] cert and key must be set together")
     try:
         zoneinfo.ZoneInfo(cfg.chat.timezone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        problems.append(f"[chat] timezone {cfg.chat.timezone!r} is not an IANA time zone name (e.g. \"Europe/Berlin\")")
+        problems.append(f"[chat] timezone {cfg.chat.timezone!r} is not an IANA time zone name "
+                        "(e.g. \"Europe/Berlin\")")
     names = [u.name for u in cfg.auth.users]
     if len(set(names)) != len(names):
         problems.append("[[auth.users]] names must be unique")
     if cfg.auth.admin is not None and cfg.auth.users and cfg.auth.admin not in names:
-        problems.append(f"[auth] admin = {cfg.auth.admin!r} names no [[auth.users]] entry (known: {', '.join(names)})")
+        problems.append(f"[auth] admin = {cfg.auth.admin!r} names no [[auth.users]] entry (known: "
+                        f"{', '.join(names)})")
     tokens = [u.token for u in cfg.auth.users]
     if len(set(tokens)) != len(tokens):
         problems.append("[[auth.users]] tokens must be unique")
-    if any(len(t) < 16 for t in tokens) or (cfg.auth.token is not None and len(cfg.auth.token) < 16):
+    if (any(len(t) < 16 for t in tokens)
+            or (cfg.auth.token is not None and len(cfg.auth.token) < 16)):
         problems.append("[auth] tokens must be at least 16 characters")

@@ -8,7 +8,8 @@ Tree::
     ├── MethodNotFound           -32601  unknown or not-yet-implemented method
     ├── InvalidParams            -32602  ``data`` = {field, reason}
     ├── InternalError            -32603  ``data`` = {errorId}; the traceback goes to the log
-    ├── StorageFailed            -32603  ``data`` = {retryable, retryAfterMs?}; "storage error: …", no errorId
+    ├── StorageFailed            -32603  ``data`` = {retryable, retryAfterMs?}; "storage error: …",
+    │                                    no errorId
     ├── Unauthorized             -32001
     ├── NotFound                 -32002  unknown key, or another user's
     ├── Conflict                 -32003  busy / conflicting state
@@ -125,7 +126,8 @@ class StorageFailed(GatewayError):
     code = -32603
     retryable = True
 
-    def __init__(self, message: str, *, retryable: bool = True, retry_after_ms: int | None = None) -> None:
+    def __init__(self, message: str, *, retryable: bool = True,
+                 retry_after_ms: int | None = None) -> None:
         # Some layers already say "storage error: …"; the wire says it once.
         reason = message.removeprefix(_PREFIX) or "unknown"
         data: dict[str, Any] = {"retryable": retryable}
@@ -207,7 +209,8 @@ def _from_sessions(exc: BaseException) -> GatewayError | None:
         cause = exc.__cause__
         if cause is not None and _is_pg(cause):
             # The store names the action ("… while appending a message"); this, what failed.
-            return StorageFailed(f"{exc.message}: {pg_reason(cause)}", retry_after_ms=_pg_retry_after(exc))
+            return StorageFailed(f"{exc.message}: {pg_reason(cause)}",
+                                 retry_after_ms=_pg_retry_after(exc))
         return StorageFailed(exc.message)
     return None  # SessionError itself is never raised on purpose: a bug
 
@@ -269,7 +272,8 @@ def pg_reason(exc: BaseException) -> str:
     # 'connection failed: connection to server at "db", port 5432 failed: Connection refused'
     lines = str(exc).strip().splitlines()
     last = lines[0].rsplit("failed: ", 1)[-1].strip() if lines else ""
-    return f"connection failed: {last}" if last and '"' not in last else "the connection to the database failed"
+    return (f"connection failed: {last}" if last and '"' not in last
+            else "the connection to the database failed")
 
 
 def _pg_retry_after(exc: BaseException) -> int | None:

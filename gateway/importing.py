@@ -100,7 +100,8 @@ def detect(data: bytes) -> Format:
     if head == b"{":
         return "jsonl"
     if data.startswith(b"PK\x03\x04"):
-        raise ImportFormatError("a zip archive (ChatGPT's whole export): unzip it and import its conversations.json")
+        raise ImportFormatError(
+            "a zip archive (ChatGPT's whole export): unzip it and import its conversations.json")
     raise ImportFormatError("not a ChatGPT conversations.json (a JSON array) nor recalld JSONL")
 
 
@@ -186,9 +187,13 @@ def _chatgpt(data: bytes) -> Iterator[Conversation]:
             if text:
                 model = meta.get("model_slug")
                 turns.append(Turn(str(role), text, _epoch(msg.get("create_time")),
-                                  extra={"model": model} if isinstance(model, str) and role == "assistant" else {}))
+                                  extra=({"model": model}
+                                         if isinstance(model, str) and role == "assistant"
+                                         else {})))
         title = conv.get("title")
-        yield Conversation(source, (plain_title(title) if isinstance(title, str) else None) or "Imported conversation",
+        yield Conversation(source,
+                           ((plain_title(title) if isinstance(title, str) else None)
+                            or "Imported conversation"),
                            _epoch(conv.get("create_time")), tuple(turns))
 
 
@@ -226,8 +231,8 @@ def _jsonl(data: bytes) -> Iterator[Conversation]:
 
 
 def _from_header(header: Header, turns: list[Turn]) -> Conversation:
-    return Conversation(header.session_key, plain_title(header.title) or DEFAULT_TITLE, header.created_at,
-                        tuple(turns), header.system_prompt, header.model)
+    return Conversation(header.session_key, plain_title(header.title) or DEFAULT_TITLE,
+                        header.created_at, tuple(turns), header.system_prompt, header.model)
 
 
 # ----------------------------------------------------------------- writing into a store
@@ -259,8 +264,9 @@ Progress = Callable[[int, int, int, int], None]  # conversations done/total, mes
 _HEADER_FIELDS = {"title": "title", "model": "model", "systemPrompt": "system_prompt"}
 
 
-def write_conversations(store: SessionStoreLike, user: str, fmt: str, conversations: Sequence[Conversation],
-                        progress: Progress | None = None, *, models: tuple[str, ...] | None = None,
+def write_conversations(store: SessionStoreLike, user: str, fmt: str,
+                        conversations: Sequence[Conversation], progress: Progress | None = None, *,
+                        models: tuple[str, ...] | None = None,
                         dry_run: bool = False) -> ImportReport:
     """Write ``conversations`` as ``user``'s sessions into ``store``; blocking. ``models``: the
     models a session may keep (LlmConfig.choices); None: any. ``dry_run``: count what would be
@@ -288,13 +294,13 @@ def write_conversations(store: SessionStoreLike, user: str, fmt: str, conversati
             if conv.model is not None and models is not None and conv.model not in models:
                 # Every run goes out on the operator's key: only an offered model is kept.
                 header["model"] = None
-                skipped.append(f"conversation {conv.source_id!r}: model left out: {conv.model!r} is not "
-                               f"offered here (llm.model, llm.models)")
+                skipped.append(f"conversation {conv.source_id!r}: model left out: {conv.model!r} "
+                               "is not offered here (llm.model, llm.models)")
             while not dry_run:
                 try:
                     store.create(user, title=header["title"], system_prompt=header["system_prompt"],
-                                 model=header["model"], created_at=conv.created_at or conv.turns[0].ts,
-                                 session_key=key)
+                                 model=header["model"],
+                                 created_at=conv.created_at or conv.turns[0].ts, session_key=key)
                     break
                 except InvalidSessionInput as exc:
                     # The field at fault goes; a header line too large loses its prompt.
@@ -302,8 +308,8 @@ def write_conversations(store: SessionStoreLike, user: str, fmt: str, conversati
                     if header[name] is None:
                         raise
                     header[name] = None
-                    skipped.append(f"conversation {conv.source_id!r}: {name.replace('_', ' ')} left out: "
-                                   f"{exc.reason}")
+                    skipped.append(f"conversation {conv.source_id!r}: {name.replace('_', ' ')} "
+                                   f"left out: {exc.reason}")
             have = -1
         rest = conv.turns[max(have, 0):]
         if have == -1:
@@ -320,10 +326,12 @@ def write_conversations(store: SessionStoreLike, user: str, fmt: str, conversati
         for i, turn in enumerate(rest, max(have, 0)):
             ts = turn.ts or conv.created_at
             try:
-                store.append_message(user, key, role=turn.role, content=turn.content, run_id=turn.run_id,
-                                     name=turn.name, ts=ts, extra=turn.extra or None)
+                store.append_message(user, key, role=turn.role, content=turn.content,
+                                     run_id=turn.run_id, name=turn.name, ts=ts,
+                                     extra=turn.extra or None)
             except LineTooLarge as exc:
-                skipped.append(f"conversation {conv.source_id!r}: message {i + 1} not imported: {exc.reason}")
+                skipped.append(
+                    f"conversation {conv.source_id!r}: message {i + 1} not imported: {exc.reason}")
                 store.append_message(user, key, role=turn.role, ts=ts, content=(
                     f"[not imported: this message's line would be {exc.size} bytes, more than "
                     f"sessions.max_line_bytes ({exc.limit})]"))
@@ -333,4 +341,5 @@ def write_conversations(store: SessionStoreLike, user: str, fmt: str, conversati
     if not dry_run:
         store.flush()
     return ImportReport(len(conversations), created, resumed, unchanged, empty, written,
-                        time.perf_counter() - started, tuple(skipped), tuple(created_keys), tuple(resumed_keys))
+                        time.perf_counter() - started, tuple(skipped), tuple(created_keys),
+                        tuple(resumed_keys))

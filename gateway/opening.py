@@ -35,8 +35,8 @@ from sessions import FileIO, SessionsConfig, SessionStoreLike
 if TYPE_CHECKING:
     from gateway.cluster import ClusterNode
 
-__all__ = ["BACKENDS", "Backend", "backend_of", "close_memory", "close_store", "effective_memory_config",
-           "join_cluster", "open_memory", "open_store", "page_capped"]
+__all__ = ["BACKENDS", "Backend", "backend_of", "close_memory", "close_store",
+           "effective_memory_config", "join_cluster", "open_memory", "open_store", "page_capped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +101,14 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
     return service
 
 
-async def _sqlite_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None, reason: str) -> Memory:
+async def _sqlite_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None,
+                         reason: str) -> Memory:
     return MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason,
                          min_free_bytes=config.sessions.min_free_bytes)
 
 
-async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None, reason: str) -> Memory:
+async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None,
+                     reason: str) -> Memory:
     from memory import PgMemory  # psycopg: the postgres extra, loaded only for that backend
 
     assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
@@ -116,10 +118,11 @@ async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | Non
                                    embedder_reason=reason, max_size=config.storage.pool_size,
                                    connect_timeout_s=config.storage.connect_timeout_s,
                                    call_timeout_s=pool.call_timeout_s,
-                                   reconnect_timeout_s=pool.reconnect_timeout_s, options=pool.options)
+                                   reconnect_timeout_s=pool.reconnect_timeout_s,
+                                   options=pool.options)
     except MemoryStorageError as err:
-        raise StorageUnavailable(f"storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not be opened "
-                                 f"({err})") from err
+        raise StorageUnavailable("storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not "
+                                 f"be opened ({err})") from err
 
 
 async def close_memory(service: Memory) -> None:
@@ -143,7 +146,8 @@ async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
     """This node's place among the others on its backend's database; the backend must have one."""
     joins = backend_of(config).join_cluster
     if joins is None:
-        raise ValueError(f"storage.backend = {config.storage.backend!r} runs one node: no cluster to join")
+        raise ValueError(
+            f"storage.backend = {config.storage.backend!r} runs one node: no cluster to join")
     return await joins(config, store)
 
 
@@ -157,16 +161,18 @@ async def _join_pg_cluster(config: Config, store: SessionStoreLike) -> ClusterNo
     s = config.storage
     assert s.dsn is not None  # StorageConfig refuses postgres without one
     pool = pool_settings(s)
-    node = ClusterNode(s.dsn, ClusterHub(s.max_outbound_events), store, connect_timeout_s=s.connect_timeout_s,
-                       bus_wait_s=s.bus_wait_s, close_flush_s=s.close_flush_s,
-                       lease_ttl_s=config.cluster.lease_ttl_s, lease_renew_s=config.cluster.lease_renew_s,
-                       call_timeout_s=pool.call_timeout_s, reconnect_timeout_s=pool.reconnect_timeout_s,
-                       options=pool.options)
+    node = ClusterNode(s.dsn, ClusterHub(s.max_outbound_events), store,
+                       connect_timeout_s=s.connect_timeout_s, bus_wait_s=s.bus_wait_s,
+                       close_flush_s=s.close_flush_s, lease_ttl_s=config.cluster.lease_ttl_s,
+                       lease_renew_s=config.cluster.lease_renew_s,
+                       call_timeout_s=pool.call_timeout_s,
+                       reconnect_timeout_s=pool.reconnect_timeout_s, options=pool.options)
     try:
         await node.start()
     except psycopg.Error as err:
         raise StorageUnavailable(
-            f"storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: {str(err).strip()}"
+            "storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: "
+            f"{str(err).strip()}"
         ) from err
     return node
 

@@ -12,7 +12,8 @@ __all__ = ["host_allowed", "origin_allowed"]
 
 def host_allowed(host_header: str, bind_host: str, allowed_hosts: Iterable[str]) -> bool:
     """Whether a ``Host`` header names this server: localhost, the bound address, an allowed
-    name, or any IP literal (an IP literal cannot be a DNS-rebinding name: only names are refused)."""
+    name, or any IP literal (an IP literal cannot be a DNS-rebinding name: only names are
+    refused)."""
     host = host_header.strip().lower()
     if host.startswith("["):
         host = host[1 : host.find("]")] if "]" in host else host

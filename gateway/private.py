@@ -84,8 +84,9 @@ def make_private_dir(path: Path) -> int | None:
         return None
     if st.st_uid != os.geteuid():
         raise DataDirExposed(f"{_exposed(path, mode)} and is owned by uid {st.st_uid}, not this "
-                             f"user (uid {os.geteuid()}), so it cannot be tightened; run `chmod 0700 "
-                             f"{path}` as its owner, or point --data-dir at a directory of your own")
+                             f"user (uid {os.geteuid()}), so it cannot be tightened; run `chmod "
+                             f"0700 {path}` as its owner, or point --data-dir at a "
+                             "directory of your own")
     return mode
 
 
@@ -116,7 +117,8 @@ class Exposure:
 
 @dataclass(frozen=True, slots=True)
 class DirMarks:
-    """What a clean stop recorded: when, and each directory's mtime by its path under the data dir."""
+    """What a clean stop recorded: when, and each directory's mtime by its path under the
+    data dir."""
 
     written_ns: int
     mtimes: dict[str, int]

@@ -68,7 +68,8 @@ class DatabaseCheck:
                     async with asyncio.timeout(self._timeout_s):
                         if conn is None or conn.closed:
                             conn = await psycopg.AsyncConnection.connect(
-                                self._dsn, autocommit=True, connect_timeout=max(2, round(self._timeout_s)),
+                                self._dsn, autocommit=True,
+                                connect_timeout=max(2, round(self._timeout_s)),
                                 application_name="recalld-readiness")
                         await conn.execute("SELECT 1")
                     self._set(None)

@@ -78,11 +78,13 @@ class RetentionSweeper:
         now = now or datetime.now(UTC)
         removed = {"sessions": 0, "chunks": 0, "facts": 0}
         if self.sessions_days > 0:
-            removed["sessions"] = await self._sweep_sessions(now - timedelta(days=self.sessions_days))
+            removed["sessions"] = await self._sweep_sessions(
+                now - timedelta(days=self.sessions_days))
         if self.memory_days > 0:
             removed.update(await self.memory.sweep_retention(int(now.timestamp() * 1000)))
         self.sweeps += 1
-        log.info("retention.sweep", **removed, memory_days=self.memory_days, sessions_days=self.sessions_days)
+        log.info("retention.sweep", **removed, memory_days=self.memory_days,
+                 sessions_days=self.sessions_days)
         self._note(last=now, removed=removed)
         return removed
 
@@ -90,7 +92,8 @@ class RetentionSweeper:
         deleted = 0
         after: tuple[str, str] | None = None
         while True:
-            idle = await asyncio.to_thread(self.store.idle_sessions, cutoff, limit=self.page, after=after)
+            idle = await asyncio.to_thread(self.store.idle_sessions, cutoff, limit=self.page,
+                                           after=after)
             for user, key in idle:
                 deleted += await self._delete_idle(user, key, cutoff)
             if len(idle) < self.page:

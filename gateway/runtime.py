@@ -16,8 +16,8 @@ from pathlib import Path
 
 import orjson
 
-__all__ = ["RUNTIME_FILE", "client_url", "read_runtime_embedder", "read_runtime_url", "remove_runtime_file",
-           "write_runtime_file"]
+__all__ = ["RUNTIME_FILE", "client_url", "read_runtime_embedder", "read_runtime_url",
+           "remove_runtime_file", "write_runtime_file"]
 
 RUNTIME_FILE = "daemon.json"
 
@@ -34,7 +34,8 @@ def client_url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{host}:{port}/"
 
 
-def write_runtime_file(data_dir: Path, url: str, embedder: tuple[str, str, str] | None = None) -> None:
+def write_runtime_file(data_dir: Path, url: str,
+                       embedder: tuple[str, str, str] | None = None) -> None:
     """Record this process's URL and embedder identity (0600, written then renamed so a reader
     never sees half)."""
     path = data_dir / RUNTIME_FILE

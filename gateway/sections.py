@@ -44,15 +44,17 @@ class ServerConfig:
     write_limit: int = field(default=32 * 1024, metadata=_limit(1024))
     open_timeout_s: float = field(default=10.0, metadata=_limit(0.1))
     # Seconds a TCP connection on either port (the gateway's, /mcp's) may take to send a request's
-    # headers; slower is closed (a slowloris would otherwise hold its descriptor until open_timeout_s,
-    # or for ever on /mcp). Such sockets are also the first closed when the descriptor budget is full.
+    # headers; slower is closed (a slowloris would otherwise hold its descriptor until
+    # open_timeout_s, or for ever on /mcp). Such sockets are also the first closed when the
+    # descriptor budget is full.
     header_timeout_s: float = field(default=5.0, metadata=_limit(0.1))
     ping_interval_s: float = field(default=20.0, metadata=_limit(0))
     ping_timeout_s: float = field(default=20.0, metadata=_limit(0))
     close_timeout_s: float = field(default=5.0, metadata=_limit(0.1))
     max_connections: int = field(default=1024, metadata=_limit(1))
     # Authenticated connections of one user at once (never more than max_connections): one user
-    # cannot hold every slot. Past it: HTTP 503 at the upgrade, or auth refused (-32004 / close 1008).
+    # cannot hold every slot. Past it: HTTP 503 at the upgrade, or auth refused (-32004 /
+    # close 1008).
     max_connections_per_user: int = field(default=64, metadata=_limit(1))
     shutdown_grace_s: float = field(default=10.0, metadata=_limit(0))  # for runs, then cancelled
     # Descriptors kept for files and upstream sockets (max_connections fits the fd limit minus it).
@@ -80,7 +82,8 @@ class AuthConfig:
     lockout_s: float = field(default=300.0, metadata=_limit(1))
     # Failures from all addresses per failure_window_s before all are locked out (gateway/auth.py).
     global_max_failures: int = field(default=100, metadata=_limit(1))
-    # Seconds a one-time sign-in code (auth.code, what `recalld open` hands the browser) stays valid.
+    # Seconds a one-time sign-in code (auth.code, what `recalld open` hands the browser)
+    # stays valid.
     code_ttl_s: float = field(default=30.0, metadata=_limit(1, 600))
     # The one user who sees and reindexes the whole index (else each user sees their own).
     admin: str | None = None
@@ -126,8 +129,9 @@ class QuotasConfig:
     max_runs_per_user: int = field(default=16, metadata=_limit(1))
     # memory.search calls (each may embed its query upstream) running at once per user.
     max_searches_per_user: int = field(default=4, metadata=_limit(1))
-    # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket refilled
-    # continuously): an update line carries the whole prompt, so it writes as much as a create.
+    # sessions.update, memory.facts.add and memory.facts.update per user per minute, each (a bucket
+    # refilled continuously): an update line carries the whole prompt, so it writes as much
+    # as a create.
     updates_per_minute: int = field(default=60, metadata=_limit(1))
     # Bytes of chat.send messages and system prompts per user per minute: far above typing, far
     # below a full disk.
@@ -142,7 +146,8 @@ class QuotasConfig:
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    """Run leases between nodes on one database (``storage.backend = "postgres"``; docs/scaling.md)."""
+    """Run leases between nodes on one database (``storage.backend = "postgres"``;
+    docs/scaling.md)."""
 
     # A run's lease on its session lasts this long past its node's last renew: a node that dies
     # or hangs mid-run has its run ended by another node about this long after (chat.error,

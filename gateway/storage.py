@@ -24,7 +24,8 @@ from sessions import FileIO, SessionsConfig, SessionStore, StorageError
 if TYPE_CHECKING:
     from sessions import PgSessionStore
 
-__all__ = ["PoolSettings", "StorageConfig", "StorageUnavailable", "open_session_store", "pool_settings"]
+__all__ = ["PoolSettings", "StorageConfig", "StorageUnavailable", "open_session_store",
+           "pool_settings"]
 
 _DSN_FORMS = (
     "a URI such as postgresql://user@host:5432/recalld, or key=value pairs such as "
@@ -66,7 +67,8 @@ class StorageConfig:
             return
         if not self.dsn:
             raise ValueError(
-                'storage.backend = "postgres" needs storage.dsn (RECALLD_STORAGE_DSN): ' + _DSN_FORMS
+                'storage.backend = "postgres" needs storage.dsn (RECALLD_STORAGE_DSN): '
+                + _DSN_FORMS
             )
         problem = dsn_problem(self.dsn)
         if problem is not None:
@@ -95,11 +97,13 @@ def pool_settings(storage: StorageConfig) -> PoolSettings:
     assert storage.dsn is not None  # StorageConfig refuses postgres without one
     from psycopg.conninfo import conninfo_to_dict
 
-    timeouts = {"statement_timeout": storage.statement_timeout_s, "lock_timeout": storage.lock_timeout_s,
+    timeouts = {"statement_timeout": storage.statement_timeout_s,
+                "lock_timeout": storage.lock_timeout_s,
                 "idle_in_transaction_session_timeout": storage.idle_in_transaction_timeout_s}
     ours = " ".join(f"-c {name}={round(s * 1000)}" for name, s in timeouts.items())
     theirs = str(conninfo_to_dict(storage.dsn).get("options") or "")
-    return PoolSettings(storage.call_timeout_s, storage.reconnect_timeout_s, f"{ours} {theirs}".strip())
+    return PoolSettings(storage.call_timeout_s, storage.reconnect_timeout_s,
+                        f"{ours} {theirs}".strip())
 
 
 class StorageUnavailable(Exception):
@@ -116,7 +120,8 @@ def dsn_problem(dsn: str) -> str | None:
     try:
         params = conninfo_to_dict(dsn)
     except Exception:
-        return f"storage.dsn (RECALLD_STORAGE_DSN) is not a PostgreSQL connection string; expected {_DSN_FORMS}"
+        return ("storage.dsn (RECALLD_STORAGE_DSN) is not a PostgreSQL connection string; expected "
+                f"{_DSN_FORMS}")
     ports = str(params.get("port") or "5432").split(",")
     if not all(port.strip().isdigit() for port in ports):
         return "storage.dsn (RECALLD_STORAGE_DSN) has a port that is not a number"
@@ -138,19 +143,22 @@ def open_session_store(
     ``key_factory`` names new sessions (the importer keeps keys stable); default random.
     ``trust_clean_stop``: the file store may skip its per-transcript walk after a clean stop
     (the daemon's own start; see sessions.md)."""
-    return _STORES[storage.backend](storage, data_dir, sessions, file_io, key_factory, trust_clean_stop)
+    return _STORES[storage.backend](storage, data_dir, sessions, file_io, key_factory,
+                                    trust_clean_stop)
 
 
-def _sqlite_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig, file_io: FileIO | None,
-                  key_factory: Callable[[], str] | None, trust_clean_stop: bool) -> SessionStore:
+def _sqlite_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig,
+                  file_io: FileIO | None, key_factory: Callable[[], str] | None,
+                  trust_clean_stop: bool) -> SessionStore:
     if key_factory is None:
         return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop)
     return SessionStore(data_dir, sessions, file_io=file_io, trust_clean_stop=trust_clean_stop,
                         key_factory=key_factory)
 
 
-def _pg_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig, file_io: FileIO | None,
-              key_factory: Callable[[], str] | None, trust_clean_stop: bool) -> PgSessionStore:
+def _pg_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig,
+              file_io: FileIO | None, key_factory: Callable[[], str] | None,
+              trust_clean_stop: bool) -> PgSessionStore:
     assert storage.dsn is not None  # StorageConfig refuses postgres without one
     from sessions import PgSessionStore
 
@@ -158,8 +166,10 @@ def _pg_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig, 
     try:
         pool = pool_settings(storage)
         return PgSessionStore(storage.dsn, sessions, pool_size=storage.pool_size,
-                              connect_timeout_s=storage.connect_timeout_s, call_timeout_s=pool.call_timeout_s,
-                              reconnect_timeout_s=pool.reconnect_timeout_s, options=pool.options, **keys)
+                              connect_timeout_s=storage.connect_timeout_s,
+                              call_timeout_s=pool.call_timeout_s,
+                              reconnect_timeout_s=pool.reconnect_timeout_s,
+                              options=pool.options, **keys)
     except StorageError as err:
         raise StorageUnavailable(
             f"storage.dsn (RECALLD_STORAGE_DSN): {err.message}; is the PostgreSQL server "
@@ -168,7 +178,8 @@ def _pg_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig, 
 
 
 # The session store of each storage.backend (gateway.opening.BACKENDS has the other parts).
-_STORES: dict[str, Callable[[StorageConfig, Path, SessionsConfig, FileIO | None, Callable[[], str] | None, bool],
+_STORES: dict[str, Callable[[StorageConfig, Path, SessionsConfig, FileIO | None,
+                             Callable[[], str] | None, bool],
                             SessionStore | PgSessionStore]] = {
     "sqlite": _sqlite_store,
     "postgres": _pg_store,

@@ -1,4 +1,5 @@
-"""The wire's shapes, as TypedDicts, and the one place values of ``sessions``/``memory`` become them.
+"""The wire's shapes, as TypedDicts, and the one place values of ``sessions``/``memory``
+become them.
 
 Values stay dataclasses (``Session``, ``Message``, ``Fact``, ``SearchHit``) until a handler
 returns; the functions here turn each into its camelCase wire dict once, at the edge, so the
@@ -158,7 +159,8 @@ class SessionDetailWire(SessionWire):
 
 class RecalledRef(TypedDict):
     """One chunk recall put into a reply's prompt, as its assistant line keeps it: where to find
-    the excerpt again (``memory.search``'s ``chunkId``, or its session and lines), never its text."""
+    the excerpt again (``memory.search``'s ``chunkId``, or its session and lines), never
+    its text."""
 
     chunkId: int
     sessionKey: str
@@ -191,7 +193,8 @@ class MessageWire(TypedDict):
     recalled: NotRequired[list[RecalledRef]]  # what recall put into this reply's prompt
     replaces: NotRequired[str]  # the id of the message this one supersedes (regenerate, edit)
     continues: NotRequired[str]  # chat.continue: the cut reply this one carries on (and replaces)
-    restores: NotRequired[str]  # chat.choose: the version this line is a copy of (made current again)
+    restores: NotRequired[str]  # chat.choose: the version this line
+                                # is a copy of (made current again)
     versions: NotRequired[VersionsWire]  # sessions.history: when its place has several versions
     attachments: NotRequired[list[AttachmentWire]]  # a user message's files (chat.send attachments)
 
@@ -239,8 +242,8 @@ class FactWire(TypedDict):
 
 
 def fact_wire(f: Fact) -> FactWire:
-    out: FactWire = {"id": f.id, "text": f.text, "active": f.active, "source": f.source, "client": f.client,
-                     "createdAt": f.created_at, "updatedAt": f.updated_at}
+    out: FactWire = {"id": f.id, "text": f.text, "active": f.active, "source": f.source,
+                     "client": f.client, "createdAt": f.created_at, "updatedAt": f.updated_at}
     if f.previous_id is not None:
         out["replaces"] = f.previous_id
     if f.session_key:
@@ -319,7 +322,8 @@ class SearchWire(TypedDict):
     results: list[SearchHitWire]
     mode: str  # the mode actually run
     fallbackReason: NotRequired[str]
-    previousModel: NotRequired[str]  # during a rebuild: the model whose vectors ranked the vector leg
+    previousModel: NotRequired[str]  # during a rebuild: the model whose
+                                     # vectors ranked the vector leg
 
 
 def search_wire(r: SearchResponse) -> SearchWire:

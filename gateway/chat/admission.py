@@ -56,7 +56,8 @@ class Admission:
         """The run id that owns ``idem`` across nodes when it is another than ``run_id``."""
         if idem is None:
             return None
-        owner = await self.gate.claim(idem[0], idem[1], idem[2], run_id, self.config.idempotency_ttl_s)
+        owner = await self.gate.claim(idem[0], idem[1], idem[2], run_id,
+                                      self.config.idempotency_ttl_s)
         return owner if owner != run_id else None
 
     def attempt(self, idem: IdemKey | None, run_id: str) -> Attempt | None:
@@ -68,25 +69,28 @@ class Admission:
                           asyncio.get_running_loop().create_future())
         self._attempts[idem] = attempt
         if len(self._attempts) > _PRUNE_ABOVE:
-            for key in [k for k, a in self._attempts.items() if a.expires <= now and a.outcome.done()]:
+            for key in [k for k, a in self._attempts.items()
+                        if a.expires <= now and a.outcome.done()]:
                 del self._attempts[key]
         return attempt
 
-    def check_room(self, busy: Collection[tuple[str, str]], lane: SessionLane | None, user: str) -> None:
+    def check_room(self, busy: Collection[tuple[str, str]], lane: SessionLane | None,
+                   user: str) -> None:
         """Refuse a send when its session would be one busy session too many (``lane`` None:
         the session is idle; ``busy``: the (user, session) pairs with work in flight), or its
         session's queue is full."""
         if lane is None:
             if self.max_runs is not None and len(busy) >= self.max_runs:
-                raise RateLimited(f"too many replies being generated ({len(busy)}, quotas.max_runs); "
-                                  "retry later", 1000)
+                raise RateLimited(f"too many replies being generated ({len(busy)}, "
+                                  "quotas.max_runs); retry later", 1000)
             if self.max_runs_per_user is not None:
                 mine = sum(1 for lane_user, _ in busy if lane_user == user)
                 if mine >= self.max_runs_per_user:
                     raise RateLimited(f"too many of your sessions are generating replies ({mine}, "
                                       "quotas.max_runs_per_user); wait for one to finish", 1000)
         elif len(lane.queue) >= self.config.max_queued_runs:
-            raise Conflict(f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
+            raise Conflict(
+                f"session busy: {len(lane.queue)} runs already queued (chat.max_queued_runs)")
 
     def settle(self, idem: IdemKey | None, attempt: Attempt | None, *, appended: bool) -> None:
         """The attempt's outcome: appended (a repeat is a duplicate) or not (its key is free)."""

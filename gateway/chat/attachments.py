@@ -38,10 +38,10 @@ IMAGE_TYPES: dict[str, tuple[bytes, ...]] = {
 }
 # Source and data files browsers declare as application/*; they are text like text/*.
 _TEXT_APPLICATION = frozenset({
-    "application/json", "application/javascript", "application/x-javascript", "application/typescript",
-    "application/xml", "application/x-sh", "application/x-python", "application/x-python-code",
-    "application/toml", "application/x-toml", "application/yaml", "application/x-yaml", "application/sql",
-    "application/x-httpd-php", "application/ld+json",
+    "application/json", "application/javascript", "application/x-javascript",
+    "application/typescript", "application/xml", "application/x-sh", "application/x-python",
+    "application/x-python-code", "application/toml", "application/x-toml", "application/yaml",
+    "application/x-yaml", "application/sql", "application/x-httpd-php", "application/ld+json",
 })
 # Archives (and compressed files) by their magic bytes: refused whatever they are declared as.
 _ARCHIVES: tuple[tuple[int, bytes, str], ...] = (
@@ -78,8 +78,9 @@ def parse_attachments(value: Any, config: ChatConfig) -> list[Upload]:
     if not isinstance(value, list):
         raise InvalidParams("attachments", "must be an array of {name, mediaType, data}")
     if len(value) > config.max_attachments:
-        raise InvalidParams("attachments", f"has {len(value)} files; at most {config.max_attachments} may be "
-                            "sent with one message (chat.max_attachments)")
+        raise InvalidParams("attachments", f"has {len(value)} files; at most "
+                            f"{config.max_attachments} may be sent with one message "
+                            "(chat.max_attachments)")
     return [_one(i, item, config) for i, item in enumerate(value)]
 
 
@@ -88,13 +89,15 @@ def _one(i: int, item: Any, config: ChatConfig) -> Upload:
         raise InvalidParams(f"attachments[{i}]", "must be an object {name, mediaType, data}")
     for key in item:
         if key not in _KEYS:
-            raise InvalidParams(_field(i, str(key)), "unknown key (accepted: name, mediaType, data)")
+            raise InvalidParams(_field(i, str(key)),
+                                "unknown key (accepted: name, mediaType, data)")
     for key in ("name", "mediaType", "data"):
         if not isinstance(item.get(key), str):
             raise InvalidParams(_field(i, key), "is required and must be a string")
     name: str = item["name"].strip()
     if not name or len(name) > _MAX_NAME_CHARS or _CONTROL.search(name):
-        raise InvalidParams(_field(i, "name"), f"must be 1 to {_MAX_NAME_CHARS} characters, no control characters")
+        raise InvalidParams(_field(i, "name"),
+                            f"must be 1 to {_MAX_NAME_CHARS} characters, no control characters")
     limit = config.max_attachment_bytes
     encoded: str = item["data"]
     # Refused before decoding: base64 holds 3 bytes in every 4 characters.
@@ -111,25 +114,27 @@ def _one(i: int, item: Any, config: ChatConfig) -> Upload:
         raise InvalidParams(_field(i, "data"), "is empty")
     for offset, magic, what in _ARCHIVES:
         if data[offset:offset + len(magic)] == magic:
-            raise InvalidParams(_field(i, "data"), f"is an archive ({what}); archives are not accepted: "
-                                "attach the files inside it")
+            raise InvalidParams(_field(i, "data"), f"is an archive ({what}); archives are not "
+                                "accepted: attach the files inside it")
     media_type = item["mediaType"].split(";", 1)[0].strip().lower()
     kind = _kind(i, media_type)
     if kind == "text":
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError:
-            raise InvalidParams(_field(i, "data"), f"is declared {media_type} but is not UTF-8 text") from None
+            raise InvalidParams(_field(i, "data"),
+                                f"is declared {media_type} but is not UTF-8 text") from None
         if "\x00" in text:
-            raise InvalidParams(_field(i, "data"), f"is declared {media_type} but holds NUL bytes (binary)")
+            raise InvalidParams(_field(i, "data"),
+                                f"is declared {media_type} but holds NUL bytes (binary)")
         return Upload(name, media_type, data, kind, text[: config.attachment_text_chars])
     if kind == "image":
         ok = any(data.startswith(m) for m in IMAGE_TYPES[media_type])
         if media_type == "image/webp":
             ok = ok and data[8:12] == b"WEBP"
         if not ok:
-            raise InvalidParams(_field(i, "data"), f"is declared {media_type} but is not one (its first bytes "
-                                "do not match the format)")
+            raise InvalidParams(_field(i, "data"), f"is declared {media_type} but is not one (its "
+                                "first bytes do not match the format)")
         return Upload(name, media_type, data, kind)
     if b"%PDF-" not in data[:1024]:
         raise InvalidParams(_field(i, "data"), "is declared application/pdf but is not a PDF")
@@ -143,8 +148,8 @@ def _kind(i: int, media_type: str) -> Kind:
         return "pdf"
     if media_type in IMAGE_TYPES:
         return "image"
-    raise InvalidParams(_field(i, "mediaType"), f"{media_type or '(empty)'} is not accepted; send text (text/*, "
-                        f"source code), application/pdf or {', '.join(IMAGE_TYPES)}")
+    raise InvalidParams(_field(i, "mediaType"), f"{media_type or '(empty)'} is not accepted; send "
+                        f"text (text/*, source code), application/pdf or {', '.join(IMAGE_TYPES)}")
 
 
 def pdf_text(i: int, upload: Upload, config: ChatConfig) -> Upload:
@@ -175,7 +180,8 @@ def pdf_text(i: int, upload: Upload, config: ChatConfig) -> Upload:
     except Exception as exc:  # noqa: BLE001 - pypdf raises many kinds on a broken file
         raise InvalidParams(field, f"is not a readable PDF ({type(exc).__name__})") from None
     text = "\n\n".join(p.strip() for p in parts if p.strip())
-    return Upload(upload.name, upload.media_type, upload.data, upload.kind, text[: config.attachment_text_chars])
+    return Upload(upload.name, upload.media_type, upload.data, upload.kind,
+                  text[: config.attachment_text_chars])
 
 
 def line_meta(upload: Upload, sha256: str) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def _uncovered(store: SessionStoreLike, user: str, session_key: str,
     while len(found) < _MAX_SCAN:
         page, cursor = store.history(user, session_key, limit=_PAGE, before=cursor)
         if previous is not None:
-            at = next((i for i in range(len(page) - 1, -1, -1) if page[i].id == previous.through), None)
+            at = next((i for i in range(len(page) - 1, -1, -1) if page[i].id == previous.through),
+                      None)
             if at is not None:
                 return page[at + 1:] + found
         found = page + found
@@ -95,10 +96,12 @@ def plan_compaction(config: ChatConfig, store: SessionStoreLike, user: str, sess
     have left the window since the summary. Blocking: call it off the event loop."""
     session = store.get(user, session_key)
     previous = store.summary(user, session_key)
-    shown = [m for m in visible_messages(_uncovered(store, user, session_key, previous)) if _shown(m)]
+    shown = [m for m in visible_messages(_uncovered(store, user, session_key, previous))
+             if _shown(m)]
     # The window as build_prompt fills it: the last history_limit messages within the budget
     # (the system prompt and a full summary spent first; recall's block is not known here).
-    budget = config.max_context_tokens - config.compaction_max_tokens - approx_tokens(session.system_prompt or "")
+    budget = (config.max_context_tokens - config.compaction_max_tokens
+              - approx_tokens(session.system_prompt or ""))
     window = 0
     for m in reversed(shown[-config.history_limit:]):
         if window and _cost(m) > budget:
@@ -159,7 +162,8 @@ class Compactor:
         if not self.enabled or (user, session_key) in self._busy:
             return
         self._busy.add((user, session_key))
-        task = asyncio.create_task(self._compact(user, session_key, session_model or self.default_model))
+        task = asyncio.create_task(self._compact(user, session_key,
+                                                 session_model or self.default_model))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -175,7 +179,8 @@ class Compactor:
 
     async def _compact(self, user: str, session_key: str, model_name: str) -> None:
         try:
-            plan = await asyncio.to_thread(plan_compaction, self.config, self.store, user, session_key)
+            plan = await asyncio.to_thread(plan_compaction, self.config, self.store, user,
+                                           session_key)
             if plan is None:
                 return
             text = await self._ask(model_name, plan)

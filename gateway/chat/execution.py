@@ -58,8 +58,8 @@ class ModelBounds:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and self.models is not None and model not in self.models:
-            raise NotConfigured(f"this session's model {model!r} is no longer offered here (llm.models: "
-                                f"{list(self.models)}); start a new session to go on")
+            raise NotConfigured(f"this session's model {model!r} is no longer offered here "
+                                f"(llm.models: {list(self.models)}); start a new session to go on")
 
     def sampling(self, session: Session) -> Sampling:
         """The session's temperature and max tokens within the operator's bounds now."""
@@ -92,7 +92,8 @@ class RunExecutor:
         assert run.ticket is not None
         await run_leased(run.ticket, lambda: self.execute(run),
                          aborted=lambda: self.ends.aborted(run, self.default_model),
-                         failed=lambda exc: self.ends.failed(run, self.default_model, run_error(exc)))
+                         failed=lambda exc: self.ends.failed(run, self.default_model,
+                                                             run_error(exc)))
 
     async def execute(self, run: Run) -> None:
         model = self.model
@@ -107,21 +108,25 @@ class RunExecutor:
                 # What memory does for the run is decided once, when build_prompt has read the
                 # session (RunMemory); the tools and the episode writer read that decision.
                 read, run.prefetched = run.prefetched, None
-                prompt = await build_prompt(self.config, self.store, self.memory, run.user, run.session_key,
-                                            run.message, run.run_id, read, recall=run.recall,
-                                            tools=model.supports_tools, own_id=run.answers,
-                                            carry_on="".join(run.partial) if run.continues else None,
+                prompt = await build_prompt(self.config, self.store, self.memory, run.user,
+                                            run.session_key, run.message, run.run_id, read,
+                                            recall=run.recall, tools=model.supports_tools,
+                                            own_id=run.answers,
+                                            carry_on=("".join(run.partial) if run.continues
+                                                      else None),
                                             images=self._images(run))
                 run.memory, run.session = prompt.memory, prompt.session
-                self.bounds.check_model(prompt.session.model)  # never sent upstream, even if queued before
+                self.bounds.check_model(prompt.session.model)  # never sent upstream,
+                                                               # even if queued before
                 hits = prompt.context.chunks
                 model_name = prompt.session.model or model_name
                 # aclosing: whatever ends the loop, the upstream stream is closed at once.
                 yielded_at = 0.0
-                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id, prompt.memory,
-                                                prompt.context, prompt.shown)
+                tools = self.memory_tools.begin(run.user, run.session_key, run.run_id,
+                                                prompt.memory, prompt.context, prompt.shown)
                 sampled = SampledModel(model, self.bounds.sampling(prompt.session))
-                async with contextlib.aclosing(tools.stream(sampled, prompt.messages, model_name)) as events:
+                async with contextlib.aclosing(tools.stream(sampled, prompt.messages,
+                                                            model_name)) as events:
                     async for event in events:
                         if isinstance(event, TextDelta):
                             text = event.text
@@ -152,7 +157,8 @@ class RunExecutor:
         files = self.files
 
         def reader(session: Session) -> Callable[[str, str], bytes] | None:
-            if files is None or (session.model or self.default_model) not in self.bounds.vision_models:
+            if (files is None
+                    or (session.model or self.default_model) not in self.bounds.vision_models):
                 return None
             return lambda key, sha: files.get(run.user, key, sha)
 

@@ -60,10 +60,12 @@ class RunEnds:
             msg = await self._append_assistant(run, extra)
         except Exception as exc:  # disk full: the client still learns what happened
             error = run_error(exc)
-            self.publish(run, "chat.error", {"error": event_error(error), "partial": "".join(run.partial)})
+            self.publish(run, "chat.error",
+                         {"error": event_error(error), "partial": "".join(run.partial)})
             log.warning("chat.run", outcome="storage_error", error=error.message)
             return
-        params: dict[str, Any] = {"message": message_wire(msg), "recalled": recalled, **run.final_extra}
+        params: dict[str, Any] = {"message": message_wire(msg), "recalled": recalled,
+                                  **run.final_extra}
         if usage:
             params["usage"] = usage
         self.publish(run, "chat.final", params)
@@ -77,7 +79,8 @@ class RunEnds:
     async def failed(self, run: Run, model: str, error: GatewayError) -> None:
         partial = "".join(run.partial)
         try:
-            await self._append_assistant(run, {"model": model, "failed": True, "error": error.message})
+            await self._append_assistant(run,
+                                         {"model": model, "failed": True, "error": error.message})
         except Exception as store_exc:
             log.warning("chat.partial_not_saved", error=str(store_exc))
         self.publish(run, "chat.error", {"error": event_error(error), "partial": partial})

@@ -29,7 +29,8 @@ class Run:
     task: asyncio.Task[None] | None = None
     abort_requested: bool = False
     started: float = field(default_factory=time.monotonic)
-    final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields the memory tools add
+    final_extra: dict[str, Any] = field(default_factory=dict)  # chat.final fields
+                                                               # the memory tools add
     recall: bool = True  # chat.send {recall:false} turns recall off for this run
     memory: RunMemory = RunMemory()  # what memory does for the run, decided once it starts
     # The session and its recent messages, read right after the user message was appended

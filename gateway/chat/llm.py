@@ -13,7 +13,8 @@ Usage::
     model = create_chat_model(base_url, api_key, "gpt-4o-mini", timeout_s=60)
     async with contextlib.aclosing(model.stream(messages)) as events:
         async for event in events:
-            ...  # TextDelta(text) ..., ToolCall(...) ..., then one Completion(finish_reason, usage, model)
+            ...  # TextDelta(text) ..., ToolCall(...) ...,
+                 # then one Completion(finish_reason, usage, model)
     await model.close()
 
 Closing the generator early (``aclose()``, or cancelling the task iterating it) closes the
@@ -72,7 +73,8 @@ _DETAIL_CHARS = 300
 _KEY_LIKE = re.compile(r"\b((?:sk|pk|rk|key)[-_])[A-Za-z0-9_\-*.]{6,}", re.IGNORECASE)
 _BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
 # What the SDK itself counts as a broken connection (its _httpx2.request_exceptions).
-_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx2.RequestError, ssl.SSLError,
+                                                  anyio.EndOfStream)
 # How long the rest of a body after [DONE] may take to arrive (the SDK's own drain bound).
 _DRAIN_S = 0.1
 
@@ -108,7 +110,8 @@ Messages: TypeAlias = Sequence[Mapping[str, Any]]
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """A session's request parameters (``sessions.update``); None: not sent, the endpoint's default."""
+    """A session's request parameters (``sessions.update``); None: not sent, the endpoint's
+    default."""
 
     temperature: float | None = None
     max_tokens: int | None = None
@@ -192,7 +195,8 @@ class OpenAIChatModel:
     ) -> AsyncGenerator[ChatEvent, None]:
         """Stream one reply; see the module docstring for the events and the failure contract."""
         chosen = model or self.name
-        response = await self._open(messages, chosen, tools if self.supports_tools else None, sampling)
+        response = await self._open(messages, chosen,
+                                    tools if self.supports_tools else None, sampling)
         received = 0
         finish: str | None = None
         usage: dict[str, int] | None = None
@@ -210,7 +214,8 @@ class OpenAIChatModel:
                     raise ValueError(f"event is not an object: {data[:80]!r}")
                 if chunk.get("error"):
                     raise UpstreamError(
-                        f"model stream ended early after {received} characters: {self._frame_error(chunk)}",
+                        f"model stream ended early after {received} characters: "
+                        f"{self._frame_error(chunk)}",
                         None,
                         True,
                     )
@@ -235,11 +240,13 @@ class OpenAIChatModel:
             raise self._stream_timeout(received) from None
         except _TRANSPORT_ERRORS as exc:
             raise UpstreamError(
-                f"model stream ended early after {received} characters: {self._scrub(_describe(exc))}",
+                f"model stream ended early after {received} characters: "
+                f"{self._scrub(_describe(exc))}",
                 None,
                 True,
             ) from None
-        except (ValueError, AttributeError, TypeError) as exc:  # not JSON, or not the shape of a chunk
+        except (ValueError, AttributeError, TypeError) as exc:  # not JSON, or not the
+                                                                # shape of a chunk
             raise UpstreamError(
                 f"model stream ended early after {received} characters: malformed event "
                 f"({self._scrub(str(exc))})",
@@ -254,7 +261,8 @@ class OpenAIChatModel:
         if finish is None:
             # A clean end of body without a finish_reason: the server gave up mid-reply.
             raise UpstreamError(
-                f"model stream ended early after {received} characters (no finish reason)", None, True
+                f"model stream ended early after {received} characters (no finish reason)",
+                None, True
             )
         for index in sorted(calls):
             call_id, name, arguments = calls[index]
@@ -265,7 +273,8 @@ class OpenAIChatModel:
         """One reply, not streamed; failures map like ``stream``'s before any text."""
         payload: list[Any] = [dict(m) for m in messages]
         try:
-            response = await self._client.chat.completions.create(model=model or self.name, messages=payload)
+            response = await self._client.chat.completions.create(model=model or self.name,
+                                                                  messages=payload)
         except openai.APIError as exc:
             raise self._request_error(exc) from None
         if not response.choices:
@@ -291,7 +300,8 @@ class OpenAIChatModel:
         with orjson instead.
         """
         for _attempt in range(3):
-            body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in messages], "stream": True}
+            body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in messages],
+                                    "stream": True}
             if self._ask_usage:
                 body["stream_options"] = {"include_usage": True}
             if tools:
@@ -310,7 +320,8 @@ class OpenAIChatModel:
                 if tools and "tool" in str(exc.message).lower():
                     self.supports_tools = False
                     tools = None
-                    log.warning("chat.tools_unsupported", model=model, effect="replies without memory tools")
+                    log.warning("chat.tools_unsupported", model=model,
+                                effect="replies without memory tools")
                     continue
                 raise self._request_error(exc) from None
             except openai.APIError as exc:
@@ -323,7 +334,8 @@ class OpenAIChatModel:
         """Map a failure before the stream started."""
         if isinstance(exc, openai.APITimeoutError):
             return UpstreamError(
-                f"model endpoint {self.endpoint} did not answer within {self.timeout_s:g}s", None, True
+                f"model endpoint {self.endpoint} did not answer within {self.timeout_s:g}s",
+                None, True
             )
         if isinstance(exc, openai.APIConnectionError):
             return UpstreamError(
@@ -345,7 +357,8 @@ class OpenAIChatModel:
         """The message of an ``{"error": …}`` event: the endpoint failed after it had started."""
         error = frame["error"]
         message = error.get("message") if isinstance(error, Mapping) else None
-        return self._scrub(message if message and isinstance(message, str) else "An error occurred during streaming")
+        return self._scrub(message if message and isinstance(message, str)
+                           else "An error occurred during streaming")
 
     def _status_error(self, exc: openai.APIStatusError) -> UpstreamError:
         status = exc.status_code
@@ -399,7 +412,8 @@ class SampledModel:
         self, messages: Messages, *, model: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None, sampling: Sampling | None = None,
     ) -> AsyncGenerator[ChatEvent, None]:
-        return self.inner.stream(messages, model=model, tools=tools, sampling=sampling or self.sampling)
+        return self.inner.stream(messages, model=model, tools=tools,
+                                 sampling=sampling or self.sampling)
 
     async def complete(self, messages: Messages, *, model: str | None = None) -> str:
         return await self.inner.complete(messages, model=model)

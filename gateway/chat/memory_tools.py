@@ -49,8 +49,8 @@ from memory import (
     parse_block,
 )
 
-__all__ = ["ForgetParams", "MemoryToolRun", "MemoryTools", "RememberParams", "SearchMemoryParams", "ToolBox",
-           "memory_toolbox"]
+__all__ = ["ForgetParams", "MemoryToolRun", "MemoryTools", "RememberParams", "SearchMemoryParams",
+           "ToolBox", "memory_toolbox"]
 
 log = structlog.get_logger("recalld.chat.tools")
 
@@ -102,7 +102,8 @@ class ToolBox:
         return self._specs
 
     async def call(self, run: MemoryToolRun, name: str, args: Any) -> ToolResult:
-        """Run tool ``name`` with wire ``args``; raises InvalidParams for arguments that do not fit."""
+        """Run tool ``name`` with wire ``args``; raises InvalidParams for arguments that do not
+        fit."""
         method = self._registry.find(name)
         if method is None:
             return {"ok": False, "error": f"unknown tool {name!r}"}
@@ -119,9 +120,11 @@ def _function_spec(method: Mapping[str, Any]) -> dict[str, Any]:
         if "description" in param:
             schema = {**schema, "description": param["description"]}
         properties[param["name"]] = schema
-    return {"type": "function", "function": {"name": method["name"], "description": method["summary"], "parameters": {
-        "type": "object", "properties": properties,
-        "required": [p["name"] for p in method["params"] if p["required"]], "additionalProperties": False}}}
+    return {"type": "function", "function": {
+        "name": method["name"], "description": method["summary"], "parameters": {
+            "type": "object", "properties": properties,
+            "required": [p["name"] for p in method["params"] if p["required"]],
+            "additionalProperties": False}}}
 
 
 async def _remember(run: MemoryToolRun, p: RememberParams) -> ToolResult:
@@ -139,8 +142,8 @@ async def _forget(run: MemoryToolRun, p: ForgetParams) -> ToolResult:
 
 async def _search_memory(run: MemoryToolRun, p: SearchMemoryParams) -> ToolResult:
     # The whole history of this session but what the prompt shows, as automatic recall does.
-    response = await run.memory.search(run.user, p.query, k=run.recall_k, after=p.after, before=p.before,
-                                       shown=run.shown)
+    response = await run.memory.search(run.user, p.query, k=run.recall_k, after=p.after,
+                                       before=p.before, shown=run.shown)
     hits = drop_shown(response.results, run.shown)
     run.searched.append({"query": p.query, "chunkIds": [str(h.chunk_id) for h in hits]})
     return format_recall_block(hits, run.session_key) if hits else "No matching excerpts."
@@ -149,11 +152,14 @@ async def _search_memory(run: MemoryToolRun, p: SearchMemoryParams) -> ToolResul
 def memory_toolbox(max_chars: int) -> ToolBox:
     """remember, forget and search_memory, with the fact length ``memory.facts_max_chars``."""
     box = ToolBox()
-    box.declare("remember", RememberParams, "Save one durable fact the user stated or confirmed about themselves.",
+    box.declare("remember", RememberParams,
+                "Save one durable fact the user stated or confirmed about themselves.",
                 _remember, bounds={"text": Bound(max_len=max_chars)})
-    box.declare("forget", ForgetParams, "Forget a remembered fact, by its id, when the user asks you to.", _forget)
+    box.declare("forget", ForgetParams,
+                "Forget a remembered fact, by its id, when the user asks you to.", _forget)
     box.declare("search_memory", SearchMemoryParams,
-                "Search the user's earlier conversations when the recalled excerpts are not enough.", _search_memory)
+                "Search the user's earlier conversations when the recalled excerpts are not "
+                "enough.", _search_memory)
     return box
 
 
@@ -164,7 +170,8 @@ class MemoryTools:
         self.memory = memory
         self.recall_k = recall_k
         self.max_rounds = max_rounds
-        self.toolbox = memory_toolbox(memory.config.facts_max_chars) if memory.config.enabled else None
+        self.toolbox = (memory_toolbox(memory.config.facts_max_chars) if memory.config.enabled
+                        else None)
 
     def begin(self, user: str, session_key: str, run_id: str, run: RunMemory,
               context: MemoryContext, shown: ShownHistory | None = None) -> MemoryToolRun:
@@ -192,7 +199,8 @@ class MemoryToolRun:
         return self.tools.recall_k
 
     def final_fields(self) -> dict[str, Any]:
-        """What ``chat.final`` adds: facts saved or changed, search_memory's finds, episodes shown."""
+        """What ``chat.final`` adds: facts saved or changed, search_memory's finds, episodes
+        shown."""
         out: dict[str, Any] = {}
         if self.changes:
             out["facts"] = [fact_change_wire(c) for c in self.changes]
@@ -202,11 +210,13 @@ class MemoryToolRun:
             out["episodes"] = [s.episode.id for s in self.context.episodes]
         return out
 
-    async def stream(self, model: ChatModel, messages: Messages, model_name: str) -> AsyncGenerator[ChatEvent, None]:
+    async def stream(self, model: ChatModel, messages: Messages,
+                     model_name: str) -> AsyncGenerator[ChatEvent, None]:
         """The reply's events across tool rounds: text as it comes, one Completion at the end."""
         toolbox = self.tools.toolbox
         if self.run.facts == "block":
-            async with contextlib.aclosing(self._stream_block(model, messages, model_name)) as events:
+            async with contextlib.aclosing(self._stream_block(model, messages,
+                                                              model_name)) as events:
                 async for event in events:
                     yield event
             return
@@ -224,7 +234,8 @@ class MemoryToolRun:
             calls: list[ToolCall] = []
             text: list[str] = []
             completion: Completion | None = None
-            async with contextlib.aclosing(model.stream(convo, model=model_name, tools=offer)) as events:
+            async with contextlib.aclosing(model.stream(convo, model=model_name,
+                                                        tools=offer)) as events:
                 async for event in events:
                     if isinstance(event, TextDelta):
                         text.append(event.text)
@@ -240,7 +251,8 @@ class MemoryToolRun:
                 yield Completion(completion.finish_reason, usage or None, completion.model)
                 return
             convo.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
                 for c in calls]})
             for call in calls:
                 result = await self._execute(call)
@@ -273,7 +285,8 @@ class MemoryToolRun:
             log.warning("chat.fact_block_malformed", error=str(exc))
             return
         calls: list[tuple[str, dict[str, Any]]] = [
-            ("remember", {"text": r.text} if r.replaces is None else {"text": r.text, "replaces": r.replaces})
+            ("remember",
+             {"text": r.text} if r.replaces is None else {"text": r.text, "replaces": r.replaces})
             for r in block.remember]
         calls += [("forget", {"id": fact_id}) for fact_id in block.forget]
         for name, args in calls:
@@ -303,6 +316,7 @@ class MemoryToolRun:
             result = {"ok": False, "error": f"bad arguments for {name}: {exc}"}
         except MemoryIndexError as exc:
             result = {"ok": False, "error": str(exc)}
-        log.info("chat.tool", tool=name, ok=result.get("ok", True) if isinstance(result, dict) else True,
+        log.info("chat.tool", tool=name,
+                 ok=result.get("ok", True) if isinstance(result, dict) else True,
                  block=self.run.facts == "block")
         return result

@@ -81,7 +81,8 @@ class ChatRuns:
         self.bounds = ModelBounds(models, max_temperature, max_tokens_limit, vision_models)
         # Other nodes on one database (gateway.chat.gate); a node alone has the LoneGate.
         self.gate: RunGate = gate if gate is not None else LoneGate()
-        self.admission = Admission(config, self.gate, max_runs=max_runs, max_runs_per_user=max_runs_per_user)
+        self.admission = Admission(config, self.gate, max_runs=max_runs,
+                                   max_runs_per_user=max_runs_per_user)
         self.default_model = default_model
         self.store = store
         self.hub = hub
@@ -92,8 +93,8 @@ class ChatRuns:
         self.titler = Titler(config, store, hub, model, default_model)
         self.compactor = Compactor(config, store, model, default_model)
         self.ends = RunEnds(store, hub, memory, self.episodes, self.titler, self.compactor)
-        self.executor = RunExecutor(config, default_model, store, model, memory, self.ends, self.bounds,
-                                    self.files)
+        self.executor = RunExecutor(config, default_model, store, model, memory, self.ends,
+                                    self.bounds, self.files)
         self._lanes: dict[tuple[str, str], SessionLane] = {}
         self._closing = False
 
@@ -142,7 +143,8 @@ class ChatRuns:
         run_id = secrets.token_hex(8)
         lane = await self._lane(user, session_key, None, run_id)
         run = Run(run_id, user, session_key, text or "", recall=recall)
-        await self._enqueue(lane, run, lambda read: self._prepare_resend(run, text, read, carry_on, edits),
+        await self._enqueue(lane, run,
+                            lambda read: self._prepare_resend(run, text, read, carry_on, edits),
                             None, None)
         return run.run_id
 
@@ -162,7 +164,8 @@ class ChatRuns:
             lane.submitters -= 1
             self._forget_if_idle(user, session_key, lane)
         if written:
-            self.memory.nudge()  # the index follows the shown branch (a new ``replaces`` re-cuts it)
+            self.memory.nudge()  # the index follows the shown branch
+                                 # (a new ``replaces`` re-cuts it)
         return written
 
     def _restore(self, user: str, session_key: str, message_id: str) -> list[Message]:
@@ -172,8 +175,8 @@ class ChatRuns:
         lines = marks.restore(message_id)
         if lines is None:
             raise Conflict("nothing to choose: no version of that message is shown now")
-        written = [self.store.append_message(user, session_key, role=r.role, content=r.content, name=r.name,
-                                             extra=r.extra) for r in lines]
+        written = [self.store.append_message(user, session_key, role=r.role, content=r.content,
+                                             name=r.name, extra=r.extra) for r in lines]
         if written:
             self.store.flush()
         return written
@@ -187,7 +190,8 @@ class ChatRuns:
         if self._closing:
             raise Conflict("the gateway is shutting down")
 
-    async def _lane(self, user: str, session_key: str, idem: IdemKey | None, run_id: str) -> SessionLane:
+    async def _lane(self, user: str, session_key: str, idem: IdemKey | None,
+                    run_id: str) -> SessionLane:
         lane = self._lanes.get((user, session_key))
         try:
             # A send to a session already busy only queues: it adds no concurrent run.
@@ -244,10 +248,12 @@ class ChatRuns:
             raise InvalidParams("attachments", "are not kept by this gateway's session store")
         vision = self.bounds.vision_models
         if any(u.kind == "image" for u in run.uploads) and model not in vision:
-            raise InvalidParams("attachments", f"this model ({model}) does not take images; the models that do "
-                                f"are llm.vision_models ({list(vision)})")
-        uploads = [pdf_text(i, u, self.config) if u.kind == "pdf" else u for i, u in enumerate(run.uploads)]
-        return {"attachments": [line_meta(u, files.put(run.user, run.session_key, u.data)) for u in uploads]}
+            raise InvalidParams("attachments", f"this model ({model}) does not take images; the "
+                                f"models that do are llm.vision_models ({list(vision)})")
+        uploads = [pdf_text(i, u, self.config) if u.kind == "pdf" else u
+                   for i, u in enumerate(run.uploads)]
+        return {"attachments": [line_meta(u, files.put(run.user, run.session_key, u.data))
+                                for u in uploads]}
 
     def _append_user(self, run: Run, read: bool, extra: dict[str, Any] | None = None) -> Prefetched:
         """Append the run's user message; with ``read``, then read what its prompt needs.
@@ -272,7 +278,8 @@ class ChatRuns:
         recent: list[Message] = []
         cursor: str | None = None
         while not any(m.role == "user" and edits in (None, m.id) for m in recent):
-            page, cursor = visible_history(self.store, run.user, run.session_key, limit=4, before=cursor)
+            page, cursor = visible_history(self.store, run.user, run.session_key, limit=4,
+                                           before=cursor)
             recent = page + recent
             if cursor is None:
                 break
@@ -283,8 +290,9 @@ class ChatRuns:
             edited = last_user if edits is None else next(
                 (m for m in recent if m.role == "user" and m.id == edits), None)
             if edited is None:
-                raise Conflict("nothing to edit: " + ("the session has no message of yours" if edits is None
-                                                      else "that id is not a shown message of yours"))
+                raise Conflict("nothing to edit: "
+                               + ("the session has no message of yours" if edits is None
+                                  else "that id is not a shown message of yours"))
             extra: dict[str, Any] = {REPLACES_KEY: edited.id}
             if "attachments" in edited.extra:  # an edit changes the text; the files stay attached
                 extra["attachments"] = edited.extra["attachments"]
@@ -295,7 +303,8 @@ class ChatRuns:
         reply = recent[-1]
         if carry_on:
             if reply.extra.get("finishReason") != "length":
-                raise Conflict("nothing to continue: the last reply did not stop at the length limit")
+                raise Conflict(
+                    "nothing to continue: the last reply did not stop at the length limit")
             # The new line holds the whole reply (append-only: it supersedes the cut one), so
             # the run's text so far starts with it; only the new text streams as chat.delta.
             run.continues = reply.id
@@ -351,7 +360,8 @@ class ChatRuns:
     async def drain(self, grace_s: float) -> None:
         """Shutdown: refuse new sends, let runs finish within ``grace_s``, abort the rest."""
         self._closing = True
-        workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
+        workers = [lane.worker for lane in self._lanes.values()
+                   if lane.worker and not lane.worker.done()]
         if workers:
             _, pending = await asyncio.wait(workers, timeout=grace_s)
             if pending:
@@ -374,7 +384,8 @@ class ChatRuns:
             while lane.queue:
                 run = lane.queue.popleft()
                 lane.current = run
-                work = self.executor.execute(run) if run.ticket is None else self.executor.leased(run)
+                work = (self.executor.execute(run) if run.ticket is None
+                        else self.executor.leased(run))
                 run.task = asyncio.create_task(work)
                 await asyncio.wait([run.task])
                 lane.current = None

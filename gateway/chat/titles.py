@@ -22,13 +22,14 @@ from gateway.config import ChatConfig
 from gateway.wire import SessionWire, session_wire
 from sessions import DEFAULT_TITLE, Session, SessionError, SessionStoreLike, plain_title
 
-__all__ = ["TITLE_INSTRUCTION", "TITLE_MAX_CHARS", "Titler", "announce", "heuristic_title", "update_session"]
+__all__ = ["TITLE_INSTRUCTION", "TITLE_MAX_CHARS", "Titler", "announce", "heuristic_title",
+           "update_session"]
 
 log = structlog.get_logger("recalld.chat")
 
 # The system message of a title request; testkit's fake model recognises requests by it.
-TITLE_INSTRUCTION = ("Write a short title (2 to 6 words) for the conversation below. Answer with the "
-                     "title alone: no quotes, no final period.")
+TITLE_INSTRUCTION = ("Write a short title (2 to 6 words) for the conversation below. Answer with "
+                     "the title alone: no quotes, no final period.")
 TITLE_MAX_CHARS = 60  # a sidebar line; the store's max_title_chars bounds it too
 _EXCHANGE_CHARS = 2000  # of each message shown to the model: the start says what it is about
 
@@ -40,7 +41,8 @@ def announce(hub: Hub, user: str, session_key: str, method: str, fields: dict[st
 
 async def update_session(store: SessionStoreLike, hub: Hub, user: str, session_key: str, *,
                          title: str | None = None, system_prompt: str | None = None) -> SessionWire:
-    session = await asyncio.to_thread(store.update, user, session_key, title=title, system_prompt=system_prompt)
+    session = await asyncio.to_thread(store.update, user, session_key, title=title,
+                                      system_prompt=system_prompt)
     wire = session_wire(session)
     announce(hub, user, session_key, "sessions.updated", {"session": wire})
     return wire
@@ -58,7 +60,8 @@ def plain(text: str) -> str:
 
 
 def heuristic_title(text: str, max_chars: int = TITLE_MAX_CHARS) -> str:
-    """The first line of ``text`` as plain text, whitespace collapsed, cut at a word near ``max_chars``."""
+    """The first line of ``text`` as plain text, whitespace collapsed, cut at a word near
+    ``max_chars``."""
     # plain_title: no control character (pasted terminal output's escapes) reaches the store,
     # which would refuse the title.
     line = plain_title(plain(next((ln for ln in text.splitlines() if ln.strip()), ""))) or ""
@@ -82,8 +85,8 @@ class Titler:
     """Names sessions after their first reply; every task it starts is tracked and ended by
     :meth:`close`."""
 
-    def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, model: ChatModel | None,
-                 default_model: str) -> None:
+    def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub,
+                 model: ChatModel | None, default_model: str) -> None:
         self.config = config
         self.default_model = default_model  # asked when the session names none
         self.store = store
@@ -95,7 +98,8 @@ class Titler:
     def after_reply(self, session: Session, question: str, reply: str) -> None:
         """Start naming ``session`` (as the run read it) when its title is still the default."""
         user, session_key = session.user, session.session_key
-        if not self.config.auto_title or session.title != DEFAULT_TITLE or (user, session_key) in self._naming:
+        if (not self.config.auto_title or session.title != DEFAULT_TITLE
+                or (user, session_key) in self._naming):
             return
         self._naming.add((user, session_key))
         model_name = session.model or self.default_model
@@ -108,7 +112,8 @@ class Titler:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _name(self, user: str, session_key: str, model_name: str, question: str, reply: str) -> None:
+    async def _name(self, user: str, session_key: str, model_name: str, question: str,
+                    reply: str) -> None:
         try:
             title = await self._ask(model_name, question, reply)
             source = "model"
@@ -132,7 +137,8 @@ class Titler:
         try:
             async with asyncio.timeout(self.config.title_timeout_s):
                 answer = await self.model.complete(
-                    [{"role": "system", "content": TITLE_INSTRUCTION}, {"role": "user", "content": exchange}],
+                    [{"role": "system", "content": TITLE_INSTRUCTION},
+                     {"role": "user", "content": exchange}],
                     model=model_name)
         except TimeoutError:
             log.info("chat.title_fallback", reason="timeout")

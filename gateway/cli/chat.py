@@ -46,7 +46,8 @@ Ctrl+C aborts a streaming reply; Ctrl+C while idle exits (code 130)."""
 
 def add_chat_parser(sub: Any, connection_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("chat", help="interactive chat in the terminal, replies streamed")
-    p.add_argument("--session", metavar="KEY", help="resume this session instead of starting a new one")
+    p.add_argument("--session", metavar="KEY",
+                   help="resume this session instead of starting a new one")
     p.add_argument("--list", action="store_true", help="list recent sessions and exit")
     connection_flags(p)
     p.set_defaults(run=run_chat)
@@ -56,7 +57,8 @@ def run_chat(config: Config, args: argparse.Namespace) -> int:
     target = connection_target(config, args)
     url, token = target.url, target.token
     if not token:
-        _err(f"recalld: no token for {url}: pass --token-file, set RECALLD_TOKEN, or run `recalld token`")
+        _err(f"recalld: no token for {url}: pass --token-file, set RECALLD_TOKEN, or run "
+             "`recalld token`")
         return 1
     chat = Chat(args)
     try:
@@ -239,9 +241,11 @@ class Chat:
     async def _resume(self, key: str) -> bool:
         try:
             session = await self.client.call("sessions.get", {"sessionKey": key})
-            history = await self.client.call("sessions.history", {"sessionKey": key, "limit": HISTORY_SHOWN})
+            history = await self.client.call("sessions.history",
+                                             {"sessionKey": key, "limit": HISTORY_SHOWN})
         except RpcError as exc:
-            _err(f"recalld: unknown session {key}" if exc.code == -32002 else f"recalld: {exc.message}")
+            _err(f"recalld: unknown session {key}" if exc.code == -32002
+                 else f"recalld: {exc.message}")
             return False
         self.session_key = key
         title = session.get("title") or "untitled"
@@ -258,7 +262,8 @@ class Chat:
             _out("no session yet\n")
             return
         if name:
-            session = await self.client.call("sessions.update", {"sessionKey": self.session_key, "model": name})
+            session = await self.client.call("sessions.update",
+                                             {"sessionKey": self.session_key, "model": name})
             _out(f"model: {session.get('model', name)}\n")
             return
         session = await self.client.call("sessions.get", {"sessionKey": self.session_key})
@@ -298,7 +303,8 @@ class Chat:
             _out(f"no matches for {query!r}\n")
         for i, hit in enumerate(hits, 1):
             date = str(hit.get("startTs") or "")[:10] or "undated"
-            _out(f"{i}. {date}  session {hit.get('sessionKey')}  {_one_line(hit.get('content', ''))}\n")
+            _out(f"{i}. {date}  session {hit.get('sessionKey')}  "
+                 f"{_one_line(hit.get('content', ''))}\n")
 
     def _attach(self, path: str) -> None:
         """``/attach PATH``: read the file now; it goes with the next message (the gateway checks
@@ -310,21 +316,25 @@ class Chat:
             _err(f"error: cannot read {path}: {exc.strerror or exc}")
             return
         kind = mimetypes.guess_type(file.name)[0]
-        # Source files mimetypes does not know (.rs, .go, …) go as text; the gateway checks they are.
+        # Source files mimetypes does not know (.rs, .go, …) go as text; the gateway
+        # checks they are.
         kind = kind if kind and kind != "application/octet-stream" else "text/plain"
-        self.attached.append({"name": file.name, "mediaType": kind, "data": base64.b64encode(data).decode("ascii")})
+        self.attached.append({"name": file.name, "mediaType": kind,
+                              "data": base64.b64encode(data).decode("ascii")})
         _out(f"attached {file.name} ({kind}, {len(data)} bytes); it goes with your next message\n")
 
     async def _send(self, message: str) -> None:
         files, self.attached = self.attached, []
         try:
-            await self._resend("chat.send", {"message": message, **({"attachments": files} if files else {})})
+            await self._resend("chat.send",
+                               {"message": message, **({"attachments": files} if files else {})})
         except RpcError:
             self.attached = files + self.attached  # refused: kept for the next try (or /new)
             raise
 
     async def _resend(self, method: str, params: dict[str, Any]) -> None:
-        """chat.send, chat.regenerate, chat.edit or chat.continue into this session, its reply streamed."""
+        """chat.send, chat.regenerate, chat.edit or chat.continue into this session, its
+        reply streamed."""
         result = await self.client.call(method, {"sessionKey": self.session_key, **params})
         self.run_id, self.abort_sent = result["runId"], False
         try:
@@ -367,4 +377,5 @@ class Chat:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    _out(f"earlier in this chat ({summary.get('messages', 0)} messages): {summary.get('text', '')}\n")
+    _out(f"earlier in this chat ({summary.get('messages', 0)} messages): "
+         f"{summary.get('text', '')}\n")

@@ -1,4 +1,5 @@
-"""``recalld memory facts [list|add|update|delete|history]``: the remembered facts, on the index directly.
+"""``recalld memory facts [list|add|update|delete|history]``: the remembered facts, on the
+index directly.
 
 Like the other ``recalld memory`` commands it opens the index itself (safe beside a running
 daemon: SQLite WAL with a busy timeout), so a user can see and remove what the assistant

@@ -60,26 +60,29 @@ def import_conversations(data_dir: Path, config: SessionsConfig, user: str, fmt:
                          models: tuple[str, ...] | None = None) -> ImportReport:
     """Write ``conversations`` as ``user``'s sessions in the store ``storage`` names (by
     default the transcripts under ``data_dir``); blocking. ``models``: the models a session may
-    keep (LlmConfig.choices); None: any. The writing is :func:`gateway.importing.write_conversations`,
-    as the daemon's ``sessions.import`` does it."""
+    keep (LlmConfig.choices); None: any. The writing is
+    :func:`gateway.importing.write_conversations`, as the daemon's ``sessions.import`` does it."""
     user = check_user(user)
     with open_session_store(storage, data_dir, config) as store:
         return write_conversations(store, user, fmt, conversations, progress, models=models)
 
 
 def add_import_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("import", help="import a chat history (ChatGPT export, recalld JSONL) into transcripts")
+    p = sub.add_parser(
+        "import", help="import a chat history (ChatGPT export, recalld JSONL) into transcripts")
     command_flags(p)  # --config / --data-dir after the command too
     p.add_argument("file", type=Path, nargs="?",
                    help="conversations.json from a ChatGPT export, or recalld JSONL")
     p.add_argument("--from", dest="source", type=Path, metavar="DATA_DIR",
                    help="instead of FILE: move every session of this single-node data dir into the "
                         "configured store ([storage]), idempotently")
-    p.add_argument("--user", default=DEFAULT_USER, help=f"whose sessions they become (default {DEFAULT_USER})")
+    p.add_argument("--user", default=DEFAULT_USER,
+                   help=f"whose sessions they become (default {DEFAULT_USER})")
     p.add_argument("--format", choices=("auto", "chatgpt", "jsonl"), default="auto",
                    help="file format (default: detected from the first byte)")
     p.add_argument("--no-index", action="store_true",
-                   help="only write transcripts; the daemon (or `recalld memory index`) indexes them")
+                   help="only write transcripts; the daemon (or `recalld memory index`) "
+                        "indexes them")
     p.set_defaults(run=_run)
 
 
@@ -93,13 +96,13 @@ class _Bar:
     def __call__(self, conv_done: int, conv_total: int, msg_done: int, msg_total: int) -> None:
         share = msg_done / msg_total if msg_total else 1.0
         if self.tty:
-            sys.stderr.write(f"\rimporting [{'#' * int(share * 30):<30}] conversations {conv_done}/{conv_total}"
-                             f"  messages {msg_done}/{msg_total} ")
+            sys.stderr.write(f"\rimporting [{'#' * int(share * 30):<30}] conversations"
+                             f" {conv_done}/{conv_total}  messages {msg_done}/{msg_total} ")
             sys.stderr.flush()
         elif int(share * 10) > self.tenth:
             self.tenth = int(share * 10)
-            print(f"importing: conversations {conv_done}/{conv_total}, messages {msg_done}/{msg_total}",
-                  file=sys.stderr)
+            print(f"importing: conversations {conv_done}/{conv_total}, messages "
+                  f"{msg_done}/{msg_total}", file=sys.stderr)
 
     def end(self) -> None:
         if self.tty:
@@ -133,24 +136,26 @@ def _run(config: Config, args: argparse.Namespace) -> int:
         return 2
     bar = _Bar()
     try:
-        report = import_conversations(config.data_dir, config.sessions, args.user, fmt, conversations, bar,
-                                      storage=config.storage, models=config.llm.choices())
+        report = import_conversations(config.data_dir, config.sessions, args.user, fmt,
+                                      conversations, bar, storage=config.storage,
+                                      models=config.llm.choices())
     except StorageUnavailable as exc:
         bar.end()
         print(f"recalld: {exc}", file=sys.stderr)
         return 2
     except SessionError as exc:
         bar.end()
-        print(f"recalld: import stopped: {exc}; what was written stays, and the same command resumes",
-              file=sys.stderr)
+        print(f"recalld: import stopped: {exc}; what was written stays, and the same command "
+              "resumes", file=sys.stderr)
         return 1
     bar.end()
     for line in report.skipped:
         print(f"recalld: {line}", file=sys.stderr)
     rate = report.messages / report.seconds if report.seconds > 0 else 0.0
-    print(f"imported {report.conversations} conversations as {fmt} for user {args.user}: {report.created} new, "
-          f"{report.resumed} resumed, {report.unchanged} already complete, {report.empty} empty; "
-          f"{report.messages} messages written in {report.seconds:.1f} s ({rate:,.0f}/s)"
+    print(f"imported {report.conversations} conversations as {fmt} for user {args.user}: "
+          f"{report.created} new, {report.resumed} resumed, {report.unchanged} already complete, "
+          f"{report.empty} empty; {report.messages} messages written in {report.seconds:.1f} s "
+          f"({rate:,.0f}/s)"
           + (f"; {len(report.skipped)} things left out (above)" if report.skipped else ""))
     if args.no_index:
         return 0
@@ -160,18 +165,20 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_index_with(config))
     except MemoryIndexError as exc:
-        print(f"recalld: indexing failed: {exc}; the transcripts are written, `recalld memory index` "
-              "finishes the index", file=sys.stderr)
+        print(f"recalld: indexing failed: {exc}; the transcripts are written, "
+              "`recalld memory index` finishes the index", file=sys.stderr)
         return 1
 
 
 def _move(config: Config, source: Path) -> int:
     if config.storage.backend == "sqlite" and source.resolve() == config.data_dir.resolve():
         print("recalld: --from names the data dir this command writes to; set [storage] "
-              "backend = \"postgres\" (RECALLD_STORAGE_BACKEND) to move it into PostgreSQL", file=sys.stderr)
+              "backend = \"postgres\" (RECALLD_STORAGE_BACKEND) to move it into PostgreSQL",
+              file=sys.stderr)
         return 2
     if not (source / "sessions").is_dir():
-        print(f"recalld: {source} holds no sessions/ directory: not a recalld data dir", file=sys.stderr)
+        print(f"recalld: {source} holds no sessions/ directory: not a recalld data dir",
+              file=sys.stderr)
         return 2
     try:
         report = move_data_dir(source, config.storage, config.data_dir, config.sessions)
@@ -184,7 +191,8 @@ def _move(config: Config, source: Path) -> int:
         return 1
     print(f"moved {report.sessions} sessions from {source} into {config.storage.backend}: "
           f"{report.created} new, {report.resumed} resumed, {report.unchanged} already complete, "
-          f"{report.unreadable} unreadable; {report.messages} messages written in {report.seconds:.1f} s")
+          f"{report.unreadable} unreadable; {report.messages} messages written in "
+          f"{report.seconds:.1f} s")
     return 0
 
 
@@ -195,12 +203,14 @@ async def _index_with(config: Config) -> int:
     from gateway.cli.memory import import_index_summary
     from gateway.cli.target import daemon_target
 
-    service = await open_memory(config, watch=False, catch_up=False, embedder=await index_embedder(config))
+    service = await open_memory(config, watch=False, catch_up=False,
+                                embedder=await index_embedder(config))
     bar = SyncBar()
     try:
         started = time.perf_counter()
         report = await service.sync_now(progress=bar)
-        summary = await import_index_summary(service, report, time.perf_counter() - started, daemon_target(config))
+        summary = await import_index_summary(service, report, time.perf_counter() - started,
+                                             daemon_target(config))
     finally:
         bar.end()
         await close_memory(service)

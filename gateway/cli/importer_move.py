@@ -62,7 +62,8 @@ def move_data_dir(source: Path, storage: StorageConfig, target_dir: Path, config
     next_key: list[str] = []
     created = resumed = unchanged = unreadable = written = 0
     with SessionStore(source, config) as src, \
-            open_session_store(storage, target_dir, config, key_factory=lambda: next_key.pop()) as dst:
+            open_session_store(storage, target_dir, config,
+                               key_factory=lambda: next_key.pop()) as dst:
         for done, (user, key) in enumerate(found, 1):
             try:
                 meta = src.get(user, key)
@@ -86,7 +87,8 @@ def move_data_dir(source: Path, storage: StorageConfig, target_dir: Path, config
             for entry in ForwardReader(transcript_file(sessions_root(source), user, key)):
                 m = entry.message
                 if m.role not in MESSAGE_ROLES:
-                    continue  # an old role the store no longer writes: the target would refuse it too
+                    continue  # an old role the store no longer
+                              # writes: the target would refuse it too
                 count += 1
                 if count <= have:
                     continue

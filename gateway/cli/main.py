@@ -42,7 +42,8 @@ def _global_flags(p: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def _base_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recalld", description="AI chat gateway with a long memory")
+    parser = argparse.ArgumentParser(prog="recalld",
+                                     description="AI chat gateway with a long memory")
     _global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -54,7 +55,8 @@ def _base_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 18789; 0 picks a free one)")
 
-    token = sub.add_parser("token", help="show or rotate the generated token; add, list or revoke client tokens")
+    token = sub.add_parser("token", help="show or rotate the generated token; add, list or revoke "
+                                         "client tokens")
     command_flags(token)
     token.add_argument("--rotate", action="store_true", help="replace the generated token")
     add_token_subcommands(token, command_flags)
@@ -113,7 +115,8 @@ def _startup_facts(config: Config, url: str, *, chat_model: bool) -> tuple[str, 
     from gateway.cli.web import page_url
 
     if not chat_model:
-        return page_url(url, None), "no model configured (set [llm] base_url or api_key in config.toml and restart)"
+        return page_url(url, None), ("no model configured (set [llm] base_url or api_key in "
+                                     "config.toml and restart)")
     where = config.llm.base_url or "OpenAI"
     return page_url(url, None), f"model {config.llm.model} at {where}"
 
@@ -149,8 +152,10 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         startup_log.info("recalld.ready", url=app.url, web=web, chat=chat)
         if sys.stderr.isatty():
             token = f"; token: {config.data_dir / 'token'}" if config.auth.mode == "token" else ""
-            print(f"recalld listening on {app.url} — web client: {web} — chat: {chat}{token}", file=sys.stderr)
-        if sys.stderr.isatty() and app.url.startswith("ws://") and not is_loopback(config.server.host):
+            print(f"recalld listening on {app.url} — web client: {web} — chat: {chat}{token}",
+                  file=sys.stderr)
+        if (sys.stderr.isatty() and app.url.startswith("ws://")
+                and not is_loopback(config.server.host)):
             # The log line says it too; on a terminal it should not scroll by unnoticed.
             bar = "!" * 78
             print(f"{bar}\n!! WARNING: {PLAINTEXT_WARNING}.\n!! Use TLS ([tls] cert/key) or an SSH "

@@ -27,7 +27,8 @@ __all__ = ["add_mcp_parser", "install_mcp_command"]
 
 
 def add_mcp_parser(sub: Any, flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("mcp", help="serve the memory to MCP clients (Claude Desktop, Cursor, VS Code) on stdio")
+    p = sub.add_parser("mcp", help="serve the memory to MCP clients "
+                                   "(Claude Desktop, Cursor, VS Code) on stdio")
     flags(p)
     p.set_defaults(run=_run)
 

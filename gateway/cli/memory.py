@@ -44,15 +44,16 @@ def add_memory_parser(sub: Any, command_flags: Callable[[argparse.ArgumentParser
     status.add_argument("--json", action="store_true", help="print JSON")
     index = msub.add_parser("index", help="bring the index up to date (resumable)")
     command_flags(index)
-    index.add_argument("--full", action="store_true", help="re-read every transcript from the start")
+    index.add_argument("--full", action="store_true",
+                       help="re-read every transcript from the start")
     search = msub.add_parser("search", help="search the index")
     command_flags(search)
     search.add_argument("query")
     search.add_argument("--k", type=int, default=None, help="results (default memory.default_k)")
     search.add_argument("--mode", choices=("hybrid", "keyword", "vector"), default="hybrid")
     search.add_argument("--user", default=None,
-                        help="whose memory (default: the running daemon's token user, else default); "
-                             "naming one reads the index directly")
+                        help="whose memory (default: the running daemon's token user, else "
+                             "default); naming one reads the index directly")
     search.add_argument("--json", action="store_true", help="print JSON")
     add_facts_parser(msub)
     mem.set_defaults(run=_run)
@@ -90,8 +91,8 @@ def _ask_daemon(target: Target, args: argparse.Namespace) -> int | None:
     except RpcError as exc:
         if exc.code == Unauthorized.code:  # no token for it here (it may take its own from the
             # environment): the index is this data dir's all the same
-            print(f"recalld: the daemon at {target.url} refused this shell's token ({exc.message}); "
-                  "reading the index directly", file=sys.stderr)
+            print(f"recalld: the daemon at {target.url} refused this shell's token "
+                  f"({exc.message}); reading the index directly", file=sys.stderr)
             return None
         print(f"recalld: the daemon at {target.url} answered: {exc.message}", file=sys.stderr)
         return 1
@@ -145,7 +146,8 @@ async def _with_service(config: Config, args: argparse.Namespace,
     from gateway.cli.embedder import index_embedder
 
     # No watcher, and no catch-up sync: `index` runs the first sync itself, with progress.
-    service = await open_memory(config, watch=False, catch_up=False, embedder=await index_embedder(config))
+    service = await open_memory(config, watch=False, catch_up=False,
+                                embedder=await index_embedder(config))
     try:
         return int(await fn(service, args))
     finally:
@@ -156,7 +158,8 @@ async def _status(service: Memory, args: argparse.Namespace) -> int:
     return _print_status(await service.status(), args)
 
 
-def _print_status(status: dict[str, Any], args: argparse.Namespace, *, daemon_url: str | None = None) -> int:
+def _print_status(status: dict[str, Any], args: argparse.Namespace, *,
+                  daemon_url: str | None = None) -> int:
     if args.json:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
         return 0
@@ -165,7 +168,8 @@ def _print_status(status: dict[str, Any], args: argparse.Namespace, *, daemon_ur
     return 0
 
 
-def status_rows(status: Mapping[str, Any], *, daemon_url: str | None = None) -> list[tuple[str, object]]:
+def status_rows(status: Mapping[str, Any], *,
+                daemon_url: str | None = None) -> list[tuple[str, object]]:
     """``memory status``'s human table: (label, value) rows from the service's ``status()`` or
     the daemon's ``memory.status`` (PostgreSQL's has no file: its path row names the setting,
     its backend row pgvector; a user's own scope has no file or cache rows)."""
@@ -181,13 +185,16 @@ def status_rows(status: Mapping[str, Any], *, daemon_url: str | None = None) -> 
         rows.append(("scope", "your own rows (the whole index is shown to auth.admin)"))
     rows += [
         ("files", status["files"]),
-        ("chunks", f"{status['chunks']} ({status['embedded']} embedded, {status['pending']} pending)"),
+        ("chunks",
+         f"{status['chunks']} ({status['embedded']} embedded, {status['pending']} pending)"),
     ]
     if "cacheEntries" in status:
         rows.append(("cache entries", status["cacheEntries"]))
     rows += [
-        ("embedder", f"{status['provider']} {status['model'] or ''} — {status['embedderReason']}".strip()),
-        ("vector backend", ("sqlite-vec loaded" if "dbPath" in status else vb["reason"]) if vb["available"]
+        ("embedder",
+         f"{status['provider']} {status['model'] or ''} — {status['embedderReason']}".strip()),
+        ("vector backend",
+         ("sqlite-vec loaded" if "dbPath" in status else vb["reason"]) if vb["available"]
          else f"UNAVAILABLE: {vb['reason']}"),
         ("vector search", "ready" if vs["ready"] else f"not ready: {vs['reason']}"),
     ]
@@ -197,9 +204,11 @@ def status_rows(status: Mapping[str, Any], *, daemon_url: str | None = None) -> 
         rows.append(("sync", "running now"))
     served, rebuild = vs.get("servedBy"), vs.get("rebuild")
     if rebuild:
-        by = (f"; meanwhile {served['provider']} {served['model']} (the previous model) serves vector search"
+        by = (f"; meanwhile {served['provider']} {served['model']} (the previous model) serves "
+              "vector search"
               if served and not vs["ready"] else "")
-        rows.append(("vector rebuild", f"{rebuild['embedded']:,} of {rebuild['total']:,} chunks embedded{by}"))
+        rows.append(("vector rebuild",
+                     f"{rebuild['embedded']:,} of {rebuild['total']:,} chunks embedded{by}"))
     if status.get("rebuiltFromTranscripts"):
         rows.append(("rebuilt", status["rebuiltFromTranscripts"]))
     return rows
@@ -239,7 +248,8 @@ async def _index(service: Memory, args: argparse.Namespace, daemon: Target | Non
     print(
         f"indexed: {report.files_scanned} files scanned, {report.files_changed} changed, "
         f"{report.chunks_written} chunks written, {report.embedded} embedded "
-        f"({report.cache_hits} from cache), {report.pending} pending, {report.duration_ms / 1000:.1f} s"
+        f"({report.cache_hits} from cache), {report.pending} pending, "
+        f"{report.duration_ms / 1000:.1f} s"
     )
     if report.pending and daemon is not None:
         # This process did not embed them (the daemon embeds with another model, or the
@@ -255,15 +265,17 @@ async def _index(service: Memory, args: argparse.Namespace, daemon: Target | Non
     return 0
 
 
-async def import_index_summary(service: Memory, report: SyncReport, took_s: float, daemon: Target | None) -> str:
+async def import_index_summary(service: Memory, report: SyncReport, took_s: float,
+                               daemon: Target | None) -> str:
     """``recalld import``'s index line. When this process wrote no chunk and a daemon serves the
     data dir, the daemon's watcher had most likely indexed the new transcripts already: say that
     it keeps the index and what the index holds, rather than a "0 chunks written" that reads like
     a failure."""
     if report.chunks_written == 0 and daemon is not None:
         status = await service.status()
-        return (f"indexed: nothing left to do here; the daemon at {daemon.url} keeps this index, which holds "
-                f"{status['chunks']} chunks ({status['embedded']} embedded, {status['pending']} pending)")
+        return (f"indexed: nothing left to do here; the daemon at {daemon.url} keeps this index, "
+                f"which holds {status['chunks']} chunks ({status['embedded']} embedded, "
+                f"{status['pending']} pending)")
     return (f"indexed: {report.chunks_written} chunks written, {report.embedded} embedded "
             f"({report.cache_hits} from cache), {report.pending} pending, {took_s:.1f} s")
 
@@ -288,6 +300,6 @@ def _print_search(answer: Mapping[str, Any], args: argparse.Namespace) -> int:
     for i, hit in enumerate(results, 1):
         date = (hit.get("startTs") or "")[:16].replace("T", " ")
         text = " ".join(hit["content"].split())
-        print(f"{i}. [{date}] session {hit['sessionKey'][:8]} lines {hit['lineStart']}-{hit['lineEnd']} "
-              f"score {hit['score']:.4f}\n   {text[:300]}")
+        print(f"{i}. [{date}] session {hit['sessionKey'][:8]} lines "
+              f"{hit['lineStart']}-{hit['lineEnd']} score {hit['score']:.4f}\n   {text[:300]}")
     return 0

@@ -36,12 +36,14 @@ class Target:
 
 
 def add_connection_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="gateway URL (default $RECALLD_URL, then the running daemon's, then the config's)")
+    p.add_argument("--url", help="gateway URL (default $RECALLD_URL, then the running daemon's, "
+                                 "then the config's)")
     p.add_argument("--token", help="token; visible to other local users in the process list: "
                                    "prefer --token-file or $RECALLD_TOKEN")
     p.add_argument("--token-file", type=Path, metavar="FILE", help="read the token from FILE")
     p.add_argument("--cacert", type=Path, metavar="FILE",
-                   help="trust this CA or self-signed certificate (PEM) for wss://, besides the system store")
+                   help="trust this CA or self-signed certificate (PEM) for wss://, besides the "
+                        "system store")
 
 
 def _config_url(config: Config) -> str:

@@ -27,17 +27,24 @@ from gateway.config import Config
 __all__ = ["add_token_subcommands", "run_token_command"]
 
 
-def add_token_subcommands(token: argparse.ArgumentParser, command_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_token_subcommands(token: argparse.ArgumentParser,
+                          command_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     sub = token.add_subparsers(dest="token_command", metavar="{add,list,revoke}")
     add = sub.add_parser("add", help="mint a token for another client of this user (shown once)")
     command_flags(add)
-    add.add_argument("name", help="the client's name (letters, digits, . _ -), shown on the facts it saves")
-    add.add_argument("--read-only", action="store_true", help="it may search and read, never write or forget")
-    add.add_argument("--file", type=Path, help="write the token to this file (0600) instead of printing it")
-    add.add_argument("--user", help="whose client it is (needed with [[auth.users]]; default: default)")
-    listed = sub.add_parser("list", help="the client tokens: name, access, user, created (never the token)")
+    add.add_argument("name",
+                     help="the client's name (letters, digits, . _ -), shown on the facts it saves")
+    add.add_argument("--read-only", action="store_true",
+                     help="it may search and read, never write or forget")
+    add.add_argument("--file", type=Path,
+                     help="write the token to this file (0600) instead of printing it")
+    add.add_argument("--user",
+                     help="whose client it is (needed with [[auth.users]]; default: default)")
+    listed = sub.add_parser("list",
+                            help="the client tokens: name, access, user, created (never the token)")
     command_flags(listed)
-    revoke = sub.add_parser("revoke", help="remove a client's token; the daemon refuses it from then on")
+    revoke = sub.add_parser("revoke",
+                            help="remove a client's token; the daemon refuses it from then on")
     command_flags(revoke)
     revoke.add_argument("name")
 
@@ -53,7 +60,8 @@ def run_token_command(config: Config, args: argparse.Namespace) -> int:
     except ClientTokenError as exc:
         print(f"recalld: {exc}", file=sys.stderr)
         return 1
-    print(f"revoked {gone.name}; the daemon refuses its token from its next sign-in", file=sys.stderr)
+    print(f"revoked {gone.name}; the daemon refuses its token from its next sign-in",
+          file=sys.stderr)
     return 0
 
 
@@ -65,7 +73,8 @@ def _add(config: Config, tokens: ClientTokens, args: argparse.Namespace) -> int:
     users = [u.name for u in config.auth.users] or [DEFAULT_USER]
     user = args.user or (users[0] if len(users) == 1 else None)
     if user not in users:
-        named = f"--user {args.user!r} is not" if args.user else "name the user with --user; it must be"
+        named = (f"--user {args.user!r} is not" if args.user
+                 else "name the user with --user; it must be")
         print(f"recalld: {named} one of the configured users ({', '.join(users)})", file=sys.stderr)
         return 2
     target = args.file.expanduser() if args.file is not None else None
@@ -78,29 +87,33 @@ def _add(config: Config, tokens: ClientTokens, args: argparse.Namespace) -> int:
     access = "read-only" if args.read_only else "read-write"
     if target is None:
         print(token)
-        print(f"token for client {args.name} ({access}, user {user}) shown once: only its hash is kept",
-              file=sys.stderr)
+        print(f"token for client {args.name} ({access}, user {user}) shown once: only its "
+              "hash is kept", file=sys.stderr)
         return 0
     try:
         _write_private_file(target, token)
     except OSError as exc:
         tokens.revoke(args.name)  # a token nobody holds is only a risk
-        print(f"recalld: --file {target}: cannot write: {exc.strerror or exc}; nothing was added", file=sys.stderr)
+        print(f"recalld: --file {target}: cannot write: {exc.strerror or exc}; nothing was added",
+              file=sys.stderr)
         return 1
-    print(f"token for client {args.name} ({access}, user {user}) written to {target}", file=sys.stderr)
+    print(f"token for client {args.name} ({access}, user {user}) written to {target}",
+          file=sys.stderr)
     return 0
 
 
 def _list(config: Config, tokens: ClientTokens) -> int:
     listed = tokens.listed()
     if not listed:
-        print("no client tokens (add one: recalld token add NAME [--read-only] [--file PATH])", file=sys.stderr)
+        print("no client tokens (add one: recalld token add NAME [--read-only] [--file PATH])",
+              file=sys.stderr)
         return 0
     rows = [("NAME", "ACCESS", "USER", "CREATED")] + [
         (t.name, "read-only" if t.read_only else "read-write", t.user, t.created) for t in listed]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[3])
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
+              + "  " + row[3])
     return 0
 
 

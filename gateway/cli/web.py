@@ -62,7 +62,8 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     code: str | None = None
     if not found.token:
         if config.auth.mode == "token":
-            print("recalld: no token found (try `recalld token`); the page will ask for one", file=sys.stderr)
+            print("recalld: no token found (try `recalld token`); the page will ask for one",
+                  file=sys.stderr)
     else:
         try:
             code, ttl_s = asyncio.run(_ask_code(found))

@@ -51,7 +51,8 @@ _Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 class LocalHub(Protocol):
     """What the bus delivers to: ``gateway.chat.hub.Hub`` fits."""
 
-    def publish(self, user: str, session_key: str, method: str, params: Mapping[str, Any]) -> int: ...
+    def publish(self, user: str, session_key: str, method: str,
+                params: Mapping[str, Any]) -> int: ...
 
 
 def _dumps(value: object) -> str:
@@ -135,7 +136,8 @@ class EventBus:
         """How many times the listener has connected and issued LISTEN."""
         return self._listens
 
-    async def publish(self, user: str, session_key: str, method: str, params: Mapping[str, Any]) -> bool:
+    async def publish(self, user: str, session_key: str, method: str,
+                      params: Mapping[str, Any]) -> bool:
         """Send one event to the other nodes; False (logged) when the database refused it."""
         body = {"n": self.node_id, "u": user, "k": session_key, "m": method, "p": params}
         payload = _dumps(body)
@@ -268,7 +270,8 @@ class EventBus:
         async with self._lock:
             try:
                 conn = await self._publisher()
-                cur = await conn.execute("SELECT payload FROM recalld_events WHERE id = %s", (event_id,))
+                cur = await conn.execute("SELECT payload FROM recalld_events WHERE id = %s",
+                                         (event_id,))
                 row = await cur.fetchone()
             except psycopg.Error as err:
                 log.warning("cluster.event_unreadable", id=event_id, error=str(err).strip())

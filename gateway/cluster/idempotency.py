@@ -44,7 +44,8 @@ class IdempotencyKeys:
     """Claims on ``recalld_idempotency`` through a small pool (the tables come from
     ``gateway.cluster.schema.migrate``)."""
 
-    def __init__(self, pool: AsyncConnectionPool[_Conn], *, call_timeout_s: float | None = None) -> None:
+    def __init__(self, pool: AsyncConnectionPool[_Conn], *,
+                 call_timeout_s: float | None = None) -> None:
         self._pool = pool
         self._call_timeout_s = call_timeout_s
 

@@ -122,7 +122,8 @@ class RunLeases:
         async with self._pool.connection() as conn:
             await conn.execute(
                 f"INSERT INTO recalld_runs (run_id, session_key, user_id, node, expires_at)"
-                f" VALUES (%s, %s, %s, %s, {_TTL})", (run_id, session_key, user, self.node_id, self.ttl_s))
+                f" VALUES (%s, %s, %s, %s, {_TTL})",
+                (run_id, session_key, user, self.node_id, self.ttl_s))
 
     async def live_runs(self, run_ids: Sequence[str]) -> set[str]:
         """Those of ``run_ids`` whose node still renews them."""
@@ -139,16 +140,19 @@ class RunLeases:
             cur = await conn.execute(_HOLDER_SQL, (session_key,))
             holder = await cur.fetchone()
             if holder is None:
-                cur = await conn.execute(_INSERT_SQL, (session_key, user, run_id, self.node_id, self.ttl_s))
+                cur = await conn.execute(_INSERT_SQL,
+                                         (session_key, user, run_id, self.node_id, self.ttl_s))
                 row = await cur.fetchone()
                 return None if row is None else Taken(int(row[0]), None)
             if holder[3]:
                 return None
-            cur = await conn.execute(_TAKE_OVER_SQL, (user, run_id, self.node_id, self.ttl_s, session_key))
+            cur = await conn.execute(_TAKE_OVER_SQL,
+                                     (user, run_id, self.node_id, self.ttl_s, session_key))
             row = await cur.fetchone()
             if row is None:
                 return None
-            return Taken(int(row[0]), Orphan(str(holder[0]), session_key, str(holder[1]), str(holder[2])))
+            return Taken(int(row[0]),
+                         Orphan(str(holder[0]), session_key, str(holder[1]), str(holder[2])))
 
     async def release(self, session_key: str, token: int | None, run_id: str) -> None:
         """Forget the run and, if it held one, let its lease go and wake the session's waiters
@@ -157,7 +161,8 @@ class RunLeases:
             await conn.execute("DELETE FROM recalld_runs WHERE run_id = %s", (run_id,))
             if token is None:
                 return
-            await conn.execute("DELETE FROM recalld_run_leases WHERE session_key = %s AND token = %s",
+            await conn.execute(
+                "DELETE FROM recalld_run_leases WHERE session_key = %s AND token = %s",
                                (session_key, token))
             await conn.execute("SELECT pg_notify(%s, %s)", (
                 self._channel, orjson.dumps({"n": self.node_id, "l": session_key}).decode()))
@@ -173,7 +178,8 @@ class RunLeases:
                                " AND expires_at <= clock_timestamp() AND NOT (run_id = ANY(%s))",
                                (session_key, self.node_id, list(keep)))
 
-    async def renew(self, run_ids: Sequence[str], leases: Sequence[tuple[int, str | None]]) -> set[int]:
+    async def renew(self, run_ids: Sequence[str],
+                    leases: Sequence[tuple[int, str | None]]) -> set[int]:
         """Renew this node's runs and leases (``(token, checkpoint or None)``) in one
         transaction; returns the tokens still held."""
         runs = list(run_ids)
@@ -199,5 +205,6 @@ class RunLeases:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT DISTINCT user_id, session_key FROM recalld_runs"
-                " WHERE expires_at <= clock_timestamp() AND node <> %s LIMIT %s", (self.node_id, limit))
+                " WHERE expires_at <= clock_timestamp() AND node <> %s LIMIT %s",
+                (self.node_id, limit))
             return [(str(u), str(k)) for u, k in await cur.fetchall()]

@@ -84,7 +84,8 @@ class ClusterHub(Hub):
 
     def track(self, session_key: str, method: str, params: Mapping[str, Any]) -> None:
         run_id, seq = params.get("runId"), params.get("seq")
-        if not method.startswith("chat.") or not isinstance(run_id, str) or not isinstance(seq, int):
+        if (not method.startswith("chat.") or not isinstance(run_id, str)
+                or not isinstance(seq, int)):
             return
         if method in _TERMINAL:
             self._last_seq.pop((session_key, run_id), None)
@@ -116,9 +117,11 @@ class ClusterHub(Hub):
         """Tell every node's subscribers that a run whose lease expired mid-reply ended:
         ``chat.error``, retryable, with the partial its node last checkpointed."""
         error = event_error(UpstreamError(ORPHAN_REASON, None, True))
-        self._announce(user, session_key, run_id, "chat.error", {"error": error, "partial": partial})
+        self._announce(user, session_key, run_id, "chat.error",
+                       {"error": error, "partial": partial})
 
-    def _announce(self, user: str, session_key: str, run_id: str, method: str, fields: dict[str, Any]) -> None:
+    def _announce(self, user: str, session_key: str, run_id: str, method: str,
+                  fields: dict[str, Any]) -> None:
         if (session_key, run_id) in self._ended:
             return
         seq = self._last_seq.get((session_key, run_id), -1) + 1
@@ -140,7 +143,8 @@ class ClusterHub(Hub):
         return super().publish(user, session_key, method, params)
 
     def _queue(self, user: str, session_key: str, method: str, params: Mapping[str, Any]) -> None:
-        if self._size >= self._max_outbound and method not in _TERMINAL and not self._make_room(user):
+        if (self._size >= self._max_outbound and method not in _TERMINAL
+                and not self._make_room(user)):
             self._dropped += 1
             if self._dropped == 1 or self._dropped % 1000 == 0:
                 log.warning("cluster.events_dropped", dropped=self._dropped, method=method,
@@ -169,8 +173,8 @@ class ClusterHub(Hub):
                 self._size -= 1
                 self._dropped += 1
                 if self._dropped == 1 or self._dropped % 1000 == 0:
-                    log.warning("cluster.events_dropped", dropped=self._dropped, user_flooding=biggest,
-                                limit=self._max_outbound)
+                    log.warning("cluster.events_dropped", dropped=self._dropped,
+                                user_flooding=biggest, limit=self._max_outbound)
                 return True
         return False
 
@@ -235,10 +239,11 @@ class ClusterHub(Hub):
 class ClusterNode:
     """The bus, the pool, the shared idempotency keys, the run leases and tickets of one node."""
 
-    def __init__(self, dsn: str, hub: ClusterHub, store: RunStore, *, connect_timeout_s: float = 10.0,
-                 pool_size: int = 4, bus_wait_s: float = 5.0, close_flush_s: float = 2.0,
-                 lease_ttl_s: float = 10.0, lease_renew_s: float = 2.5, call_timeout_s: float | None = None,
-                 reconnect_timeout_s: float | None = None, options: str = "") -> None:
+    def __init__(self, dsn: str, hub: ClusterHub, store: RunStore, *,
+                 connect_timeout_s: float = 10.0, pool_size: int = 4, bus_wait_s: float = 5.0,
+                 close_flush_s: float = 2.0, lease_ttl_s: float = 10.0, lease_renew_s: float = 2.5,
+                 call_timeout_s: float | None = None, reconnect_timeout_s: float | None = None,
+                 options: str = "") -> None:
         self.node_id = uuid.uuid4().hex
         self.hub = hub
         # The same deadlines as the session and memory pools (gateway.storage.pool_settings): a
@@ -247,18 +252,20 @@ class ClusterNode:
         kwargs: dict[str, Any] = {"connect_timeout": max(1, round(connect_timeout_s))}
         if options:
             kwargs["options"] = options
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] = AsyncConnectionPool(
-            dsn, min_size=1, max_size=pool_size, open=False,
-            timeout=connect_timeout_s if call_timeout_s is None else call_timeout_s,
-            kwargs=kwargs, name="recalld-cluster", check=AsyncConnectionPool.check_connection,
-            reconnect_timeout=300.0 if reconnect_timeout_s is None else reconnect_timeout_s)  # psycopg's default
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] = \
+            AsyncConnectionPool(
+                dsn, min_size=1, max_size=pool_size, open=False,
+                timeout=connect_timeout_s if call_timeout_s is None else call_timeout_s,
+                kwargs=kwargs, name="recalld-cluster", check=AsyncConnectionPool.check_connection,
+                # psycopg's default
+                reconnect_timeout=300.0 if reconnect_timeout_s is None else reconnect_timeout_s)
         leases = RunLeases(self._pool, node_id=self.node_id, ttl_s=lease_ttl_s, channel=CHANNEL)
-        hooks = RunHooks(recovered=hub.run_ended_elsewhere, orphaned=hub.run_orphaned, ended=hub.ended,
-                         hold=hub.hold, let_go=hub.let_go, caught_up=self._caught_up, sent=hub.sent,
-                         wait_s=bus_wait_s)
+        hooks = RunHooks(recovered=hub.run_ended_elsewhere, orphaned=hub.run_orphaned,
+                         ended=hub.ended, hold=hub.hold, let_go=hub.let_go,
+                         caught_up=self._caught_up, sent=hub.sent, wait_s=bus_wait_s)
         self.runs = ClusterRuns(store, self._pool, leases, hooks, renew_s=lease_renew_s)
-        self.bus = EventBus(dsn, hub.local, node_id=self.node_id, connect_timeout_s=connect_timeout_s,
-                            on_released=self.runs.released)
+        self.bus = EventBus(dsn, hub.local, node_id=self.node_id,
+                            connect_timeout_s=connect_timeout_s, on_released=self.runs.released)
         self._connect_timeout_s = connect_timeout_s
         self._close_flush_s = close_flush_s
         self._forwarder: asyncio.Task[None] | None = None

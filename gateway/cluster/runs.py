@@ -21,7 +21,8 @@ writes nothing more: its appends carry the lease's token (``sessions.fence``) an
 its events. The keeper ends the runs of other nodes' expired leases without waiting for a message
 (*orphans*): it takes the lease with a new token, appends the run's terminal line — the last
 checkpointed partial, marked ``failed`` — and sends ``chat.error`` (retryable) to the session's
-subscribers on every node (``RunHooks.orphaned``); a run taken over by ``hold()`` is ended the same way.
+subscribers on every node (``RunHooks.orphaned``); a run taken over by ``hold()`` is ended
+the same way.
 """
 
 from __future__ import annotations
@@ -143,21 +144,24 @@ class LeaseTicket:
             RUN_FENCE.set(held.fence)
             if taken.orphan is not None:
                 await runs.end_orphan(taken.orphan, held.fence)
-            messages = await asyncio.to_thread(runs.store.recent_messages, self._user, self._session_key,
-                                               SETTLE_WINDOW)
+            messages = await asyncio.to_thread(runs.store.recent_messages, self._user,
+                                               self._session_key, SETTLE_WINDOW)
             if _answered(messages, self._run_id):
                 # Another node ended this run as dead while this node could not renew it (the
                 # database was gone for longer than the TTL): it must not answer twice.
                 held.fence.lost = True
-                log.warning("cluster.run_already_ended", session=self._session_key, run=self._run_id)
+                log.warning("cluster.run_already_ended", session=self._session_key,
+                            run=self._run_id)
                 raise asyncio.CancelledError  # ends as an abort that writes and says nothing
-            if not await runs.settle(self._user, self._session_key, self._run_id, messages, held.fence):
+            if not await runs.settle(self._user, self._session_key, self._run_id, messages,
+                                     held.fence):
                 break
             await self._let_go()
             await asyncio.sleep(YIELD_DELAY_S)
         # The previous holder's last events were sent before it let go; receive them before
         # this run's first one, so every node's subscribers see the runs one after the other.
-        await _bounded(runs.hooks.caught_up(), runs.hooks.wait_s, "cluster.catch_up_timeout", self._session_key)
+        await _bounded(runs.hooks.caught_up(), runs.hooks.wait_s, "cluster.catch_up_timeout",
+                       self._session_key)
 
     async def _let_go(self) -> None:
         held, self._held = self._held, None
@@ -174,21 +178,25 @@ class LeaseTicket:
         self._closed = True
         runs = self._runs
         # This run's events leave before the lease does (see hold).
-        await _bounded(runs.hooks.sent(self._user), runs.hooks.wait_s, "cluster.send_timeout", self._session_key)
+        await _bounded(runs.hooks.sent(self._user), runs.hooks.wait_s, "cluster.send_timeout",
+                       self._session_key)
         held, self._held = self._held, None
         if held is not None:
             runs.drop(held)
         try:
-            await runs.leases.release(self._session_key, None if held is None or held.fence.lost else held.token,
+            await runs.leases.release(self._session_key,
+                                      None if held is None or held.fence.lost else held.token,
                                       self._run_id)
         except (psycopg.Error, OSError) as err:
-            # The lease then expires by itself; the next holder finds this run answered (or ends it).
+            # The lease then expires by itself; the next holder finds this run answered
+            # (or ends it).
             log.warning("cluster.release_failed", session=self._session_key, run=self._run_id,
                         error=str(err).strip())
         except Exception as err:
             if not type(err).__module__.startswith("psycopg_pool"):
                 raise
-            log.warning("cluster.release_failed", session=self._session_key, run=self._run_id, error=str(err))
+            log.warning("cluster.release_failed", session=self._session_key, run=self._run_id,
+                        error=str(err))
         finally:
             runs.closed(self._run_id, self._session_key)
 
@@ -280,32 +288,34 @@ class ClusterRuns:
             with contextlib.suppress(psycopg.Error):
                 await self.leases.forget_run(earlier)
             self.hooks.recovered(user, session_key, earlier)
-            log.warning("cluster.run_recovered", session=session_key, run=earlier, outcome="aborted",
-                        reason="its node stopped before the run started")
+            log.warning("cluster.run_recovered", session=session_key, run=earlier,
+                        outcome="aborted", reason="its node stopped before the run started")
         return False
 
     async def end_orphan(self, orphan: Orphan, fence: RunFence) -> None:
         """Under a lease just taken over: the terminal line of the run that held it before,
         unless that run wrote one (it ended, then its node stopped before letting go)."""
-        messages = await asyncio.to_thread(self.store.recent_messages, orphan.user, orphan.session_key,
-                                           SETTLE_WINDOW)
+        messages = await asyncio.to_thread(self.store.recent_messages, orphan.user,
+                                           orphan.session_key, SETTLE_WINDOW)
         with contextlib.suppress(psycopg.Error):
             await self.leases.forget_run(orphan.run_id)
-        if _answered(messages, orphan.run_id) or not any(m.run_id == orphan.run_id for m in messages):
+        if (_answered(messages, orphan.run_id)
+                or not any(m.run_id == orphan.run_id for m in messages)):
             return  # ended already, or a reaper's own lease (no message of that run)
         await self._append(fence, orphan.user, orphan.session_key, orphan.run_id, orphan.partial,
                            {"failed": True, "error": ORPHAN_LINE_ERROR})
         if not self.hooks.ended(orphan.session_key, orphan.run_id):
             self.hooks.orphaned(orphan.user, orphan.session_key, orphan.run_id, orphan.partial)
-        log.warning("cluster.run_recovered", session=orphan.session_key, run=orphan.run_id, outcome="failed",
-                    partial_chars=len(orphan.partial), reason="its lease expired mid-run")
+        log.warning("cluster.run_recovered", session=orphan.session_key, run=orphan.run_id,
+                    outcome="failed", partial_chars=len(orphan.partial),
+                    reason="its lease expired mid-run")
 
     async def _append(self, fence: RunFence, user: str, session_key: str, run_id: str, content: str,
                       extra: dict[str, Any]) -> None:
         def write() -> None:
             RUN_FENCE.set(fence)  # this worker thread's copy of the context only
-            self.store.append_message(user, session_key, role="assistant", content=content, run_id=run_id,
-                                      extra=extra)
+            self.store.append_message(user, session_key, role="assistant", content=content,
+                                      run_id=run_id, extra=extra)
 
         await asyncio.to_thread(write)
 
@@ -381,7 +391,8 @@ class ClusterRuns:
         try:
             if taken.orphan is not None:
                 await self.end_orphan(taken.orphan, fence)
-            messages = await asyncio.to_thread(self.store.recent_messages, user, session_key, SETTLE_WINDOW)
+            messages = await asyncio.to_thread(self.store.recent_messages, user, session_key,
+                                               SETTLE_WINDOW)
             await self.settle(user, session_key, None, messages, fence)
             # The dead rows left are of runs that were answered (their node stopped after the
             # reply); those still unanswered (behind a live run) stay for a later round.

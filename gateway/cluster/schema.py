@@ -73,7 +73,8 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
 
 async def migrate(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> list[str]:
     """Apply the pending migrations under the advisory lock; returns the names applied now."""
-    async with async_pg_ledger(conn, table="recalld_cluster_migrations", lock=MIGRATION_LOCK) as ledger:
+    async with async_pg_ledger(conn, table="recalld_cluster_migrations",
+                               lock=MIGRATION_LOCK) as ledger:
         return await apply_migrations_async(ledger, MIGRATIONS)
 
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from gateway.mcp.http import McpHttpServer, TokenCheck
     from gateway.transport.guard import SocketBudget
 
-__all__ = ["DaemonLink", "DaemonRefused", "DaemonUnreachable", "McpError", "Route", "SdkMissing", "require_sdk",
-           "start_http"]
+__all__ = ["DaemonLink", "DaemonRefused", "DaemonUnreachable", "McpError", "Route", "SdkMissing",
+           "require_sdk", "start_http"]
 
 
 def require_sdk() -> None:

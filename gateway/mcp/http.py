@@ -55,7 +55,8 @@ PACE_LIMIT_S = 30.0
 
 # The token of the HTTP request being served: a stateless request runs its MCP server in
 # tasks started from the request's own context, so its tools read this request's token.
-_request_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("recalld_mcp_token", default=None)
+_request_token: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "recalld_mcp_token", default=None)
 
 
 class TokenVerdict(Protocol):
@@ -92,7 +93,8 @@ class McpHttpServer:
         # with its fixed list of names, is off.
         self._app = self._mcp.streamable_http_app(
             streamable_http_path=MCP_PATH, json_response=True, stateless_http=True,
-            max_request_body_size=min(config.mcp.max_request_bytes, config.server.max_size),  # 413 unread
+            # 413 unread
+            max_request_body_size=min(config.mcp.max_request_bytes, config.server.max_size),
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
         self._uvicorn = uvicorn.Server(uvicorn.Config(
@@ -128,7 +130,8 @@ class McpHttpServer:
         host, port = self.config.server.host, self.config.mcp.port
         try:
             # Bound here, not by uvicorn, whose own bind ends the process on an error.
-            sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+            sock = socket.create_server((host, port),
+                                        family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         except OSError as exc:
             raise OSError(exc.errno, f"[mcp] port {port} on {host}: {exc.strerror}") from None
         self.port = sock.getsockname()[1]
@@ -206,8 +209,9 @@ class McpHttpServer:
                 wait_s = exc.retry_after_ms / 1000
                 if waited + wait_s > PACE_LIMIT_S:
                     return PlainTextResponse(
-                        f"too many request bytes for this user ({self.config.mcp.request_bytes_per_minute} a "
-                        f"minute, mcp.request_bytes_per_minute); retry in {exc.retry_after_ms} ms\n", 429,
+                        "too many request bytes for this user "
+                        f"({self.config.mcp.request_bytes_per_minute} a minute, "
+                        f"mcp.request_bytes_per_minute); retry in {exc.retry_after_ms} ms\n", 429,
                         headers={"Retry-After": str(exc.retry_after_ms // 1000 + 1)})
                 await asyncio.sleep(wait_s)
                 waited += wait_s

@@ -18,7 +18,8 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 
 from gateway.client import Client, RpcError
 
-__all__ = ["DaemonLink", "DaemonRefused", "DaemonUnreachable", "McpError", "Route", "SdkMissing", "call_on"]
+__all__ = ["DaemonLink", "DaemonRefused", "DaemonUnreachable", "McpError", "Route", "SdkMissing",
+           "call_on"]
 
 
 class McpError(Exception):
@@ -27,7 +28,8 @@ class McpError(Exception):
         McpError
          ├─ DaemonUnreachable   no daemon at the URL, the connection dropped, or the token refused
          ├─ DaemonRefused       the daemon answered a JSON-RPC error (code, message, data)
-         └─ SdkMissing          the optional `mcp` package is not installed (an OSError: start fails)
+         └─ SdkMissing          the optional `mcp` package is not installed (an OSError:
+                                start fails)
     """
 
 
@@ -76,11 +78,12 @@ class DaemonLink:
                                         "--token-file / RECALLD_TOKEN") from None
             raise DaemonUnreachable(f"recalld at {route.url} answered HTTP {status}") from None
         except (OSError, TimeoutError, WebSocketException) as exc:
-            raise DaemonUnreachable(f"cannot reach recalld at {route.url} ({exc}); is `recalld serve` "
-                                    "running?") from None
+            raise DaemonUnreachable(f"cannot reach recalld at {route.url} ({exc}); is `recalld "
+                                    "serve` running?") from None
 
     async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        """One request on its own connection; the daemon's error reply raises :class:`DaemonRefused`."""
+        """One request on its own connection; the daemon's error reply raises
+        :class:`DaemonRefused`."""
         async with self.open() as client:
             return await _call(client, method, params)
 
@@ -110,5 +113,6 @@ def _describe(error: RpcError) -> str:
         return f"not found: {error.message}"
     if error.code == -32602:
         field = data.get("field")
-        return f"invalid argument{f' {field}' if field else ''}: {data.get('reason') or error.message}"
+        return (f"invalid argument{f' {field}' if field else ''}: "
+                f"{data.get('reason') or error.message}")
     return f"recalld error {error.code}: {error.message}"

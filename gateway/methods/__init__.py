@@ -20,8 +20,8 @@ from gateway.methods.memory import MemoryMethods, declare_memory
 from gateway.methods.sessions import SessionsMethods, declare_sessions
 from gateway.rpc import ByteRate, Registry
 
-__all__ = ["ChatMethods", "EpisodesMethods", "FactsMethods", "ForgetMethods", "GatewayMethods", "ImportMethods",
-           "MemoryMethods", "SessionsMethods", "declare_methods"]
+__all__ = ["ChatMethods", "EpisodesMethods", "FactsMethods", "ForgetMethods", "GatewayMethods",
+           "ImportMethods", "MemoryMethods", "SessionsMethods", "declare_methods"]
 
 
 def declare_methods(

@@ -1,5 +1,5 @@
-"""``chat.send``, ``chat.abort``, ``chat.regenerate``, ``chat.continue``, ``chat.edit`` and ``chat.choose``: check
-the call, then hand it to :class:`ChatRuns`."""
+"""``chat.send``, ``chat.abort``, ``chat.regenerate``, ``chat.continue``, ``chat.edit`` and
+``chat.choose``: check the call, then hand it to :class:`ChatRuns`."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ class ChatSendParams:
     idempotency_key: str | None = bounded(None, max_len=200)
     recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
     # Checked by gateway.chat.attachments (each field named in its -32602), not by the registry.
-    attachments: list[Any] | None = bounded(None, doc="files sent with the message: [{name, mediaType, data "
-                                            "(base64)}] (docs/protocol.md, Attachments)")
+    attachments: list[Any] | None = bounded(None, doc="files sent with the message: [{name, "
+                                            "mediaType, data (base64)}] (docs/protocol.md, "
+                                            "Attachments)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +54,16 @@ class ChatEditParams:
     session_key: str = bounded(max_len=MAX_KEY)
     text: str = bounded(doc="the new text of the session's last user message")
     recall: bool = bounded(True, doc="false: no memories recalled into this run's prompt")
-    message_id: str | None = bounded(None, max_len=MAX_KEY, doc="a shown user message to edit instead of the "
-                                     "last; what followed it leaves the shown history (a fork)")
+    message_id: str | None = bounded(None, max_len=MAX_KEY, doc="a shown user message to edit "
+                                     "instead of the last; what followed it leaves the shown "
+                                     "history (a fork)")
 
 
 @dataclass(frozen=True, slots=True)
 class ChatChooseParams:
     session_key: str = bounded(max_len=MAX_KEY)
-    message_id: str = bounded(max_len=MAX_KEY, doc="the version to show (one of sessions.history's versions.ids)")
+    message_id: str = bounded(max_len=MAX_KEY,
+                              doc="the version to show (one of sessions.history's versions.ids)")
 
 
 class ChooseReply(TypedDict):
@@ -84,7 +87,8 @@ class AbortReply(TypedDict):
 
 class ChatMethods:
     def __init__(self, config: ChatConfig, store: SessionStoreLike, hub: Hub, runs: ChatRuns,
-                 message_bytes: ByteRate | None = None, attachment_bytes: ByteRate | None = None) -> None:
+                 message_bytes: ByteRate | None = None,
+                 attachment_bytes: ByteRate | None = None) -> None:
         self.config = config
         self.store = store
         self.hub = hub
@@ -130,8 +134,9 @@ class ChatMethods:
                 raise
         # Nothing is awaited before submit(): arrival order is transcript order (see ChatRuns).
         try:
-            run_id, duplicate = await self.runs.submit(user, p.session_key, p.message, p.idempotency_key,
-                                                       recall=p.recall, uploads=uploads)
+            run_id, duplicate = await self.runs.submit(user, p.session_key, p.message,
+                                                       p.idempotency_key, recall=p.recall,
+                                                       uploads=uploads)
         except BaseException:
             self._refund(user, size, files)  # refused (or cancelled) before the append
             raise
@@ -171,7 +176,8 @@ class ChatMethods:
         if rate is not None:
             rate.take(user, size)
         try:
-            run_id = await self.runs.resend(user, p.session_key, p.text, recall=p.recall, edits=p.message_id)
+            run_id = await self.runs.resend(user, p.session_key, p.text, recall=p.recall,
+                                            edits=p.message_id)
         except BaseException:
             if rate is not None:
                 rate.refund(user, size)
@@ -194,17 +200,20 @@ class ChatMethods:
 def declare_chat(reg: Registry, config: ChatConfig, h: ChatMethods | None) -> None:
     # A message has at most as many characters as bytes, so the byte limit bounds its length.
     reg.declare("chat.send", ChatSendParams, "Send a message; the reply streams as chat.* events.",
-                h.send if h else None, result=SendReply, bounds={"message": Bound(max_len=config.max_message_bytes)})
-    reg.declare("chat.regenerate", ChatRegenerateParams, "Answer the last message again; the new reply "
-                "supersedes the last one (an idle session only).", h.regenerate if h else None, result=ResendReply)
-    reg.declare("chat.continue", ChatContinueParams, "Write on the last reply where it stopped at the length "
-                "limit; the longer reply supersedes it (an idle session only).", h.carry_on if h else None,
-                result=ResendReply)
-    reg.declare("chat.edit", ChatEditParams, "Replace the last user message (or messageId: an earlier one, "
-                "forking) and what followed it with text and answer it (an idle session only).", h.edit if h else None, result=ResendReply,
+                h.send if h else None, result=SendReply,
+                bounds={"message": Bound(max_len=config.max_message_bytes)})
+    reg.declare("chat.regenerate", ChatRegenerateParams, "Answer the last message again; the new "
+                "reply supersedes the last one (an idle session only).",
+                h.regenerate if h else None, result=ResendReply)
+    reg.declare("chat.continue", ChatContinueParams, "Write on the last reply where it stopped at "
+                "the length limit; the longer reply supersedes it (an idle session only).",
+                h.carry_on if h else None, result=ResendReply)
+    reg.declare("chat.edit", ChatEditParams, "Replace the last user message (or messageId: an "
+                "earlier one, forking) and what followed it with text and answer it (an idle "
+                "session only).", h.edit if h else None, result=ResendReply,
                 bounds={"text": Bound(max_len=config.max_message_bytes)})
-    reg.declare("chat.choose", ChatChooseParams, "Show an earlier version of a message again (and the branch "
-                "that followed it), appended as new lines (an idle session only).", h.choose if h else None,
-                result=ChooseReply)
-    reg.declare("chat.abort", ChatAbortParams, "Abort the running reply of a session.", h.abort if h else None,
-                result=AbortReply)
+    reg.declare("chat.choose", ChatChooseParams, "Show an earlier version of a message again (and "
+                "the branch that followed it), appended as new lines (an idle session only).",
+                h.choose if h else None, result=ChooseReply)
+    reg.declare("chat.abort", ChatAbortParams, "Abort the running reply of a session.",
+                h.abort if h else None, result=AbortReply)

@@ -47,5 +47,6 @@ class EpisodesMethods:
 
 
 def declare_episodes(reg: Registry, h: EpisodesMethods | None) -> None:
-    reg.declare("memory.episodes.list", ListEpisodesParams, "Your episodes: dated summaries of earlier "
-                "conversations, newest first (paginated).", h.list if h else None, result=EpisodesPageReply)
+    reg.declare("memory.episodes.list", ListEpisodesParams, "Your episodes: dated summaries of "
+                "earlier conversations, newest first (paginated).", h.list if h else None,
+                result=EpisodesPageReply)

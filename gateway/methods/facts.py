@@ -66,10 +66,12 @@ class FactsMethods:
 
     async def add(self, ctx: CallContext, p: AddFactParams) -> FactChangeWire:
         # The client token's name goes with the fact, so the Facts panel says who added it.
-        return fact_change_wire(await self.service.facts.add(ctx.caller, p.text, source="user", client=ctx.client))
+        return fact_change_wire(await self.service.facts.add(ctx.caller, p.text, source="user",
+                                                             client=ctx.client))
 
     async def update(self, ctx: CallContext, p: UpdateFactParams) -> FactChangeWire:
-        return fact_change_wire(await self.service.facts.update(ctx.caller, p.id, p.text, client=ctx.client))
+        return fact_change_wire(await self.service.facts.update(ctx.caller, p.id, p.text,
+                                                                client=ctx.client))
 
     async def delete(self, ctx: CallContext, p: FactIdParams) -> FactDeleted:
         change = await self.service.facts.delete(ctx.caller, p.id)
@@ -78,11 +80,15 @@ class FactsMethods:
 
 def declare_facts(reg: Registry, config: MemoryConfig, h: FactsMethods | None) -> None:
     text = {"text": Bound(max_len=config.facts_max_chars)}
-    reg.declare("memory.facts.list", ListFactsParams, "Your remembered facts, newest first (paginated).",
+    reg.declare("memory.facts.list", ListFactsParams,
+                "Your remembered facts, newest first (paginated).",
                 h.list if h else None, result=FactsPageReply)
-    reg.declare("memory.facts.add", AddFactParams, "Remember a fact (de-duplicated against your facts).",
+    reg.declare("memory.facts.add", AddFactParams,
+                "Remember a fact (de-duplicated against your facts).",
                 h.add if h else None, result=FactChangeWire, bounds=text)
-    reg.declare("memory.facts.update", UpdateFactParams, "Correct a fact; the old version is kept inactive.",
+    reg.declare("memory.facts.update", UpdateFactParams,
+                "Correct a fact; the old version is kept inactive.",
                 h.update if h else None, result=FactChangeWire, bounds=text)
-    reg.declare("memory.facts.delete", FactIdParams, "Forget a fact and every earlier version of it.",
+    reg.declare("memory.facts.delete", FactIdParams,
+                "Forget a fact and every earlier version of it.",
                 h.delete if h else None, result=FactDeleted)

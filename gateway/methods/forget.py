@@ -32,7 +32,8 @@ __all__ = ["ForgetMethods", "declare_forget"]
 @dataclass(frozen=True, slots=True)
 class MemoryForgetParams:
     session_key: str | None = bounded(None, max_len=MAX_KEY)
-    after: str | None = bounded(None, max_len=64, doc="ISO-8601: forget what was said at or after it")
+    after: str | None = bounded(None, max_len=64,
+                                doc="ISO-8601: forget what was said at or after it")
     before: str | None = bounded(None, max_len=64, doc="ISO-8601: forget what was said before it")
     purge_transcript: bool = False
 
@@ -53,13 +54,14 @@ class ForgetMethods:
     async def forget(self, ctx: CallContext, p: MemoryForgetParams) -> ForgetReply:
         user = ctx.caller
         if p.session_key is None and p.after is None and p.before is None:
-            raise InvalidParams("sessionKey", "name a sessionKey, after or before (all three absent would "
-                                              "forget everything)")
+            raise InvalidParams("sessionKey", "name a sessionKey, after or before (all three "
+                                              "absent would forget everything)")
         after, before = _moment("after", p.after), _moment("before", p.before)
         if after is not None and before is not None and after >= before:
             raise InvalidParams("before", "must be later than after")
         if p.session_key is not None:
-            await asyncio.to_thread(self.store.get, user, p.session_key)  # -32002 if not the caller's
+            # -32002 if not the caller's
+            await asyncio.to_thread(self.store.get, user, p.session_key)
         r = ForgetRange(user, p.session_key, _ms(after), _ms(before))
         purged = 0
         if p.purge_transcript:
@@ -73,8 +75,8 @@ class ForgetMethods:
     async def _purge(self, user: str, session_key: str | None, after: datetime | None,
                      before: datetime | None) -> int:
         if session_key is not None:
-            return await asyncio.to_thread(self.store.purge_messages, user, session_key, after=after,
-                                           before=before)
+            return await asyncio.to_thread(self.store.purge_messages, user, session_key,
+                                           after=after, before=before)
         purged = 0
         for key in await asyncio.to_thread(self._keys_of, user):
             try:
@@ -112,5 +114,6 @@ def _ms(moment: datetime | None) -> int | None:
 
 def declare_forget(reg: Registry, h: ForgetMethods | None) -> None:
     reg.declare("memory.forget", MemoryForgetParams,
-                "Forget messages (of a session, in a time window) from memory; purgeTranscript also "
-                "removes them from the transcript.", h.forget if h else None, result=ForgetReply)
+                "Forget messages (of a session, in a time window) from memory; purgeTranscript "
+                "also removes them from the transcript.", h.forget if h else None,
+                result=ForgetReply)

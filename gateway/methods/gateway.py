@@ -98,11 +98,13 @@ class GatewayMethods:
             verdict = self.authenticator.check(p.token, ctx.address)
         if verdict.user is None:
             if verdict.retry_after_s:
-                raise RateLimited("too many failed attempts; retry later", int(verdict.retry_after_s * 1000))
+                raise RateLimited("too many failed attempts; retry later",
+                                  int(verdict.retry_after_s * 1000))
             if p.code is not None:
-                raise Unauthorized("unauthorized: this sign-in code was already used or has expired "
-                                   f"(a code works once, within {self.authenticator.codes.ttl_s:g} s); "
-                                   "run `recalld open` again")
+                raise Unauthorized("unauthorized: this sign-in code was already used or has "
+                                   "expired (a code works once, within "
+                                   f"{self.authenticator.codes.ttl_s:g} s); run "
+                                   "`recalld open` again")
             raise Unauthorized("unauthorized: invalid token")
         ctx.authenticate(verdict.user, verdict.client, verdict.read_only)
         info = server_info(self.version)
@@ -125,8 +127,8 @@ class GatewayMethods:
         state = self.storage()
         now = time.monotonic()
         storage: StorageHealth = {
-            "backend": state.backend, "status": "ok" if state.ok else "degraded", "reason": state.reason,
-            "sinceS": round(now - max(state.since, self.server.started), 3)}
+            "backend": state.backend, "status": "ok" if state.ok else "degraded",
+            "reason": state.reason, "sinceS": round(now - max(state.since, self.server.started), 3)}
         return {
             "status": storage["status"],
             "version": self.version,
@@ -157,15 +159,17 @@ class GatewayMethods:
 
 
 def declare_gateway(reg: Registry, h: GatewayMethods | None) -> None:
-    reg.declare("auth", AuthParams, "Authenticate this connection with a token.", h.auth if h else None,
-                result=AuthReply, requires_auth=False, inline=True)
+    reg.declare("auth", AuthParams, "Authenticate this connection with a token.",
+                h.auth if h else None, result=AuthReply, requires_auth=False, inline=True)
     reg.declare("auth.code", Empty, "A one-time sign-in code for this connection's user, redeemed "
-                "once by `auth {code}` within auth.code_ttl_s (what `recalld open` hands a browser).",
+                "once by `auth {code}` within auth.code_ttl_s (what `recalld open` "
+                "hands a browser).",
                 h.code if h else None, result=CodeReply, inline=True)
-    reg.declare("gateway.health", Empty, "Liveness, version, uptime, connections, memory summary and "
-                "storage (degraded while the database is unreachable).",
+    reg.declare("gateway.health", Empty, "Liveness, version, uptime, connections, memory summary "
+                "and storage (degraded while the database is unreachable).",
                 h.health if h else None, result=HealthReply, inline=True)
     reg.declare("rpc.discover", Empty, "This OpenRPC document.", h.discover if h else None,
                 result=OpenRpcDocument, inline=True)
-    reg.declare("models.list", Empty, "The models a session may choose (llm.models) and the default.",
+    reg.declare("models.list", Empty,
+                "The models a session may choose (llm.models) and the default.",
                 h.list_models if h else None, result=ModelsReply, inline=True)

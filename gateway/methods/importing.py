@@ -53,12 +53,14 @@ MAX_LEFT_OUT = 20
 
 @dataclass(frozen=True, slots=True)
 class ImportParams:
-    data: str = bounded(doc="the file's text: a ChatGPT conversations.json, or recalld JSONL (one frame: "
-                            "server.max_size bytes; a larger export goes in parts cut between conversations)")
-    format: Literal["auto", "chatgpt", "jsonl"] = bounded("auto", doc="auto: a JSON array is chatgpt, "
-                                                          "lines of objects jsonl")
+    data: str = bounded(doc="the file's text: a ChatGPT conversations.json, or recalld JSONL (one "
+                            "frame: server.max_size bytes; a larger export goes in parts cut "
+                            "between conversations)")
+    format: Literal["auto", "chatgpt", "jsonl"] = bounded("auto", doc="auto: a JSON array is "
+                                                          "chatgpt, lines of objects jsonl")
     name: str | None = bounded(None, max_len=MAX_NAME, doc="the file's name, said in errors")
-    dry_run: bool = bounded(False, doc="check all of data and count what would be written; write nothing")
+    dry_run: bool = bounded(False,
+                            doc="check all of data and count what would be written; write nothing")
 
 
 class ImportReply(TypedDict):
@@ -69,7 +71,8 @@ class ImportReply(TypedDict):
     unchanged: int  # already imported: nothing written
     empty: int  # conversations without a text message: skipped
     messages: int  # message lines written (dryRun: that would be written)
-    leftOut: list[str]  # what was left out of the sessions (a model not offered, a field too long), the first 20
+    leftOut: list[str]  # what was left out of the sessions (a model
+                        # not offered, a field too long), the first 20
     leftOutCount: int
     dryRun: bool
 
@@ -79,7 +82,8 @@ class ImportMethods:
                  models: tuple[str, ...] | None, import_bytes: ByteRate | None = None) -> None:
         self.store = store
         self.hub = hub
-        self.memory = memory  # nudged after a write, so the new messages are indexed soon (MemoryOff: a no-op)
+        self.memory = memory  # nudged after a write, so the new messages
+                              # are indexed soon (MemoryOff: a no-op)
         self.models = models  # LlmConfig.choices: a conversation's model is kept only if offered
         self.import_bytes = import_bytes  # quotas.import_bytes_per_minute
         self._running: set[str] = set()  # users with an import in progress
@@ -87,8 +91,10 @@ class ImportMethods:
     async def import_history(self, ctx: CallContext, p: ImportParams) -> ImportReply:
         user = ctx.caller
         if user in self._running:
-            raise Conflict("busy: an import of yours is running; send the next one when it has answered")
-        raw = p.data.encode("utf-8", "surrogatepass")  # a lone surrogate is then invalid JSON, said so
+            raise Conflict(
+                "busy: an import of yours is running; send the next one when it has answered")
+        raw = p.data.encode("utf-8", "surrogatepass")  # a lone surrogate is then
+                                                       # invalid JSON, said so
         rate = None if p.dry_run else self.import_bytes
         if rate is not None:
             rate.take(user, len(raw))
@@ -109,19 +115,23 @@ class ImportMethods:
             mapped = wire_error(exc)
             if not isinstance(mapped, StorageFailed):
                 raise
-            raise StorageFailed(f"{mapped.message}; the import stopped there: what was written stays, and "
-                                "sending the same data again resumes it", retryable=mapped.retryable,
+            raise StorageFailed(f"{mapped.message}; the import stopped there: what was written "
+                                "stays, and sending the same data again resumes it",
+                                retryable=mapped.retryable,
                                 retry_after_ms=mapped.retry_after_ms) from exc
         if not p.dry_run:
             created = set(report.created_keys)
             for session in sessions:
-                method = "sessions.created" if session.session_key in created else "sessions.updated"
-                announce(self.hub, user, session.session_key, method, {"session": session_wire(session)})
+                method = ("sessions.created" if session.session_key in created
+                          else "sessions.updated")
+                announce(self.hub, user, session.session_key, method,
+                         {"session": session_wire(session)})
             if report.messages:
                 self.memory.nudge()
             log.info("sessions.imported", user=user, format=fmt, conversations=report.conversations,
                      created=report.created, resumed=report.resumed, unchanged=report.unchanged,
-                     messages=report.messages, left_out=len(report.skipped), seconds=round(report.seconds, 3))
+                     messages=report.messages, left_out=len(report.skipped),
+                     seconds=round(report.seconds, 3))
         return {"format": fmt, "conversations": report.conversations, "created": report.created,
                 "resumed": report.resumed, "unchanged": report.unchanged, "empty": report.empty,
                 "messages": report.messages, "leftOut": list(report.skipped[:MAX_LEFT_OUT]),
@@ -137,7 +147,8 @@ class ImportMethods:
         """In a worker thread: parse all of it, then write it, then read back what to announce."""
         fmt: Format = detect(raw) if wanted == "auto" else wanted
         conversations = parse(raw, fmt)
-        report = write_conversations(self.store, user, fmt, conversations, models=self.models, dry_run=dry_run)
+        report = write_conversations(self.store, user, fmt, conversations, models=self.models,
+                                     dry_run=dry_run)
         sessions: list[Session] = []
         if not dry_run:
             for key in (*report.created_keys, *report.resumed_keys):
@@ -151,6 +162,8 @@ class ImportMethods:
 def declare_importing(reg: Registry, h: ImportMethods | None, *, max_data_chars: int) -> None:
     """``max_data_chars``: ``server.max_size``, as ``data``'s published bound (a frame never
     carries more, so the page sizes its parts by it)."""
-    reg.declare("sessions.import", ImportParams, "Import a chat history (a ChatGPT conversations.json, or "
-                "recalld JSONL) as your sessions, idempotently; dryRun only checks and counts.",
-                h.import_history if h else None, result=ImportReply, bounds={"data": Bound(max_len=max_data_chars)})
+    reg.declare("sessions.import", ImportParams, "Import a chat history (a ChatGPT "
+                "conversations.json, or recalld JSONL) as your sessions, idempotently; dryRun only "
+                "checks and counts.",
+                h.import_history if h else None, result=ImportReply,
+                bounds={"data": Bound(max_len=max_data_chars)})

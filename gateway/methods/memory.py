@@ -41,7 +41,8 @@ class MemorySearchParams:
     after: str | None = bounded(None, max_len=64, doc="ISO-8601 lower bound on chunk time")
     before: str | None = bounded(None, max_len=64, doc="ISO-8601 upper bound on chunk time")
     kinds: tuple[Literal["chunk", "episode"], ...] = bounded(
-        ("chunk",), doc='what to search: "chunk" (conversation excerpts), "episode" (summaries), or both')
+        ("chunk",),
+        doc='what to search: "chunk" (conversation excerpts), "episode" (summaries), or both')
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,8 @@ class SearchReply(TypedDict):
     results: list[SearchHitWire | EpisodeHit]  # the chunk hits, then the episode hits
     mode: str  # the mode actually run
     fallbackReason: NotRequired[str]
-    previousModel: NotRequired[str]  # during a rebuild: the model whose vectors ranked the vector leg
+    previousModel: NotRequired[str]  # during a rebuild: the model whose
+                                     # vectors ranked the vector leg
 
 
 class EmbedderName(TypedDict):
@@ -146,7 +148,8 @@ class MemoryMethods:
     Anyone else sees and rebuilds only their own rows."""
 
     def __init__(self, service: Memory, store: SessionStoreLike, *, admin: str | None = None,
-                 full_reindex_interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 full_reindex_interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
         self.store = store  # to check that a session filter names one of the caller's sessions
         self.admin = admin
@@ -172,7 +175,8 @@ class MemoryMethods:
 
     async def status(self, ctx: CallContext, p: Empty) -> StatusReply:
         # The memory service still builds this dict itself (its counts and state, camelCase).
-        return cast(StatusReply, await self.service.status(None if ctx.caller == self.admin else ctx.caller))
+        return cast(StatusReply,
+                    await self.service.status(None if ctx.caller == self.admin else ctx.caller))
 
     async def reindex(self, ctx: CallContext, p: ReindexParams) -> QueuedReply:
         if p.full:
@@ -181,10 +185,11 @@ class MemoryMethods:
             last = self._last_full.get(ctx.caller)
             if last is not None and now - last < self.full_reindex_interval_s:
                 wait_ms = int((self.full_reindex_interval_s - (now - last)) * 1000) + 1
-                raise RateLimited(f"a full reindex ran less than {self.full_reindex_interval_s:g} s ago; "
-                                  "retry later", wait_ms)
+                raise RateLimited("a full reindex ran less than "
+                                  f"{self.full_reindex_interval_s:g} s ago; retry later", wait_ms)
             self._last_full[ctx.caller] = now
-        await self.service.reindex(full=p.full, user=None if ctx.caller == self.admin else ctx.caller)
+        await self.service.reindex(full=p.full,
+                                   user=None if ctx.caller == self.admin else ctx.caller)
         return {"queued": True}
 
     async def _own_session(self, ctx: CallContext, key: str | None) -> None:
@@ -201,10 +206,11 @@ async def episode_results(service: Memory, user: str, p: MemorySearchParams) -> 
             lo = int(parse_ts(p.after).timestamp() * 1000) if p.after else 0
             hi = int(parse_ts(p.before).timestamp() * 1000) if p.before else 1 << 62
         except ValueError:
-            raise InvalidParams("after" if p.after else "before", "must be an ISO-8601 date or time") from None
+            raise InvalidParams("after" if p.after else "before",
+                                "must be an ISO-8601 date or time") from None
         window = (lo, hi)
-    found = await service.episodes.search(user, p.query, limit=p.k or service.config.default_k, window=window,
-                                          recency=0.2)
+    found = await service.episodes.search(user, p.query, limit=p.k or service.config.default_k,
+                                          window=window, recency=0.2)
     return [{"kind": "episode", "episodeId": s.episode.id, "sessionKey": s.episode.session_key,
              "content": s.episode.text, "score": round(s.score, 6), "date": s.episode.day,
              "week": s.episode.week} for s in found
@@ -212,9 +218,11 @@ async def episode_results(service: Memory, user: str, p: MemorySearchParams) -> 
 
 
 def declare_memory(reg: Registry, config: MemoryConfig, h: MemoryMethods | None) -> None:
-    reg.declare("memory.search", MemorySearchParams, "Hybrid keyword + vector search of your past conversations.",
+    reg.declare("memory.search", MemorySearchParams,
+                "Hybrid keyword + vector search of your past conversations.",
                 h.search if h else None, result=SearchReply, bounds={"k": Bound(max=config.max_k)})
-    reg.declare("memory.status", Empty, "Index and embedder state (your own rows; the whole index for the admin).",
+    reg.declare("memory.status", Empty,
+                "Index and embedder state (your own rows; the whole index for the admin).",
                 h.status if h else None, result=StatusReply)
     reg.declare("memory.reindex", ReindexParams,
                 "Queue an index sync (full=true re-reads your transcripts; rate-limited).",

@@ -1,4 +1,5 @@
-"""``sessions.*``: create, list, read, update, delete and (un)subscribe, over the :class:`SessionStoreLike`.
+"""``sessions.*``: create, list, read, update, delete and (un)subscribe, over the
+:class:`SessionStoreLike`.
 
 ``sessions.watch`` attaches a connection to all of its user's sessions at once: it then hears
 ``sessions.created`` / ``sessions.updated`` / ``sessions.deleted`` (how a web client's sidebar
@@ -57,7 +58,8 @@ class CreateSessionParams:
     title: str | None = None
     system_prompt: str | None = bounded(None, max_len=MAX_SYSTEM_PROMPT_CHARS)
     model: str | None = None
-    memory: bool = bounded(True, doc="false: incognito; kept, never indexed, recalled or remembered from")
+    memory: bool = bounded(True,
+                           doc="false: incognito; kept, never indexed, recalled or remembered from")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +77,13 @@ class SessionKeyParams:
 class UpdateSessionParams:
     session_key: str = bounded(max_len=MAX_KEY)
     title: str | None = None
-    system_prompt: str | None = bounded(None, max_len=MAX_SYSTEM_PROMPT_CHARS, doc="an empty string clears it")
+    system_prompt: str | None = bounded(None, max_len=MAX_SYSTEM_PROMPT_CHARS,
+                                        doc="an empty string clears it")
     model: str | None = bounded(None, doc="one models.list offers; the next run uses it")
-    temperature: float | None = bounded(None, min=0, doc="sent to the model; up to llm.max_temperature")
-    max_tokens: int | None = bounded(None, min=1, doc="the reply's bound in tokens; up to llm.max_tokens_limit")
+    temperature: float | None = bounded(None, min=0,
+                                        doc="sent to the model; up to llm.max_temperature")
+    max_tokens: int | None = bounded(None, min=1,
+                                     doc="the reply's bound in tokens; up to llm.max_tokens_limit")
     clear: tuple[Literal["model", "temperature", "maxTokens"], ...] | None = bounded(
         None, doc="set these back to the operator's default")
 
@@ -98,7 +103,8 @@ class HistoryParams:
 @dataclass(frozen=True, slots=True)
 class VersionsParams:
     session_key: str = bounded(max_len=MAX_KEY)
-    message_id: str = bounded(max_len=MAX_KEY, doc="any version of the message (sessions.history's id)")
+    message_id: str = bounded(max_len=MAX_KEY,
+                              doc="any version of the message (sessions.history's id)")
 
 
 class VersionsReply(TypedDict):
@@ -110,7 +116,8 @@ class VersionsReply(TypedDict):
 @dataclass(frozen=True, slots=True)
 class AttachmentParams:
     session_key: str = bounded(max_len=MAX_KEY)
-    sha256: str = bounded(max_len=64, doc="an attachment's sha256, as sessions.history's message names it")
+    sha256: str = bounded(max_len=64,
+                          doc="an attachment's sha256, as sessions.history's message names it")
 
 
 class AttachmentReply(TypedDict):
@@ -156,7 +163,8 @@ class UnsubscribedReply(TypedDict):
 
 class SessionsMethods:
     def __init__(self, store: SessionStoreLike, hub: Hub, runs: ChatRuns, memory: Memory,
-                 models: tuple[str, ...] | None = None, prompt_bytes: ByteRate | None = None) -> None:
+                 models: tuple[str, ...] | None = None,
+                 prompt_bytes: ByteRate | None = None) -> None:
         self.store = store
         self.hub = hub
         self.runs = runs  # a deleted session's runs are aborted first
@@ -186,19 +194,21 @@ class SessionsMethods:
         self._check_offered(p.model)
         with self._spending(ctx.caller, p.system_prompt):
             session = await asyncio.to_thread(
-                self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt, model=p.model,
-                memory=p.memory,
+                self.store.create, ctx.caller, title=p.title, system_prompt=p.system_prompt,
+                model=p.model, memory=p.memory,
             )
         self.hub.attach(ctx, ctx.caller, session.session_key)
         wire = session_wire(session)
         announce(self.hub, ctx.caller, session.session_key, "sessions.created", {"session": wire})
-        out: CreatedReply = {"sessionKey": wire["sessionKey"], "title": wire["title"], "createdAt": wire["createdAt"]}
+        out: CreatedReply = {"sessionKey": wire["sessionKey"], "title": wire["title"],
+                             "createdAt": wire["createdAt"]}
         if not session.memory:
             out["memory"] = False
         return out
 
     async def list(self, ctx: CallContext, p: ListSessionsParams) -> SessionsPageReply:
-        sessions, nxt = await asyncio.to_thread(self.store.list, ctx.caller, limit=p.limit, before=p.before)
+        sessions, nxt = await asyncio.to_thread(self.store.list, ctx.caller, limit=p.limit,
+                                                before=p.before)
         out: SessionsPageReply = {"sessions": [session_wire(s) for s in sessions]}
         if nxt:
             out["next"] = nxt
@@ -209,7 +219,8 @@ class SessionsMethods:
             session = self.store.get(ctx.caller, p.session_key)
             summary = self.store.summary(ctx.caller, p.session_key)
             out: SessionDetailWire = {**session_wire(session)}  # type: ignore[typeddict-item]
-            if summary is not None:  # as on sessions.history's newest page: the key only when there is one
+            if summary is not None:  # as on sessions.history's newest
+                                     # page: the key only when there is one
                 out["summary"] = summary_wire(summary)
             return out
 
@@ -218,15 +229,18 @@ class SessionsMethods:
     async def history(self, ctx: CallContext, p: HistoryParams) -> HistoryReply:
         # Superseded messages (a regenerated reply, an edited message and its reply) are left out.
         def read() -> tuple[list[Message], str | None, ConversationSummary | None]:
-            messages, nxt = visible_history(self.store, ctx.caller, p.session_key, limit=p.limit, before=p.before)
-            return messages, nxt, self.store.summary(ctx.caller, p.session_key) if p.before is None else None
+            messages, nxt = visible_history(self.store, ctx.caller, p.session_key, limit=p.limit,
+                                            before=p.before)
+            return (messages, nxt,
+                    self.store.summary(ctx.caller, p.session_key) if p.before is None else None)
 
         messages, nxt, summary = await asyncio.to_thread(read)
         out: HistoryReply = {"messages": [message_wire(m) for m in messages]}
         # A shown message of a place with several versions is a later version (``replaces``) or
         # a chosen copy (``restores``), so a page without either costs no whole-transcript read.
         if any("replaces" in m or "restores" in m for m in out["messages"]):
-            marks = await asyncio.to_thread(lambda: Versions(read_all(self.store, ctx.caller, p.session_key)))
+            marks = await asyncio.to_thread(
+                lambda: Versions(read_all(self.store, ctx.caller, p.session_key)))
             for wire in out["messages"]:
                 mark = marks.mark(wire["id"])
                 if mark is not None:
@@ -256,8 +270,9 @@ class SessionsMethods:
         self._check_offered(p.model)
         with self._spending(ctx.caller, p.system_prompt):
             session = await asyncio.to_thread(
-                self.store.update, ctx.caller, p.session_key, title=p.title, system_prompt=p.system_prompt,
-                model=p.model, temperature=p.temperature, max_tokens=p.max_tokens, clear=p.clear or (),
+                self.store.update, ctx.caller, p.session_key, title=p.title,
+                system_prompt=p.system_prompt, model=p.model, temperature=p.temperature,
+                max_tokens=p.max_tokens, clear=p.clear or (),
             )
         wire = session_wire(session)
         announce(self.hub, ctx.caller, p.session_key, "sessions.updated", {"session": wire})
@@ -274,7 +289,8 @@ class SessionsMethods:
     async def attachment(self, ctx: CallContext, p: AttachmentParams) -> AttachmentReply:
         found = getattr(self.store, "attachments", None)
         if not isinstance(found, AttachmentFiles):
-            raise InvalidParams("sha256", "attachments are not kept by this gateway's session store")
+            raise InvalidParams("sha256",
+                                "attachments are not kept by this gateway's session store")
         files: AttachmentFiles = found
 
         def read() -> bytes:
@@ -282,7 +298,8 @@ class SessionsMethods:
             return files.get(ctx.caller, p.session_key, p.sha256)
 
         data = await asyncio.to_thread(read)
-        return {"sha256": p.sha256, "bytes": len(data), "data": base64.b64encode(data).decode("ascii")}
+        return {"sha256": p.sha256, "bytes": len(data),
+                "data": base64.b64encode(data).decode("ascii")}
 
     async def watch(self, ctx: CallContext, p: WatchParams) -> WatchingReply:
         self.hub.attach(ctx, ctx.caller, ALL_SESSIONS)
@@ -304,28 +321,35 @@ def declare_sessions(reg: Registry, config: SessionsConfig, h: SessionsMethods |
                      llm: LlmConfig = LlmConfig()) -> None:  # noqa: B008 - frozen, so sharing is safe
     page = {"limit": Bound(max=config.max_page_size)}
     d = reg.declare
-    d("sessions.create", CreateSessionParams, "Create a session.", h.create if h else None, result=CreatedReply,
-      bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars)})
-    d("sessions.list", ListSessionsParams, "List your sessions, newest first.", h.list if h else None,
-      result=SessionsPageReply, bounds=page)
+    d("sessions.create", CreateSessionParams, "Create a session.", h.create if h else None,
+      result=CreatedReply,
+      bounds={"title": Bound(max_len=config.max_title_chars),
+              "model": Bound(max_len=config.max_model_chars)})
+    d("sessions.list", ListSessionsParams, "List your sessions, newest first.",
+      h.list if h else None, result=SessionsPageReply, bounds=page)
     d("sessions.get", SessionKeyParams, "One session's metadata and its conversation summary.",
       h.get if h else None, result=SessionDetailWire)
     d("sessions.history", HistoryParams, "Messages of a session, oldest first within a page.",
       h.history if h else None, result=HistoryReply, bounds=page)
-    d("sessions.versions", VersionsParams, "Every version of a message (regenerated replies, edited messages), "
-      "oldest first; chat.choose makes one current.", h.versions if h else None, result=VersionsReply)
-    d("sessions.attachment", AttachmentParams, "One file sent with a message of the session (chat.send "
-      "attachments), base64.", h.attachment if h else None, result=AttachmentReply, writes=False)
-    d("sessions.update", UpdateSessionParams, "Change a session's title, system prompt, model, temperature or "
-      "maxTokens.", h.update if h else None, result=SessionWire,
-      bounds={"title": Bound(max_len=config.max_title_chars), "model": Bound(max_len=config.max_model_chars),
-              "temperature": Bound(max=llm.max_temperature), "maxTokens": Bound(max=llm.max_tokens_limit)})
-    d("sessions.watch", WatchParams, "Receive sessions.created/updated/deleted for all your sessions.",
+    d("sessions.versions", VersionsParams, "Every version of a message (regenerated replies, "
+      "edited messages), oldest first; chat.choose makes one current.", h.versions if h else None,
+      result=VersionsReply)
+    d("sessions.attachment", AttachmentParams, "One file sent with a message of the session "
+      "(chat.send attachments), base64.", h.attachment if h else None, result=AttachmentReply,
+      writes=False)
+    d("sessions.update", UpdateSessionParams, "Change a session's title, system prompt, model, "
+      "temperature or maxTokens.", h.update if h else None, result=SessionWire,
+      bounds={"title": Bound(max_len=config.max_title_chars),
+              "model": Bound(max_len=config.max_model_chars),
+              "temperature": Bound(max=llm.max_temperature),
+              "maxTokens": Bound(max=llm.max_tokens_limit)})
+    d("sessions.watch", WatchParams,
+      "Receive sessions.created/updated/deleted for all your sessions.",
       h.watch if h else None, result=WatchingReply, inline=True)
     d("sessions.delete", SessionKeyParams, "Delete a session, its transcript and index rows.",
       h.delete if h else None, result=DeletedReply)
-    d("sessions.subscribe", SessionKeyParams, "Receive chat events of a session.", h.subscribe if h else None,
-      result=SubscribedReply)
+    d("sessions.subscribe", SessionKeyParams, "Receive chat events of a session.",
+      h.subscribe if h else None, result=SubscribedReply)
     # inline: never waits on I/O, so the server answers it in the read loop (RpcCore.accept).
     d("sessions.unsubscribe", SessionKeyParams, "Stop receiving a session's chat events.",
       h.unsubscribe if h else None, result=UnsubscribedReply, inline=True)

@@ -94,7 +94,8 @@ async def run_batch(
 
     def refuse(i: int, error: GatewayError) -> None:
         owed, req_id = _entry_id(entries[i])
-        data = orjson.dumps({"jsonrpc": "2.0", "id": req_id, "error": error.to_object()}) if owed else None
+        data = (orjson.dumps({"jsonrpc": "2.0", "id": req_id, "error": error.to_object()}) if owed
+                else None)
         settle(i, data, True)
 
     # Entries handed room whose task has not run yet: a task cancelled before its first step

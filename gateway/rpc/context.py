@@ -36,7 +36,8 @@ class Notification:
 
     def encode(self) -> bytes:
         if self._frame is None:
-            self._frame = orjson.dumps({"jsonrpc": "2.0", "method": self.method, "params": self.params})
+            self._frame = orjson.dumps({"jsonrpc": "2.0", "method": self.method,
+                                        "params": self.params})
         return self._frame
 
 
@@ -71,7 +72,8 @@ class CallContext(Protocol):
         """True when that client token may only read: methods that write are refused."""
         ...
 
-    def authenticate(self, user: str, client: str | None = None, read_only: bool = False) -> None: ...
+    def authenticate(self, user: str, client: str | None = None,
+                     read_only: bool = False) -> None: ...
 
     def notify(self, note: Notification) -> None:
         """Queue a notification for this caller behind its pending events."""

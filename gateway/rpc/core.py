@@ -87,14 +87,17 @@ class RpcCore:
             budget.hold(len(data))
         return Reply(data, True)
 
-    async def batch(self, entries: list[Any], ctx: CallContext, budget: ReplyBudget | None) -> Reply | None:
+    async def batch(self, entries: list[Any], ctx: CallContext,
+                    budget: ReplyBudget | None) -> Reply | None:
         """The reply to a batch frame (None when nothing is owed), its entries run within
         ``budget`` (gateway.rpc.batch)."""
         if not entries:
-            return self._encode(error_response(None, InvalidRequest("invalid request: empty batch").to_object()),
-                                budget)
+            return self._encode(
+                error_response(None, InvalidRequest("invalid request: empty batch").to_object()),
+                budget)
         if len(entries) > self.max_batch:
-            err = InvalidRequest(f"invalid request: batch of {len(entries)} exceeds the limit of {self.max_batch}")
+            err = InvalidRequest(
+                f"invalid request: batch of {len(entries)} exceeds the limit of {self.max_batch}")
             return self._encode(error_response(None, err.to_object()), budget)
         find = self.registry.find
         return await run_batch(
@@ -116,7 +119,9 @@ class RpcCore:
         Only a call that may wait goes through :meth:`_waiting`."""
         if not isinstance(message, dict):
             return _ready(self._encode(
-                error_response(None, InvalidRequest("invalid request: expected an object").to_object()), budget))
+                error_response(None,
+                               InvalidRequest("invalid request: expected an object").to_object()),
+                budget))
         req_id = message.get("id", _NO_ID)
         if method is None or method.inline:
             return self._reply(message, req_id, ctx, method, budget)
@@ -154,8 +159,8 @@ class RpcCore:
             if reserving is not None:  # after the reply is held: no other call slips in between
                 reserving.finish(self.reply_reserve)
 
-    async def _reply(self, message: dict[str, Any], req_id: Any, ctx: CallContext, method: Method | None,
-                     budget: ReplyBudget | None) -> Reply | None:
+    async def _reply(self, message: dict[str, Any], req_id: Any, ctx: CallContext,
+                     method: Method | None, budget: ReplyBudget | None) -> Reply | None:
         """Validate, run and encode one call (held in ``budget``); every failure an error reply."""
         try:
             self._validate(message, req_id)
@@ -177,7 +182,8 @@ class RpcCore:
         except TypeError as exc:
             error_id = new_error_id()
             self.on_crash(exc, error_id, "<encode>")
-            data, is_error = orjson.dumps(error_response(reply.get("id"), InternalError(error_id).to_object())), True
+            data, is_error = orjson.dumps(
+                error_response(reply.get("id"), InternalError(error_id).to_object())), True
         if budget is None or budget.hold_if_fits(len(data)):
             return Reply(data, is_error)
         # Refused after it was built (its size is known only then), but never held: what a
@@ -187,7 +193,8 @@ class RpcCore:
         budget.hold(len(data))
         return Reply(data, True)
 
-    def _failure(self, exc: Exception, message: dict[str, Any], req_id: Any) -> dict[str, Any] | None:
+    def _failure(self, exc: Exception, message: dict[str, Any],
+                 req_id: Any) -> dict[str, Any] | None:
         """The error reply for a call that raised ``exc`` (None for a notification, unless
         the frame itself was invalid)."""
         error = wire_error(exc)
@@ -215,7 +222,8 @@ class RpcCore:
             raise InvalidRequest(f"invalid request: unexpected members {sorted(extra)}")
         return method
 
-    def _invoke(self, method: Method | None, message: dict[str, Any], ctx: CallContext) -> Awaitable[Any]:
+    def _invoke(self, method: Method | None, message: dict[str, Any],
+                ctx: CallContext) -> Awaitable[Any]:
         """The handler's coroutine for a validated call, its params checked: not itself a
         coroutine, so the caller awaits the handler directly. Raises what the caller maps."""
         name: str = message["method"]
@@ -228,8 +236,9 @@ class RpcCore:
                 '{"jsonrpc":"2.0","id":1,"method":"auth","params":{"token":"<token>"}}'
             )
         if method.writes and ctx.read_only:
-            raise Forbidden(f"forbidden: {name} changes data, and this connection signed in with the read-only "
-                            f"token of client {ctx.client!r}; use a token made without --read-only")
+            raise Forbidden(f"forbidden: {name} changes data, and this connection signed in with "
+                            f"the read-only token of client {ctx.client!r}; use a token made "
+                            "without --read-only")
         if method.handler is None:
             raise MethodNotFound(f"method not implemented yet: {name}")
         params = parse_params(method, message.get("params"))
@@ -250,13 +259,15 @@ class Call:
 
     __slots__ = ("_core", "_ctx", "_error", "_method", "inline", "message")
 
-    def __init__(self, core: RpcCore, ctx: CallContext, message: Any, *, error: GatewayError | None = None) -> None:
+    def __init__(self, core: RpcCore, ctx: CallContext, message: Any, *,
+                 error: GatewayError | None = None) -> None:
         self._core = core
         self._ctx = ctx
         self._error = error
         self.message = message
         # Looked up once here, for both the inline decision and the dispatch.
-        self._method = core.registry.find(message.get("method")) if isinstance(message, dict) else None
+        self._method = (core.registry.find(message.get("method")) if isinstance(message, dict)
+                        else None)
         # A parse error is answered at once; a single call of an inline method finishes
         # without suspending, so the server runs it in its read loop instead of paying for a task.
         self.inline = error is not None or (self._method is not None and self._method.inline)

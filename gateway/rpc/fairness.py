@@ -177,7 +177,8 @@ class FairThreads(ThreadPoolExecutor):
         self._start(user, *job)
 
 
-_INSTALLED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FairThreads] = weakref.WeakKeyDictionary()
+_INSTALLED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FairThreads] = \
+    weakref.WeakKeyDictionary()
 
 
 def fair_threads(per_user: int) -> FairThreads:

@@ -27,7 +27,8 @@ def written_size(text: str) -> int:
     six bytes, so the raw length would undercount what reaches the disk."""
     try:
         return len(orjson.dumps(text)) - 2
-    except orjson.JSONEncodeError:  # a lone surrogate: never written, the store refuses it as bad input
+    except orjson.JSONEncodeError:  # a lone surrogate: never written,
+                                    # the store refuses it as bad input
         return len(text.encode("utf-8", "surrogatepass"))
 
 
@@ -90,7 +91,8 @@ class Quotas:
         bucket.stamp = now
         if bucket.tokens < 1.0:
             wait_ms = int((1.0 - bucket.tokens) / per_s * 1000) + 1
-            raise RateLimited(f"too many {key[1]} calls for this user ({per_minute} a minute, {name})",
+            raise RateLimited(
+                f"too many {key[1]} calls for this user ({per_minute} a minute, {name})",
                               wait_ms)
         bucket.tokens -= 1.0
 
@@ -123,7 +125,8 @@ class ByteRate:
         return max(self.per_minute, self.largest)
 
     def take(self, user: str, size: int) -> None:
-        """Count ``size`` bytes against ``user``; RateLimited (nothing counted) if they do not fit."""
+        """Count ``size`` bytes against ``user``; RateLimited (nothing counted) if they
+        do not fit."""
         now, cap = self.clock(), float(self.capacity)
         per_s = self.per_minute / 60.0
         bucket = self._buckets.get(user)
@@ -136,8 +139,8 @@ class ByteRate:
         bucket.stamp = now
         if bucket.tokens < size:
             wait_ms = int((size - bucket.tokens) / per_s * 1000) + 1
-            raise RateLimited(f"too many message bytes for this user ({self.per_minute} a minute, {self.name}); "
-                              f"this message is {size}", wait_ms)
+            raise RateLimited(f"too many message bytes for this user ({self.per_minute} a minute, "
+                              f"{self.name}); this message is {size}", wait_ms)
         bucket.tokens -= size
 
     @contextmanager

@@ -142,8 +142,8 @@ class Registry:
         fields = _field_specs(params, bounds or {})
         schema = {"type": "object"} if result is None else result_schema(result)
         self._methods[name] = Method(
-            name, params, summary, handler, requires_auth, inline, fields, ", ".join(fields) or "none", schema,
-            _writes(name) if writes is None else writes,
+            name, params, summary, handler, requires_auth, inline, fields,
+            ", ".join(fields) or "none", schema, _writes(name) if writes is None else writes,
         )
 
     def is_inline(self, name: Any) -> bool:
@@ -188,8 +188,8 @@ class Registry:
 # Last name parts of methods that only read. Any other method counts as writing unless declared
 # otherwise, so a method added later is refused to read-only tokens until someone decides it
 # only reads: failing closed, with no list of methods to keep in step anywhere.
-_READ_VERBS = frozenset({"auth", "discover", "get", "health", "history", "list", "search", "status", "subscribe",
-                         "unsubscribe", "watch"})
+_READ_VERBS = frozenset({"auth", "discover", "get", "health", "history", "list", "search", "status",
+                         "subscribe", "unsubscribe", "watch"})
 
 
 def _writes(name: str) -> bool:
@@ -225,7 +225,8 @@ def _param_schema(f: _FieldSpec) -> dict[str, Any]:
     if optional:
         tp = next(a for a in args if a is not type(None))
     schema = _json_schema(tp)
-    for value, json_key in ((f.bound.min, "minimum"), (f.bound.max, "maximum"), (f.bound.max_len, "maxLength")):
+    for value, json_key in ((f.bound.min, "minimum"), (f.bound.max, "maximum"),
+                            (f.bound.max_len, "maxLength")):
         if value is not None:
             schema[json_key] = value
     if optional:
@@ -270,7 +271,8 @@ def result_schema(tp: Any) -> dict[str, Any]:
                 required.discard(key)
             elif wrapper is Required:
                 required.add(key)
-            properties[key] = result_schema(typing.get_args(hint)[0] if wrapper in (NotRequired, Required) else hint)
+            properties[key] = result_schema(typing.get_args(hint)[0]
+                                            if wrapper in (NotRequired, Required) else hint)
         schema: dict[str, Any] = {"type": "object", "properties": properties}
         if required:
             schema["required"] = [k for k in hints if k in required]
@@ -287,7 +289,8 @@ def result_schema(tp: Any) -> dict[str, Any]:
         return {"type": "array", "items": result_schema(args[0])}
     if origin is dict or tp is dict:
         value = args[1] if args else Any
-        return {"type": "object"} if value is Any else {"type": "object", "additionalProperties": result_schema(value)}
+        return ({"type": "object"} if value is Any
+                else {"type": "object", "additionalProperties": result_schema(value)})
     return _json_schema(tp)
 
 

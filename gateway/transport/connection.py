@@ -38,7 +38,8 @@ class Connection:
     """One client; handlers see it as their :class:`~gateway.rpc.CallContext`."""
 
     def __init__(self, ws: ServerConnection, user: str | None, *, max_outbox_bytes: int,
-                 max_reply_bytes: int, close_timeout_s: float, user_budgets: UserBudgets | None = None,
+                 max_reply_bytes: int, close_timeout_s: float,
+                 user_budgets: UserBudgets | None = None,
                  user_connections: UserConnections | None = None, client: str | None = None,
                  read_only: bool = False) -> None:
         self.id = next(_conn_ids)

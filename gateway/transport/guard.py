@@ -81,7 +81,8 @@ class SocketBudget:
         return len(self._waiting)
 
     def admit(self, owner: object, transport: asyncio.Transport) -> bool:
-        """Count a socket just accepted, waiting for its headers; False (and closed) if none fits."""
+        """Count a socket just accepted, waiting for its headers; False (and closed) if
+        none fits."""
         if len(self._open) >= self.max_sockets and not self._evict_oldest():
             self.refused += 1
             self._log_full()
@@ -131,8 +132,9 @@ class SocketBudget:
         now = time.monotonic()
         if now - self._last_log >= _FULL_LOG_INTERVAL_S:
             self._last_log = now
-            log.warning("server.sockets_full", max_sockets=self.max_sockets, waiting_for_headers=len(self._waiting),
-                        evicted=self.evicted, refused=self.refused, header_timeouts=self.timed_out)
+            log.warning("server.sockets_full", max_sockets=self.max_sockets,
+                        waiting_for_headers=len(self._waiting), evicted=self.evicted,
+                        refused=self.refused, header_timeouts=self.timed_out)
 
 
 _FULL_LOG_INTERVAL_S = 10.0
@@ -153,7 +155,8 @@ class UserConnections:
     def refusal(self, user: str) -> str | None:
         """Why another connection of ``user`` is refused, or None."""
         if self.by_user.get(user, 0) >= self.max_per_user:
-            return f"too many connections for this user (server.max_connections_per_user {self.max_per_user})"
+            return ("too many connections for this user (server.max_connections_per_user "
+                    f"{self.max_per_user})")
         return None
 
     def enter(self, conn: object, user: str) -> None:
@@ -194,7 +197,8 @@ class PendingPool:
     def refusal(self, bucket: str) -> str | None:
         """Why a new unauthenticated connection from ``bucket`` is refused, or None."""
         if len(self._held) >= self.max_pending:
-            return f"too many connections waiting to authenticate (auth.max_pending {self.max_pending})"
+            return ("too many connections waiting to authenticate (auth.max_pending "
+                    f"{self.max_pending})")
         if self.by_bucket.get(bucket, 0) >= self.max_per_address:
             return ("too many connections waiting to authenticate from this address "
                     f"(auth.max_pending_per_address {self.max_per_address})")
@@ -244,7 +248,8 @@ def guarded_connection(*, max_control_per_s: int, sockets: SocketBudget, pending
             super().data_received(data)
             if self._controls > max_control_per_s and not self._flooded:
                 self._flooded = True
-                log.warning("connection.control_flood", frames=self._controls, limit=max_control_per_s)
+                log.warning("connection.control_flood", frames=self._controls,
+                            limit=max_control_per_s)
                 # The close frame goes out if the peer reads; if it does not, the socket is
                 # dropped after close_timeout like any close that does not complete.
                 self.protocol.fail(CloseCode.POLICY_VIOLATION, "too many control frames")

@@ -90,7 +90,8 @@ class GatewayServer:
         self.max_inflight = settings.max_inflight
         self.max_reply_bytes = settings.max_reply_bytes
         # A user's connections together hold at most this (never less than one connection may).
-        self.user_budgets = UserBudgets(max(settings.max_user_reply_bytes, settings.max_reply_bytes))
+        self.user_budgets = UserBudgets(max(settings.max_user_reply_bytes,
+                                            settings.max_reply_bytes))
         self.max_outbox_bytes = settings.max_outbox_bytes
         self.max_control_frames_per_s = settings.max_control_frames_per_s
         self.started = time.monotonic()
@@ -99,7 +100,8 @@ class GatewayServer:
         # Called once per closed connection (the hub forgets its subscriptions).
         self._on_disconnect = on_disconnect
         # The user an Authorization header authenticated, from the handshake to the handler.
-        self._header_users: weakref.WeakKeyDictionary[ServerConnection, str] = weakref.WeakKeyDictionary()
+        self._header_users: weakref.WeakKeyDictionary[ServerConnection, str] = \
+            weakref.WeakKeyDictionary()
         # The client token (name, read-only) of an upgrade that signed in with one.
         self._header_clients: weakref.WeakKeyDictionary[ServerConnection, tuple[str, bool]] = \
             weakref.WeakKeyDictionary()
@@ -112,7 +114,8 @@ class GatewayServer:
         self.max_connections = connection_budget(settings.max_connections,
                                                  settings.reserved_fds + _HANDSHAKE_SLACK)
         # Every TCP socket of this port and of the /mcp listener (gateway.mcp.http) counts here.
-        self.sockets = SocketBudget(self.max_connections + _HANDSHAKE_SLACK, settings.header_timeout_s)
+        self.sockets = SocketBudget(self.max_connections + _HANDSHAKE_SLACK,
+                                    settings.header_timeout_s)
         self.users = UserConnections(min(settings.max_connections_per_user, self.max_connections))
         self._accept_log = AcceptErrorLog(_ACCEPT_LOG_INTERVAL_S)
 
@@ -149,7 +152,8 @@ class GatewayServer:
         )
         self.port = next(iter(self._server.sockets)).getsockname()[1]
         self.scheme = "wss" if self._ssl else "ws"
-        log.info("gateway.listening", url=f"{self.scheme}://{self.host}:{self.port}/", port=self.port)
+        log.info("gateway.listening", url=f"{self.scheme}://{self.host}:{self.port}/",
+                 port=self.port)
 
     @property
     def url(self) -> str:
@@ -185,7 +189,8 @@ class GatewayServer:
         path = request.path.split("?", 1)[0]
         hosts = headers.get_all("Host")
         if len(hosts) != 1:
-            return _respond(ws, http.HTTPStatus.BAD_REQUEST, "exactly one Host header is required\n")
+            return _respond(ws, http.HTTPStatus.BAD_REQUEST,
+                            "exactly one Host header is required\n")
         if not self._host_allowed(hosts[0]):
             return _respond(ws, http.HTTPStatus.MISDIRECTED_REQUEST, "Host not allowed\n")
         if path == "/healthz":
@@ -207,10 +212,12 @@ class GatewayServer:
         authz = authzs[0] if len(authzs) == 1 else ("" if authzs else None)
         if authz is not None:
             scheme, _, token = authz.partition(" ")
-            verdict = self.auth.check(token.strip() if scheme.lower() == "bearer" else None, peer_address(ws))
+            verdict = self.auth.check(token.strip() if scheme.lower() == "bearer" else None,
+                                      peer_address(ws))
             if not verdict.ok:
                 if verdict.retry_after_s:
-                    resp = _respond(ws, http.HTTPStatus.TOO_MANY_REQUESTS, "too many failed attempts\n")
+                    resp = _respond(ws, http.HTTPStatus.TOO_MANY_REQUESTS,
+                                    "too many failed attempts\n")
                     resp.headers["Retry-After"] = str(int(verdict.retry_after_s) + 1)
                     return resp
                 resp = _respond(ws, http.HTTPStatus.UNAUTHORIZED, "invalid token\n")
@@ -253,8 +260,9 @@ class GatewayServer:
         client, read_only = self._header_clients.pop(ws, (None, False))
         conn = Connection(ws, self._header_users.pop(ws, None), client=client, read_only=read_only,
                           max_outbox_bytes=self.max_outbox_bytes,
-                          max_reply_bytes=self.max_reply_bytes, close_timeout_s=self.close_timeout_s,
-                          user_budgets=self.user_budgets, user_connections=self.users)
+                          max_reply_bytes=self.max_reply_bytes,
+                          close_timeout_s=self.close_timeout_s, user_budgets=self.user_budgets,
+                          user_connections=self.users)
         self.connections.add(conn)
         structlog.contextvars.bind_contextvars(conn=conn.id, user=conn.user)
         log.info("connection.open", address=conn.address, authenticated=conn.authenticated)
@@ -340,7 +348,8 @@ class GatewayServer:
                         if held is not None and held.send_reply(reply.data):
                             budget.release(len(reply.data))
                         else:
-                            await conn.reply(reply.data)  # waits for a slow reader, or the connection closed
+                            await conn.reply(reply.data)  # waits for a slow reader,
+                                                          # or the connection closed
                         continue
                     self._start_call(conn, call, tasks)
         except TimeoutError:
@@ -353,7 +362,8 @@ class GatewayServer:
         # A batch runs its entries at once, so it holds a slot per entry (up to the whole
         # limit: a batch larger than the limit may run on an otherwise idle connection).
         max_inflight = self.max_inflight
-        weight = min(len(call.message), max_inflight) if isinstance(call.message, list) and call.message else 1
+        weight = (min(len(call.message), max_inflight)
+                  if isinstance(call.message, list) and call.message else 1)
         if conn.inflight + weight > max_inflight:
             busy = RateLimited(f"too many requests in flight (limit {max_inflight})", 50)
             conn.errors += 1
@@ -374,13 +384,15 @@ class GatewayServer:
             try:
                 conn.authenticate(verdict.user or "default", verdict.client, verdict.read_only)
             except RateLimited as exc:  # server.max_connections_per_user
-                await self._send_own(conn, orjson.dumps({"type": "auth", "ok": False, "error": str(exc)}))
+                await self._send_own(conn,
+                                     orjson.dumps({"type": "auth", "ok": False, "error": str(exc)}))
                 await conn.ws.close(CLOSE_POLICY, "too many connections for this user")
                 return False
             await self._send_own(conn, orjson.dumps({"type": "auth", "ok": True, "user": conn.user,
                                                      "server": server_info(self.version)}))
             return True
-        error = "too many failed attempts; retry later" if verdict.retry_after_s else "invalid token"
+        error = ("too many failed attempts; retry later" if verdict.retry_after_s
+                 else "invalid token")
         log.info("auth.failed", via="frame", locked=bool(verdict.retry_after_s))
         await self._send_own(conn, orjson.dumps({"type": "auth", "ok": False, "error": error}))
         await conn.ws.close(CLOSE_POLICY, "authentication failed")

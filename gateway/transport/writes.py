@@ -85,7 +85,8 @@ class HeldWrites(ServerConnection):
         # What send_reply() reads of websockets' Connection; without it, replies use send().
         self._direct = self._received is not None and all(
             hasattr(self, name) for name in ("paused", "send_in_progress")) and all(
-            hasattr(self.protocol, name) for name in ("writes", "extensions", "debug", "expect_continuation_frame"))
+            hasattr(self.protocol, name)
+            for name in ("writes", "extensions", "debug", "expect_continuation_frame"))
 
     @property
     def can_hold_bursts(self) -> bool:

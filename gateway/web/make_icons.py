@@ -59,7 +59,8 @@ def draw_icon(size: int) -> list[bytes]:
             acc = [0, 0, 0, 0]
             for sy in range(_SAMPLES):
                 for sx in range(_SAMPLES):
-                    c = _colour((px + (sx + 0.5) / _SAMPLES) / size, (py + (sy + 0.5) / _SAMPLES) / size)
+                    c = _colour((px + (sx + 0.5) / _SAMPLES) / size,
+                                (py + (sy + 0.5) / _SAMPLES) / size)
                     for i in range(4):
                         acc[i] += c[i] * (c[3] if i < 3 else 255)
             alpha = acc[3] // 255
@@ -73,11 +74,13 @@ def png_bytes(rows: list[bytes]) -> bytes:
     height, width = len(rows), len(rows[0]) // 4
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
 
     raw = b"".join(b"\x00" + row for row in rows)  # filter type 0 on every row
     header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9))
+            + chunk(b"IEND", b""))
 
 
 def main() -> int:

@@ -58,8 +58,8 @@ from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
 from memory.quantize import quantize_int8
 from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
-__all__ = ["CHUNKS_PER_STATEMENT", "CLAIM_WORKERS", "EMBED_LOCK", "SESSIONS_PER_CLAIM", "SESSION_STATS_SQL", "IndexReport",
-           "PgIndexer", "chunking_fingerprint", "doc_length"]
+__all__ = ["CHUNKS_PER_STATEMENT", "CLAIM_WORKERS", "EMBED_LOCK", "SESSIONS_PER_CLAIM",
+           "SESSION_STATS_SQL", "IndexReport", "PgIndexer", "chunking_fingerprint", "doc_length"]
 
 log = structlog.get_logger("memory.pg")
 
@@ -105,7 +105,8 @@ class IndexReport:
     sessions: int = 0
     chunks_written: int = 0
     chunks_deleted: int = 0
-    sessions_deleted: int = 0      # progress rows swept: their session was deleted or went incognito
+    sessions_deleted: int = 0      # progress rows swept: their session was deleted or went
+                                   # incognito
     embedded: int = 0              # texts sent to the embedder by this node
     filled: int = 0                # chunks given a vector (from the embedder or the cache)
     errors: list[str] = field(default_factory=list)
@@ -124,12 +125,15 @@ WHERE NOT EXISTS (SELECT 1 FROM {pg_feed.MEMORY_SESSIONS} s WHERE s.session_key 
 RETURNING p.session_key
 """
 
-# The sessions changed since this package's mark (seen_updated, seen_count), locked on our side only.
+# The sessions changed since this package's mark (seen_updated, seen_count), locked on our side
+# only.
 _CLAIM_SQL = f"""
-SELECT p.session_key, p.user_id, p.indexed_seq, p.indexed_count, p.chunking, s.updated_at, s.message_count
+SELECT p.session_key, p.user_id, p.indexed_seq, p.indexed_count, p.chunking, s.updated_at,
+  s.message_count
 FROM recalld_memory_progress p
 JOIN {pg_feed.MEMORY_SESSIONS} s ON s.session_key = p.session_key
-WHERE (p.seen_updated <> s.updated_at OR p.seen_count <> s.message_count OR p.chunking <> %(chunking)s)
+WHERE (p.seen_updated <> s.updated_at OR p.seen_count <> s.message_count
+  OR p.chunking <> %(chunking)s)
 ORDER BY p.session_key
 LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED
@@ -141,17 +145,20 @@ FOR UPDATE OF p SKIP LOCKED
 # it is the content itself (no CJK to space out), so a text is sent once. Passing the rows as
 # JSON (orjson here, ``json_to_recordset`` there) costs a fifth of one typed array per column:
 # psycopg's array dumper walks every element in Python and array_in parses each array again.
-_CHUNK_COLUMNS = ("user_id", "session_key", "chunk_idx", "content", "line_start", "line_end", "seq_start",
-                  "seg_start", "start_ts", "end_ts", "start_ms", "end_ms", "content_hash", "vector_hash",
-                  "fts", "doc_len")
-_CHUNK_TYPES = ("text", "text", "int4", "text", "int4", "int4", "int8", "int4", "text", "text", "int8", "int8",
+_CHUNK_COLUMNS = ("user_id", "session_key", "chunk_idx", "content", "line_start", "line_end",
+                  "seq_start", "seg_start", "start_ts", "end_ts", "start_ms", "end_ms",
+                  "content_hash", "vector_hash", "fts", "doc_len")
+_CHUNK_TYPES = ("text", "text", "int4", "text", "int4", "int4",
+                "int8", "int4", "text", "text", "int8", "int8",
                 "text", "text", "text", "int4")
 _UPSERT_CHUNKS_SQL = f"""
-INSERT INTO recalld_memory_chunks (user_id, session_key, chunk_idx, content, line_start, line_end, seq_start,
-  seg_start, start_ts, end_ts, start_ms, end_ms, content_hash, vector_hash, tsv, doc_len)
-SELECT user_id, session_key, chunk_idx, content, line_start, line_end, seq_start, seg_start, start_ts, end_ts,
-  start_ms, end_ms, content_hash, vector_hash, to_tsvector('{TS_CONFIG}', coalesce(fts, content)), doc_len
-FROM json_to_recordset(%s::json) AS r({", ".join(f"{c} {t}" for c, t in zip(_CHUNK_COLUMNS, _CHUNK_TYPES, strict=True))})
+INSERT INTO recalld_memory_chunks (user_id, session_key, chunk_idx, content, line_start, line_end,
+  seq_start, seg_start, start_ts, end_ts, start_ms, end_ms, content_hash, vector_hash, tsv, doc_len)
+SELECT user_id, session_key, chunk_idx, content, line_start, line_end, seq_start, seg_start,
+  start_ts, end_ts, start_ms, end_ms, content_hash, vector_hash,
+  to_tsvector('{TS_CONFIG}', coalesce(fts, content)), doc_len
+FROM json_to_recordset(%s::json) AS r({
+    ", ".join(f"{c} {t}" for c, t in zip(_CHUNK_COLUMNS, _CHUNK_TYPES, strict=True))})
 ON CONFLICT (session_key, chunk_idx) DO UPDATE SET
   content = excluded.content, line_start = excluded.line_start, line_end = excluded.line_end,
   seq_start = excluded.seq_start, seg_start = excluded.seg_start, start_ts = excluded.start_ts,
@@ -162,7 +169,8 @@ ON CONFLICT (session_key, chunk_idx) DO UPDATE SET
 
 # Each claimed session's last chunk (where an append resumes), in one look-up for the batch.
 _LAST_CHUNKS_SQL = """
-SELECT DISTINCT ON (session_key) session_key, chunk_idx, seq_start, seg_start FROM recalld_memory_chunks
+SELECT DISTINCT ON (session_key) session_key, chunk_idx, seq_start, seg_start
+FROM recalld_memory_chunks
 WHERE session_key = ANY(%s) ORDER BY session_key, chunk_idx DESC
 """
 
@@ -174,7 +182,8 @@ FROM recalld_memory_chunks c JOIN unnest(%s::text[], %s::int4[]) AS f(session_ke
 """
 
 _SURPLUS_SQL = """
-DELETE FROM recalld_memory_chunks c USING unnest(%s::text[], %s::int4[]) AS s(session_key, chunk_idx)
+DELETE FROM recalld_memory_chunks c
+USING unnest(%s::text[], %s::int4[]) AS s(session_key, chunk_idx)
 WHERE c.session_key = s.session_key AND c.chunk_idx = s.chunk_idx
 """
 
@@ -194,17 +203,18 @@ DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%(keys)s) AND end_ms <
 """
 
 _PROGRESS_SQL = """
-UPDATE recalld_memory_progress p SET indexed_seq = u.seq, indexed_count = u.count, seen_updated = u.updated,
-  seen_count = u.seen_count, chunking = %s, indexed_at = now()
-FROM unnest(%s::text[], %s::int8[], %s::int4[], %s::text[], %s::int4[]) AS u(session_key, seq, count, updated,
-                                                                           seen_count)
+UPDATE recalld_memory_progress p SET indexed_seq = u.seq, indexed_count = u.count,
+  seen_updated = u.updated, seen_count = u.seen_count, chunking = %s, indexed_at = now()
+FROM unnest(%s::text[], %s::int8[], %s::int4[], %s::text[], %s::int4[])
+  AS u(session_key, seq, count, updated, seen_count)
 WHERE p.session_key = u.session_key
 """
 
 # The session's share of BM25's corpus statistics, after any change to its chunks.
 SESSION_STATS_SQL = """
 UPDATE recalld_memory_progress p SET (n_chunks, total_len) = (
-  SELECT count(*), coalesce(sum(c.doc_len), 0) FROM recalld_memory_chunks c WHERE c.session_key = p.session_key)
+  SELECT count(*), coalesce(sum(c.doc_len), 0) FROM recalld_memory_chunks c
+  WHERE c.session_key = p.session_key)
 WHERE p.session_key = ANY(%s)
 """
 
@@ -247,7 +257,8 @@ class PgIndexer:
     """One node's share of the indexing; every method is a coroutine on a connection pool."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig,
-                 pipeline: EmbeddingPipeline | None, *, sessions_per_claim: int = SESSIONS_PER_CLAIM,
+                 pipeline: EmbeddingPipeline | None, *,
+                 sessions_per_claim: int = SESSIONS_PER_CLAIM,
                  chunks_per_statement: int = CHUNKS_PER_STATEMENT, texts_per_pass: int = 256,
                  claim_workers: int = CLAIM_WORKERS, vector_leg: VectorLeg = "hnsw") -> None:
         self.pool = pool
@@ -309,7 +320,8 @@ class PgIndexer:
             gone = [str(k) for (k,) in await (await conn.execute(_GONE_SQL)).fetchall()]
             report.sessions_deleted += len(gone)
             if gone:
-                cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%s)", (gone,))
+                cur = await conn.execute(
+                    "DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%s)", (gone,))
                 report.chunks_deleted += cur.rowcount
 
     async def _chunk_changed(self, report: IndexReport) -> None:
@@ -322,10 +334,12 @@ class PgIndexer:
         def full_batch() -> None:
             if not helpers:
                 extra = min(self.claim_workers, self.pool.max_size) - 1
-                helpers.extend(asyncio.create_task(self._claim_on_own_connection(report)) for _ in range(extra))
+                helpers.extend(asyncio.create_task(self._claim_on_own_connection(report))
+                               for _ in range(extra))
 
         def helper_failed() -> bool:
-            return any(t.done() and not t.cancelled() and t.exception() is not None for t in helpers)
+            return any(t.done() and not t.cancelled() and t.exception() is not None
+                       for t in helpers)
 
         try:
             async with self.pool.connection() as conn:
@@ -353,8 +367,8 @@ class PgIndexer:
         statements (a batch of chunks costs about what one chunk did, row by row). False when
         nothing was left to claim; ``full_batch`` is called as soon as the claim is a full one."""
         async with conn.transaction():
-            claimed = await (await conn.execute(
-                _CLAIM_SQL, {"chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
+            claimed = await (await conn.execute(_CLAIM_SQL, {
+                "chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
             if not claimed:
                 return False
             if full_batch is not None and len(claimed) >= self.sessions_per_claim:
@@ -362,15 +376,17 @@ class PgIndexer:
             keys = [str(k) for k, *_ in claimed]
             last = {str(k): (int(i), int(q), int(g)) for k, i, q, g in
                     await (await conn.execute(_LAST_CHUNKS_SQL, (keys,))).fetchall()}
-            cuts = [await self._cut_session(conn, str(key), str(user), int(indexed_seq), int(indexed_count),
-                                            str(chunking), (str(updated), int(seen_count)), last.get(str(key)))
-                    for key, user, indexed_seq, indexed_count, chunking, updated, seen_count in claimed]
+            cuts = [await self._cut_session(conn, str(key), str(user), int(indexed_seq),
+                                            int(indexed_count), str(chunking),
+                                            (str(updated), int(seen_count)), last.get(str(key)))
+                    for key, user, indexed_seq, indexed_count, chunking, updated, seen_count
+                    in claimed]
             await self._write_cuts(conn, cuts, report)
         return True
 
-    async def _cut_session(self, conn: AsyncConnection[TupleRow], key: str, user: str, indexed_seq: int,
-                           indexed_count: int, chunking: str, seen: tuple[str, int],
-                           last: tuple[int, int, int] | None) -> _Cut:
+    async def _cut_session(self, conn: AsyncConnection[TupleRow], key: str, user: str,
+                           indexed_seq: int, indexed_count: int, chunking: str,
+                           seen: tuple[str, int], last: tuple[int, int, int] | None) -> _Cut:
         """Re-chunk one claimed session (nothing written yet); ``seen`` is its (updated_at,
         message_count) at the claim, recorded so the session is claimed again only when they
         move (never in a loop when a count disagrees with the rows)."""
@@ -395,14 +411,16 @@ class PgIndexer:
         count = len(rows) if start_seq == 0 else await pg_feed.count_through(conn, key, top)
         return _Cut(key, user, whole, first_idx, chunks, top, count, seen)
 
-    async def _write_cuts(self, conn: AsyncConnection[TupleRow], cuts: Sequence[_Cut], report: IndexReport) -> None:
+    async def _write_cuts(self, conn: AsyncConnection[TupleRow], cuts: Sequence[_Cut],
+                          report: IndexReport) -> None:
         """A batch's cuts: sessions re-cut whole lose every chunk, then identical chunks stay,
         changed or new ones are written, surplus ones deleted, forgotten ranges applied, and
         each session's progress and BM25 statistics recorded."""
         keys = [c.key for c in cuts]
         whole = [c.key for c in cuts if c.whole]
         if whole:
-            cur = await conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%s)", (whole,))
+            cur = await conn.execute(
+                "DELETE FROM recalld_memory_chunks WHERE session_key = ANY(%s)", (whole,))
             report.chunks_deleted += cur.rowcount
         kept = [c for c in cuts if not c.whole]
         stored: dict[str, dict[int, str]] = {c.key: {} for c in cuts}
@@ -410,25 +428,30 @@ class PgIndexer:
             for key, idx, content_hash in await (await conn.execute(
                     _STORED_SQL, ([c.key for c in kept], [c.first_idx for c in kept]))).fetchall():
                 stored[str(key)][int(idx)] = str(content_hash)
-        fresh = [(c, chunk) for c in cuts for chunk in c.chunks if stored[c.key].get(chunk.idx) != chunk.content_hash]
+        fresh = [(c, chunk) for c in cuts for chunk in c.chunks
+                 if stored[c.key].get(chunk.idx) != chunk.content_hash]
         if fresh:
             await conn.execute("SELECT set_config('work_mem', %s, true)", (_BATCH_WORK_MEM,))
         for start in range(0, len(fresh), self.chunks_per_statement):
             part = fresh[start:start + self.chunks_per_statement]
-            rows = orjson.dumps([dict(zip(_CHUNK_COLUMNS, self._row(c.user, c.key, chunk), strict=True))
-                                 for c, chunk in part]).decode()
+            rows = orjson.dumps([
+                dict(zip(_CHUNK_COLUMNS, self._row(c.user, c.key, chunk), strict=True))
+                for c, chunk in part]).decode()
             await conn.execute(_UPSERT_CHUNKS_SQL, (rows,))
         report.chunks_written += len(fresh)
-        surplus = [(c.key, idx) for c in cuts for idx in stored[c.key] if idx >= c.first_idx + len(c.chunks)]
+        surplus = [(c.key, idx) for c in cuts for idx in stored[c.key]
+                   if idx >= c.first_idx + len(c.chunks)]
         if surplus:
-            cur = await conn.execute(_SURPLUS_SQL, ([k for k, _ in surplus], [i for _, i in surplus]))
+            cur = await conn.execute(_SURPLUS_SQL,
+                                     ([k for k, _ in surplus], [i for _, i in surplus]))
             report.chunks_deleted += cur.rowcount
         await conn.execute(_FORGOTTEN_SQL, {"keys": keys})
         cutoff = retention_cutoff_ms(self.config.retention_days)
         if cutoff is not None:
             await conn.execute(_EXPIRED_SQL, {"keys": keys, "cutoff": cutoff})
-        await conn.execute(_PROGRESS_SQL, (self.chunking, keys, [c.top for c in cuts], [c.count for c in cuts],
-                                           [c.seen[0] for c in cuts], [c.seen[1] for c in cuts]))
+        await conn.execute(_PROGRESS_SQL, (self.chunking, keys, [c.top for c in cuts],
+                                           [c.count for c in cuts], [c.seen[0] for c in cuts],
+                                           [c.seen[1] for c in cuts]))
         await conn.execute(SESSION_STATS_SQL, (keys,))
         report.sessions += len(cuts)
 
@@ -438,8 +461,8 @@ class PgIndexer:
         fts = fts_text(c.content)
         return (user, key, c.idx, c.content, c.line_start, c.line_end, c.byte_start, c.seg_start,
                 c.start_ts, c.end_ts, iso_to_ms(c.start_ts), iso_to_ms(c.end_ts), c.content_hash,
-                c.content_hash if sent == c.content else sha256_text(sent), None if fts == c.content else fts,
-                _token_count(fts))
+                c.content_hash if sent == c.content else sha256_text(sent),
+                None if fts == c.content else fts, _token_count(fts))
 
     # --- vectors ------------------------------------------------------------------------
 
@@ -448,13 +471,16 @@ class PgIndexer:
         identity = json.dumps(list(self.identity)) if self.identity is not None else ""
         async with self.pool.connection() as conn, conn.transaction():
             row = await (await conn.execute(
-                "SELECT value FROM recalld_memory_meta WHERE key = 'embedder' FOR UPDATE")).fetchone()
+                "SELECT value FROM recalld_memory_meta WHERE key = 'embedder' "
+                "FOR UPDATE")).fetchone()
             if row is not None and row[0] == identity:
                 return
-            await conn.execute("UPDATE recalld_memory_chunks SET embedding = NULL WHERE embedding IS NOT NULL")
+            await conn.execute(
+                "UPDATE recalld_memory_chunks SET embedding = NULL WHERE embedding IS NOT NULL")
             await drop_vector_index(conn)
-            await conn.execute("INSERT INTO recalld_memory_meta(key, value) VALUES ('embedder', %s) "
-                               "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (identity,))
+            await conn.execute(
+                "INSERT INTO recalld_memory_meta(key, value) VALUES ('embedder', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (identity,))
 
     async def _embed_some(self, report: IndexReport) -> bool:
         """One batch of distinct pending texts; False when it filled no chunk (nothing pending, or
@@ -463,7 +489,8 @@ class PgIndexer:
         provider, model, endpoint = self.identity
         params = {"provider": provider, "model": model, "endpoint_hash": endpoint}
         async with self.pool.connection() as conn, conn.transaction():
-            pending = await (await conn.execute(_PENDING_SQL, (self._salt, self.texts_per_pass))).fetchall()
+            pending = await (await conn.execute(_PENDING_SQL,
+                                                (self._salt, self.texts_per_pass))).fetchall()
             if not pending:
                 return False
             hashes = [str(h) for h, _ in pending]
@@ -472,12 +499,14 @@ class PgIndexer:
             cur = await conn.execute(_FILL_SQL, {**params, "hashes": hashes})
             report.filled += cur.rowcount
             locked = await (await conn.execute(
-                "SELECT h FROM unnest(%s::text[]) AS h WHERE pg_try_advisory_xact_lock(%s, hashtext(h))",
+                "SELECT h FROM unnest(%s::text[]) AS h "
+                "WHERE pg_try_advisory_xact_lock(%s, hashtext(h))",
                 (hashes, EMBED_LOCK))).fetchall()
             mine = {str(h) for (h,) in locked}
             cached = {str(h) for (h,) in await (await conn.execute(
-                "SELECT content_hash FROM recalld_memory_embedding_cache WHERE provider = %(provider)s "
-                "AND model = %(model)s AND endpoint_hash = %(endpoint_hash)s AND content_hash = ANY(%(hashes)s)",
+                "SELECT content_hash FROM recalld_memory_embedding_cache "
+                "WHERE provider = %(provider)s AND model = %(model)s "
+                "AND endpoint_hash = %(endpoint_hash)s AND content_hash = ANY(%(hashes)s)",
                 {**params, "hashes": list(mine)})).fetchall()}
             texts = {str(h): self.pipeline.text_to_send(str(content)) for h, content in pending
                      if str(h) in mine and str(h) not in cached}
@@ -492,7 +521,8 @@ class PgIndexer:
         return filled
 
     async def _embed_into_cache(self, conn: AsyncConnection[TupleRow], texts: dict[str, str],
-                                params: dict[str, str], report: IndexReport) -> EmbedderError | None:
+                                params: dict[str, str],
+                                report: IndexReport) -> EmbedderError | None:
         """Embed ``texts`` call by call into the cache; the error of the call that failed (the
         vectors of the calls before it are in the cache), or None."""
         assert self.pipeline is not None
@@ -512,9 +542,9 @@ class PgIndexer:
             return failed
         async with conn.cursor() as cur:
             await cur.executemany(
-                "INSERT INTO recalld_memory_embedding_cache (provider, model, endpoint_hash, content_hash, dims, "
-                "vector) VALUES (%(provider)s, %(model)s, %(endpoint_hash)s, %(content_hash)s, %(dims)s, "
-                "%(vector)s) ON CONFLICT DO NOTHING", rows)
+                "INSERT INTO recalld_memory_embedding_cache (provider, model, endpoint_hash, "
+                "content_hash, dims, vector) VALUES (%(provider)s, %(model)s, %(endpoint_hash)s, "
+                "%(content_hash)s, %(dims)s, %(vector)s) ON CONFLICT DO NOTHING", rows)
         return failed
 
 

@@ -10,9 +10,9 @@ Tables (prefix ``recalld_memory_``; the sessions package owns its own tables, wh
 indexer reads only through :mod:`sessions.pg.feed`):
 
 * ``chunks`` — one row per chunk, as :mod:`memory.chunking` makes it; ``tsv`` (its
-  lexemes and positions), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized vector as a
-  ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The vector
-  index is created by :mod:`memory.pg.index` once the embedder's width is known.
+  lexemes and positions), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized
+  vector as a ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The
+  vector index is created by :mod:`memory.pg.index` once the embedder's width is known.
 * ``postings`` — the keyword leg's inverted index (lexeme, user, chunk → tf), kept from
   ``chunks.tsv`` by triggers: one per INSERT statement (a batch of chunks at once, m003), one
   per updated or deleted chunk.
@@ -138,7 +138,7 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
   SELECT array_agg(((get_byte(v, i) + 128) % 256 - 128)::real ORDER BY i)::halfvec
   FROM generate_series(0, length(v) - 1) AS i
 $$;
-"""
+"""  # noqa: E501  (an applied migration's SQL is never edited, long lines included)
 
 _M002 = """
 CREATE TABLE recalld_memory_facts (
@@ -196,7 +196,7 @@ CREATE TABLE recalld_memory_forgotten (
   after_ms    bigint,
   before_ms   bigint,
   created_at  timestamptz NOT NULL DEFAULT now());
-"""
+"""  # noqa: E501  (an applied migration's SQL is never edited, long lines included)
 
 # Bulk indexing writes a batch of chunks in one statement; a per-row trigger would still pay one
 # function call and one small INSERT per chunk. A chunk's postings now come from one statement
@@ -279,7 +279,7 @@ CREATE TRIGGER recalld_memory_corpus_inserted
 CREATE TRIGGER recalld_memory_corpus_deleted
   AFTER DELETE ON recalld_memory_progress REFERENCING OLD TABLE AS old_rows
   FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_corpus_sync();
-"""
+"""  # noqa: E501  (an applied migration's SQL is never edited, long lines included)
 
 # The client token a fact was saved through (``recalld token add NAME``); NULL: the user's own.
 _M004 = """

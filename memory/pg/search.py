@@ -14,9 +14,10 @@ score, higher better, exactly as :mod:`memory.sqlite.search` hands them to
 * **vector** — cosine similarity over the int8 vectors (:mod:`memory.pg.vectors` for the two
   shapes of the leg).
 * **fusion** — :func:`fuse`'s rule in SQL: each leg min-max normalised within the query between
-  its best and its ``fusion_depth``-th score (lower ones 0; all 1 when those are equal), weighted ``keyword_weight`` / ``1 − keyword_weight`` when both legs
-  returned something and 1 otherwise, or ``Σ w/(rrf_k + rank)`` when ``fusion = "rrf"``; every
-  chunk either leg found is kept; ties by the better leg rank, then chunk id.
+  its best and its ``fusion_depth``-th score (lower ones 0; all 1 when those are equal),
+  weighted ``keyword_weight`` / ``1 − keyword_weight`` when both legs returned something and 1
+  otherwise, or ``Σ w/(rrf_k + rank)`` when ``fusion = "rrf"``; every chunk either leg found is
+  kept; ties by the better leg rank, then chunk id.
 
 Time phrases and recency are applied as :class:`memory.sqlite.search.HybridSearch` does,
 over the statement's fused rows, in one ``REPEATABLE READ`` transaction (one snapshot).
@@ -53,7 +54,8 @@ _FILTERS = {
     "before_ms": "\n    AND c.start_ms < %(before_ms)s",
     # ShownHistory (binds both names): the chunks of the prompt's history window are left out.
     "shown_session_key": "",
-    "shown_since_ms": "\n    AND (c.session_key <> %(shown_session_key)s OR c.start_ms < %(shown_since_ms)s)",
+    "shown_since_ms": ("\n    AND (c.session_key <> %(shown_session_key)s"
+                       " OR c.start_ms < %(shown_since_ms)s)"),
 }
 
 # Common words at scale (memory.sqlite.common_terms, same rule and settings): a term found
@@ -66,12 +68,14 @@ terms AS (
   CROSS JOIN LATERAL unnest(to_tsvector('{TS_CONFIG}', w)) AS l),
 corpus AS (
   SELECT coalesce(sum(n_chunks), 0)::float8 AS n,
-         CASE WHEN sum(n_chunks) > 0 THEN sum(total_len)::float8 / sum(n_chunks) ELSE 1.0 END AS avgdl
+         CASE WHEN sum(n_chunks) > 0 THEN sum(total_len)::float8 / sum(n_chunks)
+              ELSE 1.0 END AS avgdl
   FROM recalld_memory_corpus),
 common AS (
   SELECT CASE WHEN %(common_share)s > 0 AND (SELECT count(*) FROM terms) >= 2
                AND corpus.n > greatest(%(common_min)s, floor(%(common_share)s * corpus.n))
-              THEN greatest(%(common_min)s, floor(%(common_share)s * corpus.n))::bigint END AS threshold
+              THEN greatest(%(common_min)s, floor(%(common_share)s * corpus.n))::bigint
+         END AS threshold
   FROM corpus),
 judged AS (
   SELECT t.lexeme,
@@ -91,7 +95,8 @@ idf AS (
                       WHERE p.lexeme = k.lexeme) AS d),
 kw AS (
   SELECT p.chunk_id AS id,
-         sum(idf.idf * (p.tf * 2.2) / (p.tf + 1.2 * (0.25 + 0.75 * p.doc_len / corpus.avgdl))) AS score
+         sum(idf.idf * (p.tf * 2.2) / (p.tf + 1.2 * (0.25 + 0.75 * p.doc_len / corpus.avgdl)))
+           AS score
   FROM idf
   JOIN recalld_memory_postings p ON p.lexeme = idf.lexeme AND p.user_id = %(user)s{{chunk_join}}
   CROSS JOIN corpus
@@ -124,7 +129,8 @@ vec AS (
     SELECT c.id, c.embedding
     FROM recalld_memory_chunks c
     WHERE c.user_id = %(user)s AND c.embedding IS NOT NULL{filters}
-    ORDER BY binary_quantize(c.embedding)::bit({dims}) <~> binary_quantize(%(query)s::halfvec({dims}))::bit({dims})
+    ORDER BY binary_quantize(c.embedding)::bit({dims})
+      <~> binary_quantize(%(query)s::halfvec({dims}))::bit({dims})
     LIMIT %(pool)s) AS hamming
   ORDER BY score DESC, id
   LIMIT %(candidates)s)"""
@@ -132,13 +138,15 @@ vec AS (
 _FUSE = """
 kw_n AS (
   SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank,
-         CASE WHEN max(score) OVER () > lo THEN greatest(0.0, (score - lo) / (max(score) OVER () - lo))
+         CASE WHEN max(score) OVER () > lo
+              THEN greatest(0.0, (score - lo) / (max(score) OVER () - lo))
               WHEN score >= max(score) OVER () THEN 1.0 ELSE 0.0 END AS norm
   FROM kw CROSS JOIN (SELECT min(score) AS lo FROM (SELECT score FROM kw ORDER BY score DESC
                                                     LIMIT %(depth)s) AS top) AS kw_lo),
 vec_n AS (
   SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank,
-         CASE WHEN max(score) OVER () > lo THEN greatest(0.0, (score - lo) / (max(score) OVER () - lo))
+         CASE WHEN max(score) OVER () > lo
+              THEN greatest(0.0, (score - lo) / (max(score) OVER () - lo))
               WHEN score >= max(score) OVER () THEN 1.0 ELSE 0.0 END AS norm
   FROM vec CROSS JOIN (SELECT min(score) AS lo FROM (SELECT score FROM vec ORDER BY score DESC
                                                      LIMIT %(depth)s) AS top) AS vec_lo),
@@ -149,11 +157,12 @@ weights AS (
 fused AS (
   SELECT coalesce(k.id, v.id) AS id,
          weights.kw * coalesce(CASE WHEN %(rrf)s THEN 1.0 / (%(rrf_k)s + k.rank) ELSE k.norm END, 0)
-         + weights.vec * coalesce(CASE WHEN %(rrf)s THEN 1.0 / (%(rrf_k)s + v.rank) ELSE v.norm END, 0) AS score,
+         + weights.vec * coalesce(CASE WHEN %(rrf)s THEN 1.0 / (%(rrf_k)s + v.rank)
+                                       ELSE v.norm END, 0) AS score,
          k.rank AS kw_rank, v.rank AS vec_rank, v.score AS similarity
   FROM kw_n k FULL OUTER JOIN vec_n v ON k.id = v.id CROSS JOIN weights)
-SELECT f.id, c.session_key, c.content, f.score::float8, c.line_start, c.line_end, c.start_ts, c.end_ts,
-       f.kw_rank, f.vec_rank, f.similarity::float8, coalesce(c.end_ms, c.start_ms)
+SELECT f.id, c.session_key, c.content, f.score::float8, c.line_start, c.line_end, c.start_ts,
+       c.end_ts, f.kw_rank, f.vec_rank, f.similarity::float8, coalesce(c.end_ms, c.start_ms)
 FROM fused f JOIN recalld_memory_chunks c ON c.id = f.id
 ORDER BY f.score DESC, least(f.kw_rank, f.vec_rank), f.id"""
 
@@ -179,22 +188,25 @@ async def set_hnsw_search(conn: AsyncConnection[TupleRow], config: MemoryConfig)
 BIT_POOL = 1000
 
 
-def build_statement(request: SearchRequest, *, keyword: bool, dims: int | None, leg: VectorLeg) -> str:
+def build_statement(request: SearchRequest, *, keyword: bool, dims: int | None,
+                    leg: VectorLeg) -> str:
     """The one statement for these filters and legs (a fixed text per combination)."""
     filters = "".join(_FILTERS[n] for n in _FILTERS if getattr(request, n) is not None)
-    kw = _KEYWORD_LEG.format(filters=filters, chunk_join=_CHUNK_JOIN if filters else "") if keyword else _NO_KEYWORD_LEG
+    kw = (_KEYWORD_LEG.format(filters=filters, chunk_join=_CHUNK_JOIN if filters else "")
+          if keyword else _NO_KEYWORD_LEG)
     if dims is None:
         vec = _NO_VECTOR_LEG
     else:
-        vec = (_VECTOR_HNSW if leg == "hnsw" else _VECTOR_BIT).format(dims=int(dims), filters=filters)
+        vec = (_VECTOR_HNSW if leg == "hnsw" else _VECTOR_BIT).format(
+            dims=int(dims), filters=filters)
     return f"WITH {kw},\n{vec},\n{_FUSE}"
 
 
 class PgSearch:
     """Runs a :class:`SearchRequest` against the PostgreSQL index."""
 
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig, *,
-                 vector_leg: VectorLeg = "hnsw") -> None:
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], config: MemoryConfig,
+                 *, vector_leg: VectorLeg = "hnsw") -> None:
         self.pool = pool
         self.config = config
         self.vector_leg: VectorLeg = vector_leg
@@ -208,33 +220,37 @@ class PgSearch:
                 async with conn.transaction():
                     await set_hnsw_search(conn, self.config)
                     dims = await vector_dims(conn) if query_vector is not None else None
-                    query = _halfvec(query_vector) if query_vector is not None and dims == len(query_vector) else None
+                    query = (_halfvec(query_vector)
+                             if query_vector is not None and dims == len(query_vector) else None)
                     windowed = request.within_window()
                     if windowed is None:
                         rows = await self._fused(conn, request, query, dims, keyword)
                     else:
                         inside = await self._fused(conn, windowed, query, dims, keyword)
                         seen = {r[0] for r in inside}
-                        rest = await self._fused(conn, replace(request, query=windowed.query), query, dims, keyword)
+                        rest = await self._fused(conn, replace(request, query=windowed.query),
+                                                 query, dims, keyword)
                         rows = inside + [r for r in rest if r[0] not in seen]
             finally:
                 await conn.set_isolation_level(None)
         return [_hit(r) for r in rows[:request.k]]
 
-    async def _fused(self, conn: AsyncConnection[TupleRow], request: SearchRequest, query: str | None,
-                     dims: int | None, keyword: bool) -> list[tuple[Any, ...]]:
-        words = [t[1:-1].replace('""', '"') for t in fts_terms(request.query, self.config.max_query_terms)]
+    async def _fused(self, conn: AsyncConnection[TupleRow], request: SearchRequest,
+                     query: str | None, dims: int | None, keyword: bool) -> list[tuple[Any, ...]]:
+        words = [t[1:-1].replace('""', '"')
+                 for t in fts_terms(request.query, self.config.max_query_terms)]
         use_keyword = keyword and bool(words)
         if not use_keyword and query is None:
             return []
-        sql = build_statement(request, keyword=use_keyword, dims=dims if query is not None else None,
-                              leg=self.vector_leg)
+        sql = build_statement(request, keyword=use_keyword,
+                              dims=dims if query is not None else None, leg=self.vector_leg)
         params: dict[str, Any] = {
-            "user": request.user, "words": words, "query": query, "candidates": self.config.candidates,
-            "pool": max(BIT_POOL, self.config.candidates), "keyword_weight": self.config.keyword_weight,
-            "depth": self.config.fusion_depth,
+            "user": request.user, "words": words, "query": query,
+            "candidates": self.config.candidates, "pool": max(BIT_POOL, self.config.candidates),
+            "keyword_weight": self.config.keyword_weight, "depth": self.config.fusion_depth,
             "rrf": self.config.fusion == "rrf", "rrf_k": self.config.rrf_k,
-            "common_share": self.config.keyword_common_share, "common_min": self.config.keyword_common_min_chunks,
+            "common_share": self.config.keyword_common_share,
+            "common_min": self.config.keyword_common_min_chunks,
         }
         params.update((n, getattr(request, n)) for n in _FILTERS if getattr(request, n) is not None)
         rows = [tuple(r) for r in await (await conn.execute(sql.encode(), params)).fetchall()]
@@ -248,25 +264,29 @@ class PgSearch:
 
 
 def _halfvec(vector: Sequence[float]) -> str:
-    """The query as the int8 integers the stored vectors hold (SQLite's re-rank quantizes it too)."""
+    """The query as the int8 integers the stored vectors hold (SQLite's re-rank quantizes it
+    too)."""
     ints = memoryview(quantize_int8(vector)).cast("b").tolist()
     return "[" + ",".join(str(i) for i in ints) + "]"
 
 
 def _hit(r: Sequence[Any]) -> SearchHit:
     return SearchHit(int(r[0]), str(r[1]), str(r[2]), float(r[3]), int(r[4]), int(r[5]), r[6], r[7],
-                     int(r[8]) if r[8] is not None else None, int(r[9]) if r[9] is not None else None,
+                     int(r[8]) if r[8] is not None else None,
+                     int(r[9]) if r[9] is not None else None,
                      float(r[10]) if r[10] is not None else None)
 
 
 _AROUND_PG = AROUND_SQL.format(table="recalld_memory_chunks", user="user_id").replace("?", "%s")
 
 
-async def around_pg(pool: AsyncConnectionPool[AsyncConnection[TupleRow]], user: str, hit: SearchHit) -> list[ChunkSpan]:
+async def around_pg(pool: AsyncConnectionPool[AsyncConnection[TupleRow]], user: str,
+                    hit: SearchHit) -> list[ChunkSpan]:
     """The chunks around ``hit`` (memory.retrieval.neighbours), as the SQLite index reads them."""
     try:
         async with pool.connection() as conn:
-            cur = await conn.execute(_AROUND_PG, (user, hit.session_key, hit.line_start - 1, hit.line_end + 1))
+            cur = await conn.execute(_AROUND_PG, (user, hit.session_key,
+                                                  hit.line_start - 1, hit.line_end + 1))
             return spans(await cur.fetchall())
     except psycopg.Error as exc:
         raise MemoryStorageError(f"storage error: {type(exc).__name__}") from exc

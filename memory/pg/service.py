@@ -245,7 +245,8 @@ class PgMemory:
             finally:
                 self._syncs.syncing = False
             report = SyncReport(files_scanned=done.sessions, files_changed=done.sessions,
-                                files_deleted=done.sessions_deleted, chunks_written=done.chunks_written,
+                                files_deleted=done.sessions_deleted,
+                                chunks_written=done.chunks_written,
                                 chunks_deleted=done.chunks_deleted, embedded=done.filled,
                                 cache_hits=done.filled - done.embedded,
                                 embedder_calls=done.embedded, pending=pending,
@@ -383,8 +384,10 @@ class PgMemory:
         # Its progress row goes too (as the SQLite index drops the file's row): status counts
         # the session no more; the session store re-seeds it if the session still exists.
         return await self._delete_chunks(
-            "user_id = %(user)s AND session_key = %(session_key)s", {"user": user, "session_key": session_key},
-            first="DELETE FROM recalld_memory_progress WHERE user_id = %(user)s AND session_key = %(session_key)s")
+            "user_id = %(user)s AND session_key = %(session_key)s",
+            {"user": user, "session_key": session_key},
+            first="DELETE FROM recalld_memory_progress "
+                  "WHERE user_id = %(user)s AND session_key = %(session_key)s")
 
     async def forget(self, r: ForgetRange, *, record: bool) -> dict[str, int]:
         """Chunks overlapping the range go now, with the facts the model saved from those

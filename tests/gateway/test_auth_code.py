@@ -31,7 +31,8 @@ async def test_a_code_signs_in_once_as_its_user(config_factory: Callable[..., Co
             page = Client(ws)
             reply = await page.call("auth", {"code": issued["code"]})
             assert (reply["user"], reply["token"]) == ("alice", ALICE)
-            assert [s["sessionKey"] for s in (await page.call("sessions.list"))["sessions"]] == [mine]
+            assert ([s["sessionKey"] for s in (await page.call("sessions.list"))["sessions"]]
+                    == [mine])
         async with connect(app.url) as ws:
             again = await Client(ws).request("auth", {"code": issued["code"]})
         assert again["error"]["code"] == -32001
@@ -40,7 +41,8 @@ async def test_a_code_signs_in_once_as_its_user(config_factory: Callable[..., Co
 
 
 async def test_a_token_reply_carries_no_token(client: Client) -> None:
-    """`auth {token}` answers as before, without a token; neither or both of token and code is -32602."""
+    """`auth {token}` answers as before, without a token; neither or both of token and code
+    is -32602."""
     from tests.conftest import TOKEN
 
     assert "token" not in await client.call("auth", {"token": TOKEN})

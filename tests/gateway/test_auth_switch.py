@@ -14,7 +14,8 @@ from gateway.config import Config
 from tests.conftest import TOKEN, running
 from tests.faults.test_abuse import recv_reply
 
-USERS = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
+USERS = [{"name": "alice", "token": "alice-token-0123456789"},
+         {"name": "bob", "token": "bob-token-0123456789xx"}]
 
 
 async def test_auth_frame_after_other_frames_is_honoured(app: App) -> None:
@@ -41,11 +42,13 @@ async def test_reauthenticating_as_another_user_is_refused(
     stays the first user: it keeps seeing only that user's sessions, and the other user's
     sessions stay invisible to it; the same user's token is accepted again."""
     async with running(config_factory(auth={"users": USERS, "token": None})) as app, \
-            Client.connect(app.url, USERS[0]["token"]) as alice, Client.connect(app.url, USERS[1]["token"]) as bob:
+            Client.connect(app.url, USERS[0]["token"]) as alice, \
+            Client.connect(app.url, USERS[1]["token"]) as bob:
         mine = (await alice.call("sessions.create"))["sessionKey"]
         theirs = (await bob.call("sessions.create"))["sessionKey"]
         switch = await alice.request("auth", {"token": USERS[1]["token"]})
         assert switch["error"]["code"] == -32003 and "alice" in switch["error"]["message"], switch
         assert [s["sessionKey"] for s in (await alice.call("sessions.list"))["sessions"]] == [mine]
-        assert (await alice.request("sessions.subscribe", {"sessionKey": theirs}))["error"]["code"] == -32002
+        assert (await alice.request("sessions.subscribe",
+                                    {"sessionKey": theirs}))["error"]["code"] == -32002
         assert (await alice.call("auth", {"token": USERS[0]["token"]}))["user"] == "alice"

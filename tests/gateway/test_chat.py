@@ -22,7 +22,8 @@ _seen: weakref.WeakKeyDictionary[Client, list[dict[str, Any]]] = weakref.WeakKey
 TERMINAL = ("chat.final", "chat.error", "chat.aborted")
 
 
-async def run_to_end(c: Client, run_id: str, timeout: float = 10.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+async def run_to_end(c: Client, run_id: str,
+                     timeout: float = 10.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """This run's events up to its terminal one; other runs' events are kept for later calls."""
     seen = _seen.setdefault(c, [])
     async with asyncio.timeout(timeout):
@@ -38,13 +39,16 @@ def transcript(app: App, key: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
-async def test_full_flow_survives_restart(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_full_flow_survives_restart(config_factory: Callable[..., Config],
+                                          fake_openai: FakeOpenAI) -> None:
     """create → send → deltas → final → transcript lines → restart → history shows both messages."""
     fake_openai.configure(reply="Rust is a fine choice.")
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "model": "fake-model", "max_retries": 0})
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "model": "fake-model",
+                              "max_retries": 0})
     async with running(cfg) as app:
         async with Client.connect(app.url, TOKEN) as c:
-            key = (await c.call("sessions.create", {"title": "langs", "systemPrompt": "Be brief."}))["sessionKey"]
+            key = (await c.call("sessions.create",
+                                {"title": "langs", "systemPrompt": "Be brief."}))["sessionKey"]
             started = await c.call("chat.send", {"sessionKey": key, "message": "I like Rust"})
             assert started["status"] == "started"
             events, final = await run_to_end(c, started["runId"])
@@ -80,14 +84,18 @@ async def test_second_client_on_the_session_gets_the_events(chat_app: App) -> No
         assert final_a["params"]["message"] == final_b["params"]["message"]
 
 
-async def test_sends_to_one_session_run_in_arrival_order(chat_app: App, fake_openai: FakeOpenAI) -> None:
-    """Three quick sends to one session run one at a time, in order, each seeing only earlier turns."""
+async def test_sends_to_one_session_run_in_arrival_order(chat_app: App,
+                                                         fake_openai: FakeOpenAI) -> None:
+    """Three quick sends to one session run one at a time, in order, each seeing only
+    earlier turns."""
     fake_openai.configure(delta_delay_s=0.01)
     async with Client.connect(chat_app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        replies = await asyncio.gather(*(c.call("chat.send", {"sessionKey": key, "message": f"m{i}"}) for i in range(3)))
+        replies = await asyncio.gather(
+            *(c.call("chat.send", {"sessionKey": key, "message": f"m{i}"}) for i in range(3)))
         finals = [(await run_to_end(c, r["runId"]))[1] for r in replies]
-    assert [f["params"]["message"]["content"] for f in finals] == ["Echo: m0", "Echo: m1", "Echo: m2"]
+    assert [f["params"]["message"]["content"] for f in finals] == ["Echo: m0", "Echo: m1",
+                                                                   "Echo: m2"]
     reqs = fake_openai.chat_requests
     assert [r.json["messages"][-1]["content"] for r in reqs] == ["m0", "m1", "m2"]
     assert "m2" not in orjson.dumps(reqs[1].json).decode()
@@ -102,12 +110,14 @@ async def test_different_sessions_run_concurrently(chat_app: App, fake_openai: F
         keys = [(await c.call("sessions.create"))["sessionKey"] for _ in range(2)]
         runs = [await c.call("chat.send", {"sessionKey": k, "message": "go"}) for k in keys]
         await asyncio.sleep(0.2)
-        assert len(fake_openai.chat_requests) == 2 and not any(r.completed for r in fake_openai.chat_requests)
+        assert (len(fake_openai.chat_requests) == 2
+                and not any(r.completed for r in fake_openai.chat_requests))
         for r in runs:
             assert (await run_to_end(c, r["runId"]))[1]["method"] == "chat.final"
 
 
-async def test_abort_stops_upstream_and_keeps_the_partial(chat_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_abort_stops_upstream_and_keeps_the_partial(chat_app: App,
+                                                          fake_openai: FakeOpenAI) -> None:
     """chat.abort closes the upstream stream, emits chat.aborted and records the partial reply."""
     fake_openai.configure(reply=" ".join(f"w{i}" for i in range(200)), delta_delay_s=0.02)
     async with Client.connect(chat_app.url, TOKEN) as c:
@@ -125,12 +135,14 @@ async def test_abort_stops_upstream_and_keeps_the_partial(chat_app: App, fake_op
     assert line["aborted"] is True and line["content"] == last["params"]["partial"]
 
 
-async def test_repeated_idempotency_key_returns_the_first_run(chat_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_repeated_idempotency_key_returns_the_first_run(chat_app: App,
+                                                              fake_openai: FakeOpenAI) -> None:
     """The same idempotencyKey twice yields one run and one user line."""
     async with Client.connect(chat_app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         params = {"sessionKey": key, "message": "once", "idempotencyKey": "k-1"}
-        first, second = await asyncio.gather(c.call("chat.send", params), c.call("chat.send", params))
+        first, second = await asyncio.gather(c.call("chat.send", params),
+                                             c.call("chat.send", params))
         assert first["runId"] == second["runId"]
         await run_to_end(c, first["runId"])
     assert len(fake_openai.chat_requests) == 1
@@ -150,10 +162,11 @@ async def test_repeated_idempotency_key_returns_the_first_run(chat_app: App, fak
     ids=["401", "429", "500", "cut", "malformed", "timeout"],
 )
 async def test_upstream_failures_become_chat_error(
-    config_factory: Callable[..., Config], fake_openai: FakeOpenAI, behaviour: Behaviour, status: int | None,
-    retryable: bool,
+    config_factory: Callable[..., Config], fake_openai: FakeOpenAI, behaviour: Behaviour,
+    status: int | None, retryable: bool,
 ) -> None:
-    """Each upstream failure gives chat.error -32010 with status/retryable, and the transcript stays valid."""
+    """Each upstream failure gives chat.error -32010 with status/retryable, and the transcript
+    stays valid."""
     fake_openai.script(behaviour)
     cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-t", "timeout_s": 0.5,
                               "max_retries": 0})
@@ -176,7 +189,8 @@ async def test_upstream_failures_become_chat_error(
 
 async def test_connection_refused_is_retryable(config_factory: Callable[..., Config]) -> None:
     """A model endpoint that refuses connections gives chat.error retryable with no status."""
-    cfg = config_factory(llm={"base_url": "http://127.0.0.1:9/v1", "max_retries": 0, "timeout_s": 2.0})
+    cfg = config_factory(llm={"base_url": "http://127.0.0.1:9/v1", "max_retries": 0,
+                              "timeout_s": 2.0})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         run_id = (await c.call("chat.send", {"sessionKey": key, "message": "hi"}))["runId"]
@@ -193,7 +207,8 @@ async def test_no_model_configured_is_32011(app: App, client: Client) -> None:
 
 
 async def test_oversized_and_empty_messages_are_refused(chat_app: App) -> None:
-    """A message over chat.max_message_bytes or blank is -32602 on the message field, nothing written."""
+    """A message over chat.max_message_bytes or blank is -32602 on the message field,
+    nothing written."""
     async with Client.connect(chat_app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         for message in ("x" * (256 * 1024 + 1), "   "):
@@ -203,16 +218,22 @@ async def test_oversized_and_empty_messages_are_refused(chat_app: App) -> None:
     assert len(transcript(chat_app, key)) == 1
 
 
-async def test_another_users_session_is_not_found(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
-    """Bob cannot read, send to, subscribe to or delete Alice's session: -32002 like an unknown key."""
-    users = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
-    cfg = config_factory(auth={"users": users, "token": None}, llm={"base_url": fake_openai.base_url})
+async def test_another_users_session_is_not_found(config_factory: Callable[..., Config],
+                                                  fake_openai: FakeOpenAI) -> None:
+    """Bob cannot read, send to, subscribe to or delete Alice's session: -32002 like an
+    unknown key."""
+    users = [{"name": "alice", "token": "alice-token-0123456789"},
+             {"name": "bob", "token": "bob-token-0123456789xx"}]
+    cfg = config_factory(auth={"users": users, "token": None},
+                         llm={"base_url": fake_openai.base_url})
     async with running(cfg) as app:
-        async with Client.connect(app.url, users[0]["token"]) as alice, Client.connect(app.url, users[1]["token"]) as bob:
+        async with Client.connect(app.url, users[0]["token"]) as alice, \
+                Client.connect(app.url, users[1]["token"]) as bob:
             key = (await alice.call("sessions.create"))["sessionKey"]
             assert (await bob.call("sessions.list"))["sessions"] == []
-            for method, extra in [("sessions.get", {}), ("sessions.history", {}), ("sessions.delete", {}),
-                                  ("sessions.subscribe", {}), ("chat.send", {"message": "hi"}), ("chat.abort", {})]:
+            for method, extra in [("sessions.get", {}), ("sessions.history", {}),
+                                  ("sessions.delete", {}), ("sessions.subscribe", {}),
+                                  ("chat.send", {"message": "hi"}), ("chat.abort", {})]:
                 with pytest.raises(RpcError) as info:
                     await bob.call(method, {"sessionKey": key, **extra})
                 assert info.value.code == -32002, method
@@ -231,20 +252,22 @@ async def test_slow_consumer_is_dropped_and_the_run_completes(
     # hold for a client that reads nothing, at a pace a reading client keeps up with.
     size = 16_000_000
     fake_openai.configure(reply="x" * size, deltas=4000, delta_delay_s=0.0005)
-    cfg = config_factory(llm={"base_url": fake_openai.base_url}, limits={"max_outbox_bytes": 256 * 1024},
+    cfg = config_factory(llm={"base_url": fake_openai.base_url},
+                         limits={"max_outbox_bytes": 256 * 1024},
                          server={"write_limit": 4096, "close_timeout_s": 60.0},
                          sessions={"max_line_bytes": 32 * 1024 * 1024})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as good:
         key = (await good.call("sessions.create"))["sessionKey"]
-        async with connect(app.url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, max_queue=1,
-                           max_size=None) as stalled:
+        async with connect(app.url, additional_headers={"Authorization": f"Bearer {TOKEN}"},
+                           max_queue=1, max_size=None) as stalled:
             await stalled.send(orjson.dumps({"id": 1, "method": "sessions.subscribe",
                                              "params": {"sessionKey": key}}).decode())
             await asyncio.sleep(0.2)  # the reply sits unread in the stalled client's buffer
             stalled.transport.pause_reading()  # and from now on nothing more is read
             run_id = (await good.call("chat.send", {"sessionKey": key, "message": "go"}))["runId"]
             events, final = await run_to_end(good, run_id, timeout=60)
-            assert final["method"] == "chat.final" and len(final["params"]["message"]["content"]) == size
+            assert (final["method"] == "chat.final"
+                    and len(final["params"]["message"]["content"]) == size)
             # Reading again, the stalled client drains its backlog and finds the 1008 close.
             stalled.transport.resume_reading()
             with pytest.raises(ConnectionClosed):
@@ -262,7 +285,8 @@ async def test_slow_consumer_is_dropped_and_the_run_completes(
 async def test_disk_errors_on_append_answer_an_error_and_lose_nothing(
     config_factory: Callable[..., Config], fake_openai: FakeOpenAI, errno_: int
 ) -> None:
-    """ENOSPC/EIO while appending: chat.send answers an error, the transcript stays valid, later sends work."""
+    """ENOSPC/EIO while appending: chat.send answers an error, the transcript stays valid, later
+    sends work."""
     import os
 
     from sessions.fileio import FileIO
@@ -289,7 +313,8 @@ async def test_disk_errors_on_append_answer_an_error_and_lose_nothing(
             failing["on"] = False
             again = (await c.call("chat.send", {"sessionKey": key, "message": "after"}))["runId"]
             await run_to_end(c, again)
-            contents = [m["content"] for m in (await c.call("sessions.history", {"sessionKey": key}))["messages"]]
+            contents = [m["content"] for m in
+                        (await c.call("sessions.history", {"sessionKey": key}))["messages"]]
         assert contents == ["kept", "Echo: kept", "after", "Echo: after"]
     finally:
         await app.close()

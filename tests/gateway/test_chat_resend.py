@@ -41,7 +41,8 @@ async def test_regenerate_supersedes_the_last_reply(chat_app: App, fake_openai: 
         assert final["params"]["message"]["replaces"] == old["params"]["message"]["id"]
         sent = [m for m in fake_openai.chat_requests[-1].json["messages"] if m["role"] != "system"]
         assert [(m["role"], m["content"]) for m in sent] == [
-            ("user", "first question"), ("assistant", "Echo: first question"), ("user", "second question")]
+            ("user", "first question"), ("assistant", "Echo: first question"),
+            ("user", "second question")]
         assert await _history(c, key) == [
             ("user", "first question"), ("assistant", "Echo: first question"),
             ("user", "second question"), ("assistant", "A better answer.")]
@@ -53,7 +54,8 @@ async def test_regenerate_supersedes_the_last_reply(chat_app: App, fake_openai: 
         assert "A better answer." in [m["content"] for m in sent]
 
 
-async def test_edit_supersedes_the_last_message_and_its_reply(chat_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_edit_supersedes_the_last_message_and_its_reply(chat_app: App,
+                                                              fake_openai: FakeOpenAI) -> None:
     """An edit appends the new text as a user line that replaces the old one; the old message and
     its reply leave history and the prompt; the run answers the new text."""
     async with Client.connect(chat_app.url, TOKEN) as c:
@@ -69,16 +71,19 @@ async def test_edit_supersedes_the_last_message_and_its_reply(chat_app: App, fak
                                           ("user", "typo fixed"), ("assistant", "Echo: typo fixed")]
         lines = [line for line in transcript(chat_app, key) if line.get("type") == "message"]
         edited = next(line for line in lines if line["content"] == "typo fixed")
-        assert edited["replaces"] == next(line["id"] for line in lines if line["content"] == "tpyo here")
+        assert edited["replaces"] == next(line["id"] for line in lines
+                                          if line["content"] == "tpyo here")
         assert edited["runId"] == run_id
         # A second edit replaces the first edit's range too.
-        run_id = (await c.call("chat.edit", {"sessionKey": key, "text": "typo fixed twice"}))["runId"]
+        run_id = (await c.call("chat.edit",
+                               {"sessionKey": key, "text": "typo fixed twice"}))["runId"]
         await run_to_end(c, run_id)
         assert [text for _, text in await _history(c, key)] == [
             "keep me", "Echo: keep me", "typo fixed twice", "Echo: typo fixed twice"]
 
 
-async def test_resend_into_a_busy_or_empty_session_is_refused(chat_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_resend_into_a_busy_or_empty_session_is_refused(chat_app: App,
+                                                              fake_openai: FakeOpenAI) -> None:
     """While a reply streams, regenerate and edit answer -32003 and write nothing; a session with
     nothing to regenerate or edit answers -32003 too; another user's key is -32002."""
     async with Client.connect(chat_app.url, TOKEN) as c:
@@ -119,7 +124,8 @@ async def test_regenerate_after_many_regenerations(
         config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """However many superseded replies lie between the message and the end (more than the model's
     history window), regenerate still finds the message and sends no superseded reply with it."""
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "model": "fake-model", "max_retries": 0},
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "model": "fake-model",
+                              "max_retries": 0},
                          chat={"history_limit": 2, "max_queued_runs": 1})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
@@ -127,7 +133,8 @@ async def test_regenerate_after_many_regenerations(
         for i in range(4):
             fake_openai.script(Behaviour(reply=f"take {i}"))
             await run_to_end(c, (await c.call("chat.regenerate", {"sessionKey": key}))["runId"])
-            sent = [m for m in fake_openai.chat_requests[-1].json["messages"] if m["role"] != "system"]
+            sent = [m for m in fake_openai.chat_requests[-1].json["messages"]
+                    if m["role"] != "system"]
             assert [(m["role"], m["content"]) for m in sent] == [("user", "the question")]
         assert await _history(c, key) == [("user", "the question"), ("assistant", "take 3")]
         assert len([line for line in transcript(app, key) if line.get("type") == "message"]) == 6

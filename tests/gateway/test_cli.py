@@ -50,8 +50,8 @@ def test_call_prints_the_result(daemon: Daemon) -> None:
 
 def test_call_prints_errors_and_fails(daemon: Daemon) -> None:
     """An error reply is printed as JSON and the exit code is 1."""
-    out = recalld("--data-dir", str(daemon.data_dir), "call", "sessions.get", '{"sessionKey": "nope"}',
-                  "--url", daemon.url, env={"RECALLD_TOKEN": TOKEN})
+    out = recalld("--data-dir", str(daemon.data_dir), "call", "sessions.get",
+                  '{"sessionKey": "nope"}', "--url", daemon.url, env={"RECALLD_TOKEN": TOKEN})
     assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == -32002
 
 
@@ -75,7 +75,8 @@ def test_token_show_and_rotate(tmp_path: Path) -> None:
 
 
 def test_auth_none_on_public_bind_is_refused(tmp_path: Path) -> None:
-    """Starting with auth.mode=none on 0.0.0.0 exits 2 with a message saying why and how to fix it."""
+    """Starting with auth.mode=none on 0.0.0.0 exits 2 with a message saying why and how
+    to fix it."""
     out = recalld("--data-dir", str(tmp_path), "serve", "--host", "0.0.0.0", "--port", "0",
                   env={"RECALLD_AUTH_MODE": "none"})
     assert out.returncode == 2

@@ -22,7 +22,8 @@ KEY = re.compile(r"^session ([0-9a-f-]{16,})", re.MULTILINE)
 
 @pytest.fixture
 def daemon(tmp_path: Path, fake_openai: FakeOpenAI) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "data", env={"OPENAI_BASE_URL": fake_openai.base_url, "RECALLD_LLM_MODEL": "fake-model"})
+    d = Daemon(tmp_path / "data",
+               env={"OPENAI_BASE_URL": fake_openai.base_url, "RECALLD_LLM_MODEL": "fake-model"})
     yield d
     d.kill()
 
@@ -31,13 +32,15 @@ async def start_chat(daemon: Daemon, *args: str) -> asyncio.subprocess.Process:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
     env["RECALLD_TOKEN"] = TOKEN
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "--data-dir", str(daemon.data_dir), "chat", "--url", daemon.url, *args,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        sys.executable, "-m", "gateway", "--data-dir", str(daemon.data_dir), "chat", "--url",
+        daemon.url, *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env,
     )
 
 
 async def chat(daemon: Daemon, *args: str, stdin: str = "") -> tuple[int, str, str]:
-    """Run `recalld chat` with ``stdin`` piped in; awaiting keeps the fake model (this loop) serving."""
+    """Run `recalld chat` with ``stdin`` piped in; awaiting keeps the fake model (this
+    loop) serving."""
     proc = await start_chat(daemon, *args)
     out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), 60)
     assert proc.returncode is not None
@@ -99,7 +102,8 @@ async def test_session_flag_resumes_with_history(daemon: Daemon) -> None:
 
 async def test_commands_new_sessions_help_and_unknown(daemon: Daemon) -> None:
     """/new switches to a fresh session, /sessions lists both, /help and unknown commands answer."""
-    code, out, err = await chat(daemon, stdin="one\n/new\ntwo\n/sessions\n/help\n/nope\n/quit\nnever sent\n")
+    code, out, err = await chat(
+        daemon, stdin="one\n/new\ntwo\n/sessions\n/help\n/nope\n/quit\nnever sent\n")
     assert code == 0, err
     first, second = KEY.findall(out)
     assert first != second
@@ -124,7 +128,8 @@ async def test_search_prints_hits_or_a_clean_error(daemon: Daemon) -> None:
             await asyncio.sleep(0.3)
 
 
-async def test_ctrl_c_aborts_the_streaming_reply_and_chat_goes_on(daemon: Daemon, fake_openai: FakeOpenAI) -> None:
+async def test_ctrl_c_aborts_the_streaming_reply_and_chat_goes_on(daemon: Daemon,
+                                                                  fake_openai: FakeOpenAI) -> None:
     """SIGINT during a slow reply aborts it ([aborted]); the next line is answered; EOF exits 0."""
     fake_openai.configure(reply="slow " * 400, delta_delay_s=0.02)
     proc = await start_chat(daemon)
@@ -165,13 +170,15 @@ async def test_unreachable_url_exits_1(daemon: Daemon) -> None:
     """A URL nothing listens on names the URL and the reason in one line, exit code 1."""
     code, _, err = await chat(daemon, "--url", "ws://127.0.0.1:9/")
     assert code == 1
-    assert err.startswith("recalld: cannot connect to ws://127.0.0.1:9/:") and len(err.strip().splitlines()) == 1
+    assert (err.startswith("recalld: cannot connect to ws://127.0.0.1:9/:")
+            and len(err.strip().splitlines()) == 1)
 
 
 async def test_wrong_token_exits_1(daemon: Daemon) -> None:
     """A refused token says so in one line, exit code 1."""
     code, _, err = await chat(daemon, "--token", "wrong-token-0123456789")
-    assert code == 1 and err.strip() == f"recalld: cannot connect to {daemon.url}: the token was refused"
+    assert (code == 1
+            and err.strip() == f"recalld: cannot connect to {daemon.url}: the token was refused")
 
 
 async def test_regenerate_and_edit_commands(daemon: Daemon, fake_openai: FakeOpenAI) -> None:
@@ -190,13 +197,16 @@ async def test_regenerate_and_edit_commands(daemon: Daemon, fake_openai: FakeOpe
     assert "(Chat about first try, 5 messages)" in out
 
 
-async def test_summary_command_and_resume_print_the_summary(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+async def test_summary_command_and_resume_print_the_summary(tmp_path: Path,
+                                                            fake_openai: FakeOpenAI) -> None:
     """Once messages left the model's window, `/summary` prints the session's summary and
     resuming the session prints it above the last messages."""
     from gateway.client import Client
 
-    d = Daemon(tmp_path / "data", env={"OPENAI_BASE_URL": fake_openai.base_url, "RECALLD_LLM_MODEL": "fake-model",
-                                       "RECALLD_CHAT_HISTORY_LIMIT": "2", "RECALLD_CHAT_COMPACTION_EVERY": "2"})
+    d = Daemon(tmp_path / "data", env={"OPENAI_BASE_URL": fake_openai.base_url,
+                                       "RECALLD_LLM_MODEL": "fake-model",
+                                       "RECALLD_CHAT_HISTORY_LIMIT": "2",
+                                       "RECALLD_CHAT_COMPACTION_EVERY": "2"})
     try:
         fake_openai.compaction_behaviour = Behaviour(reply="They spoke of otters.")
         code, out, err = await chat(d, stdin="one\ntwo\nthree\n")
@@ -207,16 +217,20 @@ async def test_summary_command_and_resume_print_the_summary(tmp_path: Path, fake
                 await asyncio.sleep(0.05)  # the summary is written in the background
         code, out, err = await chat(d, "--session", key, stdin="/summary\n")
         assert code == 0, err
-        assert len(re.findall(r"earlier in this chat \(\d+ messages\): They spoke of otters\.\n", out)) == 2
+        assert len(re.findall(r"earlier in this chat \(\d+ messages\): They spoke of otters\.\n",
+                              out)) == 2
     finally:
         d.kill()
 
 
 async def test_model_and_continue_commands(daemon: Daemon, fake_openai: FakeOpenAI) -> None:
     """/model shows the chat's model and those offered, /model NAME switches (a model not offered
-    is refused with the gateway's reason), and /continue writes on a reply cut at the length limit."""
-    fake_openai.script(Behaviour(reply="Half a", finish_reason="length"), Behaviour(reply=" story."))
-    code, out, err = await chat(daemon, stdin="tell me\n/continue\n/model\n/model fake-model\n/model gpt-9\n")
+    is refused with the gateway's reason), and /continue writes on a reply cut at the
+    length limit."""
+    fake_openai.script(Behaviour(reply="Half a", finish_reason="length"),
+                       Behaviour(reply=" story."))
+    code, out, err = await chat(daemon, stdin="tell me\n/continue\n/model\n/model fake-model\n"
+                                              "/model gpt-9\n")
     assert code == 0, err
     assert "Half a" in out and " story.\n" in out
     assert "model: fake-model (offered: fake-model)\n" in out and "model: fake-model\n" in out

@@ -19,7 +19,8 @@ def recalld(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
     env["RECALLD_MEMORY_EMBEDDER"] = "none"
     return subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data_dir), *args],
-                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
 
 
 def _node(node_id: str, parent: str | None, children: list[str], role: str | None, text: Any,
@@ -36,16 +37,19 @@ def chatgpt_export() -> list[dict[str, Any]]:
     """Two conversations shaped like ChatGPT's conversations.json; the first has an edited
     branch (b1 was regenerated as b2, and b2 is the current one) and a hidden system node."""
     first: dict[str, Any] = {
-        "title": "Sourdough", "create_time": 1_700_000_000.0, "conversation_id": "c-1", "current_node": "b2",
-        "mapping": {
+        "title": "Sourdough", "create_time": 1_700_000_000.0, "conversation_id": "c-1",
+        "current_node": "b2", "mapping": {
             "root": _node("root", None, ["sys"], None, None),
-            "sys": _node("sys", "root", ["u1"], "system", "", is_visually_hidden_from_conversation=True),
-            "u1": _node("u1", "sys", ["b1", "b2"], "user", "my starter is called Bubbles", 1_700_000_001.0),
+            "sys": _node("sys", "root", ["u1"], "system", "",
+                         is_visually_hidden_from_conversation=True),
+            "u1": _node("u1", "sys", ["b1", "b2"], "user", "my starter is called Bubbles",
+                        1_700_000_001.0),
             "b1": _node("b1", "u1", [], "assistant", "discarded branch", 1_700_000_002.0),
             "b2": _node("b2", "u1", ["u2"], "assistant", "Bubbles is a fine name", 1_700_000_003.0,
                         model_slug="gpt-4o"),
             "u2": _node("u2", "b2", ["img"], "user", {"content_type": "multimodal_text",
-                                                     "parts": [{"asset_pointer": "file-x"}, "feed it rye flour"]},
+                                                      "parts": [{"asset_pointer": "file-x"},
+                                                                "feed it rye flour"]},
                         1_700_000_004.0),
             "img": _node("img", "u2", [], "tool", "tool output", 1_700_000_005.0),
         },
@@ -55,7 +59,8 @@ def chatgpt_export() -> list[dict[str, Any]]:
     second = {
         "title": "Bike", "create_time": 1_700_100_000.0, "id": "c-2", "current_node": "x2",
         "mapping": {
-            "x1": _node("x1", None, ["x2"], "user", "the chain on my bike squeaks", 1_700_100_001.0),
+            "x1": _node("x1", None, ["x2"], "user", "the chain on my bike squeaks",
+                        1_700_100_001.0),
             "x2": _node("x2", "x1", [], "assistant", "oil the chain", 1_700_100_002.0),
         },
     }
@@ -77,7 +82,8 @@ def test_chatgpt_export_becomes_sessions_of_the_user_and_is_searchable(tmp_path:
     assert out.returncode == 0, out.stderr
     assert "2 new" in out.stdout and "5 messages written" in out.stdout and "indexed:" in out.stdout
     lines = _transcript_lines(data, "maya", session_key_for("maya", "chatgpt", "c-1"))
-    assert lines[0]["title"] == "Sourdough" and lines[0]["createdAt"].startswith("2023-11-14T22:13:20")
+    assert (lines[0]["title"] == "Sourdough"
+            and lines[0]["createdAt"].startswith("2023-11-14T22:13:20"))
     assert [(m["role"], m["content"]) for m in lines[1:]] == [
         ("user", "my starter is called Bubbles"), ("assistant", "Bubbles is a fine name"),
         ("user", "feed it rye flour")]
@@ -96,7 +102,8 @@ def test_importing_twice_adds_nothing(tmp_path: Path) -> None:
     before = {p.name: p.read_bytes() for p in (data / "sessions" / "default").iterdir()}
     again = recalld(data, "import", str(export), "--no-index")
     assert again.returncode == 0, again.stderr
-    assert "0 new" in again.stdout and "2 already complete" in again.stdout and "0 messages written" in again.stdout
+    assert ("0 new" in again.stdout and "2 already complete" in again.stdout
+            and "0 messages written" in again.stdout)
     assert {p.name: p.read_bytes() for p in (data / "sessions" / "default").iterdir()} == before
 
 
@@ -109,7 +116,8 @@ def test_an_interrupted_import_resumes_with_the_missing_messages(tmp_path: Path)
     data = tmp_path / "data"
     first = import_conversations(data, SessionsConfig(fsync="never"), "default", "chatgpt", cut)
     assert (first.created, first.messages) == (1, 1)
-    report = import_conversations(data, SessionsConfig(fsync="never"), "default", "chatgpt", conversations)
+    report = import_conversations(data, SessionsConfig(fsync="never"), "default", "chatgpt",
+                                  conversations)
     assert (report.created, report.resumed, report.messages) == (1, 1, 4)
     lines = _transcript_lines(data, "default", session_key_for("default", "chatgpt", "c-1"))
     assert [m["content"] for m in lines[1:]] == [
@@ -126,11 +134,13 @@ def test_recalld_jsonl_round_trips_roles_times_names_and_extra(tmp_path: Path) -
             key = store.create("old", title=title, created_at="2024-02-01T10:00:00Z").session_key
             store.append_message("old", key, role="user", content=f"{title} question", name="Ana",
                                  ts="2024-02-01T10:00:05Z")
-            store.append_message("old", key, role="assistant", content=f"{title} answer", run_id="r1",
-                                 ts="2024-02-01T10:00:09Z", extra={"model": "m-1", "finishReason": "stop"})
+            store.append_message("old", key, role="assistant", content=f"{title} answer",
+                                 run_id="r1", ts="2024-02-01T10:00:09Z",
+                                 extra={"model": "m-1", "finishReason": "stop"})
             keys.append(key)
     dump = tmp_path / "export.jsonl"
-    dump.write_bytes(b"".join((source / "sessions" / "old" / f"{k}.jsonl").read_bytes() for k in keys))
+    dump.write_bytes(b"".join((source / "sessions" / "old" / f"{k}.jsonl").read_bytes()
+                              for k in keys))
     data = tmp_path / "data"
     out = recalld(data, "import", str(dump), "--user", "bo", "--no-index")
     assert out.returncode == 0, out.stderr
@@ -151,7 +161,8 @@ def test_malformed_file_is_refused_with_its_line_and_nothing_is_written(tmp_path
         key = store.create("u").session_key
         store.append_message("u", key, role="user", content="kept?")
     broken = tmp_path / "broken.jsonl"
-    broken.write_bytes((good / "sessions" / "u" / f"{key}.jsonl").read_bytes() + b'{"type": "message", "role"\n')
+    broken.write_bytes((good / "sessions" / "u" / f"{key}.jsonl").read_bytes()
+                       + b'{"type": "message", "role"\n')
     data = tmp_path / "data"
     out = recalld(data, "import", str(broken))
     assert out.returncode == 1 and "line 3" in out.stderr and "nothing was imported" in out.stderr

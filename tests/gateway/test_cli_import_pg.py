@@ -23,9 +23,11 @@ def _source(data_dir: Path) -> dict[str, str]:
     with SessionStore(data_dir) as store:
         a = store.create("alice", title="Trip", system_prompt="Be brief.", model="m1",
                          created_at="2024-01-01T00:00:00Z")
-        store.append_message("alice", a.session_key, role="user", content="where to?", ts="2024-01-01T00:00:01Z")
-        store.append_message("alice", a.session_key, role="assistant", content="Lisbon", run_id="r1",
-                             name="Ada", ts="2024-01-01T00:00:02Z", extra={"model": "m1", "usage": {"totalTokens": 7}})
+        store.append_message("alice", a.session_key, role="user", content="where to?",
+                             ts="2024-01-01T00:00:01Z")
+        store.append_message("alice", a.session_key, role="assistant", content="Lisbon",
+                             run_id="r1", name="Ada", ts="2024-01-01T00:00:02Z",
+                             extra={"model": "m1", "usage": {"totalTokens": 7}})
         store.update("alice", a.session_key, title="Lisbon trip")
         secret = store.create("alice", title="secret", memory=False)
         store.append_message("alice", secret.session_key, role="user", content="shh")
@@ -39,13 +41,14 @@ def _snapshot(store: PgSessionStore | SessionStore, user: str) -> list[tuple[obj
     for s in sessions:
         full = store.get(user, s.session_key)
         messages = store.recent_messages(user, s.session_key, 1000)
-        out.append((full.session_key, full.title, full.system_prompt, full.model, full.memory, full.created_at,
-                    full.updated_at, full.message_count,
+        out.append((full.session_key, full.title, full.system_prompt, full.model, full.memory,
+                    full.created_at, full.updated_at, full.message_count,
                     [(m.role, m.content, m.ts, m.run_id, m.name, m.extra) for m in messages]))
     return out
 
 
-def test_moving_a_data_dir_keeps_every_session_and_a_rerun_adds_nothing(tmp_path: Path, pg_dsn: str) -> None:
+def test_moving_a_data_dir_keeps_every_session_and_a_rerun_adds_nothing(tmp_path: Path,
+                                                                        pg_dsn: str) -> None:
     """Every session arrives with its key, metadata and messages; a second run writes nothing;
     messages added to the source since are appended by a third."""
     source = tmp_path / "single"
@@ -73,8 +76,10 @@ def test_importing_a_file_into_postgres_twice_adds_nothing(tmp_path: Path, pg_ds
     """A ChatGPT export lands in the database, and importing it again writes nothing."""
     conversations = parse(json.dumps(chatgpt_export()).encode(), "chatgpt")
     storage = StorageConfig(backend="postgres", dsn=pg_dsn)
-    first = import_conversations(tmp_path, SessionsConfig(), "default", "chatgpt", conversations, storage=storage)
-    second = import_conversations(tmp_path, SessionsConfig(), "default", "chatgpt", conversations, storage=storage)
+    first = import_conversations(tmp_path, SessionsConfig(), "default", "chatgpt", conversations,
+                                 storage=storage)
+    second = import_conversations(tmp_path, SessionsConfig(), "default", "chatgpt", conversations,
+                                  storage=storage)
     assert first.created == 2 and first.messages > 0
     assert (second.created, second.unchanged, second.messages) == (0, 2, 0)
     with PgSessionStore(pg_dsn) as store:

@@ -14,8 +14,10 @@ from sessions.store import SessionStore
 def recalld(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
     env["RECALLD_MEMORY_EMBEDDER"] = "none"
-    return subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "memory", *args],
-                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    return subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data_dir),
+                           "memory", *args],
+                          capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
 
 
 def seed(data_dir: Path) -> str:
@@ -43,7 +45,8 @@ def test_index_then_search_finds_the_fact(tmp_path: Path) -> None:
 
 
 def test_index_resumes_without_redoing_work(tmp_path: Path) -> None:
-    """A second `memory index` reads nothing again; an append is picked up alone; --full re-reads all."""
+    """A second `memory index` reads nothing again; an append is picked up alone; --full
+    re-reads all."""
     key = seed(tmp_path)
     recalld(tmp_path, "index")
     assert "0 changed" in recalld(tmp_path, "index").stdout
@@ -55,7 +58,8 @@ def test_index_resumes_without_redoing_work(tmp_path: Path) -> None:
 
 
 def test_status_reports_counts_and_why_no_vectors(tmp_path: Path) -> None:
-    """`memory status` shows counts and says why vector search is off; --json is machine-readable."""
+    """`memory status` shows counts and says why vector search is off; --json is
+    machine-readable."""
     seed(tmp_path)
     recalld(tmp_path, "index")
     status = json.loads(recalld(tmp_path, "status", "--json").stdout)
@@ -70,7 +74,8 @@ def test_memory_facts_add_list_update_delete(tmp_path: Path) -> None:
     assert added.returncode == 0, added.stderr
     fact_id = json.loads(added.stdout)["fact"]["id"]
     assert "Luna" in recalld(tmp_path, "facts").stdout
-    fixed = json.loads(recalld(tmp_path, "facts", "--json", "update", str(fact_id), "My cat is called Nova").stdout)
+    fixed = json.loads(recalld(tmp_path, "facts", "--json", "update", str(fact_id),
+                               "My cat is called Nova").stdout)
     assert fixed["action"] == "replaced" and fixed["fact"]["replaces"] == fact_id
     history = recalld(tmp_path, "facts", "history", str(fixed["fact"]["id"])).stdout
     assert "Luna" in history and "(replaced)" in history and "Nova" in history
@@ -90,8 +95,9 @@ async def test_status_says_which_model_serves_vectors_during_a_rebuild(tmp_path:
     await indexed_with_a(tmp_path)
     new = model_b()
     new.fail = embedder_down()  # the rebuild cannot progress
-    async with opened(tmp_path, quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+    async with opened(tmp_path, quiet_config(), new,
+                      previous_embedder=factory_of(model_a())) as svc:
         rows = dict(status_rows(await svc.status()))
-    assert rows["vector rebuild"] == ("0 of 2 chunks embedded; meanwhile fake model-a (the previous model) "
-                                      "serves vector search")
+    assert rows["vector rebuild"] == ("0 of 2 chunks embedded; meanwhile fake model-a (the "
+                                      "previous model) serves vector search")
     assert str(rows["vector search"]).startswith("not ready")

@@ -14,7 +14,8 @@ def ready_line(daemon: Daemon) -> dict[str, Any]:
     """Stop the daemon and return its ``recalld.ready`` log record (read after the stop, so a
     daemon that never logs one fails the test rather than hanging it)."""
     _, rest = daemon.stop()
-    records = [*daemon.lines, *(json.loads(line) for line in rest.splitlines() if line.startswith("{"))]
+    records = [*daemon.lines,
+               *(json.loads(line) for line in rest.splitlines() if line.startswith("{"))]
     found: list[dict[str, Any]] = [r for r in records if r.get("event") == "recalld.ready"]
     assert found, records
     return found[0]
@@ -31,6 +32,7 @@ def test_startup_line_names_the_web_client_and_no_chat_model(tmp_path: Path) -> 
 
 async def test_startup_line_names_the_chat_model(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     """With a model endpoint the ready line names the model and where it is served."""
-    daemon = Daemon(tmp_path / "data", env={"OPENAI_BASE_URL": fake_openai.base_url, "RECALLD_LLM_MODEL": "fake-model"})
+    daemon = Daemon(tmp_path / "data", env={"OPENAI_BASE_URL": fake_openai.base_url,
+                                            "RECALLD_LLM_MODEL": "fake-model"})
     ready = ready_line(daemon)
     assert ready["chat"] == f"model fake-model at {fake_openai.base_url}"

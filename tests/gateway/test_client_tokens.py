@@ -47,13 +47,15 @@ def test_add_list_revoke_round_trip(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert _cli(data, "add", "phone") == 1 and "already has a token" in capsys.readouterr().err
     assert _cli(data, "list") == 0
     listed = capsys.readouterr().out
-    assert "claude" in listed and "read-only" in listed and "phone" in listed and "read-write" in listed
+    assert ("claude" in listed and "read-only" in listed and "phone" in listed
+            and "read-write" in listed)
     assert token not in listed and phone not in listed
     assert _cli(data, "revoke", "phone") == 0
     capsys.readouterr()
     assert _cli(data, "list") == 0
     assert "phone" not in capsys.readouterr().out
-    assert _cli(data, "revoke", "phone") == 1 and "no client named 'phone'" in capsys.readouterr().err
+    assert (_cli(data, "revoke", "phone") == 1
+            and "no client named 'phone'" in capsys.readouterr().err)
 
 
 def test_add_refuses_a_symlinked_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,12 +91,13 @@ async def test_running_daemon_sees_added_and_revoked_tokens(config_factory: Call
             assert err.value.code == -32001
 
 
-async def test_read_only_token_reads_but_never_writes(config_factory: Callable[..., Config], tmp_path: Path,
-                                                     fake_openai: FakeOpenAI) -> None:
+async def test_read_only_token_reads_but_never_writes(config_factory: Callable[..., Config],
+                                                      tmp_path: Path,
+                                                      fake_openai: FakeOpenAI) -> None:
     """A read-only client token can search and list, but memory.facts.add, chat.send,
     memory.forget and sessions.create answer -32005 naming the client, and nothing is written."""
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
-                              "max_retries": 0}, memory={"debounce_ms": 20})
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                              "model": "fake-model", "max_retries": 0}, memory={"debounce_ms": 20})
     async with running(cfg) as app:
         target = tmp_path / "claude.token"
         assert _cli(cfg.data_dir, "add", "claude", "--read-only", "--file", str(target)) == 0
@@ -135,5 +138,6 @@ async def test_fact_saved_through_a_client_token_names_it(config_factory: Callab
             assert added["fact"]["client"] == "claude"
         async with Client.connect(app.url, TOKEN) as owner:
             await owner.call("memory.facts.add", {"text": "I live in Leeds"})
-            facts = {f["text"]: f["client"] for f in (await owner.call("memory.facts.list"))["facts"]}
+            facts = {f["text"]: f["client"]
+                     for f in (await owner.call("memory.facts.list"))["facts"]}
         assert facts == {"My cat is called Miso": "claude", "I live in Leeds": None}

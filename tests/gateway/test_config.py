@@ -25,7 +25,8 @@ def test_defaults(tmp_path: Path) -> None:
 
 def test_flag_beats_env_beats_file(tmp_path: Path) -> None:
     """CLI flag > environment > file > default, key by key."""
-    path = write(tmp_path, "[server]\nport = 1111\nhost = '127.0.0.1'\n[memory]\ndebounce_ms = 10\n")
+    path = write(tmp_path,
+                 "[server]\nport = 1111\nhost = '127.0.0.1'\n[memory]\ndebounce_ms = 10\n")
     env = {"RECALLD_SERVER_PORT": "2222", "RECALLD_MEMORY_DEBOUNCE_MS": "20"}
     assert load(path, env={}).server.port == 1111
     cfg = load(path, env=env)
@@ -61,7 +62,8 @@ def test_env_values_are_parsed_by_type(tmp_path: Path) -> None:
 
 def test_every_mistake_is_reported_with_its_origin(tmp_path: Path) -> None:
     """Unknown keys, unknown sections and bad values are listed together, each naming its place."""
-    path = write(tmp_path, "[server]\nprot = 1\nport = 'x'\n[nope]\na = 1\n[limits]\nmax_batch = 0\n")
+    path = write(tmp_path,
+                 "[server]\nprot = 1\nport = 'x'\n[nope]\na = 1\n[limits]\nmax_batch = 0\n")
     with pytest.raises(ConfigError) as info:
         load(path, env={"RECALLD_SESSIONS_FSYNC": "sometimes"})
     text = "\n".join(info.value.problems)
@@ -74,17 +76,21 @@ def test_every_mistake_is_reported_with_its_origin(tmp_path: Path) -> None:
 
 
 def test_retrieval_keys_load_and_bad_ones_are_named(tmp_path: Path) -> None:
-    """The round-2 [memory] retrieval keys load from the file; a bad fusion or weight is refused by name."""
+    """The round-2 [memory] retrieval keys load from the file; a bad fusion or weight is
+    refused by name."""
     good = write(tmp_path, "[memory]\nfusion = 'rrf'\nkeyword_weight = 0.3\nchunk_tokens = 300\n"
-                           "recall_min_similarity = 0.45\nrerank = true\nlocal_model = 'bge-small-en-v1.5'\n")
+                           "recall_min_similarity = 0.45\nrerank = true\n"
+                           "local_model = 'bge-small-en-v1.5'\n")
     memory = load(good, env={}).memory
     assert (memory.fusion, memory.keyword_weight, memory.chunk_tokens) == ("rrf", 0.3, 300)
-    assert (memory.recall_min_similarity, memory.rerank, memory.local_model) == (0.45, True, "bge-small-en-v1.5")
+    assert ((memory.recall_min_similarity, memory.rerank, memory.local_model)
+            == (0.45, True, "bge-small-en-v1.5"))
     bad = write(tmp_path, "[memory]\nfusion = 'max'\nkeyword_weight = 2\n")
     with pytest.raises(ConfigError) as info:
         load(bad, env={})
     text = "\n".join(info.value.problems)
-    assert "[memory] fusion: must be one of convex, rrf" in text and "keyword_weight must be between 0 and 1" in text
+    assert ("[memory] fusion: must be one of convex, rrf" in text
+            and "keyword_weight must be between 0 and 1" in text)
 
 
 def test_invalid_toml_is_one_clear_message(tmp_path: Path) -> None:
@@ -97,9 +103,11 @@ def test_invalid_toml_is_one_clear_message(tmp_path: Path) -> None:
 def test_auth_none_refused_off_loopback(tmp_path: Path) -> None:
     """auth.mode = "none" on a non-loopback bind is refused, saying why and how to fix it."""
     with pytest.raises(ConfigError) as info:
-        load(None, env={}, data_dir=tmp_path, overrides={"server": {"host": "0.0.0.0"}, "auth": {"mode": "none"}})
+        load(None, env={}, data_dir=tmp_path,
+             overrides={"server": {"host": "0.0.0.0"}, "auth": {"mode": "none"}})
     assert "127.0.0.1" in info.value.problems[0] and "token" in info.value.problems[0]
-    assert load(None, env={}, data_dir=tmp_path, overrides={"auth": {"mode": "none"}}).auth.mode == "none"
+    assert load(None, env={}, data_dir=tmp_path,
+                overrides={"auth": {"mode": "none"}}).auth.mode == "none"
 
 
 def test_auth_users_tables(tmp_path: Path) -> None:

@@ -54,7 +54,8 @@ async def test_an_edited_away_statement_leaves_the_index(
         await say(c, key, "The weather is mild today.")
         await say(c, key, "My cat is called Tomasz.")
         await _until_found(c, "cat called", "Tomasz")
-        run_id = await _resend(c, "chat.edit", {"sessionKey": key, "text": "My cat is called Felix."})
+        run_id = await _resend(c, "chat.edit",
+                               {"sessionKey": key, "text": "My cat is called Felix."})
         await run_to_end(c, run_id)
         texts = await _until_found(c, "cat called", "Felix")
         texts = await _texts(c, "cat called Tomasz")
@@ -100,7 +101,8 @@ async def test_a_fact_forty_messages_back_reaches_the_prompt(
         question = "What is my storage locker combination?"
         await say(c, key, question)
         # The reply's own request (an episode's summary request may come after it).
-        asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == question]
+        asked = [r.json for r in fake_openai.chat_requests
+                 if r.json["messages"][-1]["content"] == question]
         system = _system(asked[-1])
         assert "4471-2963" in system
         assert "earlier in this conversation" in system
@@ -120,7 +122,8 @@ async def test_a_short_follow_up_recalls_with_the_previous_turn(
         new = (await c.call("sessions.create"))["sessionKey"]
         await say(c, new, "Let's talk about my sister Maria's wedding.")
         final = await say(c, new, "and where?")
-        asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == "and where?"]
+        asked = [r.json for r in fake_openai.chat_requests
+                 if r.json["messages"][-1]["content"] == "and where?"]
         assert "Porto" in _system(asked[-1])
         assert final["params"]["recalled"]
 
@@ -129,8 +132,8 @@ async def test_regenerations_do_not_shrink_the_history_window(
         backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """The prompt holds chat.history_limit shown messages however many superseded replies lie
     between them: the window is counted after they are left out."""
-    cfg = backend_config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
-                                      "max_retries": 0},
+    cfg = backend_config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                                      "model": "fake-model", "max_retries": 0},
                                  chat={"history_limit": 4, "max_queued_runs": 1})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
@@ -139,9 +142,11 @@ async def test_regenerations_do_not_shrink_the_history_window(
         for _ in range(3):
             await run_to_end(c, await _resend(c, "chat.regenerate", {"sessionKey": key}))
         await say(c, key, "fourth question")
-        asked = [r.json for r in fake_openai.chat_requests if r.json["messages"][-1]["content"] == "fourth question"]
+        asked = [r.json for r in fake_openai.chat_requests
+                 if r.json["messages"][-1]["content"] == "fourth question"]
         sent = [m["content"] for m in asked[-1]["messages"] if m["role"] != "system"]
-        assert sent == ["Echo: second question", "third question", "Echo: third question", "fourth question"]
+        assert sent == ["Echo: second question", "third question", "Echo: third question",
+                        "fourth question"]
 
 
 async def test_a_regenerated_long_reply_leaves_the_index_whole(
@@ -151,7 +156,8 @@ async def test_a_regenerated_long_reply_leaves_the_index_whole(
     cfg = chat_config(backend_config_factory, fake_openai, chunk_tokens=64, overlap_tokens=16)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        fake_openai.script(Behaviour(reply="Marseille opens it. " + "alpha " * 150 + "Toulon closes it."))
+        fake_openai.script(Behaviour(reply="Marseille opens it. " + "alpha " * 150
+                                     + "Toulon closes it."))
         await say(c, key, "Describe the coast.")
         await _until_found(c, "Toulon", "Toulon")
         fake_openai.script(Behaviour(reply="Paris opens it. " + "beta " * 150 + "Lyon closes it."))

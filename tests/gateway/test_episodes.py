@@ -37,12 +37,14 @@ def summarising(*answers: dict[str, Any] | str) -> Callable[[list[dict[str, Any]
 def config(factory: Callable[..., Config], fake: FakeOpenAI, **memory: Any) -> Config:
     values = {"debounce_ms": 20, "episode_cooldown_turns": 1, "episode_cooldown_minutes": 0,
               "episode_retry_s": 0.05, **memory}
-    return factory(llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0},
+    return factory(llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model",
+                        "max_retries": 0},
                    memory=values, chat={"timezone": "Europe/Berlin"})
 
 
 def summary_requests(fake: FakeOpenAI) -> list[Any]:
-    return [r for r in fake.chat_requests if r.json["messages"][0]["content"] == SUMMARY_INSTRUCTIONS]
+    return [r for r in fake.chat_requests
+            if r.json["messages"][0]["content"] == SUMMARY_INSTRUCTIONS]
 
 
 async def episodes(app: App, c: Client) -> list[dict[str, Any]]:
@@ -55,9 +57,11 @@ async def test_an_episode_is_written_after_enough_turns(
 ) -> None:
     """No episode before episode_cooldown_turns user turns; then one, dated in chat.timezone,
     from a non-streamed summary request that carried the conversation."""
-    fake_openai.configure(reply=summarising({"summary": "The user planned a trip to Kyoto in April.",
-                                             "theme": "Kyoto trip", "same_theme": False}))
-    async with running(config(backend_config_factory, fake_openai, episode_cooldown_turns=2)) as app, \
+    fake_openai.configure(reply=summarising(
+        {"summary": "The user planned a trip to Kyoto in April.", "theme": "Kyoto trip",
+         "same_theme": False}))
+    async with running(config(backend_config_factory, fake_openai,
+                              episode_cooldown_turns=2)) as app, \
             Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await say(c, key, "I want to visit Kyoto.")
@@ -65,11 +69,13 @@ async def test_an_episode_is_written_after_enough_turns(
         await say(c, key, "April would be best.")
         [episode] = await episodes(app, c)
         today = datetime.now(UTC).astimezone(__import__("zoneinfo").ZoneInfo("Europe/Berlin"))
-        assert episode["text"] == "The user planned a trip to Kyoto in April." and episode["sessionKey"] == key
+        assert (episode["text"] == "The user planned a trip to Kyoto in April."
+                and episode["sessionKey"] == key)
         assert episode["date"] == today.date().isoformat() and episode["year"] == today.year
         assert episode["week"] == f"{today.isocalendar().year}-W{today.isocalendar().week:02d}"
         [request] = summary_requests(fake_openai)
-        assert request.json.get("stream") is None and "April would be best." in request.json["messages"][1]["content"]
+        assert (request.json.get("stream") is None
+                and "April would be best." in request.json["messages"][1]["content"])
 
 
 async def test_cooldown_minutes_and_daily_cap_hold_back_episodes(
@@ -77,8 +83,9 @@ async def test_cooldown_minutes_and_daily_cap_hold_back_episodes(
 ) -> None:
     """Within episode_cooldown_minutes of a session's episode, and past the daily cap, no new
     episode is written (and the model is not even asked)."""
-    fake_openai.configure(reply=summarising({"summary": "The user talked about gardening.", "theme": "garden"},
-                                            {"summary": "The user talked about chess openings.", "theme": "chess"}))
+    fake_openai.configure(reply=summarising(
+        {"summary": "The user talked about gardening.", "theme": "garden"},
+        {"summary": "The user talked about chess openings.", "theme": "chess"}))
     async with running(config(config_factory, fake_openai, episode_cooldown_minutes=60)) as app, \
             Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
@@ -103,13 +110,14 @@ async def test_same_theme_merges_and_a_repeat_is_not_novel(
         {"summary": "The user is choosing a laptop.", "theme": "laptop"},
         {"summary": "The user is choosing a laptop and picked 16 GB of memory.", "theme": "laptop",
          "same_theme": True},
-        {"summary": "The user is choosing a laptop and picked 16 GB of memory.", "theme": "computers",
-         "same_theme": False}))
+        {"summary": "The user is choosing a laptop and picked 16 GB of memory.",
+         "theme": "computers", "same_theme": False}))
     async with running(config(config_factory, fake_openai, embedder="openai")) as app, \
             Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await say(c, key, "Which laptop?")
-        await episodes(app, c)  # turns arriving while a summary is written join one job; keep them apart
+        await episodes(app, c)  # turns arriving while a summary is
+                                # written join one job; keep them apart
         await say(c, key, "16 GB then.")
         [merged] = await episodes(app, c)
         assert merged["merges"] == 1 and "16 GB" in merged["text"]
@@ -126,7 +134,8 @@ async def test_a_failed_summary_is_retried_not_lost(
     good = {"summary": "The user asked about sourdough starters.", "theme": "baking"}
     fake_openai.configure(reply=summarising("this is not json", good))
     fake_openai.script(Behaviour(), Behaviour(status=503))  # the chat reply, then the first summary
-    async with running(config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(config(backend_config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         final = await say(c, key, "How do I feed a sourdough starter?")
         assert final["method"] == "chat.final"
@@ -152,7 +161,8 @@ async def test_an_episode_and_the_end_of_its_job_are_one_write(
         for _ in range(2):  # an insert, then a merge into it
             await episodes.enqueue("default", "k" * 32)
             [job] = await episodes.due()
-            draft = EpisodeDraft("default", "k" * 32, "Compared two tents.", "camping", moment, 1, job_id=job.id)
+            draft = EpisodeDraft("default", "k" * 32, "Compared two tents.", "camping", moment, 1,
+                                 job_id=job.id)
             merge_into = (await episodes.write(draft, merge_into)).id
             assert await episodes.queue_state() == {"pending": 0, "failed": 0}
 
@@ -162,7 +172,8 @@ async def test_recall_intent_brings_episodes_of_the_named_time(
 ) -> None:
     """'What did we talk about last week' puts last week's episode in the prompt and leaves out
     an older one; chat.final lists the episode ids shown."""
-    async with running(config(config_factory, fake_openai, episodes=True, episode_cooldown_turns=50)) as app, \
+    async with running(config(config_factory, fake_openai, episodes=True,
+                              episode_cooldown_turns=50)) as app, \
             Client.connect(app.url, TOKEN) as c:
         assert app.memory is not None
         tz = __import__("zoneinfo").ZoneInfo("Europe/Berlin")
@@ -184,19 +195,22 @@ async def test_recall_intent_brings_episodes_of_the_named_time(
         assert final["params"]["episodes"] == [written["bicycle"]]
 
 
-async def test_memory_search_kinds_episode(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
-    """memory.search {kinds:["episode"]} finds episodes (and only them); a bad kinds value is -32602."""
+async def test_memory_search_kinds_episode(backend_config_factory: Callable[..., Config],
+                                           fake_openai: FakeOpenAI) -> None:
+    """memory.search {kinds:["episode"]} finds episodes (and only them); a bad kinds value
+    is -32602."""
     import pytest
 
     from gateway.client import RpcError
 
-    async with running(config(backend_config_factory, fake_openai, episode_cooldown_turns=50)) as app, \
+    async with running(config(backend_config_factory, fake_openai,
+                              episode_cooldown_turns=50)) as app, \
             Client.connect(app.url, TOKEN) as c:
         assert app.memory is not None
         now = datetime.now(UTC)
         await app.memory.service.episodes.write(
-            EpisodeDraft("default", "s" * 32, "The user repaired a vintage typewriter.", "typewriter", now,
-                         int(now.timestamp() * 1000)), None)
+            EpisodeDraft("default", "s" * 32, "The user repaired a vintage typewriter.",
+                         "typewriter", now, int(now.timestamp() * 1000)), None)
         found = await c.call("memory.search", {"query": "typewriter repair", "kinds": ["episode"]})
         assert [r["kind"] for r in found["results"]] == ["episode"]
         assert "typewriter" in found["results"][0]["content"]

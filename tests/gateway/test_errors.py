@@ -59,14 +59,17 @@ STORAGE = {"code": -32603, "data": {"retryable": True}}
         (InvalidSearch("k", "must be an integer from 1 to 50"),
          {"code": -32602, "data": {"field": "k", "reason": "must be an integer from 1 to 50"}}),
         (InvalidFact("text", "is 250 characters; the limit is 200"),
-         {"code": -32602, "data": {"field": "text", "reason": "is 250 characters; the limit is 200"}}),
+         {"code": -32602,
+          "data": {"field": "text", "reason": "is 250 characters; the limit is 200"}}),
         (FactNotFound("fact 7 not found"), {"code": -32002, "message": "fact 7 not found"}),
         (EmbedderError("embeddings endpoint answered 503", retryable=True, status=503),
-         {"code": -32010, "message": "embeddings endpoint answered 503", "data": {"status": 503, "retryable": True}}),
+         {"code": -32010, "message": "embeddings endpoint answered 503",
+          "data": {"status": 503, "retryable": True}}),
         (EmbedderError("embeddings endpoint answered 401", retryable=False, status=401),
          {"code": -32010, "data": {"status": 401, "retryable": False}}),
         (MemoryUnavailable("memory service is closed"), {"code": -32011}),
-        (MemoryStorageError("disk I/O error"), {**STORAGE, "message": "storage error: disk I/O error"}),
+        (MemoryStorageError("disk I/O error"),
+         {**STORAGE, "message": "storage error: disk I/O error"}),
         (MemoryIndexError("index failed"), STORAGE),
     ],
 )
@@ -74,16 +77,18 @@ def test_library_errors_map_to_their_wire_error(exc: Exception, expected: dict[s
     """Each row of the map: not-found, invalid params with the field, storage (retryable, no
     errorId), embedder failures as upstream errors keeping status and retryability."""
     obj: Mapping[str, Any] = to_error_object(exc)
-    assert {k: obj[k] for k in expected if k != "data"} == {k: v for k, v in expected.items() if k != "data"}
+    assert ({k: obj[k] for k in expected if k != "data"}
+            == {k: v for k, v in expected.items() if k != "data"})
     if "data" in expected:
         assert {k: obj["data"][k] for k in expected["data"]} == expected["data"]
     assert "errorId" not in obj.get("data", {})
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("secret /home/x/.recalld"), SessionError("secret internals"),
-                                 KeyError("secret")])
+@pytest.mark.parametrize("exc", [RuntimeError("secret /home/x/.recalld"),
+                                 SessionError("secret internals"), KeyError("secret")])
 def test_unknown_errors_are_internal_without_their_text(exc: Exception) -> None:
-    """Anything outside the map is a bug: -32603 with an errorId, and none of its text on the wire."""
+    """Anything outside the map is a bug: -32603 with an errorId, and none of its text on
+    the wire."""
     assert wire_error(exc) is None
     obj = to_error_object(exc, "abc123")
     assert obj == {"code": -32603, "message": "internal error", "data": {"errorId": "abc123"}}

@@ -1,4 +1,5 @@
-"""Fact ids are never given twice: an agent holding a deleted fact's id must not reach another fact."""
+"""Fact ids are never given twice: an agent holding a deleted fact's id must not reach
+another fact."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from sessions import apply_migrations, sqlite_ledger
 from tests.conftest import TOKEN, running
 
 
-async def test_a_deleted_facts_id_is_not_given_to_the_next(backend_config_factory: Callable[..., Config]) -> None:
+async def test_a_deleted_facts_id_is_not_given_to_the_next(
+        backend_config_factory: Callable[..., Config]) -> None:
     """Deleting the newest fact (and, after a restart, every fact) leaves its id unused: each
     new fact gets an id above every id ever given."""
     cfg = backend_config_factory()
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
-        first = (await c.call("memory.facts.add", {"text": "I have a dog called Rex"}))["fact"]["id"]
+        first = (await c.call("memory.facts.add",
+                              {"text": "I have a dog called Rex"}))["fact"]["id"]
         second = (await c.call("memory.facts.add", {"text": "I live by the sea"}))["fact"]["id"]
         await c.call("memory.facts.delete", {"id": second})
         third = (await c.call("memory.facts.add", {"text": "I drink my tea black"}))["fact"]["id"]

@@ -22,15 +22,18 @@ DAY1 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 def seed(cfg: Config) -> tuple[str, str]:
     """Session A: a message on day 1 and one on day 3; session B: one on day 1."""
-    store = open_session_store(cfg.storage, cfg.data_dir, cfg.sessions)  # the backend the gateway will use
+    # the backend the gateway will use
+    store = open_session_store(cfg.storage, cfg.data_dir, cfg.sessions)
     try:
         a = store.create("default", title="a", created_at=DAY1).session_key
-        store.append_message("default", a, role="user", content="The quokka photo was taken on Rottnest.",
-                             ts=DAY1)
-        store.append_message("default", a, role="user", content="Later we talked about the narwhal tusk.",
+        store.append_message("default", a, role="user",
+                             content="The quokka photo was taken on Rottnest.", ts=DAY1)
+        store.append_message("default", a, role="user",
+                             content="Later we talked about the narwhal tusk.",
                              ts=DAY1 + timedelta(days=2))
         b = store.create("default", title="b", created_at=DAY1).session_key
-        store.append_message("default", b, role="user", content="Session B mentions the axolotl tank.", ts=DAY1)
+        store.append_message("default", b, role="user",
+                             content="Session B mentions the axolotl tank.", ts=DAY1)
     finally:
         store.close()
     return a, b
@@ -59,7 +62,8 @@ async def test_forget_without_purge_keeps_the_transcript_but_not_the_memory(
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         await search_until(c, {"query": "axolotl"})
         await search_until(c, {"query": "quokka"})
-        result = await c.call("memory.forget", {"sessionKey": a, "before": (DAY1 + timedelta(days=1)).isoformat()})
+        result = await c.call("memory.forget",
+                              {"sessionKey": a, "before": (DAY1 + timedelta(days=1)).isoformat()})
         assert result["chunks"] >= 1 and result["messages"] == 0
         assert await hits(c, "quokka") == []
         assert await hits(c, "axolotl")
@@ -115,29 +119,35 @@ async def test_forget_purge_without_a_session_key_skips_a_session_gone_since_it_
 async def test_forget_removes_facts_saved_in_that_session(
     backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI
 ) -> None:
-    """Facts the model saved in the forgotten session go; facts from elsewhere and the user's own stay."""
-    async with running(chat_config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    """Facts the model saved in the forgotten session go; facts from elsewhere and the user's
+    own stay."""
+    async with running(chat_config(backend_config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         a = (await c.call("sessions.create"))["sessionKey"]
         b = (await c.call("sessions.create"))["sessionKey"]
         for key, text in ((a, "I am allergic to cats"), (b, "I play chess on Sundays")):
-            fake_openai.script(Behaviour(reply="", tool_calls=[("remember", {"text": text})]), Behaviour(reply="ok"))
+            fake_openai.script(Behaviour(reply="", tool_calls=[("remember", {"text": text})]),
+                               Behaviour(reply="ok"))
             await say(c, key, text)
         await c.call("memory.facts.add", {"text": "My name is Robin"})
         result = await c.call("memory.forget", {"sessionKey": a})
         assert result["facts"] == 1
-        texts = sorted(f["text"] for f in (await c.call("memory.facts.list", {"includeInactive": True}))["facts"])
+        texts = sorted(f["text"] for f in
+                       (await c.call("memory.facts.list", {"includeInactive": True}))["facts"])
         assert texts == ["I play chess on Sundays", "My name is Robin"]
 
 
 async def test_forget_refuses_unscoped_or_bad_input(config_factory: Callable[..., Config]) -> None:
-    """No scope at all, a bad date, an empty window or another user's session are refused and nothing is removed."""
+    """No scope at all, a bad date, an empty window or another user's session are refused and
+    nothing is removed."""
     cfg = config_factory(memory={"debounce_ms": 20})
     seed(cfg)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         await search_until(c, {"query": "quokka"})
         bad: list[tuple[dict[str, Any], int]] = [
             ({}, -32602), ({"after": "yesterday-ish"}, -32602),
-            ({"after": "2026-03-02", "before": "2026-03-01"}, -32602), ({"sessionKey": "f" * 32}, -32002)]
+            ({"after": "2026-03-02", "before": "2026-03-01"}, -32602),
+            ({"sessionKey": "f" * 32}, -32002)]
         for params, code in bad:
             with pytest.raises(RpcError) as info:
                 await c.call("memory.forget", params)

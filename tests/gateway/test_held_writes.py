@@ -50,13 +50,15 @@ async def test_a_burst_of_inline_calls_is_answered_in_order_in_fewer_writes(app:
     """200 gateway.health requests sent at once get 200 replies in request order, and the
     server writes them in fewer socket writes than replies."""
     async with connect(app.url, additional_headers=AUTH) as ws:
-        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}), text=True)
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}),
+                      text=True)
         await _replies(ws, 1)  # the server's connection is registered by now
         server_ws = _server_ws(app)
         assert server_ws.can_hold_bursts  # websockets' queue of received frames was found
         writes = _count_writes(server_ws)
         for i in range(200):  # no await yields here: the frames reach the server together
-            await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "gateway.health"}), text=True)
+            await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "gateway.health"}),
+                          text=True)
         replies = await _replies(ws, 200)
     assert [r["id"] for r in replies] == list(range(200))
     assert all(r["result"]["status"] == "ok" for r in replies)
@@ -73,12 +75,15 @@ async def test_a_burst_mixing_inline_calls_tasks_notifications_and_errors(app: A
         if kind == 0:
             frames.append(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "gateway.health"}))
         elif kind == 1:
-            frames.append(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "sessions.list", "params": {}}))
+            frames.append(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "sessions.list",
+                                        "params": {}}))
         elif kind == 2:
-            frames.append(orjson.dumps({"jsonrpc": "2.0", "method": "gateway.health"}))  # owed nothing
+            # owed nothing
+            frames.append(orjson.dumps({"jsonrpc": "2.0", "method": "gateway.health"}))
             continue
         else:
-            frames.append(b'{"jsonrpc": "2.0", "id": ' + str(i).encode() + b', "method": ')  # parse error
+            # parse error
+            frames.append(b'{"jsonrpc": "2.0", "id": ' + str(i).encode() + b', "method": ')
             owed.append(None)
             continue
         owed.append(i)
@@ -87,7 +92,8 @@ async def test_a_burst_mixing_inline_calls_tasks_notifications_and_errors(app: A
             await ws.send(frame, text=True)
         replies = await _replies(ws, len(owed))
         # Nothing else was owed: the next reply is the answer to this probe.
-        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": "probe", "method": "gateway.health"}), text=True)
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": "probe", "method": "gateway.health"}),
+                      text=True)
         assert (await _replies(ws, 1))[0]["id"] == "probe"
     assert sorted(map(str, (r["id"] for r in replies))) == sorted(map(str, owed))
     inline = [r["id"] for r in replies if isinstance(r["id"], int) and r["id"] % 4 == 0]
@@ -106,15 +112,18 @@ async def test_a_client_that_never_reads_stops_the_inline_replies_at_the_socket(
     async with running(cfg) as app:
         ws = await connect(app.url, additional_headers=AUTH, max_size=None,
                            sock=small_buffer_socket(app.server.port))
-        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}), text=True)
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}),
+                      text=True)
         await _replies(ws, 1)
         server_ws = _server_ws(app)
-        server_ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        server_ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET,
+                                                                socket.SO_SNDBUF, 4096)
         ws.transport.pause_reading()
 
         async def flood() -> None:
             for i in range(3000):
-                await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "gateway.health"}), text=True)
+                await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "gateway.health"}),
+                              text=True)
 
         sender = asyncio.create_task(flood())
         peak = 0
@@ -136,7 +145,8 @@ async def test_the_websockets_internals_held_writes_relies_on_are_there(app: App
     own send() writes goes through the override (held while a hold is on, written at its end)."""
     assert list(inspect.signature(ServerConnection.send_data).parameters) == ["self"]
     async with connect(app.url, additional_headers=AUTH) as ws:
-        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}), text=True)
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": -1, "method": "gateway.health"}),
+                      text=True)
         await _replies(ws, 1)
         server_ws = _server_ws(app)
         assert server_ws.can_hold_bursts

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LEAVES = {"gateway.errors", "gateway.config", "gateway.wire", "gateway.auth", "gateway.logs", "gateway.client",
-          "gateway.private", "gateway.runtime", "gateway.storage", "gateway.origins",
-          "gateway.sections", "gateway.readiness", "gateway.importing"}
+LEAVES = {"gateway.errors", "gateway.config", "gateway.wire", "gateway.auth", "gateway.logs",
+          "gateway.client", "gateway.private", "gateway.runtime", "gateway.storage",
+          "gateway.origins", "gateway.sections", "gateway.readiness", "gateway.importing"}
 # Rooms of gateway/ and what each may import besides the leaves, sessions and memory.
 ALLOWED = {
     "gateway.rpc": set(),
@@ -29,8 +29,8 @@ ALLOWED = {
     "gateway.retention": set(),
     "gateway.cluster": {"gateway.chat"},  # its hub is the chat hub that also reaches other nodes
     "gateway.opening": {"gateway.cluster"},  # the store, memory and cluster node [storage] picks
-    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods", "gateway.retention",
-                    "gateway.mcp", "gateway.cluster", "gateway.opening"},
+    "gateway.app": {"gateway.rpc", "gateway.transport", "gateway.chat", "gateway.methods",
+                    "gateway.retention", "gateway.mcp", "gateway.cluster", "gateway.opening"},
 }
 
 
@@ -84,7 +84,8 @@ def test_tests_import_bench_only_from_tests_bench() -> None:
     for path in (ROOT / "tests").rglob("*.py"):
         inside_bench = path.relative_to(ROOT / "tests").parts[0] == "bench"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            names = ([node.module]
+                     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             top = {n.split(".")[0] for n in names}
             if "research" in top or ("bench" in top and not inside_bench):
@@ -207,9 +208,11 @@ def test_a_module_over_600_lines_is_reported() -> None:
     """Modules are cut by responsibility, not by a line count: one past ~600 lines is named in a
     warning (a prompt to look for a second responsibility in it), never a failure."""
     long = {str(p.relative_to(ROOT)): n for package in ("gateway", "sessions", "memory")
-            for p in (ROOT / package).rglob("*.py") if (n := len(p.read_text().splitlines())) > LONG_MODULE}
+            for p in (ROOT / package).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > LONG_MODULE}
     for path, n in sorted(long.items()):
-        warnings.warn(f"{path} has {n} lines: does it hold more than one responsibility?", stacklevel=1)
+        warnings.warn(f"{path} has {n} lines: does it hold more than one responsibility?",
+                      stacklevel=1)
 
 
 # The storage drivers: a module that imports one of these is an implementation of a backend.
@@ -238,7 +241,8 @@ def _dependencies(path: Path, module: str, modules: dict[str, Path]) -> tuple[se
                 continue
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    (drivers if alias.name.split(".")[0] in DRIVERS else first_party).add(alias.name)
+                    (drivers if alias.name.split(".")[0] in DRIVERS
+                     else first_party).add(alias.name)
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -256,7 +260,8 @@ def _dependencies(path: Path, module: str, modules: dict[str, Path]) -> tuple[se
 
 def _defining_module(base: str, name: str, modules: dict[str, Path]) -> str:
     """Where ``from base import name`` gets ``name``: the submodule ``base.name``, or, for a name a
-    package's ``__init__`` imports from one of its modules, that module (followed on), else ``base``."""
+    package's ``__init__`` imports from one of its modules, that module (followed on), else
+    ``base``."""
     if f"{base}.{name}" in modules:
         return f"{base}.{name}"
     path = modules.get(base)
@@ -333,7 +338,8 @@ def test_no_function_of_the_composition_root_is_over_60_lines() -> None:
 
 
 # Each backend of memory is one folder (issue 30): its driver is named nowhere else in memory/.
-_BACKEND_DRIVERS = {"memory/sqlite": ("apsw", "sqlite_vec"), "memory/pg": ("psycopg", "psycopg_pool")}
+_BACKEND_DRIVERS = {"memory/sqlite": ("apsw", "sqlite_vec"),
+                    "memory/pg": ("psycopg", "psycopg_pool")}
 
 
 def test_memory_names_a_storage_driver_only_in_its_backends_folder() -> None:

@@ -50,14 +50,16 @@ async def _failure(chat: OpenAIChatModel) -> UpstreamError:
     return info.value
 
 
-async def test_stream_assembles_text_and_usage(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
+async def test_stream_assembles_text_and_usage(fake_openai: FakeOpenAI,
+                                               model: OpenAIChatModel) -> None:
     """A normal reply streams as text deltas and ends with one Completion carrying usage."""
     fake_openai.configure(reply="Hello from the other side", delta_delay_s=0.001)
     text, events = await _collect(model)
     assert text == "Hello from the other side"
     assert sum(isinstance(e, TextDelta) for e in events) == 5
     final = events[-1]
-    assert isinstance(final, Completion) and final.finish_reason == "stop" and final.model == "fake-model"
+    assert (isinstance(final, Completion) and final.finish_reason == "stop"
+            and final.model == "fake-model")
     assert final.usage is not None and final.usage["total_tokens"] > 0
     assert not any(isinstance(e, Completion) for e in events[:-1])
 
@@ -68,7 +70,8 @@ async def test_request_carries_messages_model_and_usage_option(
     """The endpoint sees the messages as given, the per-call model and the include_usage option."""
     await _collect(model, model="other-model")
     body = fake_openai.chat_requests[-1].json
-    assert body["messages"] == MESSAGES and body["model"] == "other-model" and body["stream"] is True
+    assert (body["messages"] == MESSAGES and body["model"] == "other-model"
+            and body["stream"] is True)
     assert body["stream_options"] == {"include_usage": True}
     assert fake_openai.chat_requests[-1].headers["authorization"] == f"Bearer {KEY}"
 
@@ -98,7 +101,8 @@ async def test_connection_refused_is_retryable_without_status() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    chat = OpenAIChatModel(model="m", base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    chat = OpenAIChatModel(model="m", base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY,
+                           max_retries=0)
     try:
         err = await _failure(chat)
     finally:
@@ -120,7 +124,8 @@ async def test_auth_failures_are_final_and_never_echo_the_key(
     assert "abcdef987654" not in err.message and "tok123" not in err.message
 
 
-async def test_rate_limit_is_retryable_with_retry_after(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
+async def test_rate_limit_is_retryable_with_retry_after(fake_openai: FakeOpenAI,
+                                                        model: OpenAIChatModel) -> None:
     """429 is retryable and the message says how long the endpoint asked to wait."""
     fake_openai.script(Behaviour(status=429, retry_after=2))
     err = await _failure(model)
@@ -128,7 +133,8 @@ async def test_rate_limit_is_retryable_with_retry_after(fake_openai: FakeOpenAI,
     assert "retry after 2s" in err.message
 
 
-@pytest.mark.parametrize(("status", "retryable"), [(500, True), (503, True), (400, False), (404, False)])
+@pytest.mark.parametrize(("status", "retryable"),
+                         [(500, True), (503, True), (400, False), (404, False)])
 async def test_status_errors_map_status_and_retryable(
     fake_openai: FakeOpenAI, model: OpenAIChatModel, status: int, retryable: bool
 ) -> None:
@@ -141,7 +147,8 @@ async def test_status_errors_map_status_and_retryable(
 async def test_no_first_byte_within_timeout(fake_openai: FakeOpenAI) -> None:
     """An endpoint that never answers fails after the timeout, retryable, without a status."""
     fake_openai.configure(hang=True)
-    chat = OpenAIChatModel(model="m", base_url=fake_openai.base_url, api_key=KEY, timeout_s=0.2, max_retries=0)
+    chat = OpenAIChatModel(model="m", base_url=fake_openai.base_url, api_key=KEY, timeout_s=0.2,
+                           max_retries=0)
     try:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -155,7 +162,8 @@ async def test_no_first_byte_within_timeout(fake_openai: FakeOpenAI) -> None:
 async def test_stream_stalling_mid_way_times_out(fake_openai: FakeOpenAI) -> None:
     """Silence between chunks longer than the timeout ends the stream as a retryable timeout."""
     fake_openai.configure(reply="one two three", hang_after=1)
-    chat = OpenAIChatModel(model="m", base_url=fake_openai.base_url, api_key=KEY, timeout_s=0.2, max_retries=0)
+    chat = OpenAIChatModel(model="m", base_url=fake_openai.base_url, api_key=KEY, timeout_s=0.2,
+                           max_retries=0)
     seen: list[str] = []
     try:
         with pytest.raises(UpstreamError) as info:
@@ -165,11 +173,14 @@ async def test_stream_stalling_mid_way_times_out(fake_openai: FakeOpenAI) -> Non
     finally:
         await chat.close()
     assert seen == ["one"]
-    assert (info.value.status, info.value.retryable) == (None, True) and "stalled" in info.value.message
+    assert ((info.value.status, info.value.retryable) == (None, True)
+            and "stalled" in info.value.message)
 
 
-async def test_cut_mid_stream_says_it_ended_early(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
-    """A socket closed mid-reply is a retryable failure whose message says the stream ended early."""
+async def test_cut_mid_stream_says_it_ended_early(fake_openai: FakeOpenAI,
+                                                  model: OpenAIChatModel) -> None:
+    """A socket closed mid-reply is a retryable failure whose message says the stream
+    ended early."""
     fake_openai.configure(reply="one two three four", cut_after=2)
     err = await _failure(model)
     assert (err.status, err.retryable) == (None, True)
@@ -186,7 +197,8 @@ async def test_clean_end_without_finish_reason_is_early_end(
     assert "ended early after 7 characters" in err.message
 
 
-async def test_malformed_event_says_it_ended_early(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
+async def test_malformed_event_says_it_ended_early(fake_openai: FakeOpenAI,
+                                                   model: OpenAIChatModel) -> None:
     """A frame that is not JSON is a retryable failure saying the stream ended early."""
     fake_openai.configure(malformed_sse=True)
     err = await _failure(model)
@@ -216,16 +228,20 @@ async def test_no_retry_once_text_has_streamed(fake_openai: FakeOpenAI) -> None:
     assert len(fake_openai.chat_requests) == 1
 
 
-async def test_stream_options_rejection_falls_back(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
+async def test_stream_options_rejection_falls_back(fake_openai: FakeOpenAI,
+                                                   model: OpenAIChatModel) -> None:
     """An endpoint that rejects stream_options is asked again without it, and no longer gets it."""
-    fake_openai.script(Behaviour(status=400, error_message="Unrecognized request argument: stream_options"))
+    fake_openai.script(Behaviour(status=400,
+                                 error_message="Unrecognized request argument: stream_options"))
     text, events = await _collect(model)
-    assert text.startswith("Echo:") and isinstance(events[-1], Completion) and events[-1].usage is None
+    assert (text.startswith("Echo:") and isinstance(events[-1], Completion)
+            and events[-1].usage is None)
     await _collect(model)
     assert [("stream_options" in r.json) for r in fake_openai.chat_requests] == [True, False, False]
 
 
-async def test_aclose_disconnects_upstream_promptly(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
+async def test_aclose_disconnects_upstream_promptly(fake_openai: FakeOpenAI,
+                                                    model: OpenAIChatModel) -> None:
     """Closing the event stream early closes the HTTP response; the server sees the client leave."""
     fake_openai.configure(reply="word " * 200, delta_delay_s=0.01)
     async with contextlib.aclosing(model.stream(MESSAGES)) as events:
@@ -237,7 +253,8 @@ async def test_aclose_disconnects_upstream_promptly(fake_openai: FakeOpenAI, mod
     assert not request.completed
 
 
-async def test_task_cancel_disconnects_upstream_promptly(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
+async def test_task_cancel_disconnects_upstream_promptly(fake_openai: FakeOpenAI,
+                                                         model: OpenAIChatModel) -> None:
     """Cancelling the task that iterates the stream (chat.abort) closes the upstream connection."""
     fake_openai.configure(reply="word " * 200, delta_delay_s=0.01)
     first = asyncio.Event()
@@ -255,7 +272,8 @@ async def test_task_cancel_disconnects_upstream_promptly(fake_openai: FakeOpenAI
     assert fake_openai.connections_open == 0
 
 
-async def test_connection_is_reused_after_complete_streams(fake_openai: FakeOpenAI, model: OpenAIChatModel) -> None:
+async def test_connection_is_reused_after_complete_streams(fake_openai: FakeOpenAI,
+                                                           model: OpenAIChatModel) -> None:
     """Finished streams leave the keep-alive connection reusable: one socket for several replies."""
     for _ in range(3):
         await _collect(model)
@@ -269,14 +287,16 @@ async def test_tool_calls_are_joined_and_yielded_before_completion(
     fake_openai: FakeOpenAI, model: OpenAIChatModel
 ) -> None:
     """Argument fragments of each call are joined into one ToolCall, in index order, after the
-    text and before a Completion whose finish reason is tool_calls; the request carried the tools."""
-    fake_openai.script(Behaviour(reply="One moment.", tool_calls=[("remember", {"text": "I am a nurse"}),
-                                                                  ("forget", {"id": 3})]))
+    text and before a Completion whose finish reason is tool_calls; the request carried
+    the tools."""
+    fake_openai.script(Behaviour(reply="One moment.",
+                                 tool_calls=[("remember", {"text": "I am a nurse"}),
+                                             ("forget", {"id": 3})]))
     text, events = await _collect(model, tools=TOOLS)
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert text == "One moment."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("remember", {"text": "I am a nurse"}),
-                                                                   ("forget", {"id": 3})]
+    assert ([(c.name, json.loads(c.arguments)) for c in calls]
+            == [("remember", {"text": "I am a nurse"}), ("forget", {"id": 3})])
     assert all(c.id for c in calls) and calls[0].id != calls[1].id
     assert isinstance(events[-1], Completion) and events[-1].finish_reason == "tool_calls"
     assert fake_openai.chat_requests[-1].json["tools"] == TOOLS
@@ -285,7 +305,8 @@ async def test_tool_calls_are_joined_and_yielded_before_completion(
 async def test_a_model_without_tools_is_asked_again_without_them(
     fake_openai: FakeOpenAI, model: OpenAIChatModel
 ) -> None:
-    """A 400 naming tools makes the model retry the same request without tools and stop offering them."""
+    """A 400 naming tools makes the model retry the same request without tools and stop
+    offering them."""
     fake_openai.configure(reject_tools=True, reply="fine")
     text, _ = await _collect(model, tools=TOOLS)
     assert text == "fine" and model.supports_tools is False
@@ -335,7 +356,8 @@ async def _raw_sse_server(pieces: list[bytes]) -> AsyncIterator[str]:
 
 
 def _frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    return json.dumps({"model": "raw", "choices": [{"delta": delta, "finish_reason": finish}]}).encode()
+    return json.dumps({"model": "raw",
+                       "choices": [{"delta": delta, "finish_reason": finish}]}).encode()
 
 
 async def test_sse_framing_across_reads() -> None:
@@ -354,13 +376,15 @@ async def test_sse_framing_across_reads() -> None:
         finally:
             await chat.close()
     assert text == "hello"
-    assert isinstance(events[-1], Completion) and events[-1].finish_reason == "stop" and events[-1].model == "raw"
+    assert (isinstance(events[-1], Completion) and events[-1].finish_reason == "stop"
+            and events[-1].model == "raw")
 
 
 async def test_error_event_mid_stream_ends_early() -> None:
     """An {"error": …} event after text is a retryable early end carrying the endpoint's message,
     with the key scrubbed."""
-    error = json.dumps({"error": {"message": f"overloaded, key {KEY}", "type": "server_error"}}).encode()
+    error = json.dumps({"error": {"message": f"overloaded, key {KEY}",
+                                  "type": "server_error"}}).encode()
     pieces = [b"data: " + _frame({"content": "one "}) + b"\n\n", b"data: " + error + b"\n\n"]
     async with _raw_sse_server(pieces) as url:
         chat = OpenAIChatModel(model="m", base_url=url, api_key=KEY, timeout_s=2.0, max_retries=0)

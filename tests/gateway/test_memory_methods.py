@@ -17,7 +17,8 @@ from tests.gateway.test_chat import run_to_end
 
 def chat_config(factory: Callable[..., Config], fake: FakeOpenAI, **memory: Any) -> Config:
     return factory(
-        llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0},
+        llm={"base_url": fake.base_url, "api_key": "sk-test", "model": "fake-model",
+             "max_retries": 0},
         memory={"debounce_ms": 20, **memory},
     )
 
@@ -58,8 +59,10 @@ async def test_a_fact_is_found_after_restart(
         assert status["chunks"] >= 1 and status["provider"] == embedder
 
 
-async def test_recall_block_reaches_the_model(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
-    """A new session's prompt carries a delimited, dated block recalled from the user's other sessions."""
+async def test_recall_block_reaches_the_model(backend_config_factory: Callable[..., Config],
+                                              fake_openai: FakeOpenAI) -> None:
+    """A new session's prompt carries a delimited, dated block recalled from the user's other
+    sessions."""
     cfg = chat_config(backend_config_factory, fake_openai)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         old = (await c.call("sessions.create"))["sessionKey"]
@@ -70,7 +73,8 @@ async def test_recall_block_reaches_the_model(backend_config_factory: Callable[.
         assert final["params"]["recalled"]
         system = fake_openai.chat_requests[-1].json["messages"][0]
         assert system["role"] == "system" and system["content"].startswith("You are helpful.")
-        assert "<recalled_memories>" in system["content"] and "</recalled_memories>" in system["content"]
+        assert ("<recalled_memories>" in system["content"]
+                and "</recalled_memories>" in system["content"])
         assert "favourite programming language is Rust" in system["content"]
         assert f"session {old[:8]}" in system["content"]
         # the current session is never recalled into itself
@@ -80,7 +84,8 @@ async def test_recall_block_reaches_the_model(backend_config_factory: Callable[.
         assert not own & set(again["params"]["recalled"])
 
 
-async def test_recall_can_be_turned_off(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_recall_can_be_turned_off(config_factory: Callable[..., Config],
+                                        fake_openai: FakeOpenAI) -> None:
     """With chat.recall = false no memory block is sent and nothing is recalled."""
     cfg = config_factory(llm={"base_url": fake_openai.base_url}, memory={"debounce_ms": 20},
                          chat={"recall": False})
@@ -91,16 +96,21 @@ async def test_recall_can_be_turned_off(config_factory: Callable[..., Config], f
         new = (await c.call("sessions.create"))["sessionKey"]
         final = await say(c, new, "Which programming language do I like?")
         assert final["params"]["recalled"] == []
-        assert all("recalled_memories" not in m["content"] for m in fake_openai.chat_requests[-1].json["messages"])
+        assert all("recalled_memories" not in m["content"]
+                   for m in fake_openai.chat_requests[-1].json["messages"])
 
 
-async def test_other_users_keys_are_not_found(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
-    """memory.search scoped by another user's or a path-like session key answers -32002; hits never cross users."""
-    users = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
-    cfg = backend_config_factory(auth={"users": users, "token": None}, llm={"base_url": fake_openai.base_url},
-                         memory={"debounce_ms": 20})
+async def test_other_users_keys_are_not_found(backend_config_factory: Callable[..., Config],
+                                              fake_openai: FakeOpenAI) -> None:
+    """memory.search scoped by another user's or a path-like session key answers -32002; hits never
+    cross users."""
+    users = [{"name": "alice", "token": "alice-token-0123456789"},
+             {"name": "bob", "token": "bob-token-0123456789xx"}]
+    cfg = backend_config_factory(auth={"users": users, "token": None},
+                                 llm={"base_url": fake_openai.base_url}, memory={"debounce_ms": 20})
     async with running(cfg) as app:
-        async with Client.connect(app.url, users[0]["token"]) as alice, Client.connect(app.url, users[1]["token"]) as bob:
+        async with Client.connect(app.url, users[0]["token"]) as alice, \
+                Client.connect(app.url, users[1]["token"]) as bob:
             key = (await alice.call("sessions.create"))["sessionKey"]
             await say(alice, key, "Alice keeps her secret recipe for lemon cake.")
             await search_until(alice, {"query": "lemon cake"})
@@ -112,7 +122,8 @@ async def test_other_users_keys_are_not_found(backend_config_factory: Callable[.
                     assert info.value.code == -32002
 
 
-async def test_delete_removes_index_rows(backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
+async def test_delete_removes_index_rows(backend_config_factory: Callable[..., Config],
+                                         fake_openai: FakeOpenAI) -> None:
     """sessions.delete removes the session's chunks at once."""
     cfg = chat_config(backend_config_factory, fake_openai)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
@@ -125,7 +136,8 @@ async def test_delete_removes_index_rows(backend_config_factory: Callable[..., C
 
 async def test_search_params_are_validated(client: Client) -> None:
     """Bad k, mode or dates are -32602 naming the field."""
-    cases: list[tuple[dict[str, Any], str]] = [({"query": "x", "k": 0}, "k"), ({"query": "x", "mode": "fuzzy"}, "mode"),
+    cases: list[tuple[dict[str, Any], str]] = [({"query": "x", "k": 0}, "k"),
+                                               ({"query": "x", "mode": "fuzzy"}, "mode"),
                                                ({"query": "x", "after": "yesterday"}, "after")]
     for params, field in cases:
         with pytest.raises(RpcError) as info:

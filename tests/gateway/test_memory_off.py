@@ -22,12 +22,14 @@ async def test_chat_runs_and_sessions_go_on_with_memory_off(config_factory: Call
     """A reply streams and is kept, the prompt carries no recall and no memory tools, health
     says memory is off, memory.search is refused, and sessions.delete deletes."""
     fake_openai.configure(reply="Noted.")
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "model": "fake-model", "max_retries": 0},
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "model": "fake-model",
+                              "max_retries": 0},
                          memory={"enabled": False})
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         assert app.memory is None and not (app.config.data_dir / "memory.db").exists()
         key = (await c.call("sessions.create", {"systemPrompt": "Be brief."}))["sessionKey"]
-        run_id = (await c.call("chat.send", {"sessionKey": key, "message": "I live in Porto"}))["runId"]
+        run_id = (await c.call("chat.send",
+                               {"sessionKey": key, "message": "I live in Porto"}))["runId"]
         _, final = await run_to_end(c, run_id)
         assert final["method"] == "chat.final" and final["params"]["message"]["content"] == "Noted."
         sent = fake_openai.chat_requests[-1].json
@@ -67,7 +69,8 @@ async def test_retention_on_a_node_without_memory_sweeps_sessions_only(
     async with running(cfg) as app:
         app.store.create("default", created_at=datetime.now(UTC) - timedelta(days=400))
         off = MemoryOff()
-        assert not RetentionSweeper(app.store, app.runs, off, sessions_days=0, memory_days=30).enabled
+        assert not RetentionSweeper(app.store, app.runs, off, sessions_days=0,
+                                    memory_days=30).enabled
         sweeper = RetentionSweeper(app.store, app.runs, off, sessions_days=30, memory_days=30)
         assert sweeper.enabled
         assert (await sweeper.sweep())["sessions"] == 1

@@ -28,7 +28,9 @@ async def test_memory_lives_in_postgres_not_in_the_data_dir(
 ) -> None:
     """A chat on postgres is indexed by the node's PgMemory: found by memory.search, counted by
     memory.status (pgvector, no file), with no memory.db and no transcripts in the data dir."""
-    cfg = chat_config(lambda **s: config_factory(storage={"backend": "postgres", "dsn": pg_dsn}, **s), fake_openai)
+    cfg = chat_config(
+        lambda **s: config_factory(storage={"backend": "postgres", "dsn": pg_dsn}, **s),
+        fake_openai)
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         assert app.memory is not None and isinstance(app.memory.service, PgMemory)
         key = (await c.call("sessions.create"))["sessionKey"]
@@ -43,9 +45,12 @@ async def test_memory_lives_in_postgres_not_in_the_data_dir(
 
 def recalld(data_dir: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
-    env.update(RECALLD_MEMORY_EMBEDDER="none", RECALLD_STORAGE_BACKEND="postgres", RECALLD_STORAGE_DSN=dsn)
-    return subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data_dir), "memory", *args],
-                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    env.update(RECALLD_MEMORY_EMBEDDER="none", RECALLD_STORAGE_BACKEND="postgres",
+               RECALLD_STORAGE_DSN=dsn)
+    return subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data_dir),
+                           "memory", *args],
+                          capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
 
 
 def test_cli_indexes_and_searches_the_shared_index(tmp_path: Path, pg_dsn: str) -> None:
@@ -53,7 +58,8 @@ def test_cli_indexes_and_searches_the_shared_index(tmp_path: Path, pg_dsn: str) 
     `status` names PostgreSQL and pgvector instead of a file."""
     with PgSessionStore(pg_dsn, pool_size=1) as store:
         key = store.create("default", title="langs").session_key
-        store.append_message("default", key, role="user", content="My favourite programming language is Rust.")
+        store.append_message("default", key, role="user",
+                             content="My favourite programming language is Rust.")
     out = recalld(tmp_path, pg_dsn, "index")
     assert out.returncode == 0, out.stderr
     assert "1 changed" in out.stdout

@@ -65,7 +65,8 @@ def test_entries_new_since_the_stop_are_audited(tmp_path: Path) -> None:
     since = take_clean_stop(data)
     exposed = find_exposed(data, since)
     assert exposed.count == find_exposed(data, None).count == 4
-    assert any("copied.jsonl" in p for p in exposed.paths) and any("b.jsonl" in p for p in exposed.paths)
+    assert (any("copied.jsonl" in p for p in exposed.paths)
+            and any("b.jsonl" in p for p in exposed.paths))
 
 
 def test_a_directory_whose_mode_changed_is_reported(tmp_path: Path) -> None:

@@ -37,8 +37,10 @@ async def test_recalled_ids_are_in_the_replys_transcript_entry(
         refs = history[-1]["recalled"]
         assert [r["chunkId"] for r in refs] == ids
         assert found["results"]
-        hit = next(h for h in (await c.call("memory.search", {"query": "programming language", "k": 50}))["results"]
+        hit = next(h for h in (await c.call("memory.search",
+                                            {"query": "programming language", "k": 50}))["results"]
                    if h["chunkId"] == ids[0])
-        assert refs[0] == {"chunkId": hit["chunkId"], "sessionKey": old, "lineStart": hit["lineStart"],
-                           "lineEnd": hit["lineEnd"], "startTs": hit["startTs"]}
+        assert refs[0] == {"chunkId": hit["chunkId"], "sessionKey": old,
+                           "lineStart": hit["lineStart"], "lineEnd": hit["lineEnd"],
+                           "startTs": hit["startTs"]}
         assert "recalled" not in history[0]

@@ -28,7 +28,8 @@ async def test_the_protocol_internals_the_frames_rely_on_are_there(app: App) -> 
     no debug logging and no fragmented message open; each attribute exists with that shape, so
     the connection takes the direct way, and a long reply (an extended length) arrives whole."""
     async with connect(app.url, additional_headers=AUTH, compression=None) as ws:
-        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "rpc.discover"}), text=True)
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "rpc.discover"}),
+                      text=True)
         reply = orjson.loads(await ws.recv())
         assert reply["id"] == 1 and "methods" in reply["result"]
         (conn,) = app.server.connections

@@ -14,7 +14,8 @@ from tests.conftest import TOKEN, running
 from tests.fake_openai import Behaviour, FakeOpenAI
 from tests.gateway.test_memory_methods import chat_config, search_until
 
-_TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+_TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str, "boolean": bool,
+                          "null": type(None)}
 
 
 def problems(value: Any, schema: dict[str, Any], at: str = "result") -> list[str]:
@@ -95,15 +96,19 @@ async def test_replies_validate_against_their_published_schema(
         await call("sessions.get", {"sessionKey": key})
         await call("sessions.list", {"limit": 1})
         await call("sessions.watch")
-        await call("sessions.import", {"data": '[{"id": "c-1", "title": "imported", "mapping": {"a": {"message": '
-                   '{"author": {"role": "user"}, "content": {"content_type": "text", "parts": ["hi"]}}}}}]'})
-        run_id = (await call("chat.send", {"sessionKey": key, "message": "I like Rust", "idempotencyKey": "k1"}))["runId"]
-        await call("chat.send", {"sessionKey": key, "message": "I like Rust", "idempotencyKey": "k1"})
+        await call("sessions.import", {"data": '[{"id": "c-1", "title": "imported", "mapping": '
+                   '{"a": {"message": {"author": {"role": "user"}, "content": {"content_type": '
+                   '"text", "parts": ["hi"]}}}}}]'})
+        run_id = (await call("chat.send", {"sessionKey": key, "message": "I like Rust",
+                                           "idempotencyKey": "k1"}))["runId"]
+        await call("chat.send",
+                   {"sessionKey": key, "message": "I like Rust", "idempotencyKey": "k1"})
         while True:
             event = await c.next_event("chat.final")
             if event["params"]["runId"] == run_id:
                 break
-        fake_openai.script(Behaviour(), Behaviour(finish_reason="length"))  # the edit's reply is cut
+        # the edit's reply is cut
+        fake_openai.script(Behaviour(), Behaviour(finish_reason="length"))
         for method, params in (("chat.regenerate", {"sessionKey": key}),
                                ("chat.edit", {"sessionKey": key, "text": "I like Go"}),
                                ("chat.continue", {"sessionKey": key})):
@@ -135,11 +140,14 @@ async def test_replies_validate_against_their_published_schema(
         replies.append(("memory.search", found))
         await call("memory.status")
         filed = (await call("sessions.create"))["sessionKey"]
-        run_id = (await call("chat.send", {"sessionKey": filed, "message": "see file", "attachments": [
-            {"name": "a.txt", "mediaType": "text/plain", "data": "aGVsbG8="}]}))["runId"]
+        run_id = (await call("chat.send", {"sessionKey": filed, "message": "see file",
+                                           "attachments": [{"name": "a.txt",
+                                                            "mediaType": "text/plain",
+                                                            "data": "aGVsbG8="}]}))["runId"]
         while (await c.next_event("chat.final"))["params"]["runId"] != run_id:
             pass
-        sha = (await call("sessions.history", {"sessionKey": filed}))["messages"][0]["attachments"][0]["sha256"]
+        sha = (await call("sessions.history",
+                          {"sessionKey": filed}))["messages"][0]["attachments"][0]["sha256"]
         await call("sessions.attachment", {"sessionKey": filed, "sha256": sha})
         await call("memory.forget", {"sessionKey": key})
         await call("sessions.delete", {"sessionKey": key})
@@ -166,6 +174,7 @@ def test_result_schema_follows_the_typed_dict() -> None:
     schema = result_schema(_Shape)
     assert schema["required"] == ["name", "tags", "inner", "counts"]
     assert schema["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
-    assert schema["properties"]["counts"] == {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert schema["properties"]["counts"] == {"type": "object",
+                                              "additionalProperties": {"type": "integer"}}
     inner = schema["properties"]["inner"]["oneOf"]
     assert inner == [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": "null"}]

@@ -29,16 +29,19 @@ def seed(cfg: Config) -> tuple[str, str]:
     store = SessionStore(cfg.data_dir)
     try:
         old = store.create("default", title="old", created_at=NOW - timedelta(days=10)).session_key
-        store.append_message("default", old, role="user", content="The walrus sanctuary visit was lovely.",
+        store.append_message("default", old, role="user",
+                             content="The walrus sanctuary visit was lovely.",
                              ts=NOW - timedelta(days=10))
         new = store.create("default", title="new").session_key
-        store.append_message("default", new, role="user", content="Today the pelican flew over the harbour.")
+        store.append_message("default", new, role="user",
+                             content="Today the pelican flew over the harbour.")
     finally:
         store.close()
     return old, new
 
 
-async def test_memory_retention_drops_old_chunks_and_facts_for_good(config_factory: Callable[..., Config]) -> None:
+async def test_memory_retention_drops_old_chunks_and_facts_for_good(
+        config_factory: Callable[..., Config]) -> None:
     """Chunks older than memory.retention_days are never indexed (not after a full reindex or a
     restart), a sweep removes facts not said within the window, and the transcript stays."""
     cfg = config_factory(memory={"retention_days": 3, "debounce_ms": 20})
@@ -65,7 +68,8 @@ async def test_memory_retention_drops_old_chunks_and_facts_for_good(config_facto
         assert (await c.call("memory.search", {"query": "walrus sanctuary"}))["results"] == []
 
 
-async def test_sessions_retention_deletes_old_transcripts(config_factory: Callable[..., Config]) -> None:
+async def test_sessions_retention_deletes_old_transcripts(
+        config_factory: Callable[..., Config]) -> None:
     """A sweep with sessions.retention_days deletes transcripts not updated within the window,
     with their index rows, and keeps the others."""
     cfg = config_factory(sessions={"retention_days": 5}, memory={"debounce_ms": 20})
@@ -97,10 +101,13 @@ async def test_sessions_retention_deletes_an_imported_old_session_on_each_backen
     400-day-old date (its history and its memory) and keeps a recent one, on SQLite and on
     PostgreSQL alike."""
     cfg = backend_config_factory(sessions={"retention_days": 30}, memory={"debounce_ms": 20})
-    export = [chatgpt_conversation("old", NOW - timedelta(days=400), "The walrus sanctuary visit was lovely."),
-              chatgpt_conversation("new", NOW - timedelta(days=2), "The pelican flew over the harbour.")]
+    export = [chatgpt_conversation("old", NOW - timedelta(days=400),
+                                   "The walrus sanctuary visit was lovely."),
+              chatgpt_conversation("new", NOW - timedelta(days=2),
+                                   "The pelican flew over the harbour.")]
     report = import_conversations(cfg.data_dir, cfg.sessions, "default", "chatgpt",
-                                  parse(json.dumps(export).encode(), "chatgpt"), storage=cfg.storage)
+                                  parse(json.dumps(export).encode(), "chatgpt"),
+                                  storage=cfg.storage)
     assert report.created == 2
     old, new = (session_key_for("default", "chatgpt", name) for name in ("old", "new"))
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
@@ -139,13 +146,15 @@ async def test_sessions_sweep_pages_through_every_user(
         sweeper = RetentionSweeper(store, NoRuns(), MemoryOff(), sessions_days=30, memory_days=0,
                                    page=2)
         assert (await sweeper.sweep(now=NOW))["sessions"] == 9
-        assert [[s.session_key for s in store.list(u)[0]] for u in ("alice", "bob", "carol")] == [[], [kept], []]
+        assert ([[s.session_key for s in store.list(u)[0]] for u in ("alice", "bob", "carol")]
+                == [[], [kept], []])
     finally:
         store.close()
 
 
 async def test_no_sweep_when_retention_is_off(config_factory: Callable[..., Config]) -> None:
-    """With both retention settings at 0 (the default) no sweep is scheduled and status says days 0."""
+    """With both retention settings at 0 (the default) no sweep is scheduled and status
+    says days 0."""
     async with running(config_factory()) as app, Client.connect(app.url, TOKEN) as c:
         assert app.retention is None
         assert (await c.call("memory.status"))["retention"] == {"days": 0}

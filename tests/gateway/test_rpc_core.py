@@ -154,7 +154,8 @@ async def test_gateway_errors_keep_their_code() -> None:
 
 async def test_unauthenticated_calls_get_32001() -> None:
     """Before auth, every method except auth answers -32001."""
-    reply = await ask(make_core(), {"id": 1, "method": "test.echo", "params": {"text": "x"}}, Ctx(None))
+    reply = await ask(make_core(), {"id": 1, "method": "test.echo", "params": {"text": "x"}},
+                      Ctx(None))
     assert reply["error"]["code"] == -32001
     reply = await ask(make_core(), {"id": 2, "method": "rpc.discover"}, Ctx(None))
     assert reply["error"]["code"] == -32001
@@ -189,7 +190,8 @@ async def test_batch_reply_is_an_error_when_any_entry_is() -> None:
     first), and False for a batch whose entries all succeed."""
     core = make_core()
     ok = {"method": "test.echo", "params": {"text": "a"}}
-    mixed = [{"id": 1, **ok}, {"id": 2, "method": "test.busy", "params": {"text": "a"}}, {"id": 3, **ok}]
+    mixed = [{"id": 1, **ok}, {"id": 2, "method": "test.busy", "params": {"text": "a"}},
+             {"id": 3, **ok}]
     reply = await core.handle(orjson.dumps(mixed), Ctx())
     assert reply is not None and reply.is_error is True
     assert [("error" in r) for r in orjson.loads(reply.data)] == [False, True, False]
@@ -226,12 +228,14 @@ def _is_well_formed(reply: Any) -> bool:
     if "result" in reply:
         return "error" not in reply
     err = reply.get("error")
-    return isinstance(err, dict) and isinstance(err.get("code"), int) and isinstance(err.get("message"), str)
+    return (isinstance(err, dict) and isinstance(err.get("code"), int)
+            and isinstance(err.get("message"), str))
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (st.lists(inner, max_size=4)
+                   | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=20,
 )
 request_like = st.fixed_dictionaries(
@@ -239,7 +243,8 @@ request_like = st.fixed_dictionaries(
     optional={
         "jsonrpc": st.sampled_from(["2.0", "1.0", 2]),
         "id": st.one_of(st.integers(), st.text(max_size=5), st.none(), st.booleans()),
-        "method": st.sampled_from(["test.echo", "test.boom", "gateway.health", "nope", "auth"]) | st.text(),
+        "method": (st.sampled_from(["test.echo", "test.boom", "gateway.health", "nope", "auth"])
+                   | st.text()),
         "params": json_values,
     },
 )
@@ -273,8 +278,10 @@ async def test_published_bounds_are_the_configured_ones() -> None:
                               memory=dataclasses.replace(base.memory, max_k=20))
     reg = Registry()
     declare_methods(reg, cfg)
-    doc = {m["name"]: {p["name"]: p["schema"] for p in m["params"]} for m in reg.openrpc("t")["methods"]}
-    assert doc["sessions.history"]["limit"]["maximum"] == 120 == doc["sessions.list"]["limit"]["maximum"]
+    doc = {m["name"]: {p["name"]: p["schema"] for p in m["params"]}
+           for m in reg.openrpc("t")["methods"]}
+    assert (doc["sessions.history"]["limit"]["maximum"] == 120
+            == doc["sessions.list"]["limit"]["maximum"])
     assert doc["memory.search"]["k"]["oneOf"][0]["maximum"] == 20
     assert doc["chat.send"]["message"]["maxLength"] == cfg.chat.max_message_bytes
     with pytest.raises(InvalidParams, match="<= 120"):

@@ -59,7 +59,8 @@ async def test_methods_before_auth_get_32001_then_auth_method_works(app: App) ->
     async with connect(app.url) as ws:
         await ws.send('{"jsonrpc":"2.0","id":1,"method":"sessions.list"}')
         assert (await recv_json(ws))["error"]["code"] == -32001
-        await ws.send(orjson.dumps({"id": 2, "method": "auth", "params": {"token": TOKEN}}).decode())
+        await ws.send(orjson.dumps({"id": 2, "method": "auth",
+                                    "params": {"token": TOKEN}}).decode())
         result = (await recv_json(ws))["result"]
         assert result["user"] == "default" and result["protocol"] == 1
         await ws.send('{"id":3,"method":"sessions.list"}')
@@ -100,12 +101,14 @@ async def test_preauth_frames_are_capped(app: App) -> None:
 
 
 async def test_failed_attempts_lock_the_address_out(config_factory: Callable[..., Config]) -> None:
-    """Past auth.max_failures the address is locked: -32004, then HTTP 429 even for the right token."""
+    """Past auth.max_failures the address is locked: -32004, then HTTP 429 even for the
+    right token."""
     async with running(config_factory(auth={"max_failures": 3})) as app:
         async with connect(app.url) as ws:
             codes = []
             for i in range(4):
-                await ws.send(orjson.dumps({"id": i, "method": "auth", "params": {"token": "bad"}}).decode())
+                await ws.send(orjson.dumps({"id": i, "method": "auth",
+                                            "params": {"token": "bad"}}).decode())
                 codes.append((await recv_json(ws))["error"]["code"])
             assert codes[:2] == [-32001, -32001] and codes[3] == -32004
         with pytest.raises(InvalidStatus) as info:
@@ -138,7 +141,8 @@ async def test_cross_site_origin_is_403(app: App) -> None:
 async def test_own_origin_is_allowed(app: App) -> None:
     """The gateway's own localhost origin may connect."""
     origin = f"http://localhost:{app.server.port}"
-    async with connect(app.url, origin=origin, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:  # type: ignore[arg-type]
+    async with connect(app.url, origin=origin,  # type: ignore[arg-type]
+                       additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
         await ws.send('{"id":1,"method":"gateway.health"}')
         assert "result" in await recv_json(ws)
 
@@ -159,12 +163,15 @@ async def test_healthz_is_plain_http_without_details(app: App) -> None:
     assert body == b"ok\n"
 
 
-async def test_oversize_frame_closes_1009_and_server_keeps_serving(config_factory: Callable[..., Config]) -> None:
+async def test_oversize_frame_closes_1009_and_server_keeps_serving(
+        config_factory: Callable[..., Config]) -> None:
     """A frame over server.max_size closes that connection 1009; others are unaffected."""
     async with running(config_factory(server={"max_size": 64 * 1024})) as app:
         async with Client.connect(app.url, TOKEN) as other:
-            async with connect(app.url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
-                await ws.send('{"id":1,"method":"gateway.health","params":{"x":"' + "a" * 70000 + '"}}')
+            async with connect(app.url,
+                               additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+                await ws.send('{"id":1,"method":"gateway.health","params":{"x":"'
+                              + "a" * 70000 + '"}}')
                 with pytest.raises(ConnectionClosed):
                     await recv_json(ws)
                 assert ws.close_code == 1009
@@ -193,7 +200,8 @@ async def test_rpc_discover_lists_every_v1_method(client: Client) -> None:
 
 async def test_several_users_map_to_their_tokens(config_factory: Callable[..., Config]) -> None:
     """[[auth.users]] tokens authenticate as their own user names."""
-    users = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
+    users = [{"name": "alice", "token": "alice-token-0123456789"},
+             {"name": "bob", "token": "bob-token-0123456789xx"}]
     cfg = config_factory(auth={"users": users, "token": None})
     async with running(cfg) as app:
         async with connect(app.url) as ws:
@@ -231,7 +239,8 @@ async def test_generated_token_file_is_private(config_factory: Callable[..., Con
 async def test_inflight_limit_answers_32004(
     config_factory: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past limits.max_inflight concurrent requests on one connection, extras get -32004 (inline ones still run)."""
+    """Past limits.max_inflight concurrent requests on one connection, extras get -32004 (inline
+    ones still run)."""
     async with running(config_factory(limits={"max_inflight": 1})) as app:
         gate = asyncio.Event()
 
@@ -251,7 +260,8 @@ async def test_inflight_limit_answers_32004(
             assert "result" in await first
 
 
-async def test_second_daemon_on_the_same_data_dir_is_refused(config_factory: Callable[..., Config]) -> None:
+async def test_second_daemon_on_the_same_data_dir_is_refused(
+        config_factory: Callable[..., Config]) -> None:
     """A second gateway on a data dir in use refuses to start; after the first closes it may."""
     from gateway.app import DataDirBusy
 

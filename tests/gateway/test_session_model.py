@@ -19,8 +19,9 @@ from tests.gateway.test_conversation_memory import _resend
 
 
 def _config(factory: Callable[..., Config], fake_openai: FakeOpenAI, **llm: Any) -> Config:
-    return factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
-                        "models": ["other-model"], "timeout_s": 5.0, "max_retries": 0, **llm},
+    return factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                        "model": "fake-model", "models": ["other-model"], "timeout_s": 5.0,
+                        "max_retries": 0, **llm},
                    chat={"auto_title": False, "compaction": False})
 
 
@@ -58,7 +59,8 @@ async def test_update_refuses_a_model_not_offered(
         config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """A model outside llm.model + llm.models is refused by sessions.update with the error
     sessions.create gives, and the session keeps its model."""
-    async with running(_config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         with pytest.raises(RpcError) as created:
             await c.call("sessions.create", {"model": "gpt-9"})
         key = (await c.call("sessions.create"))["sessionKey"]
@@ -80,10 +82,13 @@ async def test_temperature_and_max_tokens_are_kept_and_sent(
         await _say(c, key, "plain")
         body = fake_openai.chat_requests[-1].json
         assert "temperature" not in body and "max_tokens" not in body
-        wire = await c.call("sessions.update", {"sessionKey": key, "temperature": 0.3, "maxTokens": 50})
+        wire = await c.call("sessions.update",
+                            {"sessionKey": key, "temperature": 0.3, "maxTokens": 50})
         assert (wire["temperature"], wire["maxTokens"]) == (0.3, 50)
-        for params, field in (({"temperature": 1.5}, "temperature"), ({"maxTokens": 501}, "maxTokens"),
-                              ({"temperature": -0.1}, "temperature"), ({"maxTokens": 0}, "maxTokens")):
+        for params, field in (({"temperature": 1.5}, "temperature"),
+                              ({"maxTokens": 501}, "maxTokens"),
+                              ({"temperature": -0.1}, "temperature"),
+                              ({"maxTokens": 0}, "maxTokens")):
             with pytest.raises(RpcError) as refused:
                 await c.call("sessions.update", {"sessionKey": key, **params})
             assert refused.value.code == -32602 and refused.value.data["field"] == field
@@ -104,7 +109,8 @@ async def test_a_lowered_bound_caps_what_a_session_chose_before(
         config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """A session that chose more than the operator's bound allows after a restart goes out with
     the bound, not its own value."""
-    async with running(_config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await c.call("sessions.update", {"sessionKey": key, "temperature": 1.8, "maxTokens": 4000})
     lowered = _config(config_factory, fake_openai, max_temperature=0.5, max_tokens_limit=100)
@@ -118,7 +124,8 @@ async def test_continue_carries_on_a_reply_cut_by_length(
         backend_config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """chat.continue sends the cut reply back as the last assistant message, streams only the
     new text, and writes the whole reply as one line that supersedes the cut one."""
-    async with running(_config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(backend_config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         fake_openai.script(Behaviour(reply="The first half", finish_reason="length"),
                            Behaviour(reply=" and the rest."))
@@ -130,7 +137,8 @@ async def test_continue_carries_on_a_reply_cut_by_length(
         sent = [m for m in fake_openai.chat_requests[-1].json["messages"] if m["role"] != "system"]
         assert sent[-2:] == [{"role": "user", "content": "tell me a story"},
                              {"role": "assistant", "content": "The first half"}]
-        assert "".join(e["params"]["delta"] for e in events if e["method"] == "chat.delta") == " and the rest."
+        assert ("".join(e["params"]["delta"] for e in events if e["method"] == "chat.delta")
+                == " and the rest.")
         message = final["params"]["message"]
         assert message["content"] == "The first half and the rest."
         assert message["replaces"] == message["continues"] == cut["params"]["message"]["id"]

@@ -36,12 +36,14 @@ async def test_a_chatgpt_export_becomes_sessions_announced_searchable_and_reimpo
     async with running(cfg) as app, Client.connect(app.url, TOKEN) as c:
         await c.call("sessions.watch")
         data = json.dumps(chatgpt_export())
-        checked = await c.call("sessions.import", {"data": data, "name": "conversations.json", "dryRun": True})
+        checked = await c.call("sessions.import",
+                               {"data": data, "name": "conversations.json", "dryRun": True})
         assert (checked["created"], checked["messages"], checked["dryRun"]) == (2, 5, True)
         assert _transcripts(cfg.data_dir) == {}
         reply = await c.call("sessions.import", {"data": data, "name": "conversations.json"})
-        assert reply == {"format": "chatgpt", "conversations": 2, "created": 2, "resumed": 0, "unchanged": 0,
-                         "empty": 0, "messages": 5, "leftOut": [], "leftOutCount": 0, "dryRun": False}
+        assert reply == {"format": "chatgpt", "conversations": 2, "created": 2, "resumed": 0,
+                         "unchanged": 0, "empty": 0, "messages": 5, "leftOut": [],
+                         "leftOutCount": 0, "dryRun": False}
         announced = [await c.next_event("sessions.created") for _ in range(2)]
         assert sorted(e["params"]["session"]["title"] for e in announced) == ["Bike", "Sourdough"]
         listed = {s["title"]: s for s in (await c.call("sessions.list"))["sessions"]}
@@ -58,7 +60,8 @@ async def test_a_chatgpt_export_becomes_sessions_announced_searchable_and_reimpo
         assert _transcripts(cfg.data_dir) == before
 
 
-async def test_a_part_of_an_export_sent_again_resumes_a_cut_import(config_factory: Callable[..., Config]) -> None:
+async def test_a_part_of_an_export_sent_again_resumes_a_cut_import(
+        config_factory: Callable[..., Config]) -> None:
     """A conversation whose session holds only its first messages (an import cut short) gets
     exactly the rest; a recalld JSONL transcript imports too."""
     cfg = config_factory()
@@ -74,7 +77,8 @@ async def test_a_part_of_an_export_sent_again_resumes_a_cut_import(config_factor
         assert (rest["created"], rest["resumed"], rest["messages"]) == (1, 1, 4)
         # A transcript of this gateway, as `cat sessions/default/KEY.jsonl` gives it, imports as
         # a session of its own (its key derived from the transcript's).
-        transcript = _transcripts(cfg.data_dir)[f"{session_key_for('default', 'chatgpt', 'c-2')}.jsonl"]
+        transcript = _transcripts(cfg.data_dir)[
+            f"{session_key_for('default', 'chatgpt', 'c-2')}.jsonl"]
         moved = await c.call("sessions.import", {"data": transcript.decode(), "format": "jsonl"})
         assert (moved["format"], moved["created"], moved["messages"]) == ("jsonl", 1, 2)
         titles = sorted(s["title"] for s in (await c.call("sessions.list"))["sessions"])
@@ -118,12 +122,13 @@ async def test_read_only_tokens_cannot_import_and_the_byte_quota_holds(
     cfg = config_factory(server={"max_size": 65536}, quotas={"import_bytes_per_minute": 1024})
     async with running(cfg) as app:
         target = tmp_path / "phone.token"
-        assert main(["--data-dir", str(cfg.data_dir), "token", "add", "phone", "--read-only", "--file",
-                     str(target)]) == 0
+        assert main(["--data-dir", str(cfg.data_dir), "token", "add", "phone", "--read-only",
+                     "--file", str(target)]) == 0
         async with Client.connect(app.url, target.read_text().strip()) as ro:
             for dry_run in (False, True):
                 with pytest.raises(RpcError) as err:
-                    await ro.call("sessions.import", {"data": json.dumps(chatgpt_export()), "dryRun": dry_run})
+                    await ro.call("sessions.import",
+                                  {"data": json.dumps(chatgpt_export()), "dryRun": dry_run})
                 assert err.value.code == Forbidden.code and "read-only" in err.value.message
         async with Client.connect(app.url, TOKEN) as c:
             doc = await c.call("rpc.discover")
@@ -131,7 +136,8 @@ async def test_read_only_tokens_cannot_import_and_the_byte_quota_holds(
             [data] = [p for p in method["params"] if p["name"] == "data"]
             assert data["schema"]["maxLength"] == 65536 and method["x-writes"] is True
             big = json.dumps([{**conv, "title": "x" * 20_000} for conv in chatgpt_export()])
-            assert (await c.call("sessions.import", {"data": big}))["created"] == 2  # one call always fits
+            # one call always fits
+            assert (await c.call("sessions.import", {"data": big}))["created"] == 2
             with pytest.raises(RpcError) as err:
                 await c.call("sessions.import", {"data": big})
             assert err.value.code == RateLimited.code and err.value.data["retryAfterMs"] > 0
@@ -139,7 +145,8 @@ async def test_read_only_tokens_cannot_import_and_the_byte_quota_holds(
         assert len(_transcripts(cfg.data_dir)) == 2
 
 
-async def test_import_on_each_storage_backend(backend_config_factory: Callable[..., Config]) -> None:
+async def test_import_on_each_storage_backend(
+        backend_config_factory: Callable[..., Config]) -> None:
     """On SQLite + JSONL and on PostgreSQL alike: the sessions get the keys the import chooses
     (the store's own key factory still names every other new session), a second import writes
     nothing, and the messages are searchable."""

@@ -23,7 +23,8 @@ async def no_event(c: Client, wait: float = 0.3) -> None:
 
 
 async def test_update_changes_title_and_prompt(client: Client) -> None:
-    """sessions.update answers the session with its new values; get and list agree; updatedAt stays."""
+    """sessions.update answers the session with its new values; get and list agree;
+    updatedAt stays."""
     created = await client.call("sessions.create", {"title": "Draft"})
     key = created["sessionKey"]
     result = await client.call("sessions.update", {"sessionKey": key, "title": "Trip to Lisbon",
@@ -67,12 +68,15 @@ async def test_watchers_hear_changes_and_subscribers_do_not(app: App) -> None:
         assert await watcher.call("sessions.watch") == {"watching": True}
         key = (await a.call("sessions.create", {"title": "One"}))["sessionKey"]
         created = await watcher.next_event("sessions.created")
-        assert created["params"]["sessionKey"] == key and created["params"]["session"]["title"] == "One"
+        assert (created["params"]["sessionKey"] == key
+                and created["params"]["session"]["title"] == "One")
         await subscriber.call("sessions.subscribe", {"sessionKey": key})
-        await watcher.call("sessions.subscribe", {"sessionKey": key})  # watching and subscribed: still once
+        # watching and subscribed: still once
+        await watcher.call("sessions.subscribe", {"sessionKey": key})
         await a.call("sessions.update", {"sessionKey": key, "title": "Two"})
         event = await watcher.next_event("sessions.updated")
-        assert event["params"] == {"sessionKey": key, "session": await a.call("sessions.get", {"sessionKey": key})}
+        assert event["params"] == {"sessionKey": key,
+                                   "session": await a.call("sessions.get", {"sessionKey": key})}
         await no_event(watcher)
         await a.call("sessions.delete", {"sessionKey": key})
         assert (await watcher.next_event("sessions.deleted"))["params"] == {"sessionKey": key}
@@ -82,7 +86,8 @@ async def test_watchers_hear_changes_and_subscribers_do_not(app: App) -> None:
 
 async def test_watch_is_per_user(config_factory: Callable[..., Config]) -> None:
     """One user's watch never hears another user's sessions."""
-    users = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789xx"}]
+    users = [{"name": "alice", "token": "alice-token-0123456789"},
+             {"name": "bob", "token": "bob-token-0123456789xx"}]
     async with running(config_factory(auth={"users": users, "token": None})) as app, \
             Client.connect(app.url, "alice-token-0123456789") as alice, \
             Client.connect(app.url, "bob-token-0123456789xx") as bob:
@@ -121,5 +126,6 @@ async def test_discover_lists_update_and_watch(client: Client) -> None:
     methods = {m["name"]: m for m in doc["methods"]}
     assert "sessions.watch" in methods
     params = {p["name"]: p for p in methods["sessions.update"]["params"]}
-    assert set(params) == {"sessionKey", "title", "systemPrompt", "model", "temperature", "maxTokens", "clear"}
+    assert set(params) == {"sessionKey", "title", "systemPrompt", "model", "temperature",
+                           "maxTokens", "clear"}
     assert {"type": "string", "maxLength": 200} in params["title"]["schema"]["oneOf"]

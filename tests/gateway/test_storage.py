@@ -34,17 +34,20 @@ def test_sqlite_is_the_default_and_opens_the_file_store(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ({"RECALLD_STORAGE_BACKEND": "mysql"}, "RECALLD_STORAGE_BACKEND: must be one of sqlite, postgres"),
+        ({"RECALLD_STORAGE_BACKEND": "mysql"},
+         "RECALLD_STORAGE_BACKEND: must be one of sqlite, postgres"),
         ({"RECALLD_STORAGE_BACKEND": "postgres"}, 'storage.backend = "postgres" needs storage.dsn'),
         ({"RECALLD_STORAGE_BACKEND": "postgres", "RECALLD_STORAGE_DSN": ""}, "needs storage.dsn"),
         ({"RECALLD_STORAGE_BACKEND": "postgres", "RECALLD_STORAGE_DSN": "mysql://pw-secret@x"},
          "storage.dsn (RECALLD_STORAGE_DSN) is not a PostgreSQL connection string"),
-        ({"RECALLD_STORAGE_BACKEND": "postgres", "RECALLD_STORAGE_DSN": "host=db port=fifty password=pw-secret"},
+        ({"RECALLD_STORAGE_BACKEND": "postgres",
+          "RECALLD_STORAGE_DSN": "host=db port=fifty password=pw-secret"},
          "storage.dsn (RECALLD_STORAGE_DSN) has a port that is not a number"),
         ({"RECALLD_STORAGE_POOL_SIZE": "0"}, "RECALLD_STORAGE_POOL_SIZE: must be >= 1"),
     ],
 )
-def test_each_storage_mistake_is_one_clear_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:
+def test_each_storage_mistake_is_one_clear_line(tmp_path: Path, env: dict[str, str],
+                                                needle: str) -> None:
     """An unknown backend, postgres without a DSN, a malformed DSN or a bad number is a
     ConfigError naming the setting, and the DSN (which may hold a password) is never echoed."""
     with pytest.raises(ConfigError) as info:
@@ -72,7 +75,8 @@ def test_an_unreachable_server_fails_at_once_naming_the_dsn(tmp_path: Path) -> N
     with pytest.raises(StorageUnavailable) as info:
         open_session_store(cfg.storage, cfg.data_dir, cfg.sessions)
     message = str(info.value)
-    assert message.startswith("storage.dsn (RECALLD_STORAGE_DSN): could not open the session database")
+    assert message.startswith(
+        "storage.dsn (RECALLD_STORAGE_DSN): could not open the session database")
     assert "pw-secret" not in message
     assert not (tmp_path / "sessions").exists()
 

@@ -33,10 +33,12 @@ async def resume(app: App, key: str, run_id: str) -> tuple[dict[str, Any], str, 
     # event continues it, the first one with the very next seq.
     assert [e["params"]["seq"] for e in events][:1] == [snap["seq"] + 1]
     assert all(d["seq"] > snap["seq"] for d in deltas)
-    return snap, snap["text"] + "".join(d["delta"] for d in deltas), final["params"]["message"]["content"]
+    return (snap, snap["text"] + "".join(d["delta"] for d in deltas),
+            final["params"]["message"]["content"])
 
 
-async def test_subscribe_mid_reply_returns_the_text_so_far(chat_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_subscribe_mid_reply_returns_the_text_so_far(chat_app: App,
+                                                           fake_openai: FakeOpenAI) -> None:
     """A second connection subscribing while a reply streams gets the run's text so far and its
     seq, and that text followed by the deltas it then receives is the final reply exactly."""
     reply = " ".join(f"w{i}" for i in range(60))
@@ -50,7 +52,8 @@ async def test_subscribe_mid_reply_returns_the_text_so_far(chat_app: App, fake_o
         await run_to_end(a, run_id)
     assert resumed is not None
     snap, text, final = resumed
-    assert snap["seq"] >= 4 and snap["text"].startswith("w0 w1 w2") and len(snap["text"]) < len(reply)
+    assert (snap["seq"] >= 4 and snap["text"].startswith("w0 w1 w2")
+            and len(snap["text"]) < len(reply))
     assert text == final == reply
 
 
@@ -58,7 +61,8 @@ async def test_subscribe_with_no_live_run_returns_no_runs(chat_app: App) -> None
     """Subscribing to an idle session (before any run, and after one ended) lists no runs."""
     async with Client.connect(chat_app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        assert await c.call("sessions.subscribe", {"sessionKey": key}) == {"subscribed": True, "runs": []}
+        assert (await c.call("sessions.subscribe", {"sessionKey": key})
+                == {"subscribed": True, "runs": []})
         run_id = (await c.call("chat.send", {"sessionKey": key, "message": "hi"}))["runId"]
         await run_to_end(c, run_id)
         assert (await c.call("sessions.subscribe", {"sessionKey": key}))["runs"] == []
@@ -76,7 +80,8 @@ async def test_snapshots_never_show_a_memory_update_block(
     async with running(chat_config(config_factory, fake_openai, facts="block")) as app, \
             Client.connect(app.url, TOKEN) as a:
         key = (await a.call("sessions.create"))["sessionKey"]
-        run_id = (await a.call("chat.send", {"sessionKey": key, "message": "My cat is called Luna."}))["runId"]
+        run_id = (await a.call("chat.send",
+                               {"sessionKey": key, "message": "My cat is called Luna."}))["runId"]
         await a.next_event("chat.delta")
         ended = asyncio.create_task(run_to_end(a, run_id))
         resumes = []

@@ -43,7 +43,8 @@ async def test_first_reply_gets_a_model_title_every_tab_hears(
         await a.call("sessions.watch")
         await b.call("sessions.watch")
         key = (await a.call("sessions.create"))["sessionKey"]
-        run_id = (await a.call("chat.send", {"sessionKey": key, "message": "Plan a weekend in Porto"}))["runId"]
+        run_id = (await a.call("chat.send",
+                               {"sessionKey": key, "message": "Plan a weekend in Porto"}))["runId"]
         _, final = await run_to_end(a, run_id)
         assert final["method"] == "chat.final"
         # The final event came before the (delayed) title was written.
@@ -54,14 +55,17 @@ async def test_first_reply_gets_a_model_title_every_tab_hears(
         request = fake_openai.title_requests[-1].json
         assert "Plan a weekend in Porto" in request["messages"][1]["content"]
         # Named once: a second exchange asks for no other title.
-        await run_to_end(a, (await a.call("chat.send", {"sessionKey": key, "message": "more"}))["runId"])
+        await run_to_end(a, (await a.call("chat.send",
+                                          {"sessionKey": key, "message": "more"}))["runId"])
         await asyncio.sleep(0.3)
         assert len(fake_openai.title_requests) == 1
 
 
-@pytest.mark.parametrize("behaviour", [Behaviour(status=500), Behaviour(hang=True), Behaviour(reply="  ")])
+@pytest.mark.parametrize("behaviour",
+                         [Behaviour(status=500), Behaviour(hang=True), Behaviour(reply="  ")])
 async def test_a_failing_slow_or_empty_model_falls_back_to_the_first_message(
-        config_factory: Callable[..., Config], fake_openai: FakeOpenAI, behaviour: Behaviour) -> None:
+        config_factory: Callable[..., Config], fake_openai: FakeOpenAI,
+        behaviour: Behaviour) -> None:
     """When the title request fails, outlasts chat.title_timeout_s or answers nothing, the title
     is cut from the first message."""
     fake_openai.title_behaviour = behaviour
@@ -69,10 +73,13 @@ async def test_a_failing_slow_or_empty_model_falls_back_to_the_first_message(
             Client.connect(app.url, TOKEN) as c:
         await c.call("sessions.watch")
         key = (await c.call("sessions.create"))["sessionKey"]
-        message = "What should I cook tonight with leeks, potatoes and a little cream from yesterday?"
-        await run_to_end(c, (await c.call("chat.send", {"sessionKey": key, "message": message}))["runId"])
+        message = ("What should I cook tonight with leeks, potatoes and a little cream from "
+                   "yesterday?")
+        await run_to_end(c, (await c.call("chat.send",
+                                          {"sessionKey": key, "message": message}))["runId"])
         title = await _titled(c, key)
-        assert title.startswith("What should I cook tonight") and title.endswith("…") and len(title) <= 60
+        assert (title.startswith("What should I cook tonight") and title.endswith("…")
+                and len(title) <= 60)
 
 
 async def test_titles_leave_named_sessions_alone_and_can_be_turned_off(
@@ -80,11 +87,14 @@ async def test_titles_leave_named_sessions_alone_and_can_be_turned_off(
     """A session created with a title, or renamed before the title arrives, keeps its name; with
     chat.auto_title = false no title is ever asked for."""
     fake_openai.title_behaviour = Behaviour(reply="Model title", first_byte_delay_s=0.5)
-    async with running(_config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         named = (await c.call("sessions.create", {"title": "Mine"}))["sessionKey"]
-        await run_to_end(c, (await c.call("chat.send", {"sessionKey": named, "message": "hi"}))["runId"])
+        await run_to_end(c, (await c.call("chat.send",
+                                          {"sessionKey": named, "message": "hi"}))["runId"])
         renamed = (await c.call("sessions.create"))["sessionKey"]
-        await run_to_end(c, (await c.call("chat.send", {"sessionKey": renamed, "message": "hi"}))["runId"])
+        await run_to_end(c, (await c.call("chat.send",
+                                          {"sessionKey": renamed, "message": "hi"}))["runId"])
         await c.call("sessions.update", {"sessionKey": renamed, "title": "My own name"})
         await asyncio.sleep(1.0)
         assert (await c.call("sessions.get", {"sessionKey": named}))["title"] == "Mine"
@@ -93,7 +103,8 @@ async def test_titles_leave_named_sessions_alone_and_can_be_turned_off(
     async with running(_config(config_factory, fake_openai, auto_title=False)) as app, \
             Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        await run_to_end(c, (await c.call("chat.send", {"sessionKey": key, "message": "hi"}))["runId"])
+        await run_to_end(c, (await c.call("chat.send",
+                                          {"sessionKey": key, "message": "hi"}))["runId"])
         await asyncio.sleep(0.3)
         assert (await c.call("sessions.get", {"sessionKey": key}))["title"] == "New session"
         assert fake_openai.title_requests == []
@@ -113,5 +124,6 @@ def test_a_model_title_is_plain_text(answer: str, title: str) -> None:
 
 def test_the_fallback_title_is_plain_text_cut_at_a_word() -> None:
     """The first message's first line, without markdown marks, cut at a word with an ellipsis."""
-    text = "My **favourite** language is `Rust`, because the compiler catches my mistakes early\nsecond"
+    text = ("My **favourite** language is `Rust`, because the compiler catches my mistakes early\n"
+            "second")
     assert heuristic_title(text) == "My favourite language is Rust, because the compiler…"

@@ -20,8 +20,8 @@ from tests.gateway.test_conversation_memory import _resend, _texts, _until_found
 
 
 def _config(factory: Callable[..., Config], fake_openai: FakeOpenAI) -> Config:
-    return factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
-                        "timeout_s": 5.0, "max_retries": 0},
+    return factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                        "model": "fake-model", "timeout_s": 5.0, "max_retries": 0},
                    chat={"auto_title": False, "compaction": False}, memory={"debounce_ms": 20})
 
 
@@ -30,12 +30,15 @@ async def _say(c: Client, key: str, text: str) -> dict[str, Any]:
     return (await run_to_end(c, run_id))[1]
 
 
-async def _choose(c: Client, key: str, message_id: str, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """chat.choose once the session is idle (on PostgreSQL a run's lease outlives its chat.final)."""
+async def _choose(c: Client, key: str, message_id: str,
+                  timeout: float = 10.0) -> list[dict[str, Any]]:
+    """chat.choose once the session is idle (on PostgreSQL a run's lease outlives its
+    chat.final)."""
     async with asyncio.timeout(timeout):
         while True:
             try:
-                return list((await c.call("chat.choose", {"sessionKey": key, "messageId": message_id}))["messages"])
+                return list((await c.call("chat.choose", {"sessionKey": key,
+                                                          "messageId": message_id}))["messages"])
             except RpcError as exc:
                 if exc.code != -32003 or "busy" not in exc.message:
                     raise
@@ -55,20 +58,23 @@ async def test_a_regenerated_reply_keeps_its_versions_and_an_older_one_can_be_ch
     """After a regenerate the reply is marked 2/2 with both ids, sessions.versions lists both texts,
     and choosing the first makes it the shown reply (1/2), the one the next prompt holds and the one
     memory.search finds, the regenerated one leaving the index."""
-    async with running(_config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(backend_config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         fake_openai.script(Behaviour(reply="Herons nest in alders."))
         first = (await _say(c, key, "where do herons nest?"))["params"]["message"]
         fake_openai.script(Behaviour(reply="Herons nest in tall reeds."))
         await run_to_end(c, await _resend(c, "chat.regenerate", {"sessionKey": key}))
         shown = await _shown(c, key)
-        assert [m["content"] for m in shown] == ["where do herons nest?", "Herons nest in tall reeds."]
+        assert [m["content"] for m in shown] == ["where do herons nest?",
+                                                 "Herons nest in tall reeds."]
         second = shown[-1]
         assert "versions" not in shown[0]
         assert second["versions"] == {"index": 2, "count": 2, "ids": [first["id"], second["id"]]}
         listed = await c.call("sessions.versions", {"sessionKey": key, "messageId": second["id"]})
         assert (listed["index"], listed["count"]) == (2, 2)
-        assert [v["content"] for v in listed["versions"]] == ["Herons nest in alders.", "Herons nest in tall reeds."]
+        assert [v["content"] for v in listed["versions"]] == ["Herons nest in alders.",
+                                                              "Herons nest in tall reeds."]
         await _until_found(c, "herons reeds", "reeds")
 
         written = await _choose(c, key, first["id"])
@@ -80,7 +86,8 @@ async def test_a_regenerated_reply_keeps_its_versions_and_an_older_one_can_be_ch
         assert await _choose(c, key, first["id"]) == []  # shown already: nothing appended
 
         await _say(c, key, "and in winter?")
-        assert _sent(fake_openai) == ["where do herons nest?", "Herons nest in alders.", "and in winter?"]
+        assert _sent(fake_openai) == ["where do herons nest?", "Herons nest in alders.",
+                                      "and in winter?"]
         await _until_found(c, "herons alders", "alders")
         async with asyncio.timeout(10):
             while any("reeds" in t for t in await _texts(c, "herons reeds")):
@@ -92,12 +99,14 @@ async def test_editing_an_earlier_message_forks_and_the_old_branch_comes_back(
     """chat.edit with messageId of an earlier user message hides it and everything after it and
     answers the new text; the edited message is marked 2/2, and choosing the old version brings
     back its whole branch (the later turns too) as what the model sees next."""
-    async with running(_config(backend_config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(backend_config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         await _say(c, key, "one")
         await _say(c, key, "two")
         old = (await _shown(c, key))[0]
-        run_id = await _resend(c, "chat.edit", {"sessionKey": key, "text": "uno", "messageId": old["id"]})
+        run_id = await _resend(c, "chat.edit",
+                               {"sessionKey": key, "text": "uno", "messageId": old["id"]})
         await run_to_end(c, run_id)
         assert _sent(fake_openai) == ["uno"]
         shown = await _shown(c, key)
@@ -120,9 +129,11 @@ async def test_a_continued_reply_is_the_same_version(
         config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """A reply chat.continue wrote on counts as the cut reply's own version, not another one, so a
     regenerate after it makes 2 versions, the first being the whole continued text."""
-    async with running(_config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
-        fake_openai.script(Behaviour(reply="Cut here", finish_reason="length"), Behaviour(reply=" and done."))
+        fake_openai.script(Behaviour(reply="Cut here", finish_reason="length"),
+                           Behaviour(reply=" and done."))
         await _say(c, key, "tell me")
         await run_to_end(c, await _resend(c, "chat.continue", {"sessionKey": key}))
         assert "versions" not in (await _shown(c, key))[-1]
@@ -137,7 +148,8 @@ async def test_choose_refuses_what_it_cannot_show(
         config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> None:
     """chat.choose with an id not in the session is -32602 on messageId, and an edit naming a
     message that is not a shown user message is -32003, neither writing a line."""
-    async with running(_config(config_factory, fake_openai)) as app, Client.connect(app.url, TOKEN) as c:
+    async with running(_config(config_factory, fake_openai)) as app, \
+            Client.connect(app.url, TOKEN) as c:
         key = (await c.call("sessions.create"))["sessionKey"]
         reply = (await _say(c, key, "hi"))["params"]["message"]
         with pytest.raises(RpcError) as bad:

@@ -29,11 +29,14 @@ BOB_TOKEN = "bob-token-0123456789abcdef-0123456789"
 
 
 @pytest.fixture
-async def mcp_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
+async def mcp_app(config_factory: Callable[..., Config],
+                  fake_openai: FakeOpenAI) -> AsyncIterator[App]:
     """Users alice (TOKEN) and bob (BOB_TOKEN), the fake model, /mcp on a free port."""
     cfg = config_factory(
-        auth={"token": None, "users": [{"name": "alice", "token": TOKEN}, {"name": "bob", "token": BOB_TOKEN}]},
-        llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model", "max_retries": 0},
+        auth={"token": None,
+              "users": [{"name": "alice", "token": TOKEN}, {"name": "bob", "token": BOB_TOKEN}]},
+        llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
+             "max_retries": 0},
         memory={"debounce_ms": 20},
         mcp={"port": free_port()},
     )
@@ -69,7 +72,8 @@ async def stdio_session(data_dir: Path, *args: str) -> AsyncIterator[ClientSessi
     """An initialised MCP client session on `python -m gateway mcp ARGS`, over stdio."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "gateway", "--data-dir", str(data_dir), "mcp", *args], env=env)
+                                   args=["-m", "gateway", "--data-dir", str(data_dir), "mcp",
+                                         *args], env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session

@@ -34,7 +34,8 @@ def _body(size: int) -> bytes:
 async def bounded(config_factory: Callable[..., Config]) -> AsyncIterator[App]:
     """alice and bob on /mcp with 8 KiB bodies, 8 KiB a minute each, one request at a time."""
     cfg = config_factory(
-        auth={"token": None, "users": [{"name": "alice", "token": TOKEN}, {"name": "bob", "token": BOB_TOKEN}]},
+        auth={"token": None,
+              "users": [{"name": "alice", "token": TOKEN}, {"name": "bob", "token": BOB_TOKEN}]},
         mcp={"port": free_port(), "max_request_bytes": 8192, "request_bytes_per_minute": 8192,
              "max_requests_per_user": 1},
     )
@@ -44,8 +45,8 @@ async def bounded(config_factory: Callable[..., Config]) -> AsyncIterator[App]:
 
 async def _post(http: httpx2.AsyncClient, app: App, token: str, body: bytes) -> httpx2.Response:
     assert app.mcp is not None
-    return await http.post(app.mcp.url, content=body, headers={**ACCEPT, "Authorization": f"Bearer {token}"},
-                           timeout=60)
+    return await http.post(app.mcp.url, content=body,
+                           headers={**ACCEPT, "Authorization": f"Bearer {token}"}, timeout=60)
 
 
 async def test_a_body_over_the_bound_is_413(bounded: App) -> None:
@@ -59,7 +60,8 @@ async def test_bytes_over_a_users_rate_wait_then_429_and_others_are_served(bound
     """A body past its user's mcp.request_bytes_per_minute is refused 429 with Retry-After when
     room for it is more than PACE_LIMIT_S away, while another user's request is served."""
     async with httpx2.AsyncClient() as http:
-        # bob's bucket holds 8 KiB, refilled at ~137 B/s: after 7,000 bytes, 7,000 more are ~42 s away.
+        # bob's bucket holds 8 KiB, refilled at ~137 B/s: after 7,000 bytes, 7,000 more
+        # are ~42 s away.
         assert (await _post(http, bounded, BOB_TOKEN, _body(7000))).status_code == 200
         refused = await _post(http, bounded, BOB_TOKEN, _body(7000))
         assert refused.status_code == 429
@@ -82,6 +84,7 @@ async def test_a_users_requests_beyond_the_limit_wait_their_turn(bounded: App) -
     at a time (none refused), and the per-user places are given back when they end."""
     assert bounded.mcp is not None
     async with httpx2.AsyncClient() as http:
-        answers = await asyncio.gather(*(_post(http, bounded, TOKEN, _body(1000)) for _ in range(6)))
+        answers = await asyncio.gather(*(_post(http, bounded, TOKEN, _body(1000))
+                                         for _ in range(6)))
     assert [a.status_code for a in answers] == [200] * 6
     assert len(bounded.mcp._places) == 0

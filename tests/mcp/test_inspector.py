@@ -32,7 +32,8 @@ async def _inspector(tmp_path: Path, app: App, *method: str) -> object:
         "--url", app.url, "--token-file", str(token_file), *method,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     try:
-        async with asyncio.timeout(600):  # a hang guard (a first run downloads the Inspector), not a timing
+        async with asyncio.timeout(600):  # a hang guard (a first run downloads
+                                          # the Inspector), not a timing
             out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
@@ -45,15 +46,18 @@ async def _inspector(tmp_path: Path, app: App, *method: str) -> object:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("npx") is None, reason="npx (npm) is not installed: the Inspector runs on it")
-async def test_the_mcp_inspector_cli_lists_the_tools_and_calls_search_memory(mcp_app: App, tmp_path: Path) -> None:
+@pytest.mark.skipif(shutil.which("npx") is None,
+                    reason="npx (npm) is not installed: the Inspector runs on it")
+async def test_the_mcp_inspector_cli_lists_the_tools_and_calls_search_memory(
+        mcp_app: App, tmp_path: Path) -> None:
     """`npx @modelcontextprotocol/inspector --cli recalld mcp …` lists the tools, and its
     tools/call of search_memory returns the sentence said in a chat."""
     await said(mcp_app, "My favourite programming language is Rust.")
     listed = await _inspector(tmp_path, mcp_app, "--method", "tools/list")
     assert isinstance(listed, dict)
     assert {"search_memory", "remember", "forget"} <= {t["name"] for t in listed["tools"]}
-    called = await _inspector(tmp_path, mcp_app, "--method", "tools/call", "--tool-name", "search_memory",
-                              "--tool-arg", "query=favourite programming language")
+    called = await _inspector(tmp_path, mcp_app, "--method", "tools/call", "--tool-name",
+                              "search_memory", "--tool-arg", "query=favourite programming language")
     assert isinstance(called, dict) and not called.get("isError")
-    assert "My favourite programming language is Rust." in called["structuredContent"]["excerpts"][0]["text"]
+    assert ("My favourite programming language is Rust."
+            in called["structuredContent"]["excerpts"][0]["text"])

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra is not installed (pip install -e '.[mcp]')")
+pytest.importorskip("mcp.server.mcpserver",
+                    reason="the mcp extra is not installed (pip install -e '.[mcp]')")
 
 # In the child: `recalld mcp` as main() runs it, with the stdio loop replaced by building the
 # server (the tool set, the SDK) and printing which of the modules it must not need are loaded.
@@ -24,7 +25,8 @@ from gateway.mcp.tools import build_server
 
 async def ready(link, *, version):
     build_server(link, version=version)
-    heavy = sorted(m for m in ("openai", "gateway.app", "gateway.chat", "gateway.transport", "onnxruntime")
+    heavy = sorted(m for m in ("openai", "gateway.app", "gateway.chat", "gateway.transport",
+                               "onnxruntime")
                    if m in sys.modules)
     print("imported:", ",".join(heavy), "version:", version)
 
@@ -43,7 +45,8 @@ def test_mcp_stdio_start_imports_no_chat_stack(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLD_", "OPENAI_"))}
     out = subprocess.run([sys.executable, "-c", _PROBE, "--data-dir", str(tmp_path / "data"), "mcp",
                           "--url", "ws://127.0.0.1:9/", "--token-file", str(token)],
-                         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=120, env=env,
+                         stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("imported:  version:"), line

@@ -35,12 +35,14 @@ async def test_mcp_over_https_with_the_gateways_certificate(config_factory: Call
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert.private_key_and_cert_chain_pem.write_to_path(str(cert_path))
     cert.private_key_pem.write_to_path(str(key_path))
-    cfg = config_factory(tls={"cert": str(cert_path), "key": str(key_path)}, mcp={"port": free_port()})
+    cfg = config_factory(tls={"cert": str(cert_path), "key": str(key_path)},
+                         mcp={"port": free_port()})
     async with running(cfg) as app:
         assert app.mcp is not None and app.mcp.url.startswith("https://")
         trust = ssl.create_default_context()
         ca.configure_trust(trust)
-        async with (httpx2.AsyncClient(verify=trust, headers={"Authorization": f"Bearer {TOKEN}"}) as http,
+        async with (httpx2.AsyncClient(verify=trust,
+                                       headers={"Authorization": f"Bearer {TOKEN}"}) as http,
                     streamable_http_client(app.mcp.url, http_client=http) as (read, write, *_),
                     ClientSession(read, write) as session):
             await session.initialize()

@@ -121,7 +121,8 @@ def _store(data_dir: Path, key: str) -> SessionStore:
     return SessionStore(data_dir, SessionsConfig(fsync="never"), key_factory=lambda: key)
 
 
-def write_transcript(data_dir: Path, user: str, name: str, messages: Iterable[str | tuple[str, str]],
+def write_transcript(data_dir: Path, user: str, name: str,
+                     messages: Iterable[str | tuple[str, str]],
                      *, start_minute: float = 0, memory: bool = True) -> Path:
     """A new transcript, written by the real ``SessionStore``, replacing any earlier one of that
     name: a header plus one message per item (``"text"`` alternates user/assistant, or
@@ -135,7 +136,8 @@ def write_transcript(data_dir: Path, user: str, name: str, messages: Iterable[st
         return store.transcript_path(user, key)
 
 
-def append_messages(path: Path, messages: Iterable[str | tuple[str, str]], *, start_minute: float = 0) -> None:
+def append_messages(path: Path, messages: Iterable[str | tuple[str, str]], *,
+                    start_minute: float = 0) -> None:
     """Append to the transcript at ``path`` through ``SessionStore.append_message``."""
     owner = parse_transcript_relpath(f"{path.parent.name}/{path.name}")
     assert owner is not None, path
@@ -144,12 +146,13 @@ def append_messages(path: Path, messages: Iterable[str | tuple[str, str]], *, st
         _append(store, user, key, messages, start_minute)
 
 
-def _append(store: SessionStore | PgSessionStore, user: str, key: str, messages: Iterable[str | tuple[str, str]],
-            start_minute: float) -> list[Message]:
+def _append(store: SessionStore | PgSessionStore, user: str, key: str,
+            messages: Iterable[str | tuple[str, str]], start_minute: float) -> list[Message]:
     written = []
     for i, item in enumerate(messages):
         role, text = item if isinstance(item, tuple) else (("user", "assistant")[i % 2], item)
-        written.append(store.append_message(user, key, role=role, content=text, ts=ts(start_minute + i)))
+        written.append(store.append_message(user, key, role=role, content=text,
+                                            ts=ts(start_minute + i)))
     return written
 
 
@@ -161,7 +164,8 @@ def quiet_config(**overrides: Any) -> MemoryConfig:
 
 
 @asynccontextmanager
-async def opened(data_dir: Path, config: MemoryConfig, embedder: Any, **kwargs: Any) -> AsyncIterator[MemoryService]:
+async def opened(data_dir: Path, config: MemoryConfig, embedder: Any,
+                 **kwargs: Any) -> AsyncIterator[MemoryService]:
     """A started service whose start-up catch-up sync has finished."""
     svc = MemoryService(data_dir, config, embedder, **kwargs)
     await svc.start()
@@ -212,7 +216,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         differs = metafunc.definition.get_closest_marker("postgres_differs")
         if differs is not None:
             reason = differs.kwargs.get("reason") or differs.args[0]
-            params[1] = pytest.param("postgres", marks=pytest.mark.xfail(strict=True, reason=reason))
+            params[1] = pytest.param("postgres",
+                                     marks=pytest.mark.xfail(strict=True, reason=reason))
         metafunc.parametrize("memory_backend", params, indirect=True)
 
 
@@ -232,7 +237,8 @@ class MemoryBackend:
         self._pg: Any = None
         if name == "postgres":
             # Made now, so the sessions tables exist before a memory service opens.
-            self._pg = PgSessionStore(dsn, SessionsConfig(), pool_size=1, key_factory=lambda: self._key)
+            self._pg = PgSessionStore(dsn, SessionsConfig(), pool_size=1,
+                                      key_factory=lambda: self._key)
 
     @property
     def is_postgres(self) -> bool:
@@ -267,7 +273,8 @@ class MemoryBackend:
 
     def chunk_rows(self) -> list[tuple[str, int, int, int, str]]:
         """(session key, chunk_idx, line_start, line_end, content) of every chunk in the index,
-        in the order of their sessions (SQLite: transcript paths; PostgreSQL: user, key) and indexes."""
+        in the order of their sessions (SQLite: transcript paths; PostgreSQL: user, key)
+        and indexes."""
         if self._pg is None:
             import apsw
 
@@ -282,7 +289,8 @@ class MemoryBackend:
 
         with psycopg.connect(self.dsn) as conn:
             rows = conn.execute("SELECT session_key, chunk_idx, line_start, line_end, content "
-                                "FROM recalld_memory_chunks ORDER BY user_id, session_key, chunk_idx").fetchall()
+                                "FROM recalld_memory_chunks "
+                                "ORDER BY user_id, session_key, chunk_idx").fetchall()
         return [(str(k), int(i), int(a), int(b), str(c)) for k, i, a, b, c in rows]
 
     def write(self, user: str, name: str, messages: Iterable[str | tuple[str, str]], *,
@@ -290,7 +298,8 @@ class MemoryBackend:
         """As :func:`write_transcript`, on this backend: a new session called ``name`` (replacing
         any earlier one) with these messages, a minute apart from ``start_minute``."""
         if self._pg is None:
-            write_transcript(self.data_dir, user, name, messages, start_minute=start_minute, memory=memory)
+            write_transcript(self.data_dir, user, name, messages, start_minute=start_minute,
+                             memory=memory)
             return
         self._key = key = session_key(name)
         with contextlib.suppress(SessionNotFound):
@@ -299,7 +308,8 @@ class MemoryBackend:
         _append(self._pg, user, key, messages, start_minute)
 
     def messages(self, user: str, name: str) -> list[Message]:
-        """The messages of the session called ``name`` (its latest 200), oldest first, as its store keeps them."""
+        """The messages of the session called ``name`` (its latest 200), oldest first, as its store
+        keeps them."""
         with self._store_of(name) as store:
             page, _ = store.history(user, session_key(name), limit=200)
         return list(page)
@@ -309,10 +319,11 @@ class MemoryBackend:
         """Append a message that supersedes the message ``replaces`` and every one after it (an
         edit, or a regenerated reply: the line's ``replaces`` key), as chat does."""
         with self._store_of(name) as store:
-            return store.append_message(user, session_key(name), role=role, content=content, ts=ts(minute),
-                                        extra={REPLACES_KEY: replaces})
+            return store.append_message(user, session_key(name), role=role, content=content,
+                                        ts=ts(minute), extra={REPLACES_KEY: replaces})
 
-    def purge(self, user: str, name: str, *, after: datetime | None = None, before: datetime | None = None) -> int:
+    def purge(self, user: str, name: str, *, after: datetime | None = None,
+              before: datetime | None = None) -> int:
         """Remove the session's messages timed in ``[after, before)`` through its store (what
         ``memory.forget {purgeTranscript:true}`` does); how many went."""
         with self._store_of(name) as store:
@@ -330,7 +341,8 @@ class MemoryBackend:
                start_minute: float = 0) -> None:
         """As :func:`append_messages`, on this backend, to the session called ``name``."""
         if self._pg is None:
-            append_messages(transcript_path(self.data_dir, user, name), messages, start_minute=start_minute)
+            append_messages(transcript_path(self.data_dir, user, name), messages,
+                            start_minute=start_minute)
             return
         _append(self._pg, user, session_key(name), messages, start_minute)
 
@@ -344,13 +356,15 @@ class MemoryBackend:
 
     async def unstarted(self, config: MemoryConfig, embedder: Any, **kwargs: Any) -> BackendMemory:
         """A service over this storage, made but not started (SQLite: constructed; PostgreSQL:
-        opened, its pool connected, its indexing loop not running): the test starts and closes it."""
+        opened, its pool connected, its indexing loop not running): the test starts and
+        closes it."""
         if self._pg is None:
             return MemoryService(self.data_dir, config, embedder, **kwargs)
         return await PgMemory.open(self.dsn, config, embedder, data_dir=self.data_dir, **kwargs)
 
     @asynccontextmanager
-    async def opened(self, config: MemoryConfig, embedder: Any, **kwargs: Any) -> AsyncIterator[BackendMemory]:
+    async def opened(self, config: MemoryConfig, embedder: Any,
+                     **kwargs: Any) -> AsyncIterator[BackendMemory]:
         """A started service whose start-up catch-up sync has finished (as :func:`opened`)."""
         if self._pg is None:
             async with opened(self.data_dir, config, embedder, **kwargs) as svc:
@@ -385,7 +399,8 @@ def memory_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[M
             db = f"m{uuid.uuid4().hex[:16]}"
             return server.create_database(db), lambda: server.drop_database(db)
 
-        backend = MemoryBackend(name, tmp_path, str(request.getfixturevalue("pg_dsn")), new_database)
+        backend = MemoryBackend(name, tmp_path, str(request.getfixturevalue("pg_dsn")),
+                                new_database)
     try:
         yield backend
     finally:
@@ -393,7 +408,8 @@ def memory_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[M
 
 
 @pytest.fixture
-async def memory_service(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> AsyncIterator[BackendMemory]:
+async def memory_service(memory_backend: MemoryBackend,
+                         embedder: FakeEmbedder) -> AsyncIterator[BackendMemory]:
     """``service`` on each backend: started, its catch-up sync over."""
     async with memory_backend.opened(quiet_config(), embedder) as svc:
         yield svc

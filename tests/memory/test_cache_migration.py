@@ -20,7 +20,7 @@ CREATE TABLE embedding_cache(
     dims INTEGER NOT NULL, vector BLOB NOT NULL, created_at TEXT NOT NULL,
     PRIMARY KEY (provider, model, endpoint_hash, content_hash)
 ) WITHOUT ROWID
-"""
+"""  # noqa: E501  (the m005 schema as it was written, byte for byte)
 
 CacheRows = dict[tuple[str, str, str, str], tuple[int, bytes]]
 
@@ -48,7 +48,8 @@ def make_m005(path: Path) -> tuple[CacheRows, str, str]:
         db.execute(_M005_CACHE)
         for (provider, model, endpoint, chash), (dims, vector) in rows.items():
             db.execute("INSERT INTO embedding_cache VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (provider, model, endpoint, chash, dims, vector, "2026-11-20T10:00:00.000000+00:00"))
+                       (provider, model, endpoint, chash, dims, vector,
+                        "2026-11-20T10:00:00.000000+00:00"))
         row = db.execute("SELECT content_hash, content FROM chunks WHERE content LIKE '%violin%' "
                          "ORDER BY id LIMIT 1").fetchone()
         assert row is not None
@@ -61,20 +62,23 @@ def make_m005(path: Path) -> tuple[CacheRows, str, str]:
     return rows, chash, content
 
 
-async def test_m005_cache_is_compacted_and_rebuilds_the_index_without_embedder_calls(tmp_path: Path) -> None:
+async def test_m005_cache_is_compacted_and_rebuilds_the_index_without_embedder_calls(
+        tmp_path: Path) -> None:
     """m006 drops created_at, converts a float32 row to int8, keeps every int8 row byte for byte,
     and the index rebuilt from the converted cache ranks as before with no passage embedded."""
     for i, topic in enumerate(TOPICS):
         write_transcript(tmp_path, "alice", f"s{i}", [f"{topic} note {n}" for n in range(6)])
     async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=64)) as svc:
-        before = [h.chunk_id for h in (await svc.search("alice", "violin rosin", k=5, mode="vector")).results]
+        before = [h.chunk_id
+                  for h in (await svc.search("alice", "violin rosin", k=5, mode="vector")).results]
     rows, float_hash, float_text = make_m005(tmp_path / "memory.db")
     generation = meta(tmp_path / "memory.db", "vector_generation")
 
     second = FakeEmbedder(dims=64)
     async with opened(tmp_path, quiet_config(**SMALL), second) as svc:
         status = await svc.status()
-        after = [h.chunk_id for h in (await svc.search("alice", "violin rosin", k=5, mode="vector")).results]
+        after = [h.chunk_id
+                 for h in (await svc.search("alice", "violin rosin", k=5, mode="vector")).results]
 
     assert second.texts == ["violin rosin"]  # only the query: every vector came from the cache
     assert status["pending"] == 0 and status["embedded"] == status["chunks"]
@@ -83,7 +87,8 @@ async def test_m005_cache_is_compacted_and_rebuilds_the_index_without_embedder_c
     db = apsw.Connection(str(tmp_path / "memory.db"))
     columns = [row[1] for row in db.execute("PRAGMA table_info(embedding_cache)")]
     assert columns == ["provider", "model", "endpoint_hash", "content_hash", "dims", "vector"]
-    assert db.execute("SELECT 1 FROM migrations WHERE name = 'm006_compact_cache'").fetchone() == (1,)
+    assert (db.execute("SELECT 1 FROM migrations WHERE name = 'm006_compact_cache'").fetchone()
+            == (1,))
     converted = cache_rows(db)
     assert converted.keys() == rows.keys()
     for key, (dims, vector) in rows.items():

@@ -9,9 +9,10 @@ from memory.chunking import approx_tokens, chunk_messages, fts_text
 from sessions import Message, TranscriptEntry
 
 
-def msg(line: int, content: str, role: str = "user", name: str | None = None, ts: str | None = None) -> TranscriptEntry:
-    message = Message(id=f"m{line}", role=role, content=content, ts=ts or f"2026-11-22T10:{line:02d}:00.000Z",
-                      run_id=None, name=name)
+def msg(line: int, content: str, role: str = "user", name: str | None = None,
+        ts: str | None = None) -> TranscriptEntry:
+    message = Message(id=f"m{line}", role=role, content=content,
+                      ts=ts or f"2026-11-22T10:{line:02d}:00.000Z", run_id=None, name=name)
     return TranscriptEntry(line=line, offset=line * 100, message=message)
 
 
@@ -36,7 +37,8 @@ def test_token_approximation_rule() -> None:
 
 
 def test_chunks_cut_at_message_boundaries_with_overlap() -> None:
-    """Short messages are never split, chunks stay within budget, and consecutive chunks share a tail."""
+    """Short messages are never split, chunks stay within budget, and consecutive chunks
+    share a tail."""
     messages = [msg(i + 2, " ".join(f"word{i}x{j}" for j in range(20))) for i in range(30)]
     chunks = chunk_messages(messages, 160, 60)  # each message ≈ 48 tokens
     assert len(chunks) > 3
@@ -72,7 +74,8 @@ def test_cjk_text_split_between_characters() -> None:
     text = "東京に行きたいです" * 80
     chunks = chunk_messages([msg(2, text)], 60, 10)
     assert len(chunks) > 2
-    joined = "".join(c.content.split(": ", 1)[1].removeprefix("… ").replace(" ", "") for c in chunks)
+    joined = "".join(c.content.split(": ", 1)[1].removeprefix("… ").replace(" ", "")
+                     for c in chunks)
     assert all(ch in joined for ch in "東京に行きたいです")
 
 
@@ -82,10 +85,12 @@ def test_fts_text_spaces_cjk() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.text(alphabet="ab 東", min_size=1, max_size=300).filter(str.strip), min_size=1, max_size=25),
+@given(st.lists(st.text(alphabet="ab 東", min_size=1, max_size=300).filter(str.strip),
+                min_size=1, max_size=25),
        st.integers(min_value=20, max_value=120))
 def test_repacking_from_last_chunk_matches_full_pack(texts: list[str], budget: int) -> None:
-    """Packing again from the last chunk's first unit gives the same chunks as packing everything."""
+    """Packing again from the last chunk's first unit gives the same chunks as packing
+    everything."""
     messages = [msg(i + 2, t) for i, t in enumerate(texts)]
     full = chunk_messages(messages, budget, budget // 4)
     prefix_len = max(1, len(messages) // 2)

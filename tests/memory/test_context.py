@@ -18,11 +18,13 @@ DEFAULTS = MemoryConfig()
 
 def decide(config: MemoryConfig | None = DEFAULTS, *, incognito: bool = False, recall: bool = True,
            chunk_recall: bool = True, tools: bool = True) -> RunMemory:
-    return RunMemory.decide(config, incognito=incognito, recall=recall, chunk_recall=chunk_recall, tools=tools)
+    return RunMemory.decide(config, incognito=incognito, recall=recall, chunk_recall=chunk_recall,
+                            tools=tools)
 
 
 def test_a_plain_run_uses_every_part() -> None:
-    """With the defaults a run recalls chunks and episodes, offers the fact tools and may write an episode."""
+    """With the defaults a run recalls chunks and episodes, offers the fact tools and may write
+    an episode."""
     assert decide() == RunMemory(recall=True, facts="tool", episodes=True, write_episodes=True)
 
 
@@ -35,8 +37,10 @@ def test_no_service_or_an_incognito_session_uses_none() -> None:
 def test_recall_false_keeps_the_facts_and_the_episode_writer() -> None:
     """chat.send {recall:false} drops recalled chunks and episodes from the prompt, nothing else;
     chat.recall = false drops only the chunks."""
-    assert decide(recall=False) == RunMemory(recall=False, facts="tool", episodes=False, write_episodes=True)
-    assert decide(chunk_recall=False) == RunMemory(recall=False, facts="tool", episodes=True, write_episodes=True)
+    assert decide(recall=False) == RunMemory(recall=False, facts="tool", episodes=False,
+                                             write_episodes=True)
+    assert decide(chunk_recall=False) == RunMemory(recall=False, facts="tool", episodes=True,
+                                                   write_episodes=True)
 
 
 def test_a_model_without_tools_gets_the_block_and_settings_turn_parts_off() -> None:
@@ -60,12 +64,13 @@ async def test_one_context_call_embeds_the_message_once(memory_backend: MemoryBa
         await svc.sync_now()
         await svc.facts.add("alice", "My garden has twelve tomato plants", source="user")
         summary = "The user asked how often to water the garden tomatoes"
-        await svc.episodes.write(EpisodeDraft("alice", session_key("garden"), summary, "garden care",
-                                              datetime.now(UTC), 0, await svc.episodes.embed(summary)), None)
+        await svc.episodes.write(EpisodeDraft("alice", session_key("garden"), summary,
+                                              "garden care", datetime.now(UTC), 0,
+                                              await svc.episodes.embed(summary)), None)
         message = "how often should I water my garden tomatoes?"
         before = len(embedder.calls)
-        context = await svc.context("alice", message, decide(), k=3, shown=ShownHistory(session_key("other"), WHOLE),
-                                    tz=UTC)
+        context = await svc.context("alice", message, decide(), k=3,
+                                    shown=ShownHistory(session_key("other"), WHOLE), tz=UTC)
     assert [c for c in embedder.calls[before:] if message in c] == [[message]]
     assert context.chunks and context.facts and context.episodes
     assert context.facts[0].fact.text == "My garden has twelve tomato plants"

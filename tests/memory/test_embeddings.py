@@ -1,4 +1,5 @@
-"""Embedders: the real local model, the OpenAI one against a loopback server, retries, redaction, selection."""
+"""Embedders: the real local model, the OpenAI one against a loopback server, retries, redaction,
+selection."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from tests.memory.conftest import FakeEmbedder, MemoryBackend, quiet_config
 
 
 def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return (sum(x * y for x, y in zip(a, b))
+            / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b)))
 
 
 async def test_local_embedder_real_model() -> None:
     """The default ONNX model (bge-small) gives 384-dim unit vectors; a question lands nearer its
-    answer than unrelated text, with the query prefix; an over-long text is truncated, not refused."""
+    answer than unrelated text, with the query prefix; an over-long text is truncated,
+    not refused."""
     from memory.embedders.local_embedder import LocalEmbedder, unavailable_reason
 
     missing = unavailable_reason()
@@ -38,7 +41,8 @@ async def test_local_embedder_real_model() -> None:
     assert cosine(a, b) > cosine(a, c) + 0.2
     (q,) = await embedder.embed(["Which language do I like to code in?"], "query")
     assert cosine(q, a) > cosine(q, c) + 0.2
-    assert (await embedder.embed(["Which language do I like to code in?"], "passage"))[0] != q  # the prefix counts
+    # the prefix counts
+    assert (await embedder.embed(["Which language do I like to code in?"], "passage"))[0] != q
     long = await embedder.embed(["word " * 2000])  # truncated at 512 tokens, no error
     assert len(long[0]) == 384
 
@@ -60,16 +64,19 @@ async def test_openai_embedder_against_loopback_server() -> None:
     server = FakeOpenAI(embedding_dims=48)
     await server.start()
     try:
-        embedder = OpenAIEmbedder(api_key="k", base_url=server.base_url, model="fake-embed", batch_size=2)
+        embedder = OpenAIEmbedder(api_key="k", base_url=server.base_url, model="fake-embed",
+                                  batch_size=2)
         pipeline = EmbeddingPipeline(embedder, max_retries=0)
         texts = [f"text number {i}" for i in range(5)]
-        vectors = [v for batch in pipeline.batches(texts) for v in await pipeline.embed_batch(batch)]
+        vectors = [v for batch in pipeline.batches(texts)
+                   for v in await pipeline.embed_batch(batch)]
         assert server.embedding_calls == 3 and embedder.dims == 48
         assert server.embedded_inputs == texts
         assert all(len(v) == 48 for v in vectors)
         body = server.requests[-1].json
         assert body["encoding_format"] == "float" and "dimensions" not in body
-        sized = OpenAIEmbedder(api_key="k", base_url=server.base_url, model="fake-embed", dimensions=16)
+        sized = OpenAIEmbedder(api_key="k", base_url=server.base_url, model="fake-embed",
+                               dimensions=16)
         assert len((await sized.embed(["x"]))[0]) == 16
         assert server.requests[-1].json["dimensions"] == 16 and sized.model_id == "fake-embed@16"
         await embedder.aclose()
@@ -114,7 +121,8 @@ async def test_openai_unreachable_is_retryable_error() -> None:
 
 def test_redaction_replaces_personal_data() -> None:
     """E-mails, phone numbers and record numbers become placeholders; ordinary numbers stay."""
-    text = "Mail jane.doe@example.org or call +44 20 7946 0958, MRN: 12345678, SSN 123-45-6789, in 2026 for 3 days"
+    text = ("Mail jane.doe@example.org or call +44 20 7946 0958, MRN: 12345678, SSN 123-45-6789, "
+            "in 2026 for 3 days")
     out = redact(text)
     assert "[EMAIL]" in out and "[PHONE]" in out and out.count("[RECORD]") >= 1
     assert "jane" not in out and "7946" not in out and "12345678" not in out and "6789" not in out
@@ -122,7 +130,8 @@ def test_redaction_replaces_personal_data() -> None:
 
 
 async def test_redaction_applies_to_remote_embedder_only(memory_backend: MemoryBackend) -> None:
-    """With redaction on, a remote embedder sees placeholders while the stored chunk keeps the original."""
+    """With redaction on, a remote embedder sees placeholders while the stored chunk keeps the
+    original."""
     remote = FakeEmbedder()
     remote.remote = True
     memory_backend.write("alice", "s1", ["write to bob@example.com about the invoice"])
@@ -139,11 +148,14 @@ async def test_redaction_applies_to_remote_embedder_only(memory_backend: MemoryB
 
 
 def test_select_embedder_auto_and_explicit() -> None:
-    """auto picks openai with a key, else local when importable; none and disabled give no embedder."""
-    embedder, why = select_embedder(MemoryConfig(embeddings_api_key="sk-x", embeddings_base_url="http://127.0.0.1:1/v1"))
+    """auto picks openai with a key, else local when importable; none and disabled give no
+    embedder."""
+    embedder, why = select_embedder(MemoryConfig(embeddings_api_key="sk-x",
+                                                 embeddings_base_url="http://127.0.0.1:1/v1"))
     assert embedder is not None and embedder.provider == "openai" and "key" in why
     embedder, why = select_embedder(MemoryConfig())
-    assert embedder is not None and embedder.provider == "local" or (embedder is None and "not installed" in why)
+    assert (embedder is not None and embedder.provider == "local"
+            or (embedder is None and "not installed" in why))
     assert select_embedder(MemoryConfig(embedder="none"))[0] is None
     assert select_embedder(MemoryConfig(enabled=False))[0] is None
 

@@ -17,7 +17,8 @@ from tests.memory.conftest import (
     ts,
 )
 
-TALKS = {"garden": ("We planned the vegetable garden and where the tomato beds go.", "garden planning"),
+TALKS = {"garden": ("We planned the vegetable garden and where the tomato beds go.",
+                    "garden planning"),
          "taxes": ("We went through the tax return and when its deadline is.", "tax return"),
          "cello": ("We talked about practising the cello before the concert.", "cello practice")}
 
@@ -30,12 +31,14 @@ def ms(minute: float) -> int:
 
 async def draft(svc: BackendMemory, name: str, text: str, theme: str, *, user: str = "alice",
                 covered_minute: float = 0) -> EpisodeDraft:
-    """An episode of the session called ``name``, written now, with the service's vector of its text."""
+    """An episode of the session called ``name``, written now, with the service's vector of
+    its text."""
     return EpisodeDraft(user, session_key(name), text, theme, datetime.now(UTC), ms(covered_minute),
                         await svc.episodes.embed(text))
 
 
-async def test_an_episode_is_found_by_the_words_and_meaning_of_a_question(memory_backend: MemoryBackend) -> None:
+async def test_an_episode_is_found_by_the_words_and_meaning_of_a_question(
+        memory_backend: MemoryBackend) -> None:
     """An episode search ranks the episode whose summary and theme answer the question first."""
     async with memory_backend.opened(quiet_config(), FakeEmbedder()) as svc:
         for name, (text, theme) in TALKS.items():
@@ -50,12 +53,14 @@ async def test_a_merge_updates_the_episode_in_place(memory_backend: MemoryBacken
     covers up to the newer conversation; the user still has one episode."""
     async with memory_backend.opened(quiet_config(), FakeEmbedder()) as svc:
         first = await svc.episodes.write(await draft(svc, "garden", *TALKS["garden"]), None)
-        merged = await svc.episodes.write(await draft(svc, "garden", "We planned the garden and chose the seeds.",
-                                                      "garden planning", covered_minute=90), first.id)
+        merged = await svc.episodes.write(
+            await draft(svc, "garden", "We planned the garden and chose the seeds.",
+                        "garden planning", covered_minute=90), first.id)
         episodes, more = await svc.episodes.page("alice", limit=10, before=None)
         last = await svc.episodes.last_of_session("alice", session_key("garden"))
     assert merged.id == first.id and merged.merges == 1
-    assert merged.text == "We planned the garden and chose the seeds." and merged.covered_ms == ms(90)
+    assert (merged.text == "We planned the garden and chose the seeds."
+            and merged.covered_ms == ms(90))
     assert [e.id for e in episodes] == [first.id] and more is None
     assert last == merged
 
@@ -63,7 +68,8 @@ async def test_a_merge_updates_the_episode_in_place(memory_backend: MemoryBacken
 async def test_pages_walk_every_episode_once_newest_first(memory_backend: MemoryBackend) -> None:
     """Pages of two, following the cursor, list five episodes newest first, each exactly once."""
     async with memory_backend.opened(quiet_config(), None) as svc:
-        written = [await svc.episodes.write(await draft(svc, f"s{i}", f"Talk number {i}.", f"theme {i}"), None)
+        written = [await svc.episodes.write(await draft(svc, f"s{i}", f"Talk number {i}.",
+                                                        f"theme {i}"), None)
                    for i in range(5)]
         seen: list[int] = []
         before = None
@@ -96,15 +102,18 @@ async def test_a_time_window_keeps_the_episodes_whose_conversation_reached_into_
     async with memory_backend.opened(quiet_config(), FakeEmbedder()) as svc:
         await svc.episodes.write(await draft(svc, "early", "We talked about the cello.", "cello",
                                              covered_minute=0), None)
-        await svc.episodes.write(await draft(svc, "late", "We talked about the cello concert again.", "cello",
+        await svc.episodes.write(await draft(svc, "late",
+                                             "We talked about the cello concert again.", "cello",
                                              covered_minute=600), None)
-        found = await svc.episodes.search("alice", "cello", limit=5, window=(ms(300), ms(24 * 60 * 3650)))
+        found = await svc.episodes.search("alice", "cello", limit=5,
+                                          window=(ms(300), ms(24 * 60 * 3650)))
         everything = await svc.episodes.search("alice", "cello", limit=5)
     assert [s.episode.session_key for s in found] == [session_key("late")]
     assert len(everything) == 2
 
 
-async def test_the_queue_keeps_one_job_a_session_retries_and_gives_up(memory_backend: MemoryBackend) -> None:
+async def test_the_queue_keeps_one_job_a_session_retries_and_gives_up(
+        memory_backend: MemoryBackend) -> None:
     """Queueing a session twice makes one job; a failed attempt is due again with its count,
     the last allowed one marks it failed, a new turn revives it and a finished job is gone."""
     key = session_key("chat")
@@ -113,10 +122,12 @@ async def test_the_queue_keeps_one_job_a_session_retries_and_gives_up(memory_bac
         await svc.episodes.enqueue("alice", key)  # a later turn joins the pending job
         jobs = await svc.episodes.due()
         assert [(j.user, j.session_key, j.attempts) for j in jobs] == [("alice", key, 0)]
-        assert await svc.episodes.job_failed(jobs[0], "model down", retry_s=0, max_attempts=2) is False
+        assert await svc.episodes.job_failed(jobs[0], "model down", retry_s=0,
+                                             max_attempts=2) is False
         again = await svc.episodes.due()
         assert [j.attempts for j in again] == [1]
-        assert await svc.episodes.job_failed(again[0], "model down", retry_s=0, max_attempts=2) is True
+        assert await svc.episodes.job_failed(again[0], "model down", retry_s=0,
+                                             max_attempts=2) is True
         assert await svc.episodes.due() == []
         assert await svc.episodes.queue_state() == {"pending": 0, "failed": 1}
         await svc.episodes.enqueue("alice", key)

@@ -11,8 +11,8 @@ from memory.retrieval.request import SearchHit, ShownHistory
 def hit(cid: int, content: str, *, session: str = "s1", lines: tuple[int, int] = (2, 3),
         similarity: float | None = 0.8, keyword_rank: int | None = 1,
         start_ts: str | None = "2026-11-01T10:00:00.000Z") -> SearchHit:
-    return SearchHit(cid, session, content, 1.0, lines[0], lines[1], start_ts, start_ts, keyword_rank,
-                     1 if similarity is not None else None, similarity)
+    return SearchHit(cid, session, content, 1.0, lines[0], lines[1], start_ts, start_ts,
+                     keyword_rank, 1 if similarity is not None else None, similarity)
 
 
 def msg(who: str, ts: str, text: str) -> str:
@@ -41,7 +41,8 @@ def test_hits_far_below_the_best_cosine_are_left_out() -> None:
     """The relative drop keeps what is near the best hit and drops the rest, above the floor too."""
     config = MemoryConfig(recall_relative_drop=0.1)
     hits = [hit(1, "a", similarity=0.9), hit(2, "b", similarity=0.85), hit(3, "c", similarity=0.7)]
-    assert [h.chunk_id for h in relevant(hits, "a b c", vector_ran=True, floor=0.5, config=config)] == [1, 2]
+    assert ([h.chunk_id for h in relevant(hits, "a b c", vector_ran=True, floor=0.5, config=config)]
+            == [1, 2])
 
 
 def test_no_floor_or_no_vector_leg_keeps_every_hit() -> None:
@@ -55,13 +56,15 @@ def test_the_window_s_messages_are_cut_from_a_chunk_of_the_same_session() -> Non
     """A chunk that starts before the window keeps its older messages, its range shrinks to
     them; another session's chunk and an older chunk of this one are untouched; a chunk wholly
     in the window goes."""
-    content = "\n".join([msg("user", T1, "old fact."), msg("assistant", T2, "noted."), msg("user", T3, "new.")])
+    content = "\n".join([msg("user", T1, "old fact."), msg("assistant", T2, "noted."),
+                         msg("user", T3, "new.")])
     straddling = hit(1, content, lines=(2, 4), start_ts=T1)
     inside = hit(2, msg("user", T3, "new."), lines=(4, 4), start_ts=T3)
     other = hit(3, msg("user", T3, "elsewhere."), session="s2", start_ts=T3)
     out = drop_shown([straddling, inside, other], ShownHistory("s1", T2))
     assert [h.chunk_id for h in out] == [1, 3]
-    assert out[0].content == msg("user", T1, "old fact.") and (out[0].line_start, out[0].line_end) == (2, 2)
+    assert (out[0].content == msg("user", T1, "old fact.")
+            and (out[0].line_start, out[0].line_end) == (2, 2))
     assert out[0].end_ts == T1
     assert drop_shown([straddling], ShownHistory("s1", None)) == [straddling]
 
@@ -71,7 +74,8 @@ def test_a_sentence_already_in_a_better_excerpt_is_not_repeated() -> None:
     with nothing new goes; the first is unchanged."""
     first = hit(1, "\n".join([msg("user", T1, "My cat is called Felix. He is grey."),
                               msg("assistant", T2, "A fine name!")]))
-    second = hit(2, "\n".join([msg("assistant", T2, "A fine name!"), msg("user", T3, "He likes fish. he is grey.")]),
+    second = hit(2, "\n".join([msg("assistant", T2, "A fine name!"),
+                               msg("user", T3, "He likes fish. he is grey.")]),
                  session="s2")
     third = hit(3, msg("user", T1, "my cat is called   felix."), session="s3")
     out = without_repeats([first, second, third])
@@ -85,11 +89,13 @@ def test_a_sentence_already_in_a_better_excerpt_is_not_repeated() -> None:
 def test_short_repeated_answers_and_the_segment_mark_stay() -> None:
     """"Yes." in two excerpts is two answers (fewer than three words: never taken out), and a
     later segment keeps its "… " opening when a sentence of it is a repeat."""
-    first = hit(1, "\n".join([msg("user", T1, "Book the flight to Paris?"), msg("assistant", T2, "Yes.")]))
-    second = hit(2, "\n".join([msg("user", T1, "Book the hotel near the station?"), msg("assistant", T2, "Yes.")]),
+    first = hit(1, "\n".join([msg("user", T1, "Book the flight to Paris?"),
+                              msg("assistant", T2, "Yes.")]))
+    second = hit(2, "\n".join([msg("user", T1, "Book the hotel near the station?"),
+                               msg("assistant", T2, "Yes.")]),
                  session="s2")
-    third = hit(3, msg("assistant", T3, "… Book the flight to Paris? It leaves at noon."), session="s3",
-                lines=(4, 4))
+    third = hit(3, msg("assistant", T3, "… Book the flight to Paris? It leaves at noon."),
+                session="s3", lines=(4, 4))
     out = without_repeats([first, second, third])
     assert out[1] == second
     assert out[2].content == msg("assistant", T3, "… It leaves at noon.")

@@ -100,28 +100,31 @@ def test_malformed_bodies_are_refused(body: str) -> None:
 
 def test_fenced_json_and_bare_strings_are_accepted() -> None:
     """A body wrapped in a json code fence, and remember entries given as bare strings, parse."""
-    block = parse_block('\n```json\n{"remember": ["I live in Oslo", {"text": "I am 40", "replaces": 3}], '
-                        '"forget": [7]}\n```\n')
+    block = parse_block('\n```json\n{"remember": ["I live in Oslo", {"text": "I am 40", '
+                        '"replaces": 3}], "forget": [7]}\n```\n')
     assert block == FactBlock((RememberItem("I live in Oslo"), RememberItem("I am 40", 3)), (7,))
 
 
-_ALPHABET = st.sampled_from(["a", " ", "\n", "<", ">", "/", "x", BLOCK_OPEN, BLOCK_CLOSE, BLOCK_OPEN[:4],
-                             '{"forget": [1]}', "\t"])
+_ALPHABET = st.sampled_from(["a", " ", "\n", "<", ">", "/", "x", BLOCK_OPEN, BLOCK_CLOSE,
+                             BLOCK_OPEN[:4], '{"forget": [1]}', "\t"])
 
 
 @settings(max_examples=400, deadline=None)
 @given(parts=st.lists(_ALPHABET, max_size=14), cuts=st.lists(st.integers(0, 200), max_size=12),
        max_chars=st.sampled_from([20, 4000]))
-def test_output_plus_block_is_the_input_for_any_chunking(parts: list[str], cuts: list[int], max_chars: int) -> None:
+def test_output_plus_block_is_the_input_for_any_chunking(parts: list[str], cuts: list[int],
+                                                         max_chars: int) -> None:
     """For any text and chunking, what is sent on plus the stripped block is the input, and the
     outcome is the same as when the text arrives in one piece."""
     text = "".join(parts)
     sent, tail, body, region = run_filter(chunked(text, cuts), max_chars)
     assert "".join(sent) + tail + region == text
     whole = run_filter([text], max_chars)
-    assert ("".join(whole[0]) + whole[1], whole[2], whole[3]) == ("".join(sent) + tail, body, region)
+    assert (("".join(whole[0]) + whole[1], whole[2], whole[3])
+            == ("".join(sent) + tail, body, region))
     if region:
-        assert region.lstrip().startswith(BLOCK_OPEN) and (body is None or region.rstrip().endswith(BLOCK_CLOSE))
+        assert (region.lstrip().startswith(BLOCK_OPEN)
+                and (body is None or region.rstrip().endswith(BLOCK_CLOSE)))
 
 
 @settings(max_examples=200, deadline=None)

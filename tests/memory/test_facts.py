@@ -1,4 +1,5 @@
-"""Remembered facts on a real index: two-tier dedup, corrections with history, scoping, prompt picks."""
+"""Remembered facts on a real index: two-tier dedup, corrections with history, scoping,
+prompt picks."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ async def test_near_duplicate_updates_the_existing_fact(memory_backend: MemoryBa
     emb = FakeEmbedder()
     async with memory_backend.opened(quiet_config(facts_dedup_threshold=0.8), emb) as svc:
         first = await svc.facts.add("alice", "I live in Berlin with my partner Sam", source="model")
-        merged = await svc.facts.add("alice", "I live in Berlin with my partner Sam now", source="model")
+        merged = await svc.facts.add("alice", "I live in Berlin with my partner Sam now",
+                                     source="model")
         other = await svc.facts.add("alice", "My favourite food is ramen", source="model")
         assert merged.action == "updated" and merged.previous_id == first.fact.id
         assert merged.similarity is not None and merged.similarity >= 0.8
@@ -42,7 +44,8 @@ async def test_correction_replaces_and_keeps_history(memory_backend: MemoryBacke
         new = await svc.facts.add("alice", "Luna turned 4", source="model", replaces=old.fact.id)
         assert new.action == "replaced" and new.fact.previous_id == old.fact.id
         history = await svc.facts.history("alice", new.fact.id)
-        assert [(f.text, f.active) for f in history] == [("Luna is 3 years old", False), ("Luna turned 4", True)]
+        assert [(f.text, f.active) for f in history] == [("Luna is 3 years old", False),
+                                                         ("Luna turned 4", True)]
         everything = await svc.facts.page("alice", limit=10, include_inactive=True)
         assert len(everything.facts) == 2
         with pytest.raises(InvalidFact) as info:
@@ -98,13 +101,15 @@ async def test_pagination_walks_every_fact_once(memory_backend: MemoryBackend) -
         assert seen == [f"fact number {i}" for i in (4, 3, 2, 1, 0)]
 
 
-async def test_relevant_puts_related_facts_first_within_the_limit(memory_backend: MemoryBackend) -> None:
+async def test_relevant_puts_related_facts_first_within_the_limit(
+        memory_backend: MemoryBackend) -> None:
     """The prompt pick ranks facts sharing the message's words first and stops at the limit."""
     async with memory_backend.opened(quiet_config(), FakeEmbedder()) as svc:
         for text in ("My dog Rex loves the beach", "I am allergic to peanuts", "I play the cello",
                      "My sister lives in Lisbon"):
             await svc.facts.add("alice", text, source="user")
-        picked = await svc.facts.relevant("alice", "what snack without peanuts?", limit=2, budget_tokens=300)
+        picked = await svc.facts.relevant("alice", "what snack without peanuts?", limit=2,
+                                          budget_tokens=300)
         assert len(picked) == 2
         assert picked[0].fact.text == "I am allergic to peanuts"
 
@@ -115,7 +120,8 @@ async def test_facts_survive_a_restart_and_a_full_reindex(memory_backend: Memory
         await svc.facts.add("alice", "I prefer tea over coffee", source="user")
     async with memory_backend.opened(quiet_config(), None) as svc:
         await svc.sync_now(full=True)
-        assert [f.text for f in (await svc.facts.page("alice", limit=10)).facts] == ["I prefer tea over coffee"]
+        assert ([f.text for f in (await svc.facts.page("alice", limit=10)).facts]
+                == ["I prefer tea over coffee"])
 
 
 def test_normalise_folds_case_space_and_end_punctuation() -> None:

@@ -41,8 +41,8 @@ async def found(svc: BackendMemory, query: str, user: str = "alice") -> list[str
     return [name_of(h.session_key) for h in (await svc.search(user, query, mode="keyword")).results]
 
 
-async def test_forgetting_a_session_removes_its_chunks_and_no_other(memory_backend: MemoryBackend,
-                                                                    memory_service: BackendMemory) -> None:
+async def test_forgetting_a_session_removes_its_chunks_and_no_other(
+        memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
     """memory.forget naming a session removes that session's chunks at once and leaves
     the others."""
     memory_backend.write("alice", "garden", ["the garden gate is green"])
@@ -59,9 +59,8 @@ async def test_a_time_range_forgets_only_the_chunks_it_overlaps(
         memory_backend: MemoryBackend) -> None:
     """A range [after, before) removes the chunks whose messages fall in it; those before and
     after it stay searchable."""
-    memory_backend.write("alice", "day",
-                         ["breakfast was porridge", "lunch was ramen", "tea was oolong",
-                                          "dinner was risotto"])
+    memory_backend.write("alice", "day", ["breakfast was porridge", "lunch was ramen",
+                                          "tea was oolong", "dinner was risotto"])
     async with memory_backend.opened(quiet_config(**ONE_EACH), FakeEmbedder()) as svc:
         assert (await svc.status())["chunks"] == 4
         removed = await svc.forget(ForgetRange("alice", session_key("day"), ms(1), ms(3)),

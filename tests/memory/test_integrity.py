@@ -13,12 +13,14 @@ from memory.sqlite.index.db import IntegrityCheck
 from memory.sqlite.service import MemoryService
 from tests.memory.conftest import FakeEmbedder, opened, quiet_config, write_transcript
 
-FACTS = [f"note {i}: the heron number {i} nests by the mill pond with reeds and willows" for i in range(400)]
+FACTS = [f"note {i}: the heron number {i} nests by the mill pond with reeds and willows"
+         for i in range(400)]
 
 
 async def _indexed(tmp_path: Path) -> int:
     write_transcript(tmp_path, "alice", "s1", FACTS)
-    async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0), FakeEmbedder()) as svc:
+    async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0),
+                      FakeEmbedder()) as svc:
         chunks = int((await svc.status())["chunks"])
     assert not (tmp_path / "memory.db-wal").exists()  # a clean stop leaves one file
     return chunks
@@ -29,7 +31,8 @@ async def _until_rebuilt(svc: MemoryService) -> dict[str, object]:
         while True:
             try:
                 status = await svc.status()
-            except MemoryUnavailable as exc:  # the moment between closing the file and its replacement
+            except MemoryUnavailable as exc:  # the moment between closing
+                                              # the file and its replacement
                 assert "integrity check" in str(exc)
                 await asyncio.sleep(0.01)
                 continue
@@ -37,8 +40,8 @@ async def _until_rebuilt(svc: MemoryService) -> dict[str, object]:
                 assert "CorruptError" in str(exc)
                 await asyncio.sleep(0.01)
                 continue
-            if status["rebuiltFromTranscripts"] and not status["syncing"] and status["pending"] == 0 \
-                    and status["chunks"]:
+            if status["rebuiltFromTranscripts"] and not status["syncing"] \
+                    and status["pending"] == 0 and status["chunks"]:
                 return status
             await asyncio.sleep(0.05)
 
@@ -50,7 +53,8 @@ async def test_truncated_database_is_caught_at_open(tmp_path: Path) -> None:
     db = tmp_path / "memory.db"
     with db.open("r+b") as fh:
         fh.truncate(db.stat().st_size // 3)
-    async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0), FakeEmbedder()) as svc:
+    async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0),
+                      FakeEmbedder()) as svc:
         status = await _until_rebuilt(svc)
         hits = (await svc.search("alice", "heron number 7", mode="keyword")).results
     assert "moved to" in str(status["rebuiltFromTranscripts"])
@@ -65,7 +69,8 @@ def _damage_a_leaf(db_path: Path) -> None:
     schema stay readable, so only a full check notices."""
     db = apsw.Connection(str(db_path))
     (page_size,) = db.execute("PRAGMA page_size").fetchone() or (4096,)
-    pages = [p for (p,) in db.execute("SELECT pageno FROM dbstat WHERE name = 'chunks' AND pagetype = 'leaf'")]
+    pages = [p for (p,) in db.execute("SELECT pageno FROM dbstat WHERE name = 'chunks' AND "
+                                      "pagetype = 'leaf'")]
     db.close()
     assert len(pages) >= 3
     with db_path.open("r+b") as fh:
@@ -73,14 +78,16 @@ def _damage_a_leaf(db_path: Path) -> None:
         fh.write(b"\xa5" * page_size)
 
 
-async def test_damage_only_a_full_check_sees_is_found_after_start_and_rebuilt(tmp_path: Path) -> None:
+async def test_damage_only_a_full_check_sees_is_found_after_start_and_rebuilt(
+        tmp_path: Path) -> None:
     """A damaged page that opening does not read: start() serves at once, the background
     quick_check finds it, the file is moved aside and the index rebuilt while the service runs."""
     chunks = await _indexed(tmp_path)
     _damage_a_leaf(tmp_path / "memory.db")
     assert IntegrityCheck(tmp_path / "memory.db").run() is not None
     with capture_logs() as logs:
-        async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0), FakeEmbedder()) as svc:
+        async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0),
+                          FakeEmbedder()) as svc:
             status = await _until_rebuilt(svc)
             hits = (await svc.search("alice", "heron number 7", mode="hybrid")).results
     assert "failed its integrity check" in str(status["rebuiltFromTranscripts"])
@@ -95,7 +102,8 @@ async def test_healthy_database_passes_the_background_check(tmp_path: Path) -> N
     """An intact memory.db passes the background check: nothing is moved aside or rebuilt."""
     await _indexed(tmp_path)
     with capture_logs() as logs:
-        async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0), FakeEmbedder()) as svc:
+        async with opened(tmp_path, quiet_config(chunk_tokens=64, overlap_tokens=0),
+                          FakeEmbedder()) as svc:
             async with asyncio.timeout(30):
                 while not [e for e in logs if e["event"] == "memory.integrity_checked"]:
                     await asyncio.sleep(0.02)

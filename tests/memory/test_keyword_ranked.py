@@ -25,7 +25,8 @@ WORDS = "otter heron marmot badger lynx ibis"
 def _write_many(data_dir: Path, user: str, sessions: int, per_session: int) -> None:
     for s in range(sessions):
         write_transcript(data_dir, user, f"s{s}", [
-            f"{WORDS.split()[(s + i) % 6]} note {i} of session {s}, " + " ".join(WORDS.split()[: 1 + (i % 6)])
+            f"{WORDS.split()[(s + i) % 6]} note {i} of session {s}, "
+            + " ".join(WORDS.split()[: 1 + (i % 6)])
             for i in range(per_session)], start_minute=s * 100)
 
 
@@ -55,20 +56,25 @@ def _legs(data_dir: Path, user: str, query: str,  # type: ignore[return]  # apsw
 
 @pytest.mark.parametrize(("filters", "joins"), [
     ({}, 0),
-    ({"exclude_session_key": "s0"}, 0),   # a small share of the best matches: the ranked list is enough
+    ({"exclude_session_key": "s0"}, 0),   # a small share of the best matches:
+                                          # the ranked list is enough
     ({"exclude_session_key": "s9"}, 0),   # 9 of the 24 ranked: the 15 left are enough
     ({"exclude_session_key": "mid"}, 1),  # the best 15 of the 24 ranked: 9 left is short of 12
     ({"session_key": "s3"}, 1),           # narrowing filters always take the join
     ({"after": ts(400)}, 1),
 ])
-async def test_one_owner_keyword_leg_equals_the_join(tmp_path: Path, filters: dict[str, str], joins: int) -> None:
+async def test_one_owner_keyword_leg_equals_the_join(tmp_path: Path, filters: dict[str, str],
+                                                     joins: int) -> None:
     """With every chunk one user's, the keyword leg returns exactly the joined statement's list,
     from the FTS ranking alone unless a filter or an exclusion leaving too few needs the join."""
     _write_many(tmp_path, "alice", sessions=10, per_session=6)
-    write_transcript(tmp_path, "alice", "s9", [f"lynx lynx lynx ibis {i}" for i in range(40)], start_minute=2000)
-    write_transcript(tmp_path, "alice", "mid", [f"lynx lynx lynx lynx ibis ibis otter {i}" for i in range(15)],
+    write_transcript(tmp_path, "alice", "s9", [f"lynx lynx lynx ibis {i}" for i in range(40)],
+                     start_minute=2000)
+    write_transcript(tmp_path, "alice", "mid",
+                     [f"lynx lynx lynx lynx ibis ibis otter {i}" for i in range(15)],
                      start_minute=3000)
-    write_transcript(tmp_path, "alice", "twins", ["otter"] * 30, start_minute=4000)  # equal BM25: ties by id
+    # equal BM25: ties by id
+    write_transcript(tmp_path, "alice", "twins", ["otter"] * 30, start_minute=4000)
     config = quiet_config(chunk_tokens=16, overlap_tokens=0, candidates=12, max_k=12, default_k=6)
     async with opened(tmp_path, config, FakeEmbedder()):
         pass

@@ -1,5 +1,5 @@
-"""The vector leg's in-memory sign-bit pre-filter (memory.sqlite.index.knn): exact on small corpora, filters,
-freshness after writes, restart and embedder change, and the sqlite-vec layout it reads."""
+"""The vector leg's in-memory sign-bit pre-filter (memory.sqlite.index.knn): exact on small corpora,
+filters, freshness after writes, restart and embedder change, and the sqlite-vec layout it reads."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ DIMS = 64
 
 
 def messages(seed: int, n: int = 10) -> list[str]:
-    return [" ".join(WORDS[(seed * 7 + i * 3 + j * 5) % len(WORDS)] for j in range(4)) + f" n{seed}x{i}"
+    return [" ".join(WORDS[(seed * 7 + i * 3 + j * 5) % len(WORDS)] for j in range(4))
+            + f" n{seed}x{i}"
             for i in range(n)]
 
 
@@ -56,7 +57,8 @@ def int8_cosine(a: bytes, b: bytes) -> float:
     return dot / (math.sqrt(sum(p * p for p in x)) * math.sqrt(sum(q * q for q in y)))
 
 
-def exact(data_dir: Path, user: str, query: str, k: int, where: str = "", params: tuple[object, ...] = ()) -> list[int]:
+def exact(data_dir: Path, user: str, query: str, k: int, where: str = "",
+          params: tuple[object, ...] = ()) -> list[int]:
     """The exact top-k by int8 cosine over every embedded chunk matching ``where`` (brute force)."""
     db = apsw.Connection(str(data_dir / "memory.db"), flags=apsw.SQLITE_OPEN_READONLY)
     q = quantize_int8(fake_vector(query, DIMS))
@@ -77,7 +79,8 @@ def tiny_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-async def vector_ids(svc: MemoryService, user: str, query: str, k: int = 10, **kw: Any) -> list[int]:
+async def vector_ids(svc: MemoryService, user: str, query: str, k: int = 10,
+                     **kw: Any) -> list[int]:
     response = await svc.search(user, query, k=k, mode="vector", **kw)
     assert response.mode == "vector", response.fallback_reason
     return [h.chunk_id for h in response.results]
@@ -110,14 +113,17 @@ async def test_filters_are_applied_before_the_pool_is_cut(tmp_path: Path, tiny_p
     query = "sourdough starter tide"
     async with opened(tmp_path, quiet_config(**CUT), FakeEmbedder(dims=DIMS)) as svc:
         only = await vector_ids(svc, "alice", query, k=10, session_key=session_key("alice2"))
-        assert only == exact(tmp_path, "alice", query, 10, " AND session_key = ?", (session_key("alice2"),))
+        assert only == exact(tmp_path, "alice", query, 10, " AND session_key = ?",
+                             (session_key("alice2"),))
         assert only
-        excluded = await vector_ids(svc, "alice", query, k=10, exclude_session_key=session_key("alice2"))
+        excluded = await vector_ids(svc, "alice", query, k=10,
+                                    exclude_session_key=session_key("alice2"))
         assert excluded
         assert not set(excluded) & set(exact(tmp_path, "alice", query, 99, " AND session_key = ?",
                                               (session_key("alice2"),)))
         window = await vector_ids(svc, "alice", query, k=10, after=ts(205), before=ts(305))
-        hits = (await svc.search("alice", query, k=10, mode="vector", after=ts(205), before=ts(305))).results
+        hits = (await svc.search("alice", query, k=10, mode="vector", after=ts(205),
+                                 before=ts(305))).results
         assert {name_of(h.session_key) for h in hits} == {"alice2", "alice3"}
         in_window = exact(tmp_path, "alice", query, 99, " AND end_ms >= ? AND start_ms < ?",
                           (iso_to_ms(ts(205)), iso_to_ms(ts(305))))
@@ -150,7 +156,8 @@ async def test_writes_are_seen_by_the_next_search_without_a_reload(
         assert "zebra" in hits[0].content
         removed = await svc.delete_session("alice", session_key("alice1"))
         assert removed
-        after = (await svc.search("alice", "zebra quagga okapi unique", k=50, mode="vector")).results
+        after = (await svc.search("alice", "zebra quagga okapi unique", k=50,
+                                  mode="vector")).results
         assert all(name_of(h.session_key) != "alice1" for h in after)
         assert len(after) == len(exact(tmp_path, "alice", "x", 50))
         assert loads == ["alice"]
@@ -194,14 +201,16 @@ async def test_trimmed_change_log_reloads(tmp_path: Path, monkeypatch: pytest.Mo
     corpus(tmp_path)
     async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=DIMS)) as svc:
         await vector_ids(svc, "alice", "piano")
-        write_transcript(tmp_path, "alice", "late", ["zebra quagga okapi", "more zebra talk", "okapi facts"],
+        write_transcript(tmp_path, "alice", "late",
+                         ["zebra quagga okapi", "more zebra talk", "okapi facts"],
                          start_minute=2000)
         await svc.sync_now()
         hits = (await svc.search("alice", "zebra quagga okapi", k=1, mode="vector")).results
         assert name_of(hits[0].session_key) == "late"
 
 
-async def test_without_numpy_sqlite_vec_knn_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_without_numpy_sqlite_vec_knn_serves(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Without numpy the vector leg falls back to sqlite-vec's KNN and gives the same top hits."""
     corpus(tmp_path)
     async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=DIMS)) as svc:
@@ -220,7 +229,8 @@ async def test_shadow_load_matches_the_public_interface(tmp_path: Path) -> None:
     with db:
         shadow = knn._load_shadow(db, "alice", DIMS // 8)
         public = knn._load_public(db, "alice", DIMS // 8)
-        (live,) = db.execute("SELECT count(*) FROM chunks WHERE user = 'alice' AND embedded = 1").fetchone()  # type: ignore[misc]
+        (live,) = db.execute(  # type: ignore[misc]
+            "SELECT count(*) FROM chunks WHERE user = 'alice' AND embedded = 1").fetchone()
     assert shadow is not None
     order_s, order_p = numpy.argsort(shadow[0]), numpy.argsort(public[0])
     for a, b in zip(shadow, public):
@@ -251,7 +261,8 @@ def test_the_scan_grows_with_its_share_of_the_partition() -> None:
     bits = numpy.packbits(signs, axis=1, bitorder="little")
     n = len(signs)
     part = knn._Partition(dims // 8, numpy.arange(1, n + 1, dtype=numpy.int64), bits,
-                          numpy.zeros(n, numpy.int64), numpy.zeros(n, numpy.int64), knn._Snapshot(None, 0, 0))
+                          numpy.zeros(n, numpy.int64), numpy.zeros(n, numpy.int64),
+                          knn._Snapshot(None, 0, 0))
     assert part.nearest(query, 10, 1, knn.Filters()) != [n]
     assert part.nearest(query, 10, 1, knn.Filters(), scan_share=1.0) == [n]
 
@@ -269,11 +280,13 @@ async def test_overlapped_legs_rank_as_the_legs_in_turn_do(tmp_path: Path, tiny_
         return run(self)
 
     monkeypatch.setattr(knn.PreparedScan, "run", recorded)
-    queries: list[tuple[str, dict[str, Any]]] = [("sourdough starter tide", {}), ("violin rosin", {"session_key": session_key("alice2")}),
-               ("tax deadline", {"after": ts(205), "before": ts(405)})]
+    queries: list[tuple[str, dict[str, Any]]] = [
+        ("sourdough starter tide", {}), ("violin rosin", {"session_key": session_key("alice2")}),
+        ("tax deadline", {"after": ts(205), "before": ts(405)})]
     results: dict[int, list[list[int]]] = {}
     for threshold in (0, 1):
-        async with opened(tmp_path, quiet_config(**CUT, overlap_min_chunks=threshold), FakeEmbedder(dims=DIMS)) as svc:
+        async with opened(tmp_path, quiet_config(**CUT, overlap_min_chunks=threshold),
+                          FakeEmbedder(dims=DIMS)) as svc:
             results[threshold] = []
             for query, filters in queries:
                 response = await svc.search("alice", query, k=10, **filters)

@@ -1,4 +1,5 @@
-"""An embedder change: the previous model's cached vectors serve the vector leg until the rebuild ends."""
+"""An embedder change: the previous model's cached vectors serve the vector leg until the
+rebuild ends."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from tests.memory.conftest import (
 
 # PgMemory's docstring: "an embedder change keeps no previous model answering the vector leg
 # while vectors are rebuilt (vectorSearch.rebuild is always null)".
-NO_PG_REBUILD = ("PgMemory keeps no record of a rebuild: with the new embedder failing, hybrid falls back to "
-                 "keyword for the failed query embedding (not 'cannot be rebuilt'), and status's "
-                 "vectorSearch.rebuild is null")
-NO_PG_PREVIOUS = ("PgMemory has no previous model serving the vector leg while vectors are rebuilt: "
-                  "PgMemory.open takes no previous_embedder factory")
+NO_PG_REBUILD = ("PgMemory keeps no record of a rebuild: with the new embedder failing, hybrid "
+                 "falls back to keyword for the failed query embedding (not 'cannot be rebuilt'), "
+                 "and status's vectorSearch.rebuild is null")
+NO_PG_PREVIOUS = ("PgMemory has no previous model serving the vector leg while vectors are "
+                  "rebuilt: PgMemory.open takes no previous_embedder factory")
 
 LYNX = "the lynx stalks quietly through snow"
 BREAD = "bread rises slowly with flour and yeast"
@@ -46,7 +47,8 @@ class SynonymEmbedder(FakeEmbedder):
         self.calls.append(list(texts))
         if self.fail is not None:
             raise self.fail
-        return [fake_vector(" ".join(self.synonyms.get(w, w) for w in t.lower().split()), self.dims) for t in texts]
+        return [fake_vector(" ".join(self.synonyms.get(w, w) for w in t.lower().split()), self.dims)
+                for t in texts]
 
 
 def model_a() -> SynonymEmbedder:
@@ -101,17 +103,20 @@ async def test_previous_model_serves_the_vector_leg_until_the_rebuild_ends(tmp_p
     await indexed_with_a(tmp_path)
     new = model_b()
     new.fail = embedder_down()  # the rebuild cannot progress
-    async with opened(tmp_path, quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+    async with opened(tmp_path, quiet_config(), new,
+                      previous_embedder=factory_of(model_a())) as svc:
         during = await svc.search("alice", "wildcat")
         status = await svc.status()
     assert during.mode == "hybrid" and during.previous_model == "model-a"
-    assert "previous model" in (during.fallback_reason or "") and "model-a" in (during.fallback_reason or "")
+    assert ("previous model" in (during.fallback_reason or "")
+            and "model-a" in (during.fallback_reason or ""))
     assert [content_of(h) for h in during.results][:2] == [LYNX, BREAD]   # model-a's order
     assert during.results[0].vector_rank == 1 and during.results[0].keyword_rank is None
     assert search_wire(during)["previousModel"] == "model-a"
     vs = status["vectorSearch"]
     assert vs["ready"] is False and vs["servedBy"] == {"provider": "fake", "model": "model-a"}
-    assert vs["rebuild"] == {"embedded": 0, "total": 2, "previous": {"provider": "fake", "model": "model-a"},
+    assert vs["rebuild"] == {"embedded": 0, "total": 2,
+                             "previous": {"provider": "fake", "model": "model-a"},
                              "previousUnavailable": None}
     assert meta(tmp_path, "embedder_previous") == EmbedderIdentity.of(model_a()).to_json()
 
@@ -124,7 +129,8 @@ async def test_new_vectors_take_over_once_the_rebuild_is_done(tmp_path: Path) ->
     await indexed_with_a(tmp_path)
     new = model_b()
     new.fail = embedder_down()
-    async with opened(tmp_path, quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+    async with opened(tmp_path, quiet_config(), new,
+                      previous_embedder=factory_of(model_a())) as svc:
         assert (await svc.search("alice", "wildcat")).previous_model == "model-a"
         assert interim.held(svc.db_path) is not None
         new.fail = None
@@ -133,7 +139,8 @@ async def test_new_vectors_take_over_once_the_rebuild_is_done(tmp_path: Path) ->
         status = await svc.status()
         held = interim.held(svc.db_path)
     assert after.mode == "hybrid" and after.fallback_reason is None and after.previous_model is None
-    assert content_of(after.results[0]) == BREAD and after.results[0].vector_rank == 1   # model-b's order
+    # model-b's order
+    assert content_of(after.results[0]) == BREAD and after.results[0].vector_rank == 1
     assert status["vectorSearch"] == {"ready": True, "reason": None, "rebuild": None,
                                       "servedBy": {"provider": "fake", "model": "model-b"}}
     assert held is None and meta(tmp_path, "embedder_previous") is None
@@ -141,17 +148,20 @@ async def test_new_vectors_take_over_once_the_rebuild_is_done(tmp_path: Path) ->
 
 
 @pytest.mark.postgres_differs(reason=NO_PG_REBUILD)
-async def test_keyword_fallback_when_the_previous_model_cannot_be_built(memory_backend: MemoryBackend) -> None:
+async def test_keyword_fallback_when_the_previous_model_cannot_be_built(
+        memory_backend: MemoryBackend) -> None:
     """Without a way to embed queries with the old model, hybrid search is keyword-only with a
     reason saying why, and memory.status says nothing serves vectors and why."""
     await indexed_with_a_on(memory_backend)
     new = model_b()
     new.fail = embedder_down()
-    async with memory_backend.opened(quiet_config(), new) as svc:   # the default factory: "fake" is unknown
+    async with memory_backend.opened(quiet_config(), new) as svc:   # the default factory:
+                                                                    # "fake" is unknown
         during = await svc.search("alice", "lynx")
         status = await svc.status()
     assert during.mode == "keyword" and during.previous_model is None
-    assert "rebuilt" in (during.fallback_reason or "") and "'fake' cannot be rebuilt" in (during.fallback_reason or "")
+    assert ("rebuilt" in (during.fallback_reason or "")
+            and "'fake' cannot be rebuilt" in (during.fallback_reason or ""))
     assert [content_of(h) for h in during.results] == [LYNX]
     vs = status["vectorSearch"]
     assert vs["servedBy"] is None
@@ -160,7 +170,8 @@ async def test_keyword_fallback_when_the_previous_model_cannot_be_built(memory_b
 
 
 @pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
-async def test_a_failing_previous_model_falls_back_to_keyword(memory_backend: MemoryBackend) -> None:
+async def test_a_failing_previous_model_falls_back_to_keyword(
+        memory_backend: MemoryBackend) -> None:
     """A previous model that fails to embed the query leaves that search keyword-only, saying so."""
     await indexed_with_a_on(memory_backend)
     new, old = model_b(), model_a()
@@ -174,13 +185,15 @@ async def test_a_failing_previous_model_falls_back_to_keyword(memory_backend: Me
 
 
 @pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
-async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(memory_backend: MemoryBackend) -> None:
+async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(
+        memory_backend: MemoryBackend) -> None:
     """A chunk written during the rebuild has no old-model vector: keyword finds it, and it never
     carries an old-model similarity, while the old chunks keep theirs."""
     await indexed_with_a_on(memory_backend)
     new = model_b()
     new.fail = embedder_down()
-    async with memory_backend.opened(quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+    async with memory_backend.opened(quiet_config(), new,
+                                     previous_embedder=factory_of(model_a())) as svc:
         memory_backend.write("alice", "s3", ["a lynx kitten naps in the barn"], start_minute=900)
         await svc.sync_now()
         hits = (await svc.search("alice", "lynx")).results
@@ -191,13 +204,15 @@ async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(memory_backend: 
 
 
 @pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
-async def test_previous_vector_leg_honours_session_and_time_filters(memory_backend: MemoryBackend) -> None:
+async def test_previous_vector_leg_honours_session_and_time_filters(
+        memory_backend: MemoryBackend) -> None:
     """The old model's vector leg applies sessionKey, excludeSessionKey and after/before as the
     normal leg does."""
     await indexed_with_a_on(memory_backend)
     new = model_b()
     new.fail = embedder_down()
-    async with memory_backend.opened(quiet_config(), new, previous_embedder=factory_of(model_a())) as svc:
+    async with memory_backend.opened(quiet_config(), new,
+                                     previous_embedder=factory_of(model_a())) as svc:
         only = await svc.search("alice", "wildcat", session_key=session_key("s2"))
         without = await svc.search("alice", "wildcat", exclude_session_key=session_key("s1"))
         late = await svc.search("alice", "wildcat", after="2026-11-22T15:00:00Z")
@@ -209,26 +224,29 @@ async def test_previous_vector_leg_honours_session_and_time_filters(memory_backe
 
 
 @pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
-async def test_second_change_mid_rebuild_keeps_serving_the_last_complete_model(memory_backend: MemoryBackend) -> None:
+async def test_second_change_mid_rebuild_keeps_serving_the_last_complete_model(
+        memory_backend: MemoryBackend) -> None:
     """Changing the embedder again before a rebuild finishes keeps the last fully built model as
     the one that serves, never the half-built one."""
     await indexed_with_a_on(memory_backend)
     first = model_b()
     first.fail = embedder_down()
-    async with memory_backend.opened(quiet_config(), first, previous_embedder=factory_of(model_a())):
+    async with memory_backend.opened(quiet_config(), first,
+                                     previous_embedder=factory_of(model_a())):
         pass
     third = SynonymEmbedder("model-c", {}, dims=16)
     third.fail = embedder_down()
     asked: list[EmbedderIdentity] = []
-    async with memory_backend.opened(quiet_config(), third, previous_embedder=factory_of(model_a(), asked)) as svc:
+    async with memory_backend.opened(quiet_config(), third,
+                                     previous_embedder=factory_of(model_a(), asked)) as svc:
         during = await svc.search("alice", "wildcat")
     assert {i.model for i in asked} == {"model-a"}
     assert during.previous_model == "model-a" and content_of(during.results[0]) == LYNX
 
 
-@pytest.mark.postgres_differs(reason="PgMemory has no previous model serving the vector leg while vectors are "
-                              "rebuilt: the query is embedded with the new model (embed-b), whose vectors are not "
-                              "built, and previous_model is None")
+@pytest.mark.postgres_differs(reason="PgMemory has no previous model serving the vector leg while "
+                              "vectors are rebuilt: the query is embedded with the new model "
+                              "(embed-b), whose vectors are not built, and previous_model is None")
 async def test_openai_model_change_embeds_queries_with_the_previous_model(
         memory_backend: MemoryBackend, fake_openai: FakeOpenAI) -> None:
     """With the configured OpenAI-compatible endpoint, only the model changed: the default
@@ -237,7 +255,8 @@ async def test_openai_model_change_embeds_queries_with_the_previous_model(
 
     def config(model: str, dims: int) -> MemoryConfig:
         return quiet_config(embedder="openai", embeddings_base_url=fake_openai.base_url,
-                            embeddings_api_key="sk-test", embeddings_model=model, embeddings_dimensions=dims)
+                            embeddings_api_key="sk-test", embeddings_model=model,
+                            embeddings_dimensions=dims)
 
     old_config = config("embed-a", 64)
     embedder, _ = select_embedder(old_config)
@@ -273,9 +292,11 @@ def test_previous_embedder_is_rebuilt_only_from_what_the_configuration_still_has
         assert isinstance(local, LocalEmbedder) and local.model_id == "bge-small-en-v1.5-int8@256"
     missing, why = previous_embedder(config, "local", "no-such-model-int8", "local")
     assert missing is None and "not one this version knows" in why
-    remote, _ = previous_embedder(config, "openai", "embed-a@64", endpoint_hash("http://127.0.0.1:9/v1"))
+    remote, _ = previous_embedder(config, "openai", "embed-a@64",
+                                  endpoint_hash("http://127.0.0.1:9/v1"))
     assert isinstance(remote, OpenAIEmbedder) and remote.model_id == "embed-a@64"
-    elsewhere, why = previous_embedder(config, "openai", "embed-a", endpoint_hash("http://elsewhere/v1"))
+    elsewhere, why = previous_embedder(config, "openai", "embed-a",
+                                       endpoint_hash("http://elsewhere/v1"))
     assert elsewhere is None and "not the configured one" in why
     fake, why = previous_embedder(config, "fake", "fake-bow", "none")
     assert fake is None and "'fake' cannot be rebuilt" in why

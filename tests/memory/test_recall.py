@@ -21,12 +21,14 @@ from tests.memory.conftest import (
 
 def hit(cid: int, lines: tuple[int, int], content: str, similarity: float | None = 0.9,
         session: str = "s" * 32) -> SearchHit:
-    return SearchHit(cid, session, content, 1.0 / cid, lines[0], lines[1], None, None, None, None, similarity)
+    return SearchHit(cid, session, content, 1.0 / cid, lines[0], lines[1], None, None, None, None,
+                     similarity)
 
 
 def test_floor_drops_hits_below_it_and_hits_the_vector_leg_did_not_find() -> None:
     """With the vector leg run, only hits whose cosine reaches the floor are kept."""
-    hits = [hit(1, (2, 2), "close", 0.8), hit(2, (9, 9), "far", 0.2), hit(3, (20, 20), "keyword only", None)]
+    hits = [hit(1, (2, 2), "close", 0.8), hit(2, (9, 9), "far", 0.2),
+            hit(3, (20, 20), "keyword only", None)]
     kept = for_prompt(hits, vector_ran=True, floor=0.5, budget_tokens=1000)
     assert [h.chunk_id for h in kept] == [1]
 
@@ -34,7 +36,8 @@ def test_floor_drops_hits_below_it_and_hits_the_vector_leg_did_not_find() -> Non
 def test_no_floor_without_the_vector_leg() -> None:
     """Keyword-only recall has no comparable score, so nothing is dropped by the floor."""
     hits = [hit(1, (2, 2), "a", None), hit(2, (9, 9), "b", None)]
-    assert [h.chunk_id for h in for_prompt(hits, vector_ran=False, floor=0.5, budget_tokens=1000)] == [1, 2]
+    assert ([h.chunk_id for h in for_prompt(hits, vector_ran=False, floor=0.5, budget_tokens=1000)]
+            == [1, 2])
 
 
 def test_overlapping_chunks_of_a_session_merge_without_repeating_lines() -> None:
@@ -49,10 +52,11 @@ def test_overlapping_chunks_of_a_session_merge_without_repeating_lines() -> None
 
 
 def test_budget_cuts_the_last_excerpt_at_a_word() -> None:
-    """Excerpts stop at the token budget; the one that crosses it is cut at a word, marked with …."""
+    """Excerpts stop at the token budget; the one that crosses it is cut at a word,
+    marked with …."""
     long = " ".join(f"word{i}" for i in range(200))
-    kept = for_prompt([hit(1, (2, 2), "short text"), hit(2, (9, 9), long)], vector_ran=True, floor=None,
-                      budget_tokens=60)
+    kept = for_prompt([hit(1, (2, 2), "short text"), hit(2, (9, 9), long)], vector_ran=True,
+                      floor=None, budget_tokens=60)
     assert [h.chunk_id for h in kept] == [1, 2]
     assert sum(approx_tokens(h.content) for h in kept) <= 62
     assert kept[1].content.endswith(" …")
@@ -63,12 +67,15 @@ async def test_service_recall_leaves_out_an_unrelated_memory(memory_backend: Mem
     """A gardening question does not pull in the bank PIN, though search ranks it first."""
     embedder = FakeEmbedder()
     embedder.relevance_floor = 0.5  # type: ignore[attr-defined]
-    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
+    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0  # noqa: E731
+                                                    for j in range(embedder.dims)]
     embedder.vectors = {
         f"user [{ts(0)}]: my bank PIN is 4711": axis(0),
         f"user [{ts(0)}]: tomatoes need sun and water in the garden": axis(1),
-        "how much water do tomatoes in the garden need": [0.0, 0.9, 0.1] + [0.0] * (embedder.dims - 3),
-        "when do roses bloom": [0.3, 0.0, 0.95] + [0.0] * (embedder.dims - 3),  # nearest the PIN, still far
+        "how much water do tomatoes in the garden need":
+            [0.0, 0.9, 0.1] + [0.0] * (embedder.dims - 3),
+        # nearest the PIN, still far
+        "when do roses bloom": [0.3, 0.0, 0.95] + [0.0] * (embedder.dims - 3),
     }
     memory_backend.write("alice", "bank", ["my bank PIN is 4711"])
     memory_backend.write("alice", "garden", ["tomatoes need sun and water in the garden"])
@@ -80,7 +87,8 @@ async def test_service_recall_leaves_out_an_unrelated_memory(memory_backend: Mem
     assert unrelated == []
 
 
-@pytest.mark.postgres_differs(reason="PgMemory.search has no re-rank step: memory.rerank is ignored on PostgreSQL")
+@pytest.mark.postgres_differs(
+    reason="PgMemory.search has no re-rank step: memory.rerank is ignored on PostgreSQL")
 async def test_rerank_reorders_by_the_cross_encoder(memory_backend: MemoryBackend) -> None:
     """With memory.rerank on, the real local cross-encoder puts the passage that answers first."""
     pytest.importorskip("onnxruntime")
@@ -93,21 +101,25 @@ async def test_rerank_reorders_by_the_cross_encoder(memory_backend: MemoryBacken
              "b": "My passport number expires in March, I must renew it.",
              "c": "We talked about the weather and about nothing much."}
     query = "until when is my travel document valid"   # no word in common with any text
-    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
-    embedder.vectors = {query: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3)}  # nearest a, then c, then b
+    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0  # noqa: E731
+                                                    for j in range(embedder.dims)]
+    # nearest a, then c, then b
+    embedder.vectors = {query: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3)}
     for i, (name, text) in enumerate(texts.items()):
         memory_backend.write("alice", name, [text])
         embedder.vectors[f"user [{ts(0)}]: {text}"] = axis(i if name != "c" else 2)
     async with memory_backend.opened(quiet_config(), embedder) as svc:
         plain = await svc.search("alice", query, k=2)
-    async with memory_backend.opened(quiet_config(rerank=True, rerank_candidates=3), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank=True, rerank_candidates=3),
+                                     embedder) as svc:
         reranked = await svc.search("alice", query, k=2)
     assert "Lisbon" in plain.results[0].content and "rerankMs" not in plain.timings_ms
     assert "passport" in reranked.results[0].content
     assert len(reranked.results) == 2 and "rerankMs" in reranked.timings_ms
 
 
-async def test_service_recall_puts_what_was_said_lately_first(memory_backend: MemoryBackend) -> None:
+async def test_service_recall_puts_what_was_said_lately_first(
+        memory_backend: MemoryBackend) -> None:
     """Recall into a prompt ranks the same words said yesterday above those said a year ago."""
     embedder = FakeEmbedder()
     day = 24 * 60

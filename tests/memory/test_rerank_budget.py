@@ -110,7 +110,8 @@ def test_best_window_keeps_the_words_around_the_query_words_not_the_head() -> No
 
 
 def test_legs_agree_only_when_both_legs_rank_the_top_hit_first() -> None:
-    """The step is skipped only when the fused top hit is first in the keyword and the vector leg."""
+    """The step is skipped only when the fused top hit is first in the keyword and the
+    vector leg."""
     def top(kw: int | None, vec: int | None) -> list[SearchHit]:
         return [SearchHit(1, "s", "x", 1.0, 2, 2, None, None, kw, vec, 0.9)]
 
@@ -119,7 +120,8 @@ def test_legs_agree_only_when_both_legs_rank_the_top_hit_first() -> None:
 
 
 def test_the_default_is_auto_within_120_ms() -> None:
-    """A new user gets the budgeted re-ranker; a setting other than true, false or "auto" is refused."""
+    """A new user gets the budgeted re-ranker; a setting other than true, false or "auto"
+    is refused."""
     config = MemoryConfig()
     assert (config.rerank, config.rerank_budget_ms) == ("auto", 120)
     with pytest.raises(ValueError, match="rerank must be"):
@@ -134,8 +136,10 @@ AGREED = "sunny weather in Lisbon"
 
 
 def _index(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
-    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
-    embedder.vectors = {PARAPHRASE: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3),  # nearest a, then c, then b
+    axis: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0  # noqa: E731
+                                                    for j in range(embedder.dims)]
+    # nearest a, then c, then b
+    embedder.vectors = {PARAPHRASE: [0.9, 0.1, 0.4] + [0.0] * (embedder.dims - 3),
                         AGREED: axis(0)}
     for i, (name, text) in enumerate(TEXTS.items()):
         memory_backend.write("alice", name, [text])
@@ -148,19 +152,23 @@ def _index_files(tmp_path: Path, embedder: FakeEmbedder) -> None:
 
 
 NO_PG_RERANK = "PgMemory.search has no re-rank step: memory.rerank is ignored on PostgreSQL"
-needs_model = pytest.mark.skipif(not reranker_installed(), reason="the 'local' extra is not installed")
+needs_model = pytest.mark.skipif(not reranker_installed(),
+                                 reason="the 'local' extra is not installed")
 
 
 @pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
-async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_fused_order(memory_backend: MemoryBackend) -> None:
+async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_fused_order(
+        memory_backend: MemoryBackend) -> None:
     """A budget that fits every candidate lets the cross-encoder read them all and put the answer
     first; one that fits none leaves the fused order, with zero candidates read."""
     embedder = LocalFakeEmbedder()
     _index(memory_backend, embedder)
-    async with memory_backend.opened(quiet_config(rerank_candidates=3, rerank_budget_ms=600_000), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank_candidates=3, rerank_budget_ms=600_000),
+                                     embedder) as svc:
         roomy = await svc.search("alice", PARAPHRASE, k=3)
-    async with memory_backend.opened(quiet_config(rerank_candidates=3, rerank_budget_ms=1), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank_candidates=3, rerank_budget_ms=1),
+                                     embedder) as svc:
         tight = await svc.search("alice", PARAPHRASE, k=3)
     async with memory_backend.opened(quiet_config(rerank=False), embedder) as svc:
         fused = await svc.search("alice", PARAPHRASE, k=3)
@@ -172,7 +180,8 @@ async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_f
 
 @pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
-async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(memory_backend: MemoryBackend) -> None:
+async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(
+        memory_backend: MemoryBackend) -> None:
     """When the keyword and vector legs agree on the top hit, no candidate is re-ranked."""
     embedder = LocalFakeEmbedder()
     _index(memory_backend, embedder)
@@ -184,7 +193,8 @@ async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(memor
 
 
 @needs_model
-async def test_rerank_false_and_a_remote_embedder_keep_the_fused_path(memory_backend: MemoryBackend) -> None:
+async def test_rerank_false_and_a_remote_embedder_keep_the_fused_path(
+        memory_backend: MemoryBackend) -> None:
     """``rerank = false`` (and "auto" where the embedder is not the local one) is the fused
     order, no re-rank step; the same index re-ranks under "auto" with the local embedder."""
     local = LocalFakeEmbedder()
@@ -231,8 +241,8 @@ def test_a_probe_records_what_a_batch_would_cost_not_its_own_cost() -> None:
     encoder._measured_at = time.monotonic() - 60  # old enough to be measured again
     encoder.raw.clear()
     encoder.recorded.clear()
-    scored = encoder._score_within("when is my passport valid", ["my passport expires in March " * 10],
-                                   time.perf_counter() + 10)
+    scored = encoder._score_within("when is my passport valid",
+                                   ["my passport expires in March " * 10], time.perf_counter() + 10)
     assert scored.scores == [] and len(encoder.raw) == 1
     assert encoder.recorded == [pytest.approx(encoder.raw[0] * 0.5)]
 
@@ -240,7 +250,8 @@ def test_a_probe_records_what_a_batch_would_cost_not_its_own_cost() -> None:
 @pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
 @pytest.mark.parametrize("rerank", ["auto", True])
-async def test_a_query_longer_than_the_models_input_is_cut_not_failed(memory_backend: MemoryBackend, rerank: Any) -> None:
+async def test_a_query_longer_than_the_models_input_is_cut_not_failed(memory_backend: MemoryBackend,
+                                                                      rerank: Any) -> None:
     """A search whose query runs past the cross-encoder's 256-token input (a pasted page as a chat
     message) is re-ranked on the query's first QUERY_TOKENS tokens; it used to fail the whole
     search with the tokenizer's "Truncation error: Second sequence not provided"."""
@@ -248,7 +259,8 @@ async def test_a_query_longer_than_the_models_input_is_cut_not_failed(memory_bac
     embedder = LocalFakeEmbedder()
     _index(memory_backend, embedder)
     embedder.vectors[long_query] = embedder.vectors[PARAPHRASE]
-    async with memory_backend.opened(quiet_config(rerank=rerank, rerank_budget_ms=600_000), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank=rerank, rerank_budget_ms=600_000),
+                                     embedder) as svc:
         response = await svc.search("alice", long_query, k=3)
     assert "rerankMs" in response.timings_ms and len(response.results) == 3
     assert response.fallback_reason is None
@@ -289,7 +301,8 @@ async def test_a_fault_while_loading_the_re_ranker_leaves_auto_off_and_the_daemo
     monkeypatch.setattr(CrossEncoder, "warm", broken_warm)
     embedder = LocalFakeEmbedder()
     _index(memory_backend, embedder)
-    async with memory_backend.opened(quiet_config(rerank="auto", rerank_budget_ms=600_000), embedder) as svc:
+    async with memory_backend.opened(quiet_config(rerank="auto", rerank_budget_ms=600_000),
+                                     embedder) as svc:
         response = await svc.search("alice", PARAPHRASE, k=3)
         status = await svc.status()
     assert len(response.results) == 3 and "rerankMs" not in response.timings_ms

@@ -1,4 +1,5 @@
-"""Search: ranking, fusion, scoping, safe keyword queries, CJK, filters, validation, the seed flow."""
+"""Search: ranking, fusion, scoping, safe keyword queries, CJK, filters, validation, the
+seed flow."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from tests.memory.conftest import (
     ts,
 )
 
-INJECTIONS = ['"', '""', "*", "rust*", "NEAR(", "NEAR(rust language, 2)", "AND OR NOT", "col:", "body:rust",
-              "(((", ")", "rust)", "^rust", "-rust", "+", "'; DROP TABLE chunks; --", '"rust" OR "x', "\\", "{body}"]
+INJECTIONS = ['"', '""', "*", "rust*", "NEAR(", "NEAR(rust language, 2)", "AND OR NOT", "col:",
+              "body:rust", "(((", ")", "rust)", "^rust", "-rust", "+", "'; DROP TABLE chunks; --",
+              '"rust" OR "x', "\\", "{body}"]
 
 
 async def test_seed_flow_fact_found_after_restart(memory_backend: MemoryBackend) -> None:
@@ -34,14 +36,17 @@ async def test_seed_flow_fact_found_after_restart(memory_backend: MemoryBackend)
     ])
     memory_backend.write("alice", "s2", ["Recipe for pancakes please", "Flour, eggs, milk."])
     memory_backend.write("alice", "s3", ["How tall is Mount Everest?", "About 8849 metres."])
-    async with memory_backend.opened(quiet_config(chunk_tokens=32, overlap_tokens=8), FakeEmbedder()):
+    async with memory_backend.opened(quiet_config(chunk_tokens=32, overlap_tokens=8),
+                                     FakeEmbedder()):
         pass
     embedder = FakeEmbedder()
-    async with memory_backend.opened(quiet_config(chunk_tokens=32, overlap_tokens=8), embedder) as svc:
+    async with memory_backend.opened(quiet_config(chunk_tokens=32, overlap_tokens=8),
+                                     embedder) as svc:
         response = await svc.search("alice", "favourite programming language")
     assert response.mode == "hybrid"
     top = response.results[0]
-    assert name_of(top.session_key) == "s1" and "favourite programming language is Rust" in top.content
+    assert (name_of(top.session_key) == "s1"
+            and "favourite programming language is Rust" in top.content)
     assert top.keyword_rank == 1 and top.vector_rank == 1
     assert embedder.calls == [["favourite programming language"]]  # the query only
 
@@ -58,9 +63,11 @@ async def test_user_scoping(memory_backend: MemoryBackend, memory_service: Backe
 
 
 @pytest.mark.parametrize("query", INJECTIONS)
-async def test_fts_syntax_is_never_interpreted(memory_backend: MemoryBackend, memory_service: BackendMemory, query: str) -> None:
+async def test_fts_syntax_is_never_interpreted(memory_backend: MemoryBackend,
+                                               memory_service: BackendMemory, query: str) -> None:
     """FTS5 operators and quotes in a query neither raise nor act as syntax."""
-    memory_backend.write("alice", "s1", ["rustacean crabs", "and or not are words here", "near the body"])
+    memory_backend.write("alice", "s1",
+                         ["rustacean crabs", "and or not are words here", "near the body"])
     await memory_service.sync_now()
     response = await memory_service.search("alice", query, mode="keyword")
     assert response.mode == "keyword"
@@ -77,12 +84,15 @@ def test_fts_query_quotes_every_term() -> None:
 
 
 def test_fts_query_leaves_out_function_words_unless_alone() -> None:
-    """Function words would make the keyword leg score every chunk; a query of only them keeps them."""
-    assert fts_query("what did we say about the Rust borrow checker") == '"say" OR "Rust" OR "borrow" OR "checker"'
+    """Function words would make the keyword leg score every chunk; a query of only them
+    keeps them."""
+    assert (fts_query("what did we say about the Rust borrow checker")
+            == '"say" OR "Rust" OR "borrow" OR "checker"')
     assert fts_query("what is it") == '"what" OR "is" OR "it"'
 
 
-async def test_operator_words_match_as_words(memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
+async def test_operator_words_match_as_words(memory_backend: MemoryBackend,
+                                             memory_service: BackendMemory) -> None:
     """'AND OR NOT' is searched as three ordinary words."""
     memory_backend.write("alice", "s1", ["apples only"])
     memory_backend.write("alice", "s2", ["and or not are words here"])
@@ -91,23 +101,28 @@ async def test_operator_words_match_as_words(memory_backend: MemoryBackend, memo
     assert [name_of(h.session_key) for h in hits] == ["s2"]
 
 
-@pytest.mark.postgres_differs(reason="PostgreSQL's keyword leg matches 北京 against 東京 text (a shared "
-                              "character); SQLite's bigram phrases do not")
-async def test_cjk_query_finds_cjk_text(memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
+@pytest.mark.postgres_differs(reason="PostgreSQL's keyword leg matches 北京 against 東京 text (a "
+                              "shared character); SQLite's bigram phrases do not")
+async def test_cjk_query_finds_cjk_text(memory_backend: MemoryBackend,
+                                        memory_service: BackendMemory) -> None:
     """A CJK word inside unspaced CJK text is found; an absent one is not."""
     memory_backend.write("alice", "s1", ["我昨天在餐厅吃了寿司，很好吃"])
     memory_backend.write("alice", "s2", ["東京タワーに行きました"])
     await memory_service.sync_now()
-    assert [name_of(h.session_key) for h in (await memory_service.search("alice", "寿司", mode="keyword")).results] == ["s1"]
-    assert [name_of(h.session_key) for h in (await memory_service.search("alice", "東京", mode="keyword")).results] == ["s2"]
+    assert [name_of(h.session_key) for h in
+            (await memory_service.search("alice", "寿司", mode="keyword")).results] == ["s1"]
+    assert [name_of(h.session_key) for h in
+            (await memory_service.search("alice", "東京", mode="keyword")).results] == ["s2"]
     assert (await memory_service.search("alice", "北京", mode="keyword")).results == []
 
 
 def _hand_built(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
     """Three chunks whose keyword and vector ranks disagree (see the comments)."""
     docs = {"a": "apple banana", "b": "apple cherry", "c": "durian"}
-    one_hot: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0 for j in range(embedder.dims)]  # noqa: E731
-    near: Callable[[float], list[float]] = lambda w: [w, (1 - w * w) ** 0.5] + [0.0] * (embedder.dims - 2)  # noqa: E731
+    one_hot: Callable[[int], list[float]] = lambda i: [1.0 if j == i else 0.0  # noqa: E731
+                                                       for j in range(embedder.dims)]
+    near: Callable[[float], list[float]] = lambda w: (  # noqa: E731
+        [w, (1 - w * w) ** 0.5] + [0.0] * (embedder.dims - 2))
     embedder.vectors = {
         "apple banana": one_hot(0),
         f"user [{ts(0)}]: apple banana": near(0.1),   # vector rank 3, keyword rank 1
@@ -118,10 +133,13 @@ def _hand_built(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
         memory_backend.write("alice", key, [text])
 
 
-async def test_rrf_order_on_hand_built_case(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
-    """With fusion = "rrf", scores are Σ w/(60 + rank) over both legs and results come in that order."""
+async def test_rrf_order_on_hand_built_case(memory_backend: MemoryBackend,
+                                            embedder: FakeEmbedder) -> None:
+    """With fusion = "rrf", scores are Σ w/(60 + rank) over both legs and results come in
+    that order."""
     _hand_built(memory_backend, embedder)
-    async with memory_backend.opened(quiet_config(fusion="rrf", keyword_weight=0.5, recency_weight=0.0), embedder) as svc:
+    async with memory_backend.opened(quiet_config(fusion="rrf", keyword_weight=0.5,
+                                                  recency_weight=0.0), embedder) as svc:
         hits = (await svc.search("alice", "apple banana")).results
     got = [(name_of(h.session_key), h.keyword_rank, h.vector_rank) for h in hits]
     assert got == [("a", 1, 3), ("b", 2, 2), ("c", None, 1)]
@@ -129,27 +147,34 @@ async def test_rrf_order_on_hand_built_case(memory_backend: MemoryBackend, embed
     assert [h.score for h in hits] == pytest.approx(expected)
 
 
-async def test_convex_fusion_on_hand_built_case(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
-    """The default fusion adds min-max normalised leg scores, weighted keyword_weight : 1 - keyword_weight."""
+async def test_convex_fusion_on_hand_built_case(memory_backend: MemoryBackend,
+                                                embedder: FakeEmbedder) -> None:
+    """The default fusion adds min-max normalised leg scores, weighted keyword_weight : 1 -
+    keyword_weight."""
     _hand_built(memory_backend, embedder)
-    async with memory_backend.opened(quiet_config(keyword_weight=0.4, recency_weight=0.0), embedder) as svc:
+    async with memory_backend.opened(quiet_config(keyword_weight=0.4, recency_weight=0.0),
+                                     embedder) as svc:
         hits = (await svc.search("alice", "apple banana")).results
     got = [(name_of(h.session_key), h.keyword_rank, h.vector_rank) for h in hits]
-    # cosine to the query: a 0.1, b 0.9, c 0.99 → normalised 0, 0.89, 1; BM25: a best (1), b worst (0).
+    # cosine to the query: a 0.1, b 0.9, c 0.99 → normalised 0, 0.89, 1; BM25: a best (1),
+    # b worst (0).
     assert got == [("c", None, 1), ("b", 2, 2), ("a", 1, 3)]
     assert hits[0].score == pytest.approx(0.6, abs=0.01)
     assert hits[1].score == pytest.approx(0.6 * (0.9 - 0.1) / (0.99 - 0.1), abs=0.02)
     assert hits[2].score == pytest.approx(0.4, abs=0.01)
 
 
-async def test_keyword_only_hit_is_kept_in_hybrid(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
-    """A chunk only the keyword leg found stays in hybrid results with its keyword rank (RRF: ranked by it)."""
+async def test_keyword_only_hit_is_kept_in_hybrid(memory_backend: MemoryBackend,
+                                                  embedder: FakeEmbedder) -> None:
+    """A chunk only the keyword leg found stays in hybrid results with its keyword rank (RRF:
+    ranked by it)."""
     embedder.vectors = {"zymurgy": [1.0] + [0.0] * (embedder.dims - 1)}
     for i in range(4):
         memory_backend.write("alice", f"s{i}", [f"filler text {i}"])
     memory_backend.write("alice", "target", ["a note on zymurgy"])
     for i in range(4):
-        embedder.vectors[f"user [{ts(0)}]: filler text {i}"] = [1.0 - i * 0.01] + [0.1] * (embedder.dims - 1)
+        embedder.vectors[f"user [{ts(0)}]: filler text {i}"] = ([1.0 - i * 0.01]
+                                                                + [0.1] * (embedder.dims - 1))
     config = quiet_config(candidates=2, max_k=2, default_k=2, fusion="rrf", keyword_weight=0.5)
     async with memory_backend.opened(config, embedder) as svc:
         hits = (await svc.search("alice", "zymurgy", k=2)).results
@@ -170,15 +195,16 @@ def test_convex_fusion_keeps_every_hit_of_either_leg() -> None:
     assert fused[7].score == pytest.approx(0.4) and fused[3].score == pytest.approx(0.6)
 
 
-async def test_filters_session_exclude_and_time(memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
+async def test_filters_session_exclude_and_time(memory_backend: MemoryBackend,
+                                                memory_service: BackendMemory) -> None:
     """sessionKey, excludeSessionKey, after and before narrow both legs alike."""
     for i, key in enumerate(["s1", "s2", "s3"]):
         memory_backend.write("alice", key, [f"marmot sighting {key}"], start_minute=i * 100)
     await memory_service.sync_now()
     for mode in ("hybrid", "keyword", "vector"):
         async def keys(**kw: Any) -> list[str]:
-            return sorted(name_of(h.session_key)
-                          for h in (await memory_service.search("alice", "marmot", mode=mode, **kw)).results)  # noqa: B023
+            return sorted(name_of(h.session_key) for h in
+                          (await memory_service.search("alice", "marmot", mode=mode, **kw)).results)  # noqa: B023
         assert await keys(session_key=session_key("s2")) == ["s2"]
         assert await keys(exclude_session_key=session_key("s2")) == ["s1", "s3"]
         assert await keys(after=ts(150)) == ["s3"]
@@ -190,9 +216,11 @@ async def test_filters_session_exclude_and_time(memory_backend: MemoryBackend, m
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"k": 0}, "k"), ({"k": 51}, "k"), ({"k": "3"}, "k"), ({"k": True}, "k"),
     ({"mode": "fuzzy"}, "mode"), ({"after": "yesterday"}, "after"), ({"before": 5}, "before"),
-    ({"after": "2026-11-23", "before": "2026-11-22"}, "before"), ({"session_key": ""}, "sessionKey"),
+    ({"after": "2026-11-23", "before": "2026-11-22"}, "before"),
+    ({"session_key": ""}, "sessionKey"),
 ])
-async def test_invalid_params_name_the_field(memory_service: BackendMemory, kwargs: dict[str, object], field: str) -> None:
+async def test_invalid_params_name_the_field(memory_service: BackendMemory,
+                                             kwargs: dict[str, object], field: str) -> None:
     """Bad parameters raise InvalidSearch with the wire field name."""
     with pytest.raises(InvalidSearch) as info:
         await memory_service.search("alice", "x", **kwargs)  # type: ignore[arg-type]
@@ -209,18 +237,21 @@ async def test_empty_query_is_invalid(memory_service: BackendMemory) -> None:
 async def test_no_embedder_falls_back_to_keyword(memory_backend: MemoryBackend) -> None:
     """With no embedder, hybrid runs keyword-only and says why in the wire result."""
     memory_backend.write("alice", "s1", ["quokka smiles"])
-    async with memory_backend.opened(quiet_config(), None, embedder_reason="embedder 'none' configured") as svc:
+    async with memory_backend.opened(quiet_config(), None,
+                                     embedder_reason="embedder 'none' configured") as svc:
         wire = search_wire(await svc.search("alice", "quokka"))
         status = await svc.status()
     assert wire["mode"] == "keyword" and "none" in wire["fallbackReason"]
     assert wire["results"][0]["keywordRank"] == 1 and "vectorRank" not in wire["results"][0]
-    assert set(wire["results"][0]) >= {"chunkId", "sessionKey", "content", "score", "lineStart", "lineEnd",
-                                        "startTs", "endTs"}
+    assert set(wire["results"][0]) >= {"chunkId", "sessionKey", "content", "score", "lineStart",
+                                       "lineEnd", "startTs", "endTs"}
     assert status["provider"] == "none" and status["pending"] == 1
 
 
-async def test_time_phrase_puts_its_window_first(memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
-    """"… last week" ranks what was said last week (relative to ``now``) above a better match from earlier."""
+async def test_time_phrase_puts_its_window_first(memory_backend: MemoryBackend,
+                                                 memory_service: BackendMemory) -> None:
+    """"… last week" ranks what was said last week (relative to ``now``) above a better match
+    from earlier."""
     day = 24 * 60
     memory_backend.write("alice", "old", ["heron heron heron by the river"], start_minute=0)
     memory_backend.write("alice", "recent", ["a heron again"], start_minute=20 * day)
@@ -228,11 +259,13 @@ async def test_time_phrase_puts_its_window_first(memory_backend: MemoryBackend, 
     now = BASE_TIME + timedelta(days=24)   # "last week" is then days 14–21 after BASE_TIME
     plain = (await memory_service.search("alice", "heron", mode="keyword", now=now)).results
     assert [name_of(h.session_key) for h in plain] == ["old", "recent"]
-    timed = (await memory_service.search("alice", "the heron last week", mode="keyword", now=now)).results
+    timed = (await memory_service.search("alice", "the heron last week", mode="keyword",
+                                         now=now)).results
     assert [name_of(h.session_key) for h in timed] == ["recent", "old"]
 
 
-async def test_time_phrases_can_be_switched_off(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
+async def test_time_phrases_can_be_switched_off(memory_backend: MemoryBackend,
+                                                embedder: FakeEmbedder) -> None:
     """With time_phrases = false a time phrase is only words: ranking ignores its window."""
     day = 24 * 60
     memory_backend.write("alice", "old", ["heron heron heron by the river"], start_minute=0)
@@ -243,7 +276,8 @@ async def test_time_phrases_can_be_switched_off(memory_backend: MemoryBackend, e
     assert [name_of(h.session_key) for h in hits] == ["old", "recent"]
 
 
-async def test_recency_breaks_a_tie_towards_what_was_said_lately(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
+async def test_recency_breaks_a_tie_towards_what_was_said_lately(memory_backend: MemoryBackend,
+                                                                 embedder: FakeEmbedder) -> None:
     """Two chunks equal to both legs: a hybrid search with recency (recall's) puts the one said
     lately first; a plain search, keyword mode and recency_weight = 0 leave the tie."""
     day = 24 * 60
@@ -252,8 +286,10 @@ async def test_recency_breaks_a_tie_towards_what_was_said_lately(memory_backend:
     now = BASE_TIME + timedelta(days=400)
     for weight in (0.2, 0.0):
         async with memory_backend.opened(quiet_config(recency_weight=weight), embedder) as svc:
-            hybrid = (await svc.search("alice", "quokka", mode="hybrid", now=now, recency=True)).results
-            keyword = (await svc.search("alice", "quokka", mode="keyword", now=now, recency=True)).results
+            hybrid = (await svc.search("alice", "quokka", mode="hybrid", now=now,
+                                       recency=True)).results
+            keyword = (await svc.search("alice", "quokka", mode="keyword", now=now,
+                                        recency=True)).results
             plain = (await svc.search("alice", "quokka", mode="hybrid", now=now)).results
         assert keyword[0].score == keyword[1].score  # no recency term outside hybrid
         assert plain[0].score == plain[1].score  # memory.search ranks by relevance alone
@@ -265,7 +301,8 @@ async def test_recency_breaks_a_tie_towards_what_was_said_lately(memory_backend:
             assert hybrid[0].score == hybrid[1].score
 
 
-async def test_a_word_in_most_chunks_is_left_out_while_a_rarer_one_remains(memory_backend: MemoryBackend) -> None:
+async def test_a_word_in_most_chunks_is_left_out_while_a_rarer_one_remains(
+        memory_backend: MemoryBackend) -> None:
     """Past keyword_common_share of the chunks (and keyword_common_min_chunks), a query word is
     left out of the keyword leg when the query has a rarer word, and kept when it is alone."""
     for i in range(9):
@@ -278,6 +315,7 @@ async def test_a_word_in_most_chunks_is_left_out_while_a_rarer_one_remains(memor
         alone = (await svc.search("alice", "banana", mode="keyword", k=20)).results
     assert sorted(name_of(h.session_key) for h in pruned) == ["p", "q"]
     assert len(alone) == 10
-    async with memory_backend.opened(quiet_config(), None) as svc:  # 11 chunks: far below the default floor
+    async with memory_backend.opened(quiet_config(), None) as svc:  # 11 chunks: far below
+                                                                    # the default floor
         every = (await svc.search("alice", "banana pelican", mode="keyword", k=20)).results
     assert len(every) == 11 and name_of(every[0].session_key) == "p"

@@ -18,12 +18,14 @@ from tests.memory.conftest import (
 
 
 async def test_many_nudges_coalesce_into_one_sync(tmp_path: Path) -> None:
-    """Thirty nudges inside the debounce window produce exactly one sync, which sees every append."""
+    """Thirty nudges inside the debounce window produce exactly one sync, which sees
+    every append."""
     path = write_transcript(tmp_path, "alice", "s1", ["start"])
     async with opened(tmp_path, quiet_config(debounce_ms=150), FakeEmbedder()) as svc:
         before = svc.sync_count
         for i in range(30):
-            append_messages(path, [f"appended line number {i} mentions gecko{i}"], start_minute=i + 1)
+            append_messages(path, [f"appended line number {i} mentions gecko{i}"],
+                            start_minute=i + 1)
             assert svc.nudge(path) is None  # type: ignore[func-returns-value]  # pins that it returns at once
             await asyncio.sleep(0.002)
         await asyncio.sleep(0.05)

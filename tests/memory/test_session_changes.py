@@ -19,8 +19,8 @@ async def found(svc: BackendMemory, query: str, user: str = "alice") -> list[str
     return [name_of(h.session_key) for h in (await svc.search(user, query, mode="keyword")).results]
 
 
-async def test_an_edited_message_and_the_reply_to_it_leave_the_index(memory_backend: MemoryBackend,
-                                                                     memory_service: BackendMemory) -> None:
+async def test_an_edited_message_and_the_reply_to_it_leave_the_index(
+        memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
     """Editing a message supersedes it and the reply after it: neither is found any more, and
     the edited text is, in a chunk that holds nothing of the old ones."""
     memory_backend.write("alice", "trip", ["we fly to Oslo on Monday", "Oslo it is, then"])
@@ -34,8 +34,8 @@ async def test_an_edited_message_and_the_reply_to_it_leave_the_index(memory_back
     assert (hits[0].line_start, hits[0].line_end) == (4, 4)
 
 
-async def test_a_regenerated_reply_replaces_the_old_one_on_the_next_line(memory_backend: MemoryBackend,
-                                                                        memory_service: BackendMemory) -> None:
+async def test_a_regenerated_reply_replaces_the_old_one_on_the_next_line(
+        memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
     """A regenerated reply hides the reply it replaces: the chunk holds the question and the new
     reply, on the question's line through the new reply's."""
     memory_backend.write("alice", "quiz", ["what is the capital of Norway?", "it is Bergen"])
@@ -50,16 +50,19 @@ async def test_a_regenerated_reply_replaces_the_old_one_on_the_next_line(memory_
     assert (hits[0].line_start, hits[0].line_end) == (2, 4)
 
 
-async def test_purged_messages_leave_the_index(memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
+async def test_purged_messages_leave_the_index(memory_backend: MemoryBackend,
+                                               memory_service: BackendMemory) -> None:
     """Messages purged from a session (memory.forget with purgeTranscript) are gone from the
     index after the next sync; the session's other messages stay searchable."""
-    memory_backend.write("alice", "day", ["breakfast was porridge", "lunch was ramen", "dinner was risotto"])
+    memory_backend.write("alice", "day",
+                         ["breakfast was porridge", "lunch was ramen", "dinner was risotto"])
     await memory_service.sync_now()
     assert memory_backend.purge("alice", "day", after=BASE_TIME + timedelta(minutes=1),
                                 before=BASE_TIME + timedelta(minutes=2)) == 1
     await memory_service.sync_now()
     assert await found(memory_service, "ramen") == []
-    assert await found(memory_service, "porridge") == ["day"] and await found(memory_service, "risotto") == ["day"]
+    assert (await found(memory_service, "porridge") == ["day"]
+            and await found(memory_service, "risotto") == ["day"])
 
 
 async def test_an_incognito_session_is_never_indexed(memory_backend: MemoryBackend,
@@ -73,8 +76,8 @@ async def test_an_incognito_session_is_never_indexed(memory_backend: MemoryBacke
     assert (status["files"], status["chunks"]) == (1, 1)
 
 
-async def test_status_counts_one_users_rows_or_the_whole_index(memory_backend: MemoryBackend,
-                                                               memory_service: BackendMemory) -> None:
+async def test_status_counts_one_users_rows_or_the_whole_index(
+        memory_backend: MemoryBackend, memory_service: BackendMemory) -> None:
     """memory.status for a user counts that user's sessions and chunks, scope "user", without the
     whole index's shared cache; without a user it counts everyone's."""
     memory_backend.write("alice", "a1", ["the garden gate is green"])
@@ -82,7 +85,8 @@ async def test_status_counts_one_users_rows_or_the_whole_index(memory_backend: M
     memory_backend.write("bob", "b1", ["the attic window is round"])
     await memory_service.sync_now()
     mine, whole = await memory_service.status("alice"), await memory_service.status()
-    assert (mine["files"], mine["chunks"], mine["embedded"], mine["pending"], mine["scope"]) == (2, 2, 2, 0, "user")
+    assert ((mine["files"], mine["chunks"], mine["embedded"], mine["pending"], mine["scope"])
+            == (2, 2, 2, 0, "user"))
     assert (whole["files"], whole["chunks"], whole["embedded"], whole["scope"]) == (3, 3, 3, "all")
     assert "cacheEntries" not in mine and whole["cacheEntries"] == 3
     assert "dbBytes" not in mine and whole["dbBytes"] > 0

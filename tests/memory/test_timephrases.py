@@ -101,7 +101,8 @@ TABLE = [
 
 @pytest.mark.parametrize(("text", "start", "end", "exact"), TABLE)
 def test_phrase_table(text: str, start: str, end: str, exact: bool) -> None:
-    """Each supported phrase asked on Wed 2024-03-13 15:00 Berlin maps to its documented local window."""
+    """Each supported phrase asked on Wed 2024-03-13 15:00 Berlin maps to its documented
+    local window."""
     window = found(text)
     assert local(window) == (start, end)
     assert window.exact is exact
@@ -129,18 +130,26 @@ def test_calendar_is_the_askers_timezone() -> None:
 
 
 @pytest.mark.parametrize(("text", "now", "start", "end"), [
-    ("last month", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2023-12-01 00:00", "2024-01-01 00:00"),
-    ("in December", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2023-12-01 00:00", "2024-01-01 00:00"),
-    ("last year", datetime(2024, 1, 1, 0, 30, tzinfo=BERLIN), "2023-01-01 00:00", "2024-01-01 00:00"),
+    ("last month", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2023-12-01 00:00",
+     "2024-01-01 00:00"),
+    ("in December", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2023-12-01 00:00",
+     "2024-01-01 00:00"),
+    ("last year", datetime(2024, 1, 1, 0, 30, tzinfo=BERLIN), "2023-01-01 00:00",
+     "2024-01-01 00:00"),
     ("last week", datetime(2024, 1, 2, 12, tzinfo=BERLIN), "2023-12-25 00:00", "2024-01-01 00:00"),
     ("this week", datetime(2021, 1, 2, 12, tzinfo=BERLIN), "2020-12-28 00:00", "2021-01-02 12:00"),
     ("yesterday", datetime(2024, 1, 1, 9, tzinfo=BERLIN), "2023-12-31 00:00", "2024-01-01 00:00"),
-    ("two months ago", datetime(2024, 1, 31, 12, tzinfo=BERLIN), "2023-10-31 00:00", "2024-01-01 00:00"),
-    ("last winter", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2022-12-01 00:00", "2023-03-01 00:00"),
-    ("this winter", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2023-12-01 00:00", "2024-01-10 12:00"),
+    ("two months ago", datetime(2024, 1, 31, 12, tzinfo=BERLIN), "2023-10-31 00:00",
+     "2024-01-01 00:00"),
+    ("last winter", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2022-12-01 00:00",
+     "2023-03-01 00:00"),
+    ("this winter", datetime(2024, 1, 10, 12, tzinfo=BERLIN), "2023-12-01 00:00",
+     "2024-01-10 12:00"),
     ("on Sunday", datetime(2024, 3, 17, 12, tzinfo=BERLIN), "2024-03-10 00:00", "2024-03-11 00:00"),
-    ("last weekend", datetime(2024, 3, 17, 12, tzinfo=BERLIN), "2024-03-09 00:00", "2024-03-11 00:00"),
-    ("this weekend", datetime(2024, 3, 17, 12, tzinfo=BERLIN), "2024-03-16 00:00", "2024-03-17 12:00"),
+    ("last weekend", datetime(2024, 3, 17, 12, tzinfo=BERLIN), "2024-03-09 00:00",
+     "2024-03-11 00:00"),
+    ("this weekend", datetime(2024, 3, 17, 12, tzinfo=BERLIN), "2024-03-16 00:00",
+     "2024-03-17 12:00"),
 ])
 def test_month_and_year_boundaries(text: str, now: datetime, start: str, end: str) -> None:
     """Windows that cross a month, year or week boundary land on the previous unit correctly."""
@@ -269,20 +278,24 @@ def test_naive_now_is_refused() -> None:
         find_time_window("yesterday", datetime(2024, 3, 13, 15))
 
 
-_RELATIVE = [text for text, *_ in TABLE if not any(ch.isdigit() for ch in text) and "May" not in text
+_RELATIVE = [text for text, *_ in TABLE
+             if not any(ch.isdigit() for ch in text) and "May" not in text
              and "March" not in text and "February" not in text]
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     moment=st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2060, 12, 31)),
-    zone=st.sampled_from([BERLIN, NEW_YORK, ZoneInfo("Asia/Kolkata"), ZoneInfo("Pacific/Auckland"), UTC]),
+    zone=st.sampled_from([BERLIN, NEW_YORK, ZoneInfo("Asia/Kolkata"),
+                          ZoneInfo("Pacific/Auckland"), UTC]),
     text=st.sampled_from([text for text, *_ in TABLE]),
 )
 # Found by CI: "today" asked within the first millisecond of a day was an empty window.
 @example(moment=datetime(2000, 1, 1, 0, 0, 0, 1), zone=BERLIN, text="anything today")
-def test_every_window_is_non_empty_and_ends_by_now(moment: datetime, zone: tzinfo, text: str) -> None:
-    """For any now and zone a window is non-empty and ends by now; a relative one starts within 8 years."""
+def test_every_window_is_non_empty_and_ends_by_now(moment: datetime, zone: tzinfo,
+                                                   text: str) -> None:
+    """For any now and zone a window is non-empty and ends by now; a relative one starts
+    within 8 years."""
     now = moment.replace(tzinfo=zone)
     window = find_time_window(text, now)
     if window is None:  # e.g. "this morning" asked at 04:00, "in 2023" asked in 2010
@@ -295,8 +308,9 @@ def test_every_window_is_non_empty_and_ends_by_now(moment: datetime, zone: tzinf
 
 
 @pytest.mark.parametrize("text", [
-    "yesterday", "today", "this week", "last week", "in the past week", "last weekend", "last month",
-    "last year", "on Wednesday", "last summer", "3 days ago", "a few weeks ago", "recently", "in May",
+    "yesterday", "today", "this week", "last week", "in the past week", "last weekend",
+    "last month", "last year", "on Wednesday", "last summer", "3 days ago", "a few weeks ago",
+    "recently", "in May",
 ])
 def test_always_resolves_mid_afternoon(text: str) -> None:
     """These phrases resolve at 15:00 on every day of a leap year, never to a future window."""

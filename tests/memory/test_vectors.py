@@ -26,7 +26,8 @@ def _corpus(memory_backend: MemoryBackend) -> None:
 
 
 def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b)) / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+    return (sum(x * y for x, y in zip(a, b))
+            / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))))
 
 
 def test_quantize_int8_keeps_signs_and_cosine() -> None:
@@ -39,7 +40,8 @@ def test_quantize_int8_keeps_signs_and_cosine() -> None:
 
 
 async def test_vectors_are_stored_once_as_int8_and_bits(tmp_path: Path) -> None:
-    """The cache holds one byte per dimension; chunks_vec is bit[D]; vector_hash stays NULL without redaction."""
+    """The cache holds one byte per dimension; chunks_vec is bit[D]; vector_hash stays NULL without
+    redaction."""
     corpus(tmp_path)
     async with opened(tmp_path, quiet_config(**SMALL), FakeEmbedder(dims=64)):
         pass
@@ -47,7 +49,8 @@ async def test_vectors_are_stored_once_as_int8_and_bits(tmp_path: Path) -> None:
     lengths = {row[0] for row in db.execute("SELECT length(vector) FROM embedding_cache")}
     assert lengths == {64}
     assert db.execute("SELECT value FROM meta WHERE key = 'vector_format'").fetchone() == ("bit",)
-    assert db.execute("SELECT count(*) FROM chunks WHERE vector_hash IS NOT NULL").fetchone() == (0,)
+    assert (db.execute("SELECT count(*) FROM chunks WHERE vector_hash IS NOT NULL").fetchone()
+            == (0,))
 
 
 async def test_vector_leg_ranks_by_exact_cosine(memory_backend: MemoryBackend) -> None:
@@ -72,7 +75,8 @@ async def test_m001_database_upgrades_from_cache_without_embedder_calls(tmp_path
     with db:  # turn it back into an m001 database
         for _provider, _model, _endpoint, chash in list(db.execute(
                 "SELECT provider, model, endpoint_hash, content_hash FROM embedding_cache")):
-            (content,) = db.execute("SELECT content FROM chunks WHERE content_hash = ? LIMIT 1", (chash,)).fetchone()  # type: ignore[misc]
+            (content,) = db.execute(  # type: ignore[misc]
+                "SELECT content FROM chunks WHERE content_hash = ? LIMIT 1", (chash,)).fetchone()
             db.execute("UPDATE embedding_cache SET vector = ? WHERE content_hash = ?",
                        (vector_to_blob(fake_vector(content, 64)), chash))
         db.execute("DELETE FROM migrations WHERE name = 'm002_quantized_vectors'")

@@ -188,8 +188,9 @@ def test_reopened_store_sees_everything(make_store: Callable[..., SessionStore])
 def test_a_chosen_session_key_names_the_session_once(store: SessionStore) -> None:
     """create(session_key=…) makes the session under that key (an import's stable key); the same
     key again is a StorageError and a malformed one InvalidSessionInput, and neither adds one."""
-    session = store.create("alice", title="imported", session_key="0123456789abcdef0123456789abcdef")
-    assert session.session_key == "0123456789abcdef0123456789abcdef"
+    key = "0123456789abcdef0123456789abcdef"
+    session = store.create("alice", title="imported", session_key=key)
+    assert session.session_key == key
     assert store.get("alice", "0123456789abcdef0123456789abcdef").title == "imported"
     with pytest.raises(StorageError):
         store.create("alice", session_key="0123456789abcdef0123456789abcdef")

@@ -50,14 +50,16 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @pytest.fixture
-async def web_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
+async def web_app(config_factory: Callable[..., Config],
+                  fake_openai: FakeOpenAI) -> AsyncIterator[App]:
     """The gateway with the loopback model, memory (its embeddings from the same fake) and
     model-written titles."""
     cfg = config_factory(
         llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
              "timeout_s": 10.0, "max_retries": 0},
         memory={"embedder": "openai", "debounce_ms": 20},
-        chat={"auto_title": True},  # as a user gets it: the model names a session after its first reply
+        chat={"auto_title": True},  # as a user gets it: the model names
+                                    # a session after its first reply
     )
     async with running(cfg) as app:
         yield app
@@ -73,7 +75,8 @@ class PageErrors:
     def __init__(self, page: Page) -> None:
         self.items: list[str] = []
         page.on("pageerror", lambda exc: self.items.append(f"pageerror: {exc}"))
-        page.on("console", lambda msg: self.items.append(f"console: {msg.text}") if msg.type == "error" else None)
+        page.on("console", lambda msg: (self.items.append(f"console: {msg.text}")
+                                        if msg.type == "error" else None))
 
 
 async def open_signed_in(browser: Browser, app: App, *, context: Any = None) -> Page:
@@ -87,7 +90,8 @@ async def open_signed_in(browser: Browser, app: App, *, context: Any = None) -> 
 
 
 async def new_session(page: Page) -> None:
-    """Click "New chat": an empty chat opens, ready to type in; its session is created by the first send."""
+    """Click "New chat": an empty chat opens, ready to type in; its session is created by the
+    first send."""
     await page.click("#new-session")
     await page.wait_for_selector("#welcome:not([hidden])")
     await page.wait_for_selector("#session-list .session[aria-current=true]", state="detached")
@@ -106,7 +110,8 @@ async def send(page: Page, text: str) -> None:
 
 
 async def wait_indexed(app: App, query: str) -> dict[str, Any]:
-    """Wait until memory.search finds ``query`` (the indexer is debounced); returns the first hit."""
+    """Wait until memory.search finds ``query`` (the indexer is debounced); returns the
+    first hit."""
     async with Client.connect(app.url, TOKEN) as c:
         async with asyncio.timeout(15):
             while True:

@@ -26,12 +26,14 @@ from testkit.gateway import TOKEN, make_config, running_gateway
 OUT = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 REPLIES = {
-    "evening": "Evenings in mid-March drop to about 11 °C by the river: add a warm jumper and a scarf.",
+    "evening": "Evenings in mid-March drop to about 11 °C by the river: add a warm jumper "
+               "and a scarf.",
     "flying": "Noted: **Lisbon, 14–18 March**, staying near Alfama. Want a day-by-day plan?",
     "pack": ("For Lisbon in mid-March (you fly on the 14th):\n\n"
              "- a light rain jacket: showers are common\n- comfortable shoes for Alfama's hills\n"
              "- layers: days around 17 °C, evenings cooler\n\nA quick packing check in Python:\n\n"
-             "```python\ndef missing(packed: set[str]) -> list[str]:\n    needed = {\"jacket\", \"shoes\", \"charger\"}  # the essentials\n"
+             "```python\ndef missing(packed: set[str]) -> list[str]:\n"
+             "    needed = {\"jacket\", \"shoes\", \"charger\"}  # the essentials\n"
              "    return sorted(needed - packed)\n\nprint(missing({\"shoes\"}))\n```"),
 }
 
@@ -70,9 +72,11 @@ async def seed(app: Any) -> None:
         s = await asyncio.to_thread(app.store.create, "default", title=title, created_at=when,
                                     memory=False)
         for role, text in (("user", said), ("assistant", answered)):
-            await asyncio.to_thread(app.store.append_message, "default", s.session_key, role=role, content=text, ts=when)
+            await asyncio.to_thread(app.store.append_message, "default", s.session_key, role=role,
+                                    content=text, ts=when)
     async with Client.connect(app.url, TOKEN) as c:
-        for title, message in (("Lisbon trip", "I'm flying to Lisbon on 14 March, staying near Alfama."),):
+        for title, message in (("Lisbon trip",
+                                "I'm flying to Lisbon on 14 March, staying near Alfama."),):
             key = (await c.call("sessions.create", {"title": title}))["sessionKey"]
             await c.call("chat.send", {"sessionKey": key, "message": message})
             await c.next_event("chat.final")
@@ -95,7 +99,8 @@ async def shoot(out: Path) -> list[Path]:
     await fake.start()
     fake.configure(reply=reply_for, delta_delay_s=0.0)
     with tempfile.TemporaryDirectory() as tmp:
-        llm = {"base_url": fake.base_url, "api_key": "k", "model": "gpt-4.1-mini", "models": ["gpt-4.1", "o4-mini"]}
+        llm = {"base_url": fake.base_url, "api_key": "k", "model": "gpt-4.1-mini",
+               "models": ["gpt-4.1", "o4-mini"]}
         cfg = make_config(Path(tmp) / "data", llm=llm,
                           memory={"embedder": "openai", "debounce_ms": 20})
         async with running_gateway(cfg) as app, async_playwright() as p:
@@ -103,7 +108,8 @@ async def shoot(out: Path) -> list[Path]:
             url = f"http://127.0.0.1:{app.server.port}/"
             browser = await p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             for scheme in ("light", "dark"):
-                ctx = await browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme=scheme)
+                ctx = await browser.new_context(viewport={"width": 1280, "height": 800},
+                                                color_scheme=scheme)
                 page = await ctx.new_page()
                 await page.goto(url)
                 await page.wait_for_selector("#signin:not([hidden])")
@@ -129,7 +135,8 @@ async def shoot(out: Path) -> list[Path]:
                     await page.fill("#message-input", "And what should I pack for the evenings?")
                     await page.press("#message-input", "Enter")
                     await page.wait_for_selector(".msg.assistant .chip")
-                    await page.locator("#scroller").evaluate("el => { el.scrollTop = el.scrollHeight; }")
+                    await page.locator("#scroller").evaluate(
+                        "el => { el.scrollTop = el.scrollHeight; }")
                 await page.wait_for_selector("#memory-status:not(:empty)")
                 written.append(await _snap(page, out / f"web-chat-{scheme}.png"))
                 await page.get_by_role("button", name="Actions for Lisbon trip").click()

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, Page, expect  # noqa: E402
 
@@ -33,7 +34,8 @@ async def signed_in_as(page: Page, user: str) -> None:
     await expect(page.get_by_role("button", name=f"Account: {user}")).to_be_visible()
 
 
-async def test_link_for_another_user_asks_before_switching(browser: Browser, two_users: App) -> None:
+async def test_link_for_another_user_asks_before_switching(browser: Browser,
+                                                           two_users: App) -> None:
     """With alice remembered, bob's link shows a question naming both users and leaves alice's
     token in place; "Stay" keeps alice signed in, and only "Switch" signs in as bob."""
     ctx = await browser.new_context()
@@ -69,7 +71,8 @@ async def test_link_for_another_user_asks_before_switching(browser: Browser, two
     assert await other.evaluate("localStorage.getItem('recalld.token')") == BOB
 
 
-async def test_link_for_the_same_user_signs_in_without_asking(browser: Browser, two_users: App) -> None:
+async def test_link_for_the_same_user_signs_in_without_asking(browser: Browser,
+                                                              two_users: App) -> None:
     """A link carrying the signed-in user's own token changes nothing visible: no question."""
     ctx = await browser.new_context()
     page = await ctx.new_page()

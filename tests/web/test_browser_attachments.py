@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, FilePayload, expect  # noqa: E402
 
@@ -22,7 +23,8 @@ async def test_attached_text_file_reaches_the_model_and_shows_in_history(
     page = await open_signed_in(browser, web_app)
     errors = PageErrors(page)
     files: list[FilePayload] = [
-        {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"The launch code is periwinkle."},
+        {"name": "notes.txt", "mimeType": "text/plain",
+         "buffer": b"The launch code is periwinkle."},
         {"name": "drop-me.txt", "mimeType": "text/plain", "buffer": b"never sent"},
     ]
     await page.set_input_files("#attach-input", files)
@@ -49,7 +51,8 @@ async def test_a_file_dropped_on_the_composer_is_attached(browser: Browser, web_
         const dt = new DataTransfer();
         dt.items.add(new File(["print('hi')"], "hello.py", { type: "" }));
         const form = document.getElementById("composer");
-        form.dispatchEvent(new DragEvent("dragover", { dataTransfer: dt, bubbles: true, cancelable: true }));
-        form.dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+        const opts = { dataTransfer: dt, bubbles: true, cancelable: true };
+        form.dispatchEvent(new DragEvent("dragover", opts));
+        form.dispatchEvent(new DragEvent("drop", opts));
     }""")
     await expect(page.locator("#attach-chips li")).to_contain_text("hello.py")

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, Page, expect  # noqa: E402
 
@@ -31,7 +32,8 @@ RUN_AXE = """async () => {
 
 def axe_source() -> str:
     """axe-core's file, checked against the sha256 vendor/README.md records."""
-    recorded = re.search(r"`axe-core/axe\.min\.js` \| `([0-9a-f]{64})`", (VENDOR / "README.md").read_text("utf-8"))
+    recorded = re.search(r"`axe-core/axe\.min\.js` \| `([0-9a-f]{64})`",
+                         (VENDOR / "README.md").read_text("utf-8"))
     assert recorded, "vendor/README.md records no hash for axe-core/axe.min.js"
     data = AXE.read_bytes()
     assert hashlib.sha256(data).hexdigest() == recorded.group(1)
@@ -49,7 +51,8 @@ async def serious(page: Page, view: str) -> list[str]:
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-async def test_axe_finds_no_serious_violation(browser: Browser, web_app: App, scheme: Literal["light", "dark"]) -> None:
+async def test_axe_finds_no_serious_violation(browser: Browser, web_app: App,
+                                              scheme: Literal["light", "dark"]) -> None:
     """Five views, in both colour schemes, pass axe-core's rules at serious and critical impact."""
     # The audit script is injected as a tag: the page's CSP (rightly) admits no inline script
     # and its Trusted Types would refuse axe's own DOM writes; the page's behaviour is unchanged.

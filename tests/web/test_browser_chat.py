@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -29,7 +30,8 @@ from tests.web.conftest import (
 
 
 async def test_sign_in_with_a_pasted_token(browser: Browser, web_app: App) -> None:
-    """Pasting the token signs in; "Remember on this device" keeps it in localStorage across a reload."""
+    """Pasting the token signs in; "Remember on this device" keeps it in localStorage across
+    a reload."""
     page = await browser.new_page()
     errors = PageErrors(page)
     await page.goto(page_url(web_app))
@@ -46,8 +48,10 @@ async def test_sign_in_with_a_pasted_token(browser: Browser, web_app: App) -> No
     assert errors.items == []
 
 
-async def test_link_token_is_taken_from_the_fragment_and_removed(browser: Browser, web_app: App) -> None:
-    """The #token= link signs in, leaves no token in the address bar, and keeps it only for the tab."""
+async def test_link_token_is_taken_from_the_fragment_and_removed(browser: Browser,
+                                                                 web_app: App) -> None:
+    """The #token= link signs in, leaves no token in the address bar, and keeps it only
+    for the tab."""
     page = await open_signed_in(browser, web_app)
     assert page.url == page_url(web_app)
     assert await page.evaluate("sessionStorage.getItem('recalld.token')") == TOKEN
@@ -81,7 +85,8 @@ async def test_wrong_token_shows_a_clear_message(browser: Browser, web_app: App)
     assert await page.evaluate("sessionStorage.getItem('recalld.token')") is None
 
 
-async def test_create_send_and_watch_the_reply_stream(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_create_send_and_watch_the_reply_stream(browser: Browser, web_app: App,
+                                                      fake_openai: FakeOpenAI) -> None:
     """A new session takes a message on Enter (Shift+Enter is a newline) and the reply is seen
     growing while it streams, then complete with its markdown rendered."""
     fake_openai.configure(reply="Here is **bold** and more words to stream one by one until done",
@@ -106,12 +111,14 @@ async def test_create_send_and_watch_the_reply_stream(browser: Browser, web_app:
     await expect(reply.locator(".body")).to_contain_text("until done")
     await expect(page.locator(".msg.user .body")).to_have_text("first line\nsecond line")
     await expect(page.get_by_role("button", name="Send")).to_be_visible()
-    assert fake_openai.chat_requests[-1].json["messages"][-1]["content"] == "first line\nsecond line"
+    assert (fake_openai.chat_requests[-1].json["messages"][-1]["content"]
+            == "first line\nsecond line")
     assert errors.items == []
 
 
 async def test_own_message_shows_its_time_without_a_reload(browser: Browser, web_app: App) -> None:
-    """The message just sent shows the time the transcript stored for it, as history does after a reload."""
+    """The message just sent shows the time the transcript stored for it, as history does after
+    a reload."""
     page = await open_signed_in(browser, web_app)
     await new_session(page)
     await send(page, "what time is it")
@@ -123,8 +130,10 @@ async def test_own_message_shows_its_time_without_a_reload(browser: Browser, web
     await expect(page.locator(".msg.user .meta")).to_have_text(sent)
 
 
-async def test_stop_aborts_mid_stream(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
-    """Stop (and Esc) abort the running reply: the partial stays, marked stopped, and the transcript says aborted."""
+async def test_stop_aborts_mid_stream(browser: Browser, web_app: App,
+                                      fake_openai: FakeOpenAI) -> None:
+    """Stop (and Esc) abort the running reply: the partial stays, marked stopped, and the transcript
+    says aborted."""
     fake_openai.configure(reply=" ".join(f"word{i}" for i in range(200)), delta_delay_s=0.05)
     page = await open_signed_in(browser, web_app)
     await new_session(page)
@@ -147,19 +156,22 @@ async def test_stop_aborts_mid_stream(browser: Browser, web_app: App, fake_opena
 
 
 async def test_reload_shows_history_once(browser: Browser, web_app: App) -> None:
-    """After a reload the open session's messages come back from history, each exactly once, in order."""
+    """After a reload the open session's messages come back from history, each exactly once,
+    in order."""
     page = await open_signed_in(browser, web_app)
     await new_session(page)
     for text in ("one", "two"):
         await send(page, text)
-        await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1 if text == "one" else 2)
+        await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(
+            1 if text == "one" else 2)
     await page.reload()
     await expect(page.locator(".msg")).to_have_count(4)
     bodies = await page.locator(".msg .body").all_inner_texts()
     assert bodies == ["one", "Echo: one", "two", "Echo: two"]
 
 
-async def test_hostile_reply_renders_inert(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_hostile_reply_renders_inert(browser: Browser, web_app: App,
+                                           fake_openai: FakeOpenAI) -> None:
     """Markup in a reply (an onerror image, a javascript: link, a script, a remote image) runs
     nothing, loads nothing, and shows as text or a dead link; code blocks get a copy button."""
     hostile = ('<img src=x onerror="window.__pwned=1"> [click me](javascript:window.__pwned=2) '
@@ -178,9 +190,11 @@ async def test_hostile_reply_renders_inert(browser: Browser, web_app: App, fake_
     assert await messages.locator("script, [onerror], img[src=x], img[src=y]").count() == 0
     assert await reply.get_by_text("click me").get_attribute("href") is None
     assert await reply.locator("a[href^='javascript']").count() == 0
-    await expect(reply.get_by_text("image: tracker")).to_have_attribute("rel", "noopener noreferrer")
+    await expect(reply.get_by_text("image: tracker")).to_have_attribute(
+        "rel", "noopener noreferrer")
     await expect(reply.locator(".body")).to_contain_text('<img src=x onerror="window.__pwned=1">')
-    await expect(page.locator(".msg.user .body")).to_have_text('<img src=y onerror="window.__pwned=5">')
+    await expect(page.locator(".msg.user .body")).to_have_text(
+        '<img src=y onerror="window.__pwned=5">')
     await expect(reply.get_by_role("button", name="Copy code")).to_have_count(1)
     await reply.get_by_text("click me").click()
     assert await page.evaluate("window.__pwned") is None
@@ -198,7 +212,8 @@ async def test_page_works_over_tls(browser: Browser, config_factory: Callable[..
     cert.private_key_and_cert_chain_pem.write_to_path(str(cert_path))
     cert.private_key_pem.write_to_path(str(key_path))
     cfg = config_factory(tls={"cert": str(cert_path), "key": str(key_path)},
-                         llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model"})
+                         llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                              "model": "fake-model"})
     async with running(cfg) as app:
         # The test CA is not in Chromium's store; a real deployment's certificate would be.
         ctx = await browser.new_context(ignore_https_errors=True)
@@ -207,18 +222,22 @@ async def test_page_works_over_tls(browser: Browser, config_factory: Callable[..
         await expect(page.locator("#conn-state")).to_have_attribute("data-state", "open")
         await new_session(page)
         await send(page, "over tls")
-        await expect(page.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: over tls")
+        await expect(page.locator(".msg.assistant[data-state=done] .body")).to_have_text(
+            "Echo: over tls")
 
 
 async def test_failed_reply_shows_the_error_and_retry_works(
     browser: Browser, web_app: App, fake_openai: FakeOpenAI
 ) -> None:
-    """A run the model fails shows the server's error message and a Retry that sends the message again."""
+    """A run the model fails shows the server's error message and a Retry that sends the
+    message again."""
     fake_openai.script(Behaviour(status=500, error_message="the model fell over"))
     page = await open_signed_in(browser, web_app)
     await new_session(page)
     await send(page, "please answer")
     failed = page.locator(".msg.assistant[data-state=error]")
-    await expect(failed.get_by_role("alert")).to_contain_text("model endpoint answered 500: the model fell over")
+    await expect(failed.get_by_role("alert")).to_contain_text("model endpoint answered 500: the "
+                                                              "model fell over")
     await failed.get_by_role("button", name="Retry").click()
-    await expect(page.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: please answer")
+    await expect(page.locator(".msg.assistant[data-state=done] .body")).to_have_text(
+        "Echo: please answer")

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -49,7 +50,8 @@ async def test_a_code_link_signs_in_once(browser: Browser, two_users: App) -> No
     await expect(again.locator("#signin-error")).to_contain_text("already used or has expired")
     await expect(again.locator("#app")).to_be_hidden()
     assert "code" not in again.url
-    assert await again.evaluate("sessionStorage.getItem('recalld.token') || localStorage.getItem('recalld.token')") is None
+    assert await again.evaluate(
+        "sessionStorage.getItem('recalld.token') || localStorage.getItem('recalld.token')") is None
 
 
 async def test_a_code_for_another_user_asks_first(browser: Browser, two_users: App) -> None:

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, Dialog, expect  # noqa: E402
 
@@ -20,7 +21,8 @@ from tests.web.conftest import PageErrors, new_session, open_signed_in, send
 
 
 @pytest.fixture
-async def facts_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
+async def facts_app(config_factory: Callable[..., Config],
+                    fake_openai: FakeOpenAI) -> AsyncIterator[App]:
     """The gateway with the loopback model and no embedder, so only identical facts merge."""
     cfg = config_factory(
         llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
@@ -81,7 +83,8 @@ async def test_facts_panel_lists_adds_edits_and_deletes(browser: Browser, facts_
     await panel.get_by_role("button", name="Delete fact: Seeded fact number 53").click()
     await expect(panel.get_by_text("Seeded fact number 53", exact=True)).to_have_count(0)
     texts = await active_texts(facts_app)
-    assert "I am vegan" in texts and "I am vegetarian" not in texts and "Seeded fact number 53" not in texts
+    assert ("I am vegan" in texts and "I am vegetarian" not in texts
+            and "Seeded fact number 53" not in texts)
     assert len(texts) == 55
     await page.keyboard.press("Escape")
     await expect(panel).to_be_hidden()
@@ -111,4 +114,5 @@ async def test_escape_cancels_an_edit_and_a_saved_fact_refreshes_the_list(
     await page.get_by_role("button", name="Search memory").click()
     await expect(page.locator("#search-panel")).to_be_visible()
     await expect(panel).to_be_hidden()
-    await expect(page.get_by_role("button", name="Facts")).to_have_attribute("aria-expanded", "false")
+    await expect(page.get_by_role("button", name="Facts")).to_have_attribute(
+        "aria-expanded", "false")

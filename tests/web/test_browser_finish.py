@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -52,7 +53,8 @@ async def test_new_chat_creates_a_session_only_when_sent(browser: Browser, web_a
     await expect(page.get_by_role("heading", name="What shall we talk about?")).to_be_visible()
     assert await session_titles(web_app) == []
     await page.get_by_role("button", name="What do you remember about me?").click()
-    await expect(page.get_by_role("textbox", name="Message", exact=True)).to_have_value("What do you remember about me?")
+    await expect(page.get_by_role("textbox", name="Message", exact=True)).to_have_value(
+        "What do you remember about me?")
     await page.get_by_role("textbox", name="Message", exact=True).fill("")
     await send(page, "Plan a weekend in Porto with my sister\nShe likes museums.")
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
@@ -60,7 +62,8 @@ async def test_new_chat_creates_a_session_only_when_sent(browser: Browser, web_a
     key = await open_session_key(page)
     today = page.locator("#session-list section", has=page.get_by_role("heading", name="Today"))
     # The fake model titles "Chat about" the first words; the page never wrote a title itself.
-    await expect(today.locator(f".session[data-key='{key}']")).to_contain_text("Chat about Plan a weekend in")
+    await expect(today.locator(f".session[data-key='{key}']")).to_contain_text(
+        "Chat about Plan a weekend in")
     await expect(page.get_by_role("heading", level=1)).to_have_text("Chat about Plan a weekend in")
     assert await session_titles(web_app) == ["Chat about Plan a weekend in"]
     assert len(fake_openai.title_requests) == 1
@@ -115,7 +118,8 @@ async def test_composer_grows_and_times_are_relative(browser: Browser, web_app: 
     assert await page.evaluate("navigator.clipboard.readText()") == "Echo: copy me, please"
 
 
-async def test_recalled_memories_and_search_read_as_plain_text(browser: Browser, web_app: App) -> None:
+async def test_recalled_memories_and_search_read_as_plain_text(browser: Browser,
+                                                               web_app: App) -> None:
     """A reply's recalled memories sit under a visible "Recalled" heading as plain-text excerpts
     (no markdown marks) of a readable length, with their session's title and a relative date;
     search results show the same."""
@@ -151,8 +155,10 @@ async def test_sidebar_groups_filter_account_and_footer(browser: Browser, web_ap
     filter box; Sign out is in the account menu, which names the user; the footer speaks plainly."""
     store = web_app.store
     now = datetime.now(UTC)
-    for title, age in (("Fresh plans", 0), ("Yesterday's soup", 1), ("Garden ideas", 4), ("Old taxes", 40)):
-        s = await asyncio.to_thread(store.create, "default", title=title, created_at=now - timedelta(days=age))
+    for title, age in (("Fresh plans", 0), ("Yesterday's soup", 1), ("Garden ideas", 4),
+                       ("Old taxes", 40)):
+        s = await asyncio.to_thread(store.create, "default", title=title,
+                                    created_at=now - timedelta(days=age))
         await asyncio.to_thread(store.append_message, "default", s.session_key, role="user",
                                 content=f"about {title}", ts=now - timedelta(days=age))
     page = await open_signed_in(browser, web_app)
@@ -162,7 +168,8 @@ async def test_sidebar_groups_filter_account_and_footer(browser: Browser, web_ap
     await expect(page.locator("#session-list .session .title")).to_have_text(["Yesterday's soup"])
     await page.get_by_label("Filter sessions").fill("")
     await expect(page.locator("#session-list .session")).to_have_count(4)
-    await expect(page.locator("#memory-status")).to_have_text(re.compile(r"^Memory on · \d+ excerpts? indexed$"))
+    await expect(page.locator("#memory-status")).to_have_text(
+        re.compile(r"^Memory on · \d+ excerpts? indexed$"))
     await expect(page.locator("#conn-state")).to_have_text("Connected")
     await expect(page.get_by_role("button", name="Sign out")).to_be_hidden()
     await page.get_by_role("button", name="Account: default").click()
@@ -214,10 +221,12 @@ async def test_narrow_window_layout(browser: Browser, web_app: App) -> None:
     await expect(sheet).to_be_hidden()
 
 
-async def test_code_blocks_name_their_language(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_code_blocks_name_their_language(browser: Browser, web_app: App,
+                                               fake_openai: FakeOpenAI) -> None:
     """A fenced block shows its language's name and its code as text; a fence whose info string
     carries markup gets no label from it and runs nothing."""
-    fake_openai.script(Behaviour(reply='```python\nprint("<b>hi</b>")\n```\n\n```"><img src=x onerror="window.__pwned=1">\nx\n```\n'))
+    fake_openai.script(Behaviour(reply='```python\nprint("<b>hi</b>")\n```\n\n```"><img src=x '
+                                       'onerror="window.__pwned=1">\nx\n```\n'))
     page = await open_signed_in(browser, web_app)
     await send(page, "code please")
     reply = page.locator(".msg.assistant[data-state=done]")
@@ -227,16 +236,19 @@ async def test_code_blocks_name_their_language(browser: Browser, web_app: App, f
     await expect(blocks.first.locator(".lang")).to_have_text("python")
     await expect(blocks.first.locator("code")).to_have_text('print("<b>hi</b>")\n')
     await expect(blocks.nth(1).locator(".lang")).to_have_count(0)
-    assert await reply.locator("img, b").count() == 0 and await page.evaluate("window.__pwned") is None
+    assert (await reply.locator("img, b").count() == 0
+            and await page.evaluate("window.__pwned") is None)
 
 
 async def test_export_a_session(browser: Browser, web_app: App, tmp_path: Path) -> None:
-    """Export saves the open session's whole transcript as Markdown or JSON, named after its title."""
+    """Export saves the open session's whole transcript as Markdown or JSON, named after
+    its title."""
     page = await open_signed_in(browser, web_app)
     await send(page, "Remember the blue door")
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
     # The model names the session after its reply; export once that title is shown.
-    await expect(page.get_by_role("heading", level=1)).to_have_text("Chat about Remember the blue door")
+    await expect(page.get_by_role("heading", level=1)).to_have_text(
+        "Chat about Remember the blue door")
     await page.get_by_role("button", name="Export", exact=True).click()
     async with page.expect_download() as md_download:
         await page.get_by_role("button", name="Export as Markdown").click()
@@ -252,4 +264,5 @@ async def test_export_a_session(browser: Browser, web_app: App, tmp_path: Path) 
     await (await json_download.value).save_as(tmp_path / "s.json")
     data = json.loads((tmp_path / "s.json").read_text("utf-8"))
     assert data["session"]["title"] == "Chat about Remember the blue door"
-    assert [m["content"] for m in data["messages"]] == ["Remember the blue door", "Echo: Remember the blue door"]
+    assert [m["content"] for m in data["messages"]] == ["Remember the blue door",
+                                                        "Echo: Remember the blue door"]

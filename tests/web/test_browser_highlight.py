@@ -8,7 +8,8 @@ from typing import Literal
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -24,7 +25,8 @@ REPLY = (f"```python\n{PYTHON}```\n\n```nosuchlang\nplain <b>text</b>\n```\n\n"
 COLOUR = "el => getComputedStyle(el).color"
 
 
-async def test_code_is_highlighted_safely(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_code_is_highlighted_safely(browser: Browser, web_app: App,
+                                          fake_openai: FakeOpenAI) -> None:
     """A fence naming a known language gets highlight.js's token spans (its text unchanged and
     copied exactly), an unknown one stays plain, markup in the code stays text, and a class
     written outside a code block is dropped; the page logs no CSP or Trusted Types error."""
@@ -48,7 +50,8 @@ async def test_code_is_highlighted_safely(browser: Browser, web_app: App, fake_o
     await expect(blocks.nth(1).locator("code")).to_have_text("plain <b>text</b>\n")
     # Raw HTML in the reply is shown as text, so no class can be smuggled in beside the code.
     assert await reply.locator(".body [class]:not(pre [class])").count() == 0
-    await expect(reply.locator(".body")).to_contain_text('<span class="hljs-keyword">not code</span>')
+    await expect(reply.locator(".body")).to_contain_text(
+        '<span class="hljs-keyword">not code</span>')
     assert await reply.locator("b, i, img, script").count() == 0
     await blocks.first.get_by_role("button", name="Copy code").click()
     assert await page.evaluate("navigator.clipboard.readText()") == PYTHON
@@ -56,7 +59,8 @@ async def test_code_is_highlighted_safely(browser: Browser, web_app: App, fake_o
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-async def test_code_colours_follow_the_colour_scheme(browser: Browser, web_app: App, fake_openai: FakeOpenAI,
+async def test_code_colours_follow_the_colour_scheme(browser: Browser, web_app: App,
+                                                     fake_openai: FakeOpenAI,
                                                      scheme: Literal["light", "dark"]) -> None:
     """Keywords take the theme's colour for the system's scheme (a dark one on light, a light one
     on dark), and axe-core finds no serious contrast or other violation in the highlighted reply."""
@@ -71,8 +75,10 @@ async def test_code_colours_follow_the_colour_scheme(browser: Browser, web_app: 
     assert await serious(page, f"highlighted code, {scheme}") == []
 
 
-async def test_long_code_line_scrolls_inside_its_block(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
-    """At 390 px a code line wider than the window scrolls inside its block; the message stays in view."""
+async def test_long_code_line_scrolls_inside_its_block(browser: Browser, web_app: App,
+                                                       fake_openai: FakeOpenAI) -> None:
+    """At 390 px a code line wider than the window scrolls inside its block; the message
+    stays in view."""
     long_line = "print(" + " + ".join(f'"part {i}"' for i in range(12)) + ")\n"
     fake_openai.script(Behaviour(reply=f"```python\n{long_line}```\n"))
     ctx = await browser.new_context(viewport={"width": 390, "height": 844})

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import async_playwright  # noqa: E402
 
@@ -21,7 +22,8 @@ async def test_chromium_offers_install_app(web_app: App, tmp_path: Path) -> None
         pytest.skip("no chromium on PATH (apt-get install chromium)")
     async with async_playwright() as p:
         # A persistent profile: Chromium never offers installation from an incognito context.
-        ctx = await p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+        ctx = await p.chromium.launch_persistent_context(str(tmp_path / "profile"),
+                                                         executable_path=CHROMIUM,
                                                          args=["--no-sandbox"])
         try:
             page = await ctx.new_page()

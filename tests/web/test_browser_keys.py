@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -62,7 +63,8 @@ async def test_question_mark_lists_the_shortcuts(browser: Browser, web_app: App)
     assert errors.items == []
 
 
-async def test_ctrl_k_search_ctrl_shift_o_new_chat_and_focus_keys(browser: Browser, web_app: App) -> None:
+async def test_ctrl_k_search_ctrl_shift_o_new_chat_and_focus_keys(browser: Browser,
+                                                                  web_app: App) -> None:
     """Ctrl+K opens the search panel with its query focused, even from the composer; Shift+Esc
     and `/` (outside a text field) go back to the composer; Ctrl+Shift+O opens a new chat."""
     await seed(web_app, "Porto trip")
@@ -78,7 +80,8 @@ async def test_ctrl_k_search_ctrl_shift_o_new_chat_and_focus_keys(browser: Brows
     await expect(query).to_have_value("a/b")
     await page.keyboard.press("Shift+Escape")
     await expect(box).to_be_focused()
-    await expect(page.get_by_role("complementary", name="Search memory")).to_be_visible()  # not closed by it
+    # not closed by it
+    await expect(page.get_by_role("complementary", name="Search memory")).to_be_visible()
     await page.locator("#chat-title").click()
     await page.keyboard.press("/")
     await expect(box).to_be_focused()
@@ -103,7 +106,8 @@ async def test_alt_arrows_step_through_sessions(browser: Browser, web_app: App) 
     await expect(heading).to_have_text("Third")
     await page.keyboard.press("Alt+ArrowUp")
     await expect(heading).to_have_text("Second")
-    await expect(page.locator("#session-list .session[aria-current=true] .title")).to_have_text("Second")
+    await expect(page.locator("#session-list .session[aria-current=true] .title")).to_have_text(
+        "Second")
 
 
 async def test_ctrl_shift_c_copies_the_last_reply(browser: Browser, web_app: App) -> None:
@@ -117,11 +121,13 @@ async def test_ctrl_shift_c_copies_the_last_reply(browser: Browser, web_app: App
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(2)
     await page.get_by_role("textbox", name="Message", exact=True).focus()
     await page.keyboard.press("Control+Shift+C")
-    await expect(page.locator(".msg.assistant").last.get_by_role("button", name="Copy message")).to_have_text("Copied")
+    await expect(page.locator(".msg.assistant").last.get_by_role(
+        "button", name="Copy message")).to_have_text("Copied")
     assert await page.evaluate("navigator.clipboard.readText()") == "Echo: second words"
 
 
-async def test_theme_choice_is_remembered_and_applied_before_paint(browser: Browser, web_app: App) -> None:
+async def test_theme_choice_is_remembered_and_applied_before_paint(browser: Browser,
+                                                                   web_app: App) -> None:
     """Theme (in the account menu) overrides the system's scheme, is kept across a reload, and
     is on the root element before the body is parsed, so the page never flashes the other theme;
     System follows the system again."""
@@ -129,7 +135,10 @@ async def test_theme_choice_is_remembered_and_applied_before_paint(browser: Brow
     # Records the theme at the moment <body> is created, i.e. before anything can be painted.
     await ctx.add_init_script("""
       new MutationObserver((_, obs) => {
-        if (document.body) { window.__themeAtBody = document.documentElement.dataset.theme || "none"; obs.disconnect(); }
+        if (document.body) {
+          window.__themeAtBody = document.documentElement.dataset.theme || "none";
+          obs.disconnect();
+        }
       }).observe(document, { childList: true, subtree: true });
     """)
     page = await open_signed_in(browser, web_app, context=ctx)

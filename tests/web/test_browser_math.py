@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, ConsoleMessage, Page, expect  # noqa: E402
 
@@ -56,7 +57,8 @@ async def test_math_is_typeset_and_prices_and_code_are_not(browser: Browser, web
     assert csp == [] and errors.items == []
 
 
-async def test_prose_with_dollars_renders_no_math(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_prose_with_dollars_renders_no_math(browser: Browser, web_app: App,
+                                                  fake_openai: FakeOpenAI) -> None:
     """A reply that only mentions prices ("costs $5 and $10") renders no .katex at all."""
     fake_openai.script(Behaviour(reply="It costs $5 and $10, or $ 3 $ at most.\n"))
     page = await open_signed_in(browser, web_app)

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, Locator, Page, expect  # noqa: E402
 
@@ -26,7 +27,8 @@ from tests.web.conftest import (
 )
 
 
-async def test_recalled_memory_chip_opens_the_source_session(browser: Browser, web_app: App) -> None:
+async def test_recalled_memory_chip_opens_the_source_session(browser: Browser,
+                                                             web_app: App) -> None:
     """A reply that recalled another session's message shows a chip with its date and excerpt;
     clicking it opens that session with the message in view and highlighted."""
     page = await open_signed_in(browser, web_app)
@@ -43,7 +45,8 @@ async def test_recalled_memory_chip_opens_the_source_session(browser: Browser, w
     year = str((await wait_indexed(web_app, "Rust"))["startTs"])[:4]
     await expect(chip).to_contain_text(year)
     await chip.click()
-    await expect(page.locator("#session-list .session[aria-current=true]")).to_have_attribute("data-key", source)
+    await expect(page.locator("#session-list .session[aria-current=true]")).to_have_attribute(
+        "data-key", source)
     flashed = page.locator(".msg.flash")
     await expect(flashed).to_contain_text("Rust")
     await expect(flashed).to_be_in_viewport()
@@ -68,7 +71,8 @@ async def test_memory_search_panel(browser: Browser, web_app: App) -> None:
     await expect(result.locator("mark").first).to_have_text("weather")
     await expect(result).to_contain_text("Lisbon")
     await result.get_by_role("button", name="Open in session").click()
-    await expect(page.locator("#session-list .session[aria-current=true]")).to_have_attribute("data-key", source)
+    await expect(page.locator("#session-list .session[aria-current=true]")).to_have_attribute(
+        "data-key", source)
     await expect(page.locator(".msg.flash")).to_contain_text("Lisbon")
     await page.get_by_label("To", exact=True).fill("2001-01-01")
     await page.locator("#search-form").get_by_role("button", name="Search").click()
@@ -76,7 +80,8 @@ async def test_memory_search_panel(browser: Browser, web_app: App) -> None:
 
 
 async def test_two_tabs_stay_in_sync(browser: Browser, web_app: App) -> None:
-    """What one tab does (create, rename, chat, delete) shows in another tab of the same user at once."""
+    """What one tab does (create, rename, chat, delete) shows in another tab of the same
+    user at once."""
     ctx = await browser.new_context()
     a = await open_signed_in(browser, web_app, context=ctx)
     b = await open_signed_in(browser, web_app, context=ctx)
@@ -88,7 +93,8 @@ async def test_two_tabs_stay_in_sync(browser: Browser, web_app: App) -> None:
     await expect(b_item).to_be_visible()
     await b_item.click()
     await expect(b.locator(".msg.user .body")).to_have_text("hello from tab A")
-    await expect(b.locator(".msg.assistant[data-state=done] .body")).to_have_text("Echo: hello from tab A")
+    await expect(b.locator(".msg.assistant[data-state=done] .body")).to_have_text(
+        "Echo: hello from tab A")
     await expect(b.locator(".msg")).to_have_count(2)
     await a.get_by_role("button", name="Rename").click()
     await a.locator("#edit-text").fill("Shared plans")
@@ -144,9 +150,13 @@ RECORD_REPLY = """() => {
   const observer = new MutationObserver(() => {
     const reply = [...document.querySelectorAll(".msg.assistant")].pop();
     const state = document.getElementById("conn-state").dataset.state;
-    if (reply) window.__seen.push([reply.querySelector(".body").textContent, reply.querySelector(".extras").textContent, state]);
+    if (reply) {
+      window.__seen.push([reply.querySelector(".body").textContent,
+                          reply.querySelector(".extras").textContent, state]);
+    }
   });
-  observer.observe(document.getElementById("messages"), { subtree: true, childList: true, characterData: true });
+  observer.observe(document.getElementById("messages"),
+                   { subtree: true, childList: true, characterData: true });
   observer.observe(document.getElementById("conn-state"), { attributes: true });
 }"""
 
@@ -180,7 +190,8 @@ async def test_reconnect_mid_stream_never_shows_a_gap(
     reply = await drop_mid_reply(page, web_app)
     await expect(page.locator("#conn-state")).to_have_attribute("data-state", "open", timeout=20000)
     await expect(reply).to_have_attribute("data-state", "done", timeout=20000)
-    assert sockets and any("chat.delta" in f for f in sockets[-1]), "no delta came after the reconnect"
+    assert sockets and any("chat.delta" in f for f in sockets[-1]), \
+        "no delta came after the reconnect"
     seen: list[list[str]] = await page.evaluate("window.__seen")
     assert seen
     gaps = [body for body, _, _ in seen if not words.startswith(body.strip())]
@@ -231,9 +242,11 @@ async def test_sidebar_and_history_page_as_you_scroll(browser: Browser, web_app:
     """35 sessions show 30 until the list is scrolled to its end; a 120-message session shows its
     last 50 and loads older pages, oldest message last, when scrolled to the top."""
     store = web_app.store
-    keys = [(await asyncio.to_thread(store.create, "default", title=f"s{i:02d}")).session_key for i in range(35)]
+    keys = [(await asyncio.to_thread(store.create, "default", title=f"s{i:02d}")).session_key
+            for i in range(35)]
     for i in range(120):
-        await asyncio.to_thread(store.append_message, "default", keys[-1], role="user", content=f"msg {i:03d}")
+        await asyncio.to_thread(store.append_message, "default", keys[-1], role="user",
+                                content=f"msg {i:03d}")
     page = await open_signed_in(browser, web_app)
     sessions = page.locator("#session-list .session")
     await expect(sessions).to_have_count(30)

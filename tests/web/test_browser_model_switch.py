@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -22,7 +23,8 @@ from tests.web.conftest import PageErrors, open_session_key, open_signed_in, sen
 
 
 @pytest.fixture
-async def tuned_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
+async def tuned_app(config_factory: Callable[..., Config],
+                    fake_openai: FakeOpenAI) -> AsyncIterator[App]:
     """Two models to switch between and an operator bound of 1.0 on temperature."""
     cfg = config_factory(
         llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
@@ -70,7 +72,8 @@ async def test_header_switches_the_model_of_an_open_chat(browser: Browser, tuned
     assert [b["model"] for b in _asked(fake_openai, "second words")] == ["fake-large"]
     await page.reload()
     await page.wait_for_selector("#conn-state[data-state=open]")
-    await expect(page.get_by_role("combobox", name="Model of this chat")).to_have_value("fake-large")
+    await expect(page.get_by_role("combobox", name="Model of this chat")).to_have_value(
+        "fake-large")
     assert errors.items == []
 
 

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -22,7 +23,8 @@ from tests.web.test_browser_audit import serious
 
 
 @pytest.fixture
-async def two_model_app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
+async def two_model_app(config_factory: Callable[..., Config],
+                        fake_openai: FakeOpenAI) -> AsyncIterator[App]:
     """The gateway with the loopback model as default and a second one sessions may pick."""
     cfg = config_factory(
         llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -27,11 +28,13 @@ from tests.web.conftest import (
     wait_indexed,
 )
 
-LONG_REPLY = "\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
+LONG_REPLY = "\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog."
+                         for i in range(60))
 GAP = "el => el.scrollHeight - el.scrollTop - el.clientHeight"
 
 
-async def test_finished_reply_is_scrolled_to_its_end(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_finished_reply_is_scrolled_to_its_end(browser: Browser, web_app: App,
+                                                     fake_openai: FakeOpenAI) -> None:
     """When a long streamed reply finishes, the view is at the bottom with its Recalled block and
     Regenerate button in view; a reader who scrolled up mid-reply is left where they are."""
     page = await open_signed_in(browser, web_app)
@@ -51,7 +54,8 @@ async def test_finished_reply_is_scrolled_to_its_end(browser: Browser, web_app: 
     fake_openai.script(Behaviour(reply=LONG_REPLY, deltas=60, delta_delay_s=0.05))
     await reply.get_by_role("button", name="Regenerate").click()
     # Once the reply is taller than the view, so that there is somewhere to scroll up to.
-    await expect(page.locator(".msg.assistant[data-state=streaming]")).to_contain_text("Paragraph 20")
+    await expect(page.locator(".msg.assistant[data-state=streaming]")).to_contain_text(
+        "Paragraph 20")
     await page.locator("#scroller").hover()
     await page.mouse.wheel(0, -3000)
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
@@ -116,10 +120,12 @@ async def test_filter_finds_words_said_in_a_session(browser: Browser, web_app: A
     await page.get_by_label("Filter sessions").fill("marmalade")
     titles = page.locator("#session-list section", has=page.get_by_role("heading", name="Titles"))
     await expect(titles.locator(".session .title")).to_have_text(["Marmalade labels"])
-    found = page.locator("#session-list section", has=page.get_by_role("heading", name="In messages"))
+    found = page.locator("#session-list section",
+                         has=page.get_by_role("heading", name="In messages"))
     await expect(found.locator(".session .title")).to_have_text(["Breakfast"])
     await expect(found.locator(".session .excerpt")).to_contain_text("Seville oranges")
-    await expect(found.locator(".session .excerpt mark").first).to_have_text(re.compile("marmalade", re.I))
+    await expect(found.locator(".session .excerpt mark").first).to_have_text(
+        re.compile("marmalade", re.I))
     await found.locator(".session").click()
     await expect(page.get_by_role("heading", level=1)).to_have_text("Breakfast")
     await expect(page.locator(".msg.user")).to_contain_text("Seville oranges")
@@ -133,7 +139,8 @@ async def test_tables_have_borders_and_usage_shows_on_hover(browser: Browser, we
                                                              fake_openai: FakeOpenAI) -> None:
     """A markdown table's cells have visible borders; hovering a finished reply shows the tokens
     it used (from chat.final, and from history after a reload)."""
-    fake_openai.script(Behaviour(reply="| lang | typing |\n| --- | --- |\n| Rust | static |\n| Python | dynamic |\n"))
+    fake_openai.script(Behaviour(reply="| lang | typing |\n| --- | --- |\n| Rust | static |\n"
+                                       "| Python | dynamic |\n"))
     page = await open_signed_in(browser, web_app)
     await send(page, "a table please")
     reply = page.locator(".msg.assistant[data-state=done]")
@@ -141,7 +148,8 @@ async def test_tables_have_borders_and_usage_shows_on_hover(browser: Browser, we
     cell = reply.locator("td").first
     await expect(cell).to_have_text("Rust")
     style = await cell.evaluate(
-        "el => { const s = getComputedStyle(el); return [s.borderTopStyle, s.borderTopWidth, s.borderLeftStyle]; }")
+        "el => { const s = getComputedStyle(el); return [s.borderTopStyle, s.borderTopWidth, "
+        "s.borderLeftStyle]; }")
     assert style == ["solid", "1px", "solid"], style
     usage = reply.locator(".usage")
     await expect(usage).to_have_css("opacity", "0")

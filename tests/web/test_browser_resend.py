@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -25,7 +26,8 @@ from tests.web.conftest import (
 
 async def _history(app: App, key: str) -> list[str]:
     async with Client.connect(app.url, TOKEN) as c:
-        return [m["content"] for m in (await c.call("sessions.history", {"sessionKey": key}))["messages"]]
+        return [m["content"] for m in
+                (await c.call("sessions.history", {"sessionKey": key}))["messages"]]
 
 
 async def test_recalled_block_is_there_after_a_reload(browser: Browser, web_app: App) -> None:
@@ -49,7 +51,8 @@ async def test_recalled_block_is_there_after_a_reload(browser: Browser, web_app:
     assert errors.items == []
 
 
-async def test_regenerate_replaces_the_last_reply(browser: Browser, web_app: App, fake_openai: FakeOpenAI) -> None:
+async def test_regenerate_replaces_the_last_reply(browser: Browser, web_app: App,
+                                                  fake_openai: FakeOpenAI) -> None:
     """"Regenerate" sits on the last reply only; it streams a new reply in its place, and the
     transcript's shown history holds only the new one."""
     page = await open_signed_in(browser, web_app)
@@ -62,7 +65,8 @@ async def test_regenerate_replaces_the_last_reply(browser: Browser, web_app: App
     key = await open_session_key(page)
     regenerate = page.get_by_role("button", name="Regenerate")
     await expect(regenerate).to_have_count(1)
-    await expect(page.locator(".msg.assistant").last.get_by_role("button", name="Regenerate")).to_be_visible()
+    await expect(page.locator(".msg.assistant").last.get_by_role(
+        "button", name="Regenerate")).to_be_visible()
     fake_openai.script(Behaviour(reply="A fresh answer."))
     await regenerate.click()
     await expect(page.locator(".msg.assistant").last).to_contain_text("A fresh answer.")
@@ -88,7 +92,8 @@ async def test_edit_resends_the_last_message(browser: Browser, web_app: App) -> 
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(2)
     key = await open_session_key(page)
     edit = page.locator(".msg.user").last.get_by_role("button", name="Edit", exact=True)
-    await expect(page.get_by_role("button", name="Edit", exact=True)).to_have_count(2)  # any user message
+    # any user message
+    await expect(page.get_by_role("button", name="Edit", exact=True)).to_have_count(2)
     await edit.click()
     box = page.get_by_role("textbox", name="Edit message")
     await expect(box).to_have_value("a tpyo")
@@ -101,5 +106,6 @@ async def test_edit_resends_the_last_message(browser: Browser, web_app: App) -> 
     await expect(page.locator(".msg.assistant").last).to_contain_text("Echo: no typo")
     await expect(page.get_by_text("a tpyo")).to_have_count(0)
     await expect(page.locator(".msg.user")).to_have_count(2)
-    assert await _history(web_app, key) == ["keep this", "Echo: keep this", "no typo", "Echo: no typo"]
+    assert (await _history(web_app, key)
+            == ["keep this", "Echo: keep this", "no typo", "Echo: no typo"])
     assert errors.items == []

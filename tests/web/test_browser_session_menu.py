@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, Dialog, Page, expect  # noqa: E402
 
@@ -26,7 +27,8 @@ from tests.web.test_browser_audit import serious
 def titles_as_sent(fake_openai: FakeOpenAI) -> None:
     """The model titles a session with its first message's words, so the name the page shows
     at once and the one the model sends later are the same (the rows are found by title)."""
-    fake_openai.title_behaviour = Behaviour(reply=lambda messages: title_reply(messages).removeprefix("Chat about "))
+    fake_openai.title_behaviour = Behaviour(
+        reply=lambda messages: title_reply(messages).removeprefix("Chat about "))
 
 
 async def session_titles(app: App) -> list[str]:
@@ -112,7 +114,8 @@ async def test_row_menu_exports_and_deletes(browser: Browser, web_app: App, tmp_
         await menu.get_by_role("button", name="Export as JSON").click()
     await (await json_download.value).save_as(tmp_path / "s.json")
     data = json.loads((tmp_path / "s.json").read_text("utf-8"))
-    assert [m["content"] for m in data["messages"]] == ["Remember the blue door", "Echo: Remember the blue door"]
+    assert [m["content"] for m in data["messages"]] == ["Remember the blue door",
+                                                        "Echo: Remember the blue door"]
 
     asked: list[str] = []
 

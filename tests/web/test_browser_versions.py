@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
+pytest.importorskip("playwright.async_api",
+                    reason="playwright is not installed (pip install -e '.[dev]')")
 
 from playwright.async_api import Browser, expect  # noqa: E402
 
@@ -21,16 +22,19 @@ from tests.web.conftest import PageErrors, new_session, open_signed_in, send
 
 @pytest.fixture
 async def app(config_factory: Callable[..., Config], fake_openai: FakeOpenAI) -> AsyncIterator[App]:
-    """The gateway with the loopback model and no model-written titles (each request is scripted)."""
-    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test", "model": "fake-model",
-                              "timeout_s": 10.0, "max_retries": 0}, chat={"auto_title": False})
+    """The gateway with the loopback model and no model-written titles (each request is
+    scripted)."""
+    cfg = config_factory(llm={"base_url": fake_openai.base_url, "api_key": "sk-test",
+                              "model": "fake-model", "timeout_s": 10.0, "max_retries": 0},
+                         chat={"auto_title": False})
     async with running(cfg) as a:
         yield a
 
 
-async def test_regenerated_reply_versions_are_browsable(browser: Browser, app: App, fake_openai: FakeOpenAI) -> None:
-    """Regenerate shows 2/2 on the reply; ‹ brings back the first reply (1/2), and the next message's
-    prompt holds that first reply, not the regenerated one."""
+async def test_regenerated_reply_versions_are_browsable(browser: Browser, app: App,
+                                                        fake_openai: FakeOpenAI) -> None:
+    """Regenerate shows 2/2 on the reply; ‹ brings back the first reply (1/2), and the next
+    message's prompt holds that first reply, not the regenerated one."""
     page = await open_signed_in(browser, app)
     errors = PageErrors(page)
     await new_session(page)
@@ -49,7 +53,8 @@ async def test_regenerated_reply_versions_are_browsable(browser: Browser, app: A
     await expect(page.locator(".msg.assistant")).to_have_count(1)
     await send(page, "and in winter?")
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(2)
-    sent = [m["content"] for m in fake_openai.chat_requests[-1].json["messages"] if m["role"] != "system"]
+    sent = [m["content"] for m in fake_openai.chat_requests[-1].json["messages"]
+            if m["role"] != "system"]
     assert sent == ["when do owls hunt?", "Owls hunt at night.", "and in winter?"]
     assert errors.items == []
 

@@ -20,7 +20,8 @@ from tests.conftest import TOKEN
 
 def recalld(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("RECALLD_", "OPENAI_")) and k not in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")}
+            if not k.startswith(("RECALLD_", "OPENAI_"))
+            and k not in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")}
     return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True,
                           timeout=60, env={**base, **env}, stdin=subprocess.DEVNULL)
 
@@ -59,9 +60,11 @@ async def test_the_browser_command_line_never_holds_the_token(app: App, tmp_path
     and no browser starts."""
     seen = tmp_path / "argv.txt"
     fake_browser = tmp_path / "browser.sh"
-    fake_browser.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > {seen}.tmp && mv {seen}.tmp {seen}\n')
+    fake_browser.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > {seen}.tmp && mv {seen}.tmp {seen}\n')
     fake_browser.chmod(0o755)
-    env = {"DISPLAY": ":99", "BROWSER": str(fake_browser), "RECALLD_URL": app.url, "RECALLD_TOKEN": TOKEN}
+    env = {"DISPLAY": ":99", "BROWSER": str(fake_browser), "RECALLD_URL": app.url,
+           "RECALLD_TOKEN": TOKEN}
     data = str(tmp_path / "cli")
     printed = await asyncio.to_thread(recalld, "--data-dir", data, "open", "--print", env=env)
     assert printed.returncode == 0, printed.stderr
@@ -92,8 +95,11 @@ def test_without_a_daemon_it_fails_and_opens_nothing(tmp_path: Path) -> None:
 
 
 def test_page_urls_and_display_detection() -> None:
-    """A wss:// gateway gives an https:// page, the code is URL-encoded, and a display is detected per platform."""
-    assert page_url("wss://example.lan:8443/", "a+b/c") == "https://example.lan:8443/#code=a%2Bb%2Fc"
+    """A wss:// gateway gives an https:// page, the code is URL-encoded, and a display is detected
+    per platform."""
+    assert (page_url("wss://example.lan:8443/", "a+b/c")
+            == "https://example.lan:8443/#code=a%2Bb%2Fc")
     assert page_url("ws://[::1]:18789/", None) == "http://[::1]:18789/"
-    assert has_display({}, "linux") is False and has_display({"WAYLAND_DISPLAY": "w"}, "linux") is True
+    assert (has_display({}, "linux") is False
+            and has_display({"WAYLAND_DISPLAY": "w"}, "linux") is True)
     assert has_display({}, "darwin") is True

@@ -22,7 +22,8 @@ from tests.faults.test_abuse import raw_upgrade
 STATIC = Path(__file__).resolve().parents[2] / "gateway" / "web" / "static"
 
 
-async def get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+async def get(port: int, path: str,
+              headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """A plain HTTP GET on loopback: status, headers (lower-case names), body."""
 
     def fetch() -> tuple[int, dict[str, str], bytes]:
@@ -38,7 +39,8 @@ async def get(port: int, path: str, headers: dict[str, str] | None = None) -> tu
 
 
 async def test_page_is_served_at_root_with_security_headers(app: App) -> None:
-    """GET / (no upgrade) answers the page as HTML with the strict CSP, nosniff, no-referrer and no framing."""
+    """GET / (no upgrade) answers the page as HTML with the strict CSP, nosniff, no-referrer and
+    no framing."""
     status, headers, body = await get(app.server.port, "/")
     assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
     assert b'<script type="module" src="/js/main.js">' in body
@@ -78,15 +80,19 @@ async def test_files_have_their_content_types(app: App, path: str, content_type:
 
 
 async def test_etag_answers_304_when_unchanged(app: App) -> None:
-    """A GET with the current ETag in If-None-Match answers 304 with no body; another tag gets 200."""
+    """A GET with the current ETag in If-None-Match answers 304 with no body; another tag
+    gets 200."""
     _, headers, _ = await get(app.server.port, "/js/rpc.js")
-    status, again, body = await get(app.server.port, "/js/rpc.js", {"If-None-Match": headers["etag"]})
+    status, again, body = await get(app.server.port, "/js/rpc.js",
+                                    {"If-None-Match": headers["etag"]})
     assert status == 304 and body == b"" and again["etag"] == headers["etag"]
-    status, _, body = await get(app.server.port, "/js/rpc.js", {"If-None-Match": '"something-else"'})
+    status, _, body = await get(app.server.port, "/js/rpc.js",
+                                {"If-None-Match": '"something-else"'})
     assert status == 200 and body
 
 
-@pytest.mark.parametrize("path", ["/nope.js", "/../pyproject.toml", "/vendor/marked/LICENSE", "/vendor/highlight/LICENSE", "/vendor/katex/LICENSE",
+@pytest.mark.parametrize("path", ["/nope.js", "/../pyproject.toml", "/vendor/marked/LICENSE",
+                                  "/vendor/highlight/LICENSE", "/vendor/katex/LICENSE",
                                   "/static.py",
                                   "/js/", "/%2e%2e/gateway/web/static.py"])
 async def test_unknown_paths_are_404(app: App, path: str) -> None:
@@ -113,8 +119,8 @@ async def test_page_origin_at_any_allowed_host_may_connect(app: App) -> None:
         assert orjson.loads(await ws.recv())["ok"] is True
 
 
-@pytest.mark.parametrize("origin", ["http://evil.example", "https://127.0.0.2:{port}", "http://127.0.0.3:{port}",
-                                    "null"])
+@pytest.mark.parametrize("origin", ["http://evil.example", "https://127.0.0.2:{port}",
+                                    "http://127.0.0.3:{port}", "null"])
 async def test_foreign_origin_is_still_403(app: App, origin: str) -> None:
     """An Origin that is neither loopback's nor exactly http://<the Host header> gets 403."""
     port = app.server.port
@@ -126,7 +132,8 @@ async def test_foreign_origin_is_still_403(app: App, origin: str) -> None:
 
 
 def test_vendored_files_match_their_recorded_hashes() -> None:
-    """Each vendored library file's sha256 is the one vendor/README.md records, and its licence is beside it."""
+    """Each vendored library file's sha256 is the one vendor/README.md records, and its licence is
+    beside it."""
     readme = (STATIC / "vendor" / "README.md").read_text(encoding="utf-8")
     for rel in ("marked/marked.esm.js", "dompurify/purify.es.mjs", "highlight/highlight.min.js",
                 "katex/katex.min.js"):
@@ -136,7 +143,8 @@ def test_vendored_files_match_their_recorded_hashes() -> None:
 
 
 def test_site_serves_every_file_the_page_references() -> None:
-    """Every /path the page, its modules and the manifest name is in the served table (no 404 at run time)."""
+    """Every /path the page, its modules and the manifest name is in the served table (no 404 at
+    run time)."""
     site = StaticSite.from_package()
     texts = [(STATIC / "index.html").read_text(), (STATIC / "manifest.webmanifest").read_text()]
     texts += [p.read_text() for p in (STATIC / "js").glob("*.js")]

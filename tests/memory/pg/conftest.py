@@ -61,14 +61,16 @@ def add_session(dsn: str, user: str, name: str, messages: Iterable[str | tuple[s
             store.create(user, title=name, created_at=ts(start_minute), memory=memory)
         for i, item in enumerate(messages):
             role, text = item if isinstance(item, tuple) else (("user", "assistant")[i % 2], item)
-            store.append_message(user, key_of(name), role=role, content=text, ts=ts(start_minute + i))
+            store.append_message(user, key_of(name), role=role, content=text,
+                                 ts=ts(start_minute + i))
 
 
 def chunk_rows(dsn: str, name: str | None = None) -> list[tuple[str, int, str, int, int]]:
     """(session's test name, chunk_idx, content, line_start, line_end) of every chunk, in order."""
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            "SELECT session_key, chunk_idx, content, line_start, line_end FROM recalld_memory_chunks "
+            "SELECT session_key, chunk_idx, content, line_start, line_end "
+            "FROM recalld_memory_chunks "
             "WHERE %(key)s::text IS NULL OR session_key = %(key)s ORDER BY session_key, chunk_idx",
             {"key": key_of(name) if name is not None else None}).fetchall()
     return [(name_for(str(a)), int(b), str(c), int(d), int(e)) for a, b, c, d, e in rows]

@@ -28,14 +28,16 @@ async def test_fact_versions_dedup_and_delete(pool: Pool) -> None:
     version, history shows every version, and delete removes them all."""
     facts = store()
     async with pool.connection() as db:
-        first = await facts.save(db, FactDraft("alice", "Luna is 3.", "model", vector=[1.0, 0.0], vector_model="m"))
+        first = await facts.save(db, FactDraft("alice", "Luna is 3.", "model", vector=[1.0, 0.0],
+                                               vector_model="m"))
         assert first.action == "added"
         again = await facts.save(db, FactDraft("alice", "luna  is 3", "user"))
         assert (again.action, again.fact.id) == ("unchanged", first.fact.id)
-        close = await facts.save(db, FactDraft("alice", "Luna is three", "model", vector=[0.99, 0.05],
-                                               vector_model="m"))
+        close = await facts.save(db, FactDraft("alice", "Luna is three", "model",
+                                               vector=[0.99, 0.05], vector_model="m"))
         assert close.action == "updated" and close.previous_id == first.fact.id
-        fixed = await facts.save(db, FactDraft("alice", "Luna is 4", "user", replaces=close.fact.id))
+        fixed = await facts.save(db, FactDraft("alice", "Luna is 4", "user",
+                                               replaces=close.fact.id))
         assert fixed.action == "replaced"
         with pytest.raises(InvalidFact):
             await facts.save(db, FactDraft("alice", "Luna is 5", "user", replaces=close.fact.id))
@@ -70,8 +72,10 @@ async def test_episodes_and_their_queue(pool: Pool) -> None:
     episodes = PgEpisodeStore()
     moment = datetime(2026, 11, 22, 10, tzinfo=UTC)
     async with pool.connection() as db:
-        first = await episodes.insert(db, EpisodeDraft("alice", "k1", "Planned the garden.", "garden", moment, 1000))
-        merged = await episodes.merge(db, first.id, EpisodeDraft("alice", "k1", "Planned and planted the garden.",
+        first = await episodes.insert(db, EpisodeDraft("alice", "k1", "Planned the garden.",
+                                                       "garden", moment, 1000))
+        merged = await episodes.merge(db, first.id, EpisodeDraft("alice", "k1",
+                                                                 "Planned and planted the garden.",
                                                                  "garden", moment, 2000))
         assert (merged.merges, merged.covered_ms, merged.week) == (1, 2000, "2026-W47")
         assert [e.id for e in await episodes.page(db, "alice", limit=5, before=None)] == [first.id]

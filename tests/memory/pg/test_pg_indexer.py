@@ -40,7 +40,8 @@ def indexer(pool: Pool, embedder: Any = None) -> PgIndexer:
     return PgIndexer(pool, CONFIG, EmbeddingPipeline(embedder) if embedder is not None else None)
 
 
-async def sqlite_chunks(tmp_path: Path, messages: list[list[str]]) -> list[tuple[int, str, int, int]]:
+async def sqlite_chunks(tmp_path: Path,
+                        messages: list[list[str]]) -> list[tuple[int, str, int, int]]:
     """The chunks the SQLite path makes of the same messages, appended in the same steps."""
     path = write_transcript(tmp_path, "alice", "s1", messages[0])
     async with opened(tmp_path, CONFIG, None) as svc:
@@ -49,7 +50,8 @@ async def sqlite_chunks(tmp_path: Path, messages: list[list[str]]) -> list[tuple
             await svc.sync_now()
     db = apsw.Connection(str(tmp_path / "memory.db"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        rows = list(db.execute("SELECT chunk_idx, content, line_start, line_end FROM chunks ORDER BY chunk_idx"))
+        rows = list(db.execute("SELECT chunk_idx, content, line_start, line_end FROM chunks "
+                               "ORDER BY chunk_idx"))
     finally:
         db.close()
     return [(int(a), str(b), int(c), int(d)) for a, b, c, d in rows]
@@ -87,7 +89,8 @@ async def test_two_nodes_share_the_work_and_embed_each_text_once(pg_index: str) 
     texts = a.texts + b.texts
     assert len(texts) == len(set(texts))
     with psycopg.connect(pg_index) as conn:
-        distinct = conn.execute("SELECT count(DISTINCT content) FROM recalld_memory_chunks").fetchone()
+        distinct = conn.execute(
+            "SELECT count(DISTINCT content) FROM recalld_memory_chunks").fetchone()
         cache = conn.execute("SELECT count(*) FROM recalld_memory_embedding_cache").fetchone()
     assert distinct is not None and cache is not None
     assert len(texts) == distinct[0] == cache[0] == 13
@@ -116,7 +119,8 @@ async def test_deleted_incognito_and_purged_leave_no_chunks(pg_index: str, pool:
     with sessions_store(pg_index) as store:
         store.delete("alice", key_of("gone"))
         # the second message, said at minute 1
-        assert store.purge_messages("alice", key_of("purged"), after=parse_ts(ts(0.5)), before=parse_ts(ts(1.5))) == 1
+        assert store.purge_messages("alice", key_of("purged"), after=parse_ts(ts(0.5)),
+                                    before=parse_ts(ts(1.5))) == 1
     await indexer(pool).run_once()
     rows = chunk_rows(pg_index)
     assert {k for k, *_ in rows} == {"purged"}
@@ -129,7 +133,8 @@ async def test_a_session_is_claimed_again_only_when_it_changes(pg_index: str, po
     with its rows; the next append is claimed once."""
     add_session(pg_index, "alice", "k1", ["first words"])
     with psycopg.connect(pg_index, autocommit=True) as conn:
-        conn.execute("UPDATE recalld_sessions SET message_count = 7 WHERE session_key = %s", (key_of("k1"),))
+        conn.execute("UPDATE recalld_sessions SET message_count = 7 WHERE session_key = %s",
+                     (key_of("k1"),))
     assert (await indexer(pool).run_once()).sessions == 1
     assert (await indexer(pool).run_once()).sessions == 0
     add_session(pg_index, "alice", "k1", ["more words"], start_minute=1, create=False)
@@ -165,7 +170,8 @@ async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, poo
     add_session(pg_index, "alice", "s1", MORE, start_minute=10, create=False)
     with sessions_store(pg_index) as store:
         store.delete("alice", key_of("s2"))
-        assert store.purge_messages("alice", key_of("s3"), after=parse_ts(ts(0.5)), before=parse_ts(ts(1.5))) == 1
+        assert store.purge_messages("alice", key_of("s3"), after=parse_ts(ts(0.5)),
+                                    before=parse_ts(ts(1.5))) == 1
     await indexer(pool).run_once()
     with psycopg.connect(pg_index, autocommit=True) as conn:
         conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = %s", (key_of("s4"),))

@@ -21,8 +21,9 @@ from tests.memory.pg.conftest import add_session, chunk_rows, key_of
 Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
 CONFIG = quiet_config(chunk_tokens=40, overlap_tokens=10)
-TALK = ["We sailed to the island at dawn.", "Was the sea calm?", "Calm until noon, then a squall came in.",
-        "Did you reef the main?", "Twice, and the jib came down too."]
+TALK = ["We sailed to the island at dawn.", "Was the sea calm?",
+        "Calm until noon, then a squall came in.", "Did you reef the main?",
+        "Twice, and the jib came down too."]
 
 
 class Recording(PgIndexer):
@@ -42,7 +43,8 @@ class Recording(PgIndexer):
             self.backends.append(conn.info.backend_pid)
         return wrote
 
-    async def _write_cuts(self, conn: AsyncConnection[TupleRow], cuts: Sequence[Any], report: Any) -> None:
+    async def _write_cuts(self, conn: AsyncConnection[TupleRow], cuts: Sequence[Any],
+                          report: Any) -> None:
         await super()._write_cuts(conn, cuts, report)
         self._batches += 1
         if self._batches == self.fail_batch:
@@ -60,10 +62,13 @@ def _state(dsn: str) -> dict[str, Any]:
     with psycopg.connect(dsn) as conn:
         progress = {str(k): int(s) for k, s in conn.execute(
             "SELECT session_key, indexed_seq FROM recalld_memory_progress").fetchall()}
-        chunked = {str(k) for (k,) in conn.execute("SELECT DISTINCT session_key FROM recalld_memory_chunks")}
+        chunked = {str(k) for (k,) in conn.execute(
+            "SELECT DISTINCT session_key FROM recalld_memory_chunks")}
         totals = conn.execute(
-            "SELECT (SELECT sum(n_chunks) FROM recalld_memory_corpus), (SELECT count(*) FROM recalld_memory_chunks),"
-            " (SELECT count(*) FROM recalld_memory_postings), (SELECT sum(length(tsv)) FROM recalld_memory_chunks)"
+            "SELECT (SELECT sum(n_chunks) FROM recalld_memory_corpus),"
+            " (SELECT count(*) FROM recalld_memory_chunks),"
+            " (SELECT count(*) FROM recalld_memory_postings),"
+            " (SELECT sum(length(tsv)) FROM recalld_memory_chunks)"
         ).fetchone()
     assert totals is not None
     return {"progress": progress, "chunked": chunked, "totals": [int(t or 0) for t in totals]}
@@ -104,7 +109,8 @@ async def test_a_pass_of_a_few_sessions_uses_one_connection(pg_index: str, pool:
     assert len(few.backends) == 1
 
 
-async def test_a_failed_batch_is_undone_whole_and_stops_the_other_claimer(pg_index: str, pool: Pool) -> None:
+async def test_a_failed_batch_is_undone_whole_and_stops_the_other_claimer(pg_index: str,
+                                                                           pool: Pool) -> None:
     """A claimer's error rolls its batch back entirely (no chunk, posting or progress of its
     sessions), the other claimer stops, the error comes out as it was raised, and the next pass
     indexes what is left."""
@@ -133,10 +139,12 @@ async def test_every_character_survives_the_json_rows(pg_index: str, pool: Pool)
     add_session(pg_index, "alice", "odd", odd)
     await PgIndexer(pool, quiet_config(), None).run_once()
     with psycopg.connect(pg_index) as conn:
-        rows = conn.execute("SELECT content, doc_len, tsv::text, start_ms, end_ms FROM recalld_memory_chunks").fetchall()
+        rows = conn.execute("SELECT content, doc_len, tsv::text, start_ms, end_ms "
+                            "FROM recalld_memory_chunks").fetchall()
         assert len(rows) == 1
         content, doc_len, tsv, start_ms, end_ms = rows[0]
-        expected = conn.execute(f"SELECT to_tsvector('{TS_CONFIG}', %s)::text", (fts_text(content),)).fetchone()
+        expected = conn.execute(f"SELECT to_tsvector('{TS_CONFIG}', %s)::text",
+                                (fts_text(content),)).fetchone()
     assert expected is not None
     assert all(text in content for text in odd)
     assert fts_text(content) != content and tsv == expected[0] and "東" in tsv

@@ -35,7 +35,8 @@ def draft(key: str, text: str, theme: str) -> EpisodeDraft:
     return EpisodeDraft("alice", key, text, theme, datetime.now(UTC), int(time.time() * 1000))
 
 
-async def test_one_context_call_gives_chunks_facts_and_episodes(pg_index: str, node: PgMemory) -> None:
+async def test_one_context_call_gives_chunks_facts_and_episodes(pg_index: str,
+                                                                node: PgMemory) -> None:
     """A run's context on PostgreSQL: chunks recalled from the user's other sessions (never the
     current one), the related fact and the matching episode, each by memory's own rules."""
     memory: Memory = node  # mypy: PgMemory is the Protocol the gateway depends on
@@ -44,7 +45,8 @@ async def test_one_context_call_gives_chunks_facts_and_episodes(pg_index: str, n
     await memory.sync_now()
     await memory.facts.add("alice", "The user's favourite language is Rust", source="user")
     await memory.facts.add("alice", "The user has two cats", source="user")
-    await memory.episodes.write(draft(session_key("old"), "Talked about Rust, the favourite language.",
+    await memory.episodes.write(draft(session_key("old"),
+                                      "Talked about Rust, the favourite language.",
                                       "rust language"), None)
     run = RunMemory(recall=True, facts="block", episodes=True)
     context = await memory.context("alice", "which language is my favourite", run, k=5,
@@ -64,7 +66,8 @@ async def test_facts_dedup_and_forget_derived(node: PgMemory) -> None:
     again = await node.facts.add("alice", "Lives  in Lisbon", source="user")
     assert (first.action, again.action, again.fact.id) == ("added", "unchanged", first.fact.id)
     fixed = await node.facts.update("alice", first.fact.id, "Lives in Porto")
-    assert [f.text for f in await node.facts.history("alice", fixed.fact.id)] == ["Lives in Lisbon", "Lives in Porto"]
+    assert [f.text for f in await node.facts.history("alice", fixed.fact.id)] == ["Lives in Lisbon",
+                                                                                  "Lives in Porto"]
     key = session_key("chat")
     await node.facts.add("alice", "Plays the cello", source="model", session_key=key)
     removed = await node.forget(ForgetRange("alice", session_key=key), record=False)
@@ -79,10 +82,12 @@ async def test_status_has_the_gateways_keys(pg_index: str, node: PgMemory) -> No
     await node.sync_now()
     whole, mine = await node.status(), await node.status("alice")
     declared = set(StatusReply.__annotations__)
-    assert set(mine) == declared - {"cacheEntries", "skippedFiles", "dbBytes", "dbPath"}  # the whole index's
+    # the whole index's
+    assert set(mine) == declared - {"cacheEntries", "skippedFiles", "dbBytes", "dbPath"}
     assert set(mine) < set(whole) <= declared
     assert (whole["files"], whole["chunks"], whole["pending"], whole["syncCount"]) == (1, 1, 0, 1)
-    assert whole["vectorBackend"]["available"] and whole["vectorBackend"]["reason"].startswith("pgvector")
+    assert (whole["vectorBackend"]["available"]
+            and whole["vectorBackend"]["reason"].startswith("pgvector"))
     assert whole["dbBytes"] > 0 and "dbPath" not in whole
 
 
@@ -98,7 +103,8 @@ async def test_retention_sweeps_chunks_facts_and_episodes(pg_index: str, node: P
     assert await node.sweep_retention(later) == {"chunks": 1, "facts": 1, "episodes": 1}
 
 
-async def test_an_episode_job_is_claimed_by_one_node(pg_index: str, node: PgMemory, tmp_path: Path) -> None:
+async def test_an_episode_job_is_claimed_by_one_node(pg_index: str, node: PgMemory,
+                                                     tmp_path: Path) -> None:
     """A due job handed to one node is not handed to another until it is done or failed."""
     other = await PgMemory.open(pg_index, quiet_config(), None, data_dir=tmp_path)
     try:
@@ -106,7 +112,8 @@ async def test_an_episode_job_is_claimed_by_one_node(pg_index: str, node: PgMemo
         jobs = await node.episodes.due()
         assert [j.session_key for j in jobs] == [session_key("k1")]
         assert await other.episodes.due() == [] and await node.episodes.due() == []
-        assert await node.episodes.job_failed(jobs[0], "model down", retry_s=0, max_attempts=3) is False
+        assert await node.episodes.job_failed(jobs[0], "model down", retry_s=0,
+                                              max_attempts=3) is False
         assert [j.attempts for j in await other.episodes.due()] == [1]
     finally:
         await other.close()
@@ -114,7 +121,8 @@ async def test_an_episode_job_is_claimed_by_one_node(pg_index: str, node: PgMemo
 
 async def test_no_embedder_searches_keywords(pg_index: str, tmp_path: Path) -> None:
     """Without an embedder, recall and facts still answer (keyword only)."""
-    node = await PgMemory.open(pg_index, quiet_config(), None, data_dir=tmp_path, embedder_reason="off")
+    node = await PgMemory.open(pg_index, quiet_config(), None, data_dir=tmp_path,
+                               embedder_reason="off")
     try:
         add_session(pg_index, "alice", "k1", ["the garden gate is green"])
         await node.sync_now()

@@ -37,7 +37,9 @@ def test_nodes_migrating_an_empty_database_together_all_succeed(pg_dsn: str) -> 
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(name for names in applied for name in names) == sorted(name for name, _ in MIGRATIONS)
+    assert (sorted(name for names in applied for name in names)
+            == sorted(name for name, _ in MIGRATIONS))
     with psycopg.connect(pg_dsn) as conn:
-        rows = conn.execute("SELECT name, count(*) FROM recalld_memory_migrations GROUP BY name").fetchall()
+        rows = conn.execute(
+            "SELECT name, count(*) FROM recalld_memory_migrations GROUP BY name").fetchall()
     assert dict(rows) == {name: 1 for name, _ in MIGRATIONS}

@@ -40,9 +40,11 @@ WORK = ["the quarterly report is due on friday", "the report needs the sales fig
 
 
 async def indexed(pg_index: str, pool: Pool, config: MemoryConfig = CONFIG) -> FakeEmbedder:
-    for name, messages, minute in (("garden", GARDEN, 0), ("travel", TRAVEL, 600), ("work", WORK, 1200)):
+    for name, messages, minute in (("garden", GARDEN, 0), ("travel", TRAVEL, 600),
+                                   ("work", WORK, 1200)):
         add_session(pg_index, "alice", session_key(name), messages, start_minute=minute)
-    add_session(pg_index, "bob", session_key("bob"), ["tomatoes and basil and the coast"], start_minute=0)
+    add_session(pg_index, "bob", session_key("bob"), ["tomatoes and basil and the coast"],
+                start_minute=0)
     embedder = FakeEmbedder()
     await PgIndexer(pool, config, EmbeddingPipeline(embedder)).run_once()
     return embedder
@@ -50,8 +52,8 @@ async def indexed(pg_index: str, pool: Pool, config: MemoryConfig = CONFIG) -> F
 
 async def run(pool: Pool, query: str, mode: str, config: MemoryConfig = CONFIG, leg: Any = "hnsw",
               **filters: Any) -> list[SearchHit]:
-    request = SearchRequest.build(config, filters.pop("user", "alice"), query, k=filters.pop("k", 10),
-                                  mode=mode, **filters)
+    request = SearchRequest.build(config, filters.pop("user", "alice"), query,
+                                  k=filters.pop("k", 10), mode=mode, **filters)
     vector = fake_vector(request.query, 64) if mode != "keyword" else None
     return await PgSearch(pool, config, vector_leg=leg).search(request, query_vector=vector,
                                                                keyword=mode != "vector")
@@ -62,11 +64,13 @@ async def test_keyword_leg_ranks_as_fts5_bm25(tmp_path: Path, pg_index: str, poo
                                              common: tuple[float, int] | None) -> None:
     """On the same messages, the keyword leg returns the chunks the SQLite index returns, in the
     same order and with the same normalised scores (BM25 with FTS5's constants and statistics),
-    also when words common in the index are left out (a share and floor small enough to act here)."""
+    also when words common in the index are left out (a share and floor small enough to
+    act here)."""
     config = CONFIG if common is None else replace(CONFIG, keyword_common_share=common[0],
                                                     keyword_common_min_chunks=common[1])
     await indexed(pg_index, pool, config)
-    for name, messages, minute in (("garden", GARDEN, 0), ("travel", TRAVEL, 600), ("work", WORK, 1200)):
+    for name, messages, minute in (("garden", GARDEN, 0), ("travel", TRAVEL, 600),
+                                   ("work", WORK, 1200)):
         write_transcript(tmp_path, "alice", name, messages, start_minute=minute)
     write_transcript(tmp_path, "bob", "bob", ["tomatoes and basil and the coast"])
     changed = False
@@ -75,9 +79,11 @@ async def test_keyword_leg_ranks_as_fts5_bm25(tmp_path: Path, pg_index: str, poo
                       "tomatoes water", "tomatoes coast basil"):
             expected = (await svc.search("alice", query, mode="keyword", k=10)).results
             got = await run(pool, query, "keyword", config)
-            changed |= [h.score for h in got] != [h.score for h in await run(pool, query, "keyword")]
+            changed |= ([h.score for h in got]
+                        != [h.score for h in await run(pool, query, "keyword")])
             assert [h.content for h in got] == [h.content for h in expected], query
-            assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-9), query
+            assert [h.score for h in got] == pytest.approx([h.score for h in expected],
+                                                           abs=1e-9), query
     assert changed == (common is not None)  # the small share did leave words out
 
 
@@ -93,7 +99,8 @@ async def test_hybrid_statement_fuses_as_fuse_does(pg_index: str, pool: Pool, fu
         expected = fuse(_raw(keyword, "keyword"), _raw(vector, "vector"), config)
         hybrid = await run(pool, query, "hybrid", config, k=50)
         assert [h.chunk_id for h in hybrid] == [f.chunk_id for f in expected], query
-        assert [h.score for h in hybrid] == pytest.approx([f.score for f in expected], abs=1e-9), query
+        assert [h.score for h in hybrid] == pytest.approx([f.score for f in expected],
+                                                          abs=1e-9), query
         assert [(h.keyword_rank, h.vector_rank) for h in hybrid] == [
             (f.keyword_rank, f.vector_rank) for f in expected], query
 
@@ -111,10 +118,12 @@ async def test_filters_apply_in_every_mode(pg_index: str, pool: Pool, mode: str)
     """User, session, excluded session and time range narrow every mode."""
     await indexed(pg_index, pool)
     everything = await run(pool, "tomatoes coast report", mode)
-    assert {h.session_key for h in everything} == {session_key(n) for n in ("garden", "travel", "work")}
+    assert ({h.session_key for h in everything}
+            == {session_key(n) for n in ("garden", "travel", "work")})
     only = await run(pool, "tomatoes coast report", mode, session_key=session_key("travel"))
     assert only and {h.session_key for h in only} == {session_key("travel")}
-    without = await run(pool, "tomatoes coast report", mode, exclude_session_key=session_key("travel"))
+    without = await run(pool, "tomatoes coast report", mode,
+                        exclude_session_key=session_key("travel"))
     assert without and session_key("travel") not in {h.session_key for h in without}
     window = await run(pool, "tomatoes coast report", mode, after="2026-11-23T05:00:00Z",
                        before="2026-11-23T07:00:00Z")
@@ -130,4 +139,5 @@ async def test_hnsw_and_bit_legs_agree_on_a_small_corpus(pg_index: str, pool: Po
     for query in ("tomatoes", "the report", "a train to the coast"):
         hnsw = await run(pool, query, "vector", leg="hnsw")
         bit = await run(pool, query, "vector", leg="bit")
-        assert [(h.chunk_id, h.similarity) for h in hnsw] == [(h.chunk_id, h.similarity) for h in bit]
+        assert ([(h.chunk_id, h.similarity) for h in hnsw]
+                == [(h.chunk_id, h.similarity) for h in bit])

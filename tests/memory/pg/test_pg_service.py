@@ -23,10 +23,12 @@ async def found(node: PgMemory, query: str, **kwargs: Any) -> list[str]:
     return []
 
 
-async def test_appends_through_another_node_are_indexed_without_a_call(pg_index: str, tmp_path: Path) -> None:
+async def test_appends_through_another_node_are_indexed_without_a_call(pg_index: str,
+                                                                       tmp_path: Path) -> None:
     """A message committed anywhere wakes this node's loop (NOTIFY), which indexes it: the
     search finds it with no sync call; status counts it."""
-    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), FakeEmbedder(), data_dir=tmp_path, poll_s=60)
+    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), FakeEmbedder(),
+                               data_dir=tmp_path, poll_s=60)
     await node.start()
     try:
         for _ in range(200):  # the catch-up pass is over: what follows is found through NOTIFY
@@ -57,8 +59,8 @@ async def test_forget_and_full_reindex(pg_index: str, tmp_path: Path) -> None:
         add_session(pg_index, "alice", "k1", ["the garden gate is green"])
         add_session(pg_index, "alice", "k2", ["the kitchen door is red"])
         await node.sync_now()
-        assert await node.forget(ForgetRange("alice", session_key=key_of("k1")), record=True) == {"chunks": 1, "facts": 0,
-                                                                                          "episodes": 0}
+        assert (await node.forget(ForgetRange("alice", session_key=key_of("k1")), record=True)
+                == {"chunks": 1, "facts": 0, "episodes": 0})
         embedded = len(embedder.texts)
         await node.reindex(full=True)
         await node.sync_now()
@@ -86,11 +88,13 @@ class _CancelTurnedIntoError(FakeEmbedder):
         raise AssertionError("unreachable")
 
 
-async def test_close_finishes_when_the_cancelled_loop_ends_with_another_error(pg_index: str, tmp_path: Path) -> None:
+async def test_close_finishes_when_the_cancelled_loop_ends_with_another_error(
+        pg_index: str, tmp_path: Path) -> None:
     """Closing a node whose indexing loop answers the cancel with an error of its own (not
     CancelledError) still stops the loop and closes the pool, without raising."""
     embedder = _CancelTurnedIntoError()
-    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), embedder, data_dir=tmp_path, poll_s=60)
+    node = await PgMemory.open(pg_index, quiet_config(debounce_ms=0), embedder, data_dir=tmp_path,
+                               poll_s=60)
     add_session(pg_index, "alice", "k1", ["the loop is embedding this when the node closes"])
     await node.start()
     await asyncio.wait_for(embedder.entered.wait(), 30)
@@ -114,20 +118,22 @@ async def test_a_delete_aborted_as_a_deadlock_is_retried(pg_index: str, tmp_path
         first_attempt_deadlocks = (
             "DO $$ BEGIN IF nextval('test_delete_attempts') = 1 THEN "
             "RAISE EXCEPTION 'simulated' USING ERRCODE = 'deadlock_detected'; END IF; END $$")
-        deleted = await node._delete_chunks("user_id = %(user)s", {"user": "alice"}, first=first_attempt_deadlocks)
+        deleted = await node._delete_chunks("user_id = %(user)s", {"user": "alice"},
+                                            first=first_attempt_deadlocks)
         assert deleted == 1 and chunk_rows(pg_index) == []
     finally:
         await node.close()
 
 
-async def test_recall_widens_a_hit_by_its_neighbours_on_postgres(pg_index: str, tmp_path: Path) -> None:
+async def test_recall_widens_a_hit_by_its_neighbours_on_postgres(pg_index: str,
+                                                                 tmp_path: Path) -> None:
     """PgMemory.recall, like MemoryService's, brings the message before and after a hit from
     the chunks table when the budget has room."""
     from tests.memory.test_neighbours import MESSAGES
 
     add_session(pg_index, "alice", "zoo", MESSAGES)
-    node = await PgMemory.open(pg_index, quiet_config(chunk_tokens=32, overlap_tokens=0), FakeEmbedder(),
-                               data_dir=tmp_path)
+    node = await PgMemory.open(pg_index, quiet_config(chunk_tokens=32, overlap_tokens=0),
+                               FakeEmbedder(), data_dir=tmp_path)
     try:
         await node.sync_now()
         recalled = await node.recall("alice", "Rottnest island", k=1)
