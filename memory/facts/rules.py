@@ -17,6 +17,7 @@ import unicodedata
 from array import array
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from memory.errors import InvalidFact
 from memory.facts.values import Action, Fact, FactChange
@@ -31,6 +32,7 @@ __all__ = [
     "text_hash",
     "vector_blob",
     "vector_of",
+    "with_vectors",
 ]
 
 _SPACE = re.compile(r"\s+")
@@ -131,3 +133,15 @@ def vector_blob(vector: Sequence[float] | None) -> bytes | None:
 
 def vector_of(blob: bytes) -> list[float]:
     return list(array("f", bytes(blob)))
+
+
+def with_vectors(rows: Iterable[Sequence[Any]],
+                 vector_model: str | None) -> list[tuple[Fact, list[float] | None]]:
+    """Fact rows read with their ``vector, vector_model`` columns last (both stores' query):
+    each fact with its vector when ``vector_model`` made it, else None."""
+    out: list[tuple[Fact, list[float] | None]] = []
+    for row in rows:
+        vec = (vector_of(row[12]) if row[12] is not None and vector_model
+               and row[13] == vector_model else None)
+        out.append((Fact.from_row(row), vec))
+    return out

@@ -28,7 +28,7 @@ from memory.facts.rules import (
     saved,
     text_hash,
     vector_blob,
-    vector_of,
+    with_vectors,
 )
 from memory.facts.values import Fact, FactChange, FactDraft
 
@@ -79,12 +79,7 @@ class PgFactStore(FactRules):
         rows = await (await db.execute(
             f"SELECT {_COLUMNS}, vector, vector_model FROM recalld_memory_facts WHERE user_id = %s "
             "AND active ORDER BY id", (user,))).fetchall()
-        out: list[tuple[Fact, list[float] | None]] = []
-        for row in rows:
-            vec = (vector_of(row[12]) if row[12] is not None and vector_model
-                   and row[13] == vector_model else None)
-            out.append((Fact.from_row(row), vec))
-        return out
+        return with_vectors(rows, vector_model)
 
     # -- writes --------------------------------------------------------------------------
 

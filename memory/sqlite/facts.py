@@ -29,7 +29,7 @@ from memory.facts.rules import (
     saved,
     text_hash,
     vector_blob,
-    vector_of,
+    with_vectors,
 )
 from memory.facts.values import Action, Fact, FactChange, FactDraft
 
@@ -74,12 +74,7 @@ class FactStore(FactRules):
         """The user's active facts, each with its vector when it was made by ``vector_model``."""
         rows = db.execute(f"SELECT {_COLUMNS}, vector, vector_model FROM facts WHERE user = ? "
                           "AND active = 1 ORDER BY id", (user,))
-        out: list[tuple[Fact, list[float] | None]] = []
-        for row in rows:
-            vec = (vector_of(row[12]) if row[12] is not None and vector_model
-                   and row[13] == vector_model else None)
-            out.append((Fact.from_row(row), vec))
-        return out
+        return with_vectors(rows, vector_model)
 
     # -- writes --------------------------------------------------------------------------
 
