@@ -9,7 +9,6 @@ the time from the database's return to the first successful chat.send; health/re
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import shlex
 import statistics
@@ -23,17 +22,12 @@ from typing import Any
 from gateway.app import start_app
 from gateway.client import Client, RpcError
 from testkit.fake_openai import FakeOpenAI
-from testkit.gateway import TOKEN, make_config
+from testkit.gateway import TOKEN, http_get, make_config
 from testkit.postgres import start_postgres
 
 
 def status(port: int, path: str) -> int:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        c.request("GET", path)
-        return c.getresponse().status
-    finally:
-        c.close()
+    return http_get(port, path)[0]
 
 
 async def main(down_s: float) -> None:

@@ -5,6 +5,7 @@ with the gateway. The tests' fixtures and the benchmarks are built on the same h
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import signal
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 from gateway.app import App, start_app
 from gateway.config import Config, load
 
-__all__ = ["TOKEN", "gateway_child", "gateway_config", "gateway_process", "make_config",
+__all__ = ["TOKEN", "gateway_child", "gateway_config", "gateway_process", "http_get", "make_config",
            "running_gateway"]
 
 TOKEN = "test-token-0123456789abcdef"
@@ -110,3 +111,15 @@ async def gateway_child(data_dir: Path, env: dict[str, str], wrapper: Sequence[s
             await proc.wait()
         if "drain" in locals():
             await drain
+
+
+def http_get(port: int, path: str, headers: dict[str, str] | None = None, *,
+             timeout_s: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """A plain HTTP GET on loopback (blocking): status, headers (lower-case names), body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()

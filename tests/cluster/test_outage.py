@@ -6,7 +6,6 @@ lost. The test stops and starts a PostgreSQL of its own: the session's is shared
 from __future__ import annotations
 
 import asyncio
-import http.client
 import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -23,6 +22,7 @@ from gateway.config import Config
 from gateway.errors import to_error_object
 from memory import MemoryStorageError
 from sessions import StorageError
+from testkit.gateway import http_get
 from testkit.postgres import PostgresServer, PostgresUnavailable, start_postgres
 from tests.conftest import TOKEN
 from tests.fake_openai import FakeOpenAI
@@ -76,12 +76,7 @@ async def pg_app(own_postgres: Outage, config_factory: Callable[..., Config],
 
 
 def http_status(port: int, path: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().status
-    finally:
-        conn.close()
+    return http_get(port, path)[0]
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 30) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import http.client
 import re
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from gateway.app import App
 from gateway.web import CSP, StaticSite
+from testkit.gateway import http_get
 from tests.conftest import TOKEN
 from tests.faults.test_abuse import raw_upgrade
 
@@ -24,18 +24,8 @@ STATIC = Path(__file__).resolve().parents[2] / "gateway" / "web" / "static"
 
 async def get(port: int, path: str,
               headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    """A plain HTTP GET on loopback: status, headers (lower-case names), body."""
-
-    def fetch() -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        try:
-            conn.request("GET", path, headers=headers or {})
-            resp = conn.getresponse()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-        finally:
-            conn.close()
-
-    return await asyncio.to_thread(fetch)
+    """A plain HTTP GET on loopback, off the loop: status, headers (lower-case names), body."""
+    return await asyncio.to_thread(http_get, port, path, headers, timeout_s=5)
 
 
 async def test_page_is_served_at_root_with_security_headers(app: App) -> None:
