@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from gateway.cluster import ClusterNode
 
 __all__ = ["BACKENDS", "Backend", "backend_of", "close_memory", "close_store",
-           "effective_memory_config", "join_cluster", "open_memory", "open_store", "page_capped"]
+           "effective_memory_config", "open_memory", "open_store", "page_capped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +140,6 @@ def open_store(config: Config, file_io: FileIO | None) -> SessionStoreLike:
 
 async def close_store(store: SessionStoreLike) -> None:
     await asyncio.to_thread(store.close)
-
-
-async def join_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:
-    """This node's place among the others on its backend's database; the backend must have one."""
-    joins = backend_of(config).join_cluster
-    if joins is None:
-        raise ValueError(
-            f"storage.backend = {config.storage.backend!r} runs one node: no cluster to join")
-    return await joins(config, store)
 
 
 async def _join_pg_cluster(config: Config, store: SessionStoreLike) -> ClusterNode:

@@ -46,7 +46,7 @@ from .facts import (
 from .facts import Action as FactAction
 from .facts import normalise as normalise_fact
 from .forget_range import ForgetRange
-from .off import MEMORY_OFF_REASON, MemoryOff
+from .off import MemoryOff
 from .protocols import EpisodesMemory, FactsMemory, Memory
 from .reports import SyncProgress, SyncReport
 from .retrieval.excerpts import drop_shown
@@ -99,7 +99,6 @@ __all__ = [
     "Memory",
     "MemoryService",
     "MemoryOff",
-    "MEMORY_OFF_REASON",
     "FactsMemory",
     "EpisodesMemory",
     "MemoryStorageError",

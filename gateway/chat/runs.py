@@ -80,9 +80,8 @@ class ChatRuns:
         self.files: AttachmentFiles | None = found if isinstance(found, AttachmentFiles) else None
         self.bounds = ModelBounds(models, max_temperature, max_tokens_limit, vision_models)
         # Other nodes on one database (gateway.chat.gate); a node alone has the LoneGate.
-        self.gate: RunGate = gate if gate is not None else LoneGate()
-        self.admission = Admission(config, self.gate, max_runs=max_runs,
-                                   max_runs_per_user=max_runs_per_user)
+        self.admission = Admission(config, gate if gate is not None else LoneGate(),
+                                   max_runs=max_runs, max_runs_per_user=max_runs_per_user)
         self.default_model = default_model
         self.store = store
         self.hub = hub
@@ -106,6 +105,11 @@ class ChatRuns:
     @model.setter
     def model(self, model: ChatModel | None) -> None:
         self.executor.model = model
+
+    @property
+    def gate(self) -> RunGate:
+        """What this node asks of the others (admission's): the cluster's, or the LoneGate."""
+        return self.admission.gate
 
     @property
     def memory_tools(self) -> MemoryTools:
