@@ -1,4 +1,4 @@
-"""1. RPC round trips: gateway.health vs a bare websockets+orjson echo server, same settings.
+"""1. RPC round trips: gateway.health vs a bare websockets+orjson server answering the same result.
 2. Chat overhead: chat.send through the gateway vs the openai SDK streaming directly."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import asyncio
 import gc
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,27 @@ from testkit.gateway import TOKEN, gateway_config, gateway_process, running_gate
 CONNECTIONS = 16
 
 
-async def _baseline_handler(ws: ServerConnection) -> None:
-    async for raw in ws:
-        req = orjson.loads(raw)
-        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": req["id"],
-                                    "result": {"status": "ok", "version": "0.1.0", "uptimeS": 1.0,
-                                               "connections": CONNECTIONS}}), text=True)
+def echo_handler(result: dict[str, Any]) -> Callable[[ServerConnection], Awaitable[None]]:
+    """The baseline server: decode each request and answer ``result`` under its id, encoded per
+    call as the gateway encodes its reply. ``result`` is the gateway's own ``gateway.health``
+    answer (309 bytes on the wire here), so both sides write replies of the same size; before
+    round 4 the echo answered a fixed 4-field result (98 bytes) while the health reply had grown
+    its ``memory`` and ``storage`` parts, and the ratio counted the larger reply as overhead."""
+    async def handler(ws: ServerConnection) -> None:
+        async for raw in ws:
+            req = orjson.loads(raw)
+            await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}),
+                          text=True)
+    return handler
+
+
+async def health_result(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    """What ``gateway.health`` answers at ``url`` now (the echo's reply)."""
+    async with connect(url, additional_headers=headers, compression=None) as ws:
+        await ws.send(orjson.dumps({"jsonrpc": "2.0", "id": 0, "method": "gateway.health"}),
+                      text=True)
+        result: dict[str, Any] = orjson.loads(await ws.recv())["result"]
+        return result
 
 
 async def drive(urls: list[str], method: str, params: dict[str, Any] | None, *,
@@ -78,14 +94,15 @@ async def run_rpc(quick: bool) -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = gateway_config(Path(tmp))
         s = cfg.server
+        auth = {"Authorization": f"Bearer {TOKEN}"}
         async with running_gateway(cfg) as app, serve(
-                _baseline_handler, "127.0.0.1", 0, compression=None, max_size=s.max_size,
+                echo_handler(await health_result(app.url, auth)), "127.0.0.1", 0,
+                compression=None, max_size=s.max_size,
                 max_queue=s.max_queue, write_limit=s.write_limit,
                 ping_interval=s.ping_interval_s or None,
                 ping_timeout=s.ping_timeout_s or None) as base:
             port = base.sockets[0].getsockname()[1]
             base_url = f"ws://127.0.0.1:{port}/"
-            auth = {"Authorization": f"Bearer {TOKEN}"}
             for mode, window in (("ping-pong", 1), ("pipelined", 32)):
                 rates: dict[str, list[float]] = {"gateway": [], "baseline": []}
                 lats: dict[str, list[float]] = {"gateway": [], "baseline": []}
