@@ -73,6 +73,10 @@ class MemoryConfig:
     rerank: bool | Literal["auto"] = "auto"
     rerank_candidates: int = 10
     rerank_budget_ms: int = 120
+    # "auto": a search finding this many others in the re-rank step answers in fused order at
+    # once. Concurrent steps share the CPU, so each would read fewer candidates in its budget and
+    # all of them would still spend it; under a queue of searches the step backs off.
+    rerank_max_concurrent: int = 1
     # A passage longer than this many words is cut to its window holding the most query words.
     rerank_passage_words: int = 96
 
@@ -206,6 +210,8 @@ class MemoryConfig:
             problems.append("rerank_candidates must be at least 1")
         if self.rerank_budget_ms < 1:
             problems.append("rerank_budget_ms must be at least 1")
+        if self.rerank_max_concurrent < 1:
+            problems.append("rerank_max_concurrent must be at least 1")
         if self.rerank_passage_words < 8:
             problems.append("rerank_passage_words must be at least 8")
         if self.recall_budget_tokens < 1:

@@ -72,6 +72,7 @@ class SearchPipeline:
         self._reranker = CrossEncoder(threads=config.local_threads or default_threads())
         self._reranker_installed = reranker_installed()
         self._reranker_failed: str | None = None   # why "auto" could not load the model
+        self._reranking = 0   # searches now in the "auto" re-rank step (rerank_max_concurrent)
         self.vector_state: tuple[bool, str] = (False, "not started")
         # After an embedder change: whether this identity's vectors are being (re)built, and
         # the identity whose complete vectors may serve meanwhile (memory.sqlite.interim).
@@ -174,11 +175,18 @@ class SearchPipeline:
             fallback = fallback or failed
             timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
         elif step == "budget" and hits and self._reranker.ready and not legs_agree(hits):
-            hits, read = await _rerank_within(self._reranker, request.query,
-                                              hits[:self.config.rerank_candidates],
-                                              self.config.rerank_budget_ms, done)
-            timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
-            timings["reranked"] = float(read)
+            if self._reranking >= self.config.rerank_max_concurrent:
+                timings["rerankBusy"] = float(self._reranking)   # backed off: fused order
+            else:
+                self._reranking += 1
+                try:
+                    hits, read = await _rerank_within(self._reranker, request.query,
+                                                      hits[:self.config.rerank_candidates],
+                                                      self.config.rerank_budget_ms, done)
+                finally:
+                    self._reranking -= 1
+                timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
+                timings["reranked"] = float(read)
         return SearchResponse(hits[:request.k], query.mode, fallback, timings,
                               previous_model=(query.previous.identity.model if query.previous
                                               else None))

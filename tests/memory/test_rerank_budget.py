@@ -3,6 +3,7 @@ skipped, and that ``rerank = false`` keeps the fused order. No assertion here is
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -307,3 +308,65 @@ async def test_a_fault_while_loading_the_re_ranker_leaves_auto_off_and_the_daemo
         status = await svc.status()
     assert len(response.results) == 3 and "rerankMs" not in response.timings_ms
     assert status["lastError"] is None
+
+
+class _Held:
+    """The real cross-encoder whose first budgeted step waits for ``release`` once inside: a
+    search held in the re-rank step for as long as the test needs."""
+
+    def __init__(self, encoder: CrossEncoder) -> None:
+        self.encoder = encoder
+        self.inside = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.encoder, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("encoder", "inside", "release"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.encoder, name, value)
+
+    async def score_within(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.inside.is_set():
+            self.inside.set()
+            await self.release.wait()
+        return await self.encoder.score_within(*args, **kwargs)
+
+
+@needs_model
+@pytest.mark.parametrize("most", [1, 2])
+async def test_auto_backs_off_while_rerank_max_concurrent_searches_are_in_the_step(
+        tmp_path: Path, most: int) -> None:
+    """With ``rerank_max_concurrent`` searches re-ranking, another search answers at once in
+    fused order (``rerankBusy``); below the limit, and once the step is free, it re-ranks."""
+    embedder = LocalFakeEmbedder()
+    _index_files(tmp_path, embedder)
+    async with opened(tmp_path, quiet_config(rerank=False), embedder) as svc:
+        fused = await svc.search("alice", PARAPHRASE, k=3)
+    config = quiet_config(rerank_budget_ms=600_000, rerank_max_concurrent=most)
+    async with opened(tmp_path, config, embedder) as svc:
+        await svc.search("alice", PARAPHRASE, k=3)   # loads and calibrates the model
+        held = _Held(svc._search._reranker)
+        svc._search._reranker = held
+        first = asyncio.create_task(svc.search("alice", PARAPHRASE, k=3))
+        await asyncio.wait_for(held.inside.wait(), 30)
+        meanwhile = await svc.search("alice", PARAPHRASE, k=3)
+        held.release.set()
+        first_done = await first
+        after = await svc.search("alice", PARAPHRASE, k=3)
+    assert first_done.timings_ms["reranked"] == 3
+    if most == 1:
+        assert meanwhile.timings_ms["rerankBusy"] == 1 and "rerankMs" not in meanwhile.timings_ms
+        assert [h.chunk_id for h in meanwhile.results] == [h.chunk_id for h in fused.results]
+    else:
+        assert "rerankBusy" not in meanwhile.timings_ms and meanwhile.timings_ms["reranked"] == 3
+    assert "rerankBusy" not in after.timings_ms and after.timings_ms["reranked"] == 3
+
+
+def test_rerank_max_concurrent_below_one_is_refused() -> None:
+    """The back-off's limit must let one search re-rank."""
+    assert MemoryConfig().rerank_max_concurrent == 1
+    with pytest.raises(ValueError, match="rerank_max_concurrent must be at least 1"):
+        MemoryConfig(rerank_max_concurrent=0)
