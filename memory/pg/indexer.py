@@ -271,6 +271,9 @@ class PgIndexer:
         self.sessions_per_claim = sessions_per_claim
         self.chunks_per_statement = chunks_per_statement
         self.claim_workers = max(1, claim_workers)
+        # Set by a claimer whose batch failed; the pass's other claimers then stop (one pass at
+        # a time per indexer: the service's sync lock).
+        self._claim_failed = False
         self.texts_per_pass = texts_per_pass
         self._salt = secrets.token_hex(8)
 
@@ -330,6 +333,7 @@ class PgIndexer:
         own; a claimer's error stops the others (each batch is its own transaction: what
         committed stays, the rest is claimed again on the next pass) and is raised as it was."""
         helpers: list[asyncio.Task[None]] = []
+        self._claim_failed = False
 
         def full_batch() -> None:
             if not helpers:
@@ -337,13 +341,9 @@ class PgIndexer:
                 helpers.extend(asyncio.create_task(self._claim_on_own_connection(report))
                                for _ in range(extra))
 
-        def helper_failed() -> bool:
-            return any(t.done() and not t.cancelled() and t.exception() is not None
-                       for t in helpers)
-
         try:
             async with self.pool.connection() as conn:
-                while not helper_failed() and await self._claim_and_chunk(conn, report, full_batch):
+                while await self._claim_and_chunk(conn, report, full_batch):
                     pass
             if helpers:
                 done, _ = await asyncio.wait(helpers, return_when=asyncio.FIRST_EXCEPTION)
@@ -365,23 +365,33 @@ class PgIndexer:
         """One batch of claimed sessions in one transaction: each session's messages are read
         and cut on its own, then the batch's chunks, deletes and progress are written in a few
         statements (a batch of chunks costs about what one chunk did, row by row). False when
-        nothing was left to claim; ``full_batch`` is called as soon as the claim is a full one."""
+        nothing was left to claim, or another claimer of the pass failed; ``full_batch`` is
+        called as soon as the claim is a full one."""
+        if self._claim_failed:
+            return False
         async with conn.transaction():
-            claimed = await (await conn.execute(_CLAIM_SQL, {
-                "chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
-            if not claimed:
-                return False
-            if full_batch is not None and len(claimed) >= self.sessions_per_claim:
-                full_batch()
-            keys = [str(k) for k, *_ in claimed]
-            last = {str(k): (int(i), int(q), int(g)) for k, i, q, g in
-                    await (await conn.execute(_LAST_CHUNKS_SQL, (keys,))).fetchall()}
-            cuts = [await self._cut_session(conn, str(key), str(user), int(indexed_seq),
-                                            int(indexed_count), str(chunking),
-                                            (str(updated), int(seen_count)), last.get(str(key)))
-                    for key, user, indexed_seq, indexed_count, chunking, updated, seen_count
-                    in claimed]
-            await self._write_cuts(conn, cuts, report)
+            try:
+                claimed = await (await conn.execute(_CLAIM_SQL, {
+                    "chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
+                if not claimed:
+                    return False
+                if full_batch is not None and len(claimed) >= self.sessions_per_claim:
+                    full_batch()
+                keys = [str(k) for k, *_ in claimed]
+                last = {str(k): (int(i), int(q), int(g)) for k, i, q, g in
+                        await (await conn.execute(_LAST_CHUNKS_SQL, (keys,))).fetchall()}
+                cuts = [await self._cut_session(conn, str(key), str(user), int(indexed_seq),
+                                                int(indexed_count), str(chunking),
+                                                (str(updated), int(seen_count)),
+                                                last.get(str(key)))
+                        for key, user, indexed_seq, indexed_count, chunking, updated, seen_count
+                        in claimed]
+                await self._write_cuts(conn, cuts, report)
+            except BaseException:
+                # Set before the rollback releases this batch's sessions: a claimer still
+                # running takes no further batch, so it cannot take them up in this pass.
+                self._claim_failed = True
+                raise
         return True
 
     async def _cut_session(self, conn: AsyncConnection[TupleRow], key: str, user: str,
