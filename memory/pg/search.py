@@ -30,9 +30,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import psycopg
 from psycopg import AsyncConnection, IsolationLevel
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -180,10 +182,13 @@ def ef_search(config: MemoryConfig) -> int:
     return max(HNSW_EF_SEARCH, 4 * config.candidates)
 
 
+_HNSW_SETTINGS = ("SELECT set_config('hnsw.ef_search', %s, {local}), "
+                  "set_config('hnsw.iterative_scan', 'relaxed_order', {local})")
+
+
 async def set_hnsw_search(conn: AsyncConnection[TupleRow], config: MemoryConfig) -> None:
     """This transaction's HNSW scan settings (``SET LOCAL``: they end with it)."""
-    await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef_search(config)),))
-    await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+    await conn.execute(_HNSW_SETTINGS.format(local="true").encode(), (str(ef_search(config)),))
 
 
 # The Hamming pool of the "bit" leg: SQLite's pre-filter keeps 1,000 by Hamming distance
@@ -213,30 +218,60 @@ class PgSearch:
         self.pool = pool
         self.config = config
         self.vector_leg: VectorLeg = vector_leg
+        # The pool's connections whose HNSW settings this searcher has set (a reconnection is a
+        # new connection, set again).
+        self._configured: WeakKeyDictionary[AsyncConnection[TupleRow], int] = WeakKeyDictionary()
 
     async def search(self, request: SearchRequest, *, query_vector: Sequence[float] | None,
                      keyword: bool = True) -> list[SearchHit]:
         """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
+        windowed = request.within_window()
         async with self.pool.connection() as conn:
-            await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
+            # One statement sees one snapshot by itself: no transaction, so no BEGIN and COMMIT
+            # round trips; the HNSW settings are the connection's, set on its first search.
+            await conn.set_autocommit(True)
             try:
-                async with conn.transaction():
-                    await set_hnsw_search(conn, self.config)
-                    dims = await vector_dims(conn) if query_vector is not None else None
-                    query = (_halfvec(query_vector)
-                             if query_vector is not None and dims == len(query_vector) else None)
-                    windowed = request.within_window()
-                    if windowed is None:
-                        rows = await self._fused(conn, request, query, dims, keyword)
-                    else:
-                        inside = await self._fused(conn, windowed, query, dims, keyword)
-                        seen = {r[0] for r in inside}
-                        rest = await self._fused(conn, replace(request, query=windowed.query),
-                                                 query, dims, keyword)
-                        rows = inside + [r for r in rest if r[0] not in seen]
+                await self._scan_settings(conn)
+                if windowed is None:
+                    dims, query = await self._query(conn, query_vector)
+                    rows = await self._fused(conn, request, query, dims, keyword)
+                else:
+                    # The window's hits and the rest's come from one snapshot.
+                    await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
+                    try:
+                        async with conn.transaction():
+                            dims, query = await self._query(conn, query_vector)
+                            inside = await self._fused(conn, windowed, query, dims, keyword)
+                            seen = {r[0] for r in inside}
+                            rest = await self._fused(conn, replace(request, query=windowed.query),
+                                                     query, dims, keyword)
+                            rows = inside + [r for r in rest if r[0] not in seen]
+                    finally:
+                        await conn.set_isolation_level(None)
             finally:
-                await conn.set_isolation_level(None)
+                if conn.info.transaction_status == TransactionStatus.IDLE:
+                    await conn.set_autocommit(False)   # (a broken one the pool replaces)
         return [_hit(r) for r in rows[:request.k]]
+
+    async def _scan_settings(self, conn: AsyncConnection[TupleRow]) -> None:
+        """``hnsw.ef_search`` and the relaxed iterative scan for the rest of this connection's
+        life, once per connection (in autocommit: a rollback cannot undo them). Set per search
+        in a transaction, they cost three round trips a search (BEGIN, the settings, COMMIT).
+        Before pgvector is loaded on the connection they are placeholders, which it takes."""
+        ef = ef_search(self.config)
+        if self._configured.get(conn) != ef:
+            await conn.execute(_HNSW_SETTINGS.format(local="false").encode(), (str(ef),))
+            self._configured[conn] = ef
+
+    @staticmethod
+    async def _query(conn: AsyncConnection[TupleRow], query_vector: Sequence[float] | None
+                     ) -> tuple[int | None, str | None]:
+        """The stored vectors' width and the query as a halfvec literal (None, None: no vector
+        leg: no query vector, or one of another width than the stored vectors)."""
+        if query_vector is None:
+            return None, None
+        dims = await vector_dims(conn)
+        return dims, _halfvec(query_vector) if dims == len(query_vector) else None
 
     async def _fused(self, conn: AsyncConnection[TupleRow], request: SearchRequest,
                      query: str | None, dims: int | None, keyword: bool) -> list[tuple[Any, ...]]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -19,6 +20,7 @@ from memory.pg.search import PgSearch
 from memory.retrieval.fusion import fuse
 from memory.retrieval.request import SearchHit, SearchRequest
 from tests.memory.conftest import (
+    BASE_TIME,
     FakeEmbedder,
     fake_vector,
     opened,
@@ -141,3 +143,28 @@ async def test_hnsw_and_bit_legs_agree_on_a_small_corpus(pg_index: str, pool: Po
         bit = await run(pool, query, "vector", leg="bit")
         assert ([(h.chunk_id, h.similarity) for h in hnsw]
                 == [(h.chunk_id, h.similarity) for h in bit])
+
+
+async def test_a_search_runs_without_a_transaction_and_leaves_the_scan_settings_on_its_connection(
+        pg_index: str) -> None:
+    """A search outside a time window is its one statement in autocommit (no transaction left
+    open, the connection handed back as it was taken); the connection then scans HNSW with
+    ``hnsw.ef_search`` = max(400, 4 × candidates) and the relaxed iterative scan, also when a
+    windowed search (its own snapshot) runs on it."""
+    async with AsyncConnectionPool(pg_index, min_size=1, max_size=1, open=False) as one:
+        await indexed(pg_index, one)
+        config = replace(CONFIG, candidates=150)
+        searcher = PgSearch(one, config)
+        for query in ("tomatoes", f"tomatoes in {BASE_TIME:%B %Y}"):
+            request = SearchRequest.build(config, "alice", query, k=5, mode="hybrid")
+            assert (request.within_window() is not None) == (query != "tomatoes")
+            hits = await searcher.search(request, query_vector=fake_vector(query, 64))
+            assert hits and "tomatoes" in hits[0].content
+            async with one.connection() as conn:
+                assert not conn.autocommit
+                assert conn.info.transaction_status == TransactionStatus.IDLE
+                rows = await (await conn.execute("SELECT current_setting('hnsw.ef_search'), "
+                                                 "current_setting('hnsw.iterative_scan')")
+                              ).fetchone()
+                await conn.rollback()
+            assert rows == ("600", "relaxed_order")
