@@ -185,7 +185,7 @@ async def _explain_hybrid(service: Any, query: str) -> list[str]:
     """EXPLAIN (ANALYZE, BUFFERS) of the hybrid statement as ``PgSearch`` runs it for ``query``."""
     from psycopg import IsolationLevel
 
-    from memory.pg.search import BIT_POOL, _halfvec, build_statement, set_hnsw_search
+    from memory.pg.search import _halfvec, build_statement, set_hnsw_search, statement_params
     from memory.pg.vectors import vector_dims
     from memory.retrieval.request import SearchRequest, fts_terms
 
@@ -199,13 +199,7 @@ async def _explain_hybrid(service: Any, query: str) -> list[str]:
             await set_hnsw_search(conn, config)
             dims = await vector_dims(conn)
             sql = build_statement(request, keyword=bool(words), dims=dims, leg="hnsw")
-            # PgSearch._fused's parameters, every one of them
-            params = {"user": USER, "words": words, "query": _halfvec(vector),
-                      "candidates": config.candidates, "pool": max(BIT_POOL, config.candidates),
-                      "keyword_weight": config.keyword_weight, "depth": config.fusion_depth,
-                      "rrf": config.fusion == "rrf", "rrf_k": config.rrf_k,
-                      "common_share": config.keyword_common_share,
-                      "common_min": config.keyword_common_min_chunks}
+            params = statement_params(config, request, words, _halfvec(vector))
             rows = await (await conn.execute(b"EXPLAIN (ANALYZE, BUFFERS) " + sql.encode(),
                                              params)).fetchall()
         await conn.set_isolation_level(None)

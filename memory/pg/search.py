@@ -47,7 +47,7 @@ from memory.retrieval.fusion import Fused, with_recency
 from memory.retrieval.neighbours import AROUND_SQL, ChunkSpan, spans
 from memory.retrieval.request import SearchHit, SearchRequest, fts_terms
 
-__all__ = ["HNSW_EF_SEARCH", "PgSearch", "ef_search", "set_hnsw_search"]
+__all__ = ["HNSW_EF_SEARCH", "PgSearch", "ef_search", "set_hnsw_search", "statement_params"]
 
 _FILTERS = {
     "session_key": "\n    AND c.session_key = %(session_key)s",
@@ -166,7 +166,8 @@ fused AS (
 SELECT f.id, c.session_key, c.content, f.score::float8, c.line_start, c.line_end, c.start_ts,
        c.end_ts, f.kw_rank, f.vec_rank, f.similarity::float8, coalesce(c.end_ms, c.start_ms)
 FROM fused f JOIN recalld_memory_chunks c ON c.id = f.id
-ORDER BY f.score DESC, least(f.kw_rank, f.vec_rank), f.id"""
+ORDER BY f.score DESC, least(f.kw_rank, f.vec_rank), f.id
+LIMIT %(limit)s"""
 
 # HNSW's candidate list per query (``hnsw.ef_search``), at least this and 4 × ``candidates``.
 # At 100k chunks of the scale corpus, 100 (pgvector's 40 raised to 2 × candidates) gave
@@ -282,23 +283,37 @@ class PgSearch:
             return []
         sql = build_statement(request, keyword=use_keyword,
                               dims=dims if query is not None else None, leg=self.vector_leg)
-        params: dict[str, Any] = {
-            "user": request.user, "words": words, "query": query,
-            "candidates": self.config.candidates, "pool": max(BIT_POOL, self.config.candidates),
-            "keyword_weight": self.config.keyword_weight, "depth": self.config.fusion_depth,
-            "rrf": self.config.fusion == "rrf", "rrf_k": self.config.rrf_k,
-            "common_share": self.config.keyword_common_share,
-            "common_min": self.config.keyword_common_min_chunks,
-        }
-        params.update((n, getattr(request, n)) for n in _FILTERS if getattr(request, n) is not None)
+        params = statement_params(self.config, request, words, query)
         rows = [tuple(r) for r in await (await conn.execute(sql.encode(), params)).fetchall()]
-        if not request.recency or request.mode != "hybrid" or request.now_ms is None or not rows:
+        if not _with_recency(request) or request.now_ms is None or not rows:
             return rows
         by_id = {r[0]: r for r in rows}
         fused = [Fused(int(r[0]), float(r[3]), r[8], r[9], r[10]) for r in rows]
         said = {int(r[0]): (int(r[11]) if r[11] is not None else None) for r in rows}
         return [(*by_id[f.chunk_id][:3], f.score, *by_id[f.chunk_id][4:])
                 for f in with_recency(fused, said, request.now_ms, self.config)]
+
+
+def _with_recency(request: SearchRequest) -> bool:
+    return request.recency and request.mode == "hybrid" and request.now_ms is not None
+
+
+def statement_params(config: MemoryConfig, request: SearchRequest, words: list[str],
+                     query: str | None) -> dict[str, Any]:
+    """The parameters of :func:`build_statement`'s statement for ``request``. It returns the
+    first ``k`` fused rows (texts included), or all of them where the recency term re-orders
+    them here; a windowed search's two statements each need no more than ``k`` either."""
+    params: dict[str, Any] = {
+        "user": request.user, "words": words, "query": query,
+        "candidates": config.candidates, "pool": max(BIT_POOL, config.candidates),
+        "keyword_weight": config.keyword_weight, "depth": config.fusion_depth,
+        "rrf": config.fusion == "rrf", "rrf_k": config.rrf_k,
+        "common_share": config.keyword_common_share,
+        "common_min": config.keyword_common_min_chunks,
+        "limit": None if _with_recency(request) else request.k,
+    }
+    params.update((n, getattr(request, n)) for n in _FILTERS if getattr(request, n) is not None)
+    return params
 
 
 def _halfvec(vector: Sequence[float]) -> str:

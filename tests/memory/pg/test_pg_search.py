@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.pg.indexer import PgIndexer
-from memory.pg.search import PgSearch
+from memory.pg.search import PgSearch, build_statement, statement_params
 from memory.retrieval.fusion import fuse
 from memory.retrieval.request import SearchHit, SearchRequest
 from tests.memory.conftest import (
@@ -168,3 +168,24 @@ async def test_a_search_runs_without_a_transaction_and_leaves_the_scan_settings_
                               ).fetchone()
                 await conn.rollback()
             assert rows == ("600", "relaxed_order")
+
+
+async def test_the_statement_returns_k_rows_unless_the_recency_term_reorders_them_here(
+        pg_index: str, pool: Pool) -> None:
+    """Without the recency term the fused statement sends only the first ``k`` rows (their
+    texts with them); with it, every fused row comes back for the re-ordering. A search's ``k``
+    hits are the first ``k`` of a deeper one's."""
+    await indexed(pg_index, pool)
+    plain = SearchRequest.build(CONFIG, "alice", "tomatoes basil", k=2, mode="hybrid")
+    recent = replace(plain, recency=True, now_ms=0)
+    words = ["tomatoes", "basil"]
+    async with pool.connection() as conn:
+        counts = []
+        for request in (plain, recent):
+            sql = build_statement(request, keyword=True, dims=None, leg="hnsw")
+            params = statement_params(CONFIG, request, words, None)
+            counts.append(len(await (await conn.execute(sql.encode(), params)).fetchall()))
+        await conn.rollback()
+    assert counts[0] == 2 and counts[1] > 2
+    assert [h.chunk_id for h in await run(pool, "tomatoes basil", "keyword", k=2)] == [
+        h.chunk_id for h in (await run(pool, "tomatoes basil", "keyword", k=10))[:2]]
