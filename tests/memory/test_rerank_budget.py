@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -349,7 +349,7 @@ async def test_auto_backs_off_while_rerank_max_concurrent_searches_are_in_the_st
     async with opened(tmp_path, config, embedder) as svc:
         await svc.search("alice", PARAPHRASE, k=3)   # loads and calibrates the model
         held = _Held(svc._search._reranker)
-        svc._search._reranker = held
+        svc._search._reranker = cast(CrossEncoder, held)   # the real one, held open
         first = asyncio.create_task(svc.search("alice", PARAPHRASE, k=3))
         await asyncio.wait_for(held.inside.wait(), 30)
         meanwhile = await svc.search("alice", PARAPHRASE, k=3)
