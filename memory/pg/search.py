@@ -257,7 +257,7 @@ class PgSearch:
     async def _scan_settings(self, conn: AsyncConnection[TupleRow]) -> None:
         """``hnsw.ef_search`` and the relaxed iterative scan for the rest of this connection's
         life, once per connection (in autocommit: a rollback cannot undo them). Set per search
-        in a transaction, they cost three round trips a search (BEGIN, the settings, COMMIT).
+        in a transaction, they cost four round trips a search (BEGIN, the two settings, COMMIT).
         Before pgvector is loaded on the connection they are placeholders, which it takes."""
         ef = ef_search(self.config)
         if self._configured.get(conn) != ef:
@@ -267,8 +267,8 @@ class PgSearch:
     @staticmethod
     async def _query(conn: AsyncConnection[TupleRow], query_vector: Sequence[float] | None
                      ) -> tuple[int | None, str | None]:
-        """The stored vectors' width and the query as a halfvec literal (None, None: no vector
-        leg: no query vector, or one of another width than the stored vectors)."""
+        """The stored vectors' width and the query as a halfvec literal; the query is None (no
+        vector leg) without a query vector or when its width is not the stored vectors'."""
         if query_vector is None:
             return None, None
         dims = await vector_dims(conn)
@@ -285,13 +285,14 @@ class PgSearch:
                               dims=dims if query is not None else None, leg=self.vector_leg)
         params = statement_params(self.config, request, words, query)
         rows = [tuple(r) for r in await (await conn.execute(sql.encode(), params)).fetchall()]
-        if not _with_recency(request) or request.now_ms is None or not rows:
+        now_ms = request.now_ms if _with_recency(request) else None
+        if now_ms is None or not rows:
             return rows
         by_id = {r[0]: r for r in rows}
         fused = [Fused(int(r[0]), float(r[3]), r[8], r[9], r[10]) for r in rows]
         said = {int(r[0]): (int(r[11]) if r[11] is not None else None) for r in rows}
         return [(*by_id[f.chunk_id][:3], f.score, *by_id[f.chunk_id][4:])
-                for f in with_recency(fused, said, request.now_ms, self.config)]
+                for f in with_recency(fused, said, now_ms, self.config)]
 
 
 def _with_recency(request: SearchRequest) -> bool:
