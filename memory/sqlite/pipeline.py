@@ -6,7 +6,7 @@ cache of recent queries; or, while the vectors are rebuilt for a new embedder, t
 model's, :mod:`memory.sqlite.previous`; or none and why, and the search runs keyword-only);
 the fused search on a read connection (:class:`~memory.sqlite.search.HybridSearch`, with
 the index's in-memory sign bits and common-word counts); and the cross-encoder re-rank
-(``memory.rerank``: within a time budget by default, :mod:`memory.embedders.rerank`). It also knows
+(:class:`memory.retrieval.rerank_step.RerankStep`, the step PostgreSQL runs too). It also knows
 whether the vector leg may run (:meth:`refresh`, after each sync) and what recall's relevance floor
 is for the vectors that answered.
 """
@@ -18,19 +18,17 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
-import structlog
 
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
-from memory.embedders.local_embedder import default_threads
-from memory.embedders.rerank import CrossEncoder, reranker_installed
 from memory.errors import EmbedderError
 from memory.quantize import vector_to_blob
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
+from memory.retrieval.rerank_step import RerankStep
 from memory.sqlite.index.db import in_thread
 from memory.sqlite.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from memory.sqlite.interim import PreviousVectors
@@ -39,8 +37,6 @@ from memory.sqlite.previous import PreviousFactory, PreviousModel, default_facto
 from memory.sqlite.search import HybridSearch
 
 __all__ = ["QueryVector", "SearchPipeline"]
-
-log = structlog.get_logger("memory.search")
 
 # A run's recall, its facts and its episodes embed the same message; a local model spends tens
 # of milliseconds per query (bench/facts.py).
@@ -64,21 +60,28 @@ class QueryVector:
 class SearchPipeline:
     def __init__(self, config: MemoryConfig, embedder: Embedder | None, embedder_reason: str,
                  db_path: os.PathLike[str], previous_embedder: PreviousFactory | None) -> None:
-        self.config = config
+        self.rerank = RerankStep(config, embedder)
+        self._config = config
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self.embeddings = EmbeddingPipeline.from_config(embedder, config) if embedder else None
         self.identity = EmbedderIdentity.of(embedder) if embedder else None
-        self._reranker = CrossEncoder(threads=config.local_threads or default_threads())
-        self._reranker_installed = reranker_installed()
-        self._reranker_failed: str | None = None   # why "auto" could not load the model
-        self._reranking = 0   # searches now in the "auto" re-rank step (rerank_max_concurrent)
         self.vector_state: tuple[bool, str] = (False, "not started")
         # After an embedder change: whether this identity's vectors are being (re)built, and
         # the identity whose complete vectors may serve meanwhile (memory.sqlite.interim).
         self.rebuild: RebuildState = NOT_REBUILDING
         self.previous = PreviousModel(config, db_path, previous_embedder or default_factory(config))
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+
+    @property
+    def config(self) -> MemoryConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: MemoryConfig) -> None:
+        """The next search reads the new settings, its re-rank step among them."""
+        self._config = config
+        self.rerank.config = config
 
     async def refresh(self, index: LiveIndex | None, read: ReadFn) -> None:
         """Recompute whether the vector leg may run, and who serves it during a rebuild."""
@@ -87,27 +90,7 @@ class SearchPipeline:
         serve = (rebuild.previous
                  if rebuild.rebuilding and not self.vector_state[0] and self.embeddings else None)
         await self.previous.update(serve, read)
-        if self._rerank_step() == "budget" and not self._reranker.ready:
-            # Loaded and timed here, after a sync, so that no search pays for it.
-            try:
-                await asyncio.to_thread(self._reranker.warm)
-            except EmbedderError as exc:
-                self._reranker_failed = str(exc)
-            except Exception as exc:  # a fault in the optional model must not fail the sync
-                log.exception("memory.rerank.failed")
-                self._reranker_failed = f"re-ranker failed: {type(exc).__name__}"
-
-    def _rerank_step(self) -> str:
-        """``"all"``: re-rank every candidate (``rerank = true``); ``"budget"``: as many as fit
-        ``rerank_budget_ms`` (``"auto"``, where the local models run); ``"off"``."""
-        setting = self.config.rerank
-        if setting is True:
-            return "all"
-        local = self.embedder is not None and self.embedder.provider == "local"
-        if setting == "auto" and local and self._reranker_installed \
-                and self._reranker_failed is None:
-            return "budget"
-        return "off"
+        await self.rerank.warm()
 
     def _vector_state(self, index: LiveIndex | None) -> tuple[tuple[bool, str], RebuildState]:
         if index is None:
@@ -155,9 +138,7 @@ class SearchPipeline:
         started = time.perf_counter()
         query = await self.query_vector(request)
         embedded_at = time.perf_counter()
-        step = self._rerank_step() if query.mode != "keyword" else "off"
-        fetch = (replace(request, k=max(request.k, self.config.rerank_candidates)) if step != "off"
-                 else request)
+        fetch = self.rerank.fetch(request, query.mode)
 
         def fused(db: apsw.Connection) -> list[SearchHit]:
             search = HybridSearch(db, self.config, previous=query.previous, signs=index.signs,
@@ -168,26 +149,8 @@ class SearchPipeline:
         done = time.perf_counter()
         timings = {"embedMs": round((embedded_at - started) * 1000, 2),
                    "searchMs": round((done - embedded_at) * 1000, 2)}
-        fallback = query.fallback
-        self._reranker.passage_words = self.config.rerank_passage_words
-        if step == "all" and hits:
-            hits, failed = await _rerank(self._reranker, request.query, hits)
-            fallback = fallback or failed
-            timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
-        elif step == "budget" and hits and self._reranker.ready and not legs_agree(hits):
-            if self._reranking >= self.config.rerank_max_concurrent:
-                timings["rerankBusy"] = float(self._reranking)   # backed off: fused order
-            else:
-                self._reranking += 1
-                try:
-                    hits, read = await _rerank_within(self._reranker, request.query,
-                                                      hits[:self.config.rerank_candidates],
-                                                      self.config.rerank_budget_ms, done)
-                finally:
-                    self._reranking -= 1
-                timings["rerankMs"] = round((time.perf_counter() - done) * 1000, 2)
-                timings["reranked"] = float(read)
-        return SearchResponse(hits[:request.k], query.mode, fallback, timings,
+        hits, failed = await self.rerank.apply(request, query.mode, hits, timings)
+        return SearchResponse(hits, query.mode, query.fallback or failed, timings,
                               previous_model=(query.previous.identity.model if query.previous
                                               else None))
 
@@ -221,39 +184,3 @@ class SearchPipeline:
                 "previousUnavailable": (self.previous.reason or None) if serving is None else None,
             } if rebuild.rebuilding else None,
         }
-
-
-async def _rerank(reranker: CrossEncoder, query: str,
-                  hits: list[SearchHit]) -> tuple[list[SearchHit], str | None]:
-    """``hits`` in the cross-encoder's order with its scores; the fused order stands, with the
-    reason, when the re-ranker cannot run (it never fails a search)."""
-    try:
-        scores = await reranker.score(query, [h.content for h in hits])
-    except EmbedderError as exc:
-        return hits, f"re-ranker unavailable: {exc}"
-    except Exception as exc:  # a fault in the optional step answers with the fused order, logged
-        log.exception("memory.rerank.failed")
-        return hits, f"re-ranker failed: {type(exc).__name__}"
-    order = sorted(range(len(hits)), key=lambda i: -scores[i])
-    return [replace(hits[i], score=scores[i]) for i in order], None
-
-
-def legs_agree(hits: list[SearchHit]) -> bool:
-    """Both legs rank the fused top hit first: the re-ranker is unlikely to do better."""
-    return hits[0].keyword_rank == 1 and hits[0].vector_rank == 1
-
-
-async def _rerank_within(reranker: CrossEncoder, query: str, hits: list[SearchHit],
-                         budget_ms: float, started: float) -> tuple[list[SearchHit], int]:
-    """The first hits the budget let the cross-encoder read, in its order with its scores, then
-    the others in fused order; and how many it read. A failure leaves the fused order."""
-    try:
-        scored = await reranker.score_within(query, [h.content for h in hits], budget_ms, started)
-    except EmbedderError:
-        return hits, 0
-    except Exception:  # as in _rerank: the search still answers, in fused order
-        log.exception("memory.rerank.failed")
-        return hits, 0
-    read = len(scored.scores)
-    order = sorted(range(read), key=lambda i: -scored.scores[i])
-    return [replace(hits[i], score=scored.scores[i]) for i in order] + hits[read:], read

@@ -87,8 +87,6 @@ async def test_service_recall_leaves_out_an_unrelated_memory(memory_backend: Mem
     assert unrelated == []
 
 
-@pytest.mark.postgres_differs(
-    reason="PgMemory.search has no re-rank step: memory.rerank is ignored on PostgreSQL")
 async def test_rerank_reorders_by_the_cross_encoder(memory_backend: MemoryBackend) -> None:
     """With memory.rerank on, the real local cross-encoder puts the passage that answers first."""
     pytest.importorskip("onnxruntime")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -23,12 +22,13 @@ from memory.embedders.rerank import (
     reranker_installed,
     window_words,
 )
+from memory.pg.service import PgMemory
 from memory.retrieval.request import SearchHit
-from memory.sqlite.pipeline import legs_agree
+from memory.retrieval.rerank_step import RerankStep, legs_agree
 from tests.memory.conftest import (
+    BackendMemory,
     FakeEmbedder,
     MemoryBackend,
-    opened,
     quiet_config,
     ts,
 )
@@ -147,17 +147,15 @@ def _index(memory_backend: MemoryBackend, embedder: FakeEmbedder) -> None:
         embedder.vectors[f"user [{ts(0)}]: {text}"] = axis(i if name != "c" else 2)
 
 
-def _index_files(tmp_path: Path, embedder: FakeEmbedder) -> None:
-    """:func:`_index` for a test of the SQLite service's own parts."""
-    _index(MemoryBackend("sqlite", tmp_path), embedder)
+def rerank_step(svc: BackendMemory) -> RerankStep:
+    """The service's re-rank step (one class on both backends; SQLite's sits in its pipeline)."""
+    return svc.rerank if isinstance(svc, PgMemory) else svc._search.rerank
 
 
-NO_PG_RERANK = "PgMemory.search has no re-rank step: memory.rerank is ignored on PostgreSQL"
 needs_model = pytest.mark.skipif(not reranker_installed(),
                                  reason="the 'local' extra is not installed")
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
 async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_fused_order(
         memory_backend: MemoryBackend) -> None:
@@ -179,7 +177,6 @@ async def test_auto_reads_the_candidates_the_budget_fits_and_keeps_the_rest_in_f
     assert "Lisbon" in fused.results[0].content
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
 async def test_auto_skips_the_step_when_both_legs_put_the_same_chunk_first(
         memory_backend: MemoryBackend) -> None:
@@ -248,7 +245,6 @@ def test_a_probe_records_what_a_batch_would_cost_not_its_own_cost() -> None:
     assert encoder.recorded == [pytest.approx(encoder.raw[0] * 0.5)]
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_RERANK)
 @needs_model
 @pytest.mark.parametrize("rerank", ["auto", True])
 async def test_a_query_longer_than_the_models_input_is_cut_not_failed(memory_backend: MemoryBackend,
@@ -277,15 +273,16 @@ class _Broken(CrossEncoder):
 
 
 @needs_model
-async def test_a_fault_in_the_re_ranker_answers_in_fused_order(tmp_path: Path) -> None:
+async def test_a_fault_in_the_re_ranker_answers_in_fused_order(
+        memory_backend: MemoryBackend) -> None:
     """An unexpected error inside the re-rank step does not fail the search: it answers in the
     fused order, naming the fault in fallbackReason."""
     embedder = LocalFakeEmbedder()
-    _index_files(tmp_path, embedder)
-    async with opened(tmp_path, quiet_config(rerank=False), embedder) as svc:
+    _index(memory_backend, embedder)
+    async with memory_backend.opened(quiet_config(rerank=False), embedder) as svc:
         fused = await svc.search("alice", PARAPHRASE, k=3)
-    async with opened(tmp_path, quiet_config(rerank=True), embedder) as svc:
-        svc._search._reranker = _Broken()
+    async with memory_backend.opened(quiet_config(rerank=True), embedder) as svc:
+        rerank_step(svc).reranker = _Broken()
         broken = await svc.search("alice", PARAPHRASE, k=3)
     assert [h.chunk_id for h in broken.results] == [h.chunk_id for h in fused.results]
     assert broken.fallback_reason == "re-ranker failed: RuntimeError"
@@ -338,18 +335,19 @@ class _Held:
 @needs_model
 @pytest.mark.parametrize("most", [1, 2])
 async def test_auto_backs_off_while_rerank_max_concurrent_searches_are_in_the_step(
-        tmp_path: Path, most: int) -> None:
+        memory_backend: MemoryBackend, most: int) -> None:
     """With ``rerank_max_concurrent`` searches re-ranking, another search answers at once in
     fused order (``rerankBusy``); below the limit, and once the step is free, it re-ranks."""
     embedder = LocalFakeEmbedder()
-    _index_files(tmp_path, embedder)
-    async with opened(tmp_path, quiet_config(rerank=False), embedder) as svc:
+    _index(memory_backend, embedder)
+    async with memory_backend.opened(quiet_config(rerank=False), embedder) as svc:
         fused = await svc.search("alice", PARAPHRASE, k=3)
     config = quiet_config(rerank_budget_ms=600_000, rerank_max_concurrent=most)
-    async with opened(tmp_path, config, embedder) as svc:
+    async with memory_backend.opened(config, embedder) as svc:
         await svc.search("alice", PARAPHRASE, k=3)   # loads and calibrates the model
-        held = _Held(svc._search._reranker)
-        svc._search._reranker = cast(CrossEncoder, held)   # the real one, held open
+        step = rerank_step(svc)
+        held = _Held(step.reranker)
+        step.reranker = cast(CrossEncoder, held)   # the real one, held open
         first = asyncio.create_task(svc.search("alice", PARAPHRASE, k=3))
         await asyncio.wait_for(held.inside.wait(), 30)
         meanwhile = await svc.search("alice", PARAPHRASE, k=3)
