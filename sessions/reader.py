@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .models import Message
 from .transcript import parse_line
@@ -31,9 +31,9 @@ def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW)
 
 
-@dataclass(frozen=True, slots=True)
-class TranscriptEntry:
-    """One message line, with where it sits in its file."""
+class TranscriptEntry(NamedTuple):
+    """One message line, with where it sits in its file (a NamedTuple: one is made per line read,
+    five times faster than a frozen dataclass; memory.chunking's Unit says more)."""
 
     line: int        # 1-based line number (the header is line 1)
     offset: int      # byte offset of the line's first byte

@@ -49,6 +49,10 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 _BLOCK = 64 * 1024
+# A header line is a few hundred bytes: the first read of one is this small, so checking a
+# file's header does not copy the first 64 KiB of its messages (the indexer checks every changed
+# transcript's).
+_HEADER_BLOCK = 4096
 # A header holds the system prompt, bounded by max_line_bytes when written; this cap only
 # stops a file with no newline at all from being read whole into memory to look for one.
 _MAX_HEADER_BYTES = 64 * 1024 * 1024
@@ -313,8 +317,10 @@ def read_header(fd: int, size: int) -> tuple[Header, int] | None:
     """The header and the offset just after it, or None when line 1 is not a valid header."""
     pos = 0
     parts: list[bytes] = []
+    block = _HEADER_BLOCK
     while pos < min(size, _MAX_HEADER_BYTES):
-        chunk = os.pread(fd, min(_BLOCK, size - pos), pos)
+        chunk = os.pread(fd, min(block, size - pos), pos)
+        block = _BLOCK
         if not chunk:
             return None
         idx = chunk.find(b"\n")

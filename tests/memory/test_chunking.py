@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.chunking import approx_tokens, chunk_messages, fts_text
+from memory.chunking import CJK_CHARS, approx_tokens, chunk_messages, fts_text
 from sessions import Message, TranscriptEntry
 
 
@@ -82,6 +84,17 @@ def test_cjk_text_split_between_characters() -> None:
 def test_fts_text_spaces_cjk() -> None:
     """The FTS text puts each CJK character apart and leaves other words alone."""
     assert fts_text("Rust 東京").split() == ["Rust", "東", "京"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab é☕ 東ｱ\u3000\t\n"), max_size=60))
+def test_the_ascii_shortcut_counts_and_spaces_as_the_rule_does(text: str) -> None:
+    """ASCII text skips the CJK scan; any text (accents, emoji, CJK, full-width spaces) gets the
+    count and the FTS text of the rule itself: one token per CJK character or per four other
+    characters of a word, CJK characters spaced apart."""
+    assert approx_tokens(text) == len(re.findall(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]{{1,4}}", text))
+    spaced = re.sub(f"([{CJK_CHARS}])", r" \1 ", text)
+    assert fts_text(text) == spaced
 
 
 @settings(max_examples=60, deadline=None)
