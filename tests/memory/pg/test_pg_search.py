@@ -189,3 +189,29 @@ async def test_the_statement_returns_k_rows_unless_the_recency_term_reorders_the
     assert counts[0] == 2 and counts[1] > 2
     assert [h.chunk_id for h in await run(pool, "tomatoes basil", "keyword", k=2)] == [
         h.chunk_id for h in (await run(pool, "tomatoes basil", "keyword", k=10))[:2]]
+
+
+async def test_the_remembered_vector_width_is_read_again_when_another_node_changes_it(
+        pg_index: str, pool: Pool) -> None:
+    """A searcher reads the stored vectors' width once; when another node's embedder change has
+    since stored vectors of another width, a search answers (keyword hits, no vector leg for
+    a query of the old width) instead of failing, and a query of the new width gets the vector
+    leg at once."""
+    await indexed(pg_index, pool)
+    searcher = PgSearch(pool, CONFIG)
+
+    async def hits(query: str, dims: int) -> list[SearchHit]:
+        request = SearchRequest.build(CONFIG, "alice", query, k=5, mode="hybrid")
+        return await searcher.search(request, query_vector=fake_vector(query, dims))
+
+    assert any(h.vector_rank is not None for h in await hits("tomatoes", 64))
+    assert searcher._dims == 64
+    async with pool.connection() as conn:   # what a node with a 32-wide embedder leaves
+        await conn.execute("DROP INDEX IF EXISTS recalld_memory_chunks_hnsw_64")
+        await conn.execute("UPDATE recalld_memory_chunks SET embedding = "
+                           "array_fill(0.5, ARRAY[32])::halfvec")
+        await conn.execute("UPDATE recalld_memory_meta SET value = '32' WHERE key = 'vector_dims'")
+    stale = await hits("tomatoes", 64)
+    assert stale and all(h.vector_rank is None for h in stale)
+    assert searcher._dims == 32
+    assert any(h.vector_rank is not None for h in await hits("tomatoes", 32))
