@@ -22,6 +22,7 @@ from memory.chunking import chunk_messages
 from memory.config import MemoryConfig
 from memory.sqlite.index.db import open_index
 from sessions import (
+    SUMMARY_TYPE,
     ForwardReader,
     scan_transcripts,
     sessions_root,
@@ -141,8 +142,10 @@ def check_transcripts(data_dir: Path,
         assert raw.endswith(b"\n"), f"{path.name}: does not end on a whole line"
         lines = [orjson.loads(line) for line in raw.splitlines()]
         assert lines[0]["type"] == "session", f"{path.name}: no header"
-        # Messages, and the update lines a title written after the first reply adds.
-        assert all(line["type"] in ("message", "update") for line in lines[1:]), path.name
+        # Messages, the update lines a title written after the first reply adds, and the summary
+        # lines compaction writes once enough messages have left the history window.
+        assert all(line["type"] in ("message", "update", SUMMARY_TYPE)
+                   for line in lines[1:]), path.name
         found[(path.parent.name, path.stem)] = lines
     for ident, runs in (acked.by_session if acked else {}).items():
         assert ident in found, f"session {ident} with acknowledged messages is gone"
