@@ -129,7 +129,11 @@ async def test_recalled_memories_and_search_read_as_plain_text(browser: Browser,
               "mistakes early and the tooling is friendly.")
     await send(page, source)
     await expect(page.locator(".msg.assistant[data-state=done]")).to_have_count(1)
+    # The model's title arrives after the reply (sessions.updated): read it once it has, or
+    # the chip (drawn later, with the final title) is compared with the placeholder.
+    await expect(page.get_by_role("heading", level=1)).to_contain_text("Chat about")
     title = (await session_titles(web_app))[0]
+    assert title.startswith("Chat about"), title
     await wait_indexed(web_app, "favourite programming language")
     await new_session(page)
     await send(page, "Which programming language do I like?")
