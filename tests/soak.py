@@ -8,7 +8,9 @@ health checks run. Every 10 s the daemon's RSS and open file descriptors are sam
 report: requests served, back-pressure (-32004 answers with ``retryAfterMs``: the daemon asking
 a client to slow down, counted apart), errors (everything else; target 0), p50/p99 latency per
 method (and chat.send → chat.final per run), RSS and descriptors at start and end, and the RSS
-trend over the second half (a leak shows as a steady slope). Loopback only.
+trend over the second half, of all resident memory and of its anonymous part (a leak shows
+as a steady slope of the latter; file-backed pages such as memory.db's mapped reads grow with
+the index). Loopback only.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.client import Client
-from tests.faults.helpers import FaultDaemon, free_port, open_fds, percentile, rss_kib
+from tests.faults.helpers import FaultDaemon, free_port, open_fds, percentile, rss_anon_kib, rss_kib
 
 TERMINAL = ("chat.final", "chat.error", "chat.aborted")
 WORDS = ("harbor lantern quartz meadow cipher ember willow falcon prism tundra saffron glacier "
@@ -141,6 +143,7 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
         stop = asyncio.Event()
         t_start = time.monotonic()
         rss: list[tuple[float, int]] = [(0.0, rss_kib(pid))]
+        anon: list[tuple[float, int]] = [(0.0, rss_anon_kib(pid))]
         fds_start = open_fds(pid)
         print(f"soak: {clients} clients for {duration:.0f} s against {daemon.url} (pid {pid}); "
               f"RSS {rss[0][1] / 1024:.1f} MiB, {fds_start} fds at start", flush=True)
@@ -150,7 +153,9 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
             while (elapsed := time.monotonic() - t_start) < duration:
                 await asyncio.sleep(min(sample_s, duration - elapsed))
                 rss.append((time.monotonic() - t_start, rss_kib(pid)))
-                print(f"  t={rss[-1][0]:5.0f}s RSS {rss[-1][1] / 1024:7.1f} MiB  "
+                anon.append((rss[-1][0], rss_anon_kib(pid)))
+                print(f"  t={rss[-1][0]:5.0f}s RSS {rss[-1][1] / 1024:7.1f} MiB "
+                      f"(anonymous {anon[-1][1] / 1024:6.1f})  "
                       f"fds {open_fds(pid):4d}  served {stats.served:7d}  "
                       f"back-pressure {sum(stats.backpressure.values())}  "
                       f"errors {sum(stats.errors.values())}", flush=True)
@@ -183,7 +188,10 @@ async def soak(duration: float, clients: int, period_s: float, sample_s: float) 
     slope = trend_kib_per_min(rss)
     print(f"RSS: start {rss[0][1] / 1024:.1f} MiB, end {rss_end / 1024:.1f} MiB; samples (MiB): "
           + " ".join(f"{r / 1024:.0f}" for _, r in rss))
-    print(f"RSS trend over the second half: {slope / 1024:+.2f} MiB/min")
+    print(f"RSS trend over the second half: {slope / 1024:+.2f} MiB/min; of it anonymous "
+          f"memory (what a leak grows; the rest is file-backed, memory.db's mapped pages among "
+          f"them): {trend_kib_per_min(anon) / 1024:+.2f} MiB/min, "
+          f"{anon[0][1] / 1024:.1f} → {anon[-1][1] / 1024:.1f} MiB")
     print(f"open fds: start {fds_start}, end {fds_end}")
     print(f"daemon exit code on SIGTERM: {code}")
     return 0 if not stats.errors and code == 0 else 1

@@ -277,6 +277,16 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def rss_anon_kib(pid: int) -> int:
+    """The anonymous part of the resident set (the heap, the allocator's arenas): what a leak
+    grows. The rest is file-backed, memory.db's pages mapped by its readers among them, which
+    grow as the index grows and the kernel may drop."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    return 0
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
