@@ -4,9 +4,10 @@ postings layout or server setting would make it faster (issue 32: ≥ 1/3 of SQL
 ``python -m research.pg_build [--size 100000] [--rounds 2] [--variants now,no-postings,…]``: the
 scale corpus (``bench.scalecorpus``, cached) is loaded into a fresh database of one throwaway
 PostgreSQL (``testkit.postgres``) per build, the variant's SQL applied over the migrated schema,
-then ``PgIndexer.run_once`` without an embedder on a pool of two connections, as ``bench.cluster``
-times it. Variants alternate round by round. Per build: chunks/s, how busy the machine was (from
-``/proc/stat``), this process's CPU seconds, the WAL written, and the postings' heap and index.
+then ``bench.clustersearch``'s keyword-only build (``PgIndexer.run_once`` without an embedder
+on a pool of two connections), as ``bench.cluster`` times it. Variants alternate round by
+round. Per build: chunks/s, how busy the machine was (from ``/proc/stat``), this process's CPU
+seconds, the WAL written, and the postings' heap and index.
 
 Variants (each a schema the product does not use; every one is measured only for its build):
 
@@ -25,11 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import time
-from typing import Any
 
 from bench import clustersearch
-from bench.corpus import bench_memory_config
 from bench.scale import structlog_quiet
 from bench.scalecorpus import build
 from testkit.postgres import running_postgres
@@ -83,20 +81,13 @@ def _cpu() -> tuple[int, int]:
     return sum(v), v[3] + v[4]
 
 
-async def _build(dsn: str) -> dict[str, float]:
-    from psycopg_pool import AsyncConnectionPool
-
-    from memory.pg.indexer import PgIndexer
-
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
-    await pool.open()
-    try:
-        c0, t0, p0 = _cpu(), time.perf_counter(), os.times()
-        report = await PgIndexer(pool, bench_memory_config(), None).run_once()
-        c1, seconds, p1 = _cpu(), time.perf_counter() - t0, os.times()
-    finally:
-        await pool.close()
-    return {"chunks": report.chunks_written, "seconds": seconds,
+def _build(dsn: str) -> dict[str, float]:
+    """``bench.clustersearch``'s timed keyword-only build, with the machine's and this
+    process's CPU around it."""
+    c0, p0 = _cpu(), os.times()
+    timed = asyncio.run(clustersearch._keyword_only_postgres(dsn))
+    c1, p1 = _cpu(), os.times()
+    return {"chunks": timed["keywordChunks"], "seconds": timed["keywordS"],
             "busy": 1 - (c1[1] - c0[1]) / max(1, c1[0] - c0[0]),
             "clientCpuS": p1.user + p1.system - p0.user - p0.system}
 
@@ -130,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         conn.execute(sql)
                     conn.execute("CHECKPOINT")
                     lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
-                got = asyncio.run(_build(dsn))
+                got = _build(dsn)
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     row = conn.execute(
                         "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s),"

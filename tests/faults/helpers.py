@@ -270,21 +270,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rss_kib(pid: int) -> int:
+def status_kib(pid: int, field: str) -> int:
+    """One ``kB`` field of ``/proc/PID/status`` (``VmRSS``, ``RssAnon``, …); 0 when absent."""
+    prefix = f"{field}:"
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(prefix):
             return int(line.split()[1])
     return 0
+
+
+def rss_kib(pid: int) -> int:
+    return status_kib(pid, "VmRSS")
 
 
 def rss_anon_kib(pid: int) -> int:
     """The anonymous part of the resident set (the heap, the allocator's arenas): what a leak
     grows. The rest is file-backed, memory.db's pages mapped by its readers among them, which
     grow as the index grows and the kernel may drop."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    return 0
+    return status_kib(pid, "RssAnon")
 
 
 def open_fds(pid: int) -> int:
