@@ -261,6 +261,7 @@ class FakeOpenAI:
         self.connections_opened = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._conns: set[_Conn] = set()
         self._counter = 0
 
@@ -297,12 +298,14 @@ class FakeOpenAI:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> FakeOpenAI:
+        self._closing = False
         self._server = await asyncio.start_server(self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def close(self) -> None:
         """Stop listening, cancel every handler and close every client socket; safe twice."""
+        self._closing = True
         if self._server is not None:
             self._server.close()
         for task in list(self._handlers):
@@ -324,6 +327,11 @@ class FakeOpenAI:
         # A plain callback, not a coroutine: asyncio 3.11 then leaves the task to us, so we
         # track it from the first moment and its cancellation at close() is not logged as
         # an error by StreamReaderProtocol.
+        if self._closing:
+            # Accepted as close() ran (asyncio 3.11 leaves accepted sockets open): no handler
+            # would be cancelled for it, so its socket would outlive the loop.
+            writer.transport.abort()
+            return
         task = asyncio.get_running_loop().create_task(self._handle(reader, writer))
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,19 @@ __all__ = ["TOKEN", "fake_openai", "make_config", "running"]
 # its too-slow health check fail a correct test on a loaded machine, as a CI run once did.
 settings.register_profile("recalld", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("recalld")
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logging() -> Iterator[None]:
+    """A test that runs a CLI command in-process (``configure_logging``) leaves no root handler
+    behind: bound to that test's captured stderr, it would write to a closed file later."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if getattr(handler, "_recalld", False) and handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -56,20 +56,27 @@ class SocketBudget:
     client's new one, whose headers follow at once); with none waiting, the new one is closed
     before a byte is read. Either way the descriptor is freed at once: a flood of half-sent
     requests never reaches the open-file limit the transcripts and databases need.
+
+    :meth:`shut` (the server's close) aborts every socket still counted and each one admitted
+    after it: asyncio 3.11's ``Server.close()`` leaves accepted connections open, and a client
+    that reconnects as the server stops (the web page does) can be accepted a loop turn after
+    it, with nobody left to close its socket.
     """
 
     __slots__ = ("_last_log", "_open", "_waiting", "evicted", "header_timeout_s", "max_sockets",
-                 "refused", "timed_out")
+                 "refused", "shut_down", "timed_out")
 
     def __init__(self, max_sockets: int, header_timeout_s: float) -> None:
         self.max_sockets = max_sockets
         self.header_timeout_s = header_timeout_s
-        self._open: set[object] = set()
+        # Every socket counted, with its transport (for shut()).
+        self._open: dict[object, asyncio.Transport] = {}
         # Sockets waiting for request headers, oldest first, each with the timer that closes it.
         self._waiting: dict[object, tuple[asyncio.Transport, asyncio.TimerHandle]] = {}
         self.refused = 0
         self.evicted = 0
         self.timed_out = 0
+        self.shut_down = False
         self._last_log = float("-inf")
 
     @property
@@ -82,13 +89,16 @@ class SocketBudget:
 
     def admit(self, owner: object, transport: asyncio.Transport) -> bool:
         """Count a socket just accepted, waiting for its headers; False (and closed) if
-        none fits."""
+        none fits or the server has shut."""
+        if self.shut_down:
+            transport.abort()
+            return False
         if len(self._open) >= self.max_sockets and not self._evict_oldest():
             self.refused += 1
             self._log_full()
             transport.abort()
             return False
-        self._open.add(owner)
+        self._open[owner] = transport
         self.await_headers(owner, transport)
         return True
 
@@ -107,7 +117,28 @@ class SocketBudget:
 
     def release(self, owner: object) -> None:
         self.headers_done(owner)
-        self._open.discard(owner)
+        self._open.pop(owner, None)
+
+    def drop_waiting(self) -> int:
+        """Abort the sockets that have not sent their request headers (nothing of theirs is
+        being answered); the number aborted. The server's close starts with this, so a silent
+        socket does not hold the shutdown for ``header_timeout_s``."""
+        left = list(self._waiting)
+        for owner in left:
+            transport, timer = self._waiting.pop(owner)
+            timer.cancel()
+            transport.abort()
+        return len(left)
+
+    def shut(self) -> int:
+        """Abort every socket still counted and refuse any admitted from now on; the number
+        aborted. Their ``connection_lost`` (and the descriptor's close) follow a loop turn
+        later."""
+        self.shut_down = True
+        left = [t for t in self._open.values() if not t.is_closing()]
+        for transport in left:
+            transport.abort()
+        return len(left)
 
     def _expire(self, owner: object) -> None:
         entry = self._waiting.pop(owner, None)
@@ -122,7 +153,7 @@ class SocketBudget:
         transport, timer = self._waiting.pop(owner)
         timer.cancel()
         # Its place is the newcomer's from now: its connection_lost comes a loop turn later.
-        self._open.discard(owner)
+        self._open.pop(owner, None)
         self.evicted += 1
         self._log_full()
         transport.abort()

@@ -173,9 +173,15 @@ class GatewayServer:
         self._closed = True
         if self._server is not None:
             self._server.close(close_connections=True)
+            # No request from them to answer; websockets would wait out their handshake.
+            self.sockets.drop_waiting()
             await self._server.wait_closed()
+        # What websockets' close did not wait for: a socket accepted as it ran (asyncio 3.11
+        # does not close accepted connections), aborted now, and any admitted later at once.
+        aborted = self.sockets.shut()
+        await asyncio.sleep(0)  # their connection_lost closes the descriptors
         self._accept_log.uninstall(asyncio.get_running_loop())
-        log.info("gateway.closed")
+        log.info("gateway.closed", aborted_sockets=aborted)
 
     @property
     def refused_sockets(self) -> int:
