@@ -1,5 +1,6 @@
 """Where a PostgreSQL keyword-only build of the 100k scale corpus spends its time, and which
-postings layout or server setting would make it faster (issue 32: ≥ 1/3 of SQLite's rate).
+postings layout or server setting would make it faster (issue 32: ≥ 1/3 of SQLite's rate;
+the answer, postings in blocks, is the product's since m006).
 
 ``python -m research.pg_build [--size 100000] [--rounds 2] [--variants now,no-postings,…]``: the
 scale corpus (``bench.scalecorpus``, cached) is loaded into a fresh database of one throwaway
@@ -9,16 +10,21 @@ on a pool of two connections), as ``bench.cluster`` times it. Variants alternate
 round. Per build: chunks/s, how busy the machine was (from ``/proc/stat``), this process's CPU
 seconds, the WAL written, and the postings' heap and index.
 
-Variants (each a schema the product does not use; every one is measured only for its build):
+Variants (each a schema the product does not use, but ``now``; each measured for its build):
 
-* ``now`` — the product's schema;
+* ``now`` — the product's schema: postings in blocks (m006), one row per lexeme, user and
+  INSERT statement with the statement's chunk ids, tfs and lengths as arrays;
+* ``rows`` — the layout before m006: one posting row per lexeme, user and chunk;
 * ``no-postings`` — the postings trigger disabled: what the chunks alone cost (an upper bound);
-* ``int-terms`` — lexemes numbered in a dictionary table, postings keyed ``(term int4, user,
-  chunk)`` with ``smallint`` tf and length (narrower keys, cheaper comparisons);
-* ``narrow`` — the same key as now, the fixed-width columns first and ``smallint`` tf and length;
+* ``int-terms`` — per-chunk rows with lexemes numbered in a dictionary table, keyed ``(term
+  int4, user, chunk)`` with ``smallint`` tf and length (narrower keys, cheaper comparisons);
+* ``narrow`` — per-chunk rows, the fixed-width columns first and ``smallint`` tf and length;
 * ``unlogged`` — the postings table ``UNLOGGED`` (no WAL for them; emptied by a crash);
 * ``wal-no-zero`` — ``wal_init_zero = off`` (new WAL segments are not zero-filled);
 * ``big-wal`` — ``max_wal_size = 16GB`` (no checkpoint during the build).
+
+``int-terms`` and ``narrow`` replace the table and its insert trigger only, so they measure a
+build, nothing after it; they were the per-row layouts tried before m006 (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -62,8 +68,26 @@ CREATE TABLE recalld_memory_postings (
   lexeme text NOT NULL, user_id text NOT NULL, PRIMARY KEY (lexeme, user_id, chunk_id));
 """
 
+# The layout before m006, one posting row per (lexeme, user, chunk), as m005 left it.
+_ROWS = """
+DROP TRIGGER recalld_memory_postings_deleted ON recalld_memory_chunks;
+DROP TABLE recalld_memory_postings;
+CREATE TABLE recalld_memory_postings (
+  lexeme text NOT NULL, user_id text NOT NULL, chunk_id bigint NOT NULL, tf integer NOT NULL,
+  doc_len integer NOT NULL, PRIMARY KEY (lexeme, user_id, chunk_id));
+CREATE OR REPLACE FUNCTION recalld_memory_postings_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO recalld_memory_postings (lexeme, user_id, chunk_id, tf, doc_len)
+  SELECT u.lexeme, n.user_id, n.id, coalesce(array_length(u.positions, 1), 1), n.doc_len
+  FROM inserted n CROSS JOIN LATERAL unnest(n.tsv) AS u
+  ORDER BY u.lexeme;
+  RETURN NULL;
+END $$;
+"""
+
 VARIANTS: dict[str, list[str]] = {
     "now": [],
+    "rows": [_ROWS],
     "no-postings": ["ALTER TABLE recalld_memory_chunks "
                     "DISABLE TRIGGER recalld_memory_postings_inserted"],
     "int-terms": [_INT_TERMS],
@@ -97,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--variants", default="now,no-postings,int-terms,narrow",
+    parser.add_argument("--variants", default="now,rows,no-postings",
                         help=f"comma-separated, of: {', '.join(VARIANTS)}")
     args = parser.parse_args(argv)
     names = args.variants.split(",")

@@ -13,9 +13,10 @@ indexer reads only through :mod:`sessions.pg.feed`):
   lexemes and positions), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized
   vector as a ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The
   vector index is created by :mod:`memory.pg.index` once the embedder's width is known.
-* ``postings`` — the keyword leg's inverted index (lexeme, user, chunk → tf), kept from
-  ``chunks.tsv`` by triggers: one per INSERT statement (a batch of chunks at once, m003), one
-  per updated or deleted chunk.
+* ``postings`` — the keyword leg's inverted index, kept from ``chunks.tsv`` by triggers: since
+  m006 one row per (lexeme, user, block) with the block's chunk ids, term frequencies and chunk
+  lengths as arrays (an INSERT statement's chunks make one block per lexeme); one trigger per
+  INSERT statement, one per DELETE statement, one per chunk whose words change.
 * ``progress`` — per session, how far its messages are chunked (the claim row, locked with
   ``FOR UPDATE SKIP LOCKED`` by whichever node indexes it), and its chunks' count and total
   length (the rows ``corpus`` sums).
@@ -304,12 +305,125 @@ BEGIN
 END $$;
 """
 
+# Postings in blocks (round 4): one row per (lexeme, user, block) holding the block's chunk ids,
+# term frequencies and chunk lengths as arrays, instead of one row per (lexeme, chunk). An INSERT
+# statement's postings become one block per lexeme (a 1,000-chunk statement's ~110k postings, a
+# few thousand rows): each posting row had cost a tuple header, an index entry and a WAL record,
+# over half of a bulk build (docs/scaling.md). ``block`` is a label no greater than any chunk id
+# in it (the statement's first id for that lexeme), so a chunk's block for a lexeme is the first
+# one holding its id at or below it: one backward index scan. Deletes are one statement-level
+# trigger (each block touched rewritten once, however many of its chunks go); an update of a
+# chunk's words (a session's last chunk re-cut by an append) moves it to the block labelled with
+# its own id. Existing postings are regrouped in blocks of 1,024 ids.
+_M006 = """
+ALTER TABLE recalld_memory_postings RENAME TO recalld_memory_postings_m005;
+ALTER INDEX recalld_memory_postings_pkey RENAME TO recalld_memory_postings_m005_pkey;
+CREATE TABLE recalld_memory_postings (
+  lexeme    text      NOT NULL,
+  user_id   text      NOT NULL,
+  block     bigint    NOT NULL,
+  chunk_ids bigint[]  NOT NULL,
+  tfs       integer[] NOT NULL,
+  doc_lens  integer[] NOT NULL,
+  PRIMARY KEY (lexeme, user_id, block));
+INSERT INTO recalld_memory_postings (lexeme, user_id, block, chunk_ids, tfs, doc_lens)
+SELECT lexeme, user_id, min(chunk_id), array_agg(chunk_id ORDER BY chunk_id),
+       array_agg(tf ORDER BY chunk_id), array_agg(doc_len ORDER BY chunk_id)
+FROM recalld_memory_postings_m005
+GROUP BY lexeme, user_id, chunk_id >> 10
+ORDER BY lexeme;
+DROP TABLE recalld_memory_postings_m005;
+
+CREATE OR REPLACE FUNCTION recalld_memory_postings_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO recalld_memory_postings (lexeme, user_id, block, chunk_ids, tfs, doc_lens)
+  SELECT u.lexeme, n.user_id, min(n.id), array_agg(n.id ORDER BY n.id),
+         array_agg(coalesce(array_length(u.positions, 1), 1) ORDER BY n.id),
+         array_agg(n.doc_len ORDER BY n.id)
+  FROM inserted n CROSS JOIN LATERAL unnest(n.tsv) AS u
+  GROUP BY u.lexeme, n.user_id
+  ORDER BY u.lexeme;
+  RETURN NULL;
+END $$;
+
+CREATE FUNCTION recalld_memory_postings_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  e_lexeme text[];
+  e_user   text[];
+  e_block  bigint[];
+BEGIN
+  WITH hit AS (
+    SELECT DISTINCT b.lexeme, b.user_id, b.block
+    FROM gone g CROSS JOIN LATERAL unnest(g.tsv) AS u CROSS JOIN LATERAL (
+      SELECT p.lexeme, p.user_id, p.block FROM recalld_memory_postings p
+      WHERE p.lexeme = u.lexeme AND p.user_id = g.user_id AND p.block <= g.id
+        AND g.id = ANY(p.chunk_ids)
+      ORDER BY p.block DESC LIMIT 1) AS b),
+  kept AS (
+    UPDATE recalld_memory_postings p SET (chunk_ids, tfs, doc_lens) = (
+      SELECT coalesce(array_agg(x.c ORDER BY x.o), '{}'),
+             coalesce(array_agg(x.t ORDER BY x.o), '{}'),
+             coalesce(array_agg(x.l ORDER BY x.o), '{}')
+      FROM unnest(p.chunk_ids, p.tfs, p.doc_lens) WITH ORDINALITY AS x(c, t, l, o)
+      WHERE x.c NOT IN (SELECT id FROM gone))
+    FROM hit WHERE p.lexeme = hit.lexeme AND p.user_id = hit.user_id AND p.block = hit.block
+    RETURNING p.lexeme, p.user_id, p.block, cardinality(p.chunk_ids) AS left_)
+  SELECT array_agg(lexeme), array_agg(user_id), array_agg(block)
+  INTO e_lexeme, e_user, e_block FROM kept WHERE left_ = 0;
+  IF e_lexeme IS NOT NULL THEN
+    DELETE FROM recalld_memory_postings p
+    USING unnest(e_lexeme, e_user, e_block) AS e(lexeme, user_id, block)
+    WHERE p.lexeme = e.lexeme AND p.user_id = e.user_id AND p.block = e.block;
+  END IF;
+  RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION recalld_memory_postings_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  WITH hit AS (
+    SELECT b.lexeme, b.block, b.at, b.n
+    FROM unnest(OLD.tsv) AS u CROSS JOIN LATERAL (
+      SELECT p.lexeme, p.block, array_position(p.chunk_ids, OLD.id) AS at,
+             cardinality(p.chunk_ids) AS n
+      FROM recalld_memory_postings p
+      WHERE p.lexeme = u.lexeme AND p.user_id = OLD.user_id AND p.block <= OLD.id
+        AND OLD.id = ANY(p.chunk_ids)
+      ORDER BY p.block DESC LIMIT 1) AS b),
+  emptied AS (
+    DELETE FROM recalld_memory_postings p USING hit
+    WHERE hit.n = 1 AND p.lexeme = hit.lexeme AND p.user_id = OLD.user_id AND p.block = hit.block)
+  UPDATE recalld_memory_postings p
+  SET chunk_ids = p.chunk_ids[:hit.at - 1] || p.chunk_ids[hit.at + 1:],
+      tfs = p.tfs[:hit.at - 1] || p.tfs[hit.at + 1:],
+      doc_lens = p.doc_lens[:hit.at - 1] || p.doc_lens[hit.at + 1:]
+  FROM hit
+  WHERE hit.n > 1 AND p.lexeme = hit.lexeme AND p.user_id = OLD.user_id AND p.block = hit.block;
+  INSERT INTO recalld_memory_postings AS p (lexeme, user_id, block, chunk_ids, tfs, doc_lens)
+  SELECT u.lexeme, NEW.user_id, NEW.id, ARRAY[NEW.id],
+         ARRAY[coalesce(array_length(u.positions, 1), 1)], ARRAY[NEW.doc_len]
+  FROM unnest(NEW.tsv) AS u
+  ON CONFLICT (lexeme, user_id, block) DO UPDATE
+    SET chunk_ids = p.chunk_ids || excluded.chunk_ids, tfs = p.tfs || excluded.tfs,
+        doc_lens = p.doc_lens || excluded.doc_lens;
+  RETURN NULL;
+END $$;
+
+DROP TRIGGER recalld_memory_postings_rows ON recalld_memory_chunks;
+CREATE TRIGGER recalld_memory_postings_rows
+  AFTER UPDATE OF tsv, doc_len, user_id ON recalld_memory_chunks
+  FOR EACH ROW EXECUTE FUNCTION recalld_memory_postings_sync();
+CREATE TRIGGER recalld_memory_postings_deleted
+  AFTER DELETE ON recalld_memory_chunks REFERENCING OLD TABLE AS gone
+  FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_postings_deleted();
+"""
+
 MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m001_chunks_cache_progress", _M001),
     ("m002_facts_episodes_forgotten", _M002),
     ("m003_statement_postings_corpus_totals", _M003),
     ("m004_fact_client", _M004),
     ("m005_postings_sorted_by_lexeme", _M005),
+    ("m006_postings_in_blocks", _M006),
 )
 
 def migrate(conn: psycopg.Connection[object]) -> list[str]:

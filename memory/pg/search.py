@@ -8,8 +8,9 @@ score, higher better, exactly as :mod:`memory.sqlite.search` hands them to
   at least 1e-6; N, df and the average length over every user's chunks, as FTS5's are over the
   whole table; N and the length from the few rows of ``recalld_memory_corpus``, which a trigger
   keeps equal to the per-session sums in ``recalld_memory_progress``), read
-  from ``recalld_memory_postings`` (lexeme, user, chunk → tf and the chunk's token count), an
-  inverted index kept from each chunk's ``tsvector`` by a trigger. ``ts_rank_cd`` is not used:
+  from ``recalld_memory_postings`` (lexeme, user, block → the block's chunk ids, tfs and the
+  chunks' token counts as arrays, unnested here), an inverted index kept from each chunk's
+  ``tsvector`` by triggers. ``ts_rank_cd`` is not used:
   it is not BM25, and it moved the sample's R@10 outside the bar (memory/pg/__init__.py).
 * **vector** — cosine similarity over the int8 vectors (:mod:`memory.pg.vectors` for the two
   shapes of the leg).
@@ -82,8 +83,10 @@ common AS (
 judged AS (
   SELECT t.lexeme,
          common.threshold IS NOT NULL AND (
-           SELECT count(*) FROM (SELECT 1 FROM recalld_memory_postings p WHERE p.lexeme = t.lexeme
-                                 LIMIT common.threshold) AS hits) >= common.threshold AS is_common
+           SELECT coalesce(sum(n), 0) FROM (
+             SELECT cardinality(p.chunk_ids) AS n FROM recalld_memory_postings p
+             WHERE p.lexeme = t.lexeme LIMIT common.threshold) AS hits) >= common.threshold
+           AS is_common
   FROM terms t CROSS JOIN common),
 kept AS (
   SELECT lexeme FROM judged
@@ -93,14 +96,15 @@ idf AS (
          greatest(ln((corpus.n - d.df + 0.5) / (d.df + 0.5)), 1e-6) AS idf
   FROM kept k
   CROSS JOIN corpus
-  CROSS JOIN LATERAL (SELECT count(*)::float8 AS df FROM recalld_memory_postings p
-                      WHERE p.lexeme = k.lexeme) AS d),
+  CROSS JOIN LATERAL (SELECT coalesce(sum(cardinality(p.chunk_ids)), 0)::float8 AS df
+                      FROM recalld_memory_postings p WHERE p.lexeme = k.lexeme) AS d),
 kw AS (
   SELECT p.chunk_id AS id,
          sum(idf.idf * (p.tf * 2.2) / (p.tf + 1.2 * (0.25 + 0.75 * p.doc_len / corpus.avgdl)))
            AS score
   FROM idf
-  JOIN recalld_memory_postings p ON p.lexeme = idf.lexeme AND p.user_id = %(user)s{{chunk_join}}
+  JOIN recalld_memory_postings b ON b.lexeme = idf.lexeme AND b.user_id = %(user)s
+  CROSS JOIN unnest(b.chunk_ids, b.tfs, b.doc_lens) AS p(chunk_id, tf, doc_len){{chunk_join}}
   CROSS JOIN corpus
   WHERE true{{filters}}
   GROUP BY p.chunk_id

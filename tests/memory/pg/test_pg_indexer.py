@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from memory.embedders.embeddings import EmbeddingPipeline
 from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
+from memory.pg.migrations import TS_CONFIG
 from sessions import parse_ts
 from tests.memory.conftest import (
     FakeEmbedder,
@@ -152,8 +153,18 @@ def _totals(dsn: str) -> dict[str, tuple[int, int]]:
             return int(row[0] or 0), int(row[1] or 0)
         return {"corpus": one("SELECT sum(n_chunks), sum(total_len) FROM recalld_memory_corpus"),
                 "chunks": one("SELECT count(*), sum(doc_len) FROM recalld_memory_chunks"),
-                "postings": one("SELECT (SELECT count(*) FROM recalld_memory_postings), "
-                                "(SELECT sum(length(tsv)) FROM recalld_memory_chunks)")}
+                "postings": one(f"SELECT (SELECT count(*) FROM ({_POSTED}) AS p), "
+                                "(SELECT sum(length(tsv)) FROM recalld_memory_chunks)"),
+                # Each posting exactly: (lexeme, user, chunk, tf, length) in one and not the other.
+                "differ": one(f"SELECT (SELECT count(*) FROM ({_POSTED} EXCEPT ALL {_LEXEMES}) a),"
+                              f" (SELECT count(*) FROM ({_LEXEMES} EXCEPT ALL {_POSTED}) b)")}
+
+
+# The postings as rows (their blocks unnested), and what the chunks' own lexemes say they are.
+_POSTED = ("SELECT b.lexeme, b.user_id, p.chunk_id, p.tf, p.doc_len FROM recalld_memory_postings b"
+           " CROSS JOIN unnest(b.chunk_ids, b.tfs, b.doc_lens) AS p(chunk_id, tf, doc_len)")
+_LEXEMES = ("SELECT u.lexeme, c.user_id, c.id, coalesce(array_length(u.positions, 1), 1), c.doc_len"
+            " FROM recalld_memory_chunks c CROSS JOIN unnest(c.tsv) AS u")
 
 
 async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, pool: Pool) -> None:
@@ -166,7 +177,7 @@ async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, poo
     await PgIndexer(pool, CONFIG, None, sessions_per_claim=2, chunks_per_statement=3).run_once()
     first = _totals(pg_index)
     assert first["corpus"] == first["chunks"] and first["corpus"][0] > 6
-    assert first["postings"][0] == first["postings"][1]
+    assert first["postings"][0] == first["postings"][1] and first["differ"] == (0, 0)
     add_session(pg_index, "alice", "s1", MORE, start_minute=10, create=False)
     with sessions_store(pg_index) as store:
         store.delete("alice", key_of("s2"))
@@ -178,4 +189,49 @@ async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, poo
         conn.execute(SESSION_STATS_SQL, ([key_of("s4")],))
     after = _totals(pg_index)
     assert after["corpus"] == after["chunks"] != first["chunks"]
-    assert after["postings"][0] == after["postings"][1]
+    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
+    # A chunk's words change (as a re-cut's upsert changes them): its postings move to a block
+    # of its own; then its session goes, and no posting of it is left.
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute(f"UPDATE recalld_memory_chunks SET tsv = to_tsvector('{TS_CONFIG}', content"
+                     " || ' queen bees swarm'), doc_len = doc_len + 3 WHERE id = (SELECT min(id)"
+                     " FROM recalld_memory_chunks WHERE session_key = %s)", (key_of("s0"),))
+    moved = _totals(pg_index)
+    assert moved["postings"][0] == moved["postings"][1] and moved["differ"] == (0, 0)
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = %s", (key_of("s0"),))
+    last = _totals(pg_index)
+    assert last["postings"][0] == last["postings"][1] and last["differ"] == (0, 0)
+
+
+async def test_postings_written_in_rows_are_regrouped_in_blocks_by_m006(pg_dsn: str) -> None:
+    """A database indexed before m006 (one posting row per lexeme and chunk) keeps every posting
+    when m006 regroups them in blocks, and later writes and deletes keep them exact."""
+    from memory.pg.migrations import MIGRATION_LOCK, MIGRATIONS, migrate
+    from sessions import apply_migrations, pg_ledger
+    from sessions.pg.store import PgSessionStore
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, \
+            pg_ledger(conn, table="recalld_memory_migrations", lock=MIGRATION_LOCK,
+                      prelude=("CREATE EXTENSION IF NOT EXISTS vector",)) as ledger:
+        names = [name for name, _ in MIGRATIONS]
+        apply_migrations(ledger, MIGRATIONS[:names.index("m006_postings_in_blocks")])
+    PgSessionStore(pg_dsn, pool_size=1).close()
+    for i in range(4):
+        add_session(pg_dsn, "alice" if i % 2 else "bob", f"s{i}", FIRST + MORE)
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, open=False) as pool:
+        await PgIndexer(pool, CONFIG, None, chunks_per_statement=5).run_once()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT count(*) FROM recalld_memory_postings").fetchone()
+            assert rows is not None and rows[0] > 0
+            assert migrate(conn) == ["m006_postings_in_blocks"]
+        regrouped = _totals(pg_dsn)
+        assert regrouped["postings"][0] == regrouped["postings"][1] > 0
+        assert regrouped["differ"] == (0, 0)
+        with sessions_store(pg_dsn) as store:
+            store.delete("bob", key_of("s0"))
+        add_session(pg_dsn, "alice", "s1", ["The hives are quiet today."], start_minute=30,
+                    create=False)
+        await PgIndexer(pool, CONFIG, None).run_once()
+    after = _totals(pg_dsn)
+    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)

@@ -67,7 +67,7 @@ def _state(dsn: str) -> dict[str, Any]:
         totals = conn.execute(
             "SELECT (SELECT sum(n_chunks) FROM recalld_memory_corpus),"
             " (SELECT count(*) FROM recalld_memory_chunks),"
-            " (SELECT count(*) FROM recalld_memory_postings),"
+            " (SELECT coalesce(sum(cardinality(chunk_ids)), 0) FROM recalld_memory_postings),"
             " (SELECT sum(length(tsv)) FROM recalld_memory_chunks)"
         ).fetchone()
     assert totals is not None
