@@ -36,6 +36,7 @@ import os
 from bench import clustersearch
 from bench.scale import structlog_quiet
 from bench.scalecorpus import build
+from memory.pg.migrations import MIGRATIONS
 from testkit.postgres import running_postgres
 
 _INT_TERMS = """
@@ -68,22 +69,15 @@ CREATE TABLE recalld_memory_postings (
   lexeme text NOT NULL, user_id text NOT NULL, PRIMARY KEY (lexeme, user_id, chunk_id));
 """
 
-# The layout before m006, one posting row per (lexeme, user, chunk), as m005 left it.
+# The layout before m006, one posting row per (lexeme, user, chunk), as m005 left it (its insert
+# trigger is m005's own SQL).
 _ROWS = """
 DROP TRIGGER recalld_memory_postings_deleted ON recalld_memory_chunks;
 DROP TABLE recalld_memory_postings;
 CREATE TABLE recalld_memory_postings (
   lexeme text NOT NULL, user_id text NOT NULL, chunk_id bigint NOT NULL, tf integer NOT NULL,
   doc_len integer NOT NULL, PRIMARY KEY (lexeme, user_id, chunk_id));
-CREATE OR REPLACE FUNCTION recalld_memory_postings_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO recalld_memory_postings (lexeme, user_id, chunk_id, tf, doc_len)
-  SELECT u.lexeme, n.user_id, n.id, coalesce(array_length(u.positions, 1), 1), n.doc_len
-  FROM inserted n CROSS JOIN LATERAL unnest(n.tsv) AS u
-  ORDER BY u.lexeme;
-  RETURN NULL;
-END $$;
-"""
+""" + dict(MIGRATIONS)["m005_postings_sorted_by_lexeme"]
 
 VARIANTS: dict[str, list[str]] = {
     "now": [],
