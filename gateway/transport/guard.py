@@ -135,8 +135,8 @@ class SocketBudget:
         aborted. Their ``connection_lost`` (and the descriptor's close) follow a loop turn
         later."""
         self.shut_down = True
-        left = [t for t in self._open.values() if not t.is_closing()]
-        for transport in left:
+        left = list(self._open.values())
+        for transport in left:  # a transport closing gracefully is forced (abort is idempotent)
             transport.abort()
         return len(left)
 
