@@ -146,7 +146,10 @@ def node_env(model_url: str, backend: str, dsn: str | None) -> dict[str, str]:
            "RECALLD_MEMORY_EMBEDDER": "openai",
            "RECALLD_MEMORY_EMBEDDINGS_MODEL": "fake-embed", "RECALLD_MEMORY_WATCH": "true",
            # The throwaway PostgreSQL runs with fsync off; the SQLite node skips fsync too.
-           "RECALLD_SESSIONS_FSYNC": "never"}
+           "RECALLD_SESSIONS_FSYNC": "never",
+           # The fan-out's subscribers and its sender are one user's connections on one node
+           # (server.max_connections_per_user is 64 by default since round 4's hardening).
+           "RECALLD_SERVER_MAX_CONNECTIONS_PER_USER": str(SUBSCRIBERS + 8)}
     if backend == "postgres":
         assert dsn is not None
         env.update({"RECALLD_STORAGE_BACKEND": "postgres", "RECALLD_STORAGE_DSN": dsn})
