@@ -25,6 +25,7 @@ from .config import FsyncPolicy, SessionsConfig
 from .errors import (
     InvalidSessionInput,
     LineTooLarge,
+    SchemaTooNew,
     SessionError,
     SessionNotFound,
     StorageError,
@@ -122,6 +123,7 @@ __all__ = [
     "SessionsConfig",
     "StorageError",
     "TranscriptEntry",
+    "SchemaTooNew",
     "UnsafePath",
     "check_free_space",
     "check_user",

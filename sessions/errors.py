@@ -93,6 +93,12 @@ class StorageError(SessionError):
         self.errno = errno
 
 
+class SchemaTooNew(StorageError):
+    """The database records a migration newer than the newest this version knows: a newer
+    recalld migrated it, and this one would read the changed tables wrongly. Not retryable;
+    the node is upgraded (docs/scaling.md, "Upgrading the nodes")."""
+
+
 class UnsafePath(StorageError):
     """A symbolic link, or something other than a regular file (a directory for a user's
     directory), where the store keeps its own file: refused, never followed.

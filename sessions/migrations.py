@@ -21,10 +21,12 @@ row formats the loops before this module wrote, so existing databases open uncha
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from .errors import SchemaTooNew
 
 if TYPE_CHECKING:
     import apsw
@@ -50,6 +52,11 @@ S_contra = TypeVar("S_contra", contravariant=True)
 class Ledger(Protocol[S_contra]):
     """A database's record of applied migrations, and the way one more is applied there."""
 
+    @property
+    def table(self) -> str:
+        """The ledger's table (named in errors)."""
+        ...
+
     def applied(self) -> set[str]: ...
 
     def apply(self, name: str, step: S_contra) -> None:
@@ -60,20 +67,40 @@ class Ledger(Protocol[S_contra]):
 class AsyncLedger(Protocol[S_contra]):
     """:class:`Ledger` over an async connection."""
 
+    @property
+    def table(self) -> str: ...
+
     async def applied(self) -> set[str]: ...
 
     async def apply(self, name: str, step: S_contra) -> None: ...
 
 
-def _pending(migrations: Iterable[tuple[str, S]], done: set[str]) -> list[tuple[str, S]]:
+def _pending(migrations: Sequence[tuple[str, S]], done: set[str],
+             table: str) -> list[tuple[str, S]]:
+    """The steps not yet recorded; SchemaTooNew when the ledger records a migration numbered
+    above this version's newest (a newer recalld's). An unknown name numbered below it is let
+    be: nothing this version reads depends on it."""
+    if migrations:
+        newest = migrations[-1][0]
+        known = {name for name, _ in migrations}
+        newer = sorted(n for n in done if n not in known and _number(n) > _number(newest))
+        if newer:
+            raise SchemaTooNew(
+                f"the database was migrated by a newer recalld ({', '.join(newer)} in {table}); "
+                f"this version knows migrations up to {newest}: upgrade this node")
     return [(name, step) for name, step in migrations if name not in done]
+
+
+def _number(name: str) -> int:
+    found = re.match(r"m(\d+)_", name)
+    return int(found.group(1)) if found else 0
 
 
 def apply_migrations(ledger: Ledger[S], migrations: Sequence[tuple[str, S]]) -> list[str]:
     """Apply, in order, every migration the ledger has not recorded; returns the names applied
     now."""
     applied_now: list[str] = []
-    for name, step in _pending(migrations, ledger.applied()):
+    for name, step in _pending(migrations, ledger.applied(), ledger.table):
         ledger.apply(name, step)
         applied_now.append(name)
     return applied_now
@@ -83,7 +110,7 @@ async def apply_migrations_async(ledger: AsyncLedger[S],
                                  migrations: Sequence[tuple[str, S]]) -> list[str]:
     """:func:`apply_migrations` over an :class:`AsyncLedger`."""
     applied_now: list[str] = []
-    for name, step in _pending(migrations, await ledger.applied()):
+    for name, step in _pending(migrations, await ledger.applied(), ledger.table):
         await ledger.apply(name, step)
         applied_now.append(name)
     return applied_now
@@ -103,6 +130,10 @@ class SqliteLedger:
     def __init__(self, db: apsw.Connection, table: str) -> None:
         self._db = db
         self._table = _table(table)
+
+    @property
+    def table(self) -> str:
+        return self._table
 
     def applied(self) -> set[str]:
         return {str(row[0]) for row in self._db.execute(f"SELECT name FROM {self._table}")}
@@ -134,6 +165,10 @@ class PgLedger:
         self._conn = conn
         self._table = _table(table)
 
+    @property
+    def table(self) -> str:
+        return self._table
+
     def applied(self) -> set[str]:
         return {str(row[0])
                 for row in self._conn.execute(f"SELECT name FROM {self._table}").fetchall()}
@@ -163,6 +198,10 @@ class AsyncPgLedger:
     def __init__(self, conn: psycopg.AsyncConnection[Any], table: str) -> None:
         self._conn = conn
         self._table = _table(table)
+
+    @property
+    def table(self) -> str:
+        return self._table
 
     async def applied(self) -> set[str]:
         cur = await self._conn.execute(f"SELECT name FROM {self._table}")

@@ -26,6 +26,7 @@ from gateway.cli.web import add_open_parser
 from gateway.config import Config, ConfigError, is_loopback, load
 from gateway.private import set_private_umask
 from gateway.storage import StorageUnavailable
+from sessions import SchemaTooNew
 
 __all__ = ["main"]
 
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     except TargetError as exc:
         print(f"recalld: {exc}", file=sys.stderr)
         return 2
+    except SchemaTooNew as exc:  # any command that opens a database a newer recalld migrated
+        print(f"recalld: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

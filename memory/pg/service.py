@@ -61,7 +61,7 @@ from memory.reports import ProgressCallback, SyncLog, SyncReport
 from memory.retrieval.excerpts import excerpts_for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
 from memory.retrieval.rerank_step import RerankStep
-from sessions import pg_feed
+from sessions import SchemaTooNew, pg_feed
 
 __all__ = ["PgMemory"]
 
@@ -139,6 +139,8 @@ class PgMemory:
             except BaseException:
                 await pool.close()
                 raise
+        except SchemaTooNew as exc:  # a newer node migrated the tables: its reason as it is
+            raise MemoryStorageError(str(exc)) from exc
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise MemoryStorageError(_why(exc)) from exc
         return cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import apsw
+
+from tests.conftest import TOKEN, make_config, running
 from tests.daemon import Daemon
 from tests.fake_openai import FakeOpenAI
 
@@ -36,3 +42,28 @@ async def test_startup_line_names_the_chat_model(tmp_path: Path, fake_openai: Fa
                                             "RECALLD_LLM_MODEL": "fake-model"})
     ready = ready_line(daemon)
     assert ready["chat"] == f"model fake-model at {fake_openai.base_url}"
+
+
+async def test_serve_refuses_an_index_a_newer_version_migrated_and_keeps_it(
+        tmp_path: Path) -> None:
+    """`recalld serve` on a data dir whose memory.db records a migration newer than this
+    version's exits 1 with one line naming it, and leaves the file as it was (not moved aside
+    and rebuilt as an unreadable one would be)."""
+    data = tmp_path / "data"
+    async with running(make_config(data)):
+        pass
+    db = apsw.Connection(str(data / "memory.db"))
+    db.execute("INSERT INTO migrations VALUES ('m099_newer', '2030-01-01T00:00:00+00:00')")
+    db.close()
+    done = subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data), "serve",
+                           "--port", "0"], capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items()
+                                  if not k.startswith(("RECALLD_", "OPENAI_"))},
+                               "RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_EMBEDDER": "none"})
+    assert done.returncode == 1, done.stderr
+    assert ("recalld: the database was migrated by a newer recalld (m099_newer in migrations)"
+            in done.stderr)
+    assert "Traceback" not in done.stderr
+    assert not list(data.glob("memory.db.corrupt-*"))
+    db = apsw.Connection(str(data / "memory.db"))
+    assert ("m099_newer",) in db.execute("SELECT name FROM migrations").fetchall()

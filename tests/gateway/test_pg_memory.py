@@ -83,3 +83,23 @@ async def test_an_unreachable_server_is_a_start_error_naming_the_setting(
         await start_app(cfg)
     assert "storage.dsn" in str(info.value) and "secret-password" not in str(info.value)
     assert not (cfg.data_dir / "memory.db").exists()
+
+
+@pytest.mark.parametrize("ledger", ["recalld_sessions_migrations", "recalld_memory_migrations"])
+async def test_a_database_a_newer_version_migrated_stops_the_start_naming_it(
+    config_factory: Callable[..., Config], pg_dsn: str, ledger: str
+) -> None:
+    """A node whose database records a migration newer than this version's (another node was
+    upgraded first) does not start on it: the start error names the migration and says to
+    upgrade, and nothing is migrated further."""
+    cfg = config_factory(storage={"backend": "postgres", "dsn": pg_dsn})
+    async with running(cfg):
+        pass
+    import psycopg
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {ledger} (name, applied_at) VALUES ('m099_newer', now())")
+    with pytest.raises(StorageUnavailable) as info:
+        await start_app(cfg)
+    assert f"migrated by a newer recalld (m099_newer in {ledger})" in str(info.value)
+    assert "upgrade this node" in str(info.value)

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from sessions import (
+    SchemaTooNew,
     apply_migrations,
     apply_migrations_async,
     async_pg_ledger,
@@ -86,3 +87,33 @@ async def test_postgres_async_ledger_records_like_the_sync_one(pg_dsn: str) -> N
                 assert await apply_migrations_async(ledger, steps) == expected
         cur = await conn.execute("SELECT name, applied_at IS NOT NULL FROM test_migrations")
         assert await cur.fetchall() == [("m001_a", True)]
+
+
+def test_a_migration_newer_than_this_versions_is_refused_with_its_name(tmp_path: Path) -> None:
+    """A ledger that records a migration numbered above this version's newest (a newer recalld
+    migrated the database) is refused before any step runs, naming it and the table; an unknown
+    name numbered below the newest is let be."""
+    db = apsw.Connection(str(tmp_path / "m.db"))
+    steps: list[tuple[str, SqliteStep]] = [("m001_a", _sql("CREATE TABLE a(x)")),
+                                           ("m002_b", _sql("CREATE TABLE b(x)"))]
+    apply_migrations(sqlite_ledger(db, "ledger"), steps[:1])
+    db.execute("INSERT INTO ledger VALUES ('m000_retired', '2026-01-01T00:00:00+00:00')")
+    assert apply_migrations(sqlite_ledger(db, "ledger"), steps[:1]) == []
+    db.execute("INSERT INTO ledger VALUES ('m003_newer', '2030-01-01T00:00:00+00:00')")
+    with pytest.raises(SchemaTooNew, match=r"newer recalld \(m003_newer in ledger\).* m002_b"):
+        apply_migrations(sqlite_ledger(db, "ledger"), steps)
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    assert "a" in tables and "b" not in tables
+
+
+def test_postgres_refuses_a_newer_migration_under_its_lock(pg_dsn: str) -> None:
+    """The same refusal on PostgreSQL: nothing of the run is applied or recorded."""
+    steps = [("m001_a", "CREATE TABLE t_a (x int)"), ("m002_b", "CREATE TABLE t_b (x int)")]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        with pg_ledger(conn, table="test_newer", lock=43) as ledger:
+            apply_migrations(ledger, steps[:1])
+        conn.execute("INSERT INTO test_newer (name, applied_at) VALUES ('m007_newer', now())")
+        with pytest.raises(SchemaTooNew, match="m007_newer in test_newer"), \
+                pg_ledger(conn, table="test_newer", lock=43) as ledger:
+            apply_migrations(ledger, steps)
+        assert conn.execute("SELECT to_regclass('t_b')").fetchone() == (None,)

@@ -37,7 +37,7 @@ import structlog
 
 from memory.errors import MemoryStorageError
 from memory.sqlite.index.migrations import SCHEMA_VERSION, migrate
-from sessions import StorageError, check_free_space
+from sessions import SchemaTooNew, StorageError, check_free_space
 
 __all__ = [
     "DEFAULT_VEC_EXTENSION",
@@ -178,6 +178,9 @@ def open_index(
     rebuilt = ""
     try:
         _prepare(db, readonly, path, mmap_bytes)
+    except SchemaTooNew:  # a newer recalld's index: kept as it is, for that version
+        db.close()
+        raise
     except (apsw.NotADBError, apsw.CorruptError) as exc:
         db.close()
         if readonly:
