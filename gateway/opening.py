@@ -30,7 +30,7 @@ from memory import (
     probe_auto_embedder,
     select_embedder,
 )
-from sessions import FileIO, SessionsConfig, SessionStoreLike
+from sessions import FileIO, SchemaTooNew, SessionsConfig, SessionStoreLike
 
 if TYPE_CHECKING:
     from gateway.cluster import ClusterNode
@@ -160,7 +160,7 @@ async def _join_pg_cluster(config: Config, store: SessionStoreLike) -> ClusterNo
                        reconnect_timeout_s=pool.reconnect_timeout_s, options=pool.options)
     try:
         await node.start()
-    except psycopg.Error as err:
+    except (psycopg.Error, SchemaTooNew) as err:
         raise StorageUnavailable(
             "storage.dsn (RECALLD_STORAGE_DSN): the cluster tables or LISTEN failed: "
             f"{str(err).strip()}"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from sessions import FileIO, SessionsConfig, SessionStore, StorageError
+from sessions import FileIO, SchemaTooNew, SessionsConfig, SessionStore, StorageError
 
 if TYPE_CHECKING:
     from sessions import PgSessionStore
@@ -170,6 +170,8 @@ def _pg_store(storage: StorageConfig, data_dir: Path, sessions: SessionsConfig,
                               call_timeout_s=pool.call_timeout_s,
                               reconnect_timeout_s=pool.reconnect_timeout_s,
                               options=pool.options, **keys)
+    except SchemaTooNew as err:  # reachable and readable: the node is what needs changing
+        raise StorageUnavailable(f"storage.dsn (RECALLD_STORAGE_DSN): {err}") from err
     except StorageError as err:
         raise StorageUnavailable(
             f"storage.dsn (RECALLD_STORAGE_DSN): {err.message}; is the PostgreSQL server "

@@ -77,13 +77,14 @@ class AsyncLedger(Protocol[S_contra]):
 
 def _pending(migrations: Sequence[tuple[str, S]], done: set[str],
              table: str) -> list[tuple[str, S]]:
-    """The steps not yet recorded; SchemaTooNew when the ledger records a migration numbered
-    above this version's newest (a newer recalld's). An unknown name numbered below it is let
-    be: nothing this version reads depends on it."""
+    """The steps not yet recorded; SchemaTooNew when the ledger records a migration this
+    version does not know, numbered as its newest or above (a newer recalld's, or another
+    branch's). An unknown name numbered below it is let be: nothing this version reads
+    depends on it."""
     if migrations:
         newest = migrations[-1][0]
         known = {name for name, _ in migrations}
-        newer = sorted(n for n in done if n not in known and _number(n) > _number(newest))
+        newer = sorted(n for n in done if n not in known and _number(n) >= _number(newest))
         if newer:
             raise SchemaTooNew(
                 f"the database was migrated by a newer recalld ({', '.join(newer)} in {table}); "

@@ -57,8 +57,9 @@ class SocketBudget:
     before a byte is read. Either way the descriptor is freed at once: a flood of half-sent
     requests never reaches the open-file limit the transcripts and databases need.
 
-    :meth:`shut` (the server's close) aborts every socket still counted and each one admitted
-    after it: asyncio 3.11's ``Server.close()`` leaves accepted connections open, and a client
+    The server's close calls :meth:`drop_waiting` (silent sockets go; later ones are refused)
+    and, once websockets has closed its connections, :meth:`shut` (every socket still counted is
+    aborted): asyncio 3.11's ``Server.close()`` leaves accepted connections open, and a client
     that reconnects as the server stops (the web page does) can be accepted a loop turn after
     it, with nobody left to close its socket.
     """
@@ -120,9 +121,11 @@ class SocketBudget:
         self._open.pop(owner, None)
 
     def drop_waiting(self) -> int:
-        """Abort the sockets that have not sent their request headers (nothing of theirs is
-        being answered); the number aborted. The server's close starts with this, so a silent
-        socket does not hold the shutdown for ``header_timeout_s``."""
+        """Refuse every socket admitted from now on and abort those that have not sent their
+        request headers (nothing of theirs is being answered); the number aborted. The server's
+        close starts with this, so a silent socket does not hold the shutdown for
+        ``header_timeout_s``, nor one accepted before websockets' close task has run."""
+        self.shut_down = True
         left = list(self._waiting)
         for owner in left:
             transport, timer = self._waiting.pop(owner)

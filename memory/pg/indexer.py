@@ -45,6 +45,7 @@ from typing import Any
 import orjson
 import structlog
 from psycopg import AsyncConnection
+from psycopg.errors import DeadlockDetected
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -75,6 +76,9 @@ CHUNKS_PER_STATEMENT = 1000
 # overlap the two and give the server's part a backend each. The others start only once a claim
 # comes back full (a pass over a few appends uses one connection, as before).
 CLAIM_WORKERS = 2
+# Batches of one pass aborted as deadlocks and claimed again before the pass gives up (the next
+# pass starts over): each deadlock lets the other transaction commit, so a retry progresses.
+_DEADLOCK_RETRIES = 8
 # The postings trigger sorts a statement's postings (~110 a chunk at 400 tokens: ~10 MB for a
 # statement of 1,000 chunks); with PostgreSQL's default 4 MB that sort spilled to disk. Set for
 # the batch's transaction only.
@@ -274,6 +278,7 @@ class PgIndexer:
         # Set by a claimer whose batch failed; the pass's other claimers then stop (one pass at
         # a time per indexer: the service's sync lock).
         self._claim_failed = False
+        self._deadlocks = 0  # batches of this pass aborted as a deadlock and claimed again
         self.texts_per_pass = texts_per_pass
         self._salt = secrets.token_hex(8)
 
@@ -334,6 +339,7 @@ class PgIndexer:
         committed stays, the rest is claimed again on the next pass) and is raised as it was."""
         helpers: list[asyncio.Task[None]] = []
         self._claim_failed = False
+        self._deadlocks = 0
 
         def full_batch() -> None:
             if not helpers:
@@ -369,29 +375,46 @@ class PgIndexer:
         called as soon as the claim is a full one."""
         if self._claim_failed:
             return False
-        async with conn.transaction():
-            try:
-                claimed = await (await conn.execute(_CLAIM_SQL, {
-                    "chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
-                if not claimed:
-                    return False
-                if full_batch is not None and len(claimed) >= self.sessions_per_claim:
-                    full_batch()
-                keys = [str(k) for k, *_ in claimed]
-                last = {str(k): (int(i), int(q), int(g)) for k, i, q, g in
-                        await (await conn.execute(_LAST_CHUNKS_SQL, (keys,))).fetchall()}
-                cuts = [await self._cut_session(conn, str(key), str(user), int(indexed_seq),
-                                                int(indexed_count), str(chunking),
-                                                (str(updated), int(seen_count)),
-                                                last.get(str(key)))
-                        for key, user, indexed_seq, indexed_count, chunking, updated, seen_count
-                        in claimed]
-                await self._write_cuts(conn, cuts, report)
-            except BaseException:
-                # Set before the rollback releases this batch's sessions: a claimer still
-                # running takes no further batch, so it cannot take them up in this pass.
+        batch = IndexReport()  # added to ``report`` once the batch has committed
+        try:
+            async with conn.transaction():
+                try:
+                    claimed = await (await conn.execute(_CLAIM_SQL, {
+                        "chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
+                    if not claimed:
+                        return False
+                    if full_batch is not None and len(claimed) >= self.sessions_per_claim:
+                        full_batch()
+                    keys = [str(k) for k, *_ in claimed]
+                    last = {str(k): (int(i), int(q), int(g)) for k, i, q, g in
+                            await (await conn.execute(_LAST_CHUNKS_SQL, (keys,))).fetchall()}
+                    cuts = [await self._cut_session(conn, str(key), str(user), int(indexed_seq),
+                                                    int(indexed_count), str(chunking),
+                                                    (str(updated), int(seen_count)),
+                                                    last.get(str(key)))
+                            for key, user, indexed_seq, indexed_count, chunking, updated,
+                            seen_count in claimed]
+                    await self._write_cuts(conn, cuts, batch)
+                except DeadlockDetected:
+                    raise  # claimed again below
+                except BaseException:
+                    # Set before the rollback releases this batch's sessions: a claimer still
+                    # running takes no further batch, so it cannot take them up in this pass.
+                    self._claim_failed = True
+                    raise
+        except DeadlockDetected:
+            # Another transaction changed postings blocks or statistics rows this batch changes
+            # (a second claimer or node, a forget) and PostgreSQL aborted this one: the rollback
+            # released the sessions, which are claimed again, a few times in a pass.
+            self._deadlocks += 1
+            if self._deadlocks > _DEADLOCK_RETRIES:
                 self._claim_failed = True
                 raise
+            log.info("memory.pg.batch_retried", error="DeadlockDetected", retry=self._deadlocks)
+            return True
+        report.sessions += batch.sessions
+        report.chunks_written += batch.chunks_written
+        report.chunks_deleted += batch.chunks_deleted
         return True
 
     async def _cut_session(self, conn: AsyncConnection[TupleRow], key: str, user: str,

@@ -346,7 +346,8 @@ BEGIN
   RETURN NULL;
 END $$;
 
-CREATE FUNCTION recalld_memory_postings_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION recalld_memory_postings_deleted() RETURNS trigger LANGUAGE plpgsql
+SET work_mem = '64MB' AS $$
 DECLARE
   e_lexeme text[];
   e_user   text[];
@@ -373,31 +374,43 @@ BEGIN
   IF e_lexeme IS NOT NULL THEN
     DELETE FROM recalld_memory_postings p
     USING unnest(e_lexeme, e_user, e_block) AS e(lexeme, user_id, block)
-    WHERE p.lexeme = e.lexeme AND p.user_id = e.user_id AND p.block = e.block;
+    WHERE p.lexeme = e.lexeme AND p.user_id = e.user_id AND p.block = e.block
+      AND cardinality(p.chunk_ids) = 0;
   END IF;
   RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION recalld_memory_postings_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  e_lexeme text[];
+  e_block  bigint[];
 BEGIN
+  -- Removed by value from the row as it is when updated: another transaction may have changed
+  -- the block since this statement's snapshot (its other chunks are other sessions').
   WITH hit AS (
-    SELECT b.lexeme, b.block, b.at, b.n
+    SELECT b.lexeme, b.block
     FROM unnest(OLD.tsv) AS u CROSS JOIN LATERAL (
-      SELECT p.lexeme, p.block, array_position(p.chunk_ids, OLD.id) AS at,
-             cardinality(p.chunk_ids) AS n
-      FROM recalld_memory_postings p
+      SELECT p.lexeme, p.block FROM recalld_memory_postings p
       WHERE p.lexeme = u.lexeme AND p.user_id = OLD.user_id AND p.block <= OLD.id
         AND OLD.id = ANY(p.chunk_ids)
       ORDER BY p.block DESC LIMIT 1) AS b),
-  emptied AS (
-    DELETE FROM recalld_memory_postings p USING hit
-    WHERE hit.n = 1 AND p.lexeme = hit.lexeme AND p.user_id = OLD.user_id AND p.block = hit.block)
-  UPDATE recalld_memory_postings p
-  SET chunk_ids = p.chunk_ids[:hit.at - 1] || p.chunk_ids[hit.at + 1:],
-      tfs = p.tfs[:hit.at - 1] || p.tfs[hit.at + 1:],
-      doc_lens = p.doc_lens[:hit.at - 1] || p.doc_lens[hit.at + 1:]
-  FROM hit
-  WHERE hit.n > 1 AND p.lexeme = hit.lexeme AND p.user_id = OLD.user_id AND p.block = hit.block;
+  kept AS (
+    UPDATE recalld_memory_postings p SET (chunk_ids, tfs, doc_lens) = (
+      SELECT coalesce(array_agg(x.c ORDER BY x.o), '{}'),
+             coalesce(array_agg(x.t ORDER BY x.o), '{}'),
+             coalesce(array_agg(x.l ORDER BY x.o), '{}')
+      FROM unnest(p.chunk_ids, p.tfs, p.doc_lens) WITH ORDINALITY AS x(c, t, l, o)
+      WHERE x.c <> OLD.id)
+    FROM hit
+    WHERE p.lexeme = hit.lexeme AND p.user_id = OLD.user_id AND p.block = hit.block
+      AND OLD.id = ANY(p.chunk_ids)
+    RETURNING p.lexeme, p.block, cardinality(p.chunk_ids) AS left_)
+  SELECT array_agg(lexeme), array_agg(block) INTO e_lexeme, e_block FROM kept WHERE left_ = 0;
+  IF e_lexeme IS NOT NULL THEN
+    DELETE FROM recalld_memory_postings p USING unnest(e_lexeme, e_block) AS e(lexeme, block)
+    WHERE p.lexeme = e.lexeme AND p.user_id = OLD.user_id AND p.block = e.block
+      AND cardinality(p.chunk_ids) = 0;
+  END IF;
   INSERT INTO recalld_memory_postings AS p (lexeme, user_id, block, chunk_ids, tfs, doc_lens)
   SELECT u.lexeme, NEW.user_id, NEW.id, ARRAY[NEW.id],
          ARRAY[coalesce(array_length(u.positions, 1), 1)], ARRAY[NEW.doc_len]

@@ -85,7 +85,8 @@ async def test_an_unreachable_server_is_a_start_error_naming_the_setting(
     assert not (cfg.data_dir / "memory.db").exists()
 
 
-@pytest.mark.parametrize("ledger", ["recalld_sessions_migrations", "recalld_memory_migrations"])
+@pytest.mark.parametrize("ledger", ["recalld_sessions_migrations", "recalld_memory_migrations",
+                                    "recalld_cluster_migrations"])
 async def test_a_database_a_newer_version_migrated_stops_the_start_naming_it(
     config_factory: Callable[..., Config], pg_dsn: str, ledger: str
 ) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import apsw
 import psycopg
+import pytest
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
@@ -235,3 +236,72 @@ async def test_postings_written_in_rows_are_regrouped_in_blocks_by_m006(pg_dsn: 
         await PgIndexer(pool, CONFIG, None).run_once()
     after = _totals(pg_dsn)
     assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
+
+
+def _recut_sql(chunk_id: int) -> str:
+    return (f"UPDATE recalld_memory_chunks SET tsv = to_tsvector('{TS_CONFIG}', content || "
+            f"' queen swarm'), doc_len = doc_len + 2 WHERE id = {int(chunk_id)}")
+
+
+@pytest.mark.parametrize("first", ["re-cut", "delete"])
+async def test_changes_of_one_block_in_two_transactions_keep_every_posting(
+        pg_index: str, pool: Pool, first: str) -> None:
+    """Two transactions changing chunks of one block at once (a re-cut, or a delete, while
+    another chunk of it is re-cut and waits on the block's rows) leave the postings exactly the
+    chunks' lexemes: the waiting one removes its chunk from the block as it is then, not as its
+    snapshot saw it."""
+    add_session(pg_index, "alice", "s0", FIRST + MORE)
+    await PgIndexer(pool, CONFIG, None).run_once()  # one statement: the chunks share blocks
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        ids = [int(r[0]) for r in conn.execute(
+            "SELECT id FROM recalld_memory_chunks ORDER BY id").fetchall()]
+    assert len(ids) >= 4
+    first_sql = (_recut_sql(ids[1]) if first == "re-cut"
+                 else f"DELETE FROM recalld_memory_chunks WHERE id = {ids[0]}")
+    with psycopg.connect(pg_index) as one, psycopg.connect(pg_index) as two:
+        one.execute(first_sql)  # holds the shared blocks' rows until it commits
+        def recut_last() -> None:
+            two.execute(_recut_sql(ids[-1]))
+            two.commit()
+
+        waiting = asyncio.create_task(asyncio.to_thread(recut_last))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # it waits on the rows `one` changed
+        one.commit()
+        await asyncio.wait_for(waiting, 30)
+    after = _totals(pg_index)
+    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
+
+
+async def test_a_batch_aborted_as_a_deadlock_is_claimed_again_not_raised(
+        pg_index: str, pool: Pool) -> None:
+    """When PostgreSQL aborts an indexing batch as a deadlock (here with a transaction holding
+    the postings rows its re-cut needs and then asking for the session's claim row), the pass
+    does not fail: the batch is rolled back and its session indexed again, exactly."""
+    add_session(pg_index, "alice", "s0", FIRST)
+    add_session(pg_index, "alice", "s1", MORE)
+    await indexer(pool).run_once()  # one statement: s0's and s1's chunks share blocks
+    with sessions_store(pg_index) as store:  # s0 is re-chunked whole: its chunks are deleted
+        assert store.purge_messages("alice", key_of("s0"), after=parse_ts(ts(0.5)),
+                                    before=parse_ts(ts(1.5))) == 1
+    with psycopg.connect(pg_index) as holder:
+        # This side waits long before it checks for a deadlock, so the indexer's side is the
+        # one PostgreSQL aborts.
+        holder.execute("SET deadlock_timeout = '60s'")
+        holder.execute("SELECT 1 FROM recalld_memory_postings FOR UPDATE")
+        passing = asyncio.create_task(indexer(pool).run_once())
+        with psycopg.connect(pg_index, autocommit=True) as watch:
+            async with asyncio.timeout(20):
+                while not watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND pid <> pg_backend_pid()").fetchone() == (1,):
+                    await asyncio.sleep(0.05)
+        await asyncio.to_thread(holder.execute, "SELECT 1 FROM recalld_memory_progress"
+                                " WHERE session_key = %s FOR UPDATE", (key_of("s0"),))
+        holder.commit()
+        await asyncio.wait_for(passing, 30)  # no DeadlockDetected
+    await indexer(pool).run_once()
+    after = _totals(pg_index)
+    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
+    texts = " ".join(c for _, _, c, _, _ in chunk_rows(pg_index, "s0"))
+    assert FIRST[0] in texts and "word0 of a long" not in texts  # re-chunked without the purged
