@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import psycopg
 
-    from memory.pg.migrations import MIGRATION_LOCK, MIGRATIONS, migrate
-    from sessions import apply_migrations, pg_ledger
+    from memory.pg.migrations import migrate
 
     structlog_quiet()
     corpus = build(args.size, log=lambda line: print(line, flush=True))
@@ -107,11 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     with running_postgres() as server:
         dsn = server.create_database("blocks")
         clustersearch.load_transcripts(corpus.data_dir, dsn)
-        names = [name for name, _ in MIGRATIONS]
-        with psycopg.connect(dsn, autocommit=True) as conn, \
-                pg_ledger(conn, table="recalld_memory_migrations", lock=MIGRATION_LOCK,
-                          prelude=("CREATE EXTENSION IF NOT EXISTS vector",)) as ledger:
-            apply_migrations(ledger, MIGRATIONS[:names.index("m006_postings_in_blocks")])
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, before="m006_postings_in_blocks")
         timed = asyncio.run(clustersearch._keyword_only_postgres(dsn))
         print(f"m005 keyword-only build: {timed['keywordChunks']:,} chunks in "
               f"{timed['keywordS']:.1f} s", flush=True)

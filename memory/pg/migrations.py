@@ -439,10 +439,13 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m006_postings_in_blocks", _M006),
 )
 
-def migrate(conn: psycopg.Connection[object]) -> list[str]:
+def migrate(conn: psycopg.Connection[object], *, before: str | None = None) -> list[str]:
     """Apply every migration not yet recorded, in order, in one transaction under the lock;
-    return the names applied here (empty when another node, or an earlier start, did it)."""
+    return the names applied here (empty when another node, or an earlier start, did it).
+    ``before`` (a migration's name) stops short of it: the schema an older version left, for
+    the tests and studies of an upgrade."""
+    steps = MIGRATIONS if before is None else MIGRATIONS[:[n for n, _ in MIGRATIONS].index(before)]
     # CREATE EXTENSION takes its own lock; IF NOT EXISTS under ours keeps two nodes from racing it.
     with pg_ledger(conn, table="recalld_memory_migrations", lock=MIGRATION_LOCK,
                    prelude=("CREATE EXTENSION IF NOT EXISTS vector",)) as ledger:
-        return apply_migrations(ledger, MIGRATIONS)
+        return apply_migrations(ledger, steps)

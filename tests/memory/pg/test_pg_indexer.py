@@ -145,6 +145,13 @@ async def test_a_session_is_claimed_again_only_when_it_changes(pg_index: str, po
         "user [2026-11-22T10:00:00.000Z]: first words\nuser [2026-11-22T10:01:00.000Z]: more words"]
 
 
+def _assert_postings_exact(dsn: str) -> dict[str, tuple[int, int]]:
+    """The totals, after checking the postings are the chunks' lexemes, each exactly."""
+    totals = _totals(dsn)
+    assert totals["postings"][0] == totals["postings"][1] and totals["differ"] == (0, 0), totals
+    return totals
+
+
 def _totals(dsn: str) -> dict[str, tuple[int, int]]:
     """BM25's totals as searches read them, as the chunks hold them, and postings vs lexemes."""
     with psycopg.connect(dsn) as conn:
@@ -176,9 +183,8 @@ async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, poo
         add_session(pg_index, "alice", f"s{i}", FIRST)
     add_session(pg_index, "bob", "b1", MORE)
     await PgIndexer(pool, CONFIG, None, sessions_per_claim=2, chunks_per_statement=3).run_once()
-    first = _totals(pg_index)
+    first = _assert_postings_exact(pg_index)
     assert first["corpus"] == first["chunks"] and first["corpus"][0] > 6
-    assert first["postings"][0] == first["postings"][1] and first["differ"] == (0, 0)
     add_session(pg_index, "alice", "s1", MORE, start_minute=10, create=False)
     with sessions_store(pg_index) as store:
         store.delete("alice", key_of("s2"))
@@ -188,35 +194,28 @@ async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, poo
     with psycopg.connect(pg_index, autocommit=True) as conn:
         conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = %s", (key_of("s4"),))
         conn.execute(SESSION_STATS_SQL, ([key_of("s4")],))
-    after = _totals(pg_index)
+    after = _assert_postings_exact(pg_index)
     assert after["corpus"] == after["chunks"] != first["chunks"]
-    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
     # A chunk's words change (as a re-cut's upsert changes them): its postings move to a block
     # of its own; then its session goes, and no posting of it is left.
     with psycopg.connect(pg_index, autocommit=True) as conn:
         conn.execute(f"UPDATE recalld_memory_chunks SET tsv = to_tsvector('{TS_CONFIG}', content"
                      " || ' queen bees swarm'), doc_len = doc_len + 3 WHERE id = (SELECT min(id)"
                      " FROM recalld_memory_chunks WHERE session_key = %s)", (key_of("s0"),))
-    moved = _totals(pg_index)
-    assert moved["postings"][0] == moved["postings"][1] and moved["differ"] == (0, 0)
+    _assert_postings_exact(pg_index)
     with psycopg.connect(pg_index, autocommit=True) as conn:
         conn.execute("DELETE FROM recalld_memory_chunks WHERE session_key = %s", (key_of("s0"),))
-    last = _totals(pg_index)
-    assert last["postings"][0] == last["postings"][1] and last["differ"] == (0, 0)
+    _assert_postings_exact(pg_index)
 
 
 async def test_postings_written_in_rows_are_regrouped_in_blocks_by_m006(pg_dsn: str) -> None:
     """A database indexed before m006 (one posting row per lexeme and chunk) keeps every posting
     when m006 regroups them in blocks, and later writes and deletes keep them exact."""
-    from memory.pg.migrations import MIGRATION_LOCK, MIGRATIONS, migrate
-    from sessions import apply_migrations, pg_ledger
+    from memory.pg.migrations import migrate
     from sessions.pg.store import PgSessionStore
 
-    with psycopg.connect(pg_dsn, autocommit=True) as conn, \
-            pg_ledger(conn, table="recalld_memory_migrations", lock=MIGRATION_LOCK,
-                      prelude=("CREATE EXTENSION IF NOT EXISTS vector",)) as ledger:
-        names = [name for name, _ in MIGRATIONS]
-        apply_migrations(ledger, MIGRATIONS[:names.index("m006_postings_in_blocks")])
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrate(conn, before="m006_postings_in_blocks")
     PgSessionStore(pg_dsn, pool_size=1).close()
     for i in range(4):
         add_session(pg_dsn, "alice" if i % 2 else "bob", f"s{i}", FIRST + MORE)
@@ -226,16 +225,13 @@ async def test_postings_written_in_rows_are_regrouped_in_blocks_by_m006(pg_dsn: 
             rows = conn.execute("SELECT count(*) FROM recalld_memory_postings").fetchone()
             assert rows is not None and rows[0] > 0
             assert migrate(conn) == ["m006_postings_in_blocks"]
-        regrouped = _totals(pg_dsn)
-        assert regrouped["postings"][0] == regrouped["postings"][1] > 0
-        assert regrouped["differ"] == (0, 0)
+        assert _assert_postings_exact(pg_dsn)["postings"][0] > 0
         with sessions_store(pg_dsn) as store:
             store.delete("bob", key_of("s0"))
         add_session(pg_dsn, "alice", "s1", ["The hives are quiet today."], start_minute=30,
                     create=False)
         await PgIndexer(pool, CONFIG, None).run_once()
-    after = _totals(pg_dsn)
-    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
+    _assert_postings_exact(pg_dsn)
 
 
 def _recut_sql(chunk_id: int) -> str:
@@ -269,8 +265,7 @@ async def test_changes_of_one_block_in_two_transactions_keep_every_posting(
         assert not waiting.done()  # it waits on the rows `one` changed
         one.commit()
         await asyncio.wait_for(waiting, 30)
-    after = _totals(pg_index)
-    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
+    _assert_postings_exact(pg_index)
 
 
 async def test_a_batch_aborted_as_a_deadlock_is_claimed_again_not_raised(
@@ -301,7 +296,6 @@ async def test_a_batch_aborted_as_a_deadlock_is_claimed_again_not_raised(
         holder.commit()
         await asyncio.wait_for(passing, 30)  # no DeadlockDetected
     await indexer(pool).run_once()
-    after = _totals(pg_index)
-    assert after["postings"][0] == after["postings"][1] and after["differ"] == (0, 0)
+    _assert_postings_exact(pg_index)
     texts = " ".join(c for _, _, c, _, _ in chunk_rows(pg_index, "s0"))
     assert FIRST[0] in texts and "word0 of a long" not in texts  # re-chunked without the purged
