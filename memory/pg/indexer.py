@@ -395,12 +395,12 @@ class PgIndexer:
                             for key, user, indexed_seq, indexed_count, chunking, updated,
                             seen_count in claimed]
                     await self._write_cuts(conn, cuts, batch)
-                except DeadlockDetected:
-                    raise  # claimed again below
-                except BaseException:
+                except BaseException as exc:
                     # Set before the rollback releases this batch's sessions: a claimer still
-                    # running takes no further batch, so it cannot take them up in this pass.
-                    self._claim_failed = True
+                    # running takes no further batch, so it cannot take them up in this pass
+                    # (a deadlock's batch is claimed again, below).
+                    if not isinstance(exc, DeadlockDetected):
+                        self._claim_failed = True
                     raise
         except DeadlockDetected:
             # Another transaction changed postings blocks or statistics rows this batch changes

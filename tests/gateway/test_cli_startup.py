@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +11,7 @@ import apsw
 from tests.conftest import TOKEN, make_config, running
 from tests.daemon import Daemon
 from tests.fake_openai import FakeOpenAI
+from tests.gateway.test_cli import recalld
 
 
 def ready_line(daemon: Daemon) -> dict[str, Any]:
@@ -55,11 +53,8 @@ async def test_serve_refuses_an_index_a_newer_version_migrated_and_keeps_it(
     db = apsw.Connection(str(data / "memory.db"))
     db.execute("INSERT INTO migrations VALUES ('m099_newer', '2030-01-01T00:00:00+00:00')")
     db.close()
-    done = subprocess.run([sys.executable, "-m", "gateway", "--data-dir", str(data), "serve",
-                           "--port", "0"], capture_output=True, text=True, timeout=120,
-                          env={**{k: v for k, v in os.environ.items()
-                                  if not k.startswith(("RECALLD_", "OPENAI_"))},
-                               "RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_EMBEDDER": "none"})
+    done = recalld("--data-dir", str(data), "serve", "--port", "0",
+                   env={"RECALLD_TOKEN": TOKEN, "RECALLD_MEMORY_EMBEDDER": "none"})
     assert done.returncode == 1, done.stderr
     assert ("recalld: the database was migrated by a newer recalld (m099_newer in migrations)"
             in done.stderr)
