@@ -246,9 +246,9 @@ async def index_corpus(data_dir: Path, make_embedder: Callable[[], Any],
     the vectors of ``make_embedder()`` (called only then, so it may still be preparing)."""
     from memory import SyncReport
     from memory.embedders.embeddings import EmbeddingPipeline
+    from memory.embedders.previous import EmbedderIdentity
     from memory.sqlite.index.db import WriteConnection, open_index
     from memory.sqlite.index.indexing import Indexer
-    from memory.sqlite.index.vectors import EmbedderIdentity
     from sessions import sessions_root
 
     config = bench_memory_config()

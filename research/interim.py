@@ -34,7 +34,7 @@ if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
 from bench.corpus import USER, bench_memory_config, queries  # noqa: E402
-from memory.sqlite.index.vectors import EmbedderIdentity  # noqa: E402
+from memory.embedders.previous import EmbedderIdentity  # noqa: E402
 from memory.sqlite.service import MemoryService  # noqa: E402
 
 

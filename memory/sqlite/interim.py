@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
+from memory.embedders.previous import EmbedderIdentity
 from memory.sqlite.index import knn
-from memory.sqlite.index.vectors import EmbedderIdentity
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -25,15 +25,21 @@ import apsw
 
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.embedders.previous import (
+    NOT_REBUILDING,
+    EmbedderIdentity,
+    PreviousFactory,
+    RebuildState,
+    vector_search_status,
+)
 from memory.errors import EmbedderError
 from memory.quantize import vector_to_blob
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse
 from memory.retrieval.rerank_step import RerankStep
 from memory.sqlite.index.db import in_thread
-from memory.sqlite.index.vectors import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from memory.sqlite.interim import PreviousVectors
 from memory.sqlite.live import LiveIndex
-from memory.sqlite.previous import PreviousFactory, PreviousModel, default_factory
+from memory.sqlite.previous import SqlitePreviousModel
 from memory.sqlite.search import HybridSearch
 
 __all__ = ["QueryVector", "SearchPipeline"]
@@ -70,7 +76,7 @@ class SearchPipeline:
         # After an embedder change: whether this identity's vectors are being (re)built, and
         # the identity whose complete vectors may serve meanwhile (memory.sqlite.interim).
         self.rebuild: RebuildState = NOT_REBUILDING
-        self.previous = PreviousModel(config, db_path, previous_embedder or default_factory(config))
+        self.previous = SqlitePreviousModel(config, db_path, previous_embedder)
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
 
     @property
@@ -89,7 +95,7 @@ class SearchPipeline:
         rebuild = self.rebuild
         serve = (rebuild.previous
                  if rebuild.rebuilding and not self.vector_state[0] and self.embeddings else None)
-        await self.previous.update(serve, read)
+        await self.previous.update_from(serve, read)
         await self.rerank.warm()
 
     def _vector_state(self, index: LiveIndex | None) -> tuple[tuple[bool, str], RebuildState]:
@@ -128,10 +134,9 @@ class SearchPipeline:
                 why = f"query embedding failed: {exc}"
         elif self.rebuild.rebuilding:
             # A rebuild: the previous model's complete vectors serve the vector leg.
-            served = await self.previous.query(request.query, why)
-            if served.blob is not None:
-                return QueryVector(served.blob, served.vectors, request.mode, served.reason)
-            why = served.reason
+            blob, vectors, why = await self.previous.query_vectors(request.query, why)
+            if blob is not None:
+                return QueryVector(blob, vectors, request.mode, why)
         return QueryVector(None, None, "keyword", why)
 
     async def search(self, request: SearchRequest, index: LiveIndex) -> SearchResponse:
@@ -170,17 +175,6 @@ class SearchPipeline:
         """``memory.status``'s ``vectorSearch``: whether the leg runs, whose vectors answer it,
         and a rebuild's progress."""
         ready, why = self.vector_state
-        rebuild, previous = self.rebuild, self.rebuild.previous
-        serving = self.identity if ready else self.previous.serving
-        return {
-            "ready": ready, "reason": why or None,
-            # Whose vectors answer the vector leg now (the previous model's during a rebuild).
-            "servedBy": {"provider": serving.provider, "model": serving.model} if serving else None,
-            "rebuild": {
-                # Until the next sync starts the rebuild, "embedded" chunks have old vectors.
-                "embedded": embedded if rebuild.started else 0, "total": total,
-                "previous": ({"provider": previous.provider, "model": previous.model} if previous
-                             else None),
-                "previousUnavailable": (self.previous.reason or None) if serving is None else None,
-            } if rebuild.rebuilding else None,
-        }
+        return vector_search_status(ready=ready, why=why, identity=self.identity,
+                                    rebuild=self.rebuild, previous=self.previous,
+                                    embedded=embedded, total=total)

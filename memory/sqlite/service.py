@@ -32,6 +32,7 @@ import structlog
 from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder
+from memory.embedders.previous import PreviousFactory
 from memory.episodes import Episodes
 from memory.errors import MemoryUnavailable
 from memory.facts import Facts
@@ -51,7 +52,6 @@ from memory.sqlite.index.db import (
 from memory.sqlite.index.scheduler import SyncScheduler
 from memory.sqlite.live import LiveIndex
 from memory.sqlite.pipeline import SearchPipeline
-from memory.sqlite.previous import PreviousFactory
 from memory.sqlite.search import around_sqlite
 from memory.sqlite.status import DB_NAME, count_rows, db_bytes
 from sessions import sessions_root

@@ -12,7 +12,7 @@ from gateway.wire import search_wire
 from memory import SearchHit
 from memory.config import MemoryConfig
 from memory.embedders.embeddings import Embedder, select_embedder
-from memory.sqlite.index.vectors import EmbedderIdentity
+from memory.embedders.previous import EmbedderIdentity
 from tests.fake_openai import FakeOpenAI
 from tests.memory.conftest import (
     FakeEmbedder,

@@ -31,23 +31,22 @@ Every method of :class:`VectorStore` blocks; call it from a worker thread.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import apsw
 import structlog
 
-from memory.embedders.embeddings import Embedder
+from memory.embedders.previous import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from memory.errors import EmbedderError
 from memory.quantize import cached_vector_to_int8
 from memory.sqlite.index.db import VectorBackend, WriteConnection, get_meta, set_meta
 from memory.sqlite.index.knn import CHANGES_TABLE
 
 __all__ = [
-    "EmbedderIdentity",
+    "NOT_REBUILDING",
+    "EmbedderIdentity",  # memory.embedders.previous's, used here
     "RebuildState",
     "VectorStore",
     "drop_vector_table",
@@ -64,44 +63,6 @@ _NEVER = 2**62
 # Entries of vector_changes kept: a reader's in-memory index further behind than this reloads
 # (~10 ms per 100k chunks) instead of replaying the log. ~20 bytes each on disk.
 CHANGES_KEPT = 50_000
-
-
-@dataclass(frozen=True, slots=True)
-class EmbedderIdentity:
-    provider: str
-    model: str
-    endpoint_hash: str
-
-    @classmethod
-    def of(cls, embedder: Embedder) -> EmbedderIdentity:
-        return cls(embedder.provider, embedder.model_id, embedder.endpoint_hash)
-
-    def to_json(self) -> str:
-        return json.dumps([self.provider, self.model, self.endpoint_hash])
-
-    @classmethod
-    def from_json(cls, text: str | None) -> EmbedderIdentity | None:
-        """The identity :meth:`to_json` wrote, or None for nothing (or something unreadable)."""
-        if not text:
-            return None
-        try:
-            provider, model, endpoint = json.loads(text)
-        except (ValueError, TypeError):
-            return None
-        return cls(str(provider), str(model), str(endpoint))
-
-
-@dataclass(frozen=True, slots=True)
-class RebuildState:
-    """Where vectors stand after an embedder change (:meth:`VectorStore.rebuild_state`)."""
-
-    rebuilding: bool   # the configured identity's vectors are still to be (re)built
-    started: bool      # the old vectors are dropped and chunks pending (else the next sync
-                       # starts it)
-    previous: EmbedderIdentity | None   # whose complete vectors may serve meanwhile
-
-
-NOT_REBUILDING = RebuildState(False, False, None)
 
 
 def vector_table_dims(db: apsw.Connection) -> int | None:
