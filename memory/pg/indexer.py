@@ -35,7 +35,6 @@ One pass (:meth:`PgIndexer.run_once`) does three things, each in short transacti
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import secrets
 from collections.abc import Callable, Sequence
@@ -52,10 +51,11 @@ from psycopg_pool import AsyncConnectionPool
 from memory.chunking import Chunk, chunk_messages, fts_text, iso_to_ms, sha256_text, visible_entries
 from memory.config import MemoryConfig, SizedConfig
 from memory.embedders.embeddings import EmbeddingPipeline
+from memory.embedders.previous import EmbedderIdentity
 from memory.errors import EmbedderError
 from memory.forget_range import retention_cutoff_ms
 from memory.pg.migrations import TS_CONFIG
-from memory.pg.vectors import VectorLeg, drop_vector_index, ensure_vector_index
+from memory.pg.vectors import VectorLeg, end_rebuild, ensure_vector_index, start_rebuild
 from memory.quantize import quantize_int8
 from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
@@ -168,7 +168,7 @@ ON CONFLICT (session_key, chunk_idx) DO UPDATE SET
   seq_start = excluded.seq_start, seg_start = excluded.seg_start, start_ts = excluded.start_ts,
   end_ts = excluded.end_ts, start_ms = excluded.start_ms, end_ms = excluded.end_ms,
   content_hash = excluded.content_hash, vector_hash = excluded.vector_hash, tsv = excluded.tsv,
-  doc_len = excluded.doc_len, embedding = NULL
+  doc_len = excluded.doc_len, embedding = NULL, embedding_previous = NULL
 """
 
 # Each claimed session's last chunk (where an append resumes), in one look-up for the batch.
@@ -243,6 +243,10 @@ WHERE c.embedding IS NULL AND c.vector_hash = ANY(%(hashes)s)
 """
 
 
+class _ClaimerStopped(Exception):
+    """Rolls back a claim made after another claimer of the pass failed."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Cut:
     """One claimed session re-chunked, before anything of it is written."""
@@ -310,9 +314,10 @@ class PgIndexer:
             log.warning("memory.embed.failed", error=str(exc), retryable=exc.retryable,
                         effect="chunks stay pending (keyword-searchable); retried next pass")
             return report
-        if self.pipeline is not None:
+        if self.identity is not None:
             async with self.pool.connection() as conn:
                 await ensure_vector_index(conn, self.vector_leg)
+                await end_rebuild(conn, EmbedderIdentity(*self.identity))
         return report
 
     async def pending(self) -> int:
@@ -383,6 +388,10 @@ class PgIndexer:
                         "chunking": self.chunking, "limit": self.sessions_per_claim})).fetchall()
                     if not claimed:
                         return False
+                    if self._claim_failed:
+                        # Another claimer failed while this claim ran: its sessions may be among
+                        # these (released by its rollback); they wait for the next pass.
+                        raise _ClaimerStopped
                     if full_batch is not None and len(claimed) >= self.sessions_per_claim:
                         full_batch()
                     keys = [str(k) for k, *_ in claimed]
@@ -402,6 +411,8 @@ class PgIndexer:
                     if not isinstance(exc, DeadlockDetected):
                         self._claim_failed = True
                     raise
+        except _ClaimerStopped:
+            return False
         except DeadlockDetected:
             # Another transaction changed postings blocks or statistics rows this batch changes
             # (a second claimer or node, a forget) and PostgreSQL aborted this one: the rollback
@@ -500,20 +511,12 @@ class PgIndexer:
     # --- vectors ------------------------------------------------------------------------
 
     async def _ensure_identity(self) -> None:
-        """A new embedder identity empties every chunk's vector; the cache refills what it can."""
-        identity = json.dumps(list(self.identity)) if self.identity is not None else ""
+        """A new embedder identity starts a rebuild (memory.pg.vectors, "Embedder change"); a
+        node without an embedder leaves the vectors as they are."""
+        if self.identity is None:
+            return
         async with self.pool.connection() as conn, conn.transaction():
-            row = await (await conn.execute(
-                "SELECT value FROM recalld_memory_meta WHERE key = 'embedder' "
-                "FOR UPDATE")).fetchone()
-            if row is not None and row[0] == identity:
-                return
-            await conn.execute(
-                "UPDATE recalld_memory_chunks SET embedding = NULL WHERE embedding IS NOT NULL")
-            await drop_vector_index(conn)
-            await conn.execute(
-                "INSERT INTO recalld_memory_meta(key, value) VALUES ('embedder', %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (identity,))
+            await start_rebuild(conn, EmbedderIdentity(*self.identity))
 
     async def _embed_some(self, report: IndexReport) -> bool:
         """One batch of distinct pending texts; False when it filled no chunk (nothing pending, or

@@ -11,8 +11,9 @@ indexer reads only through :mod:`sessions.pg.feed`):
 
 * ``chunks`` — one row per chunk, as :mod:`memory.chunking` makes it; ``tsv`` (its
   lexemes and positions), ``doc_len`` (tokens, for BM25), ``embedding`` (the int8-quantized
-  vector as a ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending). The
-  vector index is created by :mod:`memory.pg.index` once the embedder's width is known.
+  vector as a ``halfvec``: cosine over it equals SQLite's int8 cosine; NULL while pending),
+  ``embedding_previous`` (m007: the previous model's vector while an embedder change is rebuilt).
+  The vector index is created by :mod:`memory.pg.vectors` once the embedder's width is known.
 * ``postings`` — the keyword leg's inverted index, kept from ``chunks.tsv`` by triggers: since
   m006 one row per (lexeme, user, block) with the block's chunk ids, term frequencies and chunk
   lengths as arrays (an INSERT statement's chunks make one block per lexeme); one trigger per
@@ -25,8 +26,9 @@ indexer reads only through :mod:`sessions.pg.feed`):
   there is no one hot row every node would update.
 * ``embedding_cache`` — (provider, model, endpoint_hash, content_hash) → int8 vector and its
   width, shared by every node.
-* ``meta`` — key/value: the embedder identity whose vectors fill ``chunks.embedding``, and
-  the width of the vector index once one exists (:mod:`memory.pg.vectors`).
+* ``meta`` — key/value: the embedder identity whose vectors fill ``chunks.embedding``, the
+  width of the vector index once one exists, and during a rebuild ``vector_rebuild``,
+  ``embedder_previous`` and ``vector_dims_previous`` (:mod:`memory.pg.vectors`).
 * ``facts``, ``episodes``, ``episode_jobs``, ``forgotten`` — as the SQLite index holds them.
 """
 
@@ -430,6 +432,13 @@ CREATE TRIGGER recalld_memory_postings_deleted
   FOR EACH STATEMENT EXECUTE FUNCTION recalld_memory_postings_deleted();
 """
 
+# The vectors of the identity that was complete before an embedder change, kept while the new
+# model's are built (memory.pg.vectors, "Embedder change"): no default, so adding it rewrites
+# nothing. (IF NOT EXISTS: the m006 upgrade test adds it ahead, for this version's indexer.)
+_M007 = """
+ALTER TABLE recalld_memory_chunks ADD COLUMN IF NOT EXISTS embedding_previous halfvec;
+"""
+
 MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m001_chunks_cache_progress", _M001),
     ("m002_facts_episodes_forgotten", _M002),
@@ -437,6 +446,7 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
     ("m004_fact_client", _M004),
     ("m005_postings_sorted_by_lexeme", _M005),
     ("m006_postings_in_blocks", _M006),
+    ("m007_previous_embedding", _M007),
 )
 
 def migrate(conn: psycopg.Connection[object], *, before: str | None = None) -> list[str]:

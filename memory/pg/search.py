@@ -13,7 +13,8 @@ score, higher better, exactly as :mod:`memory.sqlite.search` hands them to
   ``tsvector`` by triggers. ``ts_rank_cd`` is not used:
   it is not BM25, and it moved the sample's R@10 outside the bar (memory/pg/__init__.py).
 * **vector** — cosine similarity over the int8 vectors (:mod:`memory.pg.vectors` for the two
-  shapes of the leg).
+  shapes of the leg; during an embedder change's rebuild, an exact scan of the previous model's
+  vectors, ``embedding_previous``).
 * **fusion** — :func:`fuse`'s rule in SQL: each leg min-max normalised within the query between
   its best and its ``fusion_depth``-th score (lower ones 0; all 1 when those are equal),
   weighted ``keyword_weight`` / ``1 − keyword_weight`` when both legs returned something and 1
@@ -141,6 +142,19 @@ vec AS (
   ORDER BY score DESC, id
   LIMIT %(candidates)s)"""
 
+# During an embedder change's rebuild (memory.pg.vectors): the previous model's query against the
+# previous model's vectors, exactly (no index holds them; one scan of the user's chunks).
+_VECTOR_PREVIOUS = """
+vec AS (
+  SELECT id, score FROM (
+    SELECT c.id,
+           1 - ((c.embedding_previous::halfvec({dims})) <=> %(query)s::halfvec({dims})) AS score
+    FROM recalld_memory_chunks c
+    WHERE c.user_id = %(user)s AND c.embedding_previous IS NOT NULL{filters}
+    ORDER BY score DESC, c.id
+    LIMIT %(candidates)s) AS nearest
+  ORDER BY score DESC, id)"""
+
 _FUSE = """
 kw_n AS (
   SELECT id, score, row_number() OVER (ORDER BY score DESC, id) AS rank,
@@ -202,16 +216,17 @@ BIT_POOL = 1000
 
 
 def build_statement(request: SearchRequest, *, keyword: bool, dims: int | None,
-                    leg: VectorLeg) -> str:
-    """The one statement for these filters and legs (a fixed text per combination)."""
+                    leg: VectorLeg, previous: bool = False) -> str:
+    """The one statement for these filters and legs (a fixed text per combination);
+    ``previous``: the vector leg reads the previous model's vectors."""
     filters = "".join(_FILTERS[n] for n in _FILTERS if getattr(request, n) is not None)
     kw = (_KEYWORD_LEG.format(filters=filters, chunk_join=_CHUNK_JOIN if filters else "")
           if keyword else _NO_KEYWORD_LEG)
     if dims is None:
         vec = _NO_VECTOR_LEG
     else:
-        vec = (_VECTOR_HNSW if leg == "hnsw" else _VECTOR_BIT).format(
-            dims=int(dims), filters=filters)
+        shape = _VECTOR_PREVIOUS if previous else _VECTOR_HNSW if leg == "hnsw" else _VECTOR_BIT
+        vec = shape.format(dims=int(dims), filters=filters)
     return f"WITH {kw},\n{vec},\n{_FUSE}"
 
 
@@ -230,20 +245,21 @@ class PgSearch:
         self._dims: int | None = None
 
     async def search(self, request: SearchRequest, *, query_vector: Sequence[float] | None,
-                     keyword: bool = True) -> list[SearchHit]:
-        """Hits for ``request``; the vector leg runs when ``query_vector`` is given."""
+                     keyword: bool = True, previous: bool = False) -> list[SearchHit]:
+        """Hits for ``request``; the vector leg runs when ``query_vector`` is given, against the
+        previous model's vectors when ``previous`` (a rebuild; the caller checked its width)."""
         try:
-            return await self._search(request, query_vector, keyword)
+            return await self._search(request, query_vector, keyword, previous)
         except psycopg.errors.DataException:
-            if self._dims is None:
+            if self._dims is None or previous:
                 raise
             # pgvector refused to cast a stored vector to the remembered width: another node's
             # embedder change has stored vectors of another width since. Read it again, once.
             self._dims = None
-            return await self._search(request, query_vector, keyword)
+            return await self._search(request, query_vector, keyword, previous)
 
     async def _search(self, request: SearchRequest, query_vector: Sequence[float] | None,
-                      keyword: bool) -> list[SearchHit]:
+                      keyword: bool, previous: bool) -> list[SearchHit]:
         windowed = request.within_window()
         async with self.pool.connection() as conn:
             # One statement sees one snapshot by itself: no transaction, so no BEGIN and COMMIT
@@ -252,18 +268,19 @@ class PgSearch:
             try:
                 await self._scan_settings(conn)
                 if windowed is None:
-                    dims, query = await self._query(conn, query_vector)
-                    rows = await self._fused(conn, request, query, dims, keyword)
+                    dims, query = await self._query(conn, query_vector, previous)
+                    rows = await self._fused(conn, request, query, dims, keyword, previous)
                 else:
                     # The window's hits and the rest's come from one snapshot.
                     await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
                     try:
                         async with conn.transaction():
-                            dims, query = await self._query(conn, query_vector)
-                            inside = await self._fused(conn, windowed, query, dims, keyword)
+                            dims, query = await self._query(conn, query_vector, previous)
+                            inside = await self._fused(conn, windowed, query, dims, keyword,
+                                                       previous)
                             seen = {r[0] for r in inside}
                             rest = await self._fused(conn, replace(request, query=windowed.query),
-                                                     query, dims, keyword)
+                                                     query, dims, keyword, previous)
                             rows = inside + [r for r in rest if r[0] not in seen]
                     finally:
                         await conn.set_isolation_level(None)
@@ -282,8 +299,8 @@ class PgSearch:
             await conn.execute(_HNSW_SETTINGS.format(local="false").encode(), (str(ef),))
             self._configured[conn] = ef
 
-    async def _query(self, conn: AsyncConnection[TupleRow], query_vector: Sequence[float] | None
-                     ) -> tuple[int | None, str | None]:
+    async def _query(self, conn: AsyncConnection[TupleRow], query_vector: Sequence[float] | None,
+                     previous: bool = False) -> tuple[int | None, str | None]:
         """The stored vectors' width and the query as a halfvec literal; the query is None (no
         vector leg) without a query vector or when its width is not the stored vectors'.
 
@@ -295,20 +312,24 @@ class PgSearch:
         time."""
         if query_vector is None:
             return None, None
+        if previous:   # its width is the previous vectors' (memory.embedders.previous checks it)
+            return len(query_vector), _halfvec(query_vector)
         dims = self._dims
         if dims is None or dims != len(query_vector):
             dims = self._dims = await vector_dims(conn)
         return dims, _halfvec(query_vector) if dims == len(query_vector) else None
 
     async def _fused(self, conn: AsyncConnection[TupleRow], request: SearchRequest,
-                     query: str | None, dims: int | None, keyword: bool) -> list[tuple[Any, ...]]:
+                     query: str | None, dims: int | None, keyword: bool,
+                     previous: bool = False) -> list[tuple[Any, ...]]:
         words = [t[1:-1].replace('""', '"')
                  for t in fts_terms(request.query, self.config.max_query_terms)]
         use_keyword = keyword and bool(words)
         if not use_keyword and query is None:
             return []
         sql = build_statement(request, keyword=use_keyword,
-                              dims=dims if query is not None else None, leg=self.vector_leg)
+                              dims=dims if query is not None else None, leg=self.vector_leg,
+                              previous=previous)
         params = statement_params(self.config, request, words, query)
         rows = [tuple(r) for r in await (await conn.execute(sql.encode(), params)).fetchall()]
         now_ms = request.now_ms if _with_recency(request) else None

@@ -21,9 +21,11 @@ What the SQLite service's syncing calls mean here: there are no transcript files
 ``sync_now()`` runs one pass of this node at once (``progress`` is not reported: a pass is
 a few claimed sessions, not a walk of files) and ``reindex()`` wakes every node's loop
 (``full``: every session is re-chunked, every vector read back from the shared cache).
-Not supported yet: an embedder change keeps no previous model answering the vector leg while
-vectors are rebuilt (``vectorSearch.rebuild`` is always null); chunks removed by the retention
-sweep come back on a full reindex until the next sweep.
+An embedder change is rebuilt as on SQLite: until every chunk has the new model's vector, the
+previous model's vectors answer the vector leg when this node can embed the query with it
+(:mod:`memory.pg.vectors`, :mod:`memory.embedders.previous`), else hybrid is keyword-only and says
+why; ``vectorSearch.rebuild`` shows the progress. Not supported yet: chunks removed by the
+retention sweep come back on a full reindex until the next sweep.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ from psycopg_pool import AsyncConnectionPool
 from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.embedders.previous import (
+    NOT_REBUILDING,
+    EmbedderIdentity,
+    PreviousFactory,
+    PreviousModel,
+    RebuildState,
+    vector_search_status,
+)
 from memory.episodes import Episodes
 from memory.errors import EmbedderError, MemoryStorageError, MemoryUnavailable
 from memory.facts import Facts
@@ -56,7 +66,7 @@ from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch, around_pg
 from memory.pg.steps import PoolSteps
-from memory.pg.vectors import VectorLeg
+from memory.pg.vectors import VectorLeg, previous_dims, rebuild_state
 from memory.reports import ProgressCallback, SyncLog, SyncReport
 from memory.retrieval.excerpts import excerpts_for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
@@ -80,7 +90,7 @@ class PgMemory:
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[TupleRow]], dsn: str,
                  config: MemoryConfig, embedder: Embedder | None, *, data_dir: Path,
                  embedder_reason: str = "", vector_leg: VectorLeg = "hnsw",
-                 poll_s: float = 30.0) -> None:
+                 poll_s: float = 30.0, previous_embedder: PreviousFactory | None = None) -> None:
         self.pool = pool
         self.dsn = dsn   # the indexing loop's LISTEN connection is its own, outside the pool
         self.data_dir = data_dir  # the node's own files; memory keeps none there
@@ -91,6 +101,13 @@ class PgMemory:
         self.vector_leg = vector_leg
         self.pipeline = (EmbeddingPipeline.from_config(embedder, config) if embedder is not None
                          else None)
+        self.identity = EmbedderIdentity.of(embedder) if embedder is not None else None
+        # After an embedder change: whether this identity's vectors are being (re)built, the
+        # previous model that serves the vector leg meanwhile (memory.pg.vectors), and whether
+        # the leg may run with this embedder (and why not) — read after each pass.
+        self.rebuild: RebuildState = NOT_REBUILDING
+        self.previous = PreviousModel(config, previous_embedder)
+        self.vector_state: tuple[bool, str] = (True, "")
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
         self.rerank = RerankStep(config, embedder)
@@ -116,7 +133,8 @@ class PgMemory:
                    data_dir: Path, embedder_reason: str = "", vector_leg: VectorLeg = "hnsw",
                    max_size: int = 8, poll_s: float = 30.0, connect_timeout_s: float = 10.0,
                    call_timeout_s: float = 4.0, reconnect_timeout_s: float = 1.0,
-                   options: str = "") -> PgMemory:
+                   options: str = "", previous_embedder: PreviousFactory | None = None
+                   ) -> PgMemory:
         """Migrate (under the advisory lock) and open a pool, the opening bounded by
         ``connect_timeout_s``; raises MemoryStorageError with the server's reason (never the DSN).
 
@@ -124,7 +142,10 @@ class PgMemory:
         waits at most ``call_timeout_s`` for a connection, each connection is checked before it
         is handed out (one a database restart killed is replaced, not used), a lost one is
         retried in the background for ``reconnect_timeout_s`` and then at the next call, and
-        every pooled connection gets the libpq ``options`` (statement and lock timeouts)."""
+        every pooled connection gets the libpq ``options`` (statement and lock timeouts).
+        ``previous_embedder`` builds the query embedder of a previous identity while vectors
+        are rebuilt (default: from the configuration,
+        ``memory.embedders.embeddings.previous_embedder``)."""
         timeout = max(2, round(connect_timeout_s))
         try:
             await asyncio.to_thread(_migrate, dsn, timeout)
@@ -143,8 +164,14 @@ class PgMemory:
             raise MemoryStorageError(str(exc)) from exc
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise MemoryStorageError(_why(exc)) from exc
-        return cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
-                   vector_leg=vector_leg, poll_s=poll_s)
+        node = cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
+                   vector_leg=vector_leg, poll_s=poll_s, previous_embedder=previous_embedder)
+        try:
+            await node.refresh_vectors()
+        except psycopg.Error as exc:
+            await node.close()
+            raise MemoryStorageError(_why(exc)) from exc
+        return node
 
     @property
     def config(self) -> MemoryConfig:
@@ -202,6 +229,7 @@ class PgMemory:
                 log.warning("memory.pg.loop_stopped_with", error=f"{type(exc).__name__}: {exc}")
             elif not loop.done():
                 log.error("memory.pg.loop_not_stopped")  # left behind: the pool closes all the same
+        await self.previous.close()
         await self.pool.close()
 
     async def _index_loop(self) -> None:
@@ -269,8 +297,38 @@ class PgMemory:
                                 error="; ".join(done.errors) or None,
                                 duration_ms=(time.perf_counter() - started) * 1000)
             self._syncs.record(report)
+            try:
+                await self.refresh_vectors()
+            except psycopg.Error as exc:   # the state read at the last pass stays
+                log.warning("memory.pg.vector_state_failed", error=_why(exc))
         await self.rerank.warm()   # after the pass, as on SQLite: no search loads the model
         return report
+
+    async def refresh_vectors(self) -> None:
+        """Read whether the vector leg may run and who serves it during a rebuild (after each
+        pass: another node's change, or the end of its rebuild, shows at this node's next)."""
+        if self.identity is None:
+            return
+        async with self.pool.connection() as conn:
+            rebuild = await rebuild_state(conn, self.identity)
+            if not rebuild.rebuilding:
+                state = (True, "")
+            elif not rebuild.started:
+                state = (False, "vectors not built yet for this embedder")
+            else:
+                pending = await _one(conn, "SELECT count(*) FROM recalld_memory_chunks "
+                                           "WHERE embedding IS NULL", {})
+                state = (False,
+                         f"vectors being rebuilt for a new embedder ({pending} chunks to go)")
+            await conn.rollback()
+        self.rebuild, self.vector_state = rebuild, state
+
+        async def dims_of(_: EmbedderIdentity) -> int | None:
+            async with self.pool.connection() as conn:
+                return await previous_dims(conn)
+
+        # Only once the rebuild has started here are the previous vectors in their column.
+        await self.previous.update(rebuild.previous if rebuild.started else None, dims_of)
 
     async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
         """Wake every node's loop; ``full`` first forgets how far each session (of ``user``) was
@@ -296,20 +354,31 @@ class PgMemory:
                                       exclude_session_key=exclude_session_key, after=after,
                                       before=before, now=now, recency=recency, shown=shown)
         started = time.perf_counter()
-        actual, fallback, vector = request.mode, None, None
+        actual, fallback, vector, previous = request.mode, None, None, None
         if request.mode != "keyword":
             if self.pipeline is None:
                 why = self.embedder_reason or "no embedder"
                 actual, fallback = "keyword", f"no embedder ({why})"
             else:
-                try:
-                    vector = await self.embed_query(request.query)
-                except EmbedderError as exc:
-                    actual, fallback = "keyword", f"query embedding failed: {exc}"
+                ready, why = self.vector_state
+                if ready:
+                    try:
+                        vector = await self.embed_query(request.query)
+                    except EmbedderError as exc:
+                        why = f"query embedding failed: {exc}"
+                elif self.rebuild.rebuilding:
+                    # A rebuild: the previous model's vectors serve the vector leg.
+                    served = await self.previous.query(request.query, why)
+                    vector, previous, why = served.vector, served.identity, served.reason
+                if vector is None:
+                    actual, fallback = "keyword", why
+                elif previous is not None:
+                    fallback = why
         embedded_at = time.perf_counter()
         try:
             hits = await self.searcher.search(self.rerank.fetch(request, actual),
-                                              query_vector=vector, keyword=actual != "vector")
+                                              query_vector=vector, keyword=actual != "vector",
+                                              previous=previous is not None)
         except psycopg.Error as exc:
             raise MemoryStorageError("memory index failed while searching: "
                                      f"{type(exc).__name__}") from exc
@@ -317,7 +386,8 @@ class PgMemory:
         timings = {"embedMs": round((embedded_at - started) * 1000, 2),
                    "searchMs": round((done - embedded_at) * 1000, 2)}
         hits, failed = await self.rerank.apply(request, actual, hits, timings)
-        return SearchResponse(hits, actual, fallback or failed, timings)
+        return SearchResponse(hits, actual, fallback or failed, timings,
+                              previous_model=previous.model if previous is not None else None)
 
     async def embed_query(self, text: str) -> list[float]:
         """A few recent queries' vectors: a recall and its search, or one question asked in
@@ -342,7 +412,9 @@ class PgMemory:
                                      exclude_session_key=exclude_session_key, now=now, recency=True,
                                      shown=shown)
         floor = self.config.recall_min_similarity
-        if floor is None:  # calibrated per model; embedders without one get no floor
+        if floor is None and response.previous_model is not None:
+            floor = self.previous.relevance_floor   # the cosines are the previous model's
+        elif floor is None:  # calibrated per model; embedders without one get no floor
             floor = getattr(self.embedder, "relevance_floor", None)
         return await excerpts_for_prompt(response, message, self.config, floor=floor, shown=shown,
                                          around=lambda hit: around_pg(self.pool, user, hit))
@@ -373,7 +445,9 @@ class PgMemory:
                                             r"FROM pg_class WHERE relkind = 'r' "
                                             r"AND relname LIKE 'recalld\_memory\_%%'", {}),
             }
-        ready = self.pipeline is not None and self.embedder is not None
+        ready = self.pipeline is not None and self.vector_state[0]
+        why = (self.vector_state[1] if self.pipeline is not None
+               else self.embedder_reason or "no embedder")
         return {
             "files": sessions, "chunks": chunks, "embedded": embedded, "pending": chunks - embedded,
             "provider": self.embedder.provider if self.embedder else "none",
@@ -383,12 +457,9 @@ class PgMemory:
             "vectorBackend": {"available": version is not None,
                               "reason": f"pgvector {version[0]}, {self.vector_leg}" if version else
                                         "pgvector is not installed in this database"},
-            "vectorSearch": {
-                "ready": ready,
-                "reason": None if ready else (self.embedder_reason or "no embedder"),
-                "servedBy": {"provider": self.embedder.provider, "model": self.embedder.model_id}
-                if ready and self.embedder else None,
-                "rebuild": None},
+            "vectorSearch": vector_search_status(
+                ready=ready, why="" if ready else why, identity=self.identity,
+                rebuild=self.rebuild, previous=self.previous, embedded=embedded, total=chunks),
             **self._syncs.wire(),
             "rebuiltFromTranscripts": None,
             "scope": "all" if user is None else "user",

@@ -13,6 +13,21 @@ same ``D`` so the planner can use it. ``VECTOR_LEG`` picks the leg's shape:
   (``binary_quantize``; a scan of the user's chunks), then the exact cosine over those.
 
 docs in ``memory/pg/__init__.py`` say which won and by how much.
+
+**Embedder change.** The identity whose vectors fill ``embedding`` is ``meta.embedder``. A node
+whose embedder has another identity starts a rebuild in one transaction
+(:func:`start_rebuild`): the vectors of the identity that was complete move to
+``embedding_previous`` (its width to ``meta.vector_dims_previous``, its identity to
+``meta.embedder_previous``), every ``embedding`` empties, the vector index goes and
+``meta.vector_rebuild`` is set. A second change before the rebuild ends keeps the complete
+identity's vectors where they are (the half-built ones never serve); changing back to it
+needs none (the cache holds its vectors). Meanwhile the vector leg ranks the previous model's
+queries against ``embedding_previous`` (an exact scan of the user's chunks: there is no index
+on it) when the node can embed them with that model (:mod:`memory.embedders.previous`), else
+hybrid search is keyword-only and says why; the new model's vectors fill in behind it. A chunk
+written or re-cut meanwhile has no previous vector (keyword finds it). The pass that finds no
+chunk pending ends the rebuild (:func:`end_rebuild`): the previous vectors and keys go.
+Every node reads the state from ``meta`` (:func:`rebuild_state`) after each of its passes.
 """
 
 from __future__ import annotations
@@ -22,9 +37,13 @@ from typing import Literal
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
+from memory.embedders.previous import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from memory.pg.migrations import MIGRATION_LOCK
 
-__all__ = ["VectorLeg", "drop_vector_index", "ensure_vector_index", "index_name", "vector_dims"]
+__all__ = ["VectorLeg", "drop_vector_index", "end_rebuild", "ensure_vector_index", "index_name",
+           "previous_dims", "rebuild_state", "start_rebuild", "vector_dims"]
+
+_REBUILD_KEYS = ("vector_rebuild", "embedder_previous", "vector_dims_previous")
 
 VectorLeg = Literal["hnsw", "bit"]
 
@@ -72,3 +91,108 @@ async def drop_vector_index(conn: AsyncConnection[TupleRow]) -> None:
     if dims is not None:
         await conn.execute(f"DROP INDEX IF EXISTS {index_name(dims)}".encode())
         await conn.execute("DELETE FROM recalld_memory_meta WHERE key = 'vector_dims'")
+
+
+async def _meta(conn: AsyncConnection[TupleRow], *keys: str) -> dict[str, str]:
+    rows = await (await conn.execute("SELECT key, value FROM recalld_memory_meta "
+                                     "WHERE key = ANY(%s)", (list(keys),))).fetchall()
+    return {str(k): str(v) for k, v in rows}
+
+
+async def _set_meta(conn: AsyncConnection[TupleRow], key: str, value: str | None) -> None:
+    if value is None:
+        await conn.execute("DELETE FROM recalld_memory_meta WHERE key = %s", (key,))
+        return
+    await conn.execute("INSERT INTO recalld_memory_meta(key, value) VALUES (%s, %s) "
+                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+
+async def _lock_embedder(conn: AsyncConnection[TupleRow]) -> str | None:
+    """``meta.embedder``, its row locked for the caller's transaction (None: not recorded).
+    Every change of the rebuild state takes this row first, so two nodes' changes queue."""
+    row = await (await conn.execute("SELECT value FROM recalld_memory_meta "
+                                    "WHERE key = 'embedder' FOR UPDATE")).fetchone()
+    return str(row[0]) if row is not None else None
+
+
+async def start_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity) -> bool:
+    """Make ``identity`` the one ``embedding`` holds (module docstring); False when it already
+    was. In the caller's transaction."""
+    stored = await _lock_embedder(conn)
+    if stored == identity.to_json():
+        return False
+    meta = await _meta(conn, "vector_dims", *_REBUILD_KEYS)
+    previous: EmbedderIdentity | None = None
+    moved = False
+    if stored:   # not a first build ('' was a node without an embedder, which stored nothing)
+        if "vector_rebuild" in meta:   # a rebuild was running: its previous stays the one
+            previous = EmbedderIdentity.from_json(meta.get("embedder_previous"))
+        else:
+            previous, moved = EmbedderIdentity.from_json(stored), True
+        if previous == identity:
+            previous = None   # switching back: the cache rebuilds it at once
+    if previous is None:
+        await conn.execute("UPDATE recalld_memory_chunks SET embedding = NULL, "
+                           "embedding_previous = NULL "
+                           "WHERE embedding IS NOT NULL OR embedding_previous IS NOT NULL")
+        await _set_meta(conn, "embedder_previous", None)
+        await _set_meta(conn, "vector_dims_previous", None)
+    elif moved:
+        await conn.execute("UPDATE recalld_memory_chunks SET embedding_previous = embedding, "
+                           "embedding = NULL "
+                           "WHERE embedding IS NOT NULL OR embedding_previous IS NOT NULL")
+        await _set_meta(conn, "embedder_previous", previous.to_json())
+        await _set_meta(conn, "vector_dims_previous", meta.get("vector_dims"))
+    else:
+        await conn.execute(
+            "UPDATE recalld_memory_chunks SET embedding = NULL WHERE embedding IS NOT NULL")
+    await drop_vector_index(conn)
+    await _set_meta(conn, "embedder", identity.to_json())
+    await _set_meta(conn, "vector_rebuild", "1" if stored else None)
+    return True
+
+
+async def end_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity) -> bool:
+    """End ``identity``'s rebuild once no chunk is pending: the previous vectors and keys go.
+    True when it ended here. Its own transaction."""
+    async with conn.transaction():
+        if await _lock_embedder(conn) != identity.to_json():
+            return False
+        if "vector_rebuild" not in await _meta(conn, "vector_rebuild"):
+            return False
+        pending = await (await conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM recalld_memory_chunks WHERE embedding IS NULL)"
+        )).fetchone()
+        if pending is None or pending[0]:
+            return False
+        await conn.execute("UPDATE recalld_memory_chunks SET embedding_previous = NULL "
+                           "WHERE embedding_previous IS NOT NULL")
+        for key in _REBUILD_KEYS:
+            await _set_meta(conn, key, None)
+        return True
+
+
+async def rebuild_state(conn: AsyncConnection[TupleRow],
+                        identity: EmbedderIdentity | None) -> RebuildState:
+    """Whether ``identity``'s vectors are still to be (re)built after an identity change, and
+    the identity whose complete vectors serve meanwhile (SQLite's rule, ``VectorStore``)."""
+    if identity is None:
+        return NOT_REBUILDING
+    meta = await _meta(conn, "embedder", "vector_rebuild", "embedder_previous")
+    stored = meta.get("embedder")
+    rebuilding = "vector_rebuild" in meta
+    if stored == identity.to_json():
+        previous = EmbedderIdentity.from_json(meta.get("embedder_previous")) if rebuilding else None
+        return RebuildState(rebuilding, rebuilding, previous)
+    if not stored:
+        return NOT_REBUILDING   # a first build, not a rebuild: no earlier vectors exist
+    # Not started yet (this node's next pass starts it): what start_rebuild will record.
+    previous = (EmbedderIdentity.from_json(meta.get("embedder_previous")) if rebuilding
+                else EmbedderIdentity.from_json(stored))
+    return RebuildState(True, False, previous if previous != identity else None)
+
+
+async def previous_dims(conn: AsyncConnection[TupleRow]) -> int | None:
+    """The width of the vectors in ``embedding_previous`` (None: none are kept)."""
+    value = (await _meta(conn, "vector_dims_previous")).get("vector_dims_previous")
+    return int(value) if value else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from structlog.testing import capture_logs
 
 from memory import MemoryConfig
@@ -248,9 +247,6 @@ async def test_corrupt_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> No
     assert len(hits) == 1
 
 
-@pytest.mark.postgres_differs(reason="while vectors are rebuilt for a new embedder the keyword "
-                              "fallback's reason names the failed query embedding, not the rebuild "
-                              "(PostgreSQL keeps no record of a rebuild)")
 async def test_embedder_change_rebuilds_vectors_without_mixing(
         memory_backend: MemoryBackend) -> None:
     """A new embedder identity clears old vectors at once; hybrid is keyword-only until rebuilt."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import apsw
-import pytest
 
 from gateway.wire import search_wire
 from memory import SearchHit
@@ -23,14 +22,6 @@ from tests.memory.conftest import (
     quiet_config,
     session_key,
 )
-
-# PgMemory's docstring: "an embedder change keeps no previous model answering the vector leg
-# while vectors are rebuilt (vectorSearch.rebuild is always null)".
-NO_PG_REBUILD = ("PgMemory keeps no record of a rebuild: with the new embedder failing, hybrid "
-                 "falls back to keyword for the failed query embedding (not 'cannot be rebuilt'), "
-                 "and status's vectorSearch.rebuild is null")
-NO_PG_PREVIOUS = ("PgMemory has no previous model serving the vector leg while vectors are "
-                  "rebuilt: PgMemory.open takes no previous_embedder factory")
 
 LYNX = "the lynx stalks quietly through snow"
 BREAD = "bread rises slowly with flour and yeast"
@@ -147,7 +138,6 @@ async def test_new_vectors_take_over_once_the_rebuild_is_done(tmp_path: Path) ->
     assert "previousModel" not in search_wire(after)
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_REBUILD)
 async def test_keyword_fallback_when_the_previous_model_cannot_be_built(
         memory_backend: MemoryBackend) -> None:
     """Without a way to embed queries with the old model, hybrid search is keyword-only with a
@@ -169,7 +159,6 @@ async def test_keyword_fallback_when_the_previous_model_cannot_be_built(
     assert "'fake' cannot be rebuilt" in vs["rebuild"]["previousUnavailable"]
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
 async def test_a_failing_previous_model_falls_back_to_keyword(
         memory_backend: MemoryBackend) -> None:
     """A previous model that fails to embed the query leaves that search keyword-only, saying so."""
@@ -184,7 +173,6 @@ async def test_a_failing_previous_model_falls_back_to_keyword(
     assert [content_of(h) for h in during.results] == [LYNX]
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
 async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(
         memory_backend: MemoryBackend) -> None:
     """A chunk written during the rebuild has no old-model vector: keyword finds it, and it never
@@ -203,7 +191,6 @@ async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(
     assert by_text[LYNX].vector_rank is not None and by_text[LYNX].similarity is not None
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
 async def test_previous_vector_leg_honours_session_and_time_filters(
         memory_backend: MemoryBackend) -> None:
     """The old model's vector leg applies sessionKey, excludeSessionKey and after/before as the
@@ -223,7 +210,6 @@ async def test_previous_vector_leg_honours_session_and_time_filters(
     assert {content_of(h) for h in everything.results} == {LYNX, BREAD}
 
 
-@pytest.mark.postgres_differs(reason=NO_PG_PREVIOUS)
 async def test_second_change_mid_rebuild_keeps_serving_the_last_complete_model(
         memory_backend: MemoryBackend) -> None:
     """Changing the embedder again before a rebuild finishes keeps the last fully built model as
@@ -244,9 +230,6 @@ async def test_second_change_mid_rebuild_keeps_serving_the_last_complete_model(
     assert during.previous_model == "model-a" and content_of(during.results[0]) == LYNX
 
 
-@pytest.mark.postgres_differs(reason="PgMemory has no previous model serving the vector leg while "
-                              "vectors are rebuilt: the query is embedded with the new model "
-                              "(embed-b), whose vectors are not built, and previous_model is None")
 async def test_openai_model_change_embeds_queries_with_the_previous_model(
         memory_backend: MemoryBackend, fake_openai: FakeOpenAI) -> None:
     """With the configured OpenAI-compatible endpoint, only the model changed: the default

@@ -211,11 +211,14 @@ async def test_corpus_totals_and_postings_follow_every_change(pg_index: str, poo
 async def test_postings_written_in_rows_are_regrouped_in_blocks_by_m006(pg_dsn: str) -> None:
     """A database indexed before m006 (one posting row per lexeme and chunk) keeps every posting
     when m006 regroups them in blocks, and later writes and deletes keep them exact."""
-    from memory.pg.migrations import migrate
+    from memory.pg.migrations import _M007, migrate
     from sessions.pg.store import PgSessionStore
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         migrate(conn, before="m006_postings_in_blocks")
+        # This version's indexer writes the rows here and needs m007's column, which m006's
+        # regrouping never reads.
+        conn.execute(_M007)
     PgSessionStore(pg_dsn, pool_size=1).close()
     for i in range(4):
         add_session(pg_dsn, "alice" if i % 2 else "bob", f"s{i}", FIRST + MORE)
@@ -224,7 +227,7 @@ async def test_postings_written_in_rows_are_regrouped_in_blocks_by_m006(pg_dsn: 
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             rows = conn.execute("SELECT count(*) FROM recalld_memory_postings").fetchone()
             assert rows is not None and rows[0] > 0
-            assert migrate(conn) == ["m006_postings_in_blocks"]
+            assert migrate(conn) == ["m006_postings_in_blocks", "m007_previous_embedding"]
         assert _assert_postings_exact(pg_dsn)["postings"][0] > 0
         with sessions_store(pg_dsn) as store:
             store.delete("bob", key_of("s0"))

@@ -1,0 +1,120 @@
+"""An embedder change on PostgreSQL: the previous model's vectors, kept in their own column, serve
+the vector leg until the rebuild ends, on every node, and are let go of at its end."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from memory.errors import EmbedderError
+from memory.pg.service import PgMemory
+from tests.memory.conftest import embedder_down, quiet_config
+from tests.memory.pg.conftest import add_session, key_of
+from tests.memory.test_rebuild_serving import BREAD, LYNX, content_of, factory_of, model_a, model_b
+
+
+@contextlib.asynccontextmanager
+async def node(dsn: str, tmp_path: Path, embedder: Any, *, sync: bool = True,
+               **kwargs: Any) -> AsyncIterator[PgMemory]:
+    """A node over ``dsn``, after one pass of its own unless ``sync`` is False."""
+    memory = await PgMemory.open(dsn, quiet_config(), embedder, data_dir=tmp_path, **kwargs)
+    try:
+        if sync:
+            with contextlib.suppress(EmbedderError):
+                await memory.sync_now()
+        yield memory
+    finally:
+        await memory.close()
+
+
+def kept(dsn: str) -> tuple[int, dict[str, str]]:
+    """Chunks holding a previous vector, and the rebuild's meta keys."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(embedding_previous) FROM recalld_memory_chunks").fetchone()
+        meta = dict(conn.execute(
+            "SELECT key, value FROM recalld_memory_meta WHERE key IN "
+            "('vector_rebuild', 'embedder_previous', 'vector_dims_previous')").fetchall())
+    assert row is not None
+    return int(row[0]), {str(k): str(v) for k, v in meta.items()}
+
+
+async def indexed_with_a(dsn: str, tmp_path: Path) -> None:
+    add_session(dsn, "alice", "s1", [LYNX])
+    add_session(dsn, "alice", "s2", [BREAD], start_minute=600)
+    async with node(dsn, tmp_path, model_a()) as memory:
+        assert (await memory.status())["pending"] == 0
+
+
+async def test_the_end_of_the_rebuild_lets_go_of_the_previous_vectors(pg_index: str,
+                                                                      tmp_path: Path) -> None:
+    """Mid-rebuild the previous vectors and their identity are kept in the database; the pass
+    that embeds the last chunk removes both, and the new model's vectors answer."""
+    await indexed_with_a(pg_index, tmp_path)
+    new = model_b()
+    new.fail = embedder_down()
+    async with node(pg_index, tmp_path, new, previous_embedder=factory_of(model_a())) as memory:
+        during = await memory.search("alice", "wildcat")
+        mid = kept(pg_index)
+        new.fail = None
+        await memory.sync_now()
+        after = await memory.search("alice", "wildcat")
+        status = await memory.status()
+    assert during.previous_model == "model-a" and content_of(during.results[0]) == LYNX
+    assert mid == (2, {"vector_rebuild": "1", "embedder_previous": '["fake", "model-a", "none"]',
+                       "vector_dims_previous": "64"})
+    assert after.previous_model is None and after.fallback_reason is None
+    assert content_of(after.results[0]) == BREAD and after.results[0].vector_rank == 1
+    assert status["vectorSearch"] == {"ready": True, "reason": None, "rebuild": None,
+                                      "servedBy": {"provider": "fake", "model": "model-b"}}
+    assert kept(pg_index) == (0, {})
+
+
+async def test_a_chunk_cut_again_mid_rebuild_has_no_previous_vector(pg_index: str,
+                                                                    tmp_path: Path) -> None:
+    """A chunk whose text changes during the rebuild loses its previous vector (it was the old
+    text's), while the chunks left as they were keep theirs."""
+    await indexed_with_a(pg_index, tmp_path)
+    new = model_b()
+    new.fail = embedder_down()
+    async with node(pg_index, tmp_path, new, previous_embedder=factory_of(model_a())) as memory:
+        add_session(pg_index, "alice", "s1", ["a lynx kitten naps in the barn"], start_minute=5,
+                    create=False)
+        with contextlib.suppress(EmbedderError):
+            await memory.sync_now()
+        hits = (await memory.search("alice", "lynx")).results
+    with psycopg.connect(pg_index) as conn:
+        previous = dict(conn.execute(
+            "SELECT session_key, bool_and(embedding_previous IS NOT NULL) "
+            "FROM recalld_memory_chunks GROUP BY session_key").fetchall())
+    assert previous == {key_of("s1"): False, key_of("s2"): True}
+    s1 = next(h for h in hits if "kitten" in h.content)
+    assert s1.keyword_rank is not None and s1.vector_rank is None and s1.similarity is None
+
+
+async def test_every_node_serves_the_previous_model_and_sees_the_rebuild_end(
+        pg_index: str, tmp_path: Path) -> None:
+    """A node opened after another started the rebuild serves the previous model at once, without
+    a pass of its own; once the other ends the rebuild, its next pass reads that, and the new
+    model's vectors answer there too."""
+    await indexed_with_a(pg_index, tmp_path)
+    first_model, second_model = model_b(), model_b()
+    first_model.fail = second_model.fail = embedder_down()
+    async with node(pg_index, tmp_path, first_model,
+                    previous_embedder=factory_of(model_a())) as first, \
+            node(pg_index, tmp_path, second_model, sync=False,
+                 previous_embedder=factory_of(model_a())) as second:
+        at_open = await second.search("alice", "wildcat")
+        first_model.fail = None
+        await first.sync_now()
+        before_its_pass = await second.search("alice", "wildcat")
+        second_model.fail = None
+        await second.sync_now()
+        after_its_pass = await second.search("alice", "wildcat")
+    assert at_open.previous_model == "model-a" and content_of(at_open.results[0]) == LYNX
+    assert before_its_pass.previous_model == "model-a"   # read at its passes, as documented
+    assert after_its_pass.previous_model is None and after_its_pass.mode == "hybrid"
+    assert content_of(after_its_pass.results[0]) == BREAD
