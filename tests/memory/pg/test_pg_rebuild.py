@@ -35,11 +35,11 @@ def kept(dsn: str) -> tuple[int, dict[str, str]]:
     """Chunks holding a previous vector, and the rebuild's meta keys."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(embedding_previous) FROM recalld_memory_chunks").fetchone()
-        meta = dict(conn.execute(
+        meta = {str(k): str(v) for k, v in conn.execute(
             "SELECT key, value FROM recalld_memory_meta WHERE key IN "
-            "('vector_rebuild', 'embedder_previous', 'vector_dims_previous')").fetchall())
+            "('vector_rebuild', 'embedder_previous', 'vector_dims_previous')").fetchall()}
     assert row is not None
-    return int(row[0]), {str(k): str(v) for k, v in meta.items()}
+    return int(row[0]), meta
 
 
 async def indexed_with_a(dsn: str, tmp_path: Path) -> None:
@@ -87,9 +87,9 @@ async def test_a_chunk_cut_again_mid_rebuild_has_no_previous_vector(pg_index: st
             await memory.sync_now()
         hits = (await memory.search("alice", "lynx")).results
     with psycopg.connect(pg_index) as conn:
-        previous = dict(conn.execute(
+        previous = {str(k): bool(v) for k, v in conn.execute(
             "SELECT session_key, bool_and(embedding_previous IS NOT NULL) "
-            "FROM recalld_memory_chunks GROUP BY session_key").fetchall())
+            "FROM recalld_memory_chunks GROUP BY session_key").fetchall()}
     assert previous == {key_of("s1"): False, key_of("s2"): True}
     s1 = next(h for h in hits if "kitten" in h.content)
     assert s1.keyword_rank is not None and s1.vector_rank is None and s1.similarity is None
