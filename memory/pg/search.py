@@ -112,8 +112,15 @@ kw AS (
   ORDER BY score DESC, p.chunk_id
   LIMIT %(candidates)s)"""
 
-# Only a session or time filter needs the chunk row of each posting.
+# Only a session or time filter, or a phrase, needs the chunk row of each posting.
 _CHUNK_JOIN = "\n  JOIN recalld_memory_chunks c ON c.id = p.chunk_id"
+
+# A term of several tokens (a CJK bigram, two characters each indexed on its own: fts_terms) is a
+# phrase in FTS5: its characters must be adjacent. The postings hold no positions, so a chunk the
+# lexemes found must also match one of the terms as a phrase in its own ``tsv`` (which has them);
+# 北京 then no longer finds 東京 through their shared 京. BM25 still sums the lexemes' scores.
+_PHRASES = (f"\n    AND c.tsv @@ ANY(ARRAY(SELECT phraseto_tsquery('{TS_CONFIG}', w) "
+            "FROM unnest(%(words)s::text[]) AS w))")
 
 _NO_KEYWORD_LEG = "kw AS (SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false)"
 _NO_VECTOR_LEG = "vec AS (SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false)"
@@ -216,11 +223,13 @@ BIT_POOL = 1000
 
 
 def build_statement(request: SearchRequest, *, keyword: bool, dims: int | None,
-                    leg: VectorLeg, previous: bool = False) -> str:
+                    leg: VectorLeg, previous: bool = False, phrases: bool = False) -> str:
     """The one statement for these filters and legs (a fixed text per combination);
-    ``previous``: the vector leg reads the previous model's vectors."""
+    ``previous``: the vector leg reads the previous model's vectors; ``phrases``: a query term
+    has several tokens (:data:`_PHRASES`)."""
     filters = "".join(_FILTERS[n] for n in _FILTERS if getattr(request, n) is not None)
-    kw = (_KEYWORD_LEG.format(filters=filters, chunk_join=_CHUNK_JOIN if filters else "")
+    matched = filters + (_PHRASES if phrases else "")
+    kw = (_KEYWORD_LEG.format(filters=matched, chunk_join=_CHUNK_JOIN if matched else "")
           if keyword else _NO_KEYWORD_LEG)
     if dims is None:
         vec = _NO_VECTOR_LEG
@@ -329,7 +338,7 @@ class PgSearch:
             return []
         sql = build_statement(request, keyword=use_keyword,
                               dims=dims if query is not None else None, leg=self.vector_leg,
-                              previous=previous)
+                              previous=previous, phrases=any(" " in w for w in words))
         params = statement_params(self.config, request, words, query)
         rows = [tuple(r) for r in await (await conn.execute(sql.encode(), params)).fetchall()]
         now_ms = request.now_ms if _with_recency(request) else None

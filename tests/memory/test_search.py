@@ -101,8 +101,6 @@ async def test_operator_words_match_as_words(memory_backend: MemoryBackend,
     assert [name_of(h.session_key) for h in hits] == ["s2"]
 
 
-@pytest.mark.postgres_differs(reason="PostgreSQL's keyword leg matches 北京 against 東京 text (a "
-                              "shared character); SQLite's bigram phrases do not")
 async def test_cjk_query_finds_cjk_text(memory_backend: MemoryBackend,
                                         memory_service: BackendMemory) -> None:
     """A CJK word inside unspaced CJK text is found; an absent one is not."""
