@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 import structlog
 from psycopg import AsyncConnection
-from psycopg.errors import DeadlockDetected
+from psycopg.errors import DeadlockDetected, LockNotAvailable, QueryCanceled
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -55,7 +55,13 @@ from memory.embedders.previous import EmbedderIdentity
 from memory.errors import EmbedderError
 from memory.forget_range import retention_cutoff_ms
 from memory.pg.migrations import TS_CONFIG
-from memory.pg.vectors import VectorLeg, end_rebuild, ensure_vector_index, start_rebuild
+from memory.pg.vectors import (
+    VectorLeg,
+    end_rebuild,
+    ensure_vector_index,
+    holds_identity,
+    start_rebuild,
+)
 from memory.quantize import quantize_int8
 from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
@@ -296,7 +302,7 @@ class PgIndexer:
     async def run_once(self) -> IndexReport:
         """Chunk every changed session this node can claim, sweep, then embed what is pending."""
         report = IndexReport()
-        await self._ensure_identity()
+        await self.ensure_identity()
         async with self.pool.connection() as conn:
             if not await pg_feed.ready(conn):
                 return report
@@ -317,7 +323,13 @@ class PgIndexer:
         if self.identity is not None:
             async with self.pool.connection() as conn:
                 await ensure_vector_index(conn, self.vector_leg)
-                await end_rebuild(conn, EmbedderIdentity(*self.identity))
+            async with self.pool.connection() as conn:   # end_rebuild ends its transactions
+                try:
+                    await end_rebuild(conn, EmbedderIdentity(*self.identity))
+                except (LockNotAvailable, QueryCanceled, DeadlockDetected) as exc:
+                    # Another node's batch holds the identity's row or the chunks: the next
+                    # pass ends it (nothing is lost meanwhile, the previous model serves).
+                    log.info("memory.pg.rebuild_end_deferred", error=type(exc).__name__)
         return report
 
     async def pending(self) -> int:
@@ -510,7 +522,7 @@ class PgIndexer:
 
     # --- vectors ------------------------------------------------------------------------
 
-    async def _ensure_identity(self) -> None:
+    async def ensure_identity(self) -> None:
         """A new embedder identity starts a rebuild (memory.pg.vectors, "Embedder change"); a
         node without an embedder leaves the vectors as they are."""
         if self.identity is None:
@@ -525,6 +537,8 @@ class PgIndexer:
         provider, model, endpoint = self.identity
         params = {"provider": provider, "model": model, "endpoint_hash": endpoint}
         async with self.pool.connection() as conn, conn.transaction():
+            if not await holds_identity(conn, EmbedderIdentity(provider, model, endpoint)):
+                return False   # the stored identity is another now: this node's next pass meets it
             pending = await (await conn.execute(_PENDING_SQL,
                                                 (self._salt, self.texts_per_pass))).fetchall()
             if not pending:

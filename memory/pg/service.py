@@ -277,6 +277,10 @@ class PgMemory:
             started = time.perf_counter()
             self._syncs.syncing = True
             try:
+                # An embedder change starts before the pass, and the state is read then: the
+                # previous model serves the searches meanwhile, this pass's rebuild among them.
+                await self.indexer.ensure_identity()
+                await self.refresh_vectors()
                 done = await self.indexer.run_once()
                 pending = await self.indexer.pending()
             except (psycopg.Error, EmbedderError) as exc:
@@ -288,6 +292,10 @@ class PgMemory:
                                          f"{type(exc).__name__}") from exc
             finally:
                 self._syncs.syncing = False
+                try:   # a failed pass too: another node's change, or the end of a rebuild
+                    await self.refresh_vectors()
+                except psycopg.Error as exc:   # the state read before stays
+                    log.warning("memory.pg.vector_state_failed", error=_why(exc))
             report = SyncReport(files_scanned=done.sessions, files_changed=done.sessions,
                                 files_deleted=done.sessions_deleted,
                                 chunks_written=done.chunks_written,
@@ -297,10 +305,6 @@ class PgMemory:
                                 error="; ".join(done.errors) or None,
                                 duration_ms=(time.perf_counter() - started) * 1000)
             self._syncs.record(report)
-            try:
-                await self.refresh_vectors()
-            except psycopg.Error as exc:   # the state read at the last pass stays
-                log.warning("memory.pg.vector_state_failed", error=_why(exc))
         await self.rerank.warm()   # after the pass, as on SQLite: no search loads the model
         return report
 

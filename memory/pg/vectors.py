@@ -40,8 +40,9 @@ from psycopg.rows import TupleRow
 from memory.embedders.previous import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from memory.pg.migrations import MIGRATION_LOCK
 
-__all__ = ["VectorLeg", "drop_vector_index", "end_rebuild", "ensure_vector_index", "index_name",
-           "previous_dims", "rebuild_state", "start_rebuild", "vector_dims"]
+__all__ = ["VectorLeg", "clear_previous", "drop_vector_index", "end_rebuild",
+           "ensure_vector_index", "holds_identity", "index_name", "previous_dims",
+           "rebuild_state", "start_rebuild", "vector_dims"]
 
 _REBUILD_KEYS = ("vector_rebuild", "embedder_previous", "vector_dims_previous")
 
@@ -69,6 +70,9 @@ async def ensure_vector_index(conn: AsyncConnection[TupleRow], leg: VectorLeg = 
         return
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        # After an embedder change in progress (start_rebuild holds this row): the width read
+        # below is then the new model's, never the one the change is emptying.
+        await conn.execute("SELECT 1 FROM recalld_memory_meta WHERE key = 'embedder' FOR SHARE")
         if await vector_dims(conn) is not None:
             return
         row = await (await conn.execute(
@@ -117,11 +121,16 @@ async def _lock_embedder(conn: AsyncConnection[TupleRow]) -> str | None:
 
 async def start_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity) -> bool:
     """Make ``identity`` the one ``embedding`` holds (module docstring); False when it already
-    was. In the caller's transaction."""
+    was. In the caller's transaction. The row lock is taken only for a change: it waits for
+    every node's embedding batch in flight (each holds the row ``FOR SHARE``, see
+    :func:`holds_identity`)."""
+    current = (await _meta(conn, "embedder")).get("embedder")
+    if current == identity.to_json():
+        return False
     stored = await _lock_embedder(conn)
     if stored == identity.to_json():
         return False
-    meta = await _meta(conn, "vector_dims", *_REBUILD_KEYS)
+    meta = await _meta(conn, *_REBUILD_KEYS)
     previous: EmbedderIdentity | None = None
     moved = False
     if stored:   # not a first build ('' was a node without an embedder, which stored nothing)
@@ -138,11 +147,14 @@ async def start_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdent
         await _set_meta(conn, "embedder_previous", None)
         await _set_meta(conn, "vector_dims_previous", None)
     elif moved:
+        width = await (await conn.execute(
+            "SELECT vector_dims(embedding) FROM recalld_memory_chunks "
+            "WHERE embedding IS NOT NULL LIMIT 1")).fetchone()
         await conn.execute("UPDATE recalld_memory_chunks SET embedding_previous = embedding, "
                            "embedding = NULL "
                            "WHERE embedding IS NOT NULL OR embedding_previous IS NOT NULL")
         await _set_meta(conn, "embedder_previous", previous.to_json())
-        await _set_meta(conn, "vector_dims_previous", meta.get("vector_dims"))
+        await _set_meta(conn, "vector_dims_previous", str(width[0]) if width else None)
     else:
         await conn.execute(
             "UPDATE recalld_memory_chunks SET embedding = NULL WHERE embedding IS NOT NULL")
@@ -152,9 +164,19 @@ async def start_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdent
     return True
 
 
+# Chunk ids per statement clearing the previous vectors after a rebuild: short statements, so
+# none meets the pool's statement timeout or holds many rows an indexing batch may want.
+_CLEAR_IDS = 10_000
+
+
 async def end_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity) -> bool:
-    """End ``identity``'s rebuild once no chunk is pending: the previous vectors and keys go.
-    True when it ended here. Its own transaction."""
+    """End ``identity``'s rebuild once no chunk is pending: its keys go in one short transaction
+    (from then on nothing reads the previous vectors), then the previous vectors, a range of
+    chunk ids per statement. True when it ended here."""
+    rebuilding = "vector_rebuild" in await _meta(conn, "vector_rebuild")
+    await conn.rollback()   # the read's own transaction: the one below must be a real one
+    if not rebuilding:
+        return False   # the common case, every pass: no lock taken
     async with conn.transaction():
         if await _lock_embedder(conn) != identity.to_json():
             return False
@@ -165,11 +187,35 @@ async def end_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdentit
         )).fetchone()
         if pending is None or pending[0]:
             return False
-        await conn.execute("UPDATE recalld_memory_chunks SET embedding_previous = NULL "
-                           "WHERE embedding_previous IS NOT NULL")
         for key in _REBUILD_KEYS:
             await _set_meta(conn, key, None)
-        return True
+    await clear_previous(conn)
+    return True
+
+
+async def clear_previous(conn: AsyncConnection[TupleRow]) -> None:
+    """NULL ``embedding_previous`` everywhere, ``_CLEAR_IDS`` ids per committed statement (what
+    an interruption leaves is never read, and the next change overwrites it)."""
+    row = await (await conn.execute("SELECT min(id), max(id) FROM recalld_memory_chunks "
+                                    "WHERE embedding_previous IS NOT NULL")).fetchone()
+    await conn.commit()
+    if row is None or row[0] is None:
+        return
+    low, high = int(row[0]), int(row[1])
+    while low <= high:
+        async with conn.transaction():
+            await conn.execute("UPDATE recalld_memory_chunks SET embedding_previous = NULL "
+                               "WHERE id >= %s AND id < %s AND embedding_previous IS NOT NULL",
+                               (low, low + _CLEAR_IDS))
+        low += _CLEAR_IDS
+
+
+async def holds_identity(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity) -> bool:
+    """Whether ``embedding`` is ``identity``'s, the row kept so (``FOR SHARE``) until the caller's
+    transaction ends: a node of another model must not fill vectors once a change began."""
+    row = await (await conn.execute("SELECT value FROM recalld_memory_meta "
+                                    "WHERE key = 'embedder' FOR SHARE")).fetchone()
+    return row is not None and str(row[0]) == identity.to_json()
 
 
 async def rebuild_state(conn: AsyncConnection[TupleRow],

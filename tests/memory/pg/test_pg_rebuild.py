@@ -3,6 +3,7 @@ the vector leg until the rebuild ends, on every node, and are let go of at its e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,15 @@ from memory.errors import EmbedderError
 from memory.pg.service import PgMemory
 from tests.memory.conftest import embedder_down, quiet_config
 from tests.memory.pg.conftest import add_session, key_of
-from tests.memory.test_rebuild_serving import BREAD, LYNX, content_of, factory_of, model_a, model_b
+from tests.memory.test_rebuild_serving import (
+    BREAD,
+    LYNX,
+    SynonymEmbedder,
+    content_of,
+    factory_of,
+    model_a,
+    model_b,
+)
 
 
 @contextlib.asynccontextmanager
@@ -118,3 +127,36 @@ async def test_every_node_serves_the_previous_model_and_sees_the_rebuild_end(
     assert before_its_pass.previous_model == "model-a"   # read at its passes, as documented
     assert after_its_pass.previous_model is None and after_its_pass.mode == "hybrid"
     assert content_of(after_its_pass.results[0]) == BREAD
+
+
+class HeldModel(SynonymEmbedder):
+    """model-b, whose passage calls wait for ``go``: a pass's rebuild stays in its embedding."""
+
+    def __init__(self) -> None:
+        super().__init__("model-b", {"wildcat": "bread flour"}, dims=32)
+        self.embedding = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
+        if kind == "passage":
+            self.embedding.set()
+            await self.go.wait()
+        return await super().embed(texts, kind)
+
+
+async def test_the_previous_model_serves_during_the_pass_that_rebuilds(pg_index: str,
+                                                                       tmp_path: Path) -> None:
+    """A node restarted with a new model serves the previous model while its own first pass is
+    still embedding (the change is made, and read, before the pass's rebuild)."""
+    await indexed_with_a(pg_index, tmp_path)
+    new = HeldModel()
+    async with node(pg_index, tmp_path, new, sync=False,
+                    previous_embedder=factory_of(model_a())) as memory:
+        rebuilding = asyncio.create_task(memory.sync_now())
+        await asyncio.wait_for(new.embedding.wait(), 30)
+        during = await memory.search("alice", "wildcat")
+        new.go.set()
+        await asyncio.wait_for(rebuilding, 30)
+        after = await memory.search("alice", "wildcat")
+    assert during.previous_model == "model-a" and content_of(during.results[0]) == LYNX
+    assert after.previous_model is None and content_of(after.results[0]) == BREAD
