@@ -56,6 +56,8 @@ from memory.errors import EmbedderError
 from memory.forget_range import retention_cutoff_ms
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import (
+    FILL_SQL,
+    PENDING_SQL,
     VectorLeg,
     end_rebuild,
     ensure_vector_index,
@@ -227,27 +229,6 @@ UPDATE recalld_memory_progress p SET (n_chunks, total_len) = (
   WHERE c.session_key = p.session_key)
 WHERE p.session_key = ANY(%s)
 """
-
-# Each node walks the pending texts in its own (salted) order, so two nodes start on different
-# texts instead of both waiting on the locks of the same first batch.
-_PENDING_SQL = """
-SELECT vector_hash, content FROM (
-  SELECT DISTINCT ON (vector_hash) vector_hash, content FROM recalld_memory_chunks
-  WHERE embedding IS NULL ORDER BY vector_hash) AS pending
-ORDER BY md5(vector_hash || %s) LIMIT %s
-"""
-
-# Chunks whose text is in the cache get its vector; int8 bytes become a halfvec of the same
-# integers, so cosine over it is SQLite's int8 cosine exactly.
-_FILL_SQL = """
-UPDATE recalld_memory_chunks c
-SET embedding = recalld_memory_int8_halfvec(e.vector)
-FROM recalld_memory_embedding_cache e
-WHERE c.embedding IS NULL AND c.vector_hash = ANY(%(hashes)s)
-  AND e.provider = %(provider)s AND e.model = %(model)s AND e.endpoint_hash = %(endpoint_hash)s
-  AND e.content_hash = c.vector_hash
-"""
-
 
 class _ClaimerStopped(Exception):
     """Rolls back a claim made after another claimer of the pass failed."""
@@ -539,14 +520,14 @@ class PgIndexer:
         async with self.pool.connection() as conn, conn.transaction():
             if not await holds_identity(conn, EmbedderIdentity(provider, model, endpoint)):
                 return False   # the stored identity is another now: this node's next pass meets it
-            pending = await (await conn.execute(_PENDING_SQL,
+            pending = await (await conn.execute(PENDING_SQL,
                                                 (self._salt, self.texts_per_pass))).fetchall()
             if not pending:
                 return False
             hashes = [str(h) for h, _ in pending]
             # First what the cache already holds (another node's work, or another session's text).
             before = report.filled
-            cur = await conn.execute(_FILL_SQL, {**params, "hashes": hashes})
+            cur = await conn.execute(FILL_SQL, {**params, "hashes": hashes})
             report.filled += cur.rowcount
             locked = await (await conn.execute(
                 "SELECT h FROM unnest(%s::text[]) AS h "
@@ -561,7 +542,7 @@ class PgIndexer:
             texts = {str(h): self.pipeline.text_to_send(str(content)) for h, content in pending
                      if str(h) in mine and str(h) not in cached}
             failed = await self._embed_into_cache(conn, texts, params, report) if texts else None
-            cur = await conn.execute(_FILL_SQL, {**params, "hashes": list(mine)})
+            cur = await conn.execute(FILL_SQL, {**params, "hashes": list(mine)})
             report.filled += cur.rowcount
             filled = report.filled > before
         # Raised once what the embedder answered before it failed is committed (as the SQLite

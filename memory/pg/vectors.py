@@ -1,4 +1,5 @@
-"""The vector leg's index, created once the embedder's width is known.
+"""The vectors on PostgreSQL: the leg's index, created once the embedder's width is known; the
+indexer's pending and fill statements; an embedder change's rebuild.
 
 ``recalld_memory_chunks.embedding`` is a ``halfvec`` of no fixed width (the width is the
 embedder's, known at run time, as SQLite's ``chunks_vec`` is created by the writer). An
@@ -40,9 +41,31 @@ from psycopg.rows import TupleRow
 from memory.embedders.previous import NOT_REBUILDING, EmbedderIdentity, RebuildState
 from memory.pg.migrations import MIGRATION_LOCK
 
-__all__ = ["VectorLeg", "clear_previous", "drop_vector_index", "end_rebuild",
-           "ensure_vector_index", "holds_identity", "index_name", "previous_dims",
+__all__ = ["FILL_SQL", "PENDING_SQL", "VectorLeg", "clear_previous", "drop_vector_index",
+           "end_rebuild", "ensure_vector_index", "holds_identity", "index_name", "previous_dims",
            "rebuild_state", "start_rebuild", "vector_dims"]
+
+# The indexer's embedding batches (memory.pg.indexer): which texts are pending, and the fill of
+# chunks from the shared cache.
+# Each node walks the pending texts in its own (salted) order, so two nodes start on different
+# texts instead of both waiting on the locks of the same first batch.
+PENDING_SQL = """
+SELECT vector_hash, content FROM (
+  SELECT DISTINCT ON (vector_hash) vector_hash, content FROM recalld_memory_chunks
+  WHERE embedding IS NULL ORDER BY vector_hash) AS pending
+ORDER BY md5(vector_hash || %s) LIMIT %s
+"""
+
+# Chunks whose text is in the cache get its vector; int8 bytes become a halfvec of the same
+# integers, so cosine over it is SQLite's int8 cosine exactly.
+FILL_SQL = """
+UPDATE recalld_memory_chunks c
+SET embedding = recalld_memory_int8_halfvec(e.vector)
+FROM recalld_memory_embedding_cache e
+WHERE c.embedding IS NULL AND c.vector_hash = ANY(%(hashes)s)
+  AND e.provider = %(provider)s AND e.model = %(model)s AND e.endpoint_hash = %(endpoint_hash)s
+  AND e.content_hash = c.vector_hash
+"""
 
 _REBUILD_KEYS = ("vector_rebuild", "embedder_previous", "vector_dims_previous")
 
