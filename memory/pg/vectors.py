@@ -153,6 +153,10 @@ async def start_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdent
     stored = await _lock_embedder(conn)
     if stored == identity.to_json():
         return False
+    # The change rewrites every chunk once: at a million chunks that outlasts the per-statement
+    # bound meant for requests ([storage] statement_timeout_s), which would refuse it at every
+    # pass and leave the rebuild never started.
+    await conn.execute("SET LOCAL statement_timeout = 0")
     meta = await _meta(conn, *_REBUILD_KEYS)
     previous: EmbedderIdentity | None = None
     moved = False

@@ -160,3 +160,25 @@ async def test_the_previous_model_serves_during_the_pass_that_rebuilds(pg_index:
         after = await memory.search("alice", "wildcat")
     assert during.previous_model == "model-a" and content_of(during.results[0]) == LYNX
     assert after.previous_model is None and content_of(after.results[0]) == BREAD
+
+
+async def test_the_change_is_not_cut_by_the_statement_timeout(pg_index: str,
+                                                              tmp_path: Path) -> None:
+    """The one statement that moves every vector at an embedder change runs past the pool's
+    statement timeout (a large index): the rebuild starts, at the first pass."""
+    await indexed_with_a(pg_index, tmp_path)
+    with psycopg.connect(pg_index, autocommit=True) as conn:
+        # Stands in for a table too large to rewrite within the timeout: each row takes 30 ms.
+        conn.execute("CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS "
+                     "$$ BEGIN PERFORM pg_sleep(0.03); RETURN NEW; END $$")
+        conn.execute("CREATE TRIGGER slow_rows BEFORE UPDATE OF embedding "
+                     "ON recalld_memory_chunks FOR EACH ROW EXECUTE FUNCTION slow_row()")
+    new = model_b()
+    new.fail = embedder_down()
+    async with node(pg_index, tmp_path, new, previous_embedder=factory_of(model_a()),
+                    options="-c statement_timeout=40") as memory:
+        status = await memory.status()
+        during = await memory.search("alice", "wildcat")
+    assert status["vectorSearch"]["rebuild"] is not None
+    assert during.previous_model == "model-a"
+    assert kept(pg_index)[0] == 2
