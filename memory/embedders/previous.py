@@ -31,13 +31,20 @@ from memory.embedders.embeddings import Embedder, EmbeddingPipeline, previous_em
 from memory.errors import EmbedderError
 
 __all__ = [
+    "NOT_BUILT",
     "NOT_REBUILDING",
     "EmbedderIdentity",
     "PreviousFactory",
     "PreviousModel",
     "PreviousQuery",
     "RebuildState",
+    "RoutedQuery",
+    "complete_identity",
     "default_factory",
+    "rebuild_state",
+    "rebuilding_reason",
+    "relevance_floor",
+    "route_query",
     "vector_search_status",
 ]
 
@@ -82,6 +89,53 @@ class RebuildState:
 
 
 NOT_REBUILDING = RebuildState(False, False, None)
+
+# Why the vector leg does not run with the configured embedder, while its vectors are rebuilt.
+NOT_BUILT = "vectors not built yet for this embedder"
+
+
+def rebuilding_reason(pending: int) -> str:
+    return f"vectors being rebuilt for a new embedder ({pending} chunks to go)"
+
+
+def complete_identity(stored: str | None, rebuilding: bool,
+                      previous: str | None) -> EmbedderIdentity | None:
+    """The identity whose vectors were all built before a change, from the index's records (its
+    identity, whether a rebuild runs, that rebuild's previous identity): the stored one unless a
+    rebuild was already running, whose own previous identity then stays the one to serve (the
+    half-built one never does)."""
+    return EmbedderIdentity.from_json(previous if rebuilding else stored)
+
+
+def rebuild_state(identity: EmbedderIdentity | None, stored: str | None, rebuilding: bool,
+                  previous: str | None) -> RebuildState:
+    """Whether ``identity``'s vectors are still to be (re)built after an identity change, and the
+    identity whose complete vectors serve meanwhile, from the index's records (as
+    :func:`complete_identity` reads them)."""
+    if identity is None:
+        return NOT_REBUILDING
+    if stored == identity.to_json():
+        # A rebuild of the same identity (SQLite's vectors_stale) records no previous one.
+        return RebuildState(rebuilding, rebuilding,
+                            EmbedderIdentity.from_json(previous) if rebuilding else None)
+    if not stored:
+        return NOT_REBUILDING   # a first build, not a rebuild: no earlier vectors exist
+    # Not started yet (the index's next sync starts it): what that start will record.
+    before = complete_identity(stored, rebuilding, previous)
+    return RebuildState(True, False, before if before != identity else None)
+
+
+def relevance_floor(config: MemoryConfig, previous_served: bool, embedder: Embedder | None,
+                    previous: PreviousModel) -> float | None:
+    """Recall's floor on the cosines of a search's hits: the configured one, else the calibrated
+    floor of the model whose cosines they are (the previous model's when it served the leg);
+    embedders without one (remote, test fakes) get none."""
+    if config.recall_min_similarity is not None:
+        return config.recall_min_similarity
+    if previous_served:
+        return previous.relevance_floor
+    floor: float | None = getattr(embedder, "relevance_floor", None)
+    return floor
 
 # Builds the query embedder of a previous identity: (embedder, why) or (None, why not).
 PreviousFactory = Callable[[EmbedderIdentity], tuple[Embedder | None, str]]
@@ -219,3 +273,37 @@ def vector_search_status(*, ready: bool, why: str, identity: EmbedderIdentity | 
             "previousUnavailable": (previous.reason or None) if serving is None else None,
         } if rebuild.rebuilding else None,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedQuery:
+    """What a search's vector leg runs with: the query vector (None: keyword only), whose model
+    embedded it when the previous one did, the mode that runs, and why it differs from the
+    asked one."""
+
+    vector: list[float] | None
+    previous: EmbedderIdentity | None
+    mode: str
+    fallback: str | None
+
+
+async def route_query(mode: str, text: str, *, state: tuple[bool, str], rebuilding: bool,
+                      embed: Callable[[str], Awaitable[list[float]]] | None,
+                      previous: PreviousModel) -> RoutedQuery:
+    """Which model embeds a search's query: the configured one when its vector leg may run
+    (``state``: whether, and why not), else during a rebuild the previous one, else none (the
+    search is keyword-only, and says why)."""
+    if mode == "keyword":
+        return RoutedQuery(None, None, "keyword", None)
+    ready, why = state
+    if ready and embed is not None:
+        try:
+            return RoutedQuery(await embed(text), None, mode, None)
+        except EmbedderError as exc:
+            why = f"query embedding failed: {exc}"
+    elif rebuilding:
+        served = await previous.query(text, why)
+        if served.vector is not None:
+            return RoutedQuery(served.vector, served.identity, mode, served.reason)
+        why = served.reason
+    return RoutedQuery(None, None, "keyword", why)

@@ -49,11 +49,15 @@ from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
 from memory.embedders.embeddings import Embedder, EmbeddingPipeline
 from memory.embedders.previous import (
+    NOT_BUILT,
     NOT_REBUILDING,
     EmbedderIdentity,
     PreviousFactory,
     PreviousModel,
     RebuildState,
+    rebuilding_reason,
+    relevance_floor,
+    route_query,
     vector_search_status,
 )
 from memory.episodes import Episodes
@@ -107,7 +111,9 @@ class PgMemory:
         # the leg may run with this embedder (and why not) — read after each pass.
         self.rebuild: RebuildState = NOT_REBUILDING
         self.previous = PreviousModel(config, previous_embedder)
-        self.vector_state: tuple[bool, str] = (True, "")
+        self.vector_state: tuple[bool, str] = (
+            (True, "") if self.pipeline is not None
+            else (False, f"no embedder ({embedder_reason or 'no embedder'})"))
         self.indexer = PgIndexer(pool, config, self.pipeline, vector_leg=vector_leg)
         self.searcher = PgSearch(pool, config, vector_leg=vector_leg)
         self.rerank = RerankStep(config, embedder)
@@ -318,13 +324,11 @@ class PgMemory:
             if not rebuild.rebuilding:
                 state = (True, "")
             elif not rebuild.started:
-                state = (False, "vectors not built yet for this embedder")
+                state = (False, NOT_BUILT)
             else:
-                pending = await _one(conn, "SELECT count(*) FROM recalld_memory_chunks "
-                                           "WHERE embedding IS NULL", {})
-                state = (False,
-                         f"vectors being rebuilt for a new embedder ({pending} chunks to go)")
-            await conn.rollback()
+                state = (False, rebuilding_reason(await _one(
+                    conn, "SELECT count(*) FROM recalld_memory_chunks WHERE embedding IS NULL",
+                    {})))
         self.rebuild, self.vector_state = rebuild, state
 
         async def dims_of(_: EmbedderIdentity) -> int | None:
@@ -358,30 +362,16 @@ class PgMemory:
                                       exclude_session_key=exclude_session_key, after=after,
                                       before=before, now=now, recency=recency, shown=shown)
         started = time.perf_counter()
-        actual, fallback, vector, previous = request.mode, None, None, None
-        if request.mode != "keyword":
-            if self.pipeline is None:
-                why = self.embedder_reason or "no embedder"
-                actual, fallback = "keyword", f"no embedder ({why})"
-            else:
-                ready, why = self.vector_state
-                if ready:
-                    try:
-                        vector = await self.embed_query(request.query)
-                    except EmbedderError as exc:
-                        why = f"query embedding failed: {exc}"
-                elif self.rebuild.rebuilding:
-                    # A rebuild: the previous model's vectors serve the vector leg.
-                    served = await self.previous.query(request.query, why)
-                    vector, previous, why = served.vector, served.identity, served.reason
-                if vector is None:
-                    actual, fallback = "keyword", why
-                elif previous is not None:
-                    fallback = why
+        routed = await route_query(request.mode, request.query, state=self.vector_state,
+                                   rebuilding=self.rebuild.rebuilding,
+                                   embed=self.embed_query if self.pipeline else None,
+                                   previous=self.previous)
+        actual, previous = routed.mode, routed.previous
         embedded_at = time.perf_counter()
         try:
             hits = await self.searcher.search(self.rerank.fetch(request, actual),
-                                              query_vector=vector, keyword=actual != "vector",
+                                              query_vector=routed.vector,
+                                              keyword=actual != "vector",
                                               previous=previous is not None)
         except psycopg.Error as exc:
             raise MemoryStorageError("memory index failed while searching: "
@@ -390,7 +380,7 @@ class PgMemory:
         timings = {"embedMs": round((embedded_at - started) * 1000, 2),
                    "searchMs": round((done - embedded_at) * 1000, 2)}
         hits, failed = await self.rerank.apply(request, actual, hits, timings)
-        return SearchResponse(hits, actual, fallback or failed, timings,
+        return SearchResponse(hits, actual, routed.fallback or failed, timings,
                               previous_model=previous.model if previous is not None else None)
 
     async def embed_query(self, text: str) -> list[float]:
@@ -415,11 +405,8 @@ class PgMemory:
         response = await self.search(user, message, k=k, mode="hybrid",
                                      exclude_session_key=exclude_session_key, now=now, recency=True,
                                      shown=shown)
-        floor = self.config.recall_min_similarity
-        if floor is None and response.previous_model is not None:
-            floor = self.previous.relevance_floor   # the cosines are the previous model's
-        elif floor is None:  # calibrated per model; embedders without one get no floor
-            floor = getattr(self.embedder, "relevance_floor", None)
+        floor = relevance_floor(self.config, response.previous_model is not None, self.embedder,
+                                self.previous)
         return await excerpts_for_prompt(response, message, self.config, floor=floor, shown=shown,
                                          around=lambda hit: around_pg(self.pool, user, hit))
 

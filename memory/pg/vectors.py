@@ -38,7 +38,12 @@ from typing import Literal
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
-from memory.embedders.previous import NOT_REBUILDING, EmbedderIdentity, RebuildState
+from memory.embedders.previous import (
+    EmbedderIdentity,
+    RebuildState,
+    complete_identity,
+)
+from memory.embedders.previous import rebuild_state as rebuild_state_of
 from memory.pg.migrations import MIGRATION_LOCK
 
 __all__ = ["FILL_SQL", "PENDING_SQL", "VectorLeg", "clear_previous", "drop_vector_index",
@@ -159,12 +164,10 @@ async def start_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdent
     await conn.execute("SET LOCAL statement_timeout = 0")
     meta = await _meta(conn, *_REBUILD_KEYS)
     previous: EmbedderIdentity | None = None
-    moved = False
+    # The complete identity's vectors are still in ``embedding`` unless a rebuild was running.
+    moved = "vector_rebuild" not in meta
     if stored:   # not a first build ('' was a node without an embedder, which stored nothing)
-        if "vector_rebuild" in meta:   # a rebuild was running: its previous stays the one
-            previous = EmbedderIdentity.from_json(meta.get("embedder_previous"))
-        else:
-            previous, moved = EmbedderIdentity.from_json(stored), True
+        previous = complete_identity(stored, not moved, meta.get("embedder_previous"))
         if previous == identity:
             previous = None   # switching back: the cache rebuilds it at once
     if previous is None:
@@ -249,20 +252,9 @@ async def rebuild_state(conn: AsyncConnection[TupleRow],
                         identity: EmbedderIdentity | None) -> RebuildState:
     """Whether ``identity``'s vectors are still to be (re)built after an identity change, and
     the identity whose complete vectors serve meanwhile (SQLite's rule, ``VectorStore``)."""
-    if identity is None:
-        return NOT_REBUILDING
     meta = await _meta(conn, "embedder", "vector_rebuild", "embedder_previous")
-    stored = meta.get("embedder")
-    rebuilding = "vector_rebuild" in meta
-    if stored == identity.to_json():
-        previous = EmbedderIdentity.from_json(meta.get("embedder_previous")) if rebuilding else None
-        return RebuildState(rebuilding, rebuilding, previous)
-    if not stored:
-        return NOT_REBUILDING   # a first build, not a rebuild: no earlier vectors exist
-    # Not started yet (this node's next pass starts it): what start_rebuild will record.
-    previous = (EmbedderIdentity.from_json(meta.get("embedder_previous")) if rebuilding
-                else EmbedderIdentity.from_json(stored))
-    return RebuildState(True, False, previous if previous != identity else None)
+    return rebuild_state_of(identity, meta.get("embedder"), "vector_rebuild" in meta,
+                            meta.get("embedder_previous"))
 
 
 async def previous_dims(conn: AsyncConnection[TupleRow]) -> int | None:

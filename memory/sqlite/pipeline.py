@@ -30,6 +30,8 @@ from memory.embedders.previous import (
     EmbedderIdentity,
     PreviousFactory,
     RebuildState,
+    relevance_floor,
+    route_query,
     vector_search_status,
 )
 from memory.errors import EmbedderError
@@ -123,21 +125,20 @@ class SearchPipeline:
         return vector
 
     async def query_vector(self, request: SearchRequest) -> QueryVector:
-        if request.mode == "keyword":
-            return QueryVector(None, None, "keyword", None)
-        ready, why = self.vector_state
-        if ready and self.embeddings is not None:
-            try:
-                return QueryVector(vector_to_blob(await self.embed_query(request.query)), None,
-                                   request.mode, None)
-            except EmbedderError as exc:
-                why = f"query embedding failed: {exc}"
-        elif self.rebuild.rebuilding:
-            # A rebuild: the previous model's complete vectors serve the vector leg.
-            blob, vectors, why = await self.previous.query_vectors(request.query, why)
-            if blob is not None:
-                return QueryVector(blob, vectors, request.mode, why)
-        return QueryVector(None, None, "keyword", why)
+        # Taken before the query is embedded: a search that outlives the rebuild then loads into
+        # this released object, not into a fresh registry entry nobody frees.
+        vectors = self.previous.vectors
+        routed = await route_query(request.mode, request.query, state=self.vector_state,
+                                   rebuilding=self.rebuild.rebuilding,
+                                   embed=self.embed_query if self.embeddings else None,
+                                   previous=self.previous)
+        if routed.vector is None:
+            return QueryVector(None, None, routed.mode, routed.fallback)
+        if routed.previous is None:
+            return QueryVector(vector_to_blob(routed.vector), None, routed.mode, None)
+        if vectors is None or vectors.identity != routed.previous:   # released meanwhile
+            return QueryVector(None, None, "keyword", self.vector_state[1])
+        return QueryVector(vector_to_blob(routed.vector), vectors, routed.mode, routed.fallback)
 
     async def search(self, request: SearchRequest, index: LiveIndex) -> SearchResponse:
         started = time.perf_counter()
@@ -160,16 +161,10 @@ class SearchPipeline:
                                               else None))
 
     def relevance_floor(self, response: SearchResponse) -> float | None:
-        """Recall's floor on the cosine of what ``response`` found."""
-        floor = self.config.recall_min_similarity
-        if floor is not None:
-            return floor
-        if response.previous_model is not None:
-            return self.previous.relevance_floor  # the cosines are the previous model's
-        # Calibrated per model (a cosine means different things to different models);
-        # embedders without one (remote, test fakes) get no floor.
-        found: float | None = getattr(self.embedder, "relevance_floor", None)
-        return found
+        """Recall's floor on the cosine of what ``response`` found (calibrated per model: a cosine
+        means different things to different models)."""
+        return relevance_floor(self.config, response.previous_model is not None, self.embedder,
+                               self.previous)
 
     def vector_status(self, embedded: int, total: int) -> dict[str, Any]:
         """``memory.status``'s ``vectorSearch``: whether the leg runs, whose vectors answer it,

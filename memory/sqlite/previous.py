@@ -19,7 +19,6 @@ import structlog
 
 from memory.config import MemoryConfig
 from memory.embedders.previous import EmbedderIdentity, PreviousFactory, PreviousModel
-from memory.quantize import vector_to_blob
 from memory.sqlite import interim
 from memory.sqlite.index import knn
 
@@ -69,15 +68,11 @@ class SqlitePreviousModel(PreviousModel):
             return
         log.info("memory.vectors.previous_warmed", users=users, chunks=chunks)
 
-    async def query_vectors(self, text: str, why: str
-                            ) -> tuple[bytes | None, interim.PreviousVectors | None, str]:
-        """The query by the previous model as a blob and the vectors to rank it against, or
-        neither and why (:meth:`PreviousModel.query`)."""
-        vectors = self._vectors
-        served = await self.query(text, why)
-        if served.vector is None or vectors is None or served.identity != vectors.identity:
-            return None, None, served.reason
-        return vector_to_blob(served.vector), vectors, served.reason
+    @property
+    def vectors(self) -> interim.PreviousVectors | None:
+        """The previous identity's vectors while its model serves (what a search ranks its
+        query against)."""
+        return self._vectors
 
     async def close(self) -> None:
         """Let go of the embedder and the in-memory sign bits (safe to call twice)."""

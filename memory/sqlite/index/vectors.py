@@ -38,7 +38,15 @@ from typing import Any
 import apsw
 import structlog
 
-from memory.embedders.previous import NOT_REBUILDING, EmbedderIdentity, RebuildState
+from memory.embedders.previous import (
+    NOT_BUILT,
+    NOT_REBUILDING,
+    EmbedderIdentity,
+    RebuildState,
+    complete_identity,
+    rebuild_state,
+    rebuilding_reason,
+)
 from memory.errors import EmbedderError
 from memory.quantize import cached_vector_to_int8
 from memory.sqlite.index.db import VectorBackend, WriteConnection, get_meta, set_meta
@@ -180,12 +188,11 @@ class VectorStore:
                 set_meta(self.db, "embedder_previous", previous.to_json() if previous else None)
 
     def _complete_identity(self) -> EmbedderIdentity | None:
-        """The identity whose vectors were all built before the current change (caller's
-        transaction): the stored one unless a rebuild was already running, whose own previous
-        identity then stays the one to serve (the half-built one never does)."""
-        if get_meta(self.db, "vector_rebuild") is not None:
-            return EmbedderIdentity.from_json(get_meta(self.db, "embedder_previous"))
-        return EmbedderIdentity.from_json(get_meta(self.db, "embedder"))
+        """memory.embedders.previous.complete_identity over this file's meta (caller's
+        transaction)."""
+        return complete_identity(get_meta(self.db, "embedder"),
+                                 get_meta(self.db, "vector_rebuild") is not None,
+                                 get_meta(self.db, "embedder_previous"))
 
     def _start_rebuild(self) -> None:
         """Drop every vector and mark every chunk pending (caller's transaction)."""
@@ -202,10 +209,9 @@ class VectorStore:
             return False, "no embedder"
         with self._conn.lock:
             if get_meta(self.db, "embedder") != identity.to_json():
-                return False, "vectors not built yet for this embedder"
+                return False, NOT_BUILT
             if get_meta(self.db, "vector_rebuild") is not None:
-                return False, ("vectors being rebuilt for a new embedder "
-                               f"({self.pending_count()} chunks to go)")
+                return False, rebuilding_reason(self.pending_count())
             if vector_table_dims(self.db) is None:
                 return False, "no vectors indexed yet"
         return True, ""
@@ -213,21 +219,12 @@ class VectorStore:
     def rebuild_state(self, identity: EmbedderIdentity | None) -> RebuildState:
         """Whether ``identity``'s vectors are still to be (re)built after an identity change, and
         the identity whose complete vectors may serve meanwhile."""
-        if identity is None or not self.backend.available:
+        if not self.backend.available:
             return NOT_REBUILDING
         with self._conn.lock:
-            stored = get_meta(self.db, "embedder")
-            rebuilding = get_meta(self.db, "vector_rebuild") is not None
-            if stored == identity.to_json():
-                # vectors_stale rebuilds (same identity) record no previous: nothing to serve.
-                previous = (EmbedderIdentity.from_json(get_meta(self.db, "embedder_previous"))
-                            if rebuilding else None)
-                return RebuildState(rebuilding, rebuilding, previous)
-            if stored is None:
-                return NOT_REBUILDING  # a first build, not a rebuild: no earlier vectors exist
-            # Not started yet (the next sync's prepare() starts it): what prepare() will record.
-            previous = self._complete_identity()
-            return RebuildState(True, False, previous if previous != identity else None)
+            return rebuild_state(identity, get_meta(self.db, "embedder"),
+                                 get_meta(self.db, "vector_rebuild") is not None,
+                                 get_meta(self.db, "embedder_previous"))
 
     def forget(self, ids: Iterable[int]) -> None:
         """Remove the vectors of chunks about to be deleted (caller holds the lock and a
