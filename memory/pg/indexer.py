@@ -281,9 +281,14 @@ class PgIndexer:
         return e.provider, e.model_id, e.endpoint_hash
 
     async def run_once(self) -> IndexReport:
-        """Chunk every changed session this node can claim, sweep, then embed what is pending."""
-        report = IndexReport()
+        """This node's embedder identity made the stored one, then a pass (:meth:`run_pass`)."""
         await self.ensure_identity()
+        return await self.run_pass()
+
+    async def run_pass(self) -> IndexReport:
+        """Chunk every changed session this node can claim, sweep, then embed what is pending
+        (after :meth:`ensure_identity`)."""
+        report = IndexReport()
         async with self.pool.connection() as conn:
             if not await pg_feed.ready(conn):
                 return report

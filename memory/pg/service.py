@@ -287,7 +287,7 @@ class PgMemory:
                 # previous model serves the searches meanwhile, this pass's rebuild among them.
                 await self.indexer.ensure_identity()
                 await self.refresh_vectors()
-                done = await self.indexer.run_once()
+                done = await self.indexer.run_pass()
                 pending = await self.indexer.pending()
             except (psycopg.Error, EmbedderError) as exc:
                 if isinstance(exc, EmbedderError):
