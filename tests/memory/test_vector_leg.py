@@ -56,10 +56,9 @@ async def assert_exact_top(svc: BackendMemory, user: str, query: str, k: int,
     assert len(got) == min(k, len(best))
     kth = best[len(got) - 1] if got else 1.0
     assert all(text in exact and exact[text] >= kth - 1e-6 for text in got), (got, best[:k])
-    assert [exact[t] for t in got] == sorted((exact[t] for t in got), reverse=True) or all(
-        abs(a - b) < 1e-6 for a, b in zip([exact[t] for t in got],
-                                          sorted((exact[t] for t in got), reverse=True),
-                                          strict=True))
+    ranked = [exact[t] for t in got]
+    # Best first: each score that of the same place in the sorted scores (ties in either order).
+    assert all(abs(a - b) < 1e-6 for a, b in zip(ranked, sorted(ranked, reverse=True))), ranked
     return got
 
 
