@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
@@ -35,6 +36,7 @@ __all__ = [
     "Embedder",
     "EmbeddingPipeline",
     "OpenAIEmbedder",
+    "RecentQueries",
     "endpoint_hash",
     "previous_embedder",
     "probe_auto_embedder",
@@ -150,6 +152,28 @@ class EmbeddingPipeline:
 
     async def embed_query(self, text: str) -> list[float]:
         return (await self.embed_batch([self.text_to_send(text)], "query"))[0]
+
+
+class RecentQueries:
+    """The vectors of the last ``size`` distinct queries a pipeline embedded: a run's recall,
+    its facts and its episodes embed the same message, and a local model spends tens of
+    milliseconds per query (bench/facts.py)."""
+
+    def __init__(self, pipeline: EmbeddingPipeline, size: int = 16) -> None:
+        self.pipeline = pipeline
+        self.size = size
+        self._vectors: OrderedDict[str, list[float]] = OrderedDict()
+
+    async def embed(self, text: str) -> list[float]:
+        cached = self._vectors.get(text)
+        if cached is not None:
+            self._vectors.move_to_end(text)
+            return cached
+        vector = await self.pipeline.embed_query(text)
+        self._vectors[text] = vector
+        while len(self._vectors) > self.size:
+            self._vectors.popitem(last=False)
+        return vector
 
 
 # --- OpenAI-compatible ----------------------------------------------------------------------

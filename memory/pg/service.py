@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from memory.config import MemoryConfig
 from memory.context import MemoryContext, RunMemory, gather_context
-from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.embedders.embeddings import Embedder, EmbeddingPipeline, RecentQueries
 from memory.embedders.previous import (
     NOT_BUILT,
     NOT_REBUILDING,
@@ -86,7 +85,6 @@ _DELETE_ATTEMPTS = 4
 # How long close() waits for the indexing loop to take its cancel before it ends the loop's wait.
 _CLOSE_WAIT_S = 5.0
 
-_QUERY_CACHE = 16
 
 class PgMemory:
     """Search, context, status, reindex, forget and indexing passes over one PostgreSQL database."""
@@ -132,7 +130,7 @@ class PgMemory:
         self._caught_up = asyncio.Event()  # set: the loop may run its first pass
         self._loop: asyncio.Task[None] | None = None
         self._listener: psycopg.AsyncConnection[Any] | None = None  # the loop's LISTEN connection
-        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+        self._recent = RecentQueries(self.pipeline) if self.pipeline else None
 
     @classmethod
     async def open(cls, dsn: str, config: MemoryConfig, embedder: Embedder | None, *,
@@ -386,16 +384,8 @@ class PgMemory:
     async def embed_query(self, text: str) -> list[float]:
         """A few recent queries' vectors: a recall and its search, or one question asked in
         several modes, embed once (as MemoryService does)."""
-        assert self.pipeline is not None  # callers embed only with an embedder
-        cached = self._query_vectors.get(text)
-        if cached is not None:
-            self._query_vectors.move_to_end(text)
-            return cached
-        vector = await self.pipeline.embed_query(text)
-        self._query_vectors[text] = vector
-        while len(self._query_vectors) > _QUERY_CACHE:
-            self._query_vectors.popitem(last=False)
-        return vector
+        assert self._recent is not None  # callers embed only with an embedder
+        return await self._recent.embed(text)
 
     async def recall(self, user: str, message: str, *, k: int,
                      exclude_session_key: str | None = None, now: datetime | None = None,

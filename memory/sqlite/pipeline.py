@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import apsw
 
 from memory.config import MemoryConfig
-from memory.embedders.embeddings import Embedder, EmbeddingPipeline
+from memory.embedders.embeddings import Embedder, EmbeddingPipeline, RecentQueries
 from memory.embedders.previous import (
     NOT_REBUILDING,
     EmbedderIdentity,
@@ -45,10 +44,6 @@ from memory.sqlite.previous import SqlitePreviousModel
 from memory.sqlite.search import HybridSearch
 
 __all__ = ["QueryVector", "SearchPipeline"]
-
-# A run's recall, its facts and its episodes embed the same message; a local model spends tens
-# of milliseconds per query (bench/facts.py).
-_QUERY_CACHE = 16
 
 ReadFn = Callable[[Callable[[apsw.Connection], Any]], Awaitable[Any]]
 
@@ -79,7 +74,7 @@ class SearchPipeline:
         # the identity whose complete vectors may serve meanwhile (memory.sqlite.interim).
         self.rebuild: RebuildState = NOT_REBUILDING
         self.previous = SqlitePreviousModel(config, db_path, previous_embedder)
-        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+        self._recent = RecentQueries(self.embeddings) if self.embeddings else None
 
     @property
     def config(self) -> MemoryConfig:
@@ -112,17 +107,9 @@ class SearchPipeline:
 
     async def embed_query(self, text: str) -> list[float]:
         """The query vector of ``text``, from a small cache of recent queries when it is there."""
-        if self.embeddings is None:
+        if self._recent is None:
             raise EmbedderError("no embedder is active", retryable=False)
-        cached = self._query_vectors.get(text)
-        if cached is not None:
-            self._query_vectors.move_to_end(text)
-            return cached
-        vector = await self.embeddings.embed_query(text)
-        self._query_vectors[text] = vector
-        while len(self._query_vectors) > _QUERY_CACHE:
-            self._query_vectors.popitem(last=False)
-        return vector
+        return await self._recent.embed(text)
 
     async def query_vector(self, request: SearchRequest) -> QueryVector:
         # Taken before the query is embedded: a search that outlives the rebuild then loads into
