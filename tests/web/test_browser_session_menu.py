@@ -88,6 +88,28 @@ async def test_row_menu_is_reached_by_keyboard_and_renames(browser: Browser, web
     assert errors.items == []
 
 
+async def test_a_row_keeps_the_keyboard_focus_when_the_list_is_drawn_again(
+        browser: Browser, web_app: App) -> None:
+    """A session's change arriving while a row's button has the focus (here another session
+    renamed through the API) redraws the list, and the focus stays on that row's button."""
+    page = await open_signed_in(browser, web_app)
+    await chat(page, "Lisbon trip plans")
+    await new_session(page)
+    await chat(page, "Porto weekend")
+    sidebar = page.get_by_role("navigation", name="Sessions")
+    actions = sidebar.get_by_role("button", name="Actions for Lisbon trip plans")
+    await actions.focus()
+    await expect(actions).to_be_focused()
+    async with Client.connect(web_app.url, TOKEN) as c:
+        porto = next(s for s in (await c.call("sessions.list"))["sessions"]
+                     if s["title"] == "Porto weekend")
+        await c.call("sessions.update", {"sessionKey": porto["sessionKey"], "title": "Porto trip"})
+    await expect(sidebar.locator(".session .title", has_text="Porto trip")).to_be_visible()
+    await expect(actions).to_be_focused()
+    await page.keyboard.press("Shift+Tab")
+    await expect(sidebar.locator(".session", has_text="Lisbon trip plans")).to_be_focused()
+
+
 async def test_row_menu_exports_and_deletes(browser: Browser, web_app: App, tmp_path: Path) -> None:
     """A row's menu passes axe-core, exports its session as Markdown or JSON and deletes it after
     a confirmation (cancelling keeps it); deleting the open session's row leaves an empty chat."""

@@ -186,8 +186,14 @@ export class Sidebar {
       if (!sections.length) sections.push(h("p", { class: "hint" }, "No sessions yet."));
     }
     const focused = document.activeElement;
+    // The rows are rebuilt: a row's button that had the focus hands it to its new self, so an
+    // event arriving (a title, another tab's change) never drops a keyboard user's place.
+    const again = focused && this.list.contains(focused) && focused.dataset.key
+      ? `button.${[...focused.classList].join(".")}[data-key="${CSS.escape(focused.dataset.key)}"]`
+      : null;
     this.list.replaceChildren(...sections);
     this.menu.reattach(this.list, this.sessions.get(this.menu.openKey), focused);
+    if (again && !focused.isConnected) this.list.querySelector(again)?.focus();
   }
 
   // A session found by its messages: its title and the words that matched, highlighted; it
