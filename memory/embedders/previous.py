@@ -256,11 +256,13 @@ class PreviousModel:
 
 def vector_search_status(*, ready: bool, why: str, identity: EmbedderIdentity | None,
                          rebuild: RebuildState, previous: PreviousModel, embedded: int,
-                         total: int) -> dict[str, Any]:
+                         total: int, served_by: EmbedderIdentity | None = None
+                         ) -> dict[str, Any]:
     """``memory.status``'s ``vectorSearch``: whether the leg runs (``why`` not), whose vectors
-    answer it, and a rebuild's progress (``embedded`` of ``total`` chunks have the new model's
-    vector)."""
-    serving = identity if ready else previous.serving
+    answer it (``served_by``, when the backend knows better: a superseded PostgreSQL node's own
+    earlier ones), and a rebuild's progress (``embedded`` of ``total`` chunks have the new
+    model's vector)."""
+    serving = served_by or (identity if ready else previous.serving)
     before = rebuild.previous
     return {
         "ready": ready, "reason": why or None,

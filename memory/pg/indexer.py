@@ -56,8 +56,10 @@ from memory.errors import EmbedderError
 from memory.forget_range import retention_cutoff_ms
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import (
+    CACHE_SQL,
     FILL_SQL,
     PENDING_SQL,
+    PREVIOUS_FILL_SQL,
     VectorLeg,
     end_rebuild,
     ensure_vector_index,
@@ -272,6 +274,7 @@ class PgIndexer:
         self._deadlocks = 0  # batches of this pass aborted as a deadlock and claimed again
         self.texts_per_pass = texts_per_pass
         self._salt = secrets.token_hex(8)
+        self.asserted = False   # this node's identity was made the stored one (ensure_identity)
 
     @property
     def identity(self) -> tuple[str, str, str] | None:
@@ -481,6 +484,8 @@ class PgIndexer:
                 for c, chunk in part]).decode()
             await conn.execute(_UPSERT_CHUNKS_SQL, (rows,))
         report.chunks_written += len(fresh)
+        if fresh:   # during a rebuild, the previous vectors of the texts the previous model knew
+            await conn.execute(PREVIOUS_FILL_SQL, (keys,))
         surplus = [(c.key, idx) for c in cuts for idx in stored[c.key]
                    if idx >= c.first_idx + len(c.chunks)]
         if surplus:
@@ -509,12 +514,15 @@ class PgIndexer:
     # --- vectors ------------------------------------------------------------------------
 
     async def ensure_identity(self) -> None:
-        """A new embedder identity starts a rebuild (memory.pg.vectors, "Embedder change"); a
-        node without an embedder leaves the vectors as they are."""
-        if self.identity is None:
+        """This node's embedder identity made the stored one, once: a new one starts a rebuild
+        (memory.pg.vectors, "Embedder change"); another stored later is a newer node's, which
+        this one leaves alone ("The node started last decides"). A node without an embedder
+        leaves the vectors as they are."""
+        if self.identity is None or self.asserted:
             return
         async with self.pool.connection() as conn, conn.transaction():
             await start_rebuild(conn, EmbedderIdentity(*self.identity))
+        self.asserted = True
 
     async def _embed_some(self, report: IndexReport) -> bool:
         """One batch of distinct pending texts; False when it filled no chunk (nothing pending, or
@@ -577,10 +585,7 @@ class PgIndexer:
         if not rows:
             return failed
         async with conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO recalld_memory_embedding_cache (provider, model, endpoint_hash, "
-                "content_hash, dims, vector) VALUES (%(provider)s, %(model)s, %(endpoint_hash)s, "
-                "%(content_hash)s, %(dims)s, %(vector)s) ON CONFLICT DO NOTHING", rows)
+            await cur.executemany(CACHE_SQL, rows)
         return failed
 
 

@@ -54,6 +54,7 @@ from memory.embedders.previous import (
     PreviousFactory,
     PreviousModel,
     RebuildState,
+    RoutedQuery,
     rebuilding_reason,
     relevance_floor,
     route_query,
@@ -69,7 +70,13 @@ from memory.pg.indexer import SESSION_STATS_SQL, PgIndexer
 from memory.pg.migrations import migrate
 from memory.pg.search import PgSearch, around_pg
 from memory.pg.steps import PoolSteps
-from memory.pg.vectors import VectorLeg, previous_dims, rebuild_state
+from memory.pg.vectors import (
+    Superseded,
+    VectorLeg,
+    previous_dims_of,
+    rebuild_state,
+    superseded,
+)
 from memory.reports import ProgressCallback, SyncLog, SyncReport
 from memory.retrieval.excerpts import excerpts_for_prompt
 from memory.retrieval.request import SearchHit, SearchRequest, SearchResponse, ShownHistory
@@ -108,6 +115,7 @@ class PgMemory:
         # previous model that serves the vector leg meanwhile (memory.pg.vectors), and whether
         # the leg may run with this embedder (and why not) — read after each pass.
         self.rebuild: RebuildState = NOT_REBUILDING
+        self.replaced: Superseded | None = None   # by a node started later (memory.pg.vectors)
         self.previous = PreviousModel(config, previous_embedder)
         self.vector_state: tuple[bool, str] = (
             (True, "") if self.pipeline is not None
@@ -318,6 +326,12 @@ class PgMemory:
         if self.identity is None:
             return
         async with self.pool.connection() as conn:
+            replaced = (await superseded(conn, self.identity) if self.indexer.asserted
+                        else None)
+            if replaced is not None:
+                await self._superseded_by(replaced)
+                return
+            self.replaced = None
             rebuild = await rebuild_state(conn, self.identity)
             if not rebuild.rebuilding:
                 state = (True, "")
@@ -329,12 +343,21 @@ class PgMemory:
                     {})))
         self.rebuild, self.vector_state = rebuild, state
 
-        async def dims_of(_: EmbedderIdentity) -> int | None:
-            async with self.pool.connection() as conn:
-                return await previous_dims(conn)
-
         # Only once the rebuild has started here are the previous vectors in their column.
-        await self.previous.update(rebuild.previous if rebuild.started else None, dims_of)
+        await self.previous.update(rebuild.previous if rebuild.started else None,
+                                   previous_dims_of(self.pool))
+
+    async def _superseded_by(self, replaced: Superseded) -> None:
+        """A node started later changed the embedder (memory.pg.vectors, "The node started last
+        decides"): this one leaves it, and says so once per change."""
+        if self.replaced is None or self.replaced.current != replaced.current:
+            assert self.identity is not None
+            log.warning("memory.embedder.superseded", node=self.identity.to_json(),
+                        cluster=replaced.current.to_json(),
+                        effect="this node fills no vector until restarted with that embedder")
+        self.replaced, self.rebuild = replaced, NOT_REBUILDING
+        self.vector_state = (False, replaced.reason)
+        await self.previous.update(None, previous_dims_of(self.pool))
 
     async def reindex(self, full: bool = False, *, user: str | None = None) -> None:
         """Wake every node's loop; ``full`` first forgets how far each session (of ``user``) was
@@ -360,17 +383,14 @@ class PgMemory:
                                       exclude_session_key=exclude_session_key, after=after,
                                       before=before, now=now, recency=recency, shown=shown)
         started = time.perf_counter()
-        routed = await route_query(request.mode, request.query, state=self.vector_state,
-                                   rebuilding=self.rebuild.rebuilding,
-                                   embed=self.embed_query if self.pipeline else None,
-                                   previous=self.previous)
+        routed, own = await self._route(request)
         actual, previous = routed.mode, routed.previous
         embedded_at = time.perf_counter()
         try:
             hits = await self.searcher.search(self.rerank.fetch(request, actual),
                                               query_vector=routed.vector,
                                               keyword=actual != "vector",
-                                              previous=previous is not None)
+                                              previous=previous is not None or own)
         except psycopg.Error as exc:
             raise MemoryStorageError("memory index failed while searching: "
                                      f"{type(exc).__name__}") from exc
@@ -380,6 +400,24 @@ class PgMemory:
         hits, failed = await self.rerank.apply(request, actual, hits, timings)
         return SearchResponse(hits, actual, routed.fallback or failed, timings,
                               previous_model=previous.model if previous is not None else None)
+
+    async def _route(self, request: SearchRequest) -> tuple[RoutedQuery, bool]:
+        """Which model embeds the query (route_query), and whether the leg reads this node's own
+        model's earlier vectors (a superseded node, during the rebuild that replaced it)."""
+        replaced = self.replaced
+        if replaced is None or replaced.own_dims is None or request.mode == "keyword":
+            return await route_query(request.mode, request.query, state=self.vector_state,
+                                     rebuilding=self.rebuild.rebuilding,
+                                     embed=self.embed_query if self.pipeline else None,
+                                     previous=self.previous), False
+        try:
+            vector = await self.embed_query(request.query)
+        except EmbedderError as exc:
+            return RoutedQuery(None, None, "keyword",
+                               f"{replaced.reason}; query embedding failed: {exc}"), False
+        if len(vector) != replaced.own_dims:   # as the previous model's width is checked
+            return RoutedQuery(None, None, "keyword", replaced.reason), False
+        return RoutedQuery(vector, None, request.mode, replaced.reason), True
 
     async def embed_query(self, text: str) -> list[float]:
         """A few recent queries' vectors: a recall and its search, or one question asked in
@@ -440,7 +478,8 @@ class PgMemory:
                                         "pgvector is not installed in this database"},
             "vectorSearch": vector_search_status(
                 ready=ready, why="" if ready else why, identity=self.identity,
-                rebuild=self.rebuild, previous=self.previous, embedded=embedded, total=chunks),
+                rebuild=self.rebuild, previous=self.previous, embedded=embedded, total=chunks,
+                served_by=(self.identity if self.replaced and self.replaced.own_dims else None)),
             **self._syncs.wire(),
             "rebuiltFromTranscripts": None,
             "scope": "all" if user is None else "user",
@@ -544,3 +583,4 @@ def _shown(exc: BaseException) -> str:
 def _migrate(dsn: str, connect_timeout: int) -> None:
     with psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
         migrate(conn)
+

@@ -26,17 +26,29 @@ needs none (the cache holds its vectors). Meanwhile the vector leg ranks the pre
 queries against ``embedding_previous`` (an exact scan of the user's chunks: there is no index
 on it) when the node can embed them with that model (:mod:`memory.embedders.previous`), else
 hybrid search is keyword-only and says why; the new model's vectors fill in behind it. A chunk
-written or re-cut meanwhile has no previous vector (keyword finds it). The pass that finds no
-chunk pending ends the rebuild (:func:`end_rebuild`): the previous vectors and keys go.
-Every node reads the state from ``meta`` (:func:`rebuild_state`) after each of its passes.
+written or re-cut meanwhile gets the previous model's vector from the cache when that model
+embedded its text (a full reindex keeps the leg whole); else keyword alone finds it. The pass
+that finds no chunk pending ends the rebuild (:func:`end_rebuild`): the previous vectors and keys
+go. Every node reads the state from ``meta`` (:func:`rebuild_state`) after each of its passes.
+
+**The node started last decides.** A node makes its identity the stored one once, at its first
+pass (the indexer's ``ensure_identity``); a different identity stored after that was set by a
+node started later, whose setting is the newer one, so this node does not change it back
+(before, two settings undid each other's change at every pass, each time emptying every
+vector and dropping the index). Such a node is :class:`Superseded`: it fills no vector, and its
+own model's queries rank against ``embedding_previous`` while they are still its own model's
+(the rebuild it was replaced by runs), else its hybrid search is keyword-only and says why.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
 
 from memory.embedders.previous import (
     EmbedderIdentity,
@@ -46,9 +58,11 @@ from memory.embedders.previous import (
 from memory.embedders.previous import rebuild_state as rebuild_state_of
 from memory.pg.migrations import MIGRATION_LOCK
 
-__all__ = ["FILL_SQL", "PENDING_SQL", "VectorLeg", "clear_previous", "drop_vector_index",
-           "end_rebuild", "ensure_vector_index", "holds_identity", "index_name", "previous_dims",
-           "rebuild_state", "start_rebuild", "vector_dims"]
+__all__ = ["CACHE_SQL", "FILL_SQL", "PENDING_SQL", "PREVIOUS_FILL_SQL", "Superseded", "VectorLeg",
+           "clear_previous", "drop_vector_index", "end_rebuild", "ensure_vector_index",
+           "holds_identity", "index_name", "previous_dims", "previous_dims_of", "rebuild_state",
+           "start_rebuild",
+           "superseded", "vector_dims"]
 
 # The indexer's embedding batches (memory.pg.indexer): which texts are pending, and the fill of
 # chunks from the shared cache.
@@ -70,6 +84,23 @@ FROM recalld_memory_embedding_cache e
 WHERE c.embedding IS NULL AND c.vector_hash = ANY(%(hashes)s)
   AND e.provider = %(provider)s AND e.model = %(model)s AND e.endpoint_hash = %(endpoint_hash)s
   AND e.content_hash = c.vector_hash
+"""
+
+CACHE_SQL = ("INSERT INTO recalld_memory_embedding_cache (provider, model, endpoint_hash, "
+             "content_hash, dims, vector) VALUES (%(provider)s, %(model)s, %(endpoint_hash)s, "
+             "%(content_hash)s, %(dims)s, %(vector)s) ON CONFLICT DO NOTHING")
+
+# During a rebuild, chunks the indexer wrote (these sessions') get the previous model's vector of
+# their text from the cache, as SQLite's previous leg reads it there: a full reindex or a re-cut
+# leaves the previous leg whole. The text that model was sent may be the redacted one or not.
+# Outside a rebuild no meta row joins, and the statement changes nothing.
+PREVIOUS_FILL_SQL = """
+UPDATE recalld_memory_chunks c
+SET embedding_previous = recalld_memory_int8_halfvec(e.vector)
+FROM recalld_memory_meta m, recalld_memory_embedding_cache e
+WHERE m.key = 'embedder_previous' AND c.session_key = ANY(%s) AND c.embedding_previous IS NULL
+  AND e.provider = m.value::json->>0 AND e.model = m.value::json->>1
+  AND e.endpoint_hash = m.value::json->>2 AND e.content_hash IN (c.vector_hash, c.content_hash)
 """
 
 _REBUILD_KEYS = ("vector_rebuild", "embedder_previous", "vector_dims_previous")
@@ -257,7 +288,48 @@ async def rebuild_state(conn: AsyncConnection[TupleRow],
                             meta.get("embedder_previous"))
 
 
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """A node whose embedder another node, started after it, replaced (module docstring)."""
+
+    current: EmbedderIdentity   # the one ``embedding`` is for now
+    own_dims: int | None        # the width of this node's vectors in ``embedding_previous``,
+                                # None when they are not there (the rebuild ended, or another)
+
+    @property
+    def reason(self) -> str:
+        name = f"{self.current.provider} {self.current.model}"
+        then = ("this node's model ranks against its own earlier vectors until the rebuild "
+                "ends" if self.own_dims is not None else "hybrid search is keyword-only")
+        return (f"a node started later changed the cluster's embedder to {name}: {then}; "
+                "restart this node with that embedder")
+
+
+async def superseded(conn: AsyncConnection[TupleRow],
+                     identity: EmbedderIdentity) -> Superseded | None:
+    """Whether the stored identity is another than ``identity`` (for a node that made its own the
+    stored one before: see the module docstring)."""
+    meta = await _meta(conn, "embedder", "vector_rebuild", "embedder_previous",
+                       "vector_dims_previous")
+    current = EmbedderIdentity.from_json(meta.get("embedder"))
+    if current is None or current == identity:
+        return None
+    own = ("vector_rebuild" in meta and meta.get("embedder_previous") == identity.to_json()
+           and meta.get("vector_dims_previous"))
+    return Superseded(current, int(own) if own else None)
+
+
 async def previous_dims(conn: AsyncConnection[TupleRow]) -> int | None:
     """The width of the vectors in ``embedding_previous`` (None: none are kept)."""
     value = (await _meta(conn, "vector_dims_previous")).get("vector_dims_previous")
     return int(value) if value else None
+
+
+def previous_dims_of(pool: AsyncConnectionPool[AsyncConnection[TupleRow]]
+                     ) -> Callable[[EmbedderIdentity], Awaitable[int | None]]:
+    """How :class:`~memory.embedders.previous.PreviousModel` reads the width of the previous
+    vectors (one column holds them, whichever identity it asks for)."""
+    async def dims_of(_: EmbedderIdentity) -> int | None:
+        async with pool.connection() as conn:
+            return await previous_dims(conn)
+    return dims_of

@@ -17,9 +17,11 @@ the load drops out there, and a reused chunk id is scored by its current text's 
 
 **Never two models in one ranking**: only previous-model vectors are scored. A chunk whose
 text the previous model never embedded (one written during the rebuild) is not in the leg
-at all; the keyword leg still finds it. The partition is not refreshed while the rebuild runs
-(it only loses rows, through the re-score's join), and :func:`release` drops it when the
-rebuild ends or the service closes.
+at all; the keyword leg still finds it. Each search first reads the user's chunks written since
+the partition last looked (ids above the highest it has seen: new chunks get new ids) and adds
+those the previous model embedded, so a re-cut chunk or a full reindex keeps its previous
+vector; deleted chunks drop out through the re-score's join. :func:`release` drops the
+partitions when the rebuild ends or the service closes.
 
 Every method blocks; call it from the search's worker thread.
 """
@@ -65,6 +67,13 @@ SELECT chunks.id, chunks.start_ms, chunks.end_ms, {_VECTOR_OF_CHUNK}
 FROM chunks WHERE chunks.user = :user
 """
 
+# The user's chunks written since the partition last looked: a range of the rowid (``+`` keeps
+# the planner off the user's index, which would walk every chunk of the user each search).
+_NEWER_SQL = f"""
+SELECT chunks.id, chunks.start_ms, chunks.end_ms, {_VECTOR_OF_CHUNK}
+FROM chunks WHERE chunks.id > :after AND +chunks.user = :user
+"""
+
 # The pool from the pre-filter, re-scored exactly; ``{filters}`` are the keyword leg's fixed
 # fragments on ``chunks`` (memory.sqlite.search). No ``embedded = 1`` here: during a
 # rebuild most chunks are pending for the new model, and that is what this leg is for.
@@ -105,6 +114,7 @@ def cached_dims(db: apsw.Connection, identity: EmbedderIdentity) -> int | None:
 class _Part:
     partition: Any  # knn._Partition
     chunks: int
+    top: int        # the highest chunk id read (with a previous vector or not)
 
 
 class Released(Exception):
@@ -135,6 +145,7 @@ class PreviousVectors:
         query = numpy.frombuffer(query_int8, dtype=numpy.int8)
         with self._lock:
             part = self._part(db, user, len(query))
+            self._catch_up(db, user, len(query), part)
             return list(part.partition.nearest(query, scan, pool, filters, scan_share))
 
     def warm(self, db: apsw.Connection) -> tuple[int, int]:
@@ -169,8 +180,25 @@ class PreviousVectors:
     def _load(self, db: apsw.Connection, user: str, dims: int, stoppable: bool) -> _Part:
         """``user``'s partition; ``stoppable`` (the warm-up, never a search) gives up with
         :class:`Released` once :meth:`release` was called."""
+        rows = db.execute(_LOAD_SQL, {"user": user, **identity_params(self.identity)})
+        ids, bits, starts, ends, top = self._read(rows, dims, stoppable)
+        return _Part(knn.detached_partition(ids, bits, starts, ends), len(ids), top)
+
+    def _catch_up(self, db: apsw.Connection, user: str, dims: int, part: _Part) -> None:
+        """Add the user's chunks written since ``part`` last looked (module docstring)."""
+        rows = db.execute(_NEWER_SQL, {"user": user, "after": part.top,
+                                       **identity_params(self.identity)})
+        ids, bits, starts, ends, top = self._read(rows, dims, False)
+        part.partition.append(ids, bits, starts, ends)
+        part.chunks += len(ids)
+        part.top = max(part.top, top)
+
+    def _read(self, rows: Any, dims: int, stoppable: bool) -> tuple[Any, Any, Any, Any, int]:
+        """Ids, sign bits and time spans of the rows that have a previous vector of ``dims``,
+        and the highest id read."""
         import numpy
 
+        top = 0
         ids: list[int] = []
         starts: list[int] = []
         ends: list[int] = []
@@ -183,8 +211,8 @@ class PreviousVectors:
             bits.append(numpy.packbits(vectors > 0, axis=1, bitorder="little"))
             blobs.clear()
 
-        for cid, start, end, blob in db.execute(_LOAD_SQL,
-                                                {"user": user, **identity_params(self.identity)}):
+        for cid, start, end, blob in rows:
+            top = max(top, int(cid))
             if blob is None or len(blob) != dims:
                 continue  # no previous vector, or another width: never scored
             ids.append(int(cid))
@@ -193,13 +221,11 @@ class PreviousVectors:
             blobs.append(bytes(blob))
             if len(blobs) >= _LOAD_BATCH:
                 if stoppable and self._released.is_set():
-                    raise Released(user)
+                    raise Released
                 pack()
         pack()
-        partition = knn.detached_partition(numpy.array(ids, numpy.int64), numpy.concatenate(bits),
-                                           numpy.array(starts, numpy.int64),
-                                           numpy.array(ends, numpy.int64))
-        return _Part(partition, len(ids))
+        return (numpy.array(ids, numpy.int64), numpy.concatenate(bits),
+                numpy.array(starts, numpy.int64), numpy.array(ends, numpy.int64), top)
 
 
 def session_ids(db: apsw.Connection, user: str, session_key: str | None) -> list[int] | None:

@@ -191,6 +191,22 @@ async def test_chunk_added_mid_rebuild_is_found_by_keyword_only(
     assert by_text[LYNX].vector_rank is not None and by_text[LYNX].similarity is not None
 
 
+async def test_a_full_reindex_mid_rebuild_keeps_the_previous_model_serving(
+        memory_backend: MemoryBackend) -> None:
+    """A full reindex during the rebuild re-cuts every chunk: the previous model's vectors of the
+    texts it embedded still rank its queries (on PostgreSQL they come back from the cache)."""
+    await indexed_with_a_on(memory_backend)
+    new = model_b()
+    new.fail = embedder_down()
+    async with memory_backend.opened(quiet_config(), new,
+                                     previous_embedder=factory_of(model_a())) as svc:
+        await svc.sync_now(full=True)
+        during = await svc.search("alice", "wildcat")
+    assert during.previous_model == "model-a"
+    assert content_of(during.results[0]) == LYNX and during.results[0].vector_rank == 1
+    assert {content_of(h) for h in during.results} == {LYNX, BREAD}
+
+
 async def test_previous_vector_leg_honours_session_and_time_filters(
         memory_backend: MemoryBackend) -> None:
     """The old model's vector leg applies sessionKey, excludeSessionKey and after/before as the

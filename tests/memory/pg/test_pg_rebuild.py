@@ -182,3 +182,59 @@ async def test_the_change_is_not_cut_by_the_statement_timeout(pg_index: str,
     assert status["vectorSearch"]["rebuild"] is not None
     assert during.previous_model == "model-a"
     assert kept(pg_index)[0] == 2
+
+
+def stored_embedder(dsn: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT value FROM recalld_memory_meta "
+                           "WHERE key = 'embedder'").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def test_a_node_started_earlier_leaves_a_later_nodes_change(pg_index: str,
+                                                                 tmp_path: Path) -> None:
+    """During a rolling restart to a new embedder, a node still on the old one does not change it
+    back at its passes: its queries rank against its own model's earlier vectors while the
+    rebuild runs, then its hybrid search is keyword-only, saying why each time."""
+    await indexed_with_a(pg_index, tmp_path)
+    new = model_b()
+    new.fail = embedder_down()
+    async with node(pg_index, tmp_path, model_a()) as old:
+        async with node(pg_index, tmp_path, new, previous_embedder=factory_of(model_a())) as later:
+            await old.sync_now()
+            assert stored_embedder(pg_index) == '["fake", "model-b", "none"]'
+            assert kept(pg_index)[0] == 2   # old's vectors were not thrown away again
+            during = await old.search("alice", "wildcat")
+            status = (await old.status())["vectorSearch"]
+            new.fail = None
+            await later.sync_now()
+            await old.sync_now()
+            after = await old.search("alice", "wildcat")
+            served = await later.search("alice", "wildcat")
+    assert during.mode == "hybrid" and during.previous_model is None
+    assert content_of(during.results[0]) == LYNX and during.results[0].vector_rank == 1
+    assert during.fallback_reason is not None and "fake model-b" in during.fallback_reason
+    assert status == {"ready": False, "reason": during.fallback_reason, "rebuild": None,
+                      "servedBy": {"provider": "fake", "model": "model-a"}}
+    assert after.mode == "keyword" and after.fallback_reason is not None
+    assert "keyword-only" in after.fallback_reason and "restart this node" in after.fallback_reason
+    assert stored_embedder(pg_index) == '["fake", "model-b", "none"]'
+    assert served.mode == "hybrid" and content_of(served.results[0]) == BREAD
+
+
+async def test_the_node_started_last_decides(pg_index: str, tmp_path: Path) -> None:
+    """A node restarted with the old embedder after the change makes it the cluster's again (the
+    newest start wins), and the node of the other setting, still running, leaves it so."""
+    await indexed_with_a(pg_index, tmp_path)
+    async with node(pg_index, tmp_path, model_b()) as newer:
+        assert stored_embedder(pg_index) == '["fake", "model-b", "none"]'
+        async with node(pg_index, tmp_path, model_a()) as rolled_back:
+            await newer.sync_now()
+            await rolled_back.sync_now()
+            hits = await rolled_back.search("alice", "wildcat")
+            status = await newer.status()
+    assert stored_embedder(pg_index) == '["fake", "model-a", "none"]'
+    assert hits.fallback_reason is None and content_of(hits.results[0]) == LYNX
+    assert not status["vectorSearch"]["ready"]
+    assert "fake model-a" in status["vectorSearch"]["reason"]
