@@ -44,8 +44,9 @@ class Backend:
     """One ``storage.backend``: how a node opens what lives in it."""
 
     name: str
-    # The started memory service for [memory] ``cfg``, with its embedder and the reason for it.
-    open_memory: Callable[[Config, MemoryConfig, Embedder | None, str], Awaitable[Memory]]
+    # The started memory service for [memory] ``cfg``, with its embedder and the reason for it,
+    # and whether it may make its embedder the index's (open_memory's ``decides_embedder``).
+    open_memory: Callable[[Config, MemoryConfig, Embedder | None, str, bool], Awaitable[Memory]]
     # A backend several nodes share: the node's bus, keys and leases, and the database check
     # behind gateway.health's storage and GET /readyz. None on a backend of one node.
     join_cluster: Callable[[Config, SessionStoreLike], Awaitable[ClusterNode]] | None = None
@@ -71,13 +72,18 @@ def effective_memory_config(config: Config) -> MemoryConfig:
 
 
 async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = True,
-                      embedder: tuple[Embedder | None, str] | None = None) -> Memory:
+                      embedder: tuple[Embedder | None, str] | None = None,
+                      decides_embedder: bool = True) -> Memory:
     """The started memory service of ``config``, with the embedder ``memory.embedder`` picks —
     or ``embedder`` (the embedder and the reason status gives), which benchmarks pass. On
     ``storage.backend = "postgres"`` it is :class:`memory.PgMemory` on ``storage.dsn`` (no
     memory.db in the data dir); otherwise :class:`MemoryService`.
 
-    Used by the daemon and by ``recalld memory``; close it with :func:`close_memory`.
+    ``decides_embedder`` False (a CLI command): on PostgreSQL the command never changes the
+    cluster's recorded embedder; with another one it embeds nothing and leaves new chunks to
+    the nodes (on SQLite :func:`gateway.cli.embedder.index_embedder` already picks the
+    daemon's). Used by the daemon and by ``recalld memory``; close it with
+    :func:`close_memory`.
     """
     cfg = effective_memory_config(config)
     if not watch:
@@ -87,7 +93,8 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
         embedder = await probe_auto_embedder(cfg, picked, why)
     chosen, reason = embedder
     try:
-        service = await backend_of(config).open_memory(config, cfg, chosen, reason)
+        service = await backend_of(config).open_memory(config, cfg, chosen, reason,
+                                                       decides_embedder)
     except BaseException:
         aclose = getattr(chosen, "aclose", None)  # open_memory made it; nothing else will close it
         if aclose is not None:
@@ -102,13 +109,13 @@ async def open_memory(config: Config, *, watch: bool = True, catch_up: bool = Tr
 
 
 async def _sqlite_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None,
-                         reason: str) -> Memory:
+                         reason: str, decides_embedder: bool) -> Memory:
     return MemoryService(config.data_dir, cfg, embedder, embedder_reason=reason,
                          min_free_bytes=config.sessions.min_free_bytes)
 
 
 async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | None,
-                     reason: str) -> Memory:
+                     reason: str, decides_embedder: bool) -> Memory:
     from memory import PgMemory  # psycopg: the postgres extra, loaded only for that backend
 
     assert config.storage.dsn is not None  # StorageConfig refuses postgres without one
@@ -119,7 +126,7 @@ async def _pg_memory(config: Config, cfg: MemoryConfig, embedder: Embedder | Non
                                    connect_timeout_s=config.storage.connect_timeout_s,
                                    call_timeout_s=pool.call_timeout_s,
                                    reconnect_timeout_s=pool.reconnect_timeout_s,
-                                   options=pool.options)
+                                   options=pool.options, decides_embedder=decides_embedder)
     except MemoryStorageError as err:
         raise StorageUnavailable("storage.dsn (RECALLD_STORAGE_DSN): the memory tables could not "
                                  f"be opened ({err})") from err

@@ -204,7 +204,7 @@ async def _index_with(config: Config) -> int:
     from gateway.cli.target import daemon_target
 
     service = await open_memory(config, watch=False, catch_up=False,
-                                embedder=await index_embedder(config))
+                                embedder=await index_embedder(config), decides_embedder=False)
     bar = SyncBar()
     try:
         started = time.perf_counter()

@@ -147,7 +147,7 @@ async def _with_service(config: Config, args: argparse.Namespace,
 
     # No watcher, and no catch-up sync: `index` runs the first sync itself, with progress.
     service = await open_memory(config, watch=False, catch_up=False,
-                                embedder=await index_embedder(config))
+                                embedder=await index_embedder(config), decides_embedder=False)
     try:
         return int(await fn(service, args))
     finally:

@@ -116,6 +116,7 @@ class PgMemory:
         # the leg may run with this embedder (and why not) — read after each pass.
         self.rebuild: RebuildState = NOT_REBUILDING
         self.replaced: Superseded | None = None   # by a node started later (memory.pg.vectors)
+        self.decides_embedder = True   # False: a CLI command (open)
         self.previous = PreviousModel(config, previous_embedder)
         self.vector_state: tuple[bool, str] = (
             (True, "") if self.pipeline is not None
@@ -145,8 +146,8 @@ class PgMemory:
                    data_dir: Path, embedder_reason: str = "", vector_leg: VectorLeg = "hnsw",
                    max_size: int = 8, poll_s: float = 30.0, connect_timeout_s: float = 10.0,
                    call_timeout_s: float = 4.0, reconnect_timeout_s: float = 1.0,
-                   options: str = "", previous_embedder: PreviousFactory | None = None
-                   ) -> PgMemory:
+                   options: str = "", previous_embedder: PreviousFactory | None = None,
+                   decides_embedder: bool = True) -> PgMemory:
         """Migrate (under the advisory lock) and open a pool, the opening bounded by
         ``connect_timeout_s``; raises MemoryStorageError with the server's reason (never the DSN).
 
@@ -157,7 +158,9 @@ class PgMemory:
         every pooled connection gets the libpq ``options`` (statement and lock timeouts).
         ``previous_embedder`` builds the query embedder of a previous identity while vectors
         are rebuilt (default: from the configuration,
-        ``memory.embedders.embeddings.previous_embedder``)."""
+        ``memory.embedders.embeddings.previous_embedder``). ``decides_embedder`` False (a CLI
+        command, not a node): its embedder is never made the recorded one; with another one
+        it fills no vector."""
         timeout = max(2, round(connect_timeout_s))
         try:
             await asyncio.to_thread(_migrate, dsn, timeout)
@@ -178,6 +181,8 @@ class PgMemory:
             raise MemoryStorageError(_why(exc)) from exc
         node = cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
                    vector_leg=vector_leg, poll_s=poll_s, previous_embedder=previous_embedder)
+        node.decides_embedder = decides_embedder
+        node.indexer.asserted = not decides_embedder   # so it never changes the recorded one
         try:
             await node.refresh_vectors()
         except psycopg.Error as exc:
@@ -326,8 +331,8 @@ class PgMemory:
         if self.identity is None:
             return
         async with self.pool.connection() as conn:
-            replaced = (await superseded(conn, self.identity) if self.indexer.asserted
-                        else None)
+            replaced = (await superseded(conn, self.identity, command=not self.decides_embedder)
+                        if self.indexer.asserted else None)
             if replaced is not None:
                 await self._superseded_by(replaced)
                 return
@@ -354,7 +359,8 @@ class PgMemory:
             assert self.identity is not None
             log.warning("memory.embedder.superseded", node=self.identity.to_json(),
                         cluster=replaced.current.to_json(),
-                        effect="this node fills no vector until restarted with that embedder")
+                        effect="fills no vector" + ("" if replaced.command else
+                                                    " until restarted with that embedder"))
         self.replaced, self.rebuild = replaced, NOT_REBUILDING
         self.vector_state = (False, replaced.reason)
         await self.previous.update(None, previous_dims_of(self.pool))

@@ -38,6 +38,8 @@ node started later, whose setting is the newer one, so this node does not change
 vector and dropping the index). Such a node is :class:`Superseded`: it fills no vector, and its
 own model's queries rank against ``embedding_previous`` while they are still its own model's
 (the rebuild it was replaced by runs), else its hybrid search is keyword-only and says why.
+A CLI command (``decides_embedder`` False) never changes the stored identity: with another one
+it is such a node from its start.
 """
 
 from __future__ import annotations
@@ -295,20 +297,24 @@ class Superseded:
     current: EmbedderIdentity   # the one ``embedding`` is for now
     own_dims: int | None        # the width of this node's vectors in ``embedding_previous``,
                                 # None when they are not there (the rebuild ended, or another)
+    command: bool = False       # a CLI command, which never decides the embedder, not a node
 
     @property
     def reason(self) -> str:
         name = f"{self.current.provider} {self.current.model}"
-        then = ("this node's model ranks against its own earlier vectors until the rebuild "
-                "ends" if self.own_dims is not None else "hybrid search is keyword-only")
+        then = ("its model ranks against its own earlier vectors until the rebuild ends"
+                if self.own_dims is not None else "hybrid search is keyword-only")
+        if self.command:
+            return (f"the cluster's embedder is {name}, not this command's: it embeds nothing "
+                    f"and leaves new chunks to the nodes; {then}")
         return (f"a node started later changed the cluster's embedder to {name}: {then}; "
                 "restart this node with that embedder")
 
 
-async def superseded(conn: AsyncConnection[TupleRow],
-                     identity: EmbedderIdentity) -> Superseded | None:
+async def superseded(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity, *,
+                     command: bool = False) -> Superseded | None:
     """Whether the stored identity is another than ``identity`` (for a node that made its own the
-    stored one before: see the module docstring)."""
+    stored one before, or a ``command``: see the module docstring)."""
     meta = await _meta(conn, "embedder", "vector_rebuild", "embedder_previous",
                        "vector_dims_previous")
     current = EmbedderIdentity.from_json(meta.get("embedder"))
@@ -316,7 +322,7 @@ async def superseded(conn: AsyncConnection[TupleRow],
         return None
     own = ("vector_rebuild" in meta and meta.get("embedder_previous") == identity.to_json()
            and meta.get("vector_dims_previous"))
-    return Superseded(current, int(own) if own else None)
+    return Superseded(current, int(own) if own else None, command)
 
 
 async def previous_dims(conn: AsyncConnection[TupleRow]) -> int | None:

@@ -1,0 +1,63 @@
+"""`recalld memory` on PostgreSQL beside the nodes: a command never changes the cluster's
+embedder, whatever its own configuration picks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from gateway.cli.main import main
+from memory.pg.service import PgMemory
+from tests.memory.conftest import quiet_config
+from tests.memory.pg.conftest import add_session, pg_index
+from tests.memory.test_rebuild_serving import BREAD, LYNX, model_a
+
+__all__ = ["pg_index"]  # the fixture, used by name
+
+
+async def _index_with_a(dsn: str, data_dir: Path) -> None:
+    node = await PgMemory.open(dsn, quiet_config(), model_a(), data_dir=data_dir)
+    try:
+        await node.sync_now()
+    finally:
+        await node.close()
+
+
+def _vectors(dsn: str) -> tuple[str, int]:
+    """The recorded embedder and how many chunks have its vector."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT value FROM recalld_memory_meta WHERE key = 'embedder'").fetchone()
+        count = conn.execute("SELECT count(embedding) FROM recalld_memory_chunks").fetchone()
+    assert row is not None and count is not None
+    return str(row[0]), int(count[0])
+
+
+def test_a_command_with_another_embedder_leaves_the_clusters(
+        pg_index: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`memory index` and `memory status` run where the configuration picks another embedder
+    than the nodes' (no daemon on this data dir): the recorded embedder and every vector stay,
+    and the status says the command embeds nothing (before, the command started a rebuild of
+    every vector for the whole cluster)."""
+    add_session(pg_index, "alice", "s1", [LYNX])
+    add_session(pg_index, "alice", "s2", [BREAD], start_minute=600)
+    asyncio.run(_index_with_a(pg_index, tmp_path / "node"))
+    before = _vectors(pg_index)
+    monkeypatch.setenv("RECALLD_STORAGE_BACKEND", "postgres")
+    monkeypatch.setenv("RECALLD_STORAGE_DSN", pg_index)
+    monkeypatch.setenv("RECALLD_MEMORY_EMBEDDER", "local")
+    data = str(tmp_path / "shell")
+    assert main(["memory", "index", "--data-dir", data]) == 0
+    capsys.readouterr()
+    assert main(["memory", "status", "--json", "--data-dir", data]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert before == ('["fake", "model-a", "none"]', 2)
+    assert _vectors(pg_index) == before
+    assert status["provider"] == "local"
+    assert "not this command's" in status["vectorSearch"]["reason"]
+
