@@ -4,7 +4,8 @@ Issue 30 asks that at least 40% of the tests under ``tests/memory`` run on Postg
 counts, from pytest's own collection (nothing is run): every collected test; those that run on
 PostgreSQL (parametrised ``postgres`` by ``memory_backend``, or under a ``pg/`` folder); and those
 that open a storage at all (they ask for a fixture that makes one: ``memory_backend``, ``service``,
-``tmp_path``, the PostgreSQL fixtures). A test that opens none checks a rule on values (time
+``tmp_path``, the PostgreSQL fixtures); and the first count again per test function (the rows of
+a parametrised table counted once). A test that opens none checks a rule on values (time
 phrases, the facts block, chunking) and runs on no backend.
 
     .venv/bin/python -m research.backend_census [tests/memory]
@@ -48,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     opening = [r for r in rows if r[2]]
     pg_opening = sum(1 for _, on_pg, _ in opening if on_pg)
     print(f"\n{args.folder}: {len(rows)} tests, {pg} on PostgreSQL ({pg / len(rows):.1%})")
+    # The same count per test function: a parametrised table (131 time phrases) is one.
+    functions: dict[str, bool] = {}
+    for nodeid, on_pg, _ in rows:
+        name = nodeid.split("[", 1)[0]
+        functions[name] = functions.get(name, False) or on_pg
+    on_pg_functions = sum(functions.values())
+    print(f"  by test function: {len(functions)}, {on_pg_functions} on PostgreSQL "
+          f"({on_pg_functions / len(functions):.1%})")
     print(f"  that open a storage: {len(opening)}, {pg_opening} on PostgreSQL "
           f"({pg_opening / max(1, len(opening)):.1%})")
     sqlite_only = collections.Counter(
