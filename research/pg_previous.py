@@ -8,7 +8,9 @@ serves (an exact scan of the user's previous vectors) against the HNSW leg befor
 k = 6, library ``searchMs``) on a node of the corpus's model, then on a node of another model
 whose embedder is down (its rebuild cannot progress) with the corpus's model as the previous one;
 the second node's first pass is the change, timed; recall@10 of the previous leg's vector hits
-against the exact float scan (``bench.scale.exact_truth``), as ``research.hnsw_ef`` reads it.
+against the exact float scan (``bench.scale.exact_truth``), as ``research.hnsw_ef`` reads it;
+then a full reindex on that node (and, for comparison, on the first node before the change) (every chunk re-cut, the previous vectors read back from the
+cache), timed, and the same searches again.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ async def _measure(dsn: str, qs: list[str]) -> dict[str, Any]:
     before = await PgMemory.open(dsn, bench_memory_config(), old, **opened)
     try:
         normal = await _searches(before, qs)
+        started = time.perf_counter()
+        await before.sync_now(full=True)   # the same reindex with no rebuild running
+        plain_reindex_s = time.perf_counter() - started
     finally:
         await before.close()
     def factory(identity: EmbedderIdentity) -> tuple[Any, str]:
@@ -83,9 +88,14 @@ async def _measure(dsn: str, qs: list[str]) -> dict[str, Any]:
         await after.sync_now()   # the change, then the embedder's failure (the report says so)
         change_s = time.perf_counter() - started
         during = await _searches(after, qs)
+        started = time.perf_counter()
+        await after.sync_now(full=True)   # every chunk re-cut: the previous vectors refilled
+        reindex_s = time.perf_counter() - started
+        reindexed = await _searches(after, qs)
     finally:
         await after.close()
-    return {"normal": normal, "previous": during, "changeS": change_s}
+    return {"normal": normal, "previous": during, "reindexed": reindexed, "changeS": change_s,
+            "reindexS": reindex_s, "plainReindexS": plain_reindex_s}
 
 
 def main() -> None:
@@ -106,8 +116,12 @@ def main() -> None:
     truth = exact_truth(corpus.data_dir, make_embedder(), qs)
     names = clustersearch._sqlite_keys(corpus.data_dir)
     print(f"the change (every vector moved to embedding_previous): {results['changeS']:.1f} s")
+    print(f"a full reindex during the rebuild (every chunk re-cut, its previous vector read "
+          f"back from the cache): {results['reindexS']:.1f} s; the same with no rebuild "
+          f"running: {results['plainReindexS']:.1f} s")
     print(f"{'leg':>22}  {'mode':>6}  {'p50 ms':>7}  {'p99 ms':>7}  {'recall@10':>9}")
-    for name, label in (("normal", "HNSW, before"), ("previous", "previous model, during")):
+    for name, label in (("normal", "HNSW, before"), ("previous", "previous model, during"),
+                        ("reindexed", "previous, reindexed")):
         got = results[name]
         recall = sum(len(set(hits) & {names[i] for i in want}) / 10
                      for hits, want in zip(got["hits"], truth, strict=True)) / len(truth)

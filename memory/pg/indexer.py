@@ -56,17 +56,17 @@ from memory.errors import EmbedderError
 from memory.forget_range import retention_cutoff_ms
 from memory.pg.migrations import TS_CONFIG
 from memory.pg.vectors import (
-    CACHE_SQL,
     FILL_SQL,
     PENDING_SQL,
-    PREVIOUS_FILL_SQL,
     VectorLeg,
     end_rebuild,
     ensure_vector_index,
+    fill_previous,
     holds_identity,
+    recorded,
     start_rebuild,
+    store_in_cache,
 )
-from memory.quantize import quantize_int8
 from sessions import REPLACES_KEY, Message, TranscriptEntry, pg_feed
 
 __all__ = ["CHUNKS_PER_STATEMENT", "CLAIM_WORKERS", "EMBED_LOCK", "SESSIONS_PER_CLAIM",
@@ -275,6 +275,7 @@ class PgIndexer:
         self.texts_per_pass = texts_per_pass
         self._salt = secrets.token_hex(8)
         self.asserted = False   # this node's identity was made the stored one (ensure_identity)
+        self.decides = True     # False: a CLI command, which never changes a recorded identity
 
     @property
     def identity(self) -> tuple[str, str, str] | None:
@@ -484,8 +485,8 @@ class PgIndexer:
                 for c, chunk in part]).decode()
             await conn.execute(_UPSERT_CHUNKS_SQL, (rows,))
         report.chunks_written += len(fresh)
-        if fresh:   # during a rebuild, the previous vectors of the texts the previous model knew
-            await conn.execute(PREVIOUS_FILL_SQL, (keys,))
+        # During a rebuild: the previous vectors of the texts the previous model embedded.
+        await fill_previous(conn, [(c.key, chunk.idx) for c, chunk in fresh])
         surplus = [(c.key, idx) for c in cuts for idx in stored[c.key]
                    if idx >= c.first_idx + len(c.chunks)]
         if surplus:
@@ -521,7 +522,9 @@ class PgIndexer:
         if self.identity is None or self.asserted:
             return
         async with self.pool.connection() as conn, conn.transaction():
-            await start_rebuild(conn, EmbedderIdentity(*self.identity))
+            # A command (``decides`` False) records one only where none is: nothing to undo.
+            if self.decides or await recorded(conn) is None:
+                await start_rebuild(conn, EmbedderIdentity(*self.identity))
         self.asserted = True
 
     async def _embed_some(self, report: IndexReport) -> bool:
@@ -554,7 +557,7 @@ class PgIndexer:
                 {**params, "hashes": list(mine)})).fetchall()}
             texts = {str(h): self.pipeline.text_to_send(str(content)) for h, content in pending
                      if str(h) in mine and str(h) not in cached}
-            failed = await self._embed_into_cache(conn, texts, params, report) if texts else None
+            failed = await self._embed_into_cache(conn, texts, report) if texts else None
             cur = await conn.execute(FILL_SQL, {**params, "hashes": list(mine)})
             report.filled += cur.rowcount
             filled = report.filled > before
@@ -565,11 +568,10 @@ class PgIndexer:
         return filled
 
     async def _embed_into_cache(self, conn: AsyncConnection[TupleRow], texts: dict[str, str],
-                                params: dict[str, str],
                                 report: IndexReport) -> EmbedderError | None:
         """Embed ``texts`` call by call into the cache; the error of the call that failed (the
         vectors of the calls before it are in the cache), or None."""
-        assert self.pipeline is not None
+        assert self.pipeline is not None and self.identity is not None
         order = list(texts)
         vectors: list[list[float]] = []
         failed: EmbedderError | None = None
@@ -580,14 +582,9 @@ class PgIndexer:
                 failed = exc
                 break
         report.embedded += len(vectors)
-        rows = [{**params, "content_hash": h, "dims": len(v), "vector": quantize_int8(v)}
-                for h, v in zip(order, vectors, strict=False)]
-        if not rows:
-            return failed
-        async with conn.cursor() as cur:
-            await cur.executemany(CACHE_SQL, rows)
+        await store_in_cache(conn, EmbedderIdentity(*self.identity),
+                             dict(zip(order, vectors, strict=False)))
         return failed
-
 
 def _entries(rows: Sequence[pg_feed.FeedMessage]) -> list[TranscriptEntry]:
     """Message rows as the chunker reads a transcript: a message's line is its ``seq + 2`` and

@@ -181,8 +181,7 @@ class PgMemory:
             raise MemoryStorageError(_why(exc)) from exc
         node = cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
                    vector_leg=vector_leg, poll_s=poll_s, previous_embedder=previous_embedder)
-        node.decides_embedder = decides_embedder
-        node.indexer.asserted = not decides_embedder   # so it never changes the recorded one
+        node.decides_embedder = node.indexer.decides = decides_embedder
         try:
             await node.refresh_vectors()
         except psycopg.Error as exc:
@@ -331,8 +330,9 @@ class PgMemory:
         if self.identity is None:
             return
         async with self.pool.connection() as conn:
+            # A node is replaced once its own identity was recorded; a command from its start.
             replaced = (await superseded(conn, self.identity, command=not self.decides_embedder)
-                        if self.indexer.asserted else None)
+                        if self.indexer.asserted or not self.decides_embedder else None)
             if replaced is not None:
                 await self._superseded_by(replaced)
                 return

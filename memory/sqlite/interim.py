@@ -17,10 +17,13 @@ the load drops out there, and a reused chunk id is scored by its current text's 
 
 **Never two models in one ranking**: only previous-model vectors are scored. A chunk whose
 text the previous model never embedded (one written during the rebuild) is not in the leg
-at all; the keyword leg still finds it. Each search first reads the user's chunks written since
-the partition last looked (ids above the highest it has seen: new chunks get new ids) and adds
-those the previous model embedded, so a re-cut chunk or a full reindex keeps its previous
-vector; deleted chunks drop out through the re-score's join. :func:`release` drops the
+at all; the keyword leg still finds it. Each search first reads the chunks written since the
+partition last looked (ids above the table's highest id then, a range of the rowid) and adds the
+user's that the previous model embedded, so a full reindex or a re-cut to a text that model
+knew keeps the chunk in the leg; once what was added since the load passes a quarter of it
+(a full reindex), the partition is loaded again, which drops the deleted chunks' slots (until
+then they drop out in the re-score's join). A chunk id reused by a re-cut keeps its old sign
+bits in the pre-filter (the re-score is its current text's). :func:`release` drops the
 partitions when the rebuild ends or the service closes.
 
 Every method blocks; call it from the search's worker thread.
@@ -64,15 +67,18 @@ _VECTOR_OF_CHUNK = """coalesce(
 # flattens a subquery into its outer query, expressions and all).
 _LOAD_SQL = f"""
 SELECT chunks.id, chunks.start_ms, chunks.end_ms, {_VECTOR_OF_CHUNK}
-FROM chunks WHERE chunks.user = :user
+FROM chunks WHERE chunks.user = :user AND chunks.id <= :high
 """
 
-# The user's chunks written since the partition last looked: a range of the rowid (``+`` keeps
-# the planner off the user's index, which would walk every chunk of the user each search).
+# The user's chunks written since the partition last looked: a range of the rowid, the rows
+# every user wrote since (``+`` keeps the planner off the user's index, which would walk every
+# chunk of the user at each search).
 _NEWER_SQL = f"""
 SELECT chunks.id, chunks.start_ms, chunks.end_ms, {_VECTOR_OF_CHUNK}
-FROM chunks WHERE chunks.id > :after AND +chunks.user = :user
+FROM chunks WHERE chunks.id > :after AND chunks.id <= :high AND +chunks.user = :user
 """
+
+_HIGH_SQL = "SELECT coalesce(max(id), 0) FROM chunks"
 
 # The pool from the pre-filter, re-scored exactly; ``{filters}`` are the keyword leg's fixed
 # fragments on ``chunks`` (memory.sqlite.search). No ``embedded = 1`` here: during a
@@ -114,7 +120,9 @@ def cached_dims(db: apsw.Connection, identity: EmbedderIdentity) -> int | None:
 class _Part:
     partition: Any  # knn._Partition
     chunks: int
-    top: int        # the highest chunk id read (with a previous vector or not)
+    top: int        # the table's highest chunk id when the partition last looked
+    loaded: int     # chunks at the load
+    added: int = 0  # chunks added since
 
 
 class Released(Exception):
@@ -144,8 +152,7 @@ class PreviousVectors:
 
         query = numpy.frombuffer(query_int8, dtype=numpy.int8)
         with self._lock:
-            part = self._part(db, user, len(query))
-            self._catch_up(db, user, len(query), part)
+            part = self._catch_up(db, user, len(query), self._part(db, user, len(query)))
             return list(part.partition.nearest(query, scan, pool, filters, scan_share))
 
     def warm(self, db: apsw.Connection) -> tuple[int, int]:
@@ -180,25 +187,34 @@ class PreviousVectors:
     def _load(self, db: apsw.Connection, user: str, dims: int, stoppable: bool) -> _Part:
         """``user``'s partition; ``stoppable`` (the warm-up, never a search) gives up with
         :class:`Released` once :meth:`release` was called."""
-        rows = db.execute(_LOAD_SQL, {"user": user, **identity_params(self.identity)})
-        ids, bits, starts, ends, top = self._read(rows, dims, stoppable)
-        return _Part(knn.detached_partition(ids, bits, starts, ends), len(ids), top)
+        high = _high(db)
+        rows = db.execute(_LOAD_SQL, {"user": user, "high": high,
+                                      **identity_params(self.identity)})
+        ids, bits, starts, ends = self._read(rows, dims, stoppable)
+        return _Part(knn.detached_partition(ids, bits, starts, ends), len(ids), high, len(ids))
 
-    def _catch_up(self, db: apsw.Connection, user: str, dims: int, part: _Part) -> None:
-        """Add the user's chunks written since ``part`` last looked (module docstring)."""
-        rows = db.execute(_NEWER_SQL, {"user": user, "after": part.top,
+    def _catch_up(self, db: apsw.Connection, user: str, dims: int, part: _Part) -> _Part:
+        """``part`` with the user's chunks written since it last looked, or loaded again
+        (module docstring); the caller holds the lock."""
+        high = _high(db)
+        if high <= part.top:
+            return part   # nothing written since (the common case: one look-up of the rowid)
+        rows = db.execute(_NEWER_SQL, {"user": user, "after": part.top, "high": high,
                                        **identity_params(self.identity)})
-        ids, bits, starts, ends, top = self._read(rows, dims, False)
+        ids, bits, starts, ends = self._read(rows, dims, False)
+        if (part.added + len(ids)) * 4 > part.loaded:
+            part = self._parts[user] = self._load(db, user, dims, False)
+            return part
         part.partition.append(ids, bits, starts, ends)
         part.chunks += len(ids)
-        part.top = max(part.top, top)
+        part.added += len(ids)
+        part.top = high
+        return part
 
-    def _read(self, rows: Any, dims: int, stoppable: bool) -> tuple[Any, Any, Any, Any, int]:
-        """Ids, sign bits and time spans of the rows that have a previous vector of ``dims``,
-        and the highest id read."""
+    def _read(self, rows: Any, dims: int, stoppable: bool) -> tuple[Any, Any, Any, Any]:
+        """Ids, sign bits and time spans of the rows that have a previous vector of ``dims``."""
         import numpy
 
-        top = 0
         ids: list[int] = []
         starts: list[int] = []
         ends: list[int] = []
@@ -212,7 +228,6 @@ class PreviousVectors:
             blobs.clear()
 
         for cid, start, end, blob in rows:
-            top = max(top, int(cid))
             if blob is None or len(blob) != dims:
                 continue  # no previous vector, or another width: never scored
             ids.append(int(cid))
@@ -225,7 +240,13 @@ class PreviousVectors:
                 pack()
         pack()
         return (numpy.array(ids, numpy.int64), numpy.concatenate(bits),
-                numpy.array(starts, numpy.int64), numpy.array(ends, numpy.int64), top)
+                numpy.array(starts, numpy.int64), numpy.array(ends, numpy.int64))
+
+
+def _high(db: apsw.Connection) -> int:
+    """The table's highest chunk id (every user's)."""
+    row = db.execute(_HIGH_SQL).fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 def session_ids(db: apsw.Connection, user: str, session_key: str | None) -> list[int] | None:

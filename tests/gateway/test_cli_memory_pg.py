@@ -61,3 +61,17 @@ def test_a_command_with_another_embedder_leaves_the_clusters(
     assert status["provider"] == "local"
     assert "not this command's" in status["vectorSearch"]["reason"]
 
+
+
+def test_a_command_on_a_cluster_with_no_embedder_yet_records_its_own(
+        pg_index: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no embedder is recorded yet (a first build: nothing to undo), `memory index`
+    records the one its configuration picks and embeds every chunk, as before."""
+    add_session(pg_index, "alice", "s1", [LYNX])
+    add_session(pg_index, "alice", "s2", [BREAD], start_minute=600)
+    monkeypatch.setenv("RECALLD_STORAGE_BACKEND", "postgres")
+    monkeypatch.setenv("RECALLD_STORAGE_DSN", pg_index)
+    monkeypatch.setenv("RECALLD_MEMORY_EMBEDDER", "local")
+    assert main(["memory", "index", "--data-dir", str(tmp_path / "shell")]) == 0
+    recorded, embedded = _vectors(pg_index)
+    assert json.loads(recorded)[0] == "local" and embedded == 2

@@ -207,6 +207,27 @@ async def test_a_full_reindex_mid_rebuild_keeps_the_previous_model_serving(
     assert {content_of(h) for h in during.results} == {LYNX, BREAD}
 
 
+async def test_full_reindexes_mid_rebuild_do_not_pile_up_in_the_previous_sign_bits(
+        tmp_path: Path) -> None:
+    """SQLite: each full reindex re-cuts every chunk under a new id; the in-memory sign bits
+    are loaded again rather than growing by the deleted chunks' slots, and still rank."""
+    from memory.sqlite import interim
+
+    await indexed_with_a(tmp_path)
+    new = model_b()
+    new.fail = embedder_down()
+    async with opened(tmp_path, quiet_config(), new,
+                      previous_embedder=factory_of(model_a())) as svc:
+        held = []
+        for _ in range(3):
+            await svc.sync_now(full=True)
+            during = await svc.search("alice", "wildcat")
+            vectors = interim.held(svc.db_path)
+            held.append(vectors.chunks if vectors is not None else None)
+    assert held == [2, 2, 2]
+    assert during.previous_model == "model-a" and content_of(during.results[0]) == LYNX
+
+
 async def test_previous_vector_leg_honours_session_and_time_filters(
         memory_backend: MemoryBackend) -> None:
     """The old model's vector leg applies sessionKey, excludeSessionKey and after/before as the
