@@ -9,8 +9,9 @@ k = 6, library ``searchMs``) on a node of the corpus's model, then on a node of 
 whose embedder is down (its rebuild cannot progress) with the corpus's model as the previous one;
 the second node's first pass is the change, timed; recall@10 of the previous leg's vector hits
 against the exact float scan (``bench.scale.exact_truth``), as ``research.hnsw_ef`` reads it;
-then a full reindex on that node (and, for comparison, on the first node before the change) (every chunk re-cut, the previous vectors read back from the
-cache), timed, and the same searches again.
+then a full reindex on that node (every chunk re-cut, the previous vectors read back from the
+cache), timed, with the same searches again; and, for comparison, the same reindex on the first
+node, before the change.
 """
 
 from __future__ import annotations
