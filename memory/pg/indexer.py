@@ -63,7 +63,7 @@ from memory.pg.vectors import (
     ensure_vector_index,
     fill_previous,
     holds_identity,
-    recorded,
+    record_first,
     start_rebuild,
     store_in_cache,
 )
@@ -522,9 +522,10 @@ class PgIndexer:
         if self.identity is None or self.asserted:
             return
         async with self.pool.connection() as conn, conn.transaction():
-            # A command (``decides`` False) records one only where none is: nothing to undo.
-            if self.decides or await recorded(conn) is None:
+            if self.decides:
                 await start_rebuild(conn, EmbedderIdentity(*self.identity))
+            else:   # a command records one only where none is: nothing to undo
+                await record_first(conn, EmbedderIdentity(*self.identity))
         self.asserted = True
 
     async def _embed_some(self, report: IndexReport) -> bool:

@@ -66,7 +66,7 @@ __all__ = ["FILL_SQL", "PENDING_SQL", "Superseded", "VectorLeg", "clear_previous
            "drop_vector_index", "end_rebuild", "ensure_vector_index", "fill_previous",
            "store_in_cache",
            "holds_identity", "index_name", "previous_dims", "previous_dims_of", "rebuild_state",
-           "recorded",
+           "record_first",
            "start_rebuild",
            "superseded", "vector_dims"]
 
@@ -101,7 +101,7 @@ _CACHE_SQL = ("INSERT INTO recalld_memory_embedding_cache (provider, model, endp
 # leaves the previous leg whole. The text that model was sent may be the redacted one or not.
 # The identity is bound (fill_previous): read from the meta row in the statement, it kept the
 # planner from using the cache's key, a scan of the cache per chunk (142 s for one batch of
-# 6,400 chunks over 300k cached vectors, measured; bound, 11 ms).
+# 6,400 chunks over 300k cached vectors, as a review measured it; bound, milliseconds).
 _PREVIOUS_FILL_SQL = """
 UPDATE recalld_memory_chunks c
 SET embedding_previous = recalld_memory_int8_halfvec(e.vector)
@@ -215,9 +215,16 @@ async def fill_previous(conn: AsyncConnection[TupleRow],
         "endpoint_hash": previous.endpoint_hash})
 
 
-async def recorded(conn: AsyncConnection[TupleRow]) -> EmbedderIdentity | None:
-    """The identity ``embedding`` is for (None: none recorded, a first build is to come)."""
-    return EmbedderIdentity.from_json((await _meta(conn, "embedder")).get("embedder"))
+async def record_first(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity) -> bool:
+    """Record ``identity`` where none is (no row, or the '' of a node without an embedder): a
+    command's first build, which undoes nothing. One statement, so a node recording its own at
+    the same moment is never replaced (the later of the two changes nothing). True when
+    recorded here."""
+    row = await (await conn.execute(
+        "INSERT INTO recalld_memory_meta(key, value) VALUES ('embedder', %s) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value "
+        "WHERE recalld_memory_meta.value = '' RETURNING 1", (identity.to_json(),))).fetchone()
+    return row is not None
 
 
 async def start_rebuild(conn: AsyncConnection[TupleRow], identity: EmbedderIdentity) -> bool:

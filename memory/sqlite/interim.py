@@ -198,7 +198,10 @@ class PreviousVectors:
         (module docstring); the caller holds the lock."""
         high = _high(db)
         if high <= part.top:
-            return part   # nothing written since (the common case: one look-up of the rowid)
+            # Nothing written since (the common case: one look-up of the rowid). Lower after
+            # the table's last chunks went: the ids above are free again for new chunks.
+            part.top = high
+            return part
         rows = db.execute(_NEWER_SQL, {"user": user, "after": part.top, "high": high,
                                        **identity_params(self.identity)})
         ids, bits, starts, ends = self._read(rows, dims, False)

@@ -238,3 +238,21 @@ async def test_the_node_started_last_decides(pg_index: str, tmp_path: Path) -> N
     assert hits.fallback_reason is None and content_of(hits.results[0]) == LYNX
     assert not status["vectorSearch"]["ready"]
     assert "fake model-a" in status["vectorSearch"]["reason"]
+
+
+async def test_a_command_records_an_embedder_only_where_none_is(pg_index: str) -> None:
+    """A CLI command's first build (record_first) writes its identity where no row or the ''
+    of a node without an embedder is, in one statement, and leaves a recorded one as it is (a
+    node that recorded its own a moment before is never replaced)."""
+    from memory.embedders.previous import EmbedderIdentity
+    from memory.pg.vectors import record_first
+
+    a, b = EmbedderIdentity("fake", "model-a", "none"), EmbedderIdentity("fake", "model-b", "none")
+    async with await psycopg.AsyncConnection.connect(pg_index, autocommit=True) as conn:
+        first = await record_first(conn, a)
+        second = await record_first(conn, b)
+        kept_a = stored_embedder(pg_index)
+        await conn.execute("UPDATE recalld_memory_meta SET value = '' WHERE key = 'embedder'")
+        third = await record_first(conn, b)
+    assert (first, second, third) == (True, False, True)
+    assert kept_a == a.to_json() and stored_embedder(pg_index) == b.to_json()
