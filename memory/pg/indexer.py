@@ -587,6 +587,7 @@ class PgIndexer:
                              dict(zip(order, vectors, strict=False)))
         return failed
 
+
 def _entries(rows: Sequence[pg_feed.FeedMessage]) -> list[TranscriptEntry]:
     """Message rows as the chunker reads a transcript: a message's line is its ``seq + 2`` and
     its offset its ``seq``; only ``replaces`` of the line's other keys matters to indexing."""

@@ -116,7 +116,6 @@ class PgMemory:
         # the leg may run with this embedder (and why not) — read after each pass.
         self.rebuild: RebuildState = NOT_REBUILDING
         self.replaced: Superseded | None = None   # by a node started later (memory.pg.vectors)
-        self.decides_embedder = True   # False: a CLI command (open)
         self.previous = PreviousModel(config, previous_embedder)
         self.vector_state: tuple[bool, str] = (
             (True, "") if self.pipeline is not None
@@ -181,7 +180,7 @@ class PgMemory:
             raise MemoryStorageError(_why(exc)) from exc
         node = cls(pool, dsn, config, embedder, data_dir=data_dir, embedder_reason=embedder_reason,
                    vector_leg=vector_leg, poll_s=poll_s, previous_embedder=previous_embedder)
-        node.decides_embedder = node.indexer.decides = decides_embedder
+        node.indexer.decides = decides_embedder
         try:
             await node.refresh_vectors()
         except psycopg.Error as exc:
@@ -331,8 +330,9 @@ class PgMemory:
             return
         async with self.pool.connection() as conn:
             # A node is replaced once its own identity was recorded; a command from its start.
-            replaced = (await superseded(conn, self.identity, command=not self.decides_embedder)
-                        if self.indexer.asserted or not self.decides_embedder else None)
+            command = not self.indexer.decides
+            replaced = (await superseded(conn, self.identity, command=command)
+                        if self.indexer.asserted or command else None)
             if replaced is not None:
                 await self._superseded_by(replaced)
                 return
@@ -353,8 +353,9 @@ class PgMemory:
                                    previous_dims_of(self.pool))
 
     async def _superseded_by(self, replaced: Superseded) -> None:
-        """A node started later changed the embedder (memory.pg.vectors, "The node started last
-        decides"): this one leaves it, and says so once per change."""
+        """Another embedder is recorded than this node's (one started later changed it) or this
+        command's (memory.pg.vectors, "The node started last decides"): it leaves it, and says so
+        once per change."""
         if self.replaced is None or self.replaced.current != replaced.current:
             assert self.identity is not None
             log.warning("memory.embedder.superseded", node=self.identity.to_json(),
@@ -589,4 +590,3 @@ def _shown(exc: BaseException) -> str:
 def _migrate(dsn: str, connect_timeout: int) -> None:
     with psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
         migrate(conn)
-

@@ -64,11 +64,8 @@ from memory.quantize import quantize_int8
 
 __all__ = ["FILL_SQL", "PENDING_SQL", "Superseded", "VectorLeg", "clear_previous",
            "drop_vector_index", "end_rebuild", "ensure_vector_index", "fill_previous",
-           "store_in_cache",
            "holds_identity", "index_name", "previous_dims", "previous_dims_of", "rebuild_state",
-           "record_first",
-           "start_rebuild",
-           "superseded", "vector_dims"]
+           "record_first", "start_rebuild", "store_in_cache", "superseded", "vector_dims"]
 
 # The indexer's embedding batches (memory.pg.indexer): which texts are pending, and the fill of
 # chunks from the shared cache.
